@@ -1,0 +1,3 @@
+from blocktrace.cli import main
+
+main()

@@ -1,0 +1,84 @@
+"""The Transformer block: six named step modules wired Pre-LN or Post-LN.
+
+Each step is a submodule, the two residual additions included, so that a plain
+`register_forward_hook` sees every value the tutorials' six-step table lists.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from blocktrace.config import STEP_NAMES, BlockConfig, Placement
+from blocktrace.layers import MultiHeadAttention, make_ffn, make_norm
+
+
+class Residual(nn.Module):
+    """stream + update, as a module of its own so the sum can be hooked."""
+
+    def forward(self, stream: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+        return stream + update
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: BlockConfig):
+        super().__init__()
+        self.config = config
+        self.norm1 = make_norm(config)
+        self.attn = MultiHeadAttention(config)
+        self.residual1 = Residual()
+        self.norm2 = make_norm(config)
+        self.ffn = make_ffn(config)
+        self.residual2 = Residual()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, d] or [B, T, d]
+        if self.config.placement is Placement.POST:
+            x1 = self.norm1(self.residual1(x, self.attn(x)))
+            return self.norm2(self.residual2(x1, self.ffn(x1)))
+        x1 = self.residual1(x, self.attn(self.norm1(x)))
+        return self.residual2(x1, self.ffn(self.norm2(x1)))
+
+    def step_modules(self) -> dict[str, nn.Module]:
+        return {name: getattr(self, name) for name in STEP_NAMES}
+
+
+def build_block(config: BlockConfig, seed: int = 0) -> TransformerBlock:
+    """A block with PyTorch's default initialisation drawn from `seed`: same seed, same numbers.
+
+    The global RNG is forked so that building a block never disturbs the caller's random state.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        block = TransformerBlock(config)
+    return block.eval()
+
+
+def execution_order(config: BlockConfig) -> tuple[str, ...]:
+    if config.placement is Placement.POST:
+        return ("attn", "residual1", "norm1", "ffn", "residual2", "norm2")
+    return STEP_NAMES
+
+
+def step_operations(config: BlockConfig) -> dict[str, str]:
+    """Each step as a formula, with the tutorial's variable names (x_norm1, attn_out, x1, ...)."""
+    norm = "RMSNorm" if config.norm.value == "rmsnorm" else "LayerNorm"
+    ffn = {"gelu": "FFN_GELU", "gelu_tanh": "FFN_GELU_tanh", "relu": "FFN_ReLU", "swiglu": "SwiGLU"}[
+        config.ffn.value
+    ]
+    if config.placement is Placement.POST:
+        return {
+            "attn": "attn_out = MultiHeadAttention(x)",
+            "residual1": "r1 = x + attn_out",
+            "norm1": f"x1 = {norm}(r1)",
+            "ffn": f"ffn_out = {ffn}(x1)",
+            "residual2": "r2 = x1 + ffn_out",
+            "norm2": f"x2 = {norm}(r2)",
+        }
+    return {
+        "norm1": f"x_norm1 = {norm}(x)",
+        "attn": "attn_out = MultiHeadAttention(x_norm1)",
+        "residual1": "x1 = x + attn_out",
+        "norm2": f"x_norm2 = {norm}(x1)",
+        "ffn": f"ffn_out = {ffn}(x_norm2)",
+        "residual2": "x2 = x1 + ffn_out",
+    }

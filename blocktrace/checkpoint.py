@@ -1,0 +1,138 @@
+"""Opening safetensors checkpoints lazily: files, keys, shapes, one tensor at a time.
+
+Only the tensors asked for are read (safetensors memory-maps the file), so tracing one layer
+of a multi-GB checkpoint costs about one layer's bytes. Pickle checkpoints are refused
+without being unpickled: loading one runs arbitrary code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import torch
+
+from blocktrace.errors import WeightsError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+CONVERT_HINT = (
+    "convert it once with: python -c \"import torch; from safetensors.torch import save_file; "
+    "save_file(torch.load('IN', weights_only=True), 'OUT.safetensors')\""
+)
+
+
+def _refuse_pickle(path: Path) -> None:
+    raise WeightsError(f"{path} is a pickle checkpoint, which blocktrace does not unpickle "
+                       f"(it can run arbitrary code); {CONVERT_HINT}")
+
+
+def _looks_like_pickle(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"  # torch zip archive / raw pickle
+
+
+def _files_in_directory(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise WeightsError(f"{index} is not a valid safetensors index: {error}") from None
+        return [directory / name for name in sorted(set(weight_map.values()))]
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return [single]
+    others = sorted(directory.glob("*.safetensors"))
+    if len(others) == 1:
+        return others
+    pickles = [p.name for p in sorted(directory.iterdir()) if p.suffix in PICKLE_SUFFIXES]
+    if pickles:
+        raise WeightsError(f"{directory} holds only pickle checkpoints ({', '.join(pickles)}), "
+                           f"which blocktrace does not unpickle; {CONVERT_HINT}")
+    raise WeightsError(f"{directory} holds no model.safetensors or model.safetensors.index.json")
+
+
+def resolve_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint given as a file or a HuggingFace-style directory."""
+    if not path.exists():
+        raise WeightsError(f"{path} does not exist")
+    if path.is_dir():
+        files = _files_in_directory(path)
+    else:
+        if path.suffix in PICKLE_SUFFIXES:
+            _refuse_pickle(path)
+        files = [path]
+    for file in files:
+        if not file.is_file():
+            raise WeightsError(f"{file} is listed in the index but does not exist")
+        if _looks_like_pickle(file):
+            _refuse_pickle(file)
+    return files
+
+
+class Checkpoint:
+    """Lazy access to the tensors of one checkpoint (one file or several shards)."""
+
+    def __init__(self, path: Path):
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        self.directory = self.path if self.path.is_dir() else self.path.parent
+        self._handles = {}
+        self._file_of = {}
+        for file in resolve_files(self.path):
+            try:
+                handle = safe_open(str(file), framework="pt")
+            except Exception as error:  # safetensors raises its own error types for bad headers
+                raise WeightsError(f"{file} is not a valid safetensors file: {error}") from None
+            self._handles[file] = handle
+            for key in handle.keys():
+                self._file_of[key] = file
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self._file_of)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._file_of
+
+    def _slice(self, key: str):
+        if key not in self._file_of:
+            raise WeightsError(f"{self.path} has no tensor {key!r}")
+        return self._handles[self._file_of[key]].get_slice(key)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._slice(key).get_shape())
+
+    def dtype(self, key: str) -> str:
+        return self._slice(key).get_dtype()
+
+    def get(self, key: str, dtype: Optional[torch.dtype] = None,
+            rows: Union[None, slice, Sequence[int]] = None) -> torch.Tensor:
+        """One tensor, or some of its rows (a slice, or a list of row indices), converted to `dtype`."""
+        if key not in self._file_of:
+            raise WeightsError(f"{self.path} has no tensor {key!r}")
+        handle = self._handles[self._file_of[key]]
+        try:
+            if rows is None:
+                tensor = handle.get_tensor(key)
+            elif isinstance(rows, slice):
+                tensor = handle.get_slice(key)[rows]
+            else:
+                part = handle.get_slice(key)
+                tensor = torch.cat([part[row : row + 1] for row in rows])
+        except Exception as error:  # truncated data is found only when it is read
+            raise WeightsError(f"cannot read tensor {key!r} from {self._file_of[key]}: {error}") from None
+        return tensor if dtype is None else tensor.to(dtype)
+
+    def read_json(self, name: str) -> Optional[dict]:
+        """A JSON file beside the weights (config.json), or None when there is none."""
+        candidate = self.directory / name
+        if not candidate.is_file():
+            return None
+        try:
+            return json.loads(candidate.read_text(encoding="utf-8"))
+        except ValueError as error:
+            raise WeightsError(f"{candidate} is not valid JSON: {error}") from None

@@ -1,0 +1,102 @@
+"""Block configuration: one frozen dataclass and the enums for its fixed choices.
+
+This module must not import torch: the CLI reads it to build `--help` and option choices,
+and `blocktrace --help` has to answer without paying for `import torch`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+from typing import Optional
+
+from blocktrace.errors import ConfigError
+
+# The vocabulary of the whole tool: module names, table rows, JSON keys, saved tensor names.
+STEP_NAMES = ("norm1", "attn", "residual1", "norm2", "ffn", "residual2")
+
+
+class Norm(str, Enum):
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+class FFNKind(str, Enum):
+    GELU = "gelu"  # exact: 0.5·x·(1 + erf(x/√2))
+    GELU_TANH = "gelu_tanh"  # GPT-2's "gelu_new" tanh approximation
+    RELU = "relu"
+    SWIGLU = "swiglu"  # Shazeer 2020: down(silu(gate(x)) · up(x))
+
+
+class Placement(str, Enum):
+    PRE = "pre"  # GPT-2, Llama: x + f(norm(x))
+    POST = "post"  # original Transformer, BERT: norm(x + f(x))
+
+
+def _as_enum(enum_cls, value, field_name):
+    try:
+        return enum_cls(value)
+    except ValueError:
+        valid = ", ".join(member.value for member in enum_cls)
+        raise ConfigError(f"{field_name} must be one of {valid}, not {value!r}", field_name) from None
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    d_model: int = 16  # width of the residual stream (hidden size)
+    n_heads: int = 4  # attention heads; d_model must divide evenly among them
+    d_ff: Optional[int] = None  # FFN hidden width; None means 4·d_model, as in GPT-2
+    norm: Norm = Norm.LAYERNORM  # which normalisation norm1/norm2 use
+    ffn: FFNKind = FFNKind.GELU_TANH  # FFN nonlinearity; GPT-2 uses the tanh GELU
+    placement: Placement = Placement.PRE  # where the norms sit relative to the residual adds
+    causal: bool = True  # decoder-style mask: a token sees only itself and earlier tokens
+    eps: float = 1e-5  # added to the variance inside the norm's square root
+    bias: bool = True  # biases on every linear layer (and LayerNorm's shift)
+
+    def __post_init__(self):
+        set_field = object.__setattr__  # frozen: normalise fields once, here
+        set_field(self, "norm", _as_enum(Norm, self.norm, "norm"))
+        set_field(self, "ffn", _as_enum(FFNKind, self.ffn, "ffn"))
+        set_field(self, "placement", _as_enum(Placement, self.placement, "placement"))
+        if self.d_ff is None and isinstance(self.d_model, int):
+            set_field(self, "d_ff", 4 * self.d_model)
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("d_model", "n_heads", "d_ff"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, not {value!r}", name)
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"d_model {self.d_model} is not divisible by heads {self.n_heads}: "
+                f"pick heads among {_divisors(self.d_model)}",
+                "n_heads",
+            )
+        if not self.eps > 0:
+            raise ConfigError(f"eps must be positive, not {self.eps!r}", "eps")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def replace(self, **changes) -> "BlockConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready values (enums as their strings)."""
+        return {
+            field.name: (value.value if isinstance(value, Enum) else value)
+            for field in dataclasses.fields(self)
+            for value in [getattr(self, field.name)]
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "BlockConfig":
+        known = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0)

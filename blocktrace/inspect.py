@@ -1,0 +1,65 @@
+"""`blocktrace inspect`: what a checkpoint holds, layer by layer, before anything is traced."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from tabulate import tabulate
+
+from blocktrace.checkpoint import Checkpoint
+from blocktrace.errors import UsageError
+from blocktrace.weights import gpt2_config, model_info
+
+
+def _tensor_entry(checkpoint: Checkpoint, key: str, name: str) -> dict:
+    tensor = checkpoint.get(key, torch.float32)  # one tensor at a time: memory stays one tensor's size
+    return {"name": name, "shape": list(checkpoint.shape(key)), "dtype": checkpoint.dtype(key),
+            "norm": torch.linalg.vector_norm(tensor).item()}
+
+
+def inspect_checkpoint(path: Path) -> dict:
+    checkpoint = Checkpoint(path)
+    info = model_info(checkpoint)
+    try:
+        config = gpt2_config(checkpoint, info.prefix, {}).to_dict()
+    except UsageError:
+        config = None  # no config.json: the head count cannot be read from the shapes
+    layer_key = re.compile(rf"^{re.escape(info.prefix)}h\.(\d+)\.(.+)$")
+    layers = [[] for _ in range(info.n_layers)]
+    others = []
+    for key in sorted(checkpoint.keys):
+        match = layer_key.match(key)
+        if match:
+            layers[int(match.group(1))].append(_tensor_entry(checkpoint, key, match.group(2)))
+        else:
+            others.append(_tensor_entry(checkpoint, key, key))
+    return {
+        "path": str(path),
+        "layout": info.layout,
+        "key_prefix": info.prefix,
+        "n_layers": info.n_layers,
+        "vocab_size": info.vocab_size,
+        "n_positions": info.n_positions,
+        "config_file": info.has_config_file,
+        "config": config,
+        "layers": [{"layer": index, "tensors": tensors} for index, tensors in enumerate(layers)],
+        "other_tensors": others,
+    }
+
+
+def render_inspection(report: dict, fmt: str) -> str:
+    config = report["config"]
+    settings = (" ".join(f"{k}={v}" for k, v in config.items()) if config
+                else "no config.json: pass --heads to run it")
+    header = [
+        f"{report['path']}: layout {report['layout']} (key prefix {report['key_prefix']!r}), "
+        f"{report['n_layers']} layers, vocab {report['vocab_size']}, positions {report['n_positions']}",
+        f"block config: {settings}",
+    ]
+    rows = [[layer["layer"], t["name"], str(t["shape"]), t["dtype"], t["norm"]]
+            for layer in report["layers"] for t in layer["tensors"]]
+    rows += [["-", t["name"], str(t["shape"]), t["dtype"], t["norm"]] for t in report["other_tensors"]]
+    table = tabulate(rows, headers=["layer", "tensor", "shape", "dtype", "norm"], tablefmt=fmt, floatfmt=".4f")
+    return "\n".join(header) + "\n\n" + table + "\n"

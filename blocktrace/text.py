@@ -1,0 +1,86 @@
+"""Words the tool shows, in English and in the tutorials' Chinese (seed 000: 步骤 / 操作 / 输出shape)."""
+
+from __future__ import annotations
+
+LANGUAGES = ("en", "zh")
+
+HEADINGS = {
+    "en": {
+        "index": "#",
+        "step": "step",
+        "operation": "operation",
+        "shape": "shape",
+        "attention": "attention",
+        "entropy": "entropy per head (uniform = log T = {uniform:.4f})",
+        "max_weight": "max weight {weight:.4f}, max pre-softmax logit {logit:.4f}",
+        "heatmap": "head {head} (rows: queries, columns: keys{batch_note})",
+        "heatmap_batch": ", first sequence",
+        "heatmap_skipped": "heatmap skipped: {tokens} tokens > {limit} (use --json or --save for the weights)",
+        "values": "first {n} values of token {index} ({label}) at every step",
+        "why": "what each step does",
+        "tokens": "tokens",
+        "input": "input x",
+    },
+    "zh": {
+        "index": "步骤",
+        "step": "名称",
+        "operation": "操作",
+        "shape": "输出shape",
+        "attention": "注意力",
+        "entropy": "每个头的熵（均匀分布 = log T = {uniform:.4f}）",
+        "max_weight": "最大权重 {weight:.4f}，softmax 前最大 logit {logit:.4f}",
+        "heatmap": "第 {head} 个头（行：query，列：key{batch_note}）",
+        "heatmap_batch": "，第一条序列",
+        "heatmap_skipped": "热力图已省略：{tokens} 个 token > {limit}（用 --json 或 --save 查看权重）",
+        "values": "第 {index} 个 token（{label}）在每一步的前 {n} 个数值",
+        "why": "每一步在做什么",
+        "tokens": "tokens",
+        "input": "输入 x",
+    },
+}
+
+_PRE = {
+    "en": {
+        "norm1": "Normalises each token's vector before attention; only attention sees x_norm1, "
+        "the residual keeps the raw x.",
+        "attn": "Each token takes a softmax(q·k/√d_head)-weighted mix of the value vectors of the "
+        "tokens it may see (itself and earlier ones when causal).",
+        "residual1": "Adds the original x, not x_norm1: whatever attention does, x gets through.",
+        "norm2": "Normalises x1 again, so the FFN sees a stable scale.",
+        "ffn": "Works on every token on its own: widen to d_ff, nonlinearity, project back to d_model.",
+        "residual2": "Adds x1, not x_norm2: the second residual path; the output keeps the input's shape.",
+    },
+    "zh": {
+        "norm1": "在进入注意力之前对每个 token 的向量做归一化；只有注意力看到 x_norm1，残差用的是原始 x。",
+        "attn": "每个 token 按 softmax(q·k/√d_head) 的权重，把它能看到的 token（因果时是自己和之前的）"
+        "的 value 向量加权混合。",
+        "residual1": "残差：加的是原始 x，不是 x_norm1；注意力学成什么样，x 的信息都不会丢。",
+        "norm2": "再对 x1 做一次归一化，让 FFN 看到稳定的尺度。",
+        "ffn": "逐 token 单独加工：升维到 d_ff，非线性，再降回 d_model。",
+        "residual2": "残差：加的是 x1，不是 x_norm2；输出形状和输入完全一致。",
+    },
+}
+
+_POST = {
+    "en": {
+        "attn": "Attention reads the raw stream x directly (no norm in front of it).",
+        "residual1": "Adds the attention output to x; the sum is not yet normalised.",
+        "norm1": "Normalises the sum x + attn_out: the residual stream itself is rescaled here.",
+        "ffn": "Works on every token of x1 on its own: widen to d_ff, nonlinearity, project back.",
+        "residual2": "Adds the FFN output to x1.",
+        "norm2": "Normalises the sum again: the block output always has unit scale per token.",
+    },
+    "zh": {
+        "attn": "注意力直接读取原始的 x（前面没有归一化）。",
+        "residual1": "把注意力输出加到 x 上；这个和还没有归一化。",
+        "norm1": "对 x + attn_out 做归一化：残差流本身在这里被重新缩放。",
+        "ffn": "对 x1 的每个 token 单独加工：升维到 d_ff，非线性，再降回。",
+        "residual2": "把 FFN 输出加到 x1 上。",
+        "norm2": "再对和做归一化：block 输出的每个 token 尺度总是 1 左右。",
+    },
+}
+
+
+def explanation(lang: str, placement: str, step: str) -> str:
+    table = _POST if placement == "post" else _PRE
+    return table[lang][step]

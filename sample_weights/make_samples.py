@@ -1,0 +1,89 @@
+"""Regenerate the sample checkpoints in this folder, byte for byte.
+
+    python sample_weights/make_samples.py [OUTPUT_DIR]
+
+gpt2-tiny/: a GPT-2-layout model (keys as GPT2Model saves them: h.{k}.*, wte, wpe, ln_f),
+4 layers, d_model 64, 4 heads, d_ff 256, 128 positions, gelu_new, with a word-level
+tokenizer.json of 128 entries. Every parameter is random (weights, biases, LayerNorm gains
+and shifts), so a missing transpose or a dropped bias cannot hide. The numbers mean
+nothing: they exist to exercise loading and tracing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+SEED = 2024
+D_MODEL, N_HEAD, N_LAYER, N_POSITIONS = 64, 4, 4, 128
+WORDS = (
+    "[UNK] 猫 吃 鱼 狗 喝 水 我 你 他 的 了 是 在 有 一 个 苹果 红红的 手机 "
+    "the a an cat dog fish eats drinks water i you he she it is are was were has have "
+    "and or but not no yes in on at to of for with from by as this that these those "
+    "big small red green blue old new good bad fast slow hot cold happy sad one two three "
+    "four five six seven eight nine ten apple phone book tree house car sun moon star sky "
+    "sea river road city day night time year people man woman child world life hand eye "
+    "head word line . , ! ?"
+).split()
+
+
+def gpt2_tensors(vocab_size: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(SEED)
+
+    def normal(*shape, mean=0.0, std=0.1):
+        return mean + std * torch.randn(*shape, generator=generator)
+
+    d, f = D_MODEL, 4 * D_MODEL
+    tensors = {"wte.weight": normal(vocab_size, d, std=0.5), "wpe.weight": normal(N_POSITIONS, d, std=0.2)}
+    for k in range(N_LAYER):
+        layer = {
+            "ln_1.weight": normal(d, mean=1.0, std=0.2), "ln_1.bias": normal(d, std=0.1),
+            "attn.c_attn.weight": normal(d, 3 * d, std=0.15), "attn.c_attn.bias": normal(3 * d, std=0.1),
+            "attn.c_proj.weight": normal(d, d, std=0.1), "attn.c_proj.bias": normal(d, std=0.05),
+            "ln_2.weight": normal(d, mean=1.0, std=0.2), "ln_2.bias": normal(d, std=0.1),
+            "mlp.c_fc.weight": normal(d, f, std=0.1), "mlp.c_fc.bias": normal(f, std=0.1),
+            "mlp.c_proj.weight": normal(f, d, std=0.05), "mlp.c_proj.bias": normal(d, std=0.05),
+        }
+        tensors.update({f"h.{k}.{name}": value for name, value in layer.items()})
+    tensors["ln_f.weight"] = normal(d, mean=1.0, std=0.2)
+    tensors["ln_f.bias"] = normal(d, std=0.1)
+    return tensors
+
+
+def gpt2_config(vocab_size: int) -> dict:
+    return {
+        "model_type": "gpt2", "architectures": ["GPT2Model"], "activation_function": "gelu_new",
+        "n_embd": D_MODEL, "n_head": N_HEAD, "n_layer": N_LAYER, "n_positions": N_POSITIONS,
+        "n_inner": None, "layer_norm_epsilon": 1e-5, "vocab_size": vocab_size,
+        "bos_token_id": 0, "eos_token_id": 0,
+    }
+
+
+def write_tokenizer(path: Path) -> int:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {word: index for index, word in enumerate(WORDS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer.save(str(path))
+    return len(vocab)
+
+
+def make_gpt2_tiny(directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab_size = write_tokenizer(directory / "tokenizer.json")
+    save_file(gpt2_tensors(vocab_size), str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(gpt2_config(vocab_size), indent=2, sort_keys=True) + "\n")
+
+
+def main(output: Path) -> None:
+    make_gpt2_tiny(output / "gpt2-tiny")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent)

@@ -1,0 +1,70 @@
+"""GPT-2 checkpoints: every traced step equals what HuggingFace computes at the same place."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blocktrace.checkpoint import Checkpoint
+from blocktrace.weights import embed_token_ids, gpt2_config, hidden_state_before, load_block, model_info
+from blocktrace.trace import trace
+
+TOKEN_IDS = [5, 17, 99, 0, 42, 7, 63]
+
+
+def hf_block_values(hf_model, layer: int, token_ids: list[int]) -> dict[str, torch.Tensor]:
+    """Tensors HF computes inside block `layer`, captured with hooks on its own modules."""
+    block = hf_model.h[layer]
+    seen = {}
+    hooks = [
+        block.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0])),
+        block.ln_1.register_forward_hook(lambda m, i, o: seen.__setitem__("norm1", o)),
+        block.attn.register_forward_hook(lambda m, i, o: seen.update(attn=o[0], attn_weights=o[1])),
+        block.ln_2.register_forward_pre_hook(lambda m, args: seen.__setitem__("residual1", args[0])),
+        block.ln_2.register_forward_hook(lambda m, i, o: seen.__setitem__("norm2", o)),
+        block.mlp.register_forward_hook(lambda m, i, o: seen.__setitem__("ffn", o)),
+        block.register_forward_hook(lambda m, i, o: seen.__setitem__("residual2", o[0] if isinstance(o, tuple) else o)),
+    ]
+    try:
+        with torch.no_grad():
+            outputs = hf_model(torch.tensor([token_ids]), output_hidden_states=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    seen["hidden_state"] = outputs.hidden_states[layer]
+    return seen
+
+
+@pytest.mark.parametrize("layer", [0, 2])
+def test_every_step_matches_huggingface(gpt2_checkpoint, layer):
+    directory, hf_model = gpt2_checkpoint
+    reference = hf_block_values(hf_model, layer, TOKEN_IDS)
+    checkpoint = Checkpoint(directory)
+    info = model_info(checkpoint)
+    block = load_block(checkpoint, info, layer, gpt2_config(checkpoint, info.prefix, {}))
+    traced = trace(block, reference["x"], keep_tensors=True)
+    ours = traced.tensors()
+    for name in ("norm1", "attn", "residual1", "norm2", "ffn", "residual2", "attn_weights"):
+        delta = (ours[name] - reference[name]).abs().max().item()
+        assert delta <= 1e-5, f"{name}: max |Δ| {delta}"
+
+
+@pytest.mark.parametrize("layer", [0, 1, 2])
+def test_token_ids_give_the_input_huggingface_feeds_the_block(gpt2_checkpoint, layer):
+    directory, hf_model = gpt2_checkpoint
+    reference = hf_block_values(hf_model, layer, TOKEN_IDS)
+    checkpoint = Checkpoint(directory)
+    info = model_info(checkpoint)
+    config = gpt2_config(checkpoint, info.prefix, {})
+    x = hidden_state_before(checkpoint, info, config, embed_token_ids(checkpoint, info, TOKEN_IDS), layer)
+    assert (x - reference["hidden_state"][0]).abs().max().item() <= 1e-5
+
+
+def test_config_comes_from_config_json(gpt2_checkpoint):
+    directory, hf_model = gpt2_checkpoint
+    checkpoint = Checkpoint(directory)
+    info = model_info(checkpoint)
+    config = gpt2_config(checkpoint, info.prefix, {})
+    assert (config.d_model, config.n_heads, config.d_ff, config.eps) == (32, 4, 128, hf_model.config.layer_norm_epsilon)
+    assert config.ffn.value == "gelu_tanh"  # HF's default activation_function is gelu_new
+    assert info.n_layers == 3 and info.vocab_size == 101 and info.n_positions == 64
