@@ -28,9 +28,10 @@ def _refuse_pickle(path: Path) -> None:
 
 
 def _looks_like_pickle(path: Path) -> bool:
+    """Asked only of files safetensors could not open: a safetensors header length may start with 0x80 too."""
     with open(path, "rb") as handle:
-        head = handle.read(4)
-    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"  # torch zip archive / raw pickle
+        head = handle.read(2)
+    return head == b"PK" or (head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"))
 
 
 def _files_in_directory(directory: Path) -> list[Path]:
@@ -67,8 +68,6 @@ def resolve_files(path: Path) -> list[Path]:
     for file in files:
         if not file.is_file():
             raise WeightsError(f"{file} is listed in the index but does not exist")
-        if _looks_like_pickle(file):
-            _refuse_pickle(file)
     return files
 
 
@@ -86,6 +85,8 @@ class Checkpoint:
             try:
                 handle = safe_open(str(file), framework="pt")
             except Exception as error:  # safetensors raises its own error types for bad headers
+                if _looks_like_pickle(file):
+                    _refuse_pickle(file)
                 raise WeightsError(f"{file} is not a valid safetensors file: {error}") from None
             self._handles[file] = handle
             for key in handle.keys():

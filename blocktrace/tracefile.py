@@ -17,7 +17,7 @@ from blocktrace.errors import BlocktraceError
 
 def check_output_path(path: Path, force: bool) -> None:
     """Fail before any work is done if `path` cannot be written."""
-    parent = path.parent if str(path.parent) else Path(".")
+    parent = path.parent
     if not parent.is_dir():
         raise BlocktraceError(f"cannot write {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK):
@@ -43,11 +43,14 @@ def save_trace_file(path: Path, tensors: dict, *, config: dict, step_order: Sequ
         **{key: json.dumps(value) for key, value in (extra or {}).items()},
     }
     contiguous = {name: tensor.detach().contiguous().cpu() for name, tensor in tensors.items()}
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    os.close(fd)
+    temporary = None
     try:
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
         save_file(contiguous, temporary, metadata=metadata)
         os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    except OSError as error:
+        raise BlocktraceError(f"cannot write {path}: {error.strerror or error}") from None
+    finally:
+        if temporary is not None and Path(temporary).exists():
+            Path(temporary).unlink()

@@ -1,0 +1,85 @@
+"""Each layer against its formula written out by hand on small tensors."""
+
+import math
+
+import torch
+from torch.nn import functional as F
+
+from blocktrace.config import BlockConfig
+from blocktrace.layers import MLP, MultiHeadAttention, RMSNorm, SwiGLU
+
+torch.manual_seed(0)
+
+
+def test_rmsnorm_is_x_over_root_mean_square_times_gain():
+    norm = RMSNorm(5, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([1.0, 2.0, 0.5, -1.0, 3.0]))
+    x = torch.randn(3, 5)
+    expected = torch.stack([row / math.sqrt(sum(v * v for v in row.tolist()) / 5 + 1e-6) for row in x]) * norm.weight
+    assert torch.allclose(norm(x), expected, atol=1e-6)
+
+
+def test_swiglu_is_down_of_silu_gate_times_up():
+    ffn = SwiGLU(BlockConfig(d_model=4, n_heads=1, d_ff=6, ffn="swiglu"))
+    x = torch.randn(2, 3, 4)
+    gate = x @ ffn.gate.weight.T + ffn.gate.bias
+    up = x @ ffn.up.weight.T + ffn.up.bias
+    swish = gate * (1 / (1 + torch.exp(-gate)))
+    expected = (swish * up) @ ffn.down.weight.T + ffn.down.bias
+    assert torch.allclose(ffn(x), expected, atol=1e-6)
+
+
+def test_gelu_tanh_is_gpt2_gelu_new():
+    ffn = MLP(BlockConfig(d_model=4, n_heads=1, d_ff=8, ffn="gelu_tanh"))
+    h = torch.linspace(-6, 6, 101)
+    gelu_new = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
+    assert torch.allclose(ffn.act(h), gelu_new, atol=1e-6)
+    exact = MLP(BlockConfig(d_model=4, n_heads=1, ffn="gelu")).act(h)
+    assert torch.allclose(exact, 0.5 * h * (1 + torch.erf(h / math.sqrt(2))), atol=1e-6)
+
+
+def _attention_by_hand(attn: MultiHeadAttention, x: torch.Tensor, causal: bool):
+    """Per head, per query, with Python loops: softmax(q·k/√hd) over the allowed keys."""
+    t, d = x.shape
+    hd = d // attn.n_heads
+    q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    heads, weights = [], torch.zeros(attn.n_heads, t, t)
+    for h in range(attn.n_heads):
+        cols = slice(h * hd, (h + 1) * hd)
+        out = torch.zeros(t, hd)
+        for i in range(t):
+            keys = range(i + 1) if causal else range(t)
+            scores = torch.tensor([float(q[i, cols] @ k[j, cols]) / math.sqrt(hd) for j in keys])
+            p = torch.exp(scores - scores.max())
+            p = p / p.sum()
+            for j, pj in zip(keys, p):
+                weights[h, i, j] = pj
+                out[i] += pj * v[j, cols]
+        heads.append(out)
+    return attn.out_proj(torch.cat(heads, dim=-1)), weights
+
+
+def test_attention_matches_the_formula_and_exposes_its_weights():
+    for causal in (True, False):
+        attn = MultiHeadAttention(BlockConfig(d_model=6, n_heads=3, causal=causal))
+        x = torch.randn(4, 6)
+        seen = {}
+        attn.weights.register_forward_hook(lambda m, i, o: seen.__setitem__("w", o))
+        with torch.no_grad():
+            out = attn(x)
+            expected, expected_weights = _attention_by_hand(attn, x, causal)
+        assert seen["w"].shape == (3, 4, 4)
+        assert torch.allclose(out, expected, atol=1e-5)
+        assert torch.allclose(seen["w"], expected_weights, atol=1e-6)
+
+
+def test_batched_input_gives_the_same_rows_as_unbatched():
+    attn = MultiHeadAttention(BlockConfig(d_model=8, n_heads=2))
+    x = torch.randn(3, 5, 8)
+    with torch.no_grad():
+        batched = attn(x)
+        assert torch.allclose(batched[1], attn(x[1]), atol=1e-6)
+        assert torch.allclose(batched, F.scaled_dot_product_attention(
+            *(attn._split_heads(p(x)) for p in (attn.q_proj, attn.k_proj, attn.v_proj)), is_causal=True
+        ).transpose(-3, -2).reshape(3, 5, 8) @ attn.out_proj.weight.T + attn.out_proj.bias, atol=1e-5)

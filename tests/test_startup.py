@@ -1,0 +1,24 @@
+"""The entry points, as a shell runs them: `python -m blocktrace`, and help without torch."""
+
+import subprocess
+import sys
+
+import pytest
+
+PROBE = "import sys; sys.argv = ['blocktrace', *{args!r}]\ntry:\n    from blocktrace.cli import main; main()\n" \
+        "except SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["inspect", "--help"], ["--version"]])
+def test_help_and_version_do_not_import_torch(args):
+    output = subprocess.run([sys.executable, "-c", PROBE.format(args=args)], capture_output=True, text=True, check=True)
+    assert output.stdout.strip().endswith("NO-TORCH"), output.stdout
+
+
+def test_python_dash_m_runs_the_cli():
+    result = subprocess.run([sys.executable, "-m", "blocktrace", "run", "--d-model", "4", "--heads", "2",
+                             "--tokens", "猫", "吃", "鱼"], capture_output=True, text=True)
+    assert result.returncode == 0 and "future_weight_sum=0.0000" in result.stdout
+    bad = subprocess.run([sys.executable, "-m", "blocktrace", "run", "--d-model", "6", "--heads", "4"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("Error: ") and "Traceback" not in bad.stderr

@@ -1,0 +1,88 @@
+"""Statistics and attention diagnostics against numpy and naive loops."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from blocktrace.block import build_block
+from blocktrace.config import BlockConfig
+from blocktrace.stats import attention_stats, tensor_stats
+from blocktrace.trace import trace
+
+
+def numpy_stats(a: np.ndarray) -> list[float]:
+    finite = a.astype(np.float64)
+    return [finite.mean(), finite.std(), finite.min(), finite.max(), math.sqrt((finite**2).mean()),
+            np.abs(finite).max(), 0, 0]
+
+
+def test_tensor_stats_match_numpy():
+    a = np.random.default_rng(0).normal(2.0, 3.0, size=(3, 7, 5)).astype(np.float32)
+    assert tensor_stats(torch.from_numpy(a)).tolist() == pytest.approx(numpy_stats(a), rel=1e-5, abs=1e-6)
+
+
+def test_nan_and_inf_are_counted():
+    t = torch.tensor([1.0, float("nan"), float("inf"), float("-inf"), 2.0])
+    values = tensor_stats(t).tolist()
+    assert values[6:] == [1, 2]
+
+
+def naive_attention_stats(w: np.ndarray):
+    """Loops over every row: entropy −Σ p ln p (0 ln 0 = 0) and weight above the diagonal."""
+    *lead, heads, t, _ = w.shape
+    rows = w.reshape(-1, heads, t, t)
+    entropy = np.zeros(heads)
+    future = 0.0
+    for n in range(rows.shape[0]):
+        for h in range(heads):
+            for i in range(t):
+                p = rows[n, h, i]
+                entropy[h] += -sum(v * math.log(v) for v in p if v > 0)
+                future += p[i + 1 :].sum()
+    return entropy / (rows.shape[0] * t), future
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 256])
+def test_attention_stats_match_naive_loops_for_any_chunk(chunk):
+    logits = torch.randn(2, 3, 7, 7, generator=torch.Generator().manual_seed(2))
+    w = torch.softmax(logits, -1)
+    stats = attention_stats(w, chunk=chunk)
+    entropy, future = naive_attention_stats(w.numpy())
+    assert stats["entropy_per_head"].tolist() == pytest.approx(entropy.tolist(), rel=1e-5)
+    assert stats["future_weight_sum"].item() == pytest.approx(future, rel=1e-5)
+    assert stats["max_weight"].item() == pytest.approx(w.max().item())
+
+
+def test_trace_keeps_no_tensors_unless_asked():
+    traced = trace(build_block(BlockConfig(d_model=8, n_heads=2)), torch.randn(4, 8))
+    assert all(step.tensor is None for step in traced.steps) and traced.attention.tensor is None
+    with pytest.raises(ValueError, match="keep_tensors=True"):
+        traced.tensors()
+
+
+def test_trace_stats_equal_stats_of_the_kept_tensors_and_samples_are_the_first_values():
+    traced = trace(build_block(BlockConfig(d_model=8, n_heads=2)), torch.randn(2, 4, 8),
+                   keep_tensors=True, sample_token=2, sample_size=3)
+    for step in [traced.input, *traced.steps]:
+        assert list(step.stats.to_dict().values()) == pytest.approx(numpy_stats(step.tensor.numpy()), rel=1e-5, abs=1e-6)
+        assert step.sample == pytest.approx(step.tensor[0, 2, :3].tolist())
+
+
+def test_future_weight_is_zero_with_the_mask_and_positive_without():
+    x = torch.randn(5, 8)
+    causal = trace(build_block(BlockConfig(d_model=8, n_heads=2)), x)
+    assert causal.attention.future_weight_sum == 0.0
+    bidirectional = trace(build_block(BlockConfig(d_model=8, n_heads=2, causal=False)), x)
+    assert bidirectional.attention.future_weight_sum > 0.5
+    unmasked = _masked_scores(build_block(BlockConfig(d_model=8, n_heads=2)), x)
+    assert causal.attention.max_logit == pytest.approx(max(unmasked))
+
+
+def _masked_scores(block, x):
+    seen = {}
+    block.attn.scores.register_forward_hook(lambda m, i, o: seen.__setitem__("s", o))
+    with torch.no_grad():
+        block(x)
+    return [v for v in seen["s"].flatten().tolist() if v != float("-inf")]
