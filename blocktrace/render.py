@@ -13,7 +13,7 @@ from tabulate import tabulate
 from blocktrace._version import __version__
 from blocktrace.stats import STAT_NAMES
 from blocktrace.text import HEADINGS, explanation
-from blocktrace.trace import PREVIEW_MAX_TOKENS, StepRecord, Trace
+from blocktrace.tracer import PREVIEW_MAX_TOKENS, StepRecord, Trace
 
 SCHEMA_VERSION = 1
 STAT_HEADINGS = ("mean", "std", "min", "max", "rms", "max|x|", "nan/inf")

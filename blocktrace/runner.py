@@ -16,7 +16,7 @@ from blocktrace.config import BlockConfig
 from blocktrace.errors import InputError, UsageError
 from blocktrace.inputs import RANDOM_INPUT_NOTE, TOKEN_EMBEDDING_NOTE, random_input, split_tokens, tokens_to_input
 from blocktrace.render import report_dict
-from blocktrace.trace import Trace, trace
+from blocktrace.tracer import Trace, trace
 from blocktrace.tracefile import check_output_path, save_trace_file
 
 DEFAULT_SEQ_LEN = 5

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from blocktrace.block import build_block, execution_order
 from blocktrace.config import BlockConfig
-from blocktrace.trace import trace
+from blocktrace.tracer import trace
 
 COMBINATIONS = list(itertools.product(["layernorm", "rmsnorm"], ["gelu", "gelu_tanh", "relu", "swiglu"], ["pre", "post"]))
 

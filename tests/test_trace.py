@@ -9,7 +9,7 @@ import torch
 from blocktrace.block import build_block
 from blocktrace.config import BlockConfig
 from blocktrace.stats import attention_stats, tensor_stats
-from blocktrace.trace import trace
+from blocktrace.tracer import trace
 
 
 def numpy_stats(a: np.ndarray) -> list[float]:

@@ -7,7 +7,7 @@ import torch
 
 from blocktrace.checkpoint import Checkpoint
 from blocktrace.weights import embed_token_ids, gpt2_config, hidden_state_before, load_block, model_info
-from blocktrace.trace import trace
+from blocktrace.tracer import trace
 
 TOKEN_IDS = [5, 17, 99, 0, 42, 7, 63]
 

@@ -1,0 +1,42 @@
+"""Re-run every `$ blocktrace ...` example in README.md and paste its real output under it.
+
+    python scripts/update_readme_examples.py
+
+tests/test_readme.py fails when a pasted output no longer matches a real run.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = re.compile(r"```console\n\$ (blocktrace [^\n]*)\n.*?```", re.DOTALL)
+
+
+def run_example(command: str) -> str:
+    from blocktrace.cli import cli
+
+    args = shlex.split(command)[1:]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    return result.stdout + result.stderr
+
+
+def main() -> int:
+    readme = ROOT / "README.md"
+    text = readme.read_text(encoding="utf-8")
+
+    def paste(match: re.Match) -> str:
+        command = match.group(1)
+        return f"```console\n$ {command}\n{run_example(command).rstrip()}\n```"
+
+    readme.write_text(EXAMPLE.sub(paste, text), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
