@@ -1,0 +1,68 @@
+"""Shared benchmark helpers: a GPT-2-shaped checkpoint, machine facts, and peak-memory probes."""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "_data"  # ignored by git: files are rebuilt on demand
+
+
+def machine_facts() -> dict:
+    import torch
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": platform.python_version(),
+            "torch": torch.__version__, "cpu": cpu, "threads": torch.get_num_threads()}
+
+
+def gpt2_checkpoint(n_layer: int, d_model: int, n_head: int, vocab: int = 50257, positions: int = 1024) -> Path:
+    """A GPT-2-layout safetensors file with random weights, written once and reused."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory = DATA / f"gpt2-{n_layer}x{d_model}"
+    if (directory / "model.safetensors").is_file():
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    d, f = d_model, 4 * d_model
+    tensors = {"wte.weight": torch.randn(vocab, d, generator=g) * 0.02,
+               "wpe.weight": torch.randn(positions, d, generator=g) * 0.01}
+    for k in range(n_layer):
+        shapes = {"ln_1.weight": (d,), "ln_1.bias": (d,), "attn.c_attn.weight": (d, 3 * d),
+                  "attn.c_attn.bias": (3 * d,), "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
+                  "ln_2.weight": (d,), "ln_2.bias": (d,), "mlp.c_fc.weight": (d, f), "mlp.c_fc.bias": (f,),
+                  "mlp.c_proj.weight": (f, d), "mlp.c_proj.bias": (d,)}
+        for name, shape in shapes.items():
+            tensors[f"h.{k}.{name}"] = torch.randn(*shape, generator=g) * 0.02
+    tensors["ln_f.weight"], tensors["ln_f.bias"] = torch.ones(d), torch.zeros(d)
+    save_file(tensors, str(directory / "model.safetensors"))
+    config = {"model_type": "gpt2", "n_embd": d, "n_head": n_head, "n_layer": n_layer, "n_positions": positions,
+              "vocab_size": vocab, "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new"}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def in_subprocess(code: str) -> dict:
+    """Run `code` in a fresh interpreter; it prints one JSON dict. Adds that process's peak RSS (MiB)."""
+    wrapped = code + "\nimport resource as _r, json as _j\n" \
+        "print(_j.dumps({**RESULT, 'peak_rss_mib': _r.getrusage(_r.RUSAGE_SELF).ru_maxrss / 1024}))"
+    output = subprocess.run([sys.executable, "-c", wrapped], capture_output=True, text=True, check=True)
+    return json.loads(output.stdout.strip().splitlines()[-1])
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
