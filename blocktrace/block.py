@@ -14,10 +14,14 @@ from blocktrace.layers import MultiHeadAttention, make_ffn, make_norm
 
 
 class Residual(nn.Module):
-    """stream + update, as a module of its own so the sum can be hooked."""
+    """α·stream + update (α = 1 but for DeepNorm), as a module of its own so the sum can be hooked."""
+
+    def __init__(self, alpha: float = 1.0):
+        super().__init__()
+        self.alpha = alpha
 
     def forward(self, stream: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
-        return stream + update
+        return stream + update if self.alpha == 1.0 else self.alpha * stream + update
 
 
 class TransformerBlock(nn.Module):
@@ -26,13 +30,13 @@ class TransformerBlock(nn.Module):
         self.config = config
         self.norm1 = make_norm(config)
         self.attn = MultiHeadAttention(config)
-        self.residual1 = Residual()
+        self.residual1 = Residual(config.residual_scale)
         self.norm2 = make_norm(config)
         self.ffn = make_ffn(config)
-        self.residual2 = Residual()
+        self.residual2 = Residual(config.residual_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, d] or [B, T, d]
-        if self.config.placement is Placement.POST:
+        if self.config.post_norm:
             x1 = self.norm1(self.residual1(x, self.attn(x)))
             return self.norm2(self.residual2(x1, self.ffn(x1)))
         x1 = self.residual1(x, self.attn(self.norm1(x)))
@@ -42,19 +46,26 @@ class TransformerBlock(nn.Module):
         return {name: getattr(self, name) for name in STEP_NAMES}
 
 
-def build_block(config: BlockConfig, seed: int = 0) -> TransformerBlock:
-    """A block with PyTorch's default initialisation drawn from `seed`: same seed, same numbers.
+def build_block(config: BlockConfig, seed: int = 0, init: str = "default") -> TransformerBlock:
+    """A block whose parameters are drawn from `seed`: same seed, same numbers.
 
+    init: "default" (PyTorch's own), "xavier" or "xiong" (see blocktrace.init). DeepNorm's β
+    scaling of the FFN, V and O weights is applied on top, as its definition requires.
     The global RNG is forked so that building a block never disturbs the caller's random state.
     """
+    from blocktrace.init import apply_deepnorm_beta, initialise
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         block = TransformerBlock(config)
+        initialise(block, init)
+    if config.placement is Placement.DEEPNORM:
+        apply_deepnorm_beta(block)
     return block.eval()
 
 
 def execution_order(config: BlockConfig) -> tuple[str, ...]:
-    if config.placement is Placement.POST:
+    if config.post_norm:
         return ("attn", "residual1", "norm1", "ffn", "residual2", "norm2")
     return STEP_NAMES
 
@@ -65,13 +76,14 @@ def step_operations(config: BlockConfig) -> dict[str, str]:
     ffn = {"gelu": "FFN_GELU", "gelu_tanh": "FFN_GELU_tanh", "relu": "FFN_ReLU", "swiglu": "SwiGLU"}[
         config.ffn.value
     ]
-    if config.placement is Placement.POST:
+    if config.post_norm:
+        alpha = "" if config.residual_scale == 1.0 else f"{config.residual_scale:.4g}·"
         return {
             "attn": "attn_out = MultiHeadAttention(x)",
-            "residual1": "r1 = x + attn_out",
+            "residual1": f"r1 = {alpha}x + attn_out",
             "norm1": f"x1 = {norm}(r1)",
             "ffn": f"ffn_out = {ffn}(x1)",
-            "residual2": "r2 = x1 + ffn_out",
+            "residual2": f"r2 = {alpha}x1 + ffn_out",
             "norm2": f"x2 = {norm}(r2)",
         }
     return {

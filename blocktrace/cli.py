@@ -14,12 +14,13 @@ import click
 from tabulate import tabulate_formats
 
 from blocktrace._version import __version__
-from blocktrace.config import FFNKind, Norm
-from blocktrace.errors import BlocktraceError
+from blocktrace.config import FFNKind, Norm, Placement
+from blocktrace.errors import BlocktraceError, UsageError
 from blocktrace.text import LANGUAGES
 
 # Options that take several words: `--tokens 猫 吃 鱼` as well as `--tokens "猫 吃 鱼"`.
 GREEDY_OPTIONS = ("--tokens", "--token-ids")
+INITS = ("default", "xavier", "xiong")  # blocktrace.init.INITS, repeated here to keep torch out of --help
 
 
 def _is_option_like(arg: str) -> bool:
@@ -54,6 +55,16 @@ class GreedyCommand(click.Command):
         return super().parse_args(ctx, join_greedy_options(list(args)))
 
 
+# BlockConfig fields as the options that set them, so config errors name what to change.
+FIELD_OPTIONS = {"d_model": "--d-model", "n_heads": "--heads", "d_ff": "--d-ff", "eps": "--eps",
+                 "norm": "--norm", "ffn": "--ffn", "placement": "--pre-ln/--post-ln/--deepnorm"}
+
+
+def _option_prefix(error: BlocktraceError) -> str:
+    option = FIELD_OPTIONS.get(getattr(error, "field", ""))
+    return f"Invalid value for '{option}': " if option else ""
+
+
 class BlocktraceGroup(click.Group):
     """Every failure becomes one `Error: ...` line on stderr with the right exit code."""
 
@@ -73,16 +84,6 @@ class BlocktraceGroup(click.Group):
         sys.exit(result if isinstance(result, int) else 0)
 
 
-# BlockConfig fields as the options that set them, so config errors name what to change.
-FIELD_OPTIONS = {"d_model": "--d-model", "n_heads": "--heads", "d_ff": "--d-ff", "eps": "--eps",
-                 "norm": "--norm", "ffn": "--ffn", "placement": "--pre-ln/--post-ln"}
-
-
-def _option_prefix(error: BlocktraceError) -> str:
-    option = FIELD_OPTIONS.get(getattr(error, "field", ""))
-    return f"Invalid value for '{option}': " if option else ""
-
-
 @click.group(cls=BlocktraceGroup)
 @click.version_option(__version__, prog_name="blocktrace")
 def cli():
@@ -94,77 +95,192 @@ def _choice(enum_cls):
     return click.Choice([member.value for member in enum_cls])
 
 
-def _explicit_config_fields(ctx: click.Context) -> set[str]:
+class DepthList(click.ParamType):
+    """`--layers 12` (a stack) or `--layers 6,8,10` (a depth sweep, with --grad)."""
+
+    name = "N[,N...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            depths = tuple(int(part) for part in str(value).split(","))
+        except ValueError:
+            self.fail(f"{value!r} is not a depth or a comma-separated list of depths, e.g. 12 or 6,8,10", param, ctx)
+        if any(depth < 1 for depth in depths):
+            self.fail(f"{value!r}: every depth must be at least 1", param, ctx)
+        return depths
+
+
+def _options(*decorators):
+    def apply(function):
+        for decorator in reversed(decorators):
+            function = decorator(function)
+        return function
+    return apply
+
+
+SHARED_OPTIONS = _options(
+    click.option("--d-model", type=click.IntRange(min=1), default=16, show_default=True, help="Width of the residual stream."),
+    click.option("--heads", type=click.IntRange(min=1), default=4, show_default=True, help="Attention heads; must divide --d-model."),
+    click.option("--d-ff", type=click.IntRange(min=1), default=None, help="FFN hidden width.  [default: 4 × d-model]"),
+    click.option("--causal/--no-causal", default=True, show_default=True, help="Mask future tokens before the softmax."),
+    click.option("--eps", type=click.FloatRange(min=0, min_open=True), default=1e-5, show_default=True, help="Norm epsilon."),
+    click.option("--bias/--no-bias", default=True, show_default=True, help="Biases on linear layers and LayerNorm."),
+    click.option("--seed", type=int, default=0, show_default=True, help="Seed of parameters and input: same seed, same numbers."),
+    click.option("--init", type=click.Choice(INITS), default="default", show_default=True, help="Parameter init: PyTorch's default, Xavier, or Xiong et al. 2020's setting (Xavier, zero biases, W^Q = W^K = 0)."),
+    click.option("--tokens", "tokens_text", metavar="TOKEN...", help="Input tokens, e.g. --tokens 猫 吃 鱼 (seeded embedding + sinusoidal positions)."),
+    click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Random input of this many tokens (when no --tokens).  [default: 5]"),
+    click.option("--batch", type=click.IntRange(min=1), default=None, help="Add a batch dimension of this size; without it x is [T, d-model]."),
+    click.option("--weights", type=click.Path(path_type=Path), default=None, help="A GPT-2 safetensors checkpoint: a .safetensors file or a directory with model.safetensors (or a sharded index) and config.json."),
+    click.option("--layer", type=click.IntRange(min=0), default=0, show_default=True, help="Which block of --weights to trace (the first, with --layers)."),
+    click.option("--token-ids", "token_ids_text", metavar="ID...", help="Token ids fed through the checkpoint's embeddings (and the blocks before --layer)."),
+    click.option("--text", default=None, help="Text tokenized by the tokenizer.json beside --weights (needs the [text] extra)."),
+    click.option("--input", "input_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Exact block input: a .safetensors file holding 'x' (or one tensor), [T, d] or [B, T, d]."),
+    click.option("--dtype", type=click.Choice(["float32", "float64", "float16", "bfloat16"]), default="float32", show_default=True, help="Compute dtype (checkpoints in half precision are upcast unless this says otherwise)."),
+    click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True, help="Where to run; auto picks cuda when available."),
+    click.option("--layers", "depths", type=DepthList(), default=None, help="A stack of N blocks (per-layer table), or a list of depths 6,8,10 for a gradient sweep (needs --grad)."),
+    click.option("--steps", "show_steps", is_flag=True, help="With --layers: print every block's six steps."),
+    click.option("--grad", is_flag=True, help="One backward pass: gradient norms at every step and of every weight matrix (loss in README)."),
+    click.option("--batches", type=click.IntRange(min=1), default=1, show_default=True, help="With --grad: average the gradient over this many seeded mini-batches before taking norms."),
+    click.option("--format", "fmt", type=click.Choice(tabulate_formats), default="simple", show_default=True, help="Table format (any tabulate format)."),
+    click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema in README) instead of tables."),
+    click.option("--lang", type=click.Choice(LANGUAGES), default="en", show_default=True, help="Headings and explanations in English or Chinese."),
+    click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG: attention heatmaps, or per-layer curves with --layers (needs the [plot] extra)."),
+    click.option("--force", is_flag=True, help="Let --save / --plot overwrite an existing file."),
+)
+
+# Config fields by the parameter names click gives them.
+OPTION_FIELDS = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "norm": "norm", "ffn": "ffn",
+                 "placement": "placement", "causal": "causal", "eps": "eps", "bias": "bias"}
+
+
+def _explicit_fields(ctx: click.Context, names) -> set[str]:
     """Config fields whose options the user typed (not defaults): these may override a checkpoint."""
-    option_fields = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "norm": "norm", "ffn": "ffn",
-                     "pre_ln": "placement", "causal": "causal", "eps": "eps", "bias": "bias"}
-    return {fld for option, fld in option_fields.items()
-            if ctx.get_parameter_source(option) is click.core.ParameterSource.COMMANDLINE}
+    return {OPTION_FIELDS[name] for name in names
+            if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
+
+
+def _request(ctx: click.Context, options: dict, **config_fields):
+    from blocktrace.runner import RunRequest
+
+    fields = dict(d_model=options["d_model"], n_heads=options["heads"], d_ff=options["d_ff"],
+                  causal=options["causal"], eps=options["eps"], bias=options["bias"], **config_fields)
+    explicit = _explicit_fields(ctx, [n for n in OPTION_FIELDS if n in ctx.params])
+    return RunRequest(fields, explicit, options["tokens_text"], options["token_ids_text"], options["text"],
+                      options["input_path"], options["seq_len"], options["batch"], options["seed"],
+                      options["weights"], options["layer"], options["dtype"], options["device"], options["init"])
+
+
+def _analysis(options: dict, **extra):
+    from blocktrace.commands import Analysis
+
+    depths = options["depths"] or (1,)
+    if len(depths) > 1 and not options["grad"]:
+        raise click.BadParameter(f"a list of depths is a gradient sweep: add --grad (or give one depth)",
+                                 param_hint="'--layers'")
+    if options["plot_path"] is not None:
+        from blocktrace.tracefile import check_output_path
+
+        check_output_path(options["plot_path"], options["force"])
+    return Analysis(depths, options["depths"] is not None, options["grad"], options["batches"], **extra)
+
+
+def _emit(report: dict, options: dict, render) -> None:
+    if options["plot_path"] is not None:
+        from blocktrace.plot import write_plot
+
+        write_plot(report, options["plot_path"])
+    if options["as_json"]:
+        click.echo(json.dumps(report, ensure_ascii=False, indent=2))
+    else:
+        click.echo(render(report), nl=False)
 
 
 @cli.command(cls=GreedyCommand)
-@click.option("--d-model", type=click.IntRange(min=1), default=16, show_default=True, help="Width of the residual stream.")
-@click.option("--heads", type=click.IntRange(min=1), default=4, show_default=True, help="Attention heads; must divide --d-model.")
-@click.option("--d-ff", type=click.IntRange(min=1), default=None, help="FFN hidden width.  [default: 4 × d-model]")
-@click.option("--tokens", "tokens_text", metavar="TOKEN...", help="Input tokens, e.g. --tokens 猫 吃 鱼 (seeded embedding + sinusoidal positions).")
-@click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Random input of this many tokens (when no --tokens).  [default: 5]")
-@click.option("--batch", type=click.IntRange(min=1), default=None, help="Add a batch dimension of this size; without it x is [T, d-model].")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of parameters and input: same seed, same numbers.")
 @click.option("--norm", type=_choice(Norm), default="layernorm", show_default=True)
 @click.option("--ffn", type=_choice(FFNKind), default="gelu_tanh", show_default=True, help="gelu_tanh is GPT-2's.")
-@click.option("--pre-ln/--post-ln", "pre_ln", default=True, show_default=True, help="Norm before each sublayer (GPT-2) or after each residual add (original Transformer, BERT).")
-@click.option("--causal/--no-causal", default=True, show_default=True, help="Mask future tokens before the softmax.")
-@click.option("--eps", type=click.FloatRange(min=0, min_open=True), default=1e-5, show_default=True, help="Norm epsilon.")
-@click.option("--bias/--no-bias", default=True, show_default=True, help="Biases on linear layers and LayerNorm.")
-@click.option("--weights", type=click.Path(path_type=Path), default=None, help="A GPT-2 safetensors checkpoint: a .safetensors file or a directory with model.safetensors (or a sharded index) and config.json.")
-@click.option("--layer", type=click.IntRange(min=0), default=0, show_default=True, help="Which block of --weights to trace.")
-@click.option("--token-ids", "token_ids_text", metavar="ID...", help="Token ids fed through the checkpoint's embeddings (and the blocks before --layer).")
-@click.option("--text", default=None, help="Text tokenized by the tokenizer.json beside --weights (needs the [text] extra).")
-@click.option("--input", "input_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Exact block input: a .safetensors file holding 'x' (or one tensor), [T, d] or [B, T, d].")
-@click.option("--dtype", type=click.Choice(["float32", "float64", "float16", "bfloat16"]), default="float32", show_default=True, help="Compute dtype (checkpoints in half precision are upcast unless this says otherwise).")
-@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True, help="Where to run; auto picks cuda when available.")
-@click.option("--format", "fmt", type=click.Choice(tabulate_formats), default="simple", show_default=True, help="Table format (any tabulate format).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema in README) instead of tables.")
-@click.option("--save", "save_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write every step's tensor to this .safetensors file.")
-@click.option("--force", is_flag=True, help="Let --save overwrite an existing file.")
+@click.option("--pre-ln", "placement", flag_value="pre", default=True, help="Norm before each sublayer (GPT-2, Llama).  [default]")
+@click.option("--post-ln", "placement", flag_value="post", help="Norm after each residual add (original Transformer, BERT).")
+@click.option("--deepnorm", "placement", flag_value="deepnorm", help="Post-LN with the stream scaled by α = (2N)^¼ (Wang et al. 2022).")
+@SHARED_OPTIONS
+@click.option("--save", "save_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write every step's tensor to this .safetensors file (one block).")
 @click.option("--values", "n_values", type=click.IntRange(min=1), default=None, help="Show the first N numbers of one token's vector at every step.")
 @click.option("--token-index", type=int, default=0, show_default=True, help="Which token --values shows (first sequence of a batch).")
-@click.option("--lang", type=click.Choice(LANGUAGES), default="en", show_default=True, help="Headings and explanations in English or Chinese.")
 @click.option("--explain", is_flag=True, help="Add one sentence per step on what it does and why.")
 @click.pass_context
-def run(ctx, d_model, heads, d_ff, tokens_text, seq_len, batch, seed, norm, ffn, pre_ln, causal, eps, bias,
-        weights, layer, token_ids_text, text, input_path, dtype, device,
-        fmt, as_json, save_path, force, n_values, token_index, lang, explain):
-    """Run one block and print the six-step table.
+def run(ctx, norm, ffn, placement, save_path, n_values, token_index, explain, **options):
+    """Run one block (or a stack) and print the six-step table.
 
     \b
     Examples:
       blocktrace run --d-model 4 --heads 2 --tokens 猫 吃 鱼
-      blocktrace run --weights sample_weights/gpt2-tiny --layer 1 --token-ids 5 17 99
+      blocktrace run --weights sample_weights/gpt2-tiny --layer 1 --token-ids 1 2 3
+      blocktrace run --layers 12 --grad
     """
-    from blocktrace import runner
+    from blocktrace import commands, runner
+    from blocktrace.render import render_run
 
-    config_fields = dict(d_model=d_model, n_heads=heads, d_ff=d_ff, norm=norm, ffn=ffn,
-                         placement="pre" if pre_ln else "post", causal=causal, eps=eps, bias=bias)
-    request = runner.RunRequest(config_fields, _explicit_config_fields(ctx), tokens_text, token_ids_text, text,
-                                input_path, seq_len, batch, seed, weights, layer, dtype, device)
+    request = _request(ctx, options, norm=norm, ffn=ffn, placement=placement)
     if save_path is not None:
-        runner.check_output_path(save_path, force)
-    prepared = runner.prepare(request)
-    n_tokens = prepared.x.shape[-2]
+        if options["depths"] is not None:
+            raise click.BadParameter("--save writes one block's steps: drop --layers", param_hint="'--save'")
+        runner.check_output_path(save_path, options["force"])
+    analysis = _analysis(options, keep_tensors=save_path is not None, n_values=n_values, token_index=token_index)
+    source = runner.prepare_source(request)
+    n_tokens = source.x.shape[-2]
     if n_values is not None and not -n_tokens <= token_index < n_tokens:
         raise click.BadParameter(f"{token_index} is out of range: {n_tokens} tokens, valid 0–{n_tokens - 1}",
                                  param_hint="'--token-index'")
-    result = runner.run_block(prepared, seed=seed, keep_tensors=save_path is not None,
-                              n_values=n_values, token_index=token_index)
+    report, traces = commands.run_report(source, request, analysis)
     if save_path is not None:
-        runner.save_run(save_path, result)
-    if as_json:
-        click.echo(json.dumps(result.report, ensure_ascii=False, indent=2))
-    else:
-        from blocktrace.render import render_run
+        runner.save_run(save_path, traces[0], source.tokens)
+    _emit(report, options, lambda r: render_run(r, lang=options["lang"], fmt=options["fmt"], explain=explain,
+                                                 token_index=token_index, steps=options["show_steps"]))
 
-        click.echo(render_run(result.report, lang=lang, fmt=fmt, explain=explain, token_index=token_index), nl=False)
+
+AXIS_FLAGS = {
+    "placement": [("--pre-ln", "pre"), ("--post-ln", "post"), ("--deepnorm", "deepnorm")],
+    "norm": [("--layernorm", "layernorm"), ("--rmsnorm", "rmsnorm")],
+    "ffn": [("--gelu", "gelu"), ("--gelu-tanh", "gelu_tanh"), ("--relu", "relu"), ("--swiglu", "swiglu")],
+}
+_AXIS_DECORATORS = [click.option(flag, f"want_{value}", is_flag=True, help=f"Compare with {value}.")
+                    for flags in AXIS_FLAGS.values() for flag, value in flags]
+
+
+@cli.command(cls=GreedyCommand)
+@_options(*_AXIS_DECORATORS)
+@click.option("--norm", type=_choice(Norm), default="layernorm", show_default=True, help="The norm of both variants (when the norm is not compared).")
+@click.option("--ffn", type=_choice(FFNKind), default="gelu_tanh", show_default=True, help="The FFN of both variants (when the FFN is not compared).")
+@click.option("--placement", type=_choice(Placement), default="pre", show_default=True, help="The wiring of both variants (when the wiring is not compared).")
+@SHARED_OPTIONS
+@click.pass_context
+def compare(ctx, norm, ffn, placement, **options):
+    """Run two variants of one design axis on the same parameters and the same input.
+
+    \b
+    Give two values of one axis:
+      --pre-ln --post-ln | --post-ln --deepnorm | --layernorm --rmsnorm |
+      two of --gelu --gelu-tanh --relu --swiglu
+    Examples:
+      blocktrace compare --pre-ln --post-ln
+      blocktrace compare --pre-ln --post-ln --layers 12 --init xiong --heads 1 --d-ff 16 --ffn relu
+    """
+    from blocktrace import commands, runner
+    from blocktrace.compare import choose_axis
+    from blocktrace.render_compare import render_compare
+
+    wanted = {axis: [value for _, value in flags if options.pop(f"want_{value}")] for axis, flags in AXIS_FLAGS.items()}
+    axis, values = choose_axis(wanted, {value: flag for flags in AXIS_FLAGS.values() for flag, value in flags})
+    fixed = {"placement": placement, "norm": norm, "ffn": ffn}
+    if ctx.get_parameter_source(axis) is click.core.ParameterSource.COMMANDLINE:
+        raise UsageError(f"--{axis} fixes the axis being compared ({' vs '.join(values)}): drop --{axis}")
+    request = _request(ctx, options, **fixed)
+    analysis = _analysis(options)
+    source = runner.prepare_source(request)
+    report = commands.compare_report(source, request, analysis, axis, values)
+    _emit(report, options, lambda r: render_compare(r, fmt=options["fmt"], lang=options["lang"],
+                                                     steps=options["show_steps"]))
 
 
 @cli.command()

@@ -32,6 +32,7 @@ class FFNKind(str, Enum):
 class Placement(str, Enum):
     PRE = "pre"  # GPT-2, Llama: x + f(norm(x))
     POST = "post"  # original Transformer, BERT: norm(x + f(x))
+    DEEPNORM = "deepnorm"  # Wang et al. 2022: norm(α·x + f(x)), α = (2N)^¼ for N decoder blocks
 
 
 def _as_enum(enum_cls, value, field_name):
@@ -53,6 +54,7 @@ class BlockConfig:
     causal: bool = True  # decoder-style mask: a token sees only itself and earlier tokens
     eps: float = 1e-5  # added to the variance inside the norm's square root
     bias: bool = True  # biases on every linear layer (and LayerNorm's shift)
+    n_layers: int = 1  # blocks in the stack: DeepNorm's α = (2N)^¼ and β = (8N)^-¼ depend on it
 
     def __post_init__(self):
         set_field = object.__setattr__  # frozen: normalise fields once, here
@@ -64,7 +66,7 @@ class BlockConfig:
         self.validate()
 
     def validate(self) -> None:
-        for name in ("d_model", "n_heads", "d_ff"):
+        for name in ("d_model", "n_heads", "d_ff", "n_layers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, not {value!r}", name)
@@ -80,6 +82,21 @@ class BlockConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def post_norm(self) -> bool:
+        """Post-LN and DeepNorm normalise after each residual add; Pre-LN before each sublayer."""
+        return self.placement is not Placement.PRE
+
+    @property
+    def residual_scale(self) -> float:
+        """α multiplying the stream in each residual add: (2N)^¼ for DeepNorm, else 1."""
+        return (2 * self.n_layers) ** 0.25 if self.placement is Placement.DEEPNORM else 1.0
+
+    @property
+    def deepnorm_beta(self) -> float:
+        """β scaling the initial FFN, V and O weights under DeepNorm: (8N)^-¼."""
+        return (8 * self.n_layers) ** -0.25
 
     def replace(self, **changes) -> "BlockConfig":
         return dataclasses.replace(self, **changes)

@@ -23,7 +23,7 @@ def inspect_checkpoint(path: Path) -> dict:
     checkpoint = Checkpoint(path)
     info = model_info(checkpoint)
     try:
-        config = gpt2_config(checkpoint, info.prefix, {}).to_dict()
+        config = gpt2_config(checkpoint, info, {}).to_dict()
     except UsageError:
         config = None  # no config.json: the head count cannot be read from the shapes
     layer_key = re.compile(rf"^{re.escape(info.prefix)}h\.(\d+)\.(.+)$")

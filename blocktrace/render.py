@@ -5,64 +5,16 @@ Nothing here prints: functions return strings and the CLI decides where they go.
 
 from __future__ import annotations
 
-import math
-from typing import Optional, Sequence
+from typing import Sequence
 
 from tabulate import tabulate
 
-from blocktrace._version import __version__
 from blocktrace.stats import STAT_NAMES
 from blocktrace.text import HEADINGS, explanation
-from blocktrace.tracer import PREVIEW_MAX_TOKENS, StepRecord, Trace
+from blocktrace.tracer import PREVIEW_MAX_TOKENS
 
-SCHEMA_VERSION = 1
 STAT_HEADINGS = ("mean", "std", "min", "max", "rms", "max|x|", "nan/inf")
 HEATMAP_RAMP = " .:-=+*#%@"  # ASCII only: block characters are double width in some CJK terminals
-
-
-def _step_dict(index: int, record: StepRecord) -> dict:
-    entry = {
-        "index": index,
-        "name": record.name,
-        "operation": record.operation,
-        "shape": list(record.shape),
-        "dtype": record.dtype,
-        "stats": record.stats.to_dict(),
-    }
-    if record.sample is not None:
-        entry["values"] = record.sample
-    return entry
-
-
-def report_dict(trace: Trace, *, tokens: Optional[Sequence[str]], input_note: str, seed: Optional[int],
-                weights: Optional[dict] = None) -> dict:
-    """The stable, documented JSON schema of `blocktrace run --json` (schema 1)."""
-    attention = None
-    if trace.attention is not None:
-        a = trace.attention
-        attention = {
-            "shape": list(a.shape),
-            "causal": a.causal,
-            "future_weight_sum": a.future_weight_sum,
-            "entropy_per_head": a.entropy_per_head,
-            "uniform_entropy": math.log(a.shape[-1]),
-            "max_weight": a.max_weight,
-            "max_logit": a.max_logit,
-            "weights_first_sequence": a.preview,
-        }
-    return {
-        "schema": SCHEMA_VERSION,
-        "blocktrace_version": __version__,
-        "config": trace.config.to_dict(),
-        "seed": seed,
-        "weights": weights,
-        "tokens": list(tokens) if tokens else None,
-        "input": {**_step_dict(0, trace.input), "source": input_note},
-        "steps": [_step_dict(i, record) for i, record in enumerate(trace.steps, start=1)],
-        "attention": attention,
-        "output_shape": list(trace.output.shape),
-        "block_shape_preserved": trace.shape_preserved,
-    }
 
 
 def _shape(shape: Sequence[int]) -> str:
@@ -73,12 +25,13 @@ def _stat_cells(stats: dict) -> list:
     return [*(stats[name] for name in STAT_NAMES[:6]), f"{stats['nan']}/{stats['inf']}"]
 
 
+CONFIG_SHOWN = ("d_model", "n_heads", "d_ff", "norm", "ffn", "placement", "causal")
+
+
 def _header(report: dict, lang: str) -> str:
     words = HEADINGS[lang]
     config = report["config"]
-    settings = " ".join(
-        f"{key}={config[key]}" for key in ("d_model", "n_heads", "d_ff", "norm", "ffn", "placement", "causal")
-    )
+    settings = " ".join(f"{key}={config[key]}" for key in CONFIG_SHOWN)
     if report["seed"] is not None:
         settings += f" seed={report['seed']}"
     lines = [f"blocktrace {report['blocktrace_version']}: {settings}"]
@@ -88,17 +41,19 @@ def _header(report: dict, lang: str) -> str:
                      f"layer {weights['layer']} of 0–{weights['n_layers'] - 1}")
     if report["tokens"]:
         lines.append(f"{words['tokens']}: {' '.join(report['tokens'])}")
-    source = report["input"]
-    lines.append(f"{words['input']}: {_shape(source['shape'])} {source['dtype']} ({source['source']})")
+    source = report.get("input")
+    if source:
+        lines.append(f"{words['input']}: {_shape(source['shape'])} {source['dtype']} ({source['source']})")
     return "\n".join(lines)
 
 
-def step_table(report: dict, lang: str, fmt: str) -> str:
+def steps_table(entries: list, lang: str, fmt: str) -> str:
+    """The tutorial's table: one row per step (and the input x as row 0)."""
     words = HEADINGS[lang]
     headers = [words["index"], words["step"], words["operation"], words["shape"], *STAT_HEADINGS]
     rows = [
         [entry["index"], entry["name"], entry["operation"], _shape(entry["shape"]), *_stat_cells(entry["stats"])]
-        for entry in [report["input"], *report["steps"]]
+        for entry in entries
     ]
     return tabulate(rows, headers=headers, tablefmt=fmt, floatfmt=".4f")
 
@@ -153,6 +108,10 @@ def explanations(report: dict, lang: str) -> str:
     return "\n".join(lines)
 
 
+def token_labels(report: dict) -> list[str]:
+    return report["tokens"] or [f"t{i}" for i in range(report["input"]["shape"][-2])]
+
+
 def render_run(
     report: dict,
     *,
@@ -160,16 +119,79 @@ def render_run(
     fmt: str = "simple",
     explain: bool = False,
     token_index: int = 0,
+    steps: bool = False,
 ) -> str:
     """The whole `blocktrace run` text output for one report dict."""
-    n_tokens = report["input"]["shape"][-2]
-    labels = report["tokens"] or [f"t{i}" for i in range(n_tokens)]
-    parts = [_header(report, lang), step_table(report, lang, fmt)]
+    if report["kind"] == "stack":
+        return render_stack(report, lang=lang, fmt=fmt, explain=explain, steps=steps)
+    if report["kind"] == "sweep":
+        return render_sweep(report, fmt=fmt, lang=lang)
+    labels = token_labels(report)
+    parts = [_header(report, lang), steps_table([report["input"], *report["steps"]], lang, fmt)]
     if explain:
         parts.append(explanations(report, lang))
     if "values" in report["input"]:
         parts.append(values_section(report, token_index, labels, lang, fmt))
     if report["attention"] is not None:
         parts.append(attention_section(report, labels, lang, fmt))
+    if report.get("gradients"):
+        parts.append(gradients_section(report["gradients"], fmt))
     parts.append(f"block_shape_preserved={report['block_shape_preserved']}")
     return "\n\n".join(parts) + "\n"
+
+
+WEIGHT_NAMES = ("attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2")
+
+
+def gradients_section(gradients: dict, fmt: str) -> str:
+    """Per layer: ‖∂L/∂output‖ of each step, and ‖mean ∂L/∂W‖_F of each weight matrix."""
+    layers = gradients["layers"]
+    step_names = list(layers[0]["step_grad_norms"])
+    step_rows = [[layer["layer"], *(layer["step_grad_norms"][n] for n in step_names)] for layer in layers]
+    weight_rows = [[layer["layer"], *(layer["weight_grad_norms"][n] for n in WEIGHT_NAMES)] for layer in layers]
+    batches = gradients["batches"]
+    lines = [
+        f"gradients (loss {gradients['loss']:.4f}: cross-entropy of a seeded random readout against "
+        f"Zipf-distributed targets; {batches} mini-batch{'es' if batches > 1 else ''}):",
+        "‖∂L/∂output‖ of each step",
+        tabulate(step_rows, headers=["layer", *step_names], tablefmt=fmt, floatfmt=".4g"),
+        "",
+        "‖∂L/∂W‖_F of each weight matrix (the gradient averaged over the mini-batches, then the norm)",
+        tabulate(weight_rows, headers=["layer", *WEIGHT_NAMES], tablefmt=fmt, floatfmt=".4g"),
+    ]
+    return "\n".join(lines)
+
+
+def layers_table(report: dict, fmt: str) -> str:
+    rows = [["input", report["input"]["stats"]["rms"], report["input"]["sq_norm_per_d"], "", ""]]
+    rows += [[layer["layer"], layer["rms"], layer["sq_norm_per_d"], layer["attn_share"], layer["ffn_share"]]
+             for layer in report["layers"]]
+    headers = ["layer", "rms", "‖x‖²/d", "attn share", "ffn share"]
+    return tabulate(rows, headers=headers, tablefmt=fmt, floatfmt=".4f")
+
+
+def render_stack(report: dict, *, lang: str = "en", fmt: str = "simple", explain: bool = False,
+                 steps: bool = False) -> str:
+    parts = [
+        _header(report, lang),
+        f"{report['n_layers']} blocks; after each: the residual stream's rms and ‖x‖²/d, and each branch's "
+        "share Var[f(x)] / Var[x + f(x)]",
+        layers_table(report, fmt),
+    ]
+    if steps:
+        for layer in report["layers"]:
+            parts.append(f"layer {layer['layer']}\n" + steps_table(layer["steps"], lang, fmt))
+    if explain:
+        parts.append(explanations({"config": report["config"], "steps": report["layers"][0]["steps"]}, lang))
+    if report.get("gradients"):
+        parts.append(gradients_section(report["gradients"], fmt))
+    parts.append(f"block_shape_preserved={report['block_shape_preserved']}")
+    return "\n\n".join(parts) + "\n"
+
+
+def render_sweep(report: dict, *, fmt: str = "simple", lang: str = "en") -> str:
+    rows = [[row["depth"], row["loss"], *(row["last_layer"][n] for n in WEIGHT_NAMES)] for row in report["sweep"]]
+    title = ("per depth N: ‖∂L/∂W‖_F of layer N's weight matrices (Xiong et al. 2020, Theorem 1: "
+             "flat in N for Post-LN, falling for Pre-LN)")
+    table = tabulate(rows, headers=["depth", "loss", *WEIGHT_NAMES], tablefmt=fmt, floatfmt=".4g")
+    return "\n\n".join([_header(report, lang), title, table]) + "\n"

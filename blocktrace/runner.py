@@ -1,6 +1,8 @@
-"""What `blocktrace run` does, as library calls: request -> block and input -> trace -> report.
+"""What `run` and `compare` do, as library calls: request -> source -> blocks -> traces -> report.
 
-Kept apart from cli.py so the CLI stays a thin layer of options and echo.
+Kept apart from cli.py so the CLI stays a thin layer of options and echo. A Source is what
+both commands share: the config, where the parameters come from (a seed or a checkpoint)
+and the block input.
 """
 
 from __future__ import annotations
@@ -11,24 +13,25 @@ from typing import Optional
 
 import torch
 
-from blocktrace.block import build_block, execution_order
+from blocktrace.block import execution_order
 from blocktrace.config import BlockConfig
 from blocktrace.errors import InputError, UsageError
 from blocktrace.inputs import RANDOM_INPUT_NOTE, TOKEN_EMBEDDING_NOTE, random_input, split_tokens, tokens_to_input
-from blocktrace.render import report_dict
-from blocktrace.tracer import Trace, trace
 from blocktrace.tracefile import check_output_path, save_trace_file
 
 DEFAULT_SEQ_LEN = 5
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SIZE_FIELDS = ("d_model", "n_heads", "d_ff")
 
-__all__ = ["RunRequest", "prepare", "run_block", "save_run", "check_output_path"]
+__all__ = ["RunRequest", "prepare_source", "make_blocks", "check_output_path"]
 
 
 @dataclass
 class RunRequest:
-    """Everything `run` was asked, as plain values; `explicit` names the config fields the user set."""
+    """Everything `run` or `compare` was asked, as plain values.
+
+    `explicit` names the config fields the user typed: only those may override a checkpoint.
+    """
 
     config_fields: dict
     explicit: set = field(default_factory=set)
@@ -43,22 +46,23 @@ class RunRequest:
     layer: int = 0
     dtype: str = "float32"
     device: str = "cpu"
+    init: str = "default"
 
 
 @dataclass
-class Prepared:
-    block: torch.nn.Module
+class Source:
+    """The config, where parameters come from, and the input: shared by every variant."""
+
+    config: BlockConfig
     x: torch.Tensor
     tokens: Optional[list[str]]  # labels for tables and heatmaps
     note: str  # how x was made
-    weights: Optional[dict] = None  # path, layout, layer, n_layers when real weights are used
-
-
-@dataclass
-class RunResult:
-    trace: Trace
-    report: dict
-    tokens: Optional[list[str]]
+    seed: Optional[int]  # None with real weights
+    weights: Optional[dict] = None  # path, layout, layer, n_layers
+    checkpoint: object = None
+    info: object = None
+    native: Optional[BlockConfig] = None  # the checkpoint's own wiring
+    input_varies: bool = True  # whether extra mini-batches may draw fresh random input
 
 
 def resolve_device(name: str) -> torch.device:
@@ -79,7 +83,7 @@ def parse_token_ids(text: str) -> list[int]:
         raise UsageError(f"--token-ids takes integers, not {text!r}") from None
 
 
-def _count_inputs(request: RunRequest) -> list[str]:
+def _chosen_inputs(request: RunRequest) -> list[str]:
     given = {"--tokens": request.tokens_text, "--token-ids": request.token_ids_text,
              "--text": request.text, "--input": request.input_path}
     chosen = [name for name, value in given.items() if value is not None]
@@ -108,26 +112,26 @@ def load_input_file(path: Path, d_model: int) -> torch.Tensor:
     return x
 
 
-def _prepare_random(request: RunRequest, inputs: list[str]) -> Prepared:
+def _seeded_source(request: RunRequest, inputs: list[str]) -> Source:
     config = BlockConfig(**request.config_fields)
     if inputs and inputs[0] in ("--token-ids", "--text"):
         raise UsageError(f"{inputs[0]} needs real weights: add --weights PATH (or use --tokens)")
-    block = build_block(config, request.seed)
+    seed = request.seed
     if request.input_path is not None:
         x = _with_batch(load_input_file(request.input_path, config.d_model), request.batch)
-        return Prepared(block, x, None, f"tensor from {request.input_path}")
+        return Source(config, x, None, f"tensor from {request.input_path}", seed, input_varies=False)
     if request.tokens_text is not None:
         tokens = split_tokens([request.tokens_text])
         if request.seq_len is not None and request.seq_len != len(tokens):
             raise UsageError(f"--seq-len {request.seq_len} contradicts the {len(tokens)} tokens given: "
                              "drop --seq-len")
-        return Prepared(block, tokens_to_input(tokens, config.d_model, request.seed, request.batch),
-                        tokens, TOKEN_EMBEDDING_NOTE)
-    x = random_input(request.seq_len or DEFAULT_SEQ_LEN, config.d_model, request.seed, request.batch)
-    return Prepared(block, x, None, RANDOM_INPUT_NOTE)
+        x = tokens_to_input(tokens, config.d_model, seed, request.batch)
+        return Source(config, x, tokens, TOKEN_EMBEDDING_NOTE, seed, input_varies=False)
+    x = random_input(request.seq_len or DEFAULT_SEQ_LEN, config.d_model, seed, request.batch)
+    return Source(config, x, None, RANDOM_INPUT_NOTE, seed)
 
 
-def _prepare_weights(request: RunRequest, inputs: list[str]) -> Prepared:
+def _checkpoint_source(request: RunRequest, inputs: list[str]) -> Source:
     from blocktrace import weights as w
     from blocktrace.checkpoint import Checkpoint
     from blocktrace.tokenizer import encode_text, token_labels
@@ -140,42 +144,64 @@ def _prepare_weights(request: RunRequest, inputs: list[str]) -> Prepared:
     info = w.model_info(checkpoint)
     w.check_layer(info, request.layer)
     overrides = {key: request.config_fields[key] for key in request.explicit}
-    native = w.gpt2_config(checkpoint, info.prefix, {k: v for k, v in overrides.items() if k in SIZE_FIELDS})
+    native = w.gpt2_config(checkpoint, info, {k: v for k, v in overrides.items() if k in SIZE_FIELDS})
     config = native.replace(**{k: v for k, v in overrides.items() if k not in SIZE_FIELDS})
-    block = w.load_block(checkpoint, info, request.layer, config, dtype)
-    weights = {"path": str(request.weights), "layout": info.layout, "layer": request.layer, "n_layers": info.n_layers}
+    weights = {"path": str(request.weights), "layout": info.layout, "layer": request.layer,
+               "n_layers": info.n_layers}
+    common = dict(seed=None, weights=weights, checkpoint=checkpoint, info=info, native=native, input_varies=False)
     if request.input_path is not None:
         x = _with_batch(load_input_file(request.input_path, config.d_model).to(dtype), request.batch)
-        return Prepared(block, x, None, f"tensor from {request.input_path}", weights)
-    if request.text is not None:
-        ids = encode_text(checkpoint.directory, request.text)
-    else:
-        ids = parse_token_ids(request.token_ids_text)
+        return Source(config, x, None, f"tensor from {request.input_path}", **common)
+    ids = encode_text(checkpoint.directory, request.text) if request.text is not None \
+        else parse_token_ids(request.token_ids_text)
     x = w.embed_token_ids(checkpoint, info, ids, dtype)
     x = w.hidden_state_before(checkpoint, info, native, x, request.layer, dtype)
     via = f" and blocks 0–{request.layer - 1}" if request.layer else ""
-    note = f"token ids through wte + wpe{via}"
-    return Prepared(block, _with_batch(x, request.batch), token_labels(checkpoint.directory, ids), note, weights)
+    return Source(config, _with_batch(x, request.batch), token_labels(checkpoint.directory, ids),
+                  f"token ids through wte + wpe{via}", **common)
 
 
-def prepare(request: RunRequest) -> Prepared:
-    inputs = _count_inputs(request)
-    prepared = _prepare_weights(request, inputs) if request.weights else _prepare_random(request, inputs)
-    device = resolve_device(request.device)
-    prepared.block = prepared.block.to(device=device, dtype=DTYPES[request.dtype])
-    prepared.x = prepared.x.to(device=device, dtype=DTYPES[request.dtype])
-    return prepared
+def prepare_source(request: RunRequest) -> Source:
+    inputs = _chosen_inputs(request)
+    source = _checkpoint_source(request, inputs) if request.weights else _seeded_source(request, inputs)
+    source.x = source.x.to(device=resolve_device(request.device), dtype=DTYPES[request.dtype])
+    return source
 
 
-def run_block(prepared: Prepared, *, seed: Optional[int], keep_tensors: bool = False,
-              n_values: Optional[int] = None, token_index: int = 0) -> RunResult:
-    result = trace(prepared.block, prepared.x, keep_tensors=keep_tensors,
-                   sample_token=token_index, sample_size=n_values or 0)
-    report = report_dict(result, tokens=prepared.tokens, input_note=prepared.note,
-                         seed=None if prepared.weights else seed, weights=prepared.weights)
-    return RunResult(result, report, prepared.tokens)
+def make_blocks(source: Source, request: RunRequest, n_layers: int,
+                config: Optional[BlockConfig] = None) -> list[torch.nn.Module]:
+    """n_layers blocks: seeded (layer l from seed + l) or the checkpoint's layers K..K+n-1."""
+    from blocktrace.stack import build_stack
+
+    config = (config or source.config).replace(n_layers=n_layers if source.checkpoint is None
+                                               else source.config.n_layers)
+    if source.checkpoint is None:
+        blocks = build_stack(config, n_layers, request.seed, request.init)
+    else:
+        from blocktrace.weights import load_block
+
+        last = request.layer + n_layers - 1
+        if last >= source.info.n_layers:
+            from blocktrace.errors import WeightsError
+
+            raise WeightsError(f"--layer {request.layer} with --layers {n_layers} needs layers up to {last}, "
+                               f"but the checkpoint has {source.info.n_layers} layers: 0–{source.info.n_layers - 1}")
+        blocks = [load_block(source.checkpoint, source.info, request.layer + i, config, DTYPES[request.dtype])
+                  for i in range(n_layers)]
+    device, dtype = resolve_device(request.device), DTYPES[request.dtype]
+    return [block.to(device=device, dtype=dtype) for block in blocks]
 
 
-def save_run(path: Path, result: RunResult) -> None:
-    save_trace_file(path, result.trace.tensors(), config=result.trace.config.to_dict(),
-                    step_order=execution_order(result.trace.config), tokens=result.tokens)
+def batch_maker(source: Source, request: RunRequest):
+    """Mini-batch k for gradients: the input itself first; fresh seeded noise after, for random input."""
+    def make(k: int) -> torch.Tensor:
+        if k == 0 or not source.input_varies:
+            return source.x
+        x = random_input(source.x.shape[-2], source.config.d_model, request.seed + k, request.batch)
+        return x.to(source.x.device, source.x.dtype)
+    return make
+
+
+def save_run(path: Path, trace_, tokens) -> None:
+    save_trace_file(path, trace_.tensors(), config=trace_.config.to_dict(),
+                    step_order=execution_order(trace_.config), tokens=tokens)

@@ -70,13 +70,14 @@ def _check_conflict(name: str, option: str, from_file, given) -> None:
         raise UsageError(f"{option} {given} conflicts with the checkpoint's {name} = {from_file}: drop {option}")
 
 
-def gpt2_config(checkpoint: Checkpoint, prefix: str, overrides: dict) -> BlockConfig:
+def gpt2_config(checkpoint: Checkpoint, info: "ModelInfo", overrides: dict) -> BlockConfig:
     """The block config from config.json (or from the shapes), with the user's overrides.
 
     Sizes come from the file; an explicit size that disagrees is an error. Wiring options
     (placement, causal, eps, ffn) may override the file: that is how `compare` rewires a
     real block.
     """
+    prefix = info.prefix
     raw = checkpoint.read_json("config.json")
     ln_shape = checkpoint.shape(f"{prefix}h.0.ln_1.weight")
     fc_shape = checkpoint.shape(f"{prefix}h.0.mlp.c_fc.weight")
@@ -90,7 +91,8 @@ def gpt2_config(checkpoint: Checkpoint, prefix: str, overrides: dict) -> BlockCo
     if n_heads is None:
         raise UsageError(f"{checkpoint.directory} has no config.json: pass --heads "
                          f"(d_model {d_model} read from the weights)")
-    fields = {"d_model": d_model, "n_heads": n_heads, "d_ff": d_ff, "eps": 1e-5, "ffn": FFNKind.GELU_TANH}
+    fields = {"d_model": d_model, "n_heads": n_heads, "d_ff": d_ff, "eps": 1e-5, "ffn": FFNKind.GELU_TANH,
+              "n_layers": info.n_layers}
     if raw:
         fields["eps"] = raw.get("layer_norm_epsilon", 1e-5)
         fields["ffn"] = _gpt2_activation(raw.get("activation_function", "gelu_new"))

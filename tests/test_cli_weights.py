@@ -76,7 +76,7 @@ def test_only_the_traced_layer_is_read(monkeypatch):
     monkeypatch.setattr(Checkpoint, "get", lambda self, key, *a, **k: read.append(key) or original(self, key, *a, **k))
     checkpoint = Checkpoint(SAMPLE)
     info = model_info(checkpoint)
-    load_block(checkpoint, info, 3, gpt2_config(checkpoint, info.prefix, {}))
+    load_block(checkpoint, info, 3, gpt2_config(checkpoint, info, {}))
     assert read and all(key.startswith("h.3.") for key in read)
 
 

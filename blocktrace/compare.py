@@ -1,0 +1,146 @@
+"""Two variants of one design axis, on the same parameters and the same input.
+
+Every variant is built empty and filled from one shared source: the seeded base stack, or
+the checkpoint's own layers. Parameters with the same role (and shape) are copied; those
+only one variant has (RMSNorm has no shift, SwiGLU has a gate) keep their seeded values and
+are listed. DeepNorm then scales its FFN, V and O weights by β, as its definition requires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import nn
+
+from blocktrace.config import BlockConfig, FFNKind, Norm, Placement
+from blocktrace.errors import UsageError
+from blocktrace.init import apply_deepnorm_beta
+from blocktrace.stack import build_stack
+
+AXES = {
+    "placement": tuple(p.value for p in Placement),
+    "norm": tuple(n.value for n in Norm),
+    "ffn": tuple(f.value for f in FFNKind),
+}
+# The same role under another name: an MLP's first and last linear layers are SwiGLU's up and down.
+ALIASES = {"ffn.up.": "ffn.fc.", "ffn.down.": "ffn.proj."}
+
+
+def choose_axis(flags: dict[str, list[str]], names: Optional[dict[str, str]] = None) -> tuple[str, list[str]]:
+    """From the values asked per axis, the one axis with exactly two values.
+
+    `names` maps a value to the option that asked for it, for the error message.
+    """
+    asked = {axis: values for axis, values in flags.items() if values}
+    everything = [value for values in asked.values() for value in values]
+    if len(asked) != 1 or len(everything) != 2:
+        shown = " ".join((names or {}).get(v, v) for v in everything) or "nothing"
+        raise UsageError(
+            f"compare needs two values of one axis, got {shown}: e.g. --pre-ln --post-ln, "
+            "--post-ln --deepnorm, --layernorm --rmsnorm, or two of --gelu --gelu-tanh --relu --swiglu")
+    (axis, values), = asked.items()
+    return axis, list(values)
+
+
+def _source_name(name: str) -> str:
+    for alias, original in ALIASES.items():
+        if name.startswith(alias):
+            return original + name[len(alias):]
+    return name
+
+
+def share_parameters(source: nn.Module, target: nn.Module) -> list[str]:
+    """Copy every parameter of `target` that `source` has in the same role and shape.
+
+    Returns the names of the target's parameters that were not shared.
+    """
+    available = dict(source.named_parameters())
+    own = []
+    with torch.no_grad():
+        for name, parameter in target.named_parameters():
+            origin = available.get(name, available.get(_source_name(name)))
+            if origin is None or origin.shape != parameter.shape:
+                own.append(name)
+            else:
+                parameter.copy_(origin)
+    return own
+
+
+@dataclass
+class Variant:
+    value: str
+    config: BlockConfig
+    blocks: list
+    unshared: list[str] = field(default_factory=list)
+
+
+def build_variants(base: BlockConfig, axis: str, values: list[str], *, n_layers: int, seed: int,
+                   init: str = "default", source: Optional[list] = None) -> list[Variant]:
+    """Both variants, filled from `source` blocks (default: a seeded stack of the base config)."""
+    if source is None:
+        plain = base.replace(placement=Placement.PRE) if base.placement is Placement.DEEPNORM else base
+        source = build_stack(plain, n_layers, seed, init)
+    variants = []
+    for value in values:
+        config = base.replace(**{axis: value}, n_layers=n_layers)
+        blocks = build_stack(config, n_layers, seed, init)
+        unshared = []
+        for block, origin in zip(blocks, source):
+            unshared = share_parameters(origin, block)
+            if config.placement is Placement.DEEPNORM:
+                apply_deepnorm_beta(block)
+        variants.append(Variant(value, config, blocks, unshared))
+    return variants
+
+
+def difference(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """max |Δ| and the cosine similarity of two tensors taken as flat vectors."""
+    a, b = a.detach().double().flatten(), b.detach().double().flatten()
+    denominator = torch.linalg.vector_norm(a) * torch.linalg.vector_norm(b)
+    cosine = (a @ b / denominator).item() if denominator > 0 else float("nan")
+    return {"max_abs_diff": (a - b).abs().max().item(), "cosine": cosine}
+
+
+_WHERE = {
+    "pre": "pre: the norm sits before each sublayer and the residual stream carries x plus every update "
+           "unnormalised, so its scale can grow from block to block",
+    "post": "post: the norm sits after each residual add, so the stream is rescaled to unit size per token "
+            "after every sublayer",
+    "deepnorm": "deepnorm: post-LN with the stream multiplied by α before each add (and the FFN, V and O "
+                "weights scaled by β at init), so each update is small against the stream",
+}
+_NORMS = {
+    "layernorm": "layernorm subtracts each token's mean and divides by its std, then applies gain and shift",
+    "rmsnorm": "rmsnorm only divides each token by its root mean square and applies a gain: no centring, "
+               "no shift",
+}
+_FFNS = {
+    "gelu": "gelu: Linear, exact GELU 0.5·x·(1 + erf(x/√2)), Linear",
+    "gelu_tanh": "gelu_tanh: Linear, GPT-2's tanh approximation of GELU, Linear",
+    "relu": "relu: Linear, max(0, x), Linear: negative pre-activations give exactly 0",
+    "swiglu": "swiglu: down(silu(gate(x)) · up(x)): a gated unit with a third matrix, the gate",
+}
+
+
+def _output_rms(report: dict) -> float:
+    if report["kind"] == "block":
+        return report["steps"][-1]["stats"]["rms"]
+    return report["layers"][-1]["rms"]
+
+
+def describe(axis: str, entries: list[dict], differences: Optional[dict]) -> list[str]:
+    """A few sentences on what differs between the variants, with the measured numbers."""
+    texts = {"placement": _WHERE, "norm": _NORMS, "ffn": _FFNS}[axis]
+    notes = [texts[entry["value"]] + "." for entry in entries]
+    if differences is not None:
+        sizes = ", ".join(f"{e['value']} {_output_rms(e['report']):.4f}" for e in entries)
+        out = differences["output"]
+        notes.append(f"output rms: {sizes}; the outputs differ by max |Δ| {out['max_abs_diff']:.4g} "
+                     f"(cosine similarity {out['cosine']:.4f}).")
+    for entry in entries:
+        if entry["unshared_parameters"]:
+            notes.append(f"{entry['value']} has parameters the other lacks, drawn from the seed: "
+                         f"{', '.join(entry['unshared_parameters'])}.")
+    return notes

@@ -1,0 +1,107 @@
+"""Gradients at initialisation, with the loss of Xiong et al. 2020.
+
+The loss: the stack's output (after a parameter-free LayerNorm for Pre-LN, whose stream is
+not normalised, as GPT-2's ln_f does; Post-LN and DeepNorm outputs already are) is read out
+by a seeded random matrix W ∈ R^{V×d}, entries N(0, 1/d), and scored by cross-entropy against
+seeded targets drawn from a Zipf distribution over the V classes, p(k) ∝ 1/(k+1) — real
+text is Zipfian, and uniform targets hide the Post-LN / Pre-LN difference (REFERENCES.md).
+
+Reported: the gradient norm at each step's output (tensor hooks; with several mini-batches,
+the mean of the per-batch norms) and, per layer, the Frobenius norms of the gradients of the
+attention projections and of the FFN's W1 and W2, averaged over `batches` seeded
+mini-batches *before* the norm is taken (the statistic of Xiong et al.'s Figure 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch.nn import functional as F
+
+from blocktrace.config import STEP_NAMES
+
+VOCAB = 256  # classes of the random readout
+
+
+def weight_matrices(block) -> dict[str, torch.Tensor]:
+    """The matrices whose gradients are reported, by the names the tables use."""
+    attn, ffn = block.attn, block.ffn
+    w1, w2 = (ffn.up, ffn.down) if hasattr(ffn, "down") else (ffn.fc, ffn.proj)
+    return {"attn_q": attn.q_proj.weight, "attn_k": attn.k_proj.weight, "attn_v": attn.v_proj.weight,
+            "attn_o": attn.out_proj.weight, "ffn_w1": w1.weight, "ffn_w2": w2.weight}
+
+
+def zipf_targets(shape: tuple[int, ...], generator: torch.Generator, vocab: int = VOCAB) -> torch.Tensor:
+    probabilities = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64)
+    flat = torch.multinomial(probabilities / probabilities.sum(), int(torch.tensor(shape).prod()),
+                             replacement=True, generator=generator)
+    return flat.reshape(shape)
+
+
+def readout(d_model: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed + 10_000)
+    return torch.randn(vocab, d_model, generator=generator) / d_model**0.5
+
+
+@dataclass
+class GradientReport:
+    loss: float  # mean over the mini-batches
+    batches: int
+    step_norms: list[dict[str, float]] = field(default_factory=list)  # per layer: step -> ‖∂L/∂output‖
+    weight_norms: list[dict[str, float]] = field(default_factory=list)  # per layer: matrix -> ‖mean ∂L/∂W‖_F
+
+
+def _hook_step_outputs(blocks, sums: list[dict]) -> list:
+    handles = []
+    for layer, block in enumerate(blocks):
+        for name, module in block.step_modules().items():
+            def forward_hook(module, inputs, output, layer=layer, name=name):
+                if output.requires_grad:
+                    output.register_hook(lambda grad: sums[layer].__setitem__(
+                        name, sums[layer].get(name, 0.0) + torch.linalg.vector_norm(grad.double())))
+            handles.append(module.register_forward_hook(forward_hook))
+    return handles
+
+
+def gradient_report(blocks: list, make_batch: Callable[[int], torch.Tensor], *, seed: int,
+                    batches: int = 1, final_norm: bool = True) -> GradientReport:
+    """Backward passes through `blocks` on `batches` mini-batches; `make_batch(k)` gives input k."""
+    d_model = blocks[0].config.d_model
+    w_out = readout(d_model, seed)
+    parameters = [p for block in blocks for p in block.parameters()]
+    saved_flags = [p.requires_grad for p in parameters]
+    step_sums = [dict() for _ in blocks]
+    handles = _hook_step_outputs(blocks, step_sums)
+    losses = []
+    try:
+        for p in parameters:
+            p.requires_grad_(True)
+            p.grad = None
+        for k in range(batches):
+            x = make_batch(k)
+            for block in blocks:
+                x = block(x)
+            if final_norm:
+                x = F.layer_norm(x, x.shape[-1:])
+            logits = x @ w_out.to(x.device, x.dtype).T
+            targets = zipf_targets(logits.shape[:-1], torch.Generator().manual_seed(seed + 20_000 + k))
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).to(logits.device))
+            (loss / batches).backward()  # gradients accumulate into the mean over batches
+            losses.append(loss.detach())
+        weight_norms = [{name: torch.linalg.vector_norm(w.grad.double()) for name, w in weight_matrices(b).items()}
+                        for b in blocks]
+    finally:
+        for handle in handles:
+            handle.remove()
+        for p, flag in zip(parameters, saved_flags):
+            p.grad = None
+            p.requires_grad_(flag)
+    return GradientReport(
+        loss=torch.stack(losses).mean().item(),
+        batches=batches,
+        step_norms=[{name: (sums[name] / batches).item() for name in STEP_NAMES if name in sums}
+                    for sums in step_sums],
+        weight_norms=[{name: value.item() for name, value in norms.items()} for norms in weight_norms],
+    )

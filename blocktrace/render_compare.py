@@ -1,0 +1,88 @@
+"""`blocktrace compare` as text: the two variants side by side, their differences, and why."""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from blocktrace.render import CONFIG_SHOWN, _shape, gradients_section, steps_table
+
+
+def _title(report: dict) -> str:
+    a, b = report["values"]
+    variant = report["variants"][0]["report"]
+    config = dict(variant["config"])
+    common = " ".join(f"{key}={config[key]}" for key in CONFIG_SHOWN if key != report["axis"])
+    lines = [f"blocktrace compare: {report['axis']} {a} vs {b}, same parameters, same input",
+             f"common: {common}" + (f" seed={report['seed']}" if report["seed"] is not None else "")]
+    if report["weights"]:
+        w = report["weights"]
+        lines.append(f"weights: {w['path']} ({w['layout']}), from layer {w['layer']} of 0–{w['n_layers'] - 1}")
+    if report["tokens"]:
+        lines.append(f"tokens: {' '.join(report['tokens'])}")
+    if "input" in variant:
+        source = variant["input"]
+        lines.append(f"input x: {_shape(source['shape'])} {source['dtype']} ({source['source']})")
+    return "\n".join(lines)
+
+
+def _block_table(report: dict, fmt: str) -> str:
+    (a, b), reports = report["values"], [v["report"] for v in report["variants"]]
+    by_name = [{step["name"]: step for step in r["steps"]} for r in reports]
+    diffs = {d["name"]: d for d in report["differences"]["steps"]}
+    rows = []
+    for step in reports[0]["steps"]:
+        other = by_name[1][step["name"]]
+        rows.append([step["name"],
+                     step["index"], step["operation"], step["stats"]["rms"], step["stats"]["std"],
+                     other["index"], other["operation"], other["stats"]["rms"], other["stats"]["std"],
+                     diffs[step["name"]]["max_abs_diff"], diffs[step["name"]]["cosine"]])
+    headers = ["step", f"{a} #", f"{a} operation", f"{a} rms", f"{a} std",
+               f"{b} #", f"{b} operation", f"{b} rms", f"{b} std", "max|Δ|", "cosine"]
+    return tabulate(rows, headers=headers, tablefmt=fmt, floatfmt=".4f")
+
+
+def _stack_table(report: dict, fmt: str) -> str:
+    (a, b), reports = report["values"], [v["report"] for v in report["variants"]]
+    diffs = report["differences"]["layers"]
+    rows = [["input", reports[0]["input"]["sq_norm_per_d"], reports[1]["input"]["sq_norm_per_d"], "", "", "", "", "", ""]]
+    for la, lb, d in zip(reports[0]["layers"], reports[1]["layers"], diffs):
+        rows.append([la["layer"], la["sq_norm_per_d"], lb["sq_norm_per_d"], la["attn_share"], lb["attn_share"],
+                     la["ffn_share"], lb["ffn_share"], d["max_abs_diff"], d["cosine"]])
+    headers = ["layer", f"{a} ‖x‖²/d", f"{b} ‖x‖²/d", f"{a} attn share", f"{b} attn share",
+               f"{a} ffn share", f"{b} ffn share", "max|Δ|", "cosine"]
+    return tabulate(rows, headers=headers, tablefmt=fmt, floatfmt=".4f")
+
+
+def _sweep_table(report: dict, fmt: str) -> str:
+    (a, b), reports = report["values"], [v["report"] for v in report["variants"]]
+    rows = [[ra["depth"], ra["last_layer"]["ffn_w2"], rb["last_layer"]["ffn_w2"],
+             ra["last_layer"]["ffn_w1"], rb["last_layer"]["ffn_w1"], ra["loss"], rb["loss"]]
+            for ra, rb in zip(reports[0]["sweep"], reports[1]["sweep"])]
+    headers = ["depth", f"{a} ffn_w2", f"{b} ffn_w2", f"{a} ffn_w1", f"{b} ffn_w1", f"{a} loss", f"{b} loss"]
+    title = ("per depth N: ‖∂L/∂W‖_F of layer N's FFN matrices (Xiong et al. 2020, Theorem 1: "
+             "flat in N for Post-LN, falling for Pre-LN)")
+    return title + "\n" + tabulate(rows, headers=headers, tablefmt=fmt, floatfmt=".4g")
+
+
+def render_compare(report: dict, *, fmt: str = "simple", lang: str = "en", steps: bool = False) -> str:
+    parts = [_title(report)]
+    kind = report["variants"][0]["report"]["kind"]
+    if kind == "sweep":
+        parts.append(_sweep_table(report, fmt))
+    elif kind == "block":
+        parts.append(_block_table(report, fmt))
+    else:
+        parts.append(_stack_table(report, fmt))
+        if steps:
+            for entry in report["variants"]:
+                for layer in entry["report"]["layers"]:
+                    parts.append(f"{entry['value']}, layer {layer['layer']}\n" + steps_table(layer["steps"], lang, fmt))
+    for entry in report["variants"]:
+        gradients = entry["report"].get("gradients")
+        if gradients:
+            parts.append(f"{entry['value']}: " + gradients_section(gradients, fmt))
+    if report["differences"]:
+        out = report["differences"]["output"]
+        parts.append(f"output: max|Δ|={out['max_abs_diff']:.4f} cosine={out['cosine']:.4f}")
+    parts.append("what differs:\n" + "\n".join(f"- {note}" for note in report["notes"]))
+    return "\n\n".join(parts) + "\n"

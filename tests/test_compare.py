@@ -1,0 +1,275 @@
+"""`compare`, stacks and gradients: shared parameters, and the published measurements' directions."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from blocktrace.compare import build_variants, difference
+from blocktrace.config import BlockConfig
+from blocktrace.stack import build_stack, summarise, trace_stack
+
+XIONG = dict(d_model=128, n_heads=1, d_ff=128, ffn="relu")  # Xiong et al. 2020's setting, with --init xiong
+
+
+def _json(invoke, *args):
+    result = invoke(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("extra", [[], ["--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼"]])
+def test_compare_shows_both_execution_orders_side_by_side(invoke, extra):
+    result = invoke("compare", "--pre-ln", "--post-ln", *extra)
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()
+            if line.split() and line.split()[0] in ("norm1", "attn", "residual1", "norm2", "ffn", "residual2")}
+    pre_order = {name: int(cells[1]) for name, cells in rows.items()}
+    assert pre_order == {"norm1": 1, "attn": 2, "residual1": 3, "norm2": 4, "ffn": 5, "residual2": 6}
+    report = _json(invoke, "compare", "--pre-ln", "--post-ln", *extra)
+    post_steps = [s["name"] for s in report["variants"][1]["report"]["steps"]]
+    assert post_steps == ["attn", "residual1", "norm1", "ffn", "residual2", "norm2"]
+    assert "x1 = LayerNorm(r1)" in result.stdout and "x_norm1 = LayerNorm(x)" in result.stdout
+
+
+def _parameters(variant):
+    return {f"{i}.{name}": p for i, block in enumerate(variant.blocks) for name, p in block.named_parameters()}
+
+
+@pytest.mark.parametrize("axis, values", [("placement", ["pre", "post"]), ("norm", ["layernorm", "rmsnorm"]),
+                                          ("ffn", ["gelu", "swiglu"]), ("ffn", ["relu", "gelu_tanh"])])
+def test_variants_share_their_parameters(axis, values):
+    a, b = build_variants(BlockConfig(d_model=8, n_heads=2), axis, values, n_layers=3, seed=4)
+    pa, pb = _parameters(a), _parameters(b)
+    alias = {"ffn.up.": "ffn.fc.", "ffn.down.": "ffn.proj."}
+    shared = 0
+    for name, tensor in pb.items():
+        original = name
+        for new, old in alias.items():
+            original = original.replace(new, old)
+        if original in pa and pa[original].shape == tensor.shape:
+            assert torch.equal(pa[original], tensor), name
+            shared += 1
+    assert shared >= len(pb) - 2 * 3  # at most SwiGLU's gate weight and bias (per layer) are its own
+    if "swiglu" in values:
+        assert b.unshared == ["ffn.gate.weight", "ffn.gate.bias"]
+
+
+def test_compare_on_checkpoint_weights_uses_the_checkpoint_parameters():
+    from pathlib import Path
+
+    from blocktrace.checkpoint import Checkpoint
+    from blocktrace.weights import gpt2_config, load_block, model_info
+
+    checkpoint = Checkpoint(Path(__file__).resolve().parents[1] / "sample_weights" / "gpt2-tiny")
+    info = model_info(checkpoint)
+    native = gpt2_config(checkpoint, info, {})
+    source = [load_block(checkpoint, info, 2, native)]
+    pre, post = build_variants(native, "placement", ["pre", "post"], n_layers=1, seed=0, source=source)
+    for name, parameter in source[0].named_parameters():
+        assert torch.equal(dict(post.blocks[0].named_parameters())[name], parameter)
+        assert torch.equal(dict(pre.blocks[0].named_parameters())[name], parameter)
+
+
+def test_compare_with_weights_runs(invoke):
+    report = _json(invoke, "compare", "--pre-ln", "--post-ln", "--weights", "sample_weights/gpt2-tiny", "--layer", "2",
+                   "--token-ids", "1", "2", "3")
+    assert report["weights"]["layer"] == 2 and [v["value"] for v in report["variants"]] == ["pre", "post"]
+    # The checkpoint's own wiring (pre) gives the same steps as `run` does (to float32 rounding: the
+    # variant holds contiguous copies of the weights `run` reads as transposed views).
+    run = _json(invoke, "run", "--weights", "sample_weights/gpt2-tiny", "--layer", "2", "--token-ids", "1", "2", "3")
+    for ours, theirs in zip(report["variants"][0]["report"]["steps"], run["steps"]):
+        assert ours["name"] == theirs["name"]
+        assert list(ours["stats"].values()) == pytest.approx(list(theirs["stats"].values()), abs=1e-5)
+
+
+def test_difference_matches_numpy():
+    a, b = torch.randn(3, 5), torch.randn(3, 5)
+    d = difference(a, b)
+    an, bn = a.numpy().ravel().astype(float), b.numpy().ravel().astype(float)
+    assert d["max_abs_diff"] == pytest.approx(np.abs(an - bn).max())
+    assert d["cosine"] == pytest.approx(an @ bn / np.linalg.norm(an) / np.linalg.norm(bn))
+
+
+def test_compare_output_difference_is_that_of_the_two_variants_run_apart(invoke):
+    report = _json(invoke, "compare", "--layernorm", "--rmsnorm", "--seq-len", "4")
+    a, b = build_variants(BlockConfig(), "norm", ["layernorm", "rmsnorm"], n_layers=1, seed=0)
+    from blocktrace.inputs import random_input
+
+    x = random_input(4, 16, 0, None)
+    with torch.no_grad():
+        expected = difference(a.blocks[0](x), b.blocks[0](x))
+    assert report["differences"]["output"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("args", [
+    [], ["--pre-ln"], ["--pre-ln", "--rmsnorm"], ["--gelu", "--relu", "--swiglu"], ["--pre-ln", "--post-ln", "--deepnorm"],
+])
+def test_compare_needs_two_values_of_one_axis(invoke, args):
+    result = invoke("compare", *args)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("Error: compare needs two values of one axis, got ")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_compare_refuses_fixing_the_compared_axis(invoke):
+    result = invoke("compare", "--pre-ln", "--post-ln", "--placement", "post")
+    assert result.exit_code == 2 and "--placement fixes the axis being compared" in result.stderr
+
+
+def test_compare_works_with_every_table_format(invoke):
+    from tabulate import tabulate_formats
+
+    for fmt in tabulate_formats:
+        result = invoke("compare", "--gelu", "--swiglu", "--seq-len", "3", "--format", fmt)
+        assert result.exit_code == 0 and "what differs:" in result.stdout, fmt
+
+
+def _xiong_stack(placement, seed, n_layers=12):
+    config = BlockConfig(**XIONG, placement=placement, causal=False)
+    blocks = build_stack(config, n_layers, seed=seed, init="xiong")
+    x = torch.randn(8, 64, 128, generator=torch.Generator().manual_seed(100 + seed))
+    return [summarise(i, t) for i, t in enumerate(trace_stack(blocks, x))]
+
+
+def test_residual_growth_follows_xiong_lemma_2():
+    """E‖x_l‖²/d: Pre-LN within [1 + l/2, 1 + 3l/2]; Post-LN flat. E over init: mean of 4 seeds."""
+    pre = np.mean([[s.sq_norm_per_d for s in _xiong_stack("pre", seed)] for seed in range(4)], axis=0)
+    for index, value in enumerate(pre):
+        l = index + 1
+        assert 1 + l / 2 <= value <= 1 + 3 * l / 2, (l, value)
+    post = [s.sq_norm_per_d for s in _xiong_stack("post", 0)]
+    assert max(post) - min(post) < 0.01
+
+
+def test_branch_share_follows_liu_et_al():
+    """Post-LN's FFN share stays roughly constant; Pre-LN's falls with depth and is below Post-LN's."""
+    pre = [s.ffn_share for s in _xiong_stack("pre", 0, n_layers=8)]
+    post = [s.ffn_share for s in _xiong_stack("post", 0, n_layers=8)]
+    assert max(post) / min(post) < 2.0
+    assert pre[-1] < pre[0] / 3 and np.corrcoef(range(8), pre)[0, 1] < -0.8
+    assert all(p < q for p, q in zip(pre[1:], post[1:]))
+
+
+def test_gradient_sweep_follows_xiong_theorem_1(invoke):
+    report = _json(invoke, "compare", "--pre-ln", "--post-ln", "--layers", "6,8,10,12,14", "--grad", "--batches", "8",
+                   "--init", "xiong", "--heads", "1", "--d-model", "128", "--d-ff", "128", "--ffn", "relu",
+                   "--batch", "8", "--seq-len", "32")
+    pre, post = ([row["last_layer"]["ffn_w2"] for row in v["report"]["sweep"]] for v in report["variants"])
+    mean_post = sum(post) / len(post)
+    assert all(abs(p - mean_post) <= 0.3 * mean_post for p in post), post
+    assert all(a > b for a, b in zip(pre, pre[1:])), pre
+    assert all(p < q for p, q in zip(pre, post))
+
+
+def test_deepnorm_scales_the_stream_by_alpha_and_the_init_by_beta():
+    post, deep = build_variants(BlockConfig(d_model=8, n_heads=2), "placement", ["post", "deepnorm"],
+                                n_layers=6, seed=1)
+    alpha, beta = (2 * 6) ** 0.25, (8 * 6) ** -0.25
+    for name in ("ffn.fc.weight", "ffn.proj.weight", "attn.v_proj.weight", "attn.out_proj.weight"):
+        assert torch.allclose(dict(deep.blocks[0].named_parameters())[name],
+                              beta * dict(post.blocks[0].named_parameters())[name])
+    for name in ("attn.q_proj.weight", "attn.k_proj.weight"):
+        assert torch.equal(dict(deep.blocks[0].named_parameters())[name], dict(post.blocks[0].named_parameters())[name])
+    from blocktrace.tracer import trace
+
+    x = torch.randn(5, 8)
+    t = trace(deep.blocks[0], x, keep_tensors=True).tensors()
+    assert torch.allclose(t["residual1"], alpha * x + t["attn"], atol=1e-5)
+    assert torch.allclose(t["residual2"], alpha * t["norm1"] + t["ffn"], atol=1e-5)
+
+
+def test_run_stack_reports_every_layer_and_steps_on_demand(invoke):
+    report = _json(invoke, "run", "--layers", "3")
+    assert report["kind"] == "stack" and [l["layer"] for l in report["layers"]] == [0, 1, 2]
+    for layer in report["layers"]:
+        last = layer["steps"][-1]["stats"]
+        assert layer["sq_norm_per_d"] == pytest.approx(last["rms"] ** 2)
+        var = {s["name"]: s["stats"]["std"] ** 2 for s in layer["steps"]}
+        assert layer["attn_share"] == pytest.approx(var["attn"] / var["residual1"])
+    text = invoke("run", "--layers", "3", "--steps").stdout
+    assert text.count("x_norm1 = LayerNorm(x)") == 3
+    assert "x_norm1 = LayerNorm(x)" not in invoke("run", "--layers", "3").stdout
+
+
+def test_stack_on_checkpoint_layers(invoke):
+    report = _json(invoke, "run", "--weights", "sample_weights/gpt2-tiny", "--layer", "1", "--layers", "3",
+                   "--token-ids", "5", "6")
+    assert report["n_layers"] == 3
+    single = _json(invoke, "run", "--weights", "sample_weights/gpt2-tiny", "--layer", "2", "--token-ids", "5", "6")
+    assert report["layers"][1]["steps"] == single["steps"]  # layer 2, fed by layer 1, as in the model
+    result = invoke("run", "--weights", "sample_weights/gpt2-tiny", "--layer", "2", "--layers", "3", "--token-ids", "5")
+    assert result.exit_code == 1 and "needs layers up to 4, but the checkpoint has 4 layers: 0–3" in result.stderr
+
+
+def test_gradient_norms_are_the_norms_of_the_mean_gradient():
+    from blocktrace.grad import gradient_report, readout, zipf_targets
+    from torch.nn import functional as F
+
+    blocks = build_stack(BlockConfig(d_model=8, n_heads=2), 2, seed=3)
+    inputs = [torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(k)) for k in range(3)]
+    report = gradient_report(blocks, lambda k: inputs[k], seed=5, batches=3, final_norm=True)
+    w2 = blocks[-1].ffn.proj.weight
+    total = torch.zeros_like(w2)
+    for k, x in enumerate(inputs):  # by hand: each batch's gradient of the documented loss, then the mean
+        h = x
+        for block in blocks:
+            h = block(h)
+        logits = F.layer_norm(h, h.shape[-1:]) @ readout(8, 5).T
+        targets = zipf_targets(logits.shape[:-1], torch.Generator().manual_seed(5 + 20_000 + k))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        total += torch.autograd.grad(loss, w2)[0]
+    assert report.weight_norms[-1]["ffn_w2"] == pytest.approx((total / 3).norm().item(), rel=1e-5)
+    assert all(not p.requires_grad or p.grad is None for b in blocks for p in b.parameters())
+
+
+def test_zipf_targets_follow_one_over_rank():
+    from blocktrace.grad import zipf_targets
+
+    counts = torch.bincount(zipf_targets((200_000,), torch.Generator().manual_seed(0), vocab=8), minlength=8)
+    expected = [1 / (k + 1) / sum(1 / (j + 1) for j in range(8)) for k in range(8)]
+    assert (counts / counts.sum()).tolist() == pytest.approx(expected, abs=0.01)
+
+
+def test_run_grad_reports_step_and_weight_gradients(invoke):
+    report = _json(invoke, "run", "--grad")
+    layer = report["gradients"]["layers"][0]
+    assert set(layer["step_grad_norms"]) == {"norm1", "attn", "residual1", "norm2", "ffn", "residual2"}
+    assert set(layer["weight_grad_norms"]) == {"attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2"}
+    assert all(value > 0 for value in layer["weight_grad_norms"].values())
+    assert "‖∂L/∂W‖_F of each weight matrix" in invoke("run", "--grad").stdout
+
+
+def _png_pixels(path):
+    import matplotlib.image
+
+    return matplotlib.image.imread(str(path))
+
+
+@pytest.mark.parametrize("args", [["run", "--tokens", "猫", "吃", "鱼"], ["run", "--layers", "4", "--grad"],
+                                  ["compare", "--pre-ln", "--post-ln", "--layers", "4", "--grad"],
+                                  ["compare", "--pre-ln", "--post-ln", "--layers", "2,3", "--grad"]])
+def test_plot_writes_a_png_with_content(invoke, tmp_path, args):
+    path = tmp_path / "plot.png"
+    result = invoke(*args, "--plot", str(path))
+    assert result.exit_code == 0, result.output
+    pixels = _png_pixels(path)
+    assert pixels.shape[0] >= 200 and pixels.shape[1] >= 300
+    assert float(np.std(pixels[..., :3])) > 0.05  # not blank
+
+
+def test_plot_without_matplotlib_names_the_extra(invoke, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = invoke("run", "--plot", str(tmp_path / "p.png"))
+    assert result.exit_code == 2
+    assert result.stderr == "Error: --plot needs matplotlib: pip install 'transformer-blocktrace[plot]'\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_layer_list_needs_grad(invoke):
+    result = invoke("run", "--layers", "2,4")
+    assert result.exit_code == 2 and "a list of depths is a gradient sweep: add --grad" in result.stderr
