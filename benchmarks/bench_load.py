@@ -4,7 +4,7 @@
 
 Each load runs in a fresh interpreter (same machine, same run), so time and peak RSS are its own.
 The baseline is everything a process needs before loading: python + torch + safetensors imported.
-Prints the table and writes benchmarks/RESULTS-load.md.
+Prints the table; benchmarks/bench.py puts it into benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def compare(path: str, directory: str, base: dict, cold: bool) -> tuple[list, fl
     return rows, layer["seconds"] / whole["seconds"], extra_layer / extra_whole
 
 
-def main() -> None:
+def load_section() -> list[str]:
     directory = gpt2_checkpoint(n_layer=12, d_model=768, n_head=12)
     path = str(directory / "model.safetensors")
     base = measure(BASELINE)
@@ -92,7 +92,7 @@ def main() -> None:
 
     facts = machine_facts()
     lines = [
-        "# Loading one layer against the whole checkpoint",
+        "### Loading one layer against the whole checkpoint",
         "",
         f"Written by `python benchmarks/bench_load.py` on {facts['date']}: {facts['cpu']}, "
         f"Python {facts['python']}, torch {facts['torch']}. 12-layer GPT-2-small-shaped file "
@@ -111,9 +111,11 @@ def main() -> None:
         f"(target ≤ 0.2: {verdict(warm_time, warm_memory)}).",
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    (Path(__file__).resolve().parent / "RESULTS-load.md").write_text(text)
+    return lines
+
+
+def main() -> None:
+    print("\n".join(load_section()))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -57,12 +56,15 @@ def gpt2_checkpoint(n_layer: int, d_model: int, n_head: int, vocab: int = 50257,
 
 
 def in_subprocess(code: str) -> dict:
-    """Run `code` in a fresh interpreter; it prints one JSON dict. Adds that process's peak RSS (MiB)."""
-    wrapped = code + "\nimport resource as _r, json as _j\n" \
-        "print(_j.dumps({**RESULT, 'peak_rss_mib': _r.getrusage(_r.RUSAGE_SELF).ru_maxrss / 1024}))"
+    """Run `code` in a fresh interpreter; it prints one JSON dict. Adds that process's peak RSS (MiB).
+
+    The peak is VmHWM from /proc/self/status, not getrusage's ru_maxrss: Linux keeps ru_maxrss
+    across execve, so a child of a large process would report its parent's peak.
+    """
+    wrapped = code + "\nimport json as _j\n" \
+        "_hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1]\n" \
+        "print(_j.dumps({**RESULT, 'peak_rss_mib': int(_hwm) / 1024}))"
     output = subprocess.run([sys.executable, "-c", wrapped], capture_output=True, text=True, check=True)
     return json.loads(output.stdout.strip().splitlines()[-1])
 
 
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

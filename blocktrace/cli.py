@@ -139,6 +139,7 @@ SHARED_OPTIONS = _options(
     click.option("--input", "input_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Exact block input: a .safetensors file holding 'x' (or one tensor), [T, d] or [B, T, d]."),
     click.option("--dtype", type=click.Choice(["float32", "float64", "float16", "bfloat16"]), default="float32", show_default=True, help="Compute dtype (checkpoints in half precision are upcast unless this says otherwise)."),
     click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True, help="Where to run; auto picks cuda when available."),
+    click.option("--attn-chunk", type=click.IntRange(min=1), default=None, help="Query rows the attention computes at once, to bound memory on long inputs.  [default: as many as fit 256 MiB of scores]"),
     click.option("--layers", "depths", type=DepthList(), default=None, help="A stack of N blocks (per-layer table), or a list of depths 6,8,10 for a gradient sweep (needs --grad)."),
     click.option("--steps", "show_steps", is_flag=True, help="With --layers: print every block's six steps."),
     click.option("--grad", is_flag=True, help="One backward pass: gradient norms at every step and of every weight matrix (loss in README)."),
@@ -169,7 +170,8 @@ def _request(ctx: click.Context, options: dict, **config_fields):
     explicit = _explicit_fields(ctx, [n for n in OPTION_FIELDS if n in ctx.params])
     return RunRequest(fields, explicit, options["tokens_text"], options["token_ids_text"], options["text"],
                       options["input_path"], options["seq_len"], options["batch"], options["seed"],
-                      options["weights"], options["layer"], options["dtype"], options["device"], options["init"])
+                      options["weights"], options["layer"], options["dtype"], options["device"], options["init"],
+                      options["attn_chunk"])
 
 
 def _analysis(options: dict, **extra):

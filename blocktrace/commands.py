@@ -13,7 +13,7 @@ from typing import Optional
 from blocktrace.compare import build_variants, difference
 from blocktrace.grad import gradient_report
 from blocktrace.report import SCHEMA_VERSION, block_report, stack_report, sweep_report
-from blocktrace.runner import RunRequest, Source, batch_maker, make_blocks
+from blocktrace.runner import RunRequest, Source, batch_maker, make_blocks, place_blocks
 from blocktrace.stack import trace_stack
 
 
@@ -85,7 +85,7 @@ def _variants(source: Source, request: RunRequest, axis: str, values: list[str],
     variants = build_variants(source.config, axis, values, n_layers=depth, seed=request.seed,
                               init=request.init, source=origin)
     for variant in variants:
-        variant.blocks = [b.to(device=source.x.device, dtype=source.x.dtype) for b in variant.blocks]
+        variant.blocks = place_blocks(variant.blocks, request)
     return variants
 
 

@@ -41,11 +41,19 @@ def make_norm(config: BlockConfig) -> nn.Module:
     return nn.LayerNorm(config.d_model, eps=config.eps, bias=config.bias)
 
 
+# Query rows per chunk are chosen so one chunk's scores stay under this many bytes.
+ATTENTION_CHUNK_BYTES = 256 * 2**20
+
+
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention written out, so its weights can be traced.
 
     `scores` sees the masked pre-softmax logits and `weights` the softmax output,
-    `[..., H, T, T]` (`[H, T, T]` for an unbatched `[T, d]` input).
+    `[..., H, rows, T]` (no batch dimension for an unbatched `[T, d]` input). Queries are
+    processed in chunks of rows (`query_chunk`, or as many as fit ATTENTION_CHUNK_BYTES), so
+    the full `[B, H, T, T]` matrix never exists at once for long inputs; `rows` tells the
+    hooks which query rows the current chunk holds. Softmax is per row, so chunking changes
+    no number.
     """
 
     def __init__(self, config: BlockConfig):
@@ -60,22 +68,38 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d, d, bias=bias)
         self.scores = HookPoint()
         self.weights = HookPoint()
+        self.query_chunk = None  # rows per chunk; None: as many as fit ATTENTION_CHUNK_BYTES
+        self.rows = slice(0, 0)  # the query rows of the chunk being computed
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         *lead, t, d = x.shape
         return x.view(*lead, t, self.n_heads, d // self.n_heads).transpose(-3, -2)  # [..., H, T, hd]
 
+    def chunk_rows(self, q: torch.Tensor) -> int:
+        t = q.shape[-2]
+        if self.query_chunk:
+            return min(self.query_chunk, t)
+        bytes_per_row = q[..., 0, 0].numel() * t * q.element_size()  # one query row of every head
+        return max(1, min(t, ATTENTION_CHUNK_BYTES // max(1, bytes_per_row)))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: slice) -> torch.Tensor:
+        self.rows = rows
+        scores = torch.matmul(q, k.transpose(-1, -2)).mul_(self.scale)  # [..., H, rows, T]
+        if self.causal:
+            keys = torch.arange(k.shape[-2], device=q.device)
+            queries = torch.arange(rows.start, rows.stop, device=q.device)
+            # finfo.min, not -inf, as HF does: the weight is still exactly 0 and p·s stays finite.
+            scores.masked_fill_(keys[None, :] > queries[:, None], torch.finfo(scores.dtype).min)
+        weights = self.weights(torch.softmax(self.scores(scores), dim=-1))
+        return torch.matmul(weights, v)  # [..., H, rows, hd]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self._split_heads(self.q_proj(x))
         k = self._split_heads(self.k_proj(x))
         v = self._split_heads(self.v_proj(x))
-        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale  # [..., H, T, T]
-        if self.causal:
-            t = x.shape[-2]
-            future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-            scores = scores.masked_fill(future, float("-inf"))  # before softmax: weight exactly 0
-        weights = self.weights(torch.softmax(self.scores(scores), dim=-1))
-        mixed = torch.matmul(weights, v).transpose(-3, -2)  # [..., T, H, hd]
+        t, step = q.shape[-2], self.chunk_rows(q)
+        parts = [self._attend(q[..., a : a + step, :], k, v, slice(a, min(a + step, t))) for a in range(0, t, step)]
+        mixed = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)).transpose(-3, -2)  # [..., T, H, hd]
         return self.out_proj(mixed.reshape(x.shape))
 
 

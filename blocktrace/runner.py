@@ -47,6 +47,7 @@ class RunRequest:
     dtype: str = "float32"
     device: str = "cpu"
     init: str = "default"
+    attn_chunk: Optional[int] = None  # query rows per attention chunk; None: the memory budget decides
 
 
 @dataclass
@@ -188,7 +189,14 @@ def make_blocks(source: Source, request: RunRequest, n_layers: int,
                                f"but the checkpoint has {source.info.n_layers} layers: 0–{source.info.n_layers - 1}")
         blocks = [load_block(source.checkpoint, source.info, request.layer + i, config, DTYPES[request.dtype])
                   for i in range(n_layers)]
+    return place_blocks(blocks, request)
+
+
+def place_blocks(blocks: list, request: RunRequest) -> list:
+    """Move blocks to the requested device and dtype, and set their attention chunking."""
     device, dtype = resolve_device(request.device), DTYPES[request.dtype]
+    for block in blocks:
+        block.attn.query_chunk = request.attn_chunk
     return [block.to(device=device, dtype=dtype) for block in blocks]
 
 

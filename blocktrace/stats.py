@@ -1,60 +1,98 @@
 """Tensor statistics and attention diagnostics, kept as tensors until the trace ends.
 
-Nothing here calls `.item()`: each function returns 0-d or small tensors so that a whole
-trace is copied to Python in one go, after the forward pass.
+The hot path calls no `.item()` per statistic: each step leaves a small tensor of moments
+and a whole trace is copied to Python in one go, after the forward pass.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 STAT_NAMES = ("mean", "std", "min", "max", "rms", "absmax", "nan", "inf")
 
 
-def tensor_stats(t: torch.Tensor) -> torch.Tensor:
-    """[mean, std, min, max, rms, max|x|, #NaN, #Inf] of all elements, as one float64 vector.
+def tensor_moments(t: torch.Tensor) -> torch.Tensor:
+    """[n, Σx, Σx², min, max, #NaN, #Inf] of all elements, as one float64 tensor (no host copy).
 
-    std is the population std (correction 0); rms² = var + mean² saves a pass over the data.
+    Three cheap passes — sum, dot(x, x), aminmax — instead of a Welford var_mean. NaN and
+    Inf are counted only when min + max is not finite (the one host check per step): that
+    saves two full passes on every healthy step.
     """
-    t = t.detach()
-    if not t.is_floating_point() or t.dtype in (torch.float16, torch.bfloat16):
-        t = t.float()  # half-precision sums overflow and lose digits
-    var, mean = torch.var_mean(t, correction=0)
-    low, high = torch.aminmax(t)
-    values = torch.stack(
-        [
-            mean,
-            var.sqrt(),
-            low,
-            high,
-            (var + mean * mean).sqrt(),
-            torch.maximum(low.abs(), high.abs()),
-            torch.isnan(t).sum().to(t.dtype),
-            torch.isinf(t).sum().to(t.dtype),
-        ]
-    )
-    return values.to(torch.float64)
+    flat = t.detach().reshape(-1)
+    if not flat.is_floating_point() or flat.dtype in (torch.float16, torch.bfloat16):
+        flat = flat.float()  # half-precision sums overflow and lose digits
+    raw = torch.stack([flat.sum(), torch.dot(flat, flat), *torch.aminmax(flat)])
+    if math.isfinite(float(raw[2] + raw[3])):
+        counts = torch.zeros(2, dtype=raw.dtype, device=raw.device)
+    else:
+        counts = torch.stack([torch.count_nonzero(torch.isnan(flat)), torch.count_nonzero(torch.isinf(flat))])
+    n = torch.tensor([float(flat.numel())], dtype=torch.float64, device=raw.device)
+    return torch.cat([n, raw.double(), counts.double()])
 
 
-def attention_stats(weights: torch.Tensor, chunk: int = 256) -> dict[str, torch.Tensor]:
-    """Diagnostics of softmax weights `[..., H, T, T]`, computed `chunk` query rows at a time.
+def stats_from_moments(moments: list[float]) -> list[float]:
+    """[mean, std, min, max, rms, max|x|, #NaN, #Inf] from tensor_moments; population std."""
+    n, total, squares, low, high, nan, inf = moments
+    mean, mean_square = total / n, squares / n
+    variance = max(mean_square - mean * mean, 0.0) if math.isfinite(mean_square) else mean_square
+    return [mean, math.sqrt(variance) if variance == variance else variance, low, high,
+            math.sqrt(mean_square) if mean_square == mean_square else mean_square,
+            max(abs(low), abs(high)), nan, inf]
 
-    future_weight_sum: total weight above the diagonal (exactly 0 when a causal mask works).
-    entropy_per_head: −Σ p log p per query row, averaged over batch and queries (uniform = log T).
-    Chunking bounds the temporaries to `chunk` rows, whatever T is.
+
+def tensor_stats(t: torch.Tensor) -> list[float]:
+    """The statistics of one tensor, as Python floats in STAT_NAMES order."""
+    return stats_from_moments(tensor_moments(t).tolist())
+
+
+# Below this, a diagonal weight may have lost digits to underflow: such rows use their maximum.
+_TINY_WEIGHT = 1e-30
+
+
+def _log_normaliser(w: torch.Tensor, s: torch.Tensor, rows: slice, row_max_score: torch.Tensor) -> torch.Tensor:
+    """lse = log Σ_j exp(s_j) per row, from the softmax output: lse = s_j − log p_j for any j.
+
+    The diagonal j = i is always a valid key (causal or not) and costs no pass over the
+    T² values; the few rows whose diagonal weight is tiny (collapsed onto another key) use
+    their largest weight instead, which is ≥ 1/T.
     """
-    w = weights.detach()
+    diagonal_w = torch.diagonal(w, offset=rows.start, dim1=-2, dim2=-1)
+    diagonal_s = torch.diagonal(s, offset=rows.start, dim1=-2, dim2=-1)
+    lse = diagonal_s - torch.log(diagonal_w)
+    tiny = diagonal_w < _TINY_WEIGHT
+    if bool(tiny.any()):
+        lse = torch.where(tiny, row_max_score - torch.log(w.amax(dim=-1)), lse)
+    return lse
+
+
+def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: slice) -> dict[str, torch.Tensor]:
+    """Diagnostics of one chunk of query rows: weights and masked scores `[..., H, rows, T]`.
+
+    entropy_sum per head: Σ over rows of −Σ_j p log p, from values the attention already has:
+    log p_j = s_j − lse, so H = lse − Σ_j p_j s_j: one dot product per row, no logarithm over
+    the T² weights. The largest weight of a row is exp(s_max − lse), so only the scores are
+    scanned for maxima. future_weight_sum: total weight above the diagonal (exactly 0 when a
+    causal mask works).
+    """
+    w, s = weights.detach(), scores.detach()
     n_heads, t = w.shape[-3], w.shape[-1]
-    w = w.reshape(-1, n_heads, t, t)  # [N, H, T, T]
-    entropy = torch.zeros(n_heads, dtype=torch.float64, device=w.device)
-    future = torch.zeros((), dtype=torch.float64, device=w.device)
-    for start in range(0, t, chunk):
-        rows = w[:, :, start : start + chunk, :]
-        entropy += torch.special.entr(rows.float()).sum(dim=(0, 2, 3)).double()
-        # Row i of the chunk is query start+i: its future keys are j > start+i.
-        future += torch.triu(rows, diagonal=start + 1).sum().double()
-    return {
-        "future_weight_sum": future,
-        "entropy_per_head": entropy / (w.shape[0] * t),
-        "max_weight": w.amax().double(),
-    }
+    w, s = w.reshape(-1, n_heads, w.shape[-2], t), s.reshape(-1, n_heads, s.shape[-2], t)
+    row_max_score = s.amax(dim=-1)
+    lse = _log_normaliser(w, s, rows, row_max_score)
+    expected_score = torch.einsum("nhij,nhij->nhi", w, s)
+    entropy = (lse - expected_score).double().sum(dim=(0, 2))
+    # [rows, T]: 1 above the diagonal, for this chunk's rows only (row i is query rows.start + i)
+    future_mask = torch.ones(w.shape[-2], t, dtype=w.dtype, device=w.device).triu_(rows.start + 1)
+    future = (w.reshape(-1, future_mask.numel()) @ future_mask.reshape(-1)).double().sum()
+    return {"entropy_sum": entropy, "future_weight_sum": future,
+            "max_weight": torch.exp(row_max_score - lse).amax().double(),
+            "max_logit": row_max_score.amax().double(), "rows": w.shape[0] * w.shape[-2]}
+
+
+def attention_stats(weights: torch.Tensor, scores: torch.Tensor) -> dict[str, torch.Tensor]:
+    """attention_chunk_stats of a whole matrix, with the entropy averaged per head."""
+    chunk = attention_chunk_stats(weights, scores, slice(0, weights.shape[-2]))
+    return {"future_weight_sum": chunk["future_weight_sum"], "max_weight": chunk["max_weight"],
+            "max_logit": chunk["max_logit"], "entropy_per_head": chunk["entropy_sum"] / chunk["rows"]}

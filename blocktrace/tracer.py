@@ -15,7 +15,7 @@ from torch import nn
 
 from blocktrace.block import step_operations
 from blocktrace.config import BlockConfig
-from blocktrace.stats import STAT_NAMES, attention_stats, tensor_stats
+from blocktrace.stats import STAT_NAMES, attention_chunk_stats, stats_from_moments, tensor_moments
 
 PREVIEW_MAX_TOKENS = 16  # attention matrices up to this size are kept for the text heatmap
 
@@ -105,14 +105,51 @@ class _Pending:
     sample: Optional[torch.Tensor]
 
 
+class _AttentionAccumulator:
+    """Attention diagnostics summed over the chunks of query rows the attention computes."""
+
+    def __init__(self, keep_tensors: bool):
+        self.keep_tensors = keep_tensors
+        self.scores = None  # the current chunk's scores, until its weights arrive
+        self.chunks: list[dict] = []
+        self.kept: list[torch.Tensor] = []
+        self.shape_lead = None
+
+    def add(self, attention_module, weights: torch.Tensor) -> None:
+        weights = weights.detach()
+        self.chunks.append(attention_chunk_stats(weights, self.scores, attention_module.rows))
+        self.scores = None
+        self.shape_lead = tuple(weights.shape[:-2]), weights.shape[-1]
+        if self.keep_tensors or weights.shape[-1] <= PREVIEW_MAX_TOKENS:
+            self.kept.append(weights)
+
+    def result(self) -> dict:
+        if not self.chunks:
+            return {}
+        lead, t = self.shape_lead
+        rows = sum(chunk["rows"] for chunk in self.chunks)
+        merged = {
+            "shape": (*lead, t, t),
+            "future_weight_sum": torch.stack([c["future_weight_sum"] for c in self.chunks]).sum(),
+            "entropy_per_head": torch.stack([c["entropy_sum"] for c in self.chunks]).sum(0) / rows,
+            "max_weight": torch.stack([c["max_weight"] for c in self.chunks]).amax(),
+            "max_logit": torch.stack([c["max_logit"] for c in self.chunks]).amax(),
+        }
+        if self.kept:
+            full = torch.cat(self.kept, dim=-2)
+            merged["tensor"] = full if self.keep_tensors else None
+            if t <= PREVIEW_MAX_TOKENS:
+                merged["preview"] = full.reshape(-1, *full.shape[-3:])[0]
+        return merged
+
+
 class _Recorder:
-    def __init__(self, keep_tensors, sample_token, sample_size, attn_chunk):
+    def __init__(self, keep_tensors, sample_token, sample_size):
         self.keep_tensors = keep_tensors
         self.sample_token = sample_token
         self.sample_size = sample_size
-        self.attn_chunk = attn_chunk
         self.steps: list[_Pending] = []
-        self.attention: dict = {}
+        self.attention = _AttentionAccumulator(keep_tensors)
 
     def observe(self, name: str, value: torch.Tensor) -> _Pending:
         value = value.detach()
@@ -122,24 +159,22 @@ class _Recorder:
             sample = row[: self.sample_size].clone()
         kept = value if self.keep_tensors else None
         return _Pending(name, tuple(value.shape), str(value.dtype).replace("torch.", ""),
-                        tensor_stats(value), kept, sample)
+                        tensor_moments(value), kept, sample)
 
     def step_hook(self, name):
         def hook(module, inputs, output):
             self.steps.append(self.observe(name, output))
         return hook
 
-    def weights_hook(self, module, inputs, weights):
-        weights = weights.detach()
-        self.attention.update(attention_stats(weights, self.attn_chunk))
-        self.attention["shape"] = tuple(weights.shape)
-        if weights.shape[-1] <= PREVIEW_MAX_TOKENS:
-            self.attention["preview"] = weights.reshape(-1, *weights.shape[-3:])[0].clone()
-        if self.keep_tensors:
-            self.attention["tensor"] = weights
+    def hook_attention(self, attention_module) -> list:
+        def on_scores(module, inputs, scores):
+            self.attention.scores = scores
 
-    def scores_hook(self, module, inputs, scores):
-        self.attention["max_logit"] = scores.detach().amax().double()
+        def on_weights(module, inputs, weights):
+            self.attention.add(attention_module, weights)
+
+        return [attention_module.scores.register_forward_hook(on_scores),
+                attention_module.weights.register_forward_hook(on_weights)]
 
 
 def trace(
@@ -149,26 +184,31 @@ def trace(
     keep_tensors: bool = False,
     sample_token: int = 0,
     sample_size: int = 0,
-    attn_chunk: int = 256,
+    attn_chunk: Optional[int] = None,
 ) -> Trace:
     """Run `block` on `x` once with every step hooked; return the steps in execution order.
 
     keep_tensors: keep each step's output (for `--save`); otherwise only statistics survive.
     sample_token / sample_size: keep the first `sample_size` values of that token's vector
     (first sequence of a batch) at every step, as the tutorials print `x[0, 0, :10]`.
+    attn_chunk: query rows the attention computes at once (None: as many as fit its memory
+    budget, see layers.ATTENTION_CHUNK_BYTES); bounds the `[B, H, rows, T]` temporaries.
     """
     if sample_size and not -x.shape[-2] <= sample_token < x.shape[-2]:
         raise IndexError(f"token index {sample_token} is out of range for {x.shape[-2]} tokens")
-    recorder = _Recorder(keep_tensors, sample_token, sample_size, attn_chunk)
+    recorder = _Recorder(keep_tensors, sample_token, sample_size)
     x_pending = recorder.observe("x", x)
     handles = [module.register_forward_hook(recorder.step_hook(name))
                for name, module in block.step_modules().items()]
-    handles.append(block.attn.weights.register_forward_hook(recorder.weights_hook))
-    handles.append(block.attn.scores.register_forward_hook(recorder.scores_hook))
+    handles += recorder.hook_attention(block.attn)
+    saved_chunk = block.attn.query_chunk
     try:
+        if attn_chunk is not None:
+            block.attn.query_chunk = attn_chunk
         with torch.no_grad():
             output = block(x)
     finally:
+        block.attn.query_chunk = saved_chunk
         for handle in handles:
             handle.remove()
     return _assemble(block.config, x_pending, recorder, output)
@@ -176,9 +216,9 @@ def trace(
 
 def _assemble(config: BlockConfig, x_pending: _Pending, recorder: _Recorder, output) -> Trace:
     pending = [x_pending, *recorder.steps]
-    attention = recorder.attention
+    attention = recorder.attention.result()
     # One device-to-host copy for every number of the trace.
-    stats_rows = torch.stack([p.stats for p in pending]).tolist()
+    stats_rows = [stats_from_moments(row) for row in torch.stack([p.stats for p in pending]).tolist()]
     samples = [p.sample.double().tolist() if p.sample is not None else None for p in pending]
     operations = {"x": "input", **step_operations(config)}
     records = [

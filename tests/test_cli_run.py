@@ -199,3 +199,24 @@ def test_every_command_has_help_and_the_version_answers(invoke):
         assert command.help, name
         assert invoke(name, "--help").exit_code == 0
     assert invoke("--version").stdout == f"blocktrace, version {__version__}\n"
+
+
+def test_attention_chunking_changes_no_number(invoke):
+    whole = json.loads(invoke("run", "--seq-len", "9", "--batch", "2", "--json").stdout)
+    chunked = json.loads(invoke("run", "--seq-len", "9", "--batch", "2", "--attn-chunk", "2", "--json").stdout)
+    for a, b in zip(whole["steps"], chunked["steps"]):
+        assert list(a["stats"].values()) == pytest.approx(list(b["stats"].values()), rel=1e-5, abs=1e-6)
+    assert chunked["attention"]["entropy_per_head"] == pytest.approx(whole["attention"]["entropy_per_head"], rel=1e-5)
+    assert np.allclose(chunked["attention"]["weights_first_sequence"], whole["attention"]["weights_first_sequence"],
+                       atol=1e-6)
+
+
+def test_device_cuda_without_a_gpu_is_a_clear_error_and_auto_falls_back(invoke):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the no-GPU error cannot happen here")
+    result = invoke("run", "--device", "cuda")
+    assert result.exit_code == 2
+    assert result.stderr == "Error: --device cuda: no CUDA device is available here (use --device cpu or auto)\n"
+    assert invoke("run", "--device", "auto").stdout == invoke("run").stdout

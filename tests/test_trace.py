@@ -20,12 +20,12 @@ def numpy_stats(a: np.ndarray) -> list[float]:
 
 def test_tensor_stats_match_numpy():
     a = np.random.default_rng(0).normal(2.0, 3.0, size=(3, 7, 5)).astype(np.float32)
-    assert tensor_stats(torch.from_numpy(a)).tolist() == pytest.approx(numpy_stats(a), rel=1e-5, abs=1e-6)
+    assert tensor_stats(torch.from_numpy(a)) == pytest.approx(numpy_stats(a), rel=1e-5, abs=1e-6)
 
 
 def test_nan_and_inf_are_counted():
     t = torch.tensor([1.0, float("nan"), float("inf"), float("-inf"), 2.0])
-    values = tensor_stats(t).tolist()
+    values = tensor_stats(t)
     assert values[6:] == [1, 2]
 
 
@@ -44,15 +44,32 @@ def naive_attention_stats(w: np.ndarray):
     return entropy / (rows.shape[0] * t), future
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 256])
-def test_attention_stats_match_naive_loops_for_any_chunk(chunk):
-    logits = torch.randn(2, 3, 7, 7, generator=torch.Generator().manual_seed(2))
-    w = torch.softmax(logits, -1)
-    stats = attention_stats(w, chunk=chunk)
+@pytest.mark.parametrize("chunk", [1, 3, None])
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_diagnostics_match_naive_loops_for_any_chunk(chunk, causal):
+    block = build_block(BlockConfig(d_model=12, n_heads=3, causal=causal), seed=2)
+    x = torch.randn(2, 7, 12, generator=torch.Generator().manual_seed(2))
+    traced = trace(block, x, keep_tensors=True, attn_chunk=chunk)
+    w = traced.attention.tensor
     entropy, future = naive_attention_stats(w.numpy())
-    assert stats["entropy_per_head"].tolist() == pytest.approx(entropy.tolist(), rel=1e-5)
-    assert stats["future_weight_sum"].item() == pytest.approx(future, rel=1e-5)
-    assert stats["max_weight"].item() == pytest.approx(w.max().item())
+    assert traced.attention.entropy_per_head == pytest.approx(entropy.tolist(), rel=1e-5, abs=1e-6)
+    assert traced.attention.future_weight_sum == pytest.approx(future, rel=1e-5, abs=1e-12)
+    assert traced.attention.max_weight == pytest.approx(w.max().item())
+    whole = trace(block, x, keep_tensors=True, attn_chunk=7)
+    assert torch.allclose(whole.attention.tensor, w, atol=1e-6) and torch.allclose(whole.output, traced.output, atol=1e-6)
+    assert block.attn.query_chunk is None  # the trace's chunk size does not outlive the call
+
+
+def test_entropy_is_exact_for_peaked_and_extreme_logits():
+    """The log-free entropy formula against −Σ p log p in float64, from uniform to collapsed rows."""
+    from blocktrace.stats import attention_stats
+
+    for scale in (0.0, 1.0, 30.0, 1e4):
+        scores = torch.randn(1, 2, 9, 9, generator=torch.Generator().manual_seed(3)) * scale
+        weights = torch.softmax(scores, -1)
+        expected = torch.special.entr(weights.double()).sum(-1).mean(dim=(0, 2))
+        got = attention_stats(weights, scores)["entropy_per_head"]
+        assert torch.allclose(got, expected, atol=2e-6 * max(1.0, scale)), scale
 
 
 def test_trace_keeps_no_tensors_unless_asked():
