@@ -92,6 +92,11 @@ class Checkpoint:
             for key in handle.keys():
                 self._file_of[key] = file
 
+    def metadata(self) -> dict:
+        """The string metadata of the (first) file's header."""
+        handle = next(iter(self._handles.values()))
+        return dict(handle.metadata() or {})
+
     @property
     def keys(self) -> list[str]:
         return list(self._file_of)

@@ -185,7 +185,8 @@ def _analysis(options: dict, **extra):
         from blocktrace.tracefile import check_output_path
 
         check_output_path(options["plot_path"], options["force"])
-    return Analysis(depths, options["depths"] is not None, options["grad"], options["batches"], **extra)
+    return Analysis(depths=depths, stacked=options["depths"] is not None, grad=options["grad"],
+                    batches=options["batches"], **extra)
 
 
 def _emit(report: dict, options: dict, render) -> None:
@@ -199,19 +200,28 @@ def _emit(report: dict, options: dict, render) -> None:
         click.echo(render(report), nl=False)
 
 
+RUN_OPTIONS = _options(
+    click.option("--norm", type=_choice(Norm), default="layernorm", show_default=True),
+    click.option("--ffn", type=_choice(FFNKind), default="gelu_tanh", show_default=True, help="gelu_tanh is GPT-2's."),
+    click.option("--pre-ln", "placement", flag_value="pre", default=True, help="Norm before each sublayer (GPT-2, Llama).  [default]"),
+    click.option("--post-ln", "placement", flag_value="post", help="Norm after each residual add (original Transformer, BERT)."),
+    click.option("--deepnorm", "placement", flag_value="deepnorm", help="Post-LN with the stream scaled by α = (2N)^¼ (Wang et al. 2022)."),
+    SHARED_OPTIONS,
+    click.option("--save", "save_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write every step's tensor to this .safetensors file (one block)."),
+    click.option("--values", "n_values", type=click.IntRange(min=1), default=None, help="Show the first N numbers of one token's vector at every step."),
+    click.option("--token-index", type=int, default=0, show_default=True, help="Which token --values shows (first sequence of a batch)."),
+    click.option("--explain", is_flag=True, help="Add one sentence per step on what it does and why."),
+    click.option("--fail-on", type=click.Choice(["warning", "error"]), default="error", show_default=True, help="With --check: the flag level that makes the exit code 1."),
+    click.option("--module", "module_spec", metavar="PKG.MOD:FACTORY", default=None, help="Trace your own block: imports PKG.MOD and calls FACTORY() for an nn.Module. This RUNS YOUR CODE."),
+    click.option("--step-names", default=None, metavar="JSON", help='With --module, for a block of unknown layout: its submodules, e.g. \'{"norm1": "ln_1", "attn": "attn", "norm2": "ln_2", "ffn": "mlp"}\'.'),
+)
+
+
 @cli.command(cls=GreedyCommand)
-@click.option("--norm", type=_choice(Norm), default="layernorm", show_default=True)
-@click.option("--ffn", type=_choice(FFNKind), default="gelu_tanh", show_default=True, help="gelu_tanh is GPT-2's.")
-@click.option("--pre-ln", "placement", flag_value="pre", default=True, help="Norm before each sublayer (GPT-2, Llama).  [default]")
-@click.option("--post-ln", "placement", flag_value="post", help="Norm after each residual add (original Transformer, BERT).")
-@click.option("--deepnorm", "placement", flag_value="deepnorm", help="Post-LN with the stream scaled by α = (2N)^¼ (Wang et al. 2022).")
-@SHARED_OPTIONS
-@click.option("--save", "save_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write every step's tensor to this .safetensors file (one block).")
-@click.option("--values", "n_values", type=click.IntRange(min=1), default=None, help="Show the first N numbers of one token's vector at every step.")
-@click.option("--token-index", type=int, default=0, show_default=True, help="Which token --values shows (first sequence of a batch).")
-@click.option("--explain", is_flag=True, help="Add one sentence per step on what it does and why.")
+@RUN_OPTIONS
+@click.option("--check", "check_only", is_flag=True, help="Print only the health-check findings; exit 1 when one reaches --fail-on.")
 @click.pass_context
-def run(ctx, norm, ffn, placement, save_path, n_values, token_index, explain, **options):
+def run(ctx, check_only, **options):
     """Run one block (or a stack) and print the six-step table.
 
     \b
@@ -220,25 +230,97 @@ def run(ctx, norm, ffn, placement, save_path, n_values, token_index, explain, **
       blocktrace run --weights sample_weights/gpt2-tiny --layer 1 --token-ids 1 2 3
       blocktrace run --layers 12 --grad
     """
+    _run(ctx, check_only, **options)
+
+
+@cli.command(cls=GreedyCommand)
+@RUN_OPTIONS
+@click.pass_context
+def check(ctx, **options):
+    """Run the health checks and print only the findings, with what each means and what people
+    usually do about it; exit 1 when a flag reaches --fail-on (to guard a training script or CI).
+    Takes the options of `run`."""
+    _run(ctx, True, **options)
+
+
+def _step_names(text):
+    if text is None:
+        return None
+    try:
+        names = json.loads(text)
+    except ValueError as error:
+        raise click.BadParameter(f"not valid JSON ({error})", param_hint="'--step-names'") from None
+    if not isinstance(names, dict) or not all(isinstance(v, str) for v in names.values()):
+        raise click.BadParameter('give a JSON object of step: submodule path, e.g. {"norm1": "ln_1"}',
+                                 param_hint="'--step-names'")
+    return names
+
+
+def _run(ctx, check_only, norm, ffn, placement, save_path, n_values, token_index, explain, fail_on, module_spec,
+         step_names, **options):
     from blocktrace import commands, runner
-    from blocktrace.render import render_run
+    from blocktrace.render import render_findings, render_run
 
     request = _request(ctx, options, norm=norm, ffn=ffn, placement=placement)
     if save_path is not None:
         if options["depths"] is not None:
             raise click.BadParameter("--save writes one block's steps: drop --layers", param_hint="'--save'")
         runner.check_output_path(save_path, options["force"])
-    analysis = _analysis(options, keep_tensors=save_path is not None, n_values=n_values, token_index=token_index)
-    source = runner.prepare_source(request)
+    names = _step_names(step_names)
+    if names is not None and module_spec is None:
+        raise click.BadParameter("names the steps of a block given with --module", param_hint="'--step-names'")
+    analysis = _analysis(options, keep_tensors=save_path is not None, n_values=n_values, token_index=token_index,
+                         checks=True, steps=names, placement="post" if placement == "post" else "pre")
+    if module_spec is not None:
+        for option, given in (("--weights", options["weights"]), ("--layers", options["depths"]), ("--grad", options["grad"])):
+            if given:
+                raise UsageError(f"{option} works on blocktrace's own blocks, not with --module")
+        block = runner.load_user_block(module_spec)
+        source = runner.user_block_source(request, block)
+        _check_token_index(source, n_values, token_index)
+        report, traces = commands.run_user_block(block, source, request, analysis)
+    else:
+        source = runner.prepare_source(request)
+        _check_token_index(source, n_values, token_index)
+        report, traces = commands.run_report(source, request, analysis)
+    if save_path is not None:
+        runner.save_run(save_path, traces[0], source.tokens)
+    if check_only:
+        from blocktrace.health import LEVELS
+
+        _emit(report, options, lambda r: render_findings(r, fail_on))
+        levels = [flag["level"] for flag in report.get("flags") or []]
+        ctx.exit(1 if any(LEVELS.index(level) >= LEVELS.index(fail_on) for level in levels) else 0)
+    _emit(report, options, lambda r: render_run(r, lang=options["lang"], fmt=options["fmt"], explain=explain,
+                                                 token_index=token_index, steps=options["show_steps"]))
+
+
+def _check_token_index(source, n_values, token_index):
     n_tokens = source.x.shape[-2]
     if n_values is not None and not -n_tokens <= token_index < n_tokens:
         raise click.BadParameter(f"{token_index} is out of range: {n_tokens} tokens, valid 0–{n_tokens - 1}",
                                  param_hint="'--token-index'")
-    report, traces = commands.run_report(source, request, analysis)
-    if save_path is not None:
-        runner.save_run(save_path, traces[0], source.tokens)
-    _emit(report, options, lambda r: render_run(r, lang=options["lang"], fmt=options["fmt"], explain=explain,
-                                                 token_index=token_index, steps=options["show_steps"]))
+
+
+@cli.command()
+@click.argument("trace_a", type=click.Path(path_type=Path))
+@click.argument("trace_b", type=click.Path(path_type=Path))
+@click.option("--atol", type=click.FloatRange(min=0), default=1e-5, show_default=True, help="Absolute tolerance.")
+@click.option("--rtol", type=click.FloatRange(min=0), default=1e-4, show_default=True, help="Relative tolerance.")
+@click.option("--format", "fmt", type=click.Choice(tabulate_formats), default="simple", show_default=True, help="Table format (any tabulate format).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of a table.")
+@click.pass_context
+def diff(ctx, trace_a, trace_b, atol, rtol, fmt, as_json):
+    """Compare two trace files (from --save) step by step: max |Δ|, relative error, cosine
+    similarity, and the first step beyond --atol/--rtol; exit 1 when they diverge."""
+    from blocktrace.diff import diff_traces, render_diff
+
+    report = diff_traces(trace_a, trace_b, atol, rtol)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(render_diff(report, fmt), nl=False)
+    ctx.exit(1 if report["diverged"] else 0)
 
 
 AXIS_FLAGS = {

@@ -7,6 +7,7 @@ variants built on the same parameters.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -28,6 +29,9 @@ class Analysis:
     keep_tensors: bool = False
     n_values: Optional[int] = None
     token_index: int = 0
+    checks: bool = False  # health checks (blocktrace.health): flags column, `check`
+    steps: Optional[dict] = None  # a user's block of unknown layout: its step submodules
+    placement: str = "pre"  # ... and its wiring
 
 
 def _gradients(blocks, source: Source, request: RunRequest, batches: int):
@@ -47,16 +51,33 @@ def sweep_rows(source: Source, request: RunRequest, config, depths, batches: int
 
 def _traced(blocks, source: Source, analysis: Analysis):
     return trace_stack(blocks, source.x, keep_tensors=analysis.keep_tensors, sample_token=analysis.token_index,
-                       sample_size=analysis.n_values or 0)
+                       sample_size=analysis.n_values or 0, checks=analysis.checks, steps=analysis.steps,
+                       placement=analysis.placement)
 
 
 def run_blocks(blocks, source: Source, request: RunRequest, analysis: Analysis) -> tuple[dict, list]:
     """Trace the blocks; returns the report and the traces (for --save)."""
     traces = _traced(blocks, source, analysis)
     grads = _gradients(blocks, source, request, analysis.batches) if analysis.grad else None
+    flags = None
+    if analysis.checks:
+        from blocktrace.health import evaluate
+
+        flags = evaluate(traces, grads)
     if len(traces) == 1 and not analysis.stacked:
-        return block_report(source, traces[0], grads), traces
-    return stack_report(source, traces, grads), traces
+        return block_report(source, traces[0], grads, flags), traces
+    return stack_report(source, traces, grads, flags), traces
+
+
+def run_user_block(block, source: Source, request: RunRequest, analysis: Analysis) -> tuple[dict, list]:
+    """A user's own nn.Module block (from --module): its forward is the user's code."""
+    from blocktrace.errors import InputError
+
+    block = block.to(device=source.x.device)
+    try:
+        return run_blocks([block], source, request, analysis)
+    except (RuntimeError, TypeError, ValueError) as error:  # raised inside the user's forward
+        raise InputError(f"the block's forward raised {type(error).__name__}: {error}") from None
 
 
 def run_report(source: Source, request: RunRequest, analysis: Analysis) -> tuple[dict, list]:
@@ -125,5 +146,4 @@ def compare_report(source: Source, request: RunRequest, analysis: Analysis, axis
 
 
 def _keep(analysis: Analysis) -> Analysis:
-    return Analysis(analysis.depths, analysis.stacked, analysis.grad, analysis.batches, True,
-                    analysis.n_values, analysis.token_index)
+    return dataclasses.replace(analysis, keep_tensors=True)

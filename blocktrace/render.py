@@ -25,13 +25,13 @@ def _stat_cells(stats: dict) -> list:
     return [*(stats[name] for name in STAT_NAMES[:6]), f"{stats['nan']}/{stats['inf']}"]
 
 
-CONFIG_SHOWN = ("d_model", "n_heads", "d_ff", "norm", "ffn", "placement", "causal")
+CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placement", "causal")
 
 
 def _header(report: dict, lang: str) -> str:
     words = HEADINGS[lang]
     config = report["config"]
-    settings = " ".join(f"{key}={config[key]}" for key in CONFIG_SHOWN)
+    settings = " ".join(f"{key}={config[key]}" for key in CONFIG_SHOWN if key in config)
     if report["seed"] is not None:
         settings += f" seed={report['seed']}"
     lines = [f"blocktrace {report['blocktrace_version']}: {settings}"]
@@ -55,6 +55,10 @@ def steps_table(entries: list, lang: str, fmt: str) -> str:
         [entry["index"], entry["name"], entry["operation"], _shape(entry["shape"]), *_stat_cells(entry["stats"])]
         for entry in entries
     ]
+    if any(entry.get("flags") for entry in entries):  # the column appears only when a check fired
+        headers.append("flags")
+        for row, entry in zip(rows, entries):
+            row.append(", ".join(entry.get("flags") or []))
     return tabulate(rows, headers=headers, tablefmt=fmt, floatfmt=".4f")
 
 
@@ -136,8 +140,30 @@ def render_run(
         parts.append(attention_section(report, labels, lang, fmt))
     if report.get("gradients"):
         parts.append(gradients_section(report["gradients"], fmt))
+    if report.get("notes"):
+        parts.append("\n".join(f"note: {note}" for note in report["notes"]))
     parts.append(f"block_shape_preserved={report['block_shape_preserved']}")
     return "\n\n".join(parts) + "\n"
+
+
+def render_findings(report: dict, fail_on: str) -> str:
+    """`blocktrace check`: only the flags, each with what it means and what people do about it."""
+    flags = report.get("flags") or []
+    shown = [f for f in flags if f["level"] != "info"]
+    header = _header(report, "en")
+    if not shown:
+        infos = f" ({len(flags)} informational: {', '.join(sorted({f['name'] for f in flags}))})" if flags else ""
+        return f"{header}\n\nno findings at warning or error level{infos}\n"
+    counts = {level: sum(f["level"] == level for f in shown) for level in ("error", "warning")}
+    noun = "finding" if len(shown) == 1 else "findings"
+    lines = [header, "", f"{len(shown)} {noun}: {counts['error']} error, {counts['warning']} warning "
+                         f"(exit 1 on {fail_on} or worse)"]
+    for f in shown:
+        where = f["step"] if f["layer"] is None else f"layer {f['layer']} {f['step']}"
+        lines += ["", f"{f['level'].upper()}: {f['name']} at {where}: {f['detail']}",
+                  f"  threshold: {f['threshold']}", f"  means: {f['meaning']}",
+                  f"  usually: {f['remedy']}", f"  source: {f['source']}"]
+    return "\n".join(lines) + "\n"
 
 
 WEIGHT_NAMES = ("attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2")

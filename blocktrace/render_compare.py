@@ -11,7 +11,7 @@ def _title(report: dict) -> str:
     a, b = report["values"]
     variant = report["variants"][0]["report"]
     config = dict(variant["config"])
-    common = " ".join(f"{key}={config[key]}" for key in CONFIG_SHOWN if key != report["axis"])
+    common = " ".join(f"{key}={config[key]}" for key in CONFIG_SHOWN if key in config and key != report["axis"])
     lines = [f"blocktrace compare: {report['axis']} {a} vs {b}, same parameters, same input",
              f"common: {common}" + (f" seed={report['seed']}" if report["seed"] is not None else "")]
     if report["weights"]:

@@ -40,26 +40,42 @@ def gradients_dict(grads) -> Optional[dict]:
                        for i, (steps, weights) in enumerate(zip(grads.step_norms, grads.weight_norms))]}
 
 
-def _header(source, config) -> dict:
-    return {"schema": SCHEMA_VERSION, "blocktrace_version": __version__, "config": config.to_dict(),
+def _header(source, settings: dict) -> dict:
+    return {"schema": SCHEMA_VERSION, "blocktrace_version": __version__, "config": settings,
             "seed": source.seed, "weights": source.weights, "tokens": source.tokens}
 
 
-def block_report(source, trace: Trace, grads=None) -> dict:
+def _with_flags(entries: list[dict], flags, layer=None) -> list[dict]:
+    """Each step entry gets the names of the flags raised at it (when checks ran)."""
+    if flags is None:
+        return entries
+    for entry in entries:
+        entry["flags"] = [f.name for f in flags if f.step == entry["name"] and f.layer == layer]
+    return entries
+
+
+def flags_dict(flags) -> Optional[list]:
+    return None if flags is None else [flag.to_dict() for flag in flags]
+
+
+def block_report(source, trace: Trace, grads=None, flags=None) -> dict:
     """One block: the tutorial's six steps, the attention summary (schema in README)."""
+    steps = [step_dict(i, record) for i, record in enumerate(trace.steps, start=1)]
     return {
-        **_header(source, trace.config),
+        **_header(source, trace.describe()),
         "kind": "block",
         "input": {**step_dict(0, trace.input), "source": source.note},
-        "steps": [step_dict(i, record) for i, record in enumerate(trace.steps, start=1)],
+        "steps": _with_flags(steps, flags),
         "attention": attention_dict(trace),
         "gradients": gradients_dict(grads),
+        "flags": flags_dict(flags),
+        "notes": trace.notes,
         "output_shape": list(trace.output.shape),
         "block_shape_preserved": trace.shape_preserved,
     }
 
 
-def stack_report(source, traces: list[Trace], grads=None) -> dict:
+def stack_report(source, traces: list[Trace], grads=None, flags=None) -> dict:
     """N blocks: per layer the stream's size, the branch shares and the steps."""
     from blocktrace.stack import summarise
 
@@ -68,17 +84,19 @@ def stack_report(source, traces: list[Trace], grads=None) -> dict:
         summary = summarise(index, trace)
         layers.append({"layer": index, "rms": summary.rms, "sq_norm_per_d": summary.sq_norm_per_d,
                        "attn_share": summary.attn_share, "ffn_share": summary.ffn_share,
-                       "steps": [step_dict(i, r) for i, r in enumerate(trace.steps, start=1)],
+                       "steps": _with_flags([step_dict(i, r) for i, r in enumerate(trace.steps, start=1)],
+                                            flags, index),
                        "attention": attention_dict(trace)})
     first, last = traces[0], traces[-1]
     return {
-        **_header(source, first.config),
+        **_header(source, first.describe()),
         "kind": "stack",
         "n_layers": len(traces),
         "input": {**step_dict(0, first.input), "source": source.note,
                   "sq_norm_per_d": first.input.stats.rms ** 2},
         "layers": layers,
         "gradients": gradients_dict(grads),
+        "flags": flags_dict(flags),
         "output_shape": list(last.output.shape),
         "block_shape_preserved": tuple(last.output.shape) == first.input.shape,
     }
@@ -86,4 +104,4 @@ def stack_report(source, traces: list[Trace], grads=None) -> dict:
 
 def sweep_report(source, config, rows: list[dict]) -> dict:
     """Per depth, the last layer's weight-gradient norms (Xiong et al. 2020, Theorem 1)."""
-    return {**_header(source, config), "kind": "sweep", "depths": [row["depth"] for row in rows], "sweep": rows}
+    return {**_header(source, config.to_dict()), "kind": "sweep", "depths": [row["depth"] for row in rows], "sweep": rows}

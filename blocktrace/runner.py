@@ -7,17 +7,17 @@ and the block input.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from blocktrace.block import execution_order
 from blocktrace.config import BlockConfig
 from blocktrace.errors import InputError, UsageError
 from blocktrace.inputs import RANDOM_INPUT_NOTE, TOKEN_EMBEDDING_NOTE, random_input, split_tokens, tokens_to_input
-from blocktrace.tracefile import check_output_path, save_trace_file
+from blocktrace.tracefile import check_output_path, save_trace
 
 DEFAULT_SEQ_LEN = 5
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -211,5 +211,59 @@ def batch_maker(source: Source, request: RunRequest):
 
 
 def save_run(path: Path, trace_, tokens) -> None:
-    save_trace_file(path, trace_.tensors(), config=trace_.config.to_dict(),
-                    step_order=execution_order(trace_.config), tokens=tokens)
+    save_trace(trace_, path, tokens, force=True)  # the path was checked before the run
+
+
+def load_user_block(spec: str) -> torch.nn.Module:
+    """Import `package.module:factory` (from the current directory too) and call the factory.
+
+    This runs the user's code, by design: it is how a user's own block gets traced.
+    """
+    import importlib
+    import os
+    import sys
+
+    module_name, _, factory_name = spec.partition(":")
+    if not module_name or not factory_name:
+        raise UsageError(f"--module takes package.module:factory, not {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # the user's module failed to import: say how, in one line
+        raise InputError(f"--module {spec}: importing {module_name} failed: {type(error).__name__}: {error}") from None
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise InputError(f"--module {spec}: {module_name} has no callable {factory_name!r}")
+    try:
+        block = factory()
+    except Exception as error:
+        raise InputError(f"--module {spec}: {factory_name}() raised {type(error).__name__}: {error}") from None
+    if not isinstance(block, torch.nn.Module):
+        raise InputError(f"--module {spec}: {factory_name}() returned {type(block).__name__}, not a torch.nn.Module")
+    return block.eval()
+
+
+def block_width(block: torch.nn.Module) -> Optional[int]:
+    """d_model read off the block's first norm (its normalized shape or 1-D gain)."""
+    for module in block.modules():
+        shape = getattr(module, "normalized_shape", None)
+        if shape:
+            return int(shape[-1])
+        weight = getattr(module, "weight", None)
+        if "norm" in type(module).__name__.lower() and isinstance(weight, torch.Tensor) and weight.dim() == 1:
+            return int(weight.shape[0])
+    return None
+
+
+def user_block_source(request: RunRequest, block: torch.nn.Module) -> Source:
+    """The input for a user's block: --tokens, --input or random, at the block's own width."""
+    width = block_width(block)
+    explicit = "d_model" in request.explicit
+    if width is not None and explicit and width != request.config_fields["d_model"]:
+        raise UsageError(f"--d-model {request.config_fields['d_model']} conflicts with the block's width {width}")
+    d_model = width if width is not None else request.config_fields["d_model"]
+    fields = {**request.config_fields, "d_model": d_model, "n_heads": 1}  # the block has its own heads
+    seeded = _seeded_source(dataclasses.replace(request, config_fields=fields, weights=None), _chosen_inputs(request))
+    seeded.x = seeded.x.to(device=resolve_device(request.device), dtype=DTYPES[request.dtype])
+    return seeded

@@ -13,8 +13,9 @@ import torch
 STAT_NAMES = ("mean", "std", "min", "max", "rms", "absmax", "nan", "inf")
 
 
-def tensor_moments(t: torch.Tensor) -> torch.Tensor:
-    """[n, Σx, Σx², min, max, #NaN, #Inf] of all elements, as one float64 tensor (no host copy).
+def tensor_moments(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """[n, Σx, Σx², min, max, #NaN, #Inf] of all elements as one float64 tensor, and whether all
+    elements are finite.
 
     Three cheap passes — sum, dot(x, x), aminmax — instead of a Welford var_mean. NaN and
     Inf are counted only when min + max is not finite (the one host check per step): that
@@ -24,12 +25,13 @@ def tensor_moments(t: torch.Tensor) -> torch.Tensor:
     if not flat.is_floating_point() or flat.dtype in (torch.float16, torch.bfloat16):
         flat = flat.float()  # half-precision sums overflow and lose digits
     raw = torch.stack([flat.sum(), torch.dot(flat, flat), *torch.aminmax(flat)])
-    if math.isfinite(float(raw[2] + raw[3])):
+    finite = math.isfinite(float(raw[2] + raw[3]))
+    if finite:
         counts = torch.zeros(2, dtype=raw.dtype, device=raw.device)
     else:
         counts = torch.stack([torch.count_nonzero(torch.isnan(flat)), torch.count_nonzero(torch.isinf(flat))])
     n = torch.tensor([float(flat.numel())], dtype=torch.float64, device=raw.device)
-    return torch.cat([n, raw.double(), counts.double()])
+    return torch.cat([n, raw.double(), counts.double()]), finite
 
 
 def stats_from_moments(moments: list[float]) -> list[float]:
@@ -44,7 +46,7 @@ def stats_from_moments(moments: list[float]) -> list[float]:
 
 def tensor_stats(t: torch.Tensor) -> list[float]:
     """The statistics of one tensor, as Python floats in STAT_NAMES order."""
-    return stats_from_moments(tensor_moments(t).tolist())
+    return stats_from_moments(tensor_moments(t)[0].tolist())
 
 
 # Below this, a diagonal weight may have lost digits to underflow: such rows use their maximum.
@@ -89,6 +91,22 @@ def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: sli
     return {"entropy_sum": entropy, "future_weight_sum": future,
             "max_weight": torch.exp(row_max_score - lse).amax().double(),
             "max_logit": row_max_score.amax().double(), "rows": w.shape[0] * w.shape[-2]}
+
+
+def weights_only_stats(weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Diagnostics when only the softmax output is visible (a user's attention module).
+
+    Without the scores the entropy needs −Σ p log p itself (slower; not on the hot path of
+    blocktrace's own block), and the largest logit is unknown.
+    """
+    w = weights.detach()
+    n_heads, t = w.shape[-3], w.shape[-1]
+    w = w.reshape(-1, n_heads, w.shape[-2], t)
+    entropy = torch.special.entr(w.double()).sum(dim=(0, 2, 3))
+    future_mask = torch.ones(w.shape[-2], t, dtype=w.dtype, device=w.device).triu_(1)
+    future = (w.reshape(-1, future_mask.numel()) @ future_mask.reshape(-1)).double().sum()
+    return {"entropy_sum": entropy, "future_weight_sum": future, "max_weight": w.amax().double(),
+            "max_logit": None, "rows": w.shape[0] * w.shape[-2]}
 
 
 def attention_stats(weights: torch.Tensor, scores: torch.Tensor) -> dict[str, torch.Tensor]:

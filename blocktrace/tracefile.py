@@ -54,3 +54,14 @@ def save_trace_file(path: Path, tensors: dict, *, config: dict, step_order: Sequ
     finally:
         if temporary is not None and Path(temporary).exists():
             Path(temporary).unlink()
+
+
+def save_trace(trace, path, tokens: Optional[Sequence[str]] = None, force: bool = False) -> None:
+    """Save a trace (kept tensors) in the `--save` format: for `blocktrace diff`, from any block.
+
+    `trace` must have been made with keep_tensors=True; works for a user's block too.
+    """
+    path = Path(path)
+    check_output_path(path, force)
+    save_trace_file(path, trace.tensors(), config=trace.describe(), step_order=[s.name for s in trace.steps],
+                    tokens=tokens, extra={"layout": trace.layout, "placement": trace.placement})

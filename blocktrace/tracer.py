@@ -1,8 +1,10 @@
 """Tracing: hook every step of a block, run it once, return what each step produced.
 
-Hooks are registered for one call only and removed in `finally`, also when the forward
-raises. Statistics are computed inside the hooks, so no full activation outlives its step
-unless the caller asks to keep tensors.
+Works on blocktrace's own TransformerBlock and on any nn.Module block: a known layout
+(HF GPT2Block, BertLayer, LlamaDecoderLayer, nanoGPT's Block, the tutorials' ln1/attn/ln2/ffn)
+or steps the caller names (see blocktrace.steps). Hooks are registered for one call only and
+removed in `finally`, also when the forward raises. Statistics are computed inside the
+hooks, so no full activation outlives its step unless the caller asks to keep tensors.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from typing import Optional
 import torch
 from torch import nn
 
-from blocktrace.block import step_operations
-from blocktrace.config import BlockConfig
-from blocktrace.stats import STAT_NAMES, attention_chunk_stats, stats_from_moments, tensor_moments
+from blocktrace.config import STEP_NAMES, BlockConfig
+from blocktrace.stats import (STAT_NAMES, attention_chunk_stats, stats_from_moments, tensor_moments,
+                              weights_only_stats)
+from blocktrace.steps import Layout, StepSpec, own_layout, resolve, user_layout
 
 PREVIEW_MAX_TOKENS = 16  # attention matrices up to this size are kept for the text heatmap
 
@@ -50,27 +53,32 @@ class StepRecord:
     stats: Stats
     tensor: Optional[torch.Tensor] = None  # only when the trace keeps tensors
     sample: Optional[list[float]] = None  # the first values of one token's vector
+    probe: Optional[dict] = None  # health-check measurements (checks=True)
 
 
 @dataclass
 class AttentionSummary:
     shape: tuple[int, ...]
-    causal: bool
+    causal: Optional[bool]  # None: unknown (the user's block applies its own mask)
     future_weight_sum: float
     entropy_per_head: list[float]
     max_weight: float
-    max_logit: float  # largest pre-softmax score (masked entries excluded)
+    max_logit: Optional[float]  # largest pre-softmax score (masked entries excluded); None if not visible
     preview: Optional[list] = None  # [H][T][T] weights of the first sequence, for small T
     tensor: Optional[torch.Tensor] = None
 
 
 @dataclass
 class Trace:
-    config: BlockConfig
+    config: Optional[BlockConfig]  # None for a user's block
     input: StepRecord  # the block input x, as a pseudo-step
     steps: list[StepRecord] = field(default_factory=list)  # in execution order
     attention: Optional[AttentionSummary] = None
     output: Optional[torch.Tensor] = None
+    layout: str = "blocktrace TransformerBlock"
+    placement: str = "pre"
+    missing: list[str] = field(default_factory=list)  # steps whose hooks never fired
+    notes: list[str] = field(default_factory=list)  # what could not be seen, and why
 
     def step(self, name: str) -> StepRecord:
         for record in self.steps:
@@ -81,6 +89,13 @@ class Trace:
     @property
     def shape_preserved(self) -> bool:
         return tuple(self.output.shape) == self.input.shape
+
+    def describe(self) -> dict:
+        """The block's settings: its config, or what is known of a user's block."""
+        if self.config is not None:
+            return self.config.to_dict()
+        causal = self.attention.causal if self.attention is not None else None
+        return {"module": self.layout, "placement": self.placement, "causal": causal}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Kept tensors by their step names, plus `x` and `attn_weights` (needs keep_tensors)."""
@@ -103,6 +118,15 @@ class _Pending:
     stats: torch.Tensor
     tensor: Optional[torch.Tensor]
     sample: Optional[torch.Tensor]
+    probe: dict = field(default_factory=dict)
+
+
+def _first_tensor(value) -> Optional[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        return next((v for v in value if isinstance(v, torch.Tensor)), None)
+    return None
 
 
 class _AttentionAccumulator:
@@ -115,9 +139,12 @@ class _AttentionAccumulator:
         self.kept: list[torch.Tensor] = []
         self.shape_lead = None
 
-    def add(self, attention_module, weights: torch.Tensor) -> None:
+    def add(self, weights: torch.Tensor, rows: Optional[slice]) -> None:
         weights = weights.detach()
-        self.chunks.append(attention_chunk_stats(weights, self.scores, attention_module.rows))
+        if self.scores is not None:
+            self.chunks.append(attention_chunk_stats(weights, self.scores, rows))
+        else:
+            self.chunks.append(weights_only_stats(weights))
         self.scores = None
         self.shape_lead = tuple(weights.shape[:-2]), weights.shape[-1]
         if self.keep_tensors or weights.shape[-1] <= PREVIEW_MAX_TOKENS:
@@ -128,12 +155,13 @@ class _AttentionAccumulator:
             return {}
         lead, t = self.shape_lead
         rows = sum(chunk["rows"] for chunk in self.chunks)
+        logits = [c["max_logit"] for c in self.chunks if c["max_logit"] is not None]
         merged = {
             "shape": (*lead, t, t),
             "future_weight_sum": torch.stack([c["future_weight_sum"] for c in self.chunks]).sum(),
             "entropy_per_head": torch.stack([c["entropy_sum"] for c in self.chunks]).sum(0) / rows,
             "max_weight": torch.stack([c["max_weight"] for c in self.chunks]).amax(),
-            "max_logit": torch.stack([c["max_logit"] for c in self.chunks]).amax(),
+            "max_logit": torch.stack(logits).amax() if logits else None,
         }
         if self.kept:
             full = torch.cat(self.kept, dim=-2)
@@ -144,37 +172,83 @@ class _AttentionAccumulator:
 
 
 class _Recorder:
-    def __init__(self, keep_tensors, sample_token, sample_size):
-        self.keep_tensors = keep_tensors
-        self.sample_token = sample_token
-        self.sample_size = sample_size
+    def __init__(self, block, layout: Layout, keep_tensors, sample_token, sample_size, checks):
+        self.block, self.layout = block, layout
+        self.keep_tensors, self.checks = keep_tensors, checks
+        self.sample_token, self.sample_size = sample_token, sample_size
         self.steps: list[_Pending] = []
         self.attention = _AttentionAccumulator(keep_tensors)
+        self.refs: dict[str, torch.Tensor] = {}  # step outputs the residual checks still need
 
-    def observe(self, name: str, value: torch.Tensor) -> _Pending:
+    def observe(self, name: str, value: torch.Tensor, inputs=()) -> _Pending:
         value = value.detach()
         sample = None
         if self.sample_size:
             row = value.reshape(-1, value.shape[-2], value.shape[-1])[0, self.sample_token]
             sample = row[: self.sample_size].clone()
-        kept = value if self.keep_tensors else None
-        return _Pending(name, tuple(value.shape), str(value.dtype).replace("torch.", ""),
-                        tensor_moments(value), kept, sample)
+        moments, finite = tensor_moments(value)
+        pending = _Pending(name, tuple(value.shape), str(value.dtype).replace("torch.", ""), moments,
+                           value if self.keep_tensors else None, sample)
+        if not finite:  # cheap, and only here: which inputs were still finite?
+            pending.probe["inputs_finite"] = [bool(torch.isfinite(t).all()) for t in inputs
+                                              if isinstance(t, torch.Tensor)]
+        if self.checks:
+            from blocktrace import probes
 
-    def step_hook(self, name):
-        def hook(module, inputs, output):
-            self.steps.append(self.observe(name, output))
-        return hook
+            pending.probe.update(probes.step_probe(self, name, value))
+        return pending
 
-    def hook_attention(self, attention_module) -> list:
-        def on_scores(module, inputs, scores):
-            self.attention.scores = scores
+    def record(self, name: str, value, inputs=()) -> None:
+        value = _first_tensor(value)
+        if value is None or any(p.name == name for p in self.steps):
+            return  # a module called twice is traced at its first call
+        self.steps.append(self.observe(name, value, inputs))
 
-        def on_weights(module, inputs, weights):
-            self.attention.add(attention_module, weights)
+    def hooks(self) -> list:
+        handles = []
+        for spec in self.layout.specs:
+            module = resolve(self.block, spec)
+            if spec.capture == "input":
+                handles.append(module.register_forward_pre_hook(
+                    lambda m, args, name=spec.name: self.record(name, args[0] if args else None, args)))
+            else:
+                handles.append(module.register_forward_hook(
+                    lambda m, args, out, name=spec.name: self.record(name, out, args)))
+        handles += self._attention_hooks()
+        if self.checks and self.layout.hidden:
+            from blocktrace import probes
 
-        return [attention_module.scores.register_forward_hook(on_scores),
-                attention_module.weights.register_forward_hook(on_weights)]
+            hidden = resolve(self.block, StepSpec("ffn", self.layout.hidden))
+            handles.append(hidden.register_forward_hook(lambda m, a, out: probes.ffn_probe(self, out)))
+        return handles
+
+    def _attention_hooks(self) -> list:
+        attention = getattr(self.block, "attn", None)
+        if hasattr(attention, "scores") and hasattr(attention, "weights"):  # our own attention
+            def on_scores(module, inputs, scores):
+                self.attention.scores = scores.detach()
+
+            return [attention.scores.register_forward_hook(on_scores),
+                    attention.weights.register_forward_hook(
+                        lambda m, i, weights: self.attention.add(weights, attention.rows))]
+        module = resolve(self.block, StepSpec("attn", self.layout.attention_path))
+
+        def on_output(module, inputs, output):
+            weights = _attention_weights(output)
+            if weights is not None:
+                self.attention.add(weights, None)
+
+        return [module.register_forward_hook(on_output)]
+
+
+def _attention_weights(output) -> Optional[torch.Tensor]:
+    """The `[..., H, T, T]` weights in a module's output tuple, if it returns them."""
+    if not isinstance(output, (tuple, list)):
+        return None
+    for value in output[1:]:
+        if isinstance(value, torch.Tensor) and value.dim() >= 3 and value.shape[-1] == value.shape[-2]:
+            return value
+    return None
 
 
 def trace(
@@ -185,57 +259,90 @@ def trace(
     sample_token: int = 0,
     sample_size: int = 0,
     attn_chunk: Optional[int] = None,
+    checks: bool = False,
+    steps: Optional[dict[str, str]] = None,
+    placement: str = "pre",
+    forward_kwargs: Optional[dict] = None,
 ) -> Trace:
     """Run `block` on `x` once with every step hooked; return the steps in execution order.
 
     keep_tensors: keep each step's output (for `--save`); otherwise only statistics survive.
     sample_token / sample_size: keep the first `sample_size` values of that token's vector
     (first sequence of a batch) at every step, as the tutorials print `x[0, 0, :10]`.
-    attn_chunk: query rows the attention computes at once (None: as many as fit its memory
+    attn_chunk: query rows our attention computes at once (None: as many as fit its memory
     budget, see layers.ATTENTION_CHUNK_BYTES); bounds the `[B, H, rows, T]` temporaries.
+    checks: also measure what the health checks need (blocktrace.health).
+    steps / placement: for a user's block of unknown layout, its norm1/attn/norm2/ffn
+    submodule paths and its wiring ("pre" or "post"); the residual steps are recovered.
+    forward_kwargs: extra arguments of the block's forward (masks, position embeddings).
     """
+    own = hasattr(block, "step_modules") and isinstance(getattr(block, "config", None), BlockConfig)
+    layout = own_layout(block) if own else user_layout(block, steps, placement)
     if sample_size and not -x.shape[-2] <= sample_token < x.shape[-2]:
         raise IndexError(f"token index {sample_token} is out of range for {x.shape[-2]} tokens")
-    recorder = _Recorder(keep_tensors, sample_token, sample_size)
+    recorder = _Recorder(block, layout, keep_tensors, sample_token, sample_size, checks)
     x_pending = recorder.observe("x", x)
-    handles = [module.register_forward_hook(recorder.step_hook(name))
-               for name, module in block.step_modules().items()]
-    handles += recorder.hook_attention(block.attn)
-    saved_chunk = block.attn.query_chunk
+    handles = []
+    saved_chunk = getattr(getattr(block, "attn", None), "query_chunk", None)
     try:
-        if attn_chunk is not None:
+        handles = recorder.hooks()
+        if own and attn_chunk is not None:
             block.attn.query_chunk = attn_chunk
         with torch.no_grad():
-            output = block(x)
+            output = _first_tensor(block(x, **(forward_kwargs or {})))
     finally:
-        block.attn.query_chunk = saved_chunk
+        if own:
+            block.attn.query_chunk = saved_chunk
         for handle in handles:
             handle.remove()
-    return _assemble(block.config, x_pending, recorder, output)
+    return _assemble(block, layout, own, x_pending, recorder, output)
 
 
-def _assemble(config: BlockConfig, x_pending: _Pending, recorder: _Recorder, output) -> Trace:
+def _operations(block, layout: Layout, own: bool) -> dict[str, str]:
+    if own:
+        from blocktrace.block import step_operations
+
+        return {"x": "input", **step_operations(block.config)}
+    return {"x": "input", **{spec.name: spec.describe() for spec in layout.specs}}
+
+
+def _assemble(block, layout: Layout, own: bool, x_pending: _Pending, recorder: _Recorder, output) -> Trace:
     pending = [x_pending, *recorder.steps]
     attention = recorder.attention.result()
     # One device-to-host copy for every number of the trace.
     stats_rows = [stats_from_moments(row) for row in torch.stack([p.stats for p in pending]).tolist()]
     samples = [p.sample.double().tolist() if p.sample is not None else None for p in pending]
-    operations = {"x": "input", **step_operations(config)}
+    operations = _operations(block, layout, own)
     records = [
-        StepRecord(p.name, operations[p.name], p.shape, p.dtype, Stats.from_values(row), p.tensor, sample)
+        StepRecord(p.name, operations[p.name], p.shape, p.dtype, Stats.from_values(row), p.tensor, sample,
+                   _python_probe(p.probe))
         for p, row, sample in zip(pending, stats_rows, samples)
     ]
-    summary = None
+    summary, notes = None, []
     if attention:
         preview = attention.get("preview")
         summary = AttentionSummary(
             shape=attention["shape"],
-            causal=config.causal,
+            causal=layout.causal,
             future_weight_sum=attention["future_weight_sum"].item(),
             entropy_per_head=attention["entropy_per_head"].tolist(),
             max_weight=attention["max_weight"].item(),
-            max_logit=attention["max_logit"].item(),
+            max_logit=attention["max_logit"].item() if attention["max_logit"] is not None else None,
             preview=preview.double().tolist() if preview is not None else None,
             tensor=attention.get("tensor"),
         )
-    return Trace(config, records[0], records[1:], summary, output)
+    else:
+        notes.append(f"attention weights are not visible: {layout.attention_path or 'the attention'} returns none "
+                     "(a fused kernel such as scaled_dot_product_attention, or weights not requested)")
+    fired = {p.name for p in recorder.steps}
+    missing = [name for name in STEP_NAMES if name not in fired]
+    if missing:
+        notes.append(f"hooks that never fired: {', '.join(missing)} (a fast path may skip submodule hooks)")
+    config = block.config if own else None
+    return Trace(config, records[0], records[1:], summary, output, layout.name, layout.placement, missing, notes)
+
+
+def _python_probe(probe: dict) -> Optional[dict]:
+    if not probe:
+        return None
+    return {key: value.item() if isinstance(value, torch.Tensor) else value for key, value in probe.items()}

@@ -7,6 +7,8 @@ gpt2-tiny/: a GPT-2-layout model (keys as GPT2Model saves them: h.{k}.*, wte, wp
 tokenizer.json of 128 entries. Every parameter is random (weights, biases, LayerNorm gains
 and shifts), so a missing transpose or a dropped bias cannot hide. The numbers mean
 nothing: they exist to exercise loading and tracing.
+
+traces/: two `--save` trace files of gpt2-tiny's layer 1, for the `blocktrace diff` example.
 """
 
 from __future__ import annotations
@@ -81,8 +83,27 @@ def make_gpt2_tiny(directory: Path) -> None:
     (directory / "config.json").write_text(json.dumps(gpt2_config(vocab_size), indent=2, sort_keys=True) + "\n")
 
 
+def make_traces(checkpoint_dir: Path, directory: Path) -> None:
+    """Two trace files of gpt2-tiny's layer 1 on 猫 吃 鱼, for the README's `blocktrace diff` example:
+    the block as it is, and the same block with LayerNorm eps 1e-3 (a "slightly different implementation")."""
+    from blocktrace.checkpoint import Checkpoint
+    from blocktrace.tracefile import save_trace
+    from blocktrace.tracer import trace
+    from blocktrace.weights import embed_token_ids, gpt2_config, hidden_state_before, load_block, model_info
+
+    directory.mkdir(parents=True, exist_ok=True)
+    checkpoint = Checkpoint(checkpoint_dir)
+    info = model_info(checkpoint)
+    config = gpt2_config(checkpoint, info, {})
+    x = hidden_state_before(checkpoint, info, config, embed_token_ids(checkpoint, info, [1, 2, 3]), 1)
+    for name, variant in (("layer1", config), ("layer1-eps1e-3", config.replace(eps=1e-3))):
+        traced = trace(load_block(checkpoint, info, 1, variant), x, keep_tensors=True)
+        save_trace(traced, directory / f"{name}.safetensors", tokens=["猫", "吃", "鱼"], force=True)
+
+
 def main(output: Path) -> None:
     make_gpt2_tiny(output / "gpt2-tiny")
+    make_traces(output / "gpt2-tiny", output / "traces")
 
 
 if __name__ == "__main__":

@@ -13,12 +13,14 @@ EXAMPLES = re.findall(r"```console\n\$ (blocktrace [^\n]*)\n(.*?)```", README, r
 SHELL_BLOCKS = re.findall(r"```sh\n(.*?)```", README, re.DOTALL)
 
 
-def blocktrace_commands_in_shell_blocks() -> list[str]:
+def blocktrace_commands(block: str) -> list[str]:
     commands = []
-    for block in SHELL_BLOCKS:
-        for line in block.splitlines():
-            commands += [part.strip() for part in line.split("&&") if part.strip().startswith("blocktrace ")]
+    for line in block.splitlines():
+        commands += [part.strip() for part in line.split("&&") if part.strip().startswith("blocktrace ")]
     return commands
+
+
+SHELL_COMMAND_BLOCKS = [commands for commands in map(blocktrace_commands, SHELL_BLOCKS) if commands]
 
 
 def test_readme_has_examples_and_starts_with_the_two_commands():
@@ -34,12 +36,14 @@ def test_pasted_output_is_what_the_command_prints(invoke, command, expected, mon
     assert (result.stdout + result.stderr).rstrip() == expected.rstrip()
 
 
-@pytest.mark.parametrize("command", blocktrace_commands_in_shell_blocks())
-def test_shell_commands_run(invoke, command, monkeypatch, tmp_path):
+@pytest.mark.parametrize("commands", SHELL_COMMAND_BLOCKS, ids=[c[0] for c in SHELL_COMMAND_BLOCKS])
+def test_shell_commands_run(invoke, commands, monkeypatch, tmp_path):
+    """Each shell block's commands, in order, in one temporary directory standing for /tmp."""
     monkeypatch.chdir(ROOT)
-    args = [arg.replace("/tmp/", f"{tmp_path}/") for arg in shlex.split(command)[1:]]
-    result = invoke(*args)
-    assert result.exit_code == 0, result.output
+    for command in commands:
+        args = [arg.replace("/tmp/", f"{tmp_path}/") for arg in shlex.split(command)[1:]]
+        result = invoke(*args)
+        assert result.exit_code == 0, (command, result.output)
 
 
 def test_the_library_example_runs():

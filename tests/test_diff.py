@@ -1,0 +1,51 @@
+"""`blocktrace diff`: a trace against itself, and against one with a perturbed step."""
+
+import json
+
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+
+def _saved(invoke, path, *args):
+    assert invoke("run", "--seq-len", "4", "--save", str(path), *args).exit_code == 0
+    return path
+
+
+def test_a_trace_against_itself_exits_0(invoke, tmp_path):
+    path = _saved(invoke, tmp_path / "a.safetensors")
+    result = invoke("diff", str(path), str(path))
+    assert result.exit_code == 0 and "every step within atol=1e-05, rtol=0.0001" in result.stdout
+
+
+def test_a_perturbed_step_is_named_and_exits_1(invoke, tmp_path):
+    path = _saved(invoke, tmp_path / "a.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        tensors, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    tensors["ffn"] = tensors["ffn"] + 1e-3  # ffn, and only ffn: later steps are copied unchanged
+    save_file(tensors, str(tmp_path / "b.safetensors"), metadata=metadata)
+    result = invoke("diff", str(path), str(tmp_path / "b.safetensors"))
+    assert result.exit_code == 1
+    assert "first step beyond atol=1e-05, rtol=0.0001: ffn" in result.stdout
+    report = json.loads(invoke("diff", str(path), str(tmp_path / "b.safetensors"), "--json").stdout)
+    ffn = next(s for s in report["steps"] if s["name"] == "ffn")
+    assert ffn["max_abs_diff"] == 1e-3 or abs(ffn["max_abs_diff"] - 1e-3) < 1e-6
+    assert report["first_divergence"] == "ffn"
+    loose = invoke("diff", str(path), str(tmp_path / "b.safetensors"), "--atol", "0.01")
+    assert loose.exit_code == 0
+
+
+def test_different_shapes_diverge(invoke, tmp_path):
+    a = _saved(invoke, tmp_path / "a.safetensors")
+    b = _saved(invoke, tmp_path / "b.safetensors", "--seq-len", "4", "--batch", "2")
+    result = invoke("diff", str(a), str(b))
+    assert result.exit_code == 1 and "first step beyond" in result.stdout and "[4, 16] vs [2, 4, 16]" in result.stdout
+
+
+def test_a_file_that_is_not_a_trace(invoke, tmp_path):
+    import torch
+
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "w.safetensors"))
+    result = invoke("diff", str(tmp_path / "w.safetensors"), str(tmp_path / "w.safetensors"))
+    assert result.exit_code == 1 and "is not a blocktrace trace file" in result.stderr
+    missing = invoke("diff", str(tmp_path / "nope.safetensors"), str(tmp_path / "w.safetensors"))
+    assert missing.exit_code == 1 and missing.stderr.startswith("Error: ") and "does not exist" in missing.stderr

@@ -1,0 +1,193 @@
+"""Health checks: each deliberately broken piece gets the right flag at the right step."""
+
+import itertools
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from blocktrace.block import build_block
+from blocktrace.config import BlockConfig
+from blocktrace.grad import GradientReport
+from blocktrace.health import CHECKS, evaluate
+from blocktrace.tracer import trace
+
+X = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+
+
+def flags_of(block, x=X):
+    return [(f.name, f.level, f.step) for f in evaluate([trace(block, x, checks=True)])]
+
+
+@pytest.mark.parametrize("norm, ffn, placement", list(itertools.product(
+    ["layernorm", "rmsnorm"], ["gelu", "gelu_tanh", "relu", "swiglu"], ["pre", "post", "deepnorm"])))
+def test_a_healthy_block_at_initialisation_has_no_error_flag(norm, ffn, placement):
+    for seed in range(3):
+        flags = flags_of(build_block(BlockConfig(norm=norm, ffn=ffn, placement=placement), seed=seed))
+        assert [f for f in flags if f[1] == "error"] == [], flags
+
+
+def _broken(config=None, **changes):
+    return build_block(config or BlockConfig())
+
+
+def test_residual_not_added():
+    block = build_block(BlockConfig())
+    block.residual1.forward = lambda stream, update: update
+    assert ("residual_not_added", "error", "residual1") in flags_of(block)
+
+
+def test_layernorm_replaced_by_identity():
+    block = build_block(BlockConfig())
+    block.norm1 = nn.Identity()
+    assert ("norm_not_normalising", "error", "norm1") in flags_of(block)
+    assert not any(f[0] == "norm_not_normalising" and f[2] == "norm2" for f in flags_of(block))
+
+
+def test_attention_logits_scaled_by_1e4():
+    block = build_block(BlockConfig())
+    block.attn.scale *= 1e4
+    flags = flags_of(block)
+    assert ("attention_logit_growth", "error", "attn") in flags
+    assert ("attention_entropy_collapse", "warning", "attn") in flags
+
+
+def test_nan_introduced_in_the_ffn_is_found_at_its_origin():
+    block = build_block(BlockConfig())
+    with torch.no_grad():
+        block.ffn.fc.weight[0, 0] = float("nan")
+    traced = trace(block, X, checks=True)
+    found = [f for f in evaluate([traced]) if f.name == "non_finite"]
+    assert [(f.step, f.level) for f in found] == [("ffn", "error")]  # residual2's NaN is a consequence
+    assert "inputs finite: [True]" in found[0].detail
+
+
+def test_relu_with_a_bias_of_minus_ten_kills_the_units():
+    block = build_block(BlockConfig(ffn="relu"))
+    with torch.no_grad():
+        block.ffn.fc.bias.fill_(-10.0)
+    flags = flags_of(block)
+    assert ("ffn_dead_units", "error", "ffn") in flags
+
+
+def test_causal_leak_when_the_mask_is_skipped():
+    block = build_block(BlockConfig())
+    block.attn.causal = False  # the config still says causal
+    assert ("causal_leak", "error", "attn") in flags_of(block)
+
+
+def test_a_zeroed_sublayer_is_too_small_an_update():
+    block = build_block(BlockConfig())
+    with torch.no_grad():
+        block.attn.out_proj.weight.zero_()
+        block.attn.out_proj.bias.zero_()
+    assert ("update_too_small", "warning", "residual1") in flags_of(block)
+
+
+def test_massive_activation_in_the_stream():
+    x = X.clone()
+    x[0, 3, 5] = 1e5
+    assert ("massive_activation", "warning", "residual1") in flags_of(build_block(BlockConfig()), x)
+
+
+def test_extreme_norm_gain():
+    block = build_block(BlockConfig())
+    with torch.no_grad():
+        block.norm2.weight.fill_(0.01)
+    assert ("norm_gain_extreme", "warning", "norm2") in flags_of(block)
+
+
+def test_gradient_flags_from_step_gradient_norms():
+    from blocktrace.health import _gradient_flags
+
+    report = GradientReport(loss=1.0, batches=1,
+                            step_norms=[{"attn": 1.0, "ffn": 0.5}, {"attn": 1e-5, "ffn": 2.0}], weight_norms=[])
+    flags = [(f.name, f.layer, f.step) for f in _gradient_flags(report)]
+    assert ("gradient_vanishing", 1, "attn") in flags
+    nan = GradientReport(1.0, 1, [{"attn": float("nan")}], [])
+    assert [(f.name, f.level) for f in _gradient_flags(nan)] == [("gradient_exploding", "error")]
+
+
+def test_every_flag_threshold_and_source_is_in_the_readme():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    for check in CHECKS.values():
+        assert f"`{check.name}`" in readme, check.name
+        assert check.threshold.replace("|", "\\|") in readme, check.name
+        assert check.source in readme, check.name
+
+
+@pytest.fixture
+def user_blocks(tmp_path, monkeypatch):
+    """A module of the user's own blocks, importable from the working directory."""
+    (tmp_path / "userblocks_health.py").write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+
+        class Block(nn.Module):
+            def __init__(self, d=16, forget_residual=False, logit_scale=1.0):
+                super().__init__()
+                self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+                self.attn = nn.Linear(d, d)
+                self.ffn = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+                self.forget_residual = forget_residual
+
+            def forward(self, x):
+                x = x + self.attn(self.ln1(x))
+                update = self.ffn(self.ln2(x))
+                return update if self.forget_residual else x + update
+
+        def healthy():
+            torch.manual_seed(0)
+            return Block()
+
+        def broken():
+            torch.manual_seed(0)
+            return Block(forget_residual=True)
+
+        def tiny_gain():
+            block = healthy()
+            with torch.no_grad():
+                block.ln2.weight.fill_(0.01)
+            return block
+    '''))
+    monkeypatch.chdir(tmp_path)
+
+
+def test_check_exits_1_on_an_error_and_0_when_healthy(invoke, user_blocks):
+    broken = invoke("check", "--module", "userblocks_health:broken")
+    assert broken.exit_code == 1
+    assert "ERROR: residual_not_added at residual2" in broken.stdout and "usually:" in broken.stdout
+    healthy = invoke("check", "--module", "userblocks_health:healthy")
+    assert healthy.exit_code == 0 and "no findings at warning or error level" in healthy.stdout
+    assert invoke("run", "--check", "--module", "userblocks_health:broken").exit_code == 1
+
+
+def test_fail_on_warning(invoke, user_blocks):
+    assert invoke("check", "--module", "userblocks_health:tiny_gain").exit_code == 0
+    result = invoke("check", "--module", "userblocks_health:tiny_gain", "--fail-on", "warning")
+    assert result.exit_code == 1 and "WARNING: norm_gain_extreme at norm2" in result.stdout
+
+
+def test_flags_column_and_json(invoke, user_blocks):
+    import json
+
+    text = invoke("run", "--module", "userblocks_health:broken").stdout
+    row = next(line for line in text.splitlines() if re.match(r"\s*6\s+residual2", line))
+    assert row.rstrip().endswith("residual_not_added")
+    report = json.loads(invoke("run", "--module", "userblocks_health:broken", "--json").stdout)
+    assert report["steps"][-1]["flags"] == ["residual_not_added"]
+    assert report["flags"][0]["source"].startswith("definition of the residual connection")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("userblocks_health", "--module takes package.module:factory"),
+    ("userblocks_health:missing", "userblocks_health has no callable 'missing'"),
+    ("no_such_module_here:f", "importing no_such_module_here failed: ModuleNotFoundError"),
+])
+def test_module_errors(invoke, user_blocks, spec, message):
+    result = invoke("run", "--module", spec)
+    assert result.exit_code in (1, 2) and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
