@@ -50,13 +50,13 @@ SETUP = """
 import torch, json
 from pathlib import Path
 from blocktrace.checkpoint import Checkpoint
-from blocktrace.weights import gpt2_config, load_block, model_info
+from blocktrace.weights import checkpoint_config, load_block, model_info
 from blocktrace.tracer import trace
 torch.manual_seed(0)
 directory = Path({directory!r})
 checkpoint = Checkpoint(directory)
 info = model_info(checkpoint)
-block = load_block(checkpoint, info, 0, gpt2_config(checkpoint, info, {{}}))
+block = load_block(checkpoint, info, 0, checkpoint_config(checkpoint, info, {{}}))
 x = torch.randn(1, {tokens}, {d_model})
 causal = torch.full(({tokens}, {tokens}), torch.finfo(torch.float32).min).triu(1)[None, None]
 

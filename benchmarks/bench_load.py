@@ -39,7 +39,7 @@ from blocktrace.checkpoint import Checkpoint
 start = time.perf_counter()
 checkpoint = Checkpoint({path!r})
 info = w.model_info(checkpoint)
-block = w.load_block(checkpoint, info, 11, w.gpt2_config(checkpoint, info, {{}}))
+block = w.load_block(checkpoint, info, 11, w.checkpoint_config(checkpoint, info, {{}}))
 touched = sum(float(p.sum()) for p in block.parameters())  # the same reading of every loaded byte
 RESULT = {{'seconds': time.perf_counter() - start, 'bytes': sum(p.numel() * p.element_size() for p in block.parameters())}}
 """

@@ -132,7 +132,7 @@ SHARED_OPTIONS = _options(
     click.option("--tokens", "tokens_text", metavar="TOKEN...", help="Input tokens, e.g. --tokens 猫 吃 鱼 (seeded embedding + sinusoidal positions)."),
     click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Random input of this many tokens (when no --tokens).  [default: 5]"),
     click.option("--batch", type=click.IntRange(min=1), default=None, help="Add a batch dimension of this size; without it x is [T, d-model]."),
-    click.option("--weights", type=click.Path(path_type=Path), default=None, help="A GPT-2 safetensors checkpoint: a .safetensors file or a directory with model.safetensors (or a sharded index) and config.json."),
+    click.option("--weights", type=click.Path(path_type=Path), default=None, help="A GPT-2, BERT or Llama safetensors checkpoint: a .safetensors file or a directory with model.safetensors (or a sharded index) and config.json."),
     click.option("--layer", type=click.IntRange(min=0), default=0, show_default=True, help="Which block of --weights to trace (the first, with --layers)."),
     click.option("--token-ids", "token_ids_text", metavar="ID...", help="Token ids fed through the checkpoint's embeddings (and the blocks before --layer)."),
     click.option("--text", default=None, help="Text tokenized by the tokenizer.json beside --weights (needs the [text] extra)."),

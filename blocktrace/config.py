@@ -55,6 +55,10 @@ class BlockConfig:
     eps: float = 1e-5  # added to the variance inside the norm's square root
     bias: bool = True  # biases on every linear layer (and LayerNorm's shift)
     n_layers: int = 1  # blocks in the stack: DeepNorm's α = (2N)^¼ and β = (8N)^-¼ depend on it
+    kv_heads: Optional[int] = None  # grouped-query attention (Llama): key/value heads; None: n_heads
+    head_size: Optional[int] = None  # per-head width when not d_model / n_heads (Llama's head_dim)
+    rope_theta: Optional[float] = None  # rotary position embeddings' base (Llama); None: no RoPE
+    rope_scaling: float = 1.0  # linear RoPE scaling: positions are divided by this factor
 
     def __post_init__(self):
         set_field = object.__setattr__  # frozen: normalise fields once, here
@@ -66,11 +70,18 @@ class BlockConfig:
         self.validate()
 
     def validate(self) -> None:
-        for name in ("d_model", "n_heads", "d_ff", "n_layers"):
+        for name in ("d_model", "n_heads", "d_ff", "n_layers", "kv_heads", "head_size"):
             value = getattr(self, name)
+            if value is None and name in ("kv_heads", "head_size"):
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, not {value!r}", name)
-        if self.d_model % self.n_heads:
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"heads {self.n_heads} are not divisible by key/value heads {self.n_kv_heads}", "kv_heads")
+        if self.rope_theta is not None and (self.rope_theta <= 0 or self.head_dim % 2):
+            raise ConfigError(f"rotary embeddings need a positive theta and an even head size "
+                              f"(theta {self.rope_theta}, head size {self.head_dim})", "rope_theta")
+        if self.head_size is None and self.d_model % self.n_heads:
             raise ConfigError(
                 f"d_model {self.d_model} is not divisible by heads {self.n_heads}: "
                 f"pick heads among {_divisors(self.d_model)}",
@@ -81,7 +92,11 @@ class BlockConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.head_size or self.d_model // self.n_heads
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads or self.n_heads
 
     @property
     def post_norm(self) -> bool:

@@ -10,7 +10,7 @@ from tabulate import tabulate
 
 from blocktrace.checkpoint import Checkpoint
 from blocktrace.errors import UsageError
-from blocktrace.weights import gpt2_config, model_info
+from blocktrace.weights import checkpoint_config, model_info
 
 
 def _tensor_entry(checkpoint: Checkpoint, key: str, name: str) -> dict:
@@ -23,10 +23,10 @@ def inspect_checkpoint(path: Path) -> dict:
     checkpoint = Checkpoint(path)
     info = model_info(checkpoint)
     try:
-        config = gpt2_config(checkpoint, info, {}).to_dict()
+        config = checkpoint_config(checkpoint, info, {}).to_dict()
     except UsageError:
         config = None  # no config.json: the head count cannot be read from the shapes
-    layer_key = re.compile(rf"^{re.escape(info.prefix)}h\.(\d+)\.(.+)$")
+    layer_key = re.compile(rf"^{re.escape(info.prefix)}{re.escape(info.family.layers_path)}\.(\d+)\.(.+)$")
     layers = [[] for _ in range(info.n_layers)]
     others = []
     for key in sorted(checkpoint.keys):
@@ -51,7 +51,7 @@ def inspect_checkpoint(path: Path) -> dict:
 
 def render_inspection(report: dict, fmt: str) -> str:
     config = report["config"]
-    settings = (" ".join(f"{k}={v}" for k, v in config.items()) if config
+    settings = (" ".join(f"{k}={v}" for k, v in config.items() if v is not None) if config
                 else "no config.json: pass --heads to run it")
     header = [
         f"{report['path']}: layout {report['layout']} (key prefix {report['key_prefix']!r}), "

@@ -6,6 +6,8 @@ Every layer works on `[..., T, d_model]`, so the tutorial's `[T, d]` input and a
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -45,6 +47,29 @@ def make_norm(config: BlockConfig) -> nn.Module:
 ATTENTION_CHUNK_BYTES = 256 * 2**20
 
 
+class RotaryEmbedding(nn.Module):
+    """RoPE (Su et al. 2021) in HF Llama's convention: the two halves of each head are rotated
+    by angle position · θ^(-2i/head_dim); `scaling` divides the positions (linear scaling)."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: float = 1.0):
+        super().__init__()
+        self.scaling = scaling
+        self.register_buffer("inv_freq", 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)),
+                             persistent=False)
+
+    def cos_sin(self, t: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(t, device=device, dtype=torch.float) / self.scaling
+        angles = positions[:, None] * self.inv_freq.to(device)[None, :]
+        both = torch.cat((angles, angles), dim=-1)  # [T, head_dim]
+        return both.cos().to(dtype), both.sin().to(dtype)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated_half * sin
+
+
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention written out, so its weights can be traced.
 
@@ -58,22 +83,28 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, config: BlockConfig):
         super().__init__()
-        d, bias = config.d_model, config.bias
-        self.n_heads = config.n_heads
+        d, bias, hd = config.d_model, config.bias, config.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, hd
         self.causal = config.causal
-        self.scale = config.head_dim**-0.5
-        self.q_proj = nn.Linear(d, d, bias=bias)
-        self.k_proj = nn.Linear(d, d, bias=bias)
-        self.v_proj = nn.Linear(d, d, bias=bias)
-        self.out_proj = nn.Linear(d, d, bias=bias)
+        self.scale = hd**-0.5
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)  # fewer heads under grouped-query attention
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)
+        self.out_proj = nn.Linear(self.n_heads * hd, d, bias=bias)
+        self.rope = None
+        if config.rope_theta is not None:
+            self.rope = RotaryEmbedding(hd, config.rope_theta, config.rope_scaling)
+            # q and k before and after the rotation, each visible to a hook
+            self.q, self.k, self.q_rope, self.k_rope = HookPoint(), HookPoint(), HookPoint(), HookPoint()
         self.scores = HookPoint()
         self.weights = HookPoint()
         self.query_chunk = None  # rows per chunk; None: as many as fit ATTENTION_CHUNK_BYTES
         self.rows = slice(0, 0)  # the query rows of the chunk being computed
 
-    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        *lead, t, d = x.shape
-        return x.view(*lead, t, self.n_heads, d // self.n_heads).transpose(-3, -2)  # [..., H, T, hd]
+    def _split_heads(self, x: torch.Tensor, heads: Optional[int] = None) -> torch.Tensor:
+        *lead, t, width = x.shape
+        heads = heads or self.n_heads
+        return x.view(*lead, t, heads, width // heads).transpose(-3, -2)  # [..., H, T, hd]
 
     def chunk_rows(self, q: torch.Tensor) -> int:
         t = q.shape[-2]
@@ -95,12 +126,19 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self._split_heads(self.q_proj(x))
-        k = self._split_heads(self.k_proj(x))
-        v = self._split_heads(self.v_proj(x))
+        k = self._split_heads(self.k_proj(x), self.n_kv_heads)
+        v = self._split_heads(self.v_proj(x), self.n_kv_heads)
+        if self.rope is not None:
+            cos, sin = self.rope.cos_sin(x.shape[-2], x.device, q.dtype)
+            q = self.q_rope(self.rope.rotate(self.q(q), cos, sin))
+            k = self.k_rope(self.rope.rotate(self.k(k), cos, sin))
+        if self.n_kv_heads != self.n_heads:  # each key/value head serves n_heads / n_kv_heads query heads
+            repeat = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(repeat, dim=-3), v.repeat_interleave(repeat, dim=-3)
         t, step = q.shape[-2], self.chunk_rows(q)
         parts = [self._attend(q[..., a : a + step, :], k, v, slice(a, min(a + step, t))) for a in range(0, t, step)]
         mixed = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)).transpose(-3, -2)  # [..., T, H, hd]
-        return self.out_proj(mixed.reshape(x.shape))
+        return self.out_proj(mixed.reshape(*x.shape[:-1], self.n_heads * self.head_dim))
 
 
 class MLP(nn.Module):

@@ -132,6 +132,9 @@ def render_run(
         return render_sweep(report, fmt=fmt, lang=lang)
     labels = token_labels(report)
     parts = [_header(report, lang), steps_table([report["input"], *report["steps"]], lang, fmt)]
+    if report.get("rotary"):
+        parts.append("rotary position embeddings, inside attn: q and k before and after the rotation\n"
+                     + steps_table(report["rotary"], lang, fmt))
     if explain:
         parts.append(explanations(report, lang))
     if "values" in report["input"]:

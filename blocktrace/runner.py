@@ -145,7 +145,7 @@ def _checkpoint_source(request: RunRequest, inputs: list[str]) -> Source:
     info = w.model_info(checkpoint)
     w.check_layer(info, request.layer)
     overrides = {key: request.config_fields[key] for key in request.explicit}
-    native = w.gpt2_config(checkpoint, info, {k: v for k, v in overrides.items() if k in SIZE_FIELDS})
+    native = w.checkpoint_config(checkpoint, info, {k: v for k, v in overrides.items() if k in SIZE_FIELDS})
     config = native.replace(**{k: v for k, v in overrides.items() if k not in SIZE_FIELDS})
     weights = {"path": str(request.weights), "layout": info.layout, "layer": request.layer,
                "n_layers": info.n_layers}
@@ -157,9 +157,9 @@ def _checkpoint_source(request: RunRequest, inputs: list[str]) -> Source:
         else parse_token_ids(request.token_ids_text)
     x = w.embed_token_ids(checkpoint, info, ids, dtype)
     x = w.hidden_state_before(checkpoint, info, native, x, request.layer, dtype)
-    via = f" and blocks 0–{request.layer - 1}" if request.layer else ""
+    via = {0: "", 1: " and block 0"}.get(request.layer, f" and blocks 0–{request.layer - 1}")
     return Source(config, _with_batch(x, request.batch), token_labels(checkpoint.directory, ids),
-                  f"token ids through wte + wpe{via}", **common)
+                  f"token ids through the model's embeddings{via}", **common)
 
 
 def prepare_source(request: RunRequest) -> Source:

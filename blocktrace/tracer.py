@@ -21,6 +21,11 @@ from blocktrace.stats import (STAT_NAMES, attention_chunk_stats, stats_from_mome
 from blocktrace.steps import Layout, StepSpec, own_layout, resolve, user_layout
 
 PREVIEW_MAX_TOKENS = 16  # attention matrices up to this size are kept for the text heatmap
+ROPE_SUBSTEPS = ("q", "k", "q_rope", "k_rope")  # rotary embeddings' traced sub-steps inside attn
+ROPE_OPERATIONS = {
+    "attn.q": "q = heads(q_proj(x_in))", "attn.k": "k = heads(k_proj(x_in))",
+    "attn.q_rope": "q_rope = RoPE(q, positions)", "attn.k_rope": "k_rope = RoPE(k, positions)",
+}
 
 
 @dataclass
@@ -79,6 +84,7 @@ class Trace:
     placement: str = "pre"
     missing: list[str] = field(default_factory=list)  # steps whose hooks never fired
     notes: list[str] = field(default_factory=list)  # what could not be seen, and why
+    substeps: list[StepRecord] = field(default_factory=list)  # inside attn: q and k around RoPE
 
     def step(self, name: str) -> StepRecord:
         for record in self.steps:
@@ -99,7 +105,7 @@ class Trace:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Kept tensors by their step names, plus `x` and `attn_weights` (needs keep_tensors)."""
-        kept = {"x": self.input.tensor, **{s.name: s.tensor for s in self.steps}}
+        kept = {"x": self.input.tensor, **{s.name: s.tensor for s in [*self.steps, *self.substeps]}}
         if self.attention is not None:
             kept["attn_weights"] = self.attention.tensor
         missing = [name for name, tensor in kept.items() if tensor is None]
@@ -177,6 +183,7 @@ class _Recorder:
         self.keep_tensors, self.checks = keep_tensors, checks
         self.sample_token, self.sample_size = sample_token, sample_size
         self.steps: list[_Pending] = []
+        self.substeps: list[_Pending] = []
         self.attention = _AttentionAccumulator(keep_tensors)
         self.refs: dict[str, torch.Tensor] = {}  # step outputs the residual checks still need
 
@@ -228,7 +235,10 @@ class _Recorder:
             def on_scores(module, inputs, scores):
                 self.attention.scores = scores.detach()
 
-            return [attention.scores.register_forward_hook(on_scores),
+            rotary = [getattr(attention, name).register_forward_hook(
+                lambda m, i, out, name=name: self.substeps.append(self.observe(f"attn.{name}", out)))
+                for name in ROPE_SUBSTEPS if attention.rope is not None]
+            return [*rotary, attention.scores.register_forward_hook(on_scores),
                     attention.weights.register_forward_hook(
                         lambda m, i, weights: self.attention.add(weights, attention.rows))]
         module = resolve(self.block, StepSpec("attn", self.layout.attention_path))
@@ -307,12 +317,12 @@ def _operations(block, layout: Layout, own: bool) -> dict[str, str]:
 
 
 def _assemble(block, layout: Layout, own: bool, x_pending: _Pending, recorder: _Recorder, output) -> Trace:
-    pending = [x_pending, *recorder.steps]
+    pending = [x_pending, *recorder.steps, *recorder.substeps]
     attention = recorder.attention.result()
     # One device-to-host copy for every number of the trace.
     stats_rows = [stats_from_moments(row) for row in torch.stack([p.stats for p in pending]).tolist()]
     samples = [p.sample.double().tolist() if p.sample is not None else None for p in pending]
-    operations = _operations(block, layout, own)
+    operations = {**_operations(block, layout, own), **ROPE_OPERATIONS}
     records = [
         StepRecord(p.name, operations[p.name], p.shape, p.dtype, Stats.from_values(row), p.tensor, sample,
                    _python_probe(p.probe))
@@ -339,7 +349,9 @@ def _assemble(block, layout: Layout, own: bool, x_pending: _Pending, recorder: _
     if missing:
         notes.append(f"hooks that never fired: {', '.join(missing)} (a fast path may skip submodule hooks)")
     config = block.config if own else None
-    return Trace(config, records[0], records[1:], summary, output, layout.name, layout.placement, missing, notes)
+    n_steps = 1 + len(recorder.steps)
+    return Trace(config, records[0], records[1:n_steps], summary, output, layout.name, layout.placement, missing,
+                 notes, records[n_steps:])
 
 
 def _python_probe(probe: dict) -> Optional[dict]:

@@ -3,8 +3,11 @@
     python sample_weights/make_samples.py [OUTPUT_DIR]
 
 gpt2-tiny/: a GPT-2-layout model (keys as GPT2Model saves them: h.{k}.*, wte, wpe, ln_f),
-4 layers, d_model 64, 4 heads, d_ff 256, 128 positions, gelu_new, with a word-level
-tokenizer.json of 128 entries. Every parameter is random (weights, biases, LayerNorm gains
+4 layers, d_model 64, 4 heads, d_ff 256, 128 positions, gelu_new.
+bert-tiny/: a BERT-layout model (keys as BertModel saves them), Post-LN, exact GELU, eps 1e-12.
+llama-tiny/: a Llama-layout model (keys as LlamaForCausalLM saves them: model.layers.{k}.*),
+RMSNorm, SwiGLU (d_ff 172), RoPE θ 10000, 4 query heads of 16 over 2 key/value heads.
+Each comes with the same word-level tokenizer.json of 118 entries. Every parameter is random (weights, biases, LayerNorm gains
 and shifts), so a missing transpose or a dropped bias cannot hide. The numbers mean
 nothing: they exist to exercise loading and tracing.
 
@@ -76,11 +79,89 @@ def write_tokenizer(path: Path) -> int:
     return len(vocab)
 
 
-def make_gpt2_tiny(directory: Path) -> None:
+def _normal(generator):
+    def normal(*shape, mean=0.0, std=0.1):
+        return mean + std * torch.randn(*shape, generator=generator)
+    return normal
+
+
+def bert_tensors(vocab_size: int) -> dict[str, torch.Tensor]:
+    """BertModel's keys (embeddings.*, encoder.layer.{k}.*, pooler.*), every parameter random."""
+    normal = _normal(torch.Generator().manual_seed(SEED + 1))
+    d, f = D_MODEL, 4 * D_MODEL
+    tensors = {"embeddings.word_embeddings.weight": normal(vocab_size, d, std=0.5),
+               "embeddings.position_embeddings.weight": normal(N_POSITIONS, d, std=0.2),
+               "embeddings.token_type_embeddings.weight": normal(2, d, std=0.2),
+               "embeddings.LayerNorm.weight": normal(d, mean=1.0, std=0.2), "embeddings.LayerNorm.bias": normal(d)}
+    for k in range(N_LAYER):
+        base = f"encoder.layer.{k}."
+        for name in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
+            tensors[base + name + ".weight"] = normal(d, d, std=0.15)
+            tensors[base + name + ".bias"] = normal(d)
+        tensors[base + "intermediate.dense.weight"], tensors[base + "intermediate.dense.bias"] = normal(f, d), normal(f)
+        tensors[base + "output.dense.weight"], tensors[base + "output.dense.bias"] = normal(d, f, std=0.05), normal(d)
+        for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
+            tensors[base + norm + ".weight"] = normal(d, mean=1.0, std=0.2)
+            tensors[base + norm + ".bias"] = normal(d)
+    tensors["pooler.dense.weight"], tensors["pooler.dense.bias"] = normal(d, d), normal(d)
+    return tensors
+
+
+def bert_config(vocab_size: int) -> dict:
+    return {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": D_MODEL,
+            "num_attention_heads": N_HEAD, "num_hidden_layers": N_LAYER, "intermediate_size": 4 * D_MODEL,
+            "hidden_act": "gelu", "layer_norm_eps": 1e-12, "max_position_embeddings": N_POSITIONS,
+            "type_vocab_size": 2, "vocab_size": vocab_size, "position_embedding_type": "absolute",
+            "pad_token_id": 0}
+
+
+LLAMA_HEAD_DIM, LLAMA_KV_HEADS, LLAMA_D_FF = 16, 2, 172
+
+
+def llama_tensors(vocab_size: int) -> dict[str, torch.Tensor]:
+    """LlamaForCausalLM's keys (model.layers.{k}.*, model.embed_tokens, model.norm, lm_head)."""
+    normal = _normal(torch.Generator().manual_seed(SEED + 2))
+    d, f, hd = D_MODEL, LLAMA_D_FF, LLAMA_HEAD_DIM
+    tensors = {"model.embed_tokens.weight": normal(vocab_size, d, std=0.5)}
+    for k in range(N_LAYER):
+        base = f"model.layers.{k}."
+        tensors[base + "input_layernorm.weight"] = normal(d, mean=1.0, std=0.2)
+        tensors[base + "self_attn.q_proj.weight"] = normal(N_HEAD * hd, d, std=0.15)
+        tensors[base + "self_attn.k_proj.weight"] = normal(LLAMA_KV_HEADS * hd, d, std=0.15)
+        tensors[base + "self_attn.v_proj.weight"] = normal(LLAMA_KV_HEADS * hd, d, std=0.15)
+        tensors[base + "self_attn.o_proj.weight"] = normal(d, N_HEAD * hd, std=0.1)
+        tensors[base + "post_attention_layernorm.weight"] = normal(d, mean=1.0, std=0.2)
+        tensors[base + "mlp.gate_proj.weight"] = normal(f, d)
+        tensors[base + "mlp.up_proj.weight"] = normal(f, d)
+        tensors[base + "mlp.down_proj.weight"] = normal(d, f, std=0.05)
+    tensors["model.norm.weight"] = normal(d, mean=1.0, std=0.2)
+    tensors["lm_head.weight"] = normal(vocab_size, d)
+    return tensors
+
+
+def llama_config(vocab_size: int) -> dict:
+    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": D_MODEL,
+            "num_attention_heads": N_HEAD, "num_key_value_heads": LLAMA_KV_HEADS, "head_dim": LLAMA_HEAD_DIM,
+            "intermediate_size": LLAMA_D_FF, "num_hidden_layers": N_LAYER, "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0, "max_position_embeddings": N_POSITIONS, "vocab_size": vocab_size,
+            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+            "bos_token_id": 0, "eos_token_id": 0}
+
+
+def make_checkpoint(directory: Path, tensors_for, config_for) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     vocab_size = write_tokenizer(directory / "tokenizer.json")
-    save_file(gpt2_tensors(vocab_size), str(directory / "model.safetensors"), metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(gpt2_config(vocab_size), indent=2, sort_keys=True) + "\n")
+    save_file(tensors_for(vocab_size), str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config_for(vocab_size), indent=2, sort_keys=True) + "\n")
+
+
+SAMPLES = {"gpt2-tiny": (gpt2_tensors, gpt2_config), "bert-tiny": (bert_tensors, bert_config),
+           "llama-tiny": (llama_tensors, llama_config)}
+
+
+def make_samples(output: Path) -> None:
+    for name, (tensors_for, config_for) in SAMPLES.items():
+        make_checkpoint(output / name, tensors_for, config_for)
 
 
 def make_traces(checkpoint_dir: Path, directory: Path) -> None:
@@ -89,12 +170,12 @@ def make_traces(checkpoint_dir: Path, directory: Path) -> None:
     from blocktrace.checkpoint import Checkpoint
     from blocktrace.tracefile import save_trace
     from blocktrace.tracer import trace
-    from blocktrace.weights import embed_token_ids, gpt2_config, hidden_state_before, load_block, model_info
+    from blocktrace.weights import embed_token_ids, checkpoint_config, hidden_state_before, load_block, model_info
 
     directory.mkdir(parents=True, exist_ok=True)
     checkpoint = Checkpoint(checkpoint_dir)
     info = model_info(checkpoint)
-    config = gpt2_config(checkpoint, info, {})
+    config = checkpoint_config(checkpoint, info, {})
     x = hidden_state_before(checkpoint, info, config, embed_token_ids(checkpoint, info, [1, 2, 3]), 1)
     for name, variant in (("layer1", config), ("layer1-eps1e-3", config.replace(eps=1e-3))):
         traced = trace(load_block(checkpoint, info, 1, variant), x, keep_tensors=True)
@@ -102,7 +183,7 @@ def make_traces(checkpoint_dir: Path, directory: Path) -> None:
 
 
 def main(output: Path) -> None:
-    make_gpt2_tiny(output / "gpt2-tiny")
+    make_samples(output)
     make_traces(output / "gpt2-tiny", output / "traces")
 
 

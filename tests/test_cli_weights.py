@@ -69,14 +69,14 @@ def test_inspect_reports_layout_config_and_tensors(invoke):
 
 def test_only_the_traced_layer_is_read(monkeypatch):
     from blocktrace.checkpoint import Checkpoint
-    from blocktrace.weights import gpt2_config, load_block, model_info
+    from blocktrace.weights import checkpoint_config, load_block, model_info
 
     read = []
     original = Checkpoint.get
     monkeypatch.setattr(Checkpoint, "get", lambda self, key, *a, **k: read.append(key) or original(self, key, *a, **k))
     checkpoint = Checkpoint(SAMPLE)
     info = model_info(checkpoint)
-    load_block(checkpoint, info, 3, gpt2_config(checkpoint, info, {}))
+    load_block(checkpoint, info, 3, checkpoint_config(checkpoint, info, {}))
     assert read and all(key.startswith("h.3.") for key in read)
 
 
@@ -86,21 +86,34 @@ def test_sample_weights_regenerate_byte_for_byte(tmp_path):
     spec = importlib.util.spec_from_file_location("make_samples", SAMPLE.parent / "make_samples.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.make_gpt2_tiny(tmp_path / SAMPLE.name)
-    for committed in sorted(SAMPLE.iterdir()):
-        assert (tmp_path / SAMPLE.name / committed.name).read_bytes() == committed.read_bytes(), committed.name
+    module.make_samples(tmp_path)
+    for name in module.SAMPLES:  # every checkpoint folder, file by file
+        for committed in sorted((SAMPLE.parent / name).iterdir()):
+            assert (tmp_path / name / committed.name).read_bytes() == committed.read_bytes(), committed.name
 
 
-def test_sample_weights_load_in_huggingface_and_match(invoke, tmp_path):
-    from transformers import GPT2Model
+@pytest.mark.parametrize("name, loader, reference", [
+    ("gpt2-tiny", "GPT2Model", "gpt2"), ("bert-tiny", "BertModel", "bert"), ("llama-tiny", "LlamaForCausalLM", "llama"),
+])
+def test_sample_weights_load_in_huggingface_and_match(invoke, tmp_path, name, loader, reference):
+    import transformers
 
-    hf_model = GPT2Model.from_pretrained(SAMPLE, attn_implementation="eager").eval()
+    import test_families
+
+    model = getattr(transformers, loader).from_pretrained(SAMPLE.parent / name, attn_implementation="eager").eval()
+    base = model.model if loader == "LlamaForCausalLM" else model
+    ids = [4, 8, 15, 16, 23]
+    expected = {"gpt2": lambda: hf_block_values(base, 3, ids), "bert": lambda: test_families.bert_reference(base, 3, ids),
+                "llama": lambda: test_families.llama_reference(base, 3, ids)}[reference]()
     path = tmp_path / "t.safetensors"
-    assert invoke("run", "--weights", str(SAMPLE), "--layer", "3", "--token-ids", "4", "8", "15", "16", "23",
-                  "--save", str(path)).exit_code == 0
-    ours, reference = load_file(str(path)), hf_block_values(hf_model, 3, [4, 8, 15, 16, 23])
-    for name in STEPS:
-        assert (ours[name] - reference[name][0]).abs().max() <= 1e-5, name
+    result = invoke("run", "--weights", str(SAMPLE.parent / name), "--layer", "3", "--token-ids",
+                    *map(str, ids), "--save", str(path))
+    assert result.exit_code == 0, result.output
+    ours = load_file(str(path))
+    block_input = expected["hidden_state"] if "hidden_state" in expected else expected["hidden_states"][3]
+    assert (ours["x"] - block_input[0]).abs().max() <= 1e-5
+    for step in STEPS:
+        assert (ours[step] - expected[step][0]).abs().max() <= 1e-5, step
 
 
 # --- bad files and bad combinations -----------------------------------------------------------

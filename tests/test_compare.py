@@ -61,11 +61,11 @@ def test_compare_on_checkpoint_weights_uses_the_checkpoint_parameters():
     from pathlib import Path
 
     from blocktrace.checkpoint import Checkpoint
-    from blocktrace.weights import gpt2_config, load_block, model_info
+    from blocktrace.weights import checkpoint_config, load_block, model_info
 
     checkpoint = Checkpoint(Path(__file__).resolve().parents[1] / "sample_weights" / "gpt2-tiny")
     info = model_info(checkpoint)
-    native = gpt2_config(checkpoint, info, {})
+    native = checkpoint_config(checkpoint, info, {})
     source = [load_block(checkpoint, info, 2, native)]
     pre, post = build_variants(native, "placement", ["pre", "post"], n_layers=1, seed=0, source=source)
     for name, parameter in source[0].named_parameters():

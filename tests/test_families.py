@@ -1,0 +1,149 @@
+"""BERT and Llama checkpoints: every step equals what HuggingFace computes at the same place."""
+
+import pytest
+import torch
+
+from blocktrace.checkpoint import Checkpoint
+from blocktrace.tracer import trace
+from blocktrace.weights import checkpoint_config, embed_token_ids, hidden_state_before, load_block, model_info
+from conftest import randomise_
+
+IDS = [3, 14, 15, 92, 65, 35, 8]
+STEPS = ["norm1", "attn", "residual1", "norm2", "ffn", "residual2", "attn_weights"]
+
+
+def _first(value):
+    return value[0] if isinstance(value, tuple) else value
+
+
+def _capture(layer, places: dict, model, ids):
+    seen, hooks = {}, []
+    for name, (module, where) in places.items():
+        if where == "in":
+            hooks.append(module.register_forward_pre_hook(lambda m, a, name=name: seen.__setitem__(name, a[0])))
+        elif where == "weights":
+            hooks.append(module.register_forward_hook(lambda m, a, o, name=name: seen.__setitem__(name, o[1])))
+        else:
+            hooks.append(module.register_forward_hook(lambda m, a, o, name=name: seen.__setitem__(name, _first(o))))
+    try:
+        with torch.no_grad():
+            seen["hidden_states"] = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
+def bert_reference(model, k, ids):
+    layer = model.encoder.layer[k]
+    places = {"attn": (layer.attention.output.dense, "out"), "residual1": (layer.attention.output.LayerNorm, "in"),
+              "norm1": (layer.attention.output.LayerNorm, "out"), "ffn": (layer.output.dense, "out"),
+              "residual2": (layer.output.LayerNorm, "in"), "norm2": (layer.output.LayerNorm, "out"),
+              "attn_weights": (layer.attention.self, "weights")}
+    return _capture(layer, places, model, ids)
+
+
+def llama_reference(model, k, ids):
+    layer = model.layers[k]
+    places = {"norm1": (layer.input_layernorm, "out"), "attn": (layer.self_attn, "out"),
+              "attn_weights": (layer.self_attn, "weights"), "residual1": (layer.post_attention_layernorm, "in"),
+              "norm2": (layer.post_attention_layernorm, "out"), "ffn": (layer.mlp, "out"),
+              "residual2": (layer, "out")}
+    return _capture(layer, places, model, ids)
+
+
+def make_bert(head: bool):
+    from transformers import BertConfig, BertForMaskedLM, BertModel
+
+    config = BertConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=3,
+                        vocab_size=101, max_position_embeddings=64, attn_implementation="eager")
+    model = (BertForMaskedLM if head else BertModel)(config).eval()
+    randomise_(model, 3)
+    with torch.no_grad():  # LayerNorm gains near 1, as trained models have them (randomise_ knows GPT-2's names)
+        for name, parameter in model.named_parameters():
+            if name.endswith("LayerNorm.weight"):
+                parameter.add_(1.0)
+    return model, (model.bert if head else model)
+
+
+def make_llama(head: bool, **extra):
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
+
+    config = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                         num_hidden_layers=3, vocab_size=101, max_position_embeddings=64,
+                         attn_implementation="eager", **extra)
+    model = (LlamaForCausalLM if head else LlamaModel)(config).eval()
+    randomise_(model, 4)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                parameter.add_(1.0)
+    return model, (model.model if head else model)
+
+
+FAMILY_CASES = {
+    "BertModel": (lambda: make_bert(False), bert_reference, "bert"),
+    "BertForMaskedLM": (lambda: make_bert(True), bert_reference, "bert"),
+    "LlamaModel": (lambda: make_llama(False), llama_reference, "llama"),
+    "LlamaForCausalLM": (lambda: make_llama(True), llama_reference, "llama"),
+    "Llama head_dim 16, linear RoPE scaling": (
+        lambda: make_llama(False, head_dim=16, rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                                "rope_theta": 500.0}),
+        llama_reference, "llama"),
+}
+
+
+@pytest.fixture(scope="module", params=list(FAMILY_CASES))
+def family_checkpoint(request, tmp_path_factory):
+    make, reference, layout = FAMILY_CASES[request.param]
+    saved, base = make()
+    directory = tmp_path_factory.mktemp(request.param.replace(" ", "_").replace(",", ""))
+    saved.save_pretrained(directory)
+    return directory, base, reference, layout
+
+
+@pytest.mark.parametrize("layer", [0, 2])
+def test_every_step_matches_huggingface(family_checkpoint, layer):
+    directory, model, reference, layout = family_checkpoint
+    expected = reference(model, layer, IDS)
+    checkpoint = Checkpoint(directory)
+    info = model_info(checkpoint)
+    assert info.layout == layout
+    config = checkpoint_config(checkpoint, info, {})
+    block = load_block(checkpoint, info, layer, config)
+    traced = trace(block, expected["hidden_states"][layer][0], keep_tensors=True).tensors()
+    for name in STEPS:
+        delta = (traced[name] - expected[name][0]).abs().max().item()
+        assert delta <= 1e-5, f"{name}: max |Δ| {delta}"
+
+
+@pytest.mark.parametrize("layer", [0, 1, 2])
+def test_token_ids_give_the_input_huggingface_feeds_the_block(family_checkpoint, layer):
+    directory, model, reference, _ = family_checkpoint
+    expected = reference(model, layer, IDS)["hidden_states"][layer][0]
+    checkpoint = Checkpoint(directory)
+    info = model_info(checkpoint)
+    config = checkpoint_config(checkpoint, info, {})
+    x = hidden_state_before(checkpoint, info, config, embed_token_ids(checkpoint, info, IDS), layer)
+    assert (x - expected).abs().max().item() <= 1e-5
+
+
+def test_rotary_substeps_match_huggingface_rotation():
+    """q and k before and after RoPE, traced inside attn, against HF's apply_rotary_pos_emb."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    _, model = make_llama(False, head_dim=16, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0})
+    from blocktrace.block import build_block
+    from blocktrace.config import BlockConfig
+
+    config = BlockConfig(d_model=32, n_heads=4, kv_heads=2, head_size=16, d_ff=64, norm="rmsnorm", ffn="swiglu",
+                         bias=False, rope_theta=500.0, rope_scaling=2.0)
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0))
+    traced = trace(build_block(config, seed=1), x, keep_tensors=True)
+    t = traced.tensors()
+    assert [s.name for s in traced.substeps] == ["attn.q", "attn.q_rope", "attn.k", "attn.k_rope"]
+    cos, sin = LlamaRotaryEmbedding(model.config)(x, torch.arange(7)[None].expand(2, 7))
+    q_rope, k_rope = apply_rotary_pos_emb(t["attn.q"], t["attn.k"], cos, sin)
+    assert torch.allclose(t["attn.q_rope"], q_rope, atol=1e-6) and torch.allclose(t["attn.k_rope"], k_rope, atol=1e-6)
+    # A rotation keeps every head vector's length.
+    assert torch.allclose(t["attn.q_rope"].norm(dim=-1), t["attn.q"].norm(dim=-1), atol=1e-5)
