@@ -134,7 +134,7 @@ SHARED_OPTIONS = _options(
     click.option("--batch", type=click.IntRange(min=1), default=None, help="Add a batch dimension of this size; without it x is [T, d-model]."),
     click.option("--weights", type=click.Path(path_type=Path), default=None, help="A GPT-2, BERT or Llama safetensors checkpoint: a .safetensors file or a directory with model.safetensors (or a sharded index) and config.json."),
     click.option("--layer", type=click.IntRange(min=0), default=0, show_default=True, help="Which block of --weights to trace (the first, with --layers)."),
-    click.option("--token-ids", "token_ids_text", metavar="ID...", help="Token ids fed through the checkpoint's embeddings (and the blocks before --layer)."),
+    click.option("--token-ids", "token_ids_text", metavar="ID...", help="Token ids fed through the checkpoint's embeddings (and the blocks before --layer); several sequences separated by / form a padded batch, e.g. 1 2 3 / 4 5."),
     click.option("--text", default=None, help="Text tokenized by the tokenizer.json beside --weights (needs the [text] extra)."),
     click.option("--input", "input_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Exact block input: a .safetensors file holding 'x' (or one tensor), [T, d] or [B, T, d]."),
     click.option("--dtype", type=click.Choice(["float32", "float64", "float16", "bfloat16"]), default="float32", show_default=True, help="Compute dtype (checkpoints in half precision are upcast unless this says otherwise)."),

@@ -52,7 +52,7 @@ def sweep_rows(source: Source, request: RunRequest, config, depths, batches: int
 def _traced(blocks, source: Source, analysis: Analysis):
     return trace_stack(blocks, source.x, keep_tensors=analysis.keep_tensors, sample_token=analysis.token_index,
                        sample_size=analysis.n_values or 0, checks=analysis.checks, steps=analysis.steps,
-                       placement=analysis.placement)
+                       placement=analysis.placement, token_mask=source.token_mask)
 
 
 def run_blocks(blocks, source: Source, request: RunRequest, analysis: Analysis) -> tuple[dict, list]:
@@ -106,7 +106,7 @@ def _variants(source: Source, request: RunRequest, axis: str, values: list[str],
     variants = build_variants(source.config, axis, values, n_layers=depth, seed=request.seed,
                               init=request.init, source=origin)
     for variant in variants:
-        variant.blocks = place_blocks(variant.blocks, request)
+        variant.blocks = place_blocks(variant.blocks, request, source)
     return variants
 
 

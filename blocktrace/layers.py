@@ -100,6 +100,7 @@ class MultiHeadAttention(nn.Module):
         self.weights = HookPoint()
         self.query_chunk = None  # rows per chunk; None: as many as fit ATTENTION_CHUNK_BYTES
         self.rows = slice(0, 0)  # the query rows of the chunk being computed
+        self.key_mask = None  # [B, T] bool, False at padding: those keys get no weight
 
     def _split_heads(self, x: torch.Tensor, heads: Optional[int] = None) -> torch.Tensor:
         *lead, t, width = x.shape
@@ -121,6 +122,8 @@ class MultiHeadAttention(nn.Module):
             queries = torch.arange(rows.start, rows.stop, device=q.device)
             # finfo.min, not -inf, as HF does: the weight is still exactly 0 and p·s stays finite.
             scores.masked_fill_(keys[None, :] > queries[:, None], torch.finfo(scores.dtype).min)
+        if self.key_mask is not None:  # padding of a batch of different lengths
+            scores.masked_fill_(~self.key_mask[:, None, None, :], torch.finfo(scores.dtype).min)
         weights = self.weights(torch.softmax(self.scores(scores), dim=-1))
         return torch.matmul(weights, v)  # [..., H, rows, hd]
 

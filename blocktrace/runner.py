@@ -64,6 +64,7 @@ class Source:
     info: object = None
     native: Optional[BlockConfig] = None  # the checkpoint's own wiring
     input_varies: bool = True  # whether extra mini-batches may draw fresh random input
+    token_mask: Optional[torch.Tensor] = None  # [B, T], False at padding (sequences of different lengths)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -74,14 +75,28 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def parse_token_ids(text: str) -> list[int]:
-    words = text.replace(",", " ").split()
-    if not words:
-        raise UsageError("--token-ids needs at least one id, e.g. --token-ids 464 3797 318")
-    try:
-        return [int(word) for word in words]
-    except ValueError:
-        raise UsageError(f"--token-ids takes integers, not {text!r}") from None
+def parse_token_ids(text: str) -> list[list[int]]:
+    """One sequence of ids, or several separated by "/" (a padded batch): "1 2 3 / 4 5"."""
+    sequences = []
+    for part in text.split("/"):
+        words = part.replace(",", " ").split()
+        if not words:
+            raise UsageError("--token-ids needs at least one id in every sequence, e.g. --token-ids 464 3797 318 "
+                             "(several sequences: 464 3797 / 318)")
+        try:
+            sequences.append([int(word) for word in words])
+        except ValueError:
+            raise UsageError(f"--token-ids takes integers, not {text!r}") from None
+    return sequences
+
+
+def pad_sequences(sequences: list[list[int]], pad_id: int) -> tuple[list[list[int]], Optional[torch.Tensor]]:
+    """Right-pad to the longest; the mask is False at padding (None for one sequence)."""
+    if len(sequences) == 1:
+        return sequences, None
+    longest = max(map(len, sequences))
+    mask = torch.tensor([[i < len(seq) for i in range(longest)] for seq in sequences])
+    return [seq + [pad_id] * (longest - len(seq)) for seq in sequences], mask
 
 
 def _chosen_inputs(request: RunRequest) -> list[str]:
@@ -153,13 +168,21 @@ def _checkpoint_source(request: RunRequest, inputs: list[str]) -> Source:
     if request.input_path is not None:
         x = _with_batch(load_input_file(request.input_path, config.d_model).to(dtype), request.batch)
         return Source(config, x, None, f"tensor from {request.input_path}", **common)
-    ids = encode_text(checkpoint.directory, request.text) if request.text is not None \
+    sequences = [encode_text(checkpoint.directory, request.text)] if request.text is not None \
         else parse_token_ids(request.token_ids_text)
-    x = w.embed_token_ids(checkpoint, info, ids, dtype)
-    x = w.hidden_state_before(checkpoint, info, native, x, request.layer, dtype)
+    if len(sequences) > 1 and request.batch is not None:
+        raise UsageError("--batch and several --token-ids sequences both set the batch: use one of them")
+    raw = checkpoint.read_json("config.json") or {}
+    padded, mask = pad_sequences(sequences, raw.get("pad_token_id") or 0)
+    x = torch.stack([w.embed_token_ids(checkpoint, info, ids, dtype) for ids in padded])
+    x = x[0] if mask is None else x
+    x = w.hidden_state_before(checkpoint, info, native, x, request.layer, dtype, key_mask=mask)
     via = {0: "", 1: " and block 0"}.get(request.layer, f" and blocks 0–{request.layer - 1}")
-    return Source(config, _with_batch(x, request.batch), token_labels(checkpoint.directory, ids),
-                  f"token ids through the model's embeddings{via}", **common)
+    note = f"token ids through the model's embeddings{via}"
+    if mask is not None:
+        note += f"; {len(sequences)} sequences right-padded to {mask.shape[1]}, padding masked and left out of the statistics"
+    return Source(config, _with_batch(x, request.batch), token_labels(checkpoint.directory, sequences[0]),
+                  note, token_mask=mask, **common)
 
 
 def prepare_source(request: RunRequest) -> Source:
@@ -189,14 +212,15 @@ def make_blocks(source: Source, request: RunRequest, n_layers: int,
                                f"but the checkpoint has {source.info.n_layers} layers: 0–{source.info.n_layers - 1}")
         blocks = [load_block(source.checkpoint, source.info, request.layer + i, config, DTYPES[request.dtype])
                   for i in range(n_layers)]
-    return place_blocks(blocks, request)
+    return place_blocks(blocks, request, source)
 
 
-def place_blocks(blocks: list, request: RunRequest) -> list:
-    """Move blocks to the requested device and dtype, and set their attention chunking."""
+def place_blocks(blocks: list, request: RunRequest, source: Source) -> list:
+    """Move blocks to the requested device and dtype; set their attention chunking and padding mask."""
     device, dtype = resolve_device(request.device), DTYPES[request.dtype]
     for block in blocks:
         block.attn.query_chunk = request.attn_chunk
+        block.attn.key_mask = None if source.token_mask is None else source.token_mask.to(device)
     return [block.to(device=device, dtype=dtype) for block in blocks]
 
 

@@ -7,6 +7,7 @@ and a whole trace is copied to Python in one go, after the forward pass.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -69,14 +70,15 @@ def _log_normaliser(w: torch.Tensor, s: torch.Tensor, rows: slice, row_max_score
     return lse
 
 
-def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: slice) -> dict[str, torch.Tensor]:
+def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: slice,
+                          query_mask: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
     """Diagnostics of one chunk of query rows: weights and masked scores `[..., H, rows, T]`.
 
     entropy_sum per head: Σ over rows of −Σ_j p log p, from values the attention already has:
     log p_j = s_j − lse, so H = lse − Σ_j p_j s_j: one dot product per row, no logarithm over
     the T² weights. The largest weight of a row is exp(s_max − lse), so only the scores are
     scanned for maxima. future_weight_sum: total weight above the diagonal (exactly 0 when a
-    causal mask works).
+    causal mask works). query_mask ([B, T], False at padding) leaves padded query rows out.
     """
     w, s = weights.detach(), scores.detach()
     n_heads, t = w.shape[-3], w.shape[-1]
@@ -84,13 +86,21 @@ def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: sli
     row_max_score = s.amax(dim=-1)
     lse = _log_normaliser(w, s, rows, row_max_score)
     expected_score = torch.einsum("nhij,nhij->nhi", w, s)
-    entropy = (lse - expected_score).double().sum(dim=(0, 2))
+    row_entropy = (lse - expected_score).double()  # [N, H, rows]
     # [rows, T]: 1 above the diagonal, for this chunk's rows only (row i is query rows.start + i)
     future_mask = torch.ones(w.shape[-2], t, dtype=w.dtype, device=w.device).triu_(rows.start + 1)
-    future = (w.reshape(-1, future_mask.numel()) @ future_mask.reshape(-1)).double().sum()
-    return {"entropy_sum": entropy, "future_weight_sum": future,
-            "max_weight": torch.exp(row_max_score - lse).amax().double(),
-            "max_logit": row_max_score.amax().double(), "rows": w.shape[0] * w.shape[-2]}
+    row_max_weight = torch.exp(row_max_score - lse)
+    if query_mask is None:
+        future = (w.reshape(-1, future_mask.numel()) @ future_mask.reshape(-1)).double().sum()
+        return {"entropy_sum": row_entropy.sum(dim=(0, 2)), "future_weight_sum": future,
+                "max_weight": row_max_weight.amax().double(), "max_logit": row_max_score.amax().double(),
+                "rows": w.shape[0] * w.shape[-2]}
+    real = query_mask[:, None, rows].to(w.device)  # [N, 1, rows]: padded queries count for nothing
+    future_rows = torch.einsum("nhij,ij->nhi", w, future_mask).double()
+    return {"entropy_sum": (row_entropy * real).sum(dim=(0, 2)), "future_weight_sum": (future_rows * real).sum(),
+            "max_weight": row_max_weight.masked_fill(~real, 0).amax().double(),
+            "max_logit": row_max_score.masked_fill(~real, torch.finfo(s.dtype).min).amax().double(),
+            "rows": int(query_mask.sum())}
 
 
 def weights_only_stats(weights: torch.Tensor) -> dict[str, torch.Tensor]:

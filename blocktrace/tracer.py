@@ -138,8 +138,9 @@ def _first_tensor(value) -> Optional[torch.Tensor]:
 class _AttentionAccumulator:
     """Attention diagnostics summed over the chunks of query rows the attention computes."""
 
-    def __init__(self, keep_tensors: bool):
+    def __init__(self, keep_tensors: bool, token_mask: Optional[torch.Tensor] = None):
         self.keep_tensors = keep_tensors
+        self.token_mask = token_mask  # [B, T], False at padding
         self.scores = None  # the current chunk's scores, until its weights arrive
         self.chunks: list[dict] = []
         self.kept: list[torch.Tensor] = []
@@ -148,7 +149,7 @@ class _AttentionAccumulator:
     def add(self, weights: torch.Tensor, rows: Optional[slice]) -> None:
         weights = weights.detach()
         if self.scores is not None:
-            self.chunks.append(attention_chunk_stats(weights, self.scores, rows))
+            self.chunks.append(attention_chunk_stats(weights, self.scores, rows, self.token_mask))
         else:
             self.chunks.append(weights_only_stats(weights))
         self.scores = None
@@ -178,13 +179,14 @@ class _AttentionAccumulator:
 
 
 class _Recorder:
-    def __init__(self, block, layout: Layout, keep_tensors, sample_token, sample_size, checks):
+    def __init__(self, block, layout: Layout, keep_tensors, sample_token, sample_size, checks, token_mask=None):
         self.block, self.layout = block, layout
         self.keep_tensors, self.checks = keep_tensors, checks
         self.sample_token, self.sample_size = sample_token, sample_size
+        self.token_mask = token_mask  # [B, T], False at padding: left out of every statistic
         self.steps: list[_Pending] = []
         self.substeps: list[_Pending] = []
-        self.attention = _AttentionAccumulator(keep_tensors)
+        self.attention = _AttentionAccumulator(keep_tensors, token_mask)
         self.refs: dict[str, torch.Tensor] = {}  # step outputs the residual checks still need
 
     def observe(self, name: str, value: torch.Tensor, inputs=()) -> _Pending:
@@ -193,7 +195,7 @@ class _Recorder:
         if self.sample_size:
             row = value.reshape(-1, value.shape[-2], value.shape[-1])[0, self.sample_token]
             sample = row[: self.sample_size].clone()
-        moments, finite = tensor_moments(value)
+        moments, finite = tensor_moments(self._real_tokens(value))
         pending = _Pending(name, tuple(value.shape), str(value.dtype).replace("torch.", ""), moments,
                            value if self.keep_tensors else None, sample)
         if not finite:  # cheap, and only here: which inputs were still finite?
@@ -204,6 +206,13 @@ class _Recorder:
 
             pending.probe.update(probes.step_probe(self, name, value))
         return pending
+
+    def _real_tokens(self, value: torch.Tensor) -> torch.Tensor:
+        """The values at real (not padding) tokens, when the batch is padded."""
+        mask = self.token_mask
+        if mask is None or value.dim() < 3 or tuple(value.shape[:2]) != tuple(mask.shape):
+            return value
+        return value[mask.to(value.device)]
 
     def record(self, name: str, value, inputs=()) -> None:
         value = _first_tensor(value)
@@ -273,6 +282,7 @@ def trace(
     steps: Optional[dict[str, str]] = None,
     placement: str = "pre",
     forward_kwargs: Optional[dict] = None,
+    token_mask: Optional[torch.Tensor] = None,
 ) -> Trace:
     """Run `block` on `x` once with every step hooked; return the steps in execution order.
 
@@ -285,12 +295,14 @@ def trace(
     steps / placement: for a user's block of unknown layout, its norm1/attn/norm2/ffn
     submodule paths and its wiring ("pre" or "post"); the residual steps are recovered.
     forward_kwargs: extra arguments of the block's forward (masks, position embeddings).
+    token_mask: [B, T] bool, False at padding: statistics and attention diagnostics leave the
+    padded positions out (our attention also gives padded keys no weight: see key_mask).
     """
     own = hasattr(block, "step_modules") and isinstance(getattr(block, "config", None), BlockConfig)
     layout = own_layout(block) if own else user_layout(block, steps, placement)
     if sample_size and not -x.shape[-2] <= sample_token < x.shape[-2]:
         raise IndexError(f"token index {sample_token} is out of range for {x.shape[-2]} tokens")
-    recorder = _Recorder(block, layout, keep_tensors, sample_token, sample_size, checks)
+    recorder = _Recorder(block, layout, keep_tensors, sample_token, sample_size, checks, token_mask)
     x_pending = recorder.observe("x", x)
     handles = []
     saved_chunk = getattr(getattr(block, "attn", None), "query_chunk", None)

@@ -393,12 +393,16 @@ def embed_token_ids(checkpoint: Checkpoint, info: ModelInfo, token_ids: list[int
 
 
 def hidden_state_before(checkpoint: Checkpoint, info: ModelInfo, native_config: BlockConfig,
-                        x: torch.Tensor, layer: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                        x: torch.Tensor, layer: int, dtype: torch.dtype = torch.float32,
+                        key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Run blocks 0..layer-1 (untraced, one loaded at a time) so block `layer` sees its real input.
 
     `native_config` is the checkpoint's own wiring: a user's rewiring applies to the traced block only.
+    key_mask ([B, T], False at padding) keeps padded keys out of every earlier block's attention.
     """
     with torch.no_grad():
         for earlier in range(layer):
-            x = load_block(checkpoint, info, earlier, native_config, dtype).to(x.device)(x)
+            block = load_block(checkpoint, info, earlier, native_config, dtype).to(x.device)
+            block.attn.key_mask = key_mask
+            x = block(x)
     return x

@@ -259,3 +259,24 @@ def test_sharded_checkpoints_are_read_through_their_index(invoke, tmp_path):
     ours, reference = load_file(str(path)), hf_block_values(model.transformer, 2, [3, 1, 4])
     for name in STEPS:
         assert (ours[name] - reference[name][0]).abs().max() <= 1e-5, name
+
+
+def test_text_without_the_tokenizers_package_names_the_extra(invoke, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    result = invoke("run", "--weights", str(SAMPLE), "--text", "猫 吃 鱼")
+    assert result.exit_code == 2
+    assert "--text needs the tokenizers package: pip install 'transformer-blocktrace[text]'" in result.stderr
+
+
+def test_bfloat16_checkpoint_is_upcast_unless_dtype_says_otherwise(invoke, tmp_path):
+    tensors = {k: v.to(torch.bfloat16) for k, v in load_file(str(SAMPLE / "model.safetensors")).items()}
+    target = _copy_sample(tmp_path)
+    save_file(tensors, str(target / "model.safetensors"))
+    upcast = json.loads(invoke("run", "--weights", str(target), "--token-ids", "1", "2", "--json").stdout)
+    assert {s["dtype"] for s in upcast["steps"]} == {"float32"}
+    native = json.loads(invoke("run", "--weights", str(target), "--token-ids", "1", "2", "--dtype", "bfloat16",
+                               "--json").stdout)
+    assert {s["dtype"] for s in native["steps"]} == {"bfloat16"}
+    assert native["steps"][-1]["stats"]["rms"] == pytest.approx(upcast["steps"][-1]["stats"]["rms"], rel=0.05)

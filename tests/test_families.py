@@ -147,3 +147,41 @@ def test_rotary_substeps_match_huggingface_rotation():
     assert torch.allclose(t["attn.q_rope"], q_rope, atol=1e-6) and torch.allclose(t["attn.k_rope"], k_rope, atol=1e-6)
     # A rotation keeps every head vector's length.
     assert torch.allclose(t["attn.q_rope"].norm(dim=-1), t["attn.q"].norm(dim=-1), atol=1e-5)
+
+
+def test_padded_batch_of_different_lengths_matches_huggingface_attention_mask(invoke, tmp_path):
+    """Two sequences, 7 and 4 ids: padded keys get no weight, as with HF's attention_mask."""
+    import json
+
+    import numpy as np
+    from safetensors.torch import load_file
+
+    saved, model = make_bert(False)
+    saved.save_pretrained(tmp_path / "bert")
+    long, short = IDS, IDS[:4]
+    ids = torch.tensor([long, short + [0] * 3])
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    layer = model.encoder.layer[2]
+    seen = {}
+    hooks = [layer.attention.output.LayerNorm.register_forward_hook(lambda m, a, o: seen.__setitem__("norm1", o)),
+             layer.output.LayerNorm.register_forward_hook(lambda m, a, o: seen.__setitem__("norm2", o))]
+    with torch.no_grad():
+        hidden = model(ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    for hook in hooks:
+        hook.remove()
+    path = tmp_path / "t.safetensors"
+    args = ["run", "--weights", str(tmp_path / "bert"), "--layer", "2", "--token-ids", *map(str, long), "/",
+            *map(str, short), "--save", str(path), "--json"]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    ours, real = load_file(str(path)), mask.bool()
+    assert (ours["x"][real] - hidden[2][real]).abs().max() <= 1e-5
+    for name in ("norm1", "norm2"):
+        assert (ours[name][real] - seen[name][real]).abs().max() <= 1e-5, name
+    assert ours["attn_weights"][1, :, :, 4:].abs().max() == 0  # no weight on the padded keys
+    report = json.loads(result.stdout)
+    values = ours["norm2"][real].double().numpy()
+    assert report["steps"][-1]["stats"]["mean"] == pytest.approx(values.mean(), abs=1e-6)
+    assert report["steps"][-1]["stats"]["std"] == pytest.approx(values.std(), rel=1e-5)
+    assert "2 sequences right-padded to 7" in report["input"]["source"]
+    assert np.isfinite(report["attention"]["entropy_per_head"]).all()
