@@ -67,6 +67,9 @@ def untraced():
 def traced():
     return trace(block, x)
 
+def traced_checks():
+    return trace(block, x, checks=True)
+
 def make_hf():
     from transformers import GPT2Model
     hf = GPT2Model.from_pretrained(directory, attn_implementation="eager").eval()
@@ -86,6 +89,7 @@ def make_tl():
 CASES = {
     "untraced forward (blocktrace block)": "untraced",
     "traced: 6 steps, all statistics, attention diagnostics": "traced",
+    "traced + health checks (run's default, `check`)": "traced_checks",
     "HuggingFace GPT2Block, eager attention": "hf",
     "TransformerLens 4 TransformerBridge, 1-layer forward": "tl_forward",
     "TransformerLens 4 TransformerBridge, run_with_cache": "tl_cache",

@@ -179,7 +179,7 @@ def _analysis(options: dict, **extra):
 
     depths = options["depths"] or (1,)
     if len(depths) > 1 and not options["grad"]:
-        raise click.BadParameter(f"a list of depths is a gradient sweep: add --grad (or give one depth)",
+        raise click.BadParameter("a list of depths is a gradient sweep: add --grad (or give one depth)",
                                  param_hint="'--layers'")
     if options["plot_path"] is not None:
         from blocktrace.tracefile import check_output_path

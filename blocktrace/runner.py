@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from blocktrace.config import BlockConfig
-from blocktrace.errors import InputError, UsageError
+from blocktrace.errors import InputError, UsageError, WeightsError
 from blocktrace.inputs import RANDOM_INPUT_NOTE, TOKEN_EMBEDDING_NOTE, random_input, split_tokens, tokens_to_input
 from blocktrace.tracefile import check_output_path, save_trace
 
@@ -196,18 +196,15 @@ def make_blocks(source: Source, request: RunRequest, n_layers: int,
                 config: Optional[BlockConfig] = None) -> list[torch.nn.Module]:
     """n_layers blocks: seeded (layer l from seed + l) or the checkpoint's layers K..K+n-1."""
     from blocktrace.stack import build_stack
+    from blocktrace.weights import load_block
 
     config = (config or source.config).replace(n_layers=n_layers if source.checkpoint is None
                                                else source.config.n_layers)
     if source.checkpoint is None:
         blocks = build_stack(config, n_layers, request.seed, request.init)
     else:
-        from blocktrace.weights import load_block
-
         last = request.layer + n_layers - 1
         if last >= source.info.n_layers:
-            from blocktrace.errors import WeightsError
-
             raise WeightsError(f"--layer {request.layer} with --layers {n_layers} needs layers up to {last}, "
                                f"but the checkpoint has {source.info.n_layers} layers: 0–{source.info.n_layers - 1}")
         blocks = [load_block(source.checkpoint, source.info, request.layer + i, config, DTYPES[request.dtype])

@@ -1,7 +1,6 @@
 """`compare`, stacks and gradients: shared parameters, and the published measurements' directions."""
 
 import json
-import math
 
 import numpy as np
 import pytest

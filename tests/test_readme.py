@@ -1,6 +1,5 @@
 """Every command in README.md runs, and every pasted output is what a real run prints now."""
 
-import os
 import re
 import shlex
 from pathlib import Path

@@ -62,7 +62,6 @@ def test_attention_diagnostics_match_naive_loops_for_any_chunk(chunk, causal):
 
 def test_entropy_is_exact_for_peaked_and_extreme_logits():
     """The log-free entropy formula against −Σ p log p in float64, from uniform to collapsed rows."""
-    from blocktrace.stats import attention_stats
 
     for scale in (0.0, 1.0, 30.0, 1e4):
         scores = torch.randn(1, 2, 9, 9, generator=torch.Generator().manual_seed(3)) * scale
