@@ -14,16 +14,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from blocktrace.config import BlockConfig, FFNKind, Norm, Placement
+from blocktrace.config import BlockConfig, Placement
 from blocktrace.errors import UsageError
 from blocktrace.init import apply_deepnorm_beta
 from blocktrace.stack import build_stack
 
-AXES = {
-    "placement": tuple(p.value for p in Placement),
-    "norm": tuple(n.value for n in Norm),
-    "ffn": tuple(f.value for f in FFNKind),
-}
 # The same role under another name: an MLP's first and last linear layers are SwiGLU's up and down.
 ALIASES = {"ffn.up.": "ffn.fc.", "ffn.down.": "ffn.proj."}
 

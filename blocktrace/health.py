@@ -211,7 +211,3 @@ def evaluate(traces: list, gradients=None) -> list[Flag]:
     if first is not None:  # only the origin matters: later NaNs are its consequences
         flags = [f for f in flags if f.name != "non_finite" or f is first]
     return flags
-
-
-def worst_level(flags: list[Flag]) -> Optional[str]:
-    return max((f.level for f in flags), key=LEVELS.index, default=None)
