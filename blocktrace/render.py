@@ -196,6 +196,13 @@ def layers_table(report: dict, fmt: str) -> str:
     rows += [[layer["layer"], layer["rms"], layer["sq_norm_per_d"], layer["attn_share"], layer["ffn_share"]]
              for layer in report["layers"]]
     headers = ["layer", "rms", "‖x‖²/d", "attn share", "ffn share"]
+    layer_flags = [sorted({name for step in layer["steps"] for name in step.get("flags") or []})
+                   for layer in report["layers"]]
+    if any(layer_flags):  # as in the step table: the column appears only when a check fired
+        headers.append("flags")
+        rows[0].append("")
+        for row, names in zip(rows[1:], layer_flags):
+            row.append(", ".join(names))
     return tabulate(rows, headers=headers, tablefmt=fmt, floatfmt=".4f")
 
 

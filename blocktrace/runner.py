@@ -175,8 +175,9 @@ def _checkpoint_source(request: RunRequest, inputs: list[str]) -> Source:
     raw = checkpoint.read_json("config.json") or {}
     padded, mask = pad_sequences(sequences, raw.get("pad_token_id") or 0)
     x = torch.stack([w.embed_token_ids(checkpoint, info, ids, dtype) for ids in padded])
-    x = x[0] if mask is None else x
-    x = w.hidden_state_before(checkpoint, info, native, x, request.layer, dtype, key_mask=mask)
+    x = (x[0] if mask is None else x).to(resolve_device(request.device))  # earlier layers run there too
+    device_mask = None if mask is None else mask.to(x.device)
+    x = w.hidden_state_before(checkpoint, info, native, x, request.layer, dtype, key_mask=device_mask)
     via = {0: "", 1: " and block 0"}.get(request.layer, f" and blocks 0–{request.layer - 1}")
     note = f"token ids through the model's embeddings{via}"
     if mask is not None:

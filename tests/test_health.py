@@ -191,3 +191,17 @@ def test_module_errors(invoke, user_blocks, spec, message):
     result = invoke("run", "--module", spec)
     assert result.exit_code in (1, 2) and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_stack_table_shows_each_layers_flags(invoke):
+    import json
+
+    text = invoke("run", "--layers", "3", "--seq-len", "8", "--init", "xiong").stdout
+    report = json.loads(invoke("run", "--layers", "3", "--seq-len", "8", "--init", "xiong", "--json").stdout)
+    fired = {(f["layer"], f["name"]) for f in report["flags"]}
+    assert fired, "xiong init zeroes W_Q and W_K: attention is uniform in every layer"
+    header = next(line for line in text.splitlines() if line.startswith("layer"))
+    assert header.rstrip().endswith("flags")
+    for layer, name in fired:
+        row = next(line for line in text.splitlines() if line.split() and line.split()[0] == str(layer))
+        assert name in row
