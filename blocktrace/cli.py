@@ -14,13 +14,12 @@ import click
 from tabulate import tabulate_formats
 
 from blocktrace._version import __version__
-from blocktrace.config import FFNKind, Norm, Placement
+from blocktrace.config import INITS, FFNKind, Norm, Placement
 from blocktrace.errors import BlocktraceError, UsageError
 from blocktrace.text import LANGUAGES
 
 # Options that take several words: `--tokens 猫 吃 鱼` as well as `--tokens "猫 吃 鱼"`.
 GREEDY_OPTIONS = ("--tokens", "--token-ids")
-INITS = ("default", "xavier", "xiong")  # blocktrace.init.INITS, repeated here to keep torch out of --help
 
 
 def _is_option_like(arg: str) -> bool:

@@ -8,6 +8,7 @@ and before `attn_weights`. A step is within tolerance when every element satisfi
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -29,16 +30,16 @@ def compare_step(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> 
     if a.shape != b.shape:
         return {"shape_a": list(a.shape), "shape_b": list(b.shape), "max_abs_diff": None, "max_rel_diff": None,
                 "cosine": None, "within": False}
-    a, b = a.double(), b.double()
-    delta = (a - b).abs()
-    largest = b.abs().max().item()
-    denominator = torch.linalg.vector_norm(a) * torch.linalg.vector_norm(b)
+    from blocktrace.compare import difference
+
+    measured = difference(a, b)
+    worst, largest = measured["max_abs_diff"], b.double().abs().max().item()
     return {
         "shape_a": list(a.shape), "shape_b": list(b.shape),
-        "max_abs_diff": delta.max().item(),
-        "max_rel_diff": delta.max().item() / largest if largest > 0 else (0.0 if delta.max() == 0 else float("inf")),
-        "cosine": (a.flatten() @ b.flatten() / denominator).item() if denominator > 0 else None,
-        "within": bool(torch.all(delta <= atol + rtol * b.abs())),
+        "max_abs_diff": worst,
+        "max_rel_diff": worst / largest if largest > 0 else (0.0 if worst == 0 else float("inf")),
+        "cosine": None if math.isnan(measured["cosine"]) else measured["cosine"],  # undefined for a zero tensor
+        "within": bool(torch.all((a.double() - b.double()).abs() <= atol + rtol * b.double().abs())),
     }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-INITS = ("default", "xavier", "xiong")
+from blocktrace.config import INITS
 
 
 def _linears(module: nn.Module):

@@ -1,7 +1,8 @@
 """Measurements the health checks need, taken inside the trace's hooks (checks=True only).
 
 Each probe returns small tensors or numbers; nothing here keeps a full activation beyond the
-few step outputs the residual check compares (x, attn, residual1 or norm1, ffn).
+few step outputs the residual check compares (x, attn, residual1 or norm1, ffn), each
+released as soon as it has been compared.
 """
 
 from __future__ import annotations
@@ -46,26 +47,28 @@ def residual_probe(recorder, name: str, value: torch.Tensor) -> dict:
     stream, update = recorder.refs.get(stream_name), recorder.refs.get(update_name)
     probe = {}
     if stream is not None and update is not None and stream.shape == value.shape == update.shape:
-        config = getattr(recorder.block, "config", None)
-        alpha = getattr(config, "residual_scale", 1.0) if hasattr(recorder.block, "step_modules") else 1.0
+        alpha = recorder.block.config.residual_scale if recorder.own else 1.0
         expected = alpha * stream + update
         probe["residual_mismatch"] = _norm(value - expected) / _norm(value).clamp_min(1e-30)
         probe["update_ratio"] = _norm(update) / _norm(stream).clamp_min(1e-30)
+    for used in (stream_name, update_name):  # compared: no reason to hold them any longer
+        recorder.refs.pop(used, None)
     return probe
 
 
-def massive_probe(value: torch.Tensor) -> dict:
-    magnitude = value.detach().abs()
-    largest = float(magnitude.amax())
-    if largest <= MASSIVE_ABS:
+def massive_probe(value: torch.Tensor, moments: torch.Tensor) -> dict:
+    """max |x| against the median |x|; the maximum comes from the step's moments, so the
+    median (a sort) is paid only when some |x| exceeds MASSIVE_ABS."""
+    low, high = float(moments[3]), float(moments[4])
+    largest = max(abs(low), abs(high))
+    if not largest > MASSIVE_ABS:
         return {}
-    return {"massive_ratio": largest / max(float(magnitude.flatten().median()), 1e-30)}
+    return {"massive_ratio": largest / max(float(value.detach().abs().flatten().median()), 1e-30)}
 
 
 def _activation_kind(recorder) -> str:
-    config = getattr(recorder.block, "config", None)
-    if hasattr(recorder.block, "step_modules"):
-        return config.ffn.value
+    if recorder.own:
+        return recorder.block.config.ffn.value
     module = recorder.block.get_submodule(recorder.layout.hidden)
     return "relu" if "relu" in type(module).__name__.lower() else "gelu"
 
@@ -88,7 +91,8 @@ def ffn_probe(recorder, output) -> None:
     }
 
 
-def step_probe(recorder, name: str, value: torch.Tensor) -> dict:
+def step_probe(recorder, name: str, value: torch.Tensor, moments: torch.Tensor) -> dict:
+    """Everything the health checks need from one step; `moments` are its tensor_moments."""
     probe = {}
     layout = recorder.layout
     if name in ("norm1", "norm2"):
@@ -97,7 +101,7 @@ def step_probe(recorder, name: str, value: torch.Tensor) -> dict:
         probe.update(norm_probe(resolve(recorder.block, layout.spec(name)), value, layout.norm))
     if name in ("residual1", "residual2"):
         probe.update(residual_probe(recorder, name, value))
-        probe.update(massive_probe(value))
+        probe.update(massive_probe(recorder._real_tokens(value), moments))
     if name == "ffn" and getattr(recorder, "ffn_probe", None):
         probe.update(recorder.ffn_probe)
     needed = {source for sources in RESIDUAL_SOURCES[layout.placement].values() for source in sources}

@@ -179,8 +179,9 @@ class _AttentionAccumulator:
 
 
 class _Recorder:
-    def __init__(self, block, layout: Layout, keep_tensors, sample_token, sample_size, checks, token_mask=None):
-        self.block, self.layout = block, layout
+    def __init__(self, block, layout: Layout, own: bool, keep_tensors, sample_token, sample_size, checks,
+                 token_mask=None):
+        self.block, self.layout, self.own = block, layout, own  # own: blocktrace's TransformerBlock
         self.keep_tensors, self.checks = keep_tensors, checks
         self.sample_token, self.sample_size = sample_token, sample_size
         self.token_mask = token_mask  # [B, T], False at padding: left out of every statistic
@@ -204,7 +205,7 @@ class _Recorder:
         if self.checks:
             from blocktrace import probes
 
-            pending.probe.update(probes.step_probe(self, name, value))
+            pending.probe.update(probes.step_probe(self, name, value, moments))
         return pending
 
     def _real_tokens(self, value: torch.Tensor) -> torch.Tensor:
@@ -239,8 +240,9 @@ class _Recorder:
         return handles
 
     def _attention_hooks(self) -> list:
-        attention = getattr(self.block, "attn", None)
-        if hasattr(attention, "scores") and hasattr(attention, "weights"):  # our own attention
+        if self.own:  # our attention exposes its scores and weights through hook points
+            attention = self.block.attn
+
             def on_scores(module, inputs, scores):
                 self.attention.scores = scores.detach()
 
@@ -302,7 +304,7 @@ def trace(
     layout = own_layout(block) if own else user_layout(block, steps, placement)
     if sample_size and not -x.shape[-2] <= sample_token < x.shape[-2]:
         raise IndexError(f"token index {sample_token} is out of range for {x.shape[-2]} tokens")
-    recorder = _Recorder(block, layout, keep_tensors, sample_token, sample_size, checks, token_mask)
+    recorder = _Recorder(block, layout, own, keep_tensors, sample_token, sample_size, checks, token_mask)
     x_pending = recorder.observe("x", x)
     handles = []
     saved_chunk = getattr(getattr(block, "attn", None), "query_chunk", None)
