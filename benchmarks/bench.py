@@ -49,9 +49,9 @@ def gpt2_block_dir(d_model: int, n_head: int) -> Path:
 SETUP = """
 import torch, json
 from pathlib import Path
-from blocktrace.checkpoint import Checkpoint
-from blocktrace.weights import checkpoint_config, load_block, model_info
-from blocktrace.tracer import trace
+from blocktrace.sources.checkpoint import Checkpoint
+from blocktrace.sources.families import checkpoint_config, load_block, model_info
+from blocktrace.tracing.tracer import trace
 torch.manual_seed(0)
 directory = Path({directory!r})
 checkpoint = Checkpoint(directory)

@@ -21,12 +21,12 @@ from common import gpt2_checkpoint, in_subprocess, machine_facts  # noqa: E402
 REPEATS = 3
 
 BASELINE = """
-import time, torch, safetensors.torch, blocktrace.weights
+import time, torch, safetensors.torch, blocktrace.sources.families
 RESULT = {'seconds': 0.0}
 """
 
 WHOLE = """
-import time, torch, safetensors.torch, blocktrace.weights
+import time, torch, safetensors.torch, blocktrace.sources.families
 start = time.perf_counter()
 tensors = safetensors.torch.load_file({path!r})
 touched = sum(float(t.sum()) for t in tensors.values())  # load_file maps lazily: read every byte
@@ -34,8 +34,8 @@ RESULT = {{'seconds': time.perf_counter() - start, 'bytes': sum(t.numel() * t.el
 """
 
 ONE_LAYER = """
-import time, torch, safetensors.torch, blocktrace.weights as w
-from blocktrace.checkpoint import Checkpoint
+import time, torch, safetensors.torch, blocktrace.sources.families as w
+from blocktrace.sources.checkpoint import Checkpoint
 start = time.perf_counter()
 checkpoint = Checkpoint({path!r})
 info = w.model_info(checkpoint)

@@ -10,7 +10,7 @@ from blocktrace._version import __version__
 
 _EXPORTS = {
     "STEP_NAMES": "config", "BlockConfig": "config", "FFNKind": "config", "Norm": "config", "Placement": "config",
-    "TransformerBlock": "block", "build_block": "block", "trace": "tracer", "Trace": "tracer",
+    "TransformerBlock": "model.block", "build_block": "model.block", "trace": "tracing.tracer", "Trace": "tracing.tracer",
     "BlocktraceError": "errors", "ConfigError": "errors", "InputError": "errors", "UsageError": "errors",
     "WeightsError": "errors",
 }

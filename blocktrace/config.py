@@ -13,7 +13,7 @@ from typing import Optional
 
 from blocktrace.errors import ConfigError
 
-# Parameter initialisations blocktrace.init knows (here, so the CLI can offer them without torch).
+# Parameter initialisations blocktrace.model.init knows (here, so the CLI can offer them without torch).
 INITS = ("default", "xavier", "xiong")
 
 # The vocabulary of the whole tool: module names, table rows, JSON keys, saved tensor names.

@@ -167,10 +167,10 @@ def make_samples(output: Path) -> None:
 def make_traces(checkpoint_dir: Path, directory: Path) -> None:
     """Two trace files of gpt2-tiny's layer 1 on 猫 吃 鱼, for the README's `blocktrace diff` example:
     the block as it is, and the same block with LayerNorm eps 1e-3 (a "slightly different implementation")."""
-    from blocktrace.checkpoint import Checkpoint
-    from blocktrace.tracefile import save_trace
-    from blocktrace.tracer import trace
-    from blocktrace.weights import embed_token_ids, checkpoint_config, hidden_state_before, load_block, model_info
+    from blocktrace.sources.checkpoint import Checkpoint
+    from blocktrace.sources.tracefile import save_trace
+    from blocktrace.tracing.tracer import trace
+    from blocktrace.sources.families import embed_token_ids, checkpoint_config, hidden_state_before, load_block, model_info
 
     directory.mkdir(parents=True, exist_ok=True)
     checkpoint = Checkpoint(checkpoint_dir)

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blocktrace.block import build_block, execution_order
+from blocktrace.model.block import build_block, execution_order
 from blocktrace.config import BlockConfig
-from blocktrace.tracer import trace
+from blocktrace.tracing.tracer import trace
 
 COMBINATIONS = list(itertools.product(["layernorm", "rmsnorm"], ["gelu", "gelu_tanh", "relu", "swiglu"], ["pre", "post"]))
 

@@ -68,8 +68,8 @@ def test_inspect_reports_layout_config_and_tensors(invoke):
 
 
 def test_only_the_traced_layer_is_read(monkeypatch):
-    from blocktrace.checkpoint import Checkpoint
-    from blocktrace.weights import checkpoint_config, load_block, model_info
+    from blocktrace.sources.checkpoint import Checkpoint
+    from blocktrace.sources.families import checkpoint_config, load_block, model_info
 
     read = []
     original = Checkpoint.get

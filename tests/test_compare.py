@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from blocktrace.compare import build_variants, difference
+from blocktrace.diagnose.compare import build_variants, difference
 from blocktrace.config import BlockConfig
-from blocktrace.stack import build_stack, summarise, trace_stack
+from blocktrace.model.stack import build_stack, summarise, trace_stack
 
 XIONG = dict(d_model=128, n_heads=1, d_ff=128, ffn="relu")  # Xiong et al. 2020's setting, with --init xiong
 
@@ -59,8 +59,8 @@ def test_variants_share_their_parameters(axis, values):
 def test_compare_on_checkpoint_weights_uses_the_checkpoint_parameters():
     from pathlib import Path
 
-    from blocktrace.checkpoint import Checkpoint
-    from blocktrace.weights import checkpoint_config, load_block, model_info
+    from blocktrace.sources.checkpoint import Checkpoint
+    from blocktrace.sources.families import checkpoint_config, load_block, model_info
 
     checkpoint = Checkpoint(Path(__file__).resolve().parents[1] / "sample_weights" / "gpt2-tiny")
     info = model_info(checkpoint)
@@ -95,7 +95,7 @@ def test_difference_matches_numpy():
 def test_compare_output_difference_is_that_of_the_two_variants_run_apart(invoke):
     report = _json(invoke, "compare", "--layernorm", "--rmsnorm", "--seq-len", "4")
     a, b = build_variants(BlockConfig(), "norm", ["layernorm", "rmsnorm"], n_layers=1, seed=0)
-    from blocktrace.inputs import random_input
+    from blocktrace.sources.inputs import random_input
 
     x = random_input(4, 16, 0, None)
     with torch.no_grad():
@@ -172,7 +172,7 @@ def test_deepnorm_scales_the_stream_by_alpha_and_the_init_by_beta():
                               beta * dict(post.blocks[0].named_parameters())[name])
     for name in ("attn.q_proj.weight", "attn.k_proj.weight"):
         assert torch.equal(dict(deep.blocks[0].named_parameters())[name], dict(post.blocks[0].named_parameters())[name])
-    from blocktrace.tracer import trace
+    from blocktrace.tracing.tracer import trace
 
     x = torch.randn(5, 8)
     t = trace(deep.blocks[0], x, keep_tensors=True).tensors()
@@ -204,7 +204,7 @@ def test_stack_on_checkpoint_layers(invoke):
 
 
 def test_gradient_norms_are_the_norms_of_the_mean_gradient():
-    from blocktrace.grad import gradient_report, readout, zipf_targets
+    from blocktrace.diagnose.grad import gradient_report, readout, zipf_targets
     from torch.nn import functional as F
 
     blocks = build_stack(BlockConfig(d_model=8, n_heads=2), 2, seed=3)
@@ -225,7 +225,7 @@ def test_gradient_norms_are_the_norms_of_the_mean_gradient():
 
 
 def test_zipf_targets_follow_one_over_rank():
-    from blocktrace.grad import zipf_targets
+    from blocktrace.diagnose.grad import zipf_targets
 
     counts = torch.bincount(zipf_targets((200_000,), torch.Generator().manual_seed(0), vocab=8), minlength=8)
     expected = [1 / (k + 1) / sum(1 / (j + 1) for j in range(8)) for k in range(8)]

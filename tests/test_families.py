@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from blocktrace.checkpoint import Checkpoint
-from blocktrace.tracer import trace
-from blocktrace.weights import checkpoint_config, embed_token_ids, hidden_state_before, load_block, model_info
+from blocktrace.sources.checkpoint import Checkpoint
+from blocktrace.tracing.tracer import trace
+from blocktrace.sources.families import checkpoint_config, embed_token_ids, hidden_state_before, load_block, model_info
 from conftest import randomise_
 
 IDS = [3, 14, 15, 92, 65, 35, 8]
@@ -133,7 +133,7 @@ def test_rotary_substeps_match_huggingface_rotation():
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     _, model = make_llama(False, head_dim=16, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0})
-    from blocktrace.block import build_block
+    from blocktrace.model.block import build_block
     from blocktrace.config import BlockConfig
 
     config = BlockConfig(d_model=32, n_heads=4, kv_heads=2, head_size=16, d_ff=64, norm="rmsnorm", ffn="swiglu",

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from blocktrace.block import build_block
+from blocktrace.model.block import build_block
 from blocktrace.config import BlockConfig
-from blocktrace.grad import GradientReport
-from blocktrace.health import CHECKS, evaluate
-from blocktrace.tracer import trace
+from blocktrace.diagnose.grad import GradientReport
+from blocktrace.diagnose.health import CHECKS, evaluate
+from blocktrace.tracing.tracer import trace
 
 X = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
 
@@ -101,7 +101,7 @@ def test_extreme_norm_gain():
 
 
 def test_gradient_flags_from_step_gradient_norms():
-    from blocktrace.health import _gradient_flags
+    from blocktrace.diagnose.health import _gradient_flags
 
     report = GradientReport(loss=1.0, batches=1,
                             step_norms=[{"attn": 1.0, "ffn": 0.5}, {"attn": 1e-5, "ffn": 2.0}], weight_norms=[])

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from blocktrace.inputs import sinusoidal_positions, split_tokens, token_embedding, tokens_to_input
+from blocktrace.sources.inputs import sinusoidal_positions, split_tokens, token_embedding, tokens_to_input
 
 
 def test_same_token_same_vector_and_positions_tell_them_apart():

@@ -6,7 +6,7 @@ import torch
 from torch.nn import functional as F
 
 from blocktrace.config import BlockConfig
-from blocktrace.layers import MLP, MultiHeadAttention, RMSNorm, SwiGLU
+from blocktrace.model.layers import MLP, MultiHeadAttention, RMSNorm, SwiGLU
 
 torch.manual_seed(0)
 

@@ -47,7 +47,7 @@ def test_shell_commands_run(invoke, commands, monkeypatch, tmp_path):
 
 def test_the_library_example_runs():
     code = re.search(r"```python\n(.*?)```", README, re.DOTALL).group(1)
-    import blocktrace.tracer  # noqa: F401  (the submodule loaded first must not shadow blocktrace.trace)
+    import blocktrace.tracing.tracer  # noqa: F401  (the submodule loaded first must not shadow blocktrace.trace)
 
     exec(compile(code, "README.md", "exec"), {})
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from blocktrace.block import build_block
+from blocktrace.model.block import build_block
 from blocktrace.config import BlockConfig
-from blocktrace.stats import attention_stats, tensor_stats
-from blocktrace.tracer import trace
+from blocktrace.tracing.stats import attention_stats, tensor_stats
+from blocktrace.tracing.tracer import trace
 
 
 def numpy_stats(a: np.ndarray) -> list[float]:

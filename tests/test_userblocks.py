@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from blocktrace.tracer import trace
-from blocktrace.tracefile import save_trace
+from blocktrace.tracing.tracer import trace
+from blocktrace.sources.tracefile import save_trace
 
 T, D = 6, 32
 X = torch.randn(2, T, D, generator=torch.Generator().manual_seed(0))
@@ -121,14 +121,14 @@ def test_known_blocks_trace_without_naming_steps(make, order, weights):
         assert traced.attention.future_weight_sum == pytest.approx(0.0, abs=1e-6) or make is bert_layer
     else:
         assert traced.attention is None and "attention weights are not visible" in traced.notes[0]
-    from blocktrace.health import evaluate
+    from blocktrace.diagnose.health import evaluate
 
     assert [f for f in evaluate([traced]) if f.level == "error"] == []
     assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in block.modules()) == 0
 
 
 def test_a_gpt2_block_without_its_mask_is_flagged_as_leaking():
-    from blocktrace.health import evaluate
+    from blocktrace.diagnose.health import evaluate
 
     block, _, _ = gpt2_block()
     flags = evaluate([trace(block, X, checks=True)])  # forgot attention_mask: HF attends to the future

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blocktrace.checkpoint import Checkpoint
-from blocktrace.weights import embed_token_ids, checkpoint_config, hidden_state_before, load_block, model_info
-from blocktrace.tracer import trace
+from blocktrace.sources.checkpoint import Checkpoint
+from blocktrace.sources.families import embed_token_ids, checkpoint_config, hidden_state_before, load_block, model_info
+from blocktrace.tracing.tracer import trace
 
 TOKEN_IDS = [5, 17, 99, 0, 42, 7, 63]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from blocktrace.render import CONFIG_SHOWN, _shape, gradients_section, steps_table
+from blocktrace.render.text import CONFIG_SHOWN, _shape, gradients_section, steps_table
 
 
 def _title(report: dict) -> str:

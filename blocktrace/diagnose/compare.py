@@ -16,8 +16,8 @@ from torch import nn
 
 from blocktrace.config import BlockConfig, Placement
 from blocktrace.errors import UsageError
-from blocktrace.init import apply_deepnorm_beta
-from blocktrace.stack import build_stack
+from blocktrace.model.init import apply_deepnorm_beta
+from blocktrace.model.stack import build_stack
 
 # The same role under another name: an MLP's first and last linear layers are SwiGLU's up and down.
 ALIASES = {"ffn.up.": "ffn.fc.", "ffn.down.": "ffn.proj."}

@@ -11,11 +11,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from blocktrace.compare import build_variants, difference
-from blocktrace.grad import gradient_report
-from blocktrace.report import SCHEMA_VERSION, block_report, stack_report, sweep_report
-from blocktrace.runner import RunRequest, Source, batch_maker, make_blocks, place_blocks
-from blocktrace.stack import trace_stack
+from blocktrace.diagnose.compare import build_variants, difference
+from blocktrace.diagnose.grad import gradient_report
+from blocktrace.render.report import SCHEMA_VERSION, block_report, stack_report, sweep_report
+from blocktrace.sources.source import RunRequest, Source, batch_maker, make_blocks, place_blocks
+from blocktrace.model.stack import trace_stack
 
 
 @dataclass
@@ -29,7 +29,7 @@ class Analysis:
     keep_tensors: bool = False
     n_values: Optional[int] = None
     token_index: int = 0
-    checks: bool = False  # health checks (blocktrace.health): flags column, `check`
+    checks: bool = False  # health checks (blocktrace.diagnose.health): flags column, `check`
     steps: Optional[dict] = None  # a user's block of unknown layout: its step submodules
     placement: str = "pre"  # ... and its wiring
 
@@ -61,7 +61,7 @@ def run_blocks(blocks, source: Source, request: RunRequest, analysis: Analysis) 
     grads = _gradients(blocks, source, request, analysis.batches) if analysis.grad else None
     flags = None
     if analysis.checks:
-        from blocktrace.health import evaluate
+        from blocktrace.diagnose.health import evaluate
 
         flags = evaluate(traces, grads)
     if len(traces) == 1 and not analysis.stacked:
@@ -124,7 +124,7 @@ def _compare_sweep(source, request, analysis, axis, values) -> list[dict]:
 
 
 def compare_report(source: Source, request: RunRequest, analysis: Analysis, axis: str, values: list[str]) -> dict:
-    from blocktrace.compare import describe
+    from blocktrace.diagnose.compare import describe
 
     differences = None
     if len(analysis.depths) > 1:

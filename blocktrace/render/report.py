@@ -10,7 +10,7 @@ import math
 from typing import Optional
 
 from blocktrace._version import __version__
-from blocktrace.tracer import StepRecord, Trace
+from blocktrace.tracing.tracer import StepRecord, Trace
 
 SCHEMA_VERSION = 1
 
@@ -78,7 +78,7 @@ def block_report(source, trace: Trace, grads=None, flags=None) -> dict:
 
 def stack_report(source, traces: list[Trace], grads=None, flags=None) -> dict:
     """N blocks: per layer the stream's size, the branch shares and the steps."""
-    from blocktrace.stack import summarise
+    from blocktrace.model.stack import summarise
 
     layers = []
     for index, trace in enumerate(traces):

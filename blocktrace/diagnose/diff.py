@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from blocktrace.checkpoint import Checkpoint
+from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.errors import InputError
 
 
@@ -30,7 +30,7 @@ def compare_step(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> 
     if a.shape != b.shape:
         return {"shape_a": list(a.shape), "shape_b": list(b.shape), "max_abs_diff": None, "max_rel_diff": None,
                 "cosine": None, "within": False}
-    from blocktrace.compare import difference
+    from blocktrace.diagnose.compare import difference
 
     measured = difference(a, b)
     worst, largest = measured["max_abs_diff"], b.double().abs().max().item()

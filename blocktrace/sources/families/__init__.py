@@ -21,8 +21,8 @@ from typing import Callable, Optional
 import torch
 from torch.nn import functional as F
 
-from blocktrace.block import TransformerBlock
-from blocktrace.checkpoint import Checkpoint
+from blocktrace.model.block import TransformerBlock
+from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.config import BlockConfig, FFNKind
 from blocktrace.errors import UsageError, WeightsError
 
@@ -371,7 +371,7 @@ def _materialise_buffers(block: TransformerBlock) -> None:
     """Buffers computed, not loaded (RoPE's inverse frequencies), rebuilt off the meta device."""
     rope = block.attn.rope
     if rope is not None:
-        from blocktrace.layers import RotaryEmbedding
+        from blocktrace.model.layers import RotaryEmbedding
 
         block.attn.rope = RotaryEmbedding(block.config.head_dim, block.config.rope_theta, block.config.rope_scaling)
 

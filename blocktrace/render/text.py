@@ -9,9 +9,9 @@ from typing import Sequence
 
 from tabulate import tabulate
 
-from blocktrace.stats import STAT_NAMES
-from blocktrace.text import HEADINGS, explanation
-from blocktrace.tracer import PREVIEW_MAX_TOKENS
+from blocktrace.tracing.stats import STAT_NAMES
+from blocktrace.render.words import HEADINGS, explanation
+from blocktrace.tracing.tracer import PREVIEW_MAX_TOKENS
 
 STAT_HEADINGS = ("mean", "std", "min", "max", "rms", "max|x|", "nan/inf")
 HEATMAP_RAMP = " .:-=+*#%@"  # ASCII only: block characters are double width in some CJK terminals

@@ -16,8 +16,8 @@ import torch
 
 from blocktrace.config import BlockConfig
 from blocktrace.errors import InputError, UsageError, WeightsError
-from blocktrace.inputs import RANDOM_INPUT_NOTE, TOKEN_EMBEDDING_NOTE, random_input, split_tokens, tokens_to_input
-from blocktrace.tracefile import check_output_path, save_trace
+from blocktrace.sources.inputs import RANDOM_INPUT_NOTE, TOKEN_EMBEDDING_NOTE, random_input, split_tokens, tokens_to_input
+from blocktrace.sources.tracefile import check_output_path, save_trace
 
 DEFAULT_SEQ_LEN = 5
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -113,7 +113,7 @@ def _with_batch(x: torch.Tensor, batch: Optional[int]) -> torch.Tensor:
 
 
 def load_input_file(path: Path, d_model: int) -> torch.Tensor:
-    from blocktrace.checkpoint import Checkpoint
+    from blocktrace.sources.checkpoint import Checkpoint
 
     checkpoint = Checkpoint(path)
     names = checkpoint.keys
@@ -148,9 +148,9 @@ def _seeded_source(request: RunRequest, inputs: list[str]) -> Source:
 
 
 def _checkpoint_source(request: RunRequest, inputs: list[str]) -> Source:
-    from blocktrace import weights as w
-    from blocktrace.checkpoint import Checkpoint
-    from blocktrace.tokenizer import encode_text, token_labels
+    from blocktrace.sources import families as w
+    from blocktrace.sources.checkpoint import Checkpoint
+    from blocktrace.sources.tokenizer import encode_text, token_labels
 
     if not inputs or inputs[0] == "--tokens":
         raise UsageError("with --weights the input must come from the checkpoint: --token-ids 464 3797 ..., "
@@ -196,8 +196,8 @@ def prepare_source(request: RunRequest) -> Source:
 def make_blocks(source: Source, request: RunRequest, n_layers: int,
                 config: Optional[BlockConfig] = None) -> list[torch.nn.Module]:
     """n_layers blocks: seeded (layer l from seed + l) or the checkpoint's layers K..K+n-1."""
-    from blocktrace.stack import build_stack
-    from blocktrace.weights import load_block
+    from blocktrace.model.stack import build_stack
+    from blocktrace.sources.families import load_block
 
     config = (config or source.config).replace(n_layers=n_layers if source.checkpoint is None
                                                else source.config.n_layers)

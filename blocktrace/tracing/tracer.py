@@ -2,7 +2,7 @@
 
 Works on blocktrace's own TransformerBlock and on any nn.Module block: a known layout
 (HF GPT2Block, BertLayer, LlamaDecoderLayer, nanoGPT's Block, the tutorials' ln1/attn/ln2/ffn)
-or steps the caller names (see blocktrace.steps). Hooks are registered for one call only and
+or steps the caller names (see blocktrace.tracing.steps). Hooks are registered for one call only and
 removed in `finally`, also when the forward raises. Statistics are computed inside the
 hooks, so no full activation outlives its step unless the caller asks to keep tensors.
 """
@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from blocktrace.config import STEP_NAMES, BlockConfig
-from blocktrace.stats import (STAT_NAMES, attention_chunk_stats, stats_from_moments, tensor_moments,
+from blocktrace.tracing.stats import (STAT_NAMES, attention_chunk_stats, stats_from_moments, tensor_moments,
                               weights_only_stats)
-from blocktrace.steps import Layout, StepSpec, own_layout, resolve, user_layout
+from blocktrace.tracing.steps import Layout, StepSpec, own_layout, resolve, user_layout
 
 PREVIEW_MAX_TOKENS = 16  # attention matrices up to this size are kept for the text heatmap
 ROPE_SUBSTEPS = ("q", "k", "q_rope", "k_rope")  # rotary embeddings' traced sub-steps inside attn
@@ -203,7 +203,7 @@ class _Recorder:
             pending.probe["inputs_finite"] = [bool(torch.isfinite(t).all()) for t in inputs
                                               if isinstance(t, torch.Tensor)]
         if self.checks:
-            from blocktrace import probes
+            from blocktrace.tracing import probes
 
             pending.probe.update(probes.step_probe(self, name, value, moments))
         return pending
@@ -233,7 +233,7 @@ class _Recorder:
                     lambda m, args, out, name=spec.name: self.record(name, out, args)))
         handles += self._attention_hooks()
         if self.checks and self.layout.hidden:
-            from blocktrace import probes
+            from blocktrace.tracing import probes
 
             hidden = resolve(self.block, StepSpec("ffn", self.layout.hidden))
             handles.append(hidden.register_forward_hook(lambda m, a, out: probes.ffn_probe(self, out)))
@@ -293,7 +293,7 @@ def trace(
     (first sequence of a batch) at every step, as the tutorials print `x[0, 0, :10]`.
     attn_chunk: query rows our attention computes at once (None: as many as fit its memory
     budget, see layers.ATTENTION_CHUNK_BYTES); bounds the `[B, H, rows, T]` temporaries.
-    checks: also measure what the health checks need (blocktrace.health).
+    checks: also measure what the health checks need (blocktrace.diagnose.health).
     steps / placement: for a user's block of unknown layout, its norm1/attn/norm2/ffn
     submodule paths and its wiring ("pre" or "post"); the residual steps are recovered.
     forward_kwargs: extra arguments of the block's forward (masks, position embeddings).
@@ -324,7 +324,7 @@ def trace(
 
 def _operations(block, layout: Layout, own: bool) -> dict[str, str]:
     if own:
-        from blocktrace.block import step_operations
+        from blocktrace.model.block import step_operations
 
         return {"x": "input", **step_operations(block.config)}
     return {"x": "input", **{spec.name: spec.describe() for spec in layout.specs}}

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from blocktrace.block import TransformerBlock, build_block
+from blocktrace.model.block import TransformerBlock, build_block
 from blocktrace.config import BlockConfig
-from blocktrace.tracer import Trace, trace
+from blocktrace.tracing.tracer import Trace, trace
 
 
 def build_stack(config: BlockConfig, n_layers: int, seed: int = 0, init: str = "default") -> list[TransformerBlock]:

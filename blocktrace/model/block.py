@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from blocktrace.config import STEP_NAMES, BlockConfig, Placement
-from blocktrace.layers import MultiHeadAttention, make_ffn, make_norm
+from blocktrace.model.layers import MultiHeadAttention, make_ffn, make_norm
 
 
 class Residual(nn.Module):
@@ -49,11 +49,11 @@ class TransformerBlock(nn.Module):
 def build_block(config: BlockConfig, seed: int = 0, init: str = "default") -> TransformerBlock:
     """A block whose parameters are drawn from `seed`: same seed, same numbers.
 
-    init: "default" (PyTorch's own), "xavier" or "xiong" (see blocktrace.init). DeepNorm's β
+    init: "default" (PyTorch's own), "xavier" or "xiong" (see blocktrace.model.init). DeepNorm's β
     scaling of the FFN, V and O weights is applied on top, as its definition requires.
     The global RNG is forked so that building a block never disturbs the caller's random state.
     """
-    from blocktrace.init import apply_deepnorm_beta, initialise
+    from blocktrace.model.init import apply_deepnorm_beta, initialise
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

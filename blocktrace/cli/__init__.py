@@ -16,7 +16,7 @@ from tabulate import tabulate_formats
 from blocktrace._version import __version__
 from blocktrace.config import INITS, FFNKind, Norm, Placement
 from blocktrace.errors import BlocktraceError, UsageError
-from blocktrace.text import LANGUAGES
+from blocktrace.render.words import LANGUAGES
 
 # Options that take several words: `--tokens 猫 吃 鱼` as well as `--tokens "猫 吃 鱼"`.
 GREEDY_OPTIONS = ("--tokens", "--token-ids")
@@ -162,7 +162,7 @@ def _explicit_fields(ctx: click.Context, names) -> set[str]:
 
 
 def _request(ctx: click.Context, options: dict, **config_fields):
-    from blocktrace.runner import RunRequest
+    from blocktrace.sources.source import RunRequest
 
     fields = dict(d_model=options["d_model"], n_heads=options["heads"], d_ff=options["d_ff"],
                   causal=options["causal"], eps=options["eps"], bias=options["bias"], **config_fields)
@@ -174,14 +174,14 @@ def _request(ctx: click.Context, options: dict, **config_fields):
 
 
 def _analysis(options: dict, **extra):
-    from blocktrace.commands import Analysis
+    from blocktrace.pipeline import Analysis
 
     depths = options["depths"] or (1,)
     if len(depths) > 1 and not options["grad"]:
         raise click.BadParameter("a list of depths is a gradient sweep: add --grad (or give one depth)",
                                  param_hint="'--layers'")
     if options["plot_path"] is not None:
-        from blocktrace.tracefile import check_output_path
+        from blocktrace.sources.tracefile import check_output_path
 
         check_output_path(options["plot_path"], options["force"])
     return Analysis(depths=depths, stacked=options["depths"] is not None, grad=options["grad"],
@@ -190,7 +190,7 @@ def _analysis(options: dict, **extra):
 
 def _emit(report: dict, options: dict, render) -> None:
     if options["plot_path"] is not None:
-        from blocktrace.plot import write_plot
+        from blocktrace.render.plot import write_plot
 
         write_plot(report, options["plot_path"])
     if options["as_json"]:
@@ -257,8 +257,9 @@ def _step_names(text):
 
 def _run(ctx, check_only, norm, ffn, placement, save_path, n_values, token_index, explain, fail_on, module_spec,
          step_names, **options):
-    from blocktrace import commands, runner
-    from blocktrace.render import render_findings, render_run
+    from blocktrace import pipeline as commands
+    from blocktrace.sources import source as runner
+    from blocktrace.render.text import render_findings, render_run
 
     request = _request(ctx, options, norm=norm, ffn=ffn, placement=placement)
     if save_path is not None:
@@ -285,7 +286,7 @@ def _run(ctx, check_only, norm, ffn, placement, save_path, n_values, token_index
     if save_path is not None:
         runner.save_run(save_path, traces[0], source.tokens)
     if check_only:
-        from blocktrace.health import LEVELS
+        from blocktrace.diagnose.health import LEVELS
 
         _emit(report, options, lambda r: render_findings(r, fail_on))
         levels = [flag["level"] for flag in report.get("flags") or []]
@@ -312,7 +313,7 @@ def _check_token_index(source, n_values, token_index):
 def diff(ctx, trace_a, trace_b, atol, rtol, fmt, as_json):
     """Compare two trace files (from --save) step by step: max |Δ|, relative error, cosine
     similarity, and the first step beyond --atol/--rtol; exit 1 when they diverge."""
-    from blocktrace.diff import diff_traces, render_diff
+    from blocktrace.diagnose.diff import diff_traces, render_diff
 
     report = diff_traces(trace_a, trace_b, atol, rtol)
     if as_json:
@@ -349,9 +350,10 @@ def compare(ctx, norm, ffn, placement, **options):
       blocktrace compare --pre-ln --post-ln
       blocktrace compare --pre-ln --post-ln --layers 12 --init xiong --heads 1 --d-ff 16 --ffn relu
     """
-    from blocktrace import commands, runner
-    from blocktrace.compare import choose_axis
-    from blocktrace.render_compare import render_compare
+    from blocktrace import pipeline as commands
+    from blocktrace.sources import source as runner
+    from blocktrace.diagnose.compare import choose_axis
+    from blocktrace.render.compare import render_compare
 
     wanted = {axis: [value for _, value in flags if options.pop(f"want_{value}")] for axis, flags in AXIS_FLAGS.items()}
     axis, values = choose_axis(wanted, {value: flag for flags in AXIS_FLAGS.values() for flag, value in flags})
@@ -372,7 +374,7 @@ def compare(ctx, norm, ffn, placement, **options):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 def inspect(path, fmt, as_json):
     """Show a checkpoint's layout, config and per-layer tensors (names, shapes, dtypes, norms)."""
-    from blocktrace.inspect import inspect_checkpoint, render_inspection
+    from blocktrace.sources.inspect import inspect_checkpoint, render_inspection
 
     report = inspect_checkpoint(path)
     if as_json:

@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from tabulate import tabulate
 
-from blocktrace.checkpoint import Checkpoint
+from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.errors import UsageError
-from blocktrace.weights import checkpoint_config, model_info
+from blocktrace.sources.families import checkpoint_config, model_info
 
 
 def _tensor_entry(checkpoint: Checkpoint, key: str, name: str) -> dict:

@@ -96,7 +96,7 @@ def step_probe(recorder, name: str, value: torch.Tensor, moments: torch.Tensor) 
     probe = {}
     layout = recorder.layout
     if name in ("norm1", "norm2"):
-        from blocktrace.steps import resolve
+        from blocktrace.tracing.steps import resolve
 
         probe.update(norm_probe(resolve(recorder.block, layout.spec(name)), value, layout.norm))
     if name in ("residual1", "residual2"):
