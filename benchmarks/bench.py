@@ -50,7 +50,8 @@ SETUP = """
 import torch, json
 from pathlib import Path
 from blocktrace.sources.checkpoint import Checkpoint
-from blocktrace.sources.families import checkpoint_config, load_block, model_info
+from blocktrace.sources.families import checkpoint_config, model_info
+from blocktrace.sources.loader import load_block
 from blocktrace.tracing.tracer import trace
 torch.manual_seed(0)
 directory = Path({directory!r})

@@ -12,30 +12,9 @@ from enum import Enum
 from typing import Optional
 
 from blocktrace.errors import ConfigError
+from blocktrace.vocab import STEP_NAMES, FFNKind, Norm, Placement
 
-# Parameter initialisations blocktrace.model.init knows (here, so the CLI can offer them without torch).
-INITS = ("default", "xavier", "xiong")
-
-# The vocabulary of the whole tool: module names, table rows, JSON keys, saved tensor names.
-STEP_NAMES = ("norm1", "attn", "residual1", "norm2", "ffn", "residual2")
-
-
-class Norm(str, Enum):
-    LAYERNORM = "layernorm"
-    RMSNORM = "rmsnorm"
-
-
-class FFNKind(str, Enum):
-    GELU = "gelu"  # exact: 0.5·x·(1 + erf(x/√2))
-    GELU_TANH = "gelu_tanh"  # GPT-2's "gelu_new" tanh approximation
-    RELU = "relu"
-    SWIGLU = "swiglu"  # Shazeer 2020: down(silu(gate(x)) · up(x))
-
-
-class Placement(str, Enum):
-    PRE = "pre"  # GPT-2, Llama: x + f(norm(x))
-    POST = "post"  # original Transformer, BERT: norm(x + f(x))
-    DEEPNORM = "deepnorm"  # Wang et al. 2022: norm(α·x + f(x)), α = (2N)^¼ for N decoder blocks
+__all__ = ["BlockConfig", "STEP_NAMES", "FFNKind", "Norm", "Placement"]
 
 
 def _as_enum(enum_cls, value, field_name):
@@ -104,7 +83,7 @@ class BlockConfig:
     @property
     def post_norm(self) -> bool:
         """Post-LN and DeepNorm normalise after each residual add; Pre-LN before each sublayer."""
-        return self.placement is not Placement.PRE
+        return self.placement.norm_after_add
 
     @property
     def residual_scale(self) -> float:

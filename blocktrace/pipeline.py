@@ -1,37 +1,78 @@
-"""The work behind `blocktrace run` and `blocktrace compare`, returning report dicts.
+"""From a request to a report: source -> blocks -> traces (-> gradients, flags) -> report dict.
 
-runner.py provides the source (config, parameters' origin, input) and the blocks; this module
-traces them, adds gradients and depth sweeps, and, for compare, the differences between two
-variants built on the same parameters.
+The one path every command takes; cli/ only turns options into a request and a report
+into text. `run_request` serves `run` and `check`, `compare_request` serves `compare`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Optional
 
-from blocktrace.diagnose.compare import build_variants, difference
+import torch
+
+from blocktrace.config import BlockConfig
+from blocktrace.diagnose.compare import build_variants, describe, difference
 from blocktrace.diagnose.grad import gradient_report
+from blocktrace.errors import BlocktraceError, UsageError, WeightsError
+from blocktrace.model.stack import build_stack, trace_stack
 from blocktrace.render.report import SCHEMA_VERSION, block_report, stack_report, sweep_report
-from blocktrace.sources.source import RunRequest, Source, batch_maker, make_blocks, place_blocks
-from blocktrace.model.stack import trace_stack
+from blocktrace.request import Analysis, RunRequest
+from blocktrace.sizing import Shape, estimate_bytes, require_fit
+from blocktrace.sources.inputs import random_input
+from blocktrace.sources.source import Source, prepare_source, resolve_device, torch_dtype, user_block_source
 
 
-@dataclass
-class Analysis:
-    """What to compute besides the trace."""
+def _guard_size(source: Source, request: RunRequest, analysis: Analysis, config: BlockConfig, n_layers: int) -> None:
+    from blocktrace.model.layers import ATTENTION_CHUNK_BYTES
 
-    depths: tuple[int, ...] = (1,)  # one depth: a block or a stack; several: a gradient sweep
-    stacked: bool = False  # --layers was given: report per layer even for one block
-    grad: bool = False
-    batches: int = 1
-    keep_tensors: bool = False
-    n_values: Optional[int] = None
-    token_index: int = 0
-    checks: bool = False  # health checks (blocktrace.diagnose.health): flags column, `check`
-    steps: Optional[dict] = None  # a user's block of unknown layout: its step submodules
-    placement: str = "pre"  # ... and its wiring
+    x = source.x
+    shape = Shape(batch=x.shape[0] if x.dim() == 3 else 1, tokens=x.shape[-2])
+    needed = estimate_bytes(config, n_layers, shape, x.element_size(), grad=analysis.grad,
+                            keep_tensors=analysis.keep_tensors, chunk_bytes=ATTENTION_CHUNK_BYTES,
+                            attn_chunk=request.attn_chunk)
+    what = (f"{n_layers} block{'s' if n_layers > 1 else ''} of d_model {config.d_model}, d_ff {config.d_ff} "
+            f"on {shape.batch}×{shape.tokens} tokens{', with gradients' if analysis.grad else ''}")
+    require_fit(needed, x.device, what)
+
+
+def make_blocks(source: Source, request: RunRequest, n_layers: int,
+                config: Optional[BlockConfig] = None) -> list[torch.nn.Module]:
+    """n_layers blocks: seeded (layer l from seed + l) or the checkpoint's layers K..K+n-1."""
+    from blocktrace.sources.loader import load_block
+
+    config = (config or source.config).replace(n_layers=n_layers if source.checkpoint is None
+                                               else source.config.n_layers)
+    if source.checkpoint is None:
+        blocks = build_stack(config, n_layers, request.seed, request.init)
+    else:
+        last = request.layer + n_layers - 1
+        if last >= source.info.n_layers:
+            raise WeightsError(f"--layer {request.layer} with --layers {n_layers} needs layers up to {last}, "
+                               f"but the checkpoint has {source.info.n_layers} layers: 0–{source.info.n_layers - 1}")
+        blocks = [load_block(source.checkpoint, source.info, request.layer + i, config, torch_dtype(request.dtype))
+                  for i in range(n_layers)]
+    return place_blocks(blocks, request, source)
+
+
+def place_blocks(blocks: list, request: RunRequest, source: Source) -> list:
+    """Move blocks to the requested device and dtype; set their attention chunking and padding mask."""
+    device, dtype = resolve_device(request.device), torch_dtype(request.dtype)
+    for block in blocks:
+        block.attn.query_chunk = request.attn_chunk
+        block.attn.key_mask = None if source.token_mask is None else source.token_mask.to(device)
+    return [block.to(device=device, dtype=dtype) for block in blocks]
+
+
+def batch_maker(source: Source, request: RunRequest):
+    """Mini-batch k for gradients: the input itself first; fresh seeded noise after, for random input."""
+    def make(k: int) -> torch.Tensor:
+        if k == 0 or not source.input_varies:
+            return source.x
+        batch = source.x.shape[0] if source.x.dim() == 3 else None
+        x = random_input(source.x.shape[-2], source.config.d_model, request.seed + k, batch)
+        return x.to(source.x.device, source.x.dtype)
+    return make
 
 
 def _gradients(blocks, source: Source, request: RunRequest, batches: int):
@@ -40,24 +81,24 @@ def _gradients(blocks, source: Source, request: RunRequest, batches: int):
                            final_norm=final_norm)
 
 
-def sweep_rows(source: Source, request: RunRequest, config, depths, batches: int) -> list[dict]:
+def _sweep_rows(source: Source, request: RunRequest, config, depths, batches: int) -> list[dict]:
     rows = []
     for depth in depths:
-        blocks = make_blocks(source, request, depth, config)
-        grads = _gradients(blocks, source, request, batches)
+        grads = _gradients(make_blocks(source, request, depth, config), source, request, batches)
         rows.append({"depth": depth, "loss": grads.loss, "last_layer": grads.weight_norms[-1]})
     return rows
 
 
-def _traced(blocks, source: Source, analysis: Analysis):
+def _traced(blocks, source: Source, analysis: Analysis, steps: Optional[dict] = None):
     return trace_stack(blocks, source.x, keep_tensors=analysis.keep_tensors, sample_token=analysis.token_index,
-                       sample_size=analysis.n_values or 0, checks=analysis.checks, steps=analysis.steps,
+                       sample_size=analysis.n_values or 0, checks=analysis.checks, steps=steps,
                        placement=analysis.placement, token_mask=source.token_mask)
 
 
-def run_blocks(blocks, source: Source, request: RunRequest, analysis: Analysis) -> tuple[dict, list]:
+def run_blocks(blocks, source: Source, request: RunRequest, analysis: Analysis,
+               steps: Optional[dict] = None) -> tuple[dict, list]:
     """Trace the blocks; returns the report and the traces (for --save)."""
-    traces = _traced(blocks, source, analysis)
+    traces = _out_of_memory_is_an_error(lambda: _traced(blocks, source, analysis, steps))
     grads = _gradients(blocks, source, request, analysis.batches) if analysis.grad else None
     flags = None
     if analysis.checks:
@@ -69,23 +110,51 @@ def run_blocks(blocks, source: Source, request: RunRequest, analysis: Analysis) 
     return stack_report(source, traces, grads, flags), traces
 
 
-def run_user_block(block, source: Source, request: RunRequest, analysis: Analysis) -> tuple[dict, list]:
-    """A user's own nn.Module block (from --module): its forward is the user's code."""
-    from blocktrace.errors import InputError
-
-    block = block.to(device=source.x.device)
+def _out_of_memory_is_an_error(compute):
+    """What the size estimate did not foresee still ends in one line, not an allocator traceback."""
     try:
-        return run_blocks([block], source, request, analysis)
-    except (RuntimeError, TypeError, ValueError) as error:  # raised inside the user's forward
-        raise InputError(f"the block's forward raised {type(error).__name__}: {error}") from None
+        return compute()
+    except (MemoryError, torch.OutOfMemoryError) as error:
+        raise BlocktraceError(f"out of memory: {str(error).splitlines()[0][:200] or 'allocation failed'}") from None
+    except RuntimeError as error:
+        if "can't allocate memory" in str(error) or "out of memory" in str(error):
+            raise BlocktraceError(f"out of memory: {str(error).splitlines()[0][:200]}") from None
+        raise
 
 
-def run_report(source: Source, request: RunRequest, analysis: Analysis) -> tuple[dict, list]:
+def _check_token_index(source: Source, analysis: Analysis) -> None:
+    n_tokens = source.x.shape[-2]
+    if analysis.n_values is not None and not -n_tokens <= analysis.token_index < n_tokens:
+        raise UsageError(f"Invalid value for '--token-index': {analysis.token_index} is out of range: "
+                         f"{n_tokens} tokens, valid 0–{n_tokens - 1}")
+
+
+def run_user_block(request: RunRequest, analysis: Analysis) -> tuple[dict, list, Source]:
+    """A user's own nn.Module block (from --module): its forward is the user's code."""
+    from blocktrace.sources.userblock import load_user_block
+
+    block = load_user_block(request.module)
+    source = user_block_source(request, block)
+    _check_token_index(source, analysis)
+    block = block.to(device=source.x.device, dtype=source.x.dtype)
+    report, traces = run_blocks([block], source, request, analysis, steps=request.step_names)
+    return report, traces, source
+
+
+def run_request(request: RunRequest, analysis: Analysis) -> tuple[dict, list, Source]:
+    """`run` and `check`: the report, the traces (for --save) and the source (for its tokens)."""
+    if request.module is not None:
+        return run_user_block(request, analysis)
+    source = prepare_source(request)
+    _check_token_index(source, analysis)
     if len(analysis.depths) > 1:
-        return sweep_report(source, source.config, sweep_rows(source, request, None, analysis.depths,
-                                                               analysis.batches)), []
+        _guard_size(source, request, analysis, source.config, max(analysis.depths))
+        rows = _sweep_rows(source, request, None, analysis.depths, analysis.batches)
+        return sweep_report(source, source.config, rows), [], source
+    _guard_size(source, request, analysis, source.config, analysis.depths[0])
     blocks = make_blocks(source, request, analysis.depths[0])
-    return run_blocks(blocks, source, request, analysis)
+    report, traces = run_blocks(blocks, source, request, analysis)
+    return report, traces, source
 
 
 def _differences(traces_a: list, traces_b: list) -> dict:
@@ -123,16 +192,19 @@ def _compare_sweep(source, request, analysis, axis, values) -> list[dict]:
              "report": sweep_report(source, configs[value].config, rows[value])} for value in values]
 
 
-def compare_report(source: Source, request: RunRequest, analysis: Analysis, axis: str, values: list[str]) -> dict:
-    from blocktrace.diagnose.compare import describe
-
+def compare_request(request: RunRequest, analysis: Analysis, axis: str, values: list[str]) -> dict:
+    source = prepare_source(request)
+    for value in values:
+        variant = source.config.replace(**{axis: value})
+        _guard_size(source, request, analysis, variant, 2 * max(analysis.depths))  # both variants at once
     differences = None
     if len(analysis.depths) > 1:
         entries = _compare_sweep(source, request, analysis, axis, values)
     else:
         entries, all_traces = [], []
+        keep = dataclasses.replace(analysis, keep_tensors=True)
         for variant in _variants(source, request, axis, values, analysis.depths[0]):
-            report, traces = run_blocks(variant.blocks, source, request, _keep(analysis))
+            report, traces = run_blocks(variant.blocks, source, request, keep)
             all_traces.append(traces)
             entries.append({"value": variant.value, "config": variant.config.to_dict(),
                             "unshared_parameters": variant.unshared, "report": report})
@@ -144,6 +216,3 @@ def compare_report(source: Source, request: RunRequest, analysis: Analysis, axis
         "notes": describe(axis, entries, differences),
     }
 
-
-def _keep(analysis: Analysis) -> Analysis:
-    return dataclasses.replace(analysis, keep_tensors=True)

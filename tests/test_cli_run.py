@@ -177,14 +177,13 @@ def test_save_refuses_to_overwrite_without_force(invoke, tmp_path):
 
 
 def test_a_failed_write_leaves_no_file(invoke, tmp_path, monkeypatch):
-    import safetensors.torch
+    import blocktrace.sources.tracefile
 
-    def half_write(tensors, filename, metadata=None):
-        with open(filename, "wb") as handle:
-            handle.write(b"partial")
+    def half_write(handle, tensors, metadata):
+        handle.write(b"partial")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", half_write)
+    monkeypatch.setattr(blocktrace.sources.tracefile, "write_safetensors", half_write)
     result = invoke("run", "--save", str(tmp_path / "t.safetensors"))
     assert result.exit_code == 1
     assert result.stderr == f"Error: cannot write {tmp_path / 't.safetensors'}: No space left on device\n"

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from test_weights import TOKEN_IDS, hf_block_values
+from helpers import SAMPLES, TOKEN_IDS, bert_reference, hf_block_values, llama_reference, make_gpt2
 
-SAMPLE = Path(__file__).resolve().parents[1] / "sample_weights" / "gpt2-tiny"
+SAMPLE = SAMPLES / "gpt2-tiny"
 STEPS = ["norm1", "attn", "residual1", "norm2", "ffn", "residual2", "attn_weights"]
 
 
@@ -29,8 +29,6 @@ def test_cli_trace_of_the_last_layer_equals_huggingface(invoke, gpt2_checkpoint,
 
 
 def test_half_precision_checkpoints_are_computed_in_float32(invoke, tmp_path):
-    from conftest import make_gpt2
-
     model = make_gpt2(head=False).half()
     model.save_pretrained(tmp_path)
     report = json.loads(invoke("run", "--weights", str(tmp_path), "--token-ids", "1", "2", "3", "--json").stdout)
@@ -69,7 +67,8 @@ def test_inspect_reports_layout_config_and_tensors(invoke):
 
 def test_only_the_traced_layer_is_read(monkeypatch):
     from blocktrace.sources.checkpoint import Checkpoint
-    from blocktrace.sources.families import checkpoint_config, load_block, model_info
+    from blocktrace.sources.families import checkpoint_config, model_info
+    from blocktrace.sources.loader import load_block
 
     read = []
     original = Checkpoint.get
@@ -98,13 +97,11 @@ def test_sample_weights_regenerate_byte_for_byte(tmp_path):
 def test_sample_weights_load_in_huggingface_and_match(invoke, tmp_path, name, loader, reference):
     import transformers
 
-    import test_families
-
     model = getattr(transformers, loader).from_pretrained(SAMPLE.parent / name, attn_implementation="eager").eval()
     base = model.model if loader == "LlamaForCausalLM" else model
     ids = [4, 8, 15, 16, 23]
-    expected = {"gpt2": lambda: hf_block_values(base, 3, ids), "bert": lambda: test_families.bert_reference(base, 3, ids),
-                "llama": lambda: test_families.llama_reference(base, 3, ids)}[reference]()
+    expected = {"gpt2": lambda: hf_block_values(base, 3, ids), "bert": lambda: bert_reference(base, 3, ids),
+                "llama": lambda: llama_reference(base, 3, ids)}[reference]()
     path = tmp_path / "t.safetensors"
     result = invoke("run", "--weights", str(SAMPLE.parent / name), "--layer", "3", "--token-ids",
                     *map(str, ids), "--save", str(path))
@@ -248,8 +245,6 @@ def test_token_ids_need_weights(invoke):
 
 
 def test_sharded_checkpoints_are_read_through_their_index(invoke, tmp_path):
-    from conftest import make_gpt2
-
     model = make_gpt2(head=True)
     model.save_pretrained(tmp_path, max_shard_size="20KB")
     assert (tmp_path / "model.safetensors.index.json").is_file()

@@ -9,6 +9,7 @@ import torch
 from blocktrace.diagnose.compare import build_variants, difference
 from blocktrace.config import BlockConfig
 from blocktrace.model.stack import build_stack, summarise, trace_stack
+from helpers import SAMPLES
 
 XIONG = dict(d_model=128, n_heads=1, d_ff=128, ffn="relu")  # Xiong et al. 2020's setting, with --init xiong
 
@@ -57,12 +58,11 @@ def test_variants_share_their_parameters(axis, values):
 
 
 def test_compare_on_checkpoint_weights_uses_the_checkpoint_parameters():
-    from pathlib import Path
-
     from blocktrace.sources.checkpoint import Checkpoint
-    from blocktrace.sources.families import checkpoint_config, load_block, model_info
+    from blocktrace.sources.families import checkpoint_config, model_info
+    from blocktrace.sources.loader import load_block
 
-    checkpoint = Checkpoint(Path(__file__).resolve().parents[1] / "sample_weights" / "gpt2-tiny")
+    checkpoint = Checkpoint(SAMPLES / "gpt2-tiny")
     info = model_info(checkpoint)
     native = checkpoint_config(checkpoint, info, {})
     source = [load_block(checkpoint, info, 2, native)]
@@ -73,12 +73,12 @@ def test_compare_on_checkpoint_weights_uses_the_checkpoint_parameters():
 
 
 def test_compare_with_weights_runs(invoke):
-    report = _json(invoke, "compare", "--pre-ln", "--post-ln", "--weights", "sample_weights/gpt2-tiny", "--layer", "2",
+    report = _json(invoke, "compare", "--pre-ln", "--post-ln", "--weights", str(SAMPLES / "gpt2-tiny"), "--layer", "2",
                    "--token-ids", "1", "2", "3")
     assert report["weights"]["layer"] == 2 and [v["value"] for v in report["variants"]] == ["pre", "post"]
     # The checkpoint's own wiring (pre) gives the same steps as `run` does (to float32 rounding: the
     # variant holds contiguous copies of the weights `run` reads as transposed views).
-    run = _json(invoke, "run", "--weights", "sample_weights/gpt2-tiny", "--layer", "2", "--token-ids", "1", "2", "3")
+    run = _json(invoke, "run", "--weights", str(SAMPLES / "gpt2-tiny"), "--layer", "2", "--token-ids", "1", "2", "3")
     for ours, theirs in zip(report["variants"][0]["report"]["steps"], run["steps"]):
         assert ours["name"] == theirs["name"]
         assert list(ours["stats"].values()) == pytest.approx(list(theirs["stats"].values()), abs=1e-5)
@@ -194,12 +194,12 @@ def test_run_stack_reports_every_layer_and_steps_on_demand(invoke):
 
 
 def test_stack_on_checkpoint_layers(invoke):
-    report = _json(invoke, "run", "--weights", "sample_weights/gpt2-tiny", "--layer", "1", "--layers", "3",
+    report = _json(invoke, "run", "--weights", str(SAMPLES / "gpt2-tiny"), "--layer", "1", "--layers", "3",
                    "--token-ids", "5", "6")
     assert report["n_layers"] == 3
-    single = _json(invoke, "run", "--weights", "sample_weights/gpt2-tiny", "--layer", "2", "--token-ids", "5", "6")
+    single = _json(invoke, "run", "--weights", str(SAMPLES / "gpt2-tiny"), "--layer", "2", "--token-ids", "5", "6")
     assert report["layers"][1]["steps"] == single["steps"]  # layer 2, fed by layer 1, as in the model
-    result = invoke("run", "--weights", "sample_weights/gpt2-tiny", "--layer", "2", "--layers", "3", "--token-ids", "5")
+    result = invoke("run", "--weights", str(SAMPLES / "gpt2-tiny"), "--layer", "2", "--layers", "3", "--token-ids", "5")
     assert result.exit_code == 1 and "needs layers up to 4, but the checkpoint has 4 layers: 0–3" in result.stderr
 
 

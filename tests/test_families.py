@@ -5,80 +5,12 @@ import torch
 
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.tracing.tracer import trace
-from blocktrace.sources.families import checkpoint_config, embed_token_ids, hidden_state_before, load_block, model_info
-from conftest import randomise_
+from blocktrace.sources.families import checkpoint_config, model_info
+from blocktrace.sources.loader import embed_token_ids, hidden_state_before, load_block
+from helpers import bert_reference, llama_reference, make_bert, make_llama
 
 IDS = [3, 14, 15, 92, 65, 35, 8]
 STEPS = ["norm1", "attn", "residual1", "norm2", "ffn", "residual2", "attn_weights"]
-
-
-def _first(value):
-    return value[0] if isinstance(value, tuple) else value
-
-
-def _capture(layer, places: dict, model, ids):
-    seen, hooks = {}, []
-    for name, (module, where) in places.items():
-        if where == "in":
-            hooks.append(module.register_forward_pre_hook(lambda m, a, name=name: seen.__setitem__(name, a[0])))
-        elif where == "weights":
-            hooks.append(module.register_forward_hook(lambda m, a, o, name=name: seen.__setitem__(name, o[1])))
-        else:
-            hooks.append(module.register_forward_hook(lambda m, a, o, name=name: seen.__setitem__(name, _first(o))))
-    try:
-        with torch.no_grad():
-            seen["hidden_states"] = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return seen
-
-
-def bert_reference(model, k, ids):
-    layer = model.encoder.layer[k]
-    places = {"attn": (layer.attention.output.dense, "out"), "residual1": (layer.attention.output.LayerNorm, "in"),
-              "norm1": (layer.attention.output.LayerNorm, "out"), "ffn": (layer.output.dense, "out"),
-              "residual2": (layer.output.LayerNorm, "in"), "norm2": (layer.output.LayerNorm, "out"),
-              "attn_weights": (layer.attention.self, "weights")}
-    return _capture(layer, places, model, ids)
-
-
-def llama_reference(model, k, ids):
-    layer = model.layers[k]
-    places = {"norm1": (layer.input_layernorm, "out"), "attn": (layer.self_attn, "out"),
-              "attn_weights": (layer.self_attn, "weights"), "residual1": (layer.post_attention_layernorm, "in"),
-              "norm2": (layer.post_attention_layernorm, "out"), "ffn": (layer.mlp, "out"),
-              "residual2": (layer, "out")}
-    return _capture(layer, places, model, ids)
-
-
-def make_bert(head: bool):
-    from transformers import BertConfig, BertForMaskedLM, BertModel
-
-    config = BertConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=3,
-                        vocab_size=101, max_position_embeddings=64, attn_implementation="eager")
-    model = (BertForMaskedLM if head else BertModel)(config).eval()
-    randomise_(model, 3)
-    with torch.no_grad():  # LayerNorm gains near 1, as trained models have them (randomise_ knows GPT-2's names)
-        for name, parameter in model.named_parameters():
-            if name.endswith("LayerNorm.weight"):
-                parameter.add_(1.0)
-    return model, (model.bert if head else model)
-
-
-def make_llama(head: bool, **extra):
-    from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
-
-    config = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                         num_hidden_layers=3, vocab_size=101, max_position_embeddings=64,
-                         attn_implementation="eager", **extra)
-    model = (LlamaForCausalLM if head else LlamaModel)(config).eval()
-    randomise_(model, 4)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
-                parameter.add_(1.0)
-    return model, (model.model if head else model)
 
 
 FAMILY_CASES = {

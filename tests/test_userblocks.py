@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from blocktrace.tracing.tracer import trace
 from blocktrace.sources.tracefile import save_trace
+from helpers import make_gpt2, randomise_
 
 T, D = 6, 32
 X = torch.randn(2, T, D, generator=torch.Generator().manual_seed(0))
@@ -22,8 +23,6 @@ def _first(value):
 
 
 def _randomise(module, seed=1):
-    from conftest import randomise_
-
     randomise_(module, seed)
     return module.eval()
 
@@ -167,8 +166,6 @@ def test_named_steps_post_ln_and_a_hook_that_never_fired():
 def test_my_implementation_against_the_reference_with_diff(invoke, tmp_path):
     """HF's GPT2Block traced as a user block, against blocktrace's own block on the same weights."""
     from safetensors.torch import save_file
-
-    from conftest import make_gpt2
 
     model = make_gpt2(head=False)
     model.save_pretrained(tmp_path / "ckpt")

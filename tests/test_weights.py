@@ -3,37 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from blocktrace.sources.checkpoint import Checkpoint
-from blocktrace.sources.families import embed_token_ids, checkpoint_config, hidden_state_before, load_block, model_info
+from blocktrace.sources.families import checkpoint_config, model_info
+from blocktrace.sources.loader import embed_token_ids, hidden_state_before, load_block
 from blocktrace.tracing.tracer import trace
-
-TOKEN_IDS = [5, 17, 99, 0, 42, 7, 63]
-
-
-def hf_block_values(hf_model, layer: int, token_ids: list[int]) -> dict[str, torch.Tensor]:
-    """Tensors HF computes inside block `layer`, captured with hooks on its own modules."""
-    block = hf_model.h[layer]
-    seen = {}
-    hooks = [
-        block.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0])),
-        block.ln_1.register_forward_hook(lambda m, i, o: seen.__setitem__("norm1", o)),
-        block.attn.register_forward_hook(lambda m, i, o: seen.update(attn=o[0], attn_weights=o[1])),
-        block.ln_2.register_forward_pre_hook(lambda m, args: seen.__setitem__("residual1", args[0])),
-        block.ln_2.register_forward_hook(lambda m, i, o: seen.__setitem__("norm2", o)),
-        block.mlp.register_forward_hook(lambda m, i, o: seen.__setitem__("ffn", o)),
-        block.register_forward_hook(lambda m, i, o: seen.__setitem__("residual2", o[0] if isinstance(o, tuple) else o)),
-    ]
-    try:
-        with torch.no_grad():
-            outputs = hf_model(torch.tensor([token_ids]), output_hidden_states=True)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    seen["hidden_state"] = outputs.hidden_states[layer]
-    return seen
-
+from helpers import TOKEN_IDS, hf_block_values
 
 @pytest.mark.parametrize("layer", [0, 2])
 def test_every_step_matches_huggingface(gpt2_checkpoint, layer):

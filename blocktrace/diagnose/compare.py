@@ -14,29 +14,13 @@ from typing import Optional
 import torch
 from torch import nn
 
-from blocktrace.config import BlockConfig, Placement
-from blocktrace.errors import UsageError
+from blocktrace.config import BlockConfig
+from blocktrace.vocab import Init, Placement
 from blocktrace.model.init import apply_deepnorm_beta
 from blocktrace.model.stack import build_stack
 
 # The same role under another name: an MLP's first and last linear layers are SwiGLU's up and down.
 ALIASES = {"ffn.up.": "ffn.fc.", "ffn.down.": "ffn.proj."}
-
-
-def choose_axis(flags: dict[str, list[str]], names: Optional[dict[str, str]] = None) -> tuple[str, list[str]]:
-    """From the values asked per axis, the one axis with exactly two values.
-
-    `names` maps a value to the option that asked for it, for the error message.
-    """
-    asked = {axis: values for axis, values in flags.items() if values}
-    everything = [value for values in asked.values() for value in values]
-    if len(asked) != 1 or len(everything) != 2:
-        shown = " ".join((names or {}).get(v, v) for v in everything) or "nothing"
-        raise UsageError(
-            f"compare needs two values of one axis, got {shown}: e.g. --pre-ln --post-ln, "
-            "--post-ln --deepnorm, --layernorm --rmsnorm, or two of --gelu --gelu-tanh --relu --swiglu")
-    (axis, values), = asked.items()
-    return axis, list(values)
 
 
 def _source_name(name: str) -> str:
@@ -72,7 +56,7 @@ class Variant:
 
 
 def build_variants(base: BlockConfig, axis: str, values: list[str], *, n_layers: int, seed: int,
-                   init: str = "default", source: Optional[list] = None) -> list[Variant]:
+                   init: Init = Init.DEFAULT, source: Optional[list] = None) -> list[Variant]:
     """Both variants, filled from `source` blocks (default: a seeded stack of the base config)."""
     if source is None:
         plain = base.replace(placement=Placement.PRE) if base.placement is Placement.DEEPNORM else base

@@ -9,10 +9,10 @@ gradient report. A flag has a level: "error" (the block is broken or diverging),
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional
 
-LEVELS = ("info", "warning", "error")
+from blocktrace.vocab import Level, Norm
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ CHECKS = {check.name: check for check in [
           "almost every hidden activation sits where the activation has ~zero slope",
           "check the scale of the FFN input and of W1 / its bias"),
     Check("residual_not_added", "‖output − (α·stream + update)‖ > 1e-3 · ‖output‖ at a residual step",
-          "definition of the residual connection (He et al. 2016); seed 000: the residual adds x, not x_norm1",
+          "definition of the residual connection (He et al. 2016)",
           "the residual step does not return stream + update: the skip connection is missing or adds the wrong tensor",
           "return x + sublayer(norm(x)) (Pre-LN): add the un-normalised stream"),
     Check("update_too_small", "‖update‖ / ‖stream‖ < 1e-3 at a sublayer",
@@ -87,7 +87,7 @@ CHECKS = {check.name: check for check in [
 @dataclass(frozen=True)
 class Flag:
     name: str
-    level: str
+    level: Level
     step: Optional[str]
     layer: Optional[int]
     value: float
@@ -95,7 +95,8 @@ class Flag:
 
     def to_dict(self) -> dict:
         check = CHECKS[self.name]
-        return {**asdict(self), "threshold": check.threshold, "source": check.source,
+        return {"name": self.name, "level": self.level.value, "step": self.step, "layer": self.layer,
+                "value": self.value, "detail": self.detail, "threshold": check.threshold, "source": check.source,
                 "meaning": check.meaning, "remedy": check.remedy}
 
 
@@ -114,35 +115,35 @@ def _step_flags(record, layer) -> list[Flag]:
         detail = f"{record.stats.nan} NaN, {record.stats.inf} Inf"
         if finite_inputs is not None:
             detail += f"; inputs finite: {finite_inputs}"
-        flags.append(Flag("non_finite", "error", record.name, layer, record.stats.nan + record.stats.inf, detail))
+        flags.append(Flag("non_finite", Level.ERROR, record.name, layer, record.stats.nan + record.stats.inf, detail))
     if "token_mean_abs" in probe:
         mean_abs, spread, kind = probe["token_mean_abs"], probe["token_spread"], probe["norm_kind"]
-        if (kind == "layernorm" and mean_abs > 0.01) or not 0.9 <= spread <= 1.1:
-            flags.append(Flag("norm_not_normalising", "error", record.name, layer, spread,
-                              f"per-token |mean| {mean_abs:.3g}, per-token {'std' if kind == 'layernorm' else 'rms'} "
+        if (kind is Norm.LAYERNORM and mean_abs > 0.01) or not 0.9 <= spread <= 1.1:
+            flags.append(Flag("norm_not_normalising", Level.ERROR, record.name, layer, spread,
+                              f"per-token |mean| {mean_abs:.3g}, per-token {'std' if kind is Norm.LAYERNORM else 'rms'} "
                               f"{spread:.3g} before the gain"))
         gain = probe.get("gain_mean_abs")
         if gain is not None and not 0.1 <= gain <= 10:
-            flags.append(Flag("norm_gain_extreme", "warning", record.name, layer, gain, f"mean |gain| {gain:.3g}"))
+            flags.append(Flag("norm_gain_extreme", Level.WARNING, record.name, layer, gain, f"mean |gain| {gain:.3g}"))
     if "residual_mismatch" in probe and probe["residual_mismatch"] > 1e-3:
-        flags.append(Flag("residual_not_added", "error", record.name, layer, probe["residual_mismatch"],
+        flags.append(Flag("residual_not_added", Level.ERROR, record.name, layer, probe["residual_mismatch"],
                           f"‖output − (α·stream + update)‖ / ‖output‖ = {probe['residual_mismatch']:.3g}"))
     if "update_ratio" in probe:
         ratio = probe["update_ratio"]
         if ratio < 1e-3:
-            flags.append(Flag("update_too_small", "warning", record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}"))
+            flags.append(Flag("update_too_small", Level.WARNING, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}"))
         elif ratio > 10:
-            flags.append(Flag("update_too_large", "warning", record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}"))
+            flags.append(Flag("update_too_large", Level.WARNING, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}"))
     if probe.get("massive_ratio") is not None and probe["massive_ratio"] > 1000 and record.stats.absmax > 100:
-        flags.append(Flag("massive_activation", "warning", record.name, layer, record.stats.absmax,
+        flags.append(Flag("massive_activation", Level.WARNING, record.name, layer, record.stats.absmax,
                           f"max |x| {record.stats.absmax:.4g} = {probe['massive_ratio']:.4g} × median |x|"))
     if "dead_fraction" in probe:
         dead = probe["dead_fraction"]
         if dead > 0.5:
-            flags.append(Flag("ffn_dead_units", "error" if dead > 0.9 else "warning", record.name, layer, dead,
+            flags.append(Flag("ffn_dead_units", Level.ERROR if dead > 0.9 else Level.WARNING, record.name, layer, dead,
                               f"{dead:.1%} of {probe['units']} hidden units never active over {probe['tokens']} tokens"))
         if probe["flat_fraction"] > 0.9:
-            flags.append(Flag("ffn_saturated", "warning", record.name, layer, probe["flat_fraction"],
+            flags.append(Flag("ffn_saturated", Level.WARNING, record.name, layer, probe["flat_fraction"],
                               f"{probe['flat_fraction']:.1%} of hidden activations in the flat region"))
     return flags
 
@@ -153,20 +154,20 @@ def _attention_flags(attention, layer) -> list[Flag]:
     flags = []
     t = attention.shape[-1]
     if attention.causal and attention.future_weight_sum > 1e-6:
-        flags.append(Flag("causal_leak", "error", "attn", layer, attention.future_weight_sum,
+        flags.append(Flag("causal_leak", Level.ERROR, "attn", layer, attention.future_weight_sum,
                           f"future_weight_sum={attention.future_weight_sum:.4g} with a causal mask"))
     if attention.max_logit is not None and attention.max_logit > 100:
-        level = "error" if attention.max_logit > 1e4 else "warning"
+        level = Level.ERROR if attention.max_logit > 1e4 else Level.WARNING
         flags.append(Flag("attention_logit_growth", level, "attn", layer, attention.max_logit,
                           f"largest pre-softmax logit {attention.max_logit:.4g}"))
     if t >= 4:
         uniform = _uniform_entropy(t, attention.causal)
         for head, entropy in enumerate(attention.entropy_per_head):
             if entropy < 0.1:
-                flags.append(Flag("attention_entropy_collapse", "warning", "attn", layer, entropy,
+                flags.append(Flag("attention_entropy_collapse", Level.WARNING, "attn", layer, entropy,
                                   f"head {head}: entropy {entropy:.4f} nats (uniform {uniform:.4f})"))
             elif entropy >= 0.98 * uniform:
-                flags.append(Flag("attention_uniform", "info", "attn", layer, entropy,
+                flags.append(Flag("attention_uniform", Level.INFO, "attn", layer, entropy,
                                   f"head {head}: entropy {entropy:.4f} of uniform {uniform:.4f}"))
     return flags
 
@@ -180,18 +181,18 @@ def _gradient_flags(gradients) -> list[Flag]:
     flags = []
     bad = [(layer, step) for layer, step, value in norms if not math.isfinite(value)]
     for layer, step in bad[:1]:
-        flags.append(Flag("gradient_exploding", "error", step, layer, float("nan"), "non-finite gradient"))
+        flags.append(Flag("gradient_exploding", Level.ERROR, step, layer, float("nan"), "non-finite gradient"))
     finite = [(layer, step, value) for layer, step, value in norms if math.isfinite(value) and value > 0]
     if finite and not bad:
         largest = max(value for _, _, value in finite)
         smallest = min(value for _, _, value in finite)
         low = min(finite, key=lambda item: item[2])
         if smallest < 1e-3 * largest:
-            flags.append(Flag("gradient_vanishing", "warning", low[1], low[0], smallest,
+            flags.append(Flag("gradient_vanishing", Level.WARNING, low[1], low[0], smallest,
                               f"‖∂L/∂{low[1]}‖ = {smallest:.3g} vs largest {largest:.3g}"))
         high = max(finite, key=lambda item: item[2])
         if largest > 1e3 * smallest:
-            flags.append(Flag("gradient_exploding", "warning", high[1], high[0], largest,
+            flags.append(Flag("gradient_exploding", Level.WARNING, high[1], high[0], largest,
                               f"‖∂L/∂{high[1]}‖ = {largest:.3g} vs smallest {smallest:.3g}"))
     return flags
 

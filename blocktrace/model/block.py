@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from blocktrace.config import STEP_NAMES, BlockConfig, Placement
+from blocktrace.config import STEP_NAMES, BlockConfig
 from blocktrace.model.layers import MultiHeadAttention, make_ffn, make_norm
+from blocktrace.vocab import FFNKind, Init, Norm, Placement
 
 
 class Residual(nn.Module):
@@ -46,7 +47,7 @@ class TransformerBlock(nn.Module):
         return {name: getattr(self, name) for name in STEP_NAMES}
 
 
-def build_block(config: BlockConfig, seed: int = 0, init: str = "default") -> TransformerBlock:
+def build_block(config: BlockConfig, seed: int = 0, init: Init = Init.DEFAULT) -> TransformerBlock:
     """A block whose parameters are drawn from `seed`: same seed, same numbers.
 
     init: "default" (PyTorch's own), "xavier" or "xiong" (see blocktrace.model.init). DeepNorm's β
@@ -58,10 +59,15 @@ def build_block(config: BlockConfig, seed: int = 0, init: str = "default") -> Tr
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         block = TransformerBlock(config)
-        initialise(block, init)
+        initialise(block, Init(init))
     if config.placement is Placement.DEEPNORM:
         apply_deepnorm_beta(block)
     return block.eval()
+
+
+NORM_NAMES = {Norm.LAYERNORM: "LayerNorm", Norm.RMSNORM: "RMSNorm"}
+FFN_NAMES = {FFNKind.GELU: "FFN_GELU", FFNKind.GELU_TANH: "FFN_GELU_tanh", FFNKind.RELU: "FFN_ReLU",
+             FFNKind.SWIGLU: "SwiGLU"}
 
 
 def execution_order(config: BlockConfig) -> tuple[str, ...]:
@@ -72,10 +78,8 @@ def execution_order(config: BlockConfig) -> tuple[str, ...]:
 
 def step_operations(config: BlockConfig) -> dict[str, str]:
     """Each step as a formula, with the tutorial's variable names (x_norm1, attn_out, x1, ...)."""
-    norm = "RMSNorm" if config.norm.value == "rmsnorm" else "LayerNorm"
-    ffn = {"gelu": "FFN_GELU", "gelu_tanh": "FFN_GELU_tanh", "relu": "FFN_ReLU", "swiglu": "SwiGLU"}[
-        config.ffn.value
-    ]
+    norm = NORM_NAMES[config.norm]
+    ffn = FFN_NAMES[config.ffn]
     if config.post_norm:
         alpha = "" if config.residual_scale == 1.0 else f"{config.residual_scale:.4g}·"
         return {

@@ -10,25 +10,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from blocktrace.config import INITS
+from blocktrace.vocab import Init
 
 
 def _linears(module: nn.Module):
     return [m for m in module.modules() if isinstance(m, nn.Linear)]
 
 
-def initialise(block: nn.Module, scheme: str) -> None:
+def initialise(block: nn.Module, scheme: Init) -> None:
     """Re-draw the block's parameters in place (from the global RNG, which the caller seeds)."""
-    if scheme == "default":
+    if scheme is Init.DEFAULT:
         return
-    if scheme not in INITS:
-        raise ValueError(f"init must be one of {', '.join(INITS)}, not {scheme!r}")
     with torch.no_grad():
         for linear in _linears(block):
             nn.init.xavier_normal_(linear.weight)
             if linear.bias is not None:
                 nn.init.zeros_(linear.bias)
-        if scheme == "xiong":
+        if scheme is Init.XIONG:
             for linear in (block.attn.q_proj, block.attn.k_proj):
                 nn.init.zeros_(linear.weight)
 

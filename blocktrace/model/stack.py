@@ -14,10 +14,12 @@ import torch
 
 from blocktrace.model.block import TransformerBlock, build_block
 from blocktrace.config import BlockConfig
-from blocktrace.tracing.tracer import Trace, trace
+from blocktrace.tracing.records import Trace
+from blocktrace.tracing.tracer import trace
+from blocktrace.vocab import Init
 
 
-def build_stack(config: BlockConfig, n_layers: int, seed: int = 0, init: str = "default") -> list[TransformerBlock]:
+def build_stack(config: BlockConfig, n_layers: int, seed: int = 0, init: Init = Init.DEFAULT) -> list[TransformerBlock]:
     """n_layers blocks with independent parameters: layer l draws from seed + l."""
     config = config.replace(n_layers=n_layers)
     return [build_block(config, seed + layer, init) for layer in range(n_layers)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from blocktrace.render.text import CONFIG_SHOWN, _shape, gradients_section, steps_table
+from blocktrace.vocab import Lang, ReportKind
 
 
 def _title(report: dict) -> str:
@@ -64,12 +65,12 @@ def _sweep_table(report: dict, fmt: str) -> str:
     return title + "\n" + tabulate(rows, headers=headers, tablefmt=fmt, floatfmt=".4g")
 
 
-def render_compare(report: dict, *, fmt: str = "simple", lang: str = "en", steps: bool = False) -> str:
+def render_compare(report: dict, *, fmt: str = "simple", lang: Lang = Lang.EN, steps: bool = False) -> str:
     parts = [_title(report)]
-    kind = report["variants"][0]["report"]["kind"]
-    if kind == "sweep":
+    kind = ReportKind(report["variants"][0]["report"]["kind"])
+    if kind is ReportKind.SWEEP:
         parts.append(_sweep_table(report, fmt))
-    elif kind == "block":
+    elif kind is ReportKind.BLOCK:
         parts.append(_block_table(report, fmt))
     else:
         parts.append(_stack_table(report, fmt))

@@ -1,19 +1,21 @@
 """`--plot PATH.png`: attention heatmaps of one block, or per-layer curves of a stack or a compare.
 
-matplotlib is an optional extra (`pip install "transformer-blocktrace[plot]"`); the PNG is
-written under a temporary name and renamed, like every file blocktrace writes.
+matplotlib is an optional extra (`pip install "transformer-blocktrace[plot]"`): the CLI asks
+for it (`require_pyplot`) before any computation. The PNG is written like every file
+blocktrace writes (blocktrace.files: atomic, no clobbering).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 
-from blocktrace.errors import BlocktraceError, UsageError
+from blocktrace.errors import UsageError
+from blocktrace.files import write_atomically
+from blocktrace.vocab import ReportKind
 
 
-def _pyplot():
+def require_pyplot():
     try:
         import matplotlib
     except ImportError:
@@ -46,8 +48,18 @@ def _labels(plt, tokens, count: int) -> tuple[list[str], str]:
     return list(tokens), ""
 
 
+def _not_visible(plt, report: dict):
+    figure, axis = plt.subplots(figsize=(5.5, 1.6))
+    axis.axis("off")
+    note = next((n for n in report.get("notes") or [] if "not visible" in n), "attention weights are not visible")
+    axis.text(0.0, 0.5, f"attention heatmap: n/a\n{note}", fontsize=8, va="center", wrap=True)
+    return figure
+
+
 def _heatmaps(plt, report: dict):
     attention = report["attention"]
+    if attention is None:
+        return _not_visible(plt, report)
     weights = attention["weights_first_sequence"]
     if weights is None:
         raise UsageError(f"--plot draws heatmaps for up to 16 tokens; this input has {attention['shape'][-1]}")
@@ -98,29 +110,23 @@ def _sweep(plt, series: list[tuple[str, dict]]):
 
 
 def figure_for(plt, report: dict):
-    if report["kind"] == "compare":
+    comparing = ReportKind(report["kind"]) is ReportKind.COMPARE
+    if comparing:
         series = [(entry["value"], entry["report"]) for entry in report["variants"]]
     else:
         series = [(report["config"]["placement"], report)]
-    kind = series[0][1]["kind"]
-    if kind == "block":
-        if report["kind"] == "compare":
-            raise UsageError("--plot with compare draws per-layer curves: add --layers N")
+    kind = ReportKind(series[0][1]["kind"])
+    if kind is ReportKind.BLOCK:
         return _heatmaps(plt, report)
-    return _sweep(plt, series) if kind == "sweep" else _curves(plt, series)
+    return _sweep(plt, series) if kind is ReportKind.SWEEP else _curves(plt, series)
 
 
-def write_plot(report: dict, path: Path) -> None:
-    plt = _pyplot()
+def write_plot(report: dict, path: Path, force: bool) -> None:
+    plt = require_pyplot()
     figure = figure_for(plt, report)
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        figure.savefig(temporary, dpi=100, format="png")
-        os.replace(temporary, path)
-    except OSError as error:
-        raise BlocktraceError(f"cannot write {path}: {error.strerror or error}") from None
+        buffer = io.BytesIO()
+        figure.savefig(buffer, dpi=100, format="png")
     finally:
         plt.close(figure)
-        if Path(temporary).exists():
-            Path(temporary).unlink()
+    write_atomically(Path(path), lambda handle: handle.write(buffer.getvalue()), force)

@@ -5,13 +5,15 @@ Nothing here prints: functions return strings and the CLI decides where they go.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from tabulate import tabulate
 
-from blocktrace.tracing.stats import STAT_NAMES
 from blocktrace.render.words import HEADINGS, explanation
-from blocktrace.tracing.tracer import PREVIEW_MAX_TOKENS
+from blocktrace.tracing.recorder import PREVIEW_MAX_TOKENS
+from blocktrace.tracing.stats import STAT_NAMES
+from blocktrace.vocab import Lang, Level, Placement, ReportKind
 
 STAT_HEADINGS = ("mean", "std", "min", "max", "rms", "max|x|", "nan/inf")
 HEATMAP_RAMP = " .:-=+*#%@"  # ASCII only: block characters are double width in some CJK terminals
@@ -28,7 +30,7 @@ def _stat_cells(stats: dict) -> list:
 CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placement", "causal")
 
 
-def _header(report: dict, lang: str) -> str:
+def _header(report: dict, lang: Lang) -> str:
     words = HEADINGS[lang]
     config = report["config"]
     settings = " ".join(f"{key}={config[key]}" for key in CONFIG_SHOWN if key in config)
@@ -47,7 +49,7 @@ def _header(report: dict, lang: str) -> str:
     return "\n".join(lines)
 
 
-def steps_table(entries: list, lang: str, fmt: str) -> str:
+def steps_table(entries: list, lang: Lang, fmt: str) -> str:
     """The tutorial's table: one row per step (and the input x as row 0)."""
     words = HEADINGS[lang]
     headers = [words["index"], words["step"], words["operation"], words["shape"], *STAT_HEADINGS]
@@ -63,10 +65,17 @@ def steps_table(entries: list, lang: str, fmt: str) -> str:
 
 
 def _ramp(weight: float) -> str:
-    return HEATMAP_RAMP[min(len(HEATMAP_RAMP) - 1, int(weight * len(HEATMAP_RAMP)))]
+    if not math.isfinite(weight):
+        return "?"  # NaN or Inf: the cell's number says which
+    return HEATMAP_RAMP[max(0, min(len(HEATMAP_RAMP) - 1, int(weight * len(HEATMAP_RAMP))))]
 
 
-def heatmaps(report: dict, labels: Sequence[str], lang: str, fmt: str) -> str:
+def _number(value, spec: str = ".4f") -> str:
+    """A statistic as text; "n/a" when it could not be measured (None)."""
+    return "n/a" if value is None else format(value, spec)
+
+
+def heatmaps(report: dict, labels: Sequence[str], lang: Lang, fmt: str) -> str:
     words = HEADINGS[lang]
     attention = report["attention"]
     preview = attention["weights_first_sequence"]
@@ -81,7 +90,7 @@ def heatmaps(report: dict, labels: Sequence[str], lang: str, fmt: str) -> str:
     return "\n\n".join(blocks)
 
 
-def attention_section(report: dict, labels: Sequence[str], lang: str, fmt: str) -> str:
+def attention_section(report: dict, labels: Sequence[str], lang: Lang, fmt: str) -> str:
     words = HEADINGS[lang]
     a = report["attention"]
     entropy = "  ".join(f"h{head}={value:.4f}" for head, value in enumerate(a["entropy_per_head"]))
@@ -90,14 +99,14 @@ def attention_section(report: dict, labels: Sequence[str], lang: str, fmt: str) 
         f"attention_shape={_shape(a['shape'])}",
         f"future_weight_sum={a['future_weight_sum']:.4f}",
         words["entropy"].format(uniform=a["uniform_entropy"]) + f": {entropy}",
-        words["max_weight"].format(weight=a["max_weight"], logit=a["max_logit"]),
+        words["max_weight"].format(weight=_number(a["max_weight"]), logit=_number(a["max_logit"])),
         "",
         heatmaps(report, labels, lang, fmt),
     ]
     return "\n".join(lines)
 
 
-def values_section(report: dict, token_index: int, labels: Sequence[str], lang: str, fmt: str) -> str:
+def values_section(report: dict, token_index: int, labels: Sequence[str], lang: Lang, fmt: str) -> str:
     entries = [report["input"], *report["steps"]]
     n = len(entries[0]["values"])
     title = HEADINGS[lang]["values"].format(n=n, index=token_index, label=labels[token_index])
@@ -105,8 +114,8 @@ def values_section(report: dict, token_index: int, labels: Sequence[str], lang: 
     return title + "\n" + tabulate(rows, headers=["", *range(n)], tablefmt=fmt, floatfmt=".4f")
 
 
-def explanations(report: dict, lang: str) -> str:
-    placement = report["config"]["placement"]
+def explanations(report: dict, lang: Lang) -> str:
+    placement = Placement(report["config"]["placement"])
     lines = [f"{HEADINGS[lang]['why']}:"]
     lines += [f"{e['index']} {e['name']}: {explanation(lang, placement, e['name'])}" for e in report["steps"]]
     return "\n".join(lines)
@@ -119,16 +128,17 @@ def token_labels(report: dict) -> list[str]:
 def render_run(
     report: dict,
     *,
-    lang: str = "en",
+    lang: Lang = Lang.EN,
     fmt: str = "simple",
     explain: bool = False,
     token_index: int = 0,
     steps: bool = False,
 ) -> str:
     """The whole `blocktrace run` text output for one report dict."""
-    if report["kind"] == "stack":
+    kind = ReportKind(report["kind"])
+    if kind is ReportKind.STACK:
         return render_stack(report, lang=lang, fmt=fmt, explain=explain, steps=steps)
-    if report["kind"] == "sweep":
+    if kind is ReportKind.SWEEP:
         return render_sweep(report, fmt=fmt, lang=lang)
     labels = token_labels(report)
     parts = [_header(report, lang), steps_table([report["input"], *report["steps"]], lang, fmt)]
@@ -149,18 +159,18 @@ def render_run(
     return "\n\n".join(parts) + "\n"
 
 
-def render_findings(report: dict, fail_on: str) -> str:
+def render_findings(report: dict, fail_on: Level) -> str:
     """`blocktrace check`: only the flags, each with what it means and what people do about it."""
     flags = report.get("flags") or []
     shown = [f for f in flags if f["level"] != "info"]
-    header = _header(report, "en")
+    header = _header(report, Lang.EN)
     if not shown:
         infos = f" ({len(flags)} informational: {', '.join(sorted({f['name'] for f in flags}))})" if flags else ""
         return f"{header}\n\nno findings at warning or error level{infos}\n"
     counts = {level: sum(f["level"] == level for f in shown) for level in ("error", "warning")}
     noun = "finding" if len(shown) == 1 else "findings"
     lines = [header, "", f"{len(shown)} {noun}: {counts['error']} error, {counts['warning']} warning "
-                         f"(exit 1 on {fail_on} or worse)"]
+                         f"(exit 1 on {Level(fail_on).value} or worse)"]
     for f in shown:
         where = f["step"] if f["layer"] is None else f"layer {f['layer']} {f['step']}"
         lines += ["", f"{f['level'].upper()}: {f['name']} at {where}: {f['detail']}",
@@ -206,7 +216,7 @@ def layers_table(report: dict, fmt: str) -> str:
     return tabulate(rows, headers=headers, tablefmt=fmt, floatfmt=".4f")
 
 
-def render_stack(report: dict, *, lang: str = "en", fmt: str = "simple", explain: bool = False,
+def render_stack(report: dict, *, lang: Lang = Lang.EN, fmt: str = "simple", explain: bool = False,
                  steps: bool = False) -> str:
     parts = [
         _header(report, lang),
@@ -225,7 +235,7 @@ def render_stack(report: dict, *, lang: str = "en", fmt: str = "simple", explain
     return "\n\n".join(parts) + "\n"
 
 
-def render_sweep(report: dict, *, fmt: str = "simple", lang: str = "en") -> str:
+def render_sweep(report: dict, *, fmt: str = "simple", lang: Lang = Lang.EN) -> str:
     rows = [[row["depth"], row["loss"], *(row["last_layer"][n] for n in WEIGHT_NAMES)] for row in report["sweep"]]
     title = ("per depth N: ‖∂L/∂W‖_F of layer N's weight matrices (Xiong et al. 2020, Theorem 1: "
              "flat in N for Post-LN, falling for Pre-LN)")

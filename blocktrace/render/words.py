@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-LANGUAGES = ("en", "zh")
+from blocktrace.vocab import Lang, Placement
 
 HEADINGS = {
-    "en": {
+    Lang.EN: {
         "index": "#",
         "step": "step",
         "operation": "operation",
         "shape": "shape",
         "attention": "attention",
         "entropy": "entropy per head (uniform = log T = {uniform:.4f})",
-        "max_weight": "max weight {weight:.4f}, max pre-softmax logit {logit:.4f}",
+        "max_weight": "max weight {weight}, max pre-softmax logit {logit}",
         "heatmap": "head {head} (rows: queries, columns: keys{batch_note})",
         "heatmap_batch": ", first sequence",
         "heatmap_skipped": "heatmap skipped: {tokens} tokens > {limit} (use --json or --save for the weights)",
@@ -21,14 +21,14 @@ HEADINGS = {
         "tokens": "tokens",
         "input": "input x",
     },
-    "zh": {
+    Lang.ZH: {
         "index": "步骤",
         "step": "名称",
         "operation": "操作",
         "shape": "输出shape",
         "attention": "注意力",
         "entropy": "每个头的熵（均匀分布 = log T = {uniform:.4f}）",
-        "max_weight": "最大权重 {weight:.4f}，softmax 前最大 logit {logit:.4f}",
+        "max_weight": "最大权重 {weight}，softmax 前最大 logit {logit}",
         "heatmap": "第 {head} 个头（行：query，列：key{batch_note}）",
         "heatmap_batch": "，第一条序列",
         "heatmap_skipped": "热力图已省略：{tokens} 个 token > {limit}（用 --json 或 --save 查看权重）",
@@ -40,7 +40,7 @@ HEADINGS = {
 }
 
 _PRE = {
-    "en": {
+    Lang.EN: {
         "norm1": "Normalises each token's vector before attention; only attention sees x_norm1, "
         "the residual keeps the raw x.",
         "attn": "Each token takes a softmax(q·k/√d_head)-weighted mix of the value vectors of the "
@@ -50,7 +50,7 @@ _PRE = {
         "ffn": "Works on every token on its own: widen to d_ff, nonlinearity, project back to d_model.",
         "residual2": "Adds x1, not x_norm2: the second residual path; the output keeps the input's shape.",
     },
-    "zh": {
+    Lang.ZH: {
         "norm1": "在进入注意力之前对每个 token 的向量做归一化；只有注意力看到 x_norm1，残差用的是原始 x。",
         "attn": "每个 token 按 softmax(q·k/√d_head) 的权重，把它能看到的 token（因果时是自己和之前的）"
         "的 value 向量加权混合。",
@@ -62,25 +62,42 @@ _PRE = {
 }
 
 _POST = {
-    "en": {
+    Lang.EN: {
         "attn": "Attention reads the raw stream x directly (no norm in front of it).",
         "residual1": "Adds the attention output to x; the sum is not yet normalised.",
         "norm1": "Normalises the sum x + attn_out: the residual stream itself is rescaled here.",
         "ffn": "Works on every token of x1 on its own: widen to d_ff, nonlinearity, project back.",
         "residual2": "Adds the FFN output to x1.",
-        "norm2": "Normalises the sum again: the block output always has unit scale per token.",
+        "norm2": "Normalises the sum again: each token of the block output has mean 0 and std 1 before the "
+        "learned gain and shift (which set its final scale).",
     },
-    "zh": {
+    Lang.ZH: {
         "attn": "注意力直接读取原始的 x（前面没有归一化）。",
         "residual1": "把注意力输出加到 x 上；这个和还没有归一化。",
         "norm1": "对 x + attn_out 做归一化：残差流本身在这里被重新缩放。",
         "ffn": "对 x1 的每个 token 单独加工：升维到 d_ff，非线性，再降回。",
         "residual2": "把 FFN 输出加到 x1 上。",
-        "norm2": "再对和做归一化：block 输出的每个 token 尺度总是 1 左右。",
+        "norm2": "再对和做归一化：在可学习的 gain 和 shift 之前，block 输出的每个 token 均值为 0、标准差为 1"
+        "（最终尺度由 gain 决定）。",
     },
 }
 
 
-def explanation(lang: str, placement: str, step: str) -> str:
-    table = _POST if placement == "post" else _PRE
+_DEEPNORM = {
+    Lang.EN: {
+        "residual1": "Adds the attention output to α·x (α = (2N)^¼ > 1): the stream outweighs the update.",
+        "residual2": "Adds the FFN output to α·x1, the stream again scaled up by α.",
+    },
+    Lang.ZH: {
+        "residual1": "把注意力输出加到 α·x 上（α = (2N)^¼ > 1）：残差流的分量大于更新。",
+        "residual2": "把 FFN 输出加到 α·x1 上，残差流同样先乘以 α。",
+    },
+}
+
+
+def explanation(lang: Lang, placement: Placement, step: str) -> str:
+    """One sentence on what `step` does under this wiring (DeepNorm: Post-LN with α-scaled adds)."""
+    if placement is Placement.DEEPNORM and step in _DEEPNORM[lang]:
+        return _DEEPNORM[lang][step]
+    table = _POST if placement.norm_after_add else _PRE
     return table[lang][step]

@@ -7,13 +7,16 @@ without being unpickled: loading one runs arbitrary code.
 
 from __future__ import annotations
 
-import json
+import errno
+import os
+import stat
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import torch
 
 from blocktrace.errors import WeightsError
+from blocktrace.sources.configfile import ConfigFile
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 CONVERT_HINT = (
@@ -34,40 +37,88 @@ def _looks_like_pickle(path: Path) -> bool:
     return head == b"PK" or (head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"))
 
 
+def _stat(path: Path, role: str = "") -> os.stat_result:
+    """stat of an existing path, or one line saying what is wrong with it."""
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise WeightsError(f"{path}{role} is a symbolic link to nothing ({os.readlink(path)})") from None
+        raise WeightsError(f"{path}{role} does not exist") from None
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise WeightsError(f"{path}{role} is a symbolic link loop") from None
+        raise WeightsError(f"cannot read {path}: {error.strerror or error}") from None
+
+
+def _require_regular_file(path: Path, role: str = "") -> None:
+    mode = _stat(path, role).st_mode
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+        raise WeightsError(f"{path}{role} is {kind}: a checkpoint must be a regular .safetensors file "
+                           "or a directory holding one")
+    if not os.access(path, os.R_OK):
+        raise WeightsError(f"cannot read {path}: Permission denied")
+
+
+def _index_files(index: Path) -> list[str]:
+    config = ConfigFile.read(index)
+    weight_map = config.raw("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise WeightsError(f"{index} is not a valid safetensors index: weight_map must map tensor names "
+                           "to file names")
+    return sorted(set(weight_map.values()))
+
+
+def _listing(directory: Path) -> list[Path]:
+    try:
+        return sorted(directory.iterdir())
+    except OSError as error:
+        raise WeightsError(f"cannot read {directory}: {error.strerror or error}") from None
+
+
 def _files_in_directory(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError) as error:
-            raise WeightsError(f"{index} is not a valid safetensors index: {error}") from None
-        return [directory / name for name in sorted(set(weight_map.values()))]
+    if _exists(index):
+        return [directory / name for name in _index_files(index)]
     single = directory / "model.safetensors"
-    if single.is_file():
+    if _exists(single):
         return [single]
-    others = sorted(directory.glob("*.safetensors"))
+    entries = _listing(directory)
+    others = [p for p in entries if p.suffix == ".safetensors"]
     if len(others) == 1:
         return others
-    pickles = [p.name for p in sorted(directory.iterdir()) if p.suffix in PICKLE_SUFFIXES]
+    pickles = [p.name for p in entries if p.suffix in PICKLE_SUFFIXES]
     if pickles:
         raise WeightsError(f"{directory} holds only pickle checkpoints ({', '.join(pickles)}), "
                            f"which blocktrace does not unpickle; {CONVERT_HINT}")
+    if others:
+        raise WeightsError(f"{directory} holds {len(others)} .safetensors files and no "
+                           "model.safetensors.index.json to say which belong together")
     raise WeightsError(f"{directory} holds no model.safetensors or model.safetensors.index.json")
+
+
+def _exists(path: Path) -> bool:
+    """Whether anything is at path (a broken link or a loop counts: it is reported when used)."""
+    return os.path.lexists(path)
 
 
 def resolve_files(path: Path) -> list[Path]:
     """The safetensors files of a checkpoint given as a file or a HuggingFace-style directory."""
-    if not path.exists():
-        raise WeightsError(f"{path} does not exist")
-    if path.is_dir():
+    mode = _stat(path).st_mode
+    if stat.S_ISDIR(mode):
         files = _files_in_directory(path)
+        for file in files:
+            if not _exists(file):
+                raise WeightsError(f"{file} is listed in the index but does not exist")
     else:
         if path.suffix in PICKLE_SUFFIXES:
+            _require_regular_file(path)
             _refuse_pickle(path)
         files = [path]
     for file in files:
-        if not file.is_file():
-            raise WeightsError(f"{file} is listed in the index but does not exist")
+        _require_regular_file(file)
     return files
 
 
@@ -84,6 +135,8 @@ class Checkpoint:
         for file in resolve_files(self.path):
             try:
                 handle = safe_open(str(file), framework="pt")
+            except OSError as error:
+                raise WeightsError(f"cannot read {file}: {error.strerror or error}") from None
             except Exception as error:  # safetensors raises its own error types for bad headers
                 if _looks_like_pickle(file):
                     _refuse_pickle(file)
@@ -133,12 +186,10 @@ class Checkpoint:
             raise WeightsError(f"cannot read tensor {key!r} from {self._file_of[key]}: {error}") from None
         return tensor if dtype is None else tensor.to(dtype)
 
-    def read_json(self, name: str) -> Optional[dict]:
+    def read_json(self, name: str) -> Optional[ConfigFile]:
         """A JSON file beside the weights (config.json), or None when there is none."""
         candidate = self.directory / name
-        if not candidate.is_file():
+        if not _exists(candidate):
             return None
-        try:
-            return json.loads(candidate.read_text(encoding="utf-8"))
-        except ValueError as error:
-            raise WeightsError(f"{candidate} is not valid JSON: {error}") from None
+        _require_regular_file(candidate)
+        return ConfigFile.read(candidate)

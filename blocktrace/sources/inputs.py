@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import math
+from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
-from blocktrace.errors import UsageError
+from blocktrace.errors import InputError, UsageError
 
 TOKEN_EMBEDDING_NOTE = "seeded random embedding per token + sinusoidal position encoding"
 RANDOM_INPUT_NOTE = "standard normal noise drawn from seed + 1"
@@ -24,6 +25,12 @@ def split_tokens(words: Sequence[str]) -> list[str]:
     tokens = [token for word in words for token in word.split()]
     if not tokens:
         raise UsageError("--tokens needs at least one token, e.g. --tokens 猫 吃 鱼")
+    for token in tokens:
+        try:
+            token.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the terminal could not decode arrive as lone surrogates
+            raise UsageError(f"--tokens: {token.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8 text") \
+                from None
     return tokens
 
 
@@ -54,3 +61,57 @@ def tokens_to_input(tokens: Sequence[str], d_model: int, seed: int, batch: Optio
 def random_input(seq_len: int, d_model: int, seed: int, batch: Optional[int]) -> torch.Tensor:
     shape = (seq_len, d_model) if batch is None else (batch, seq_len, d_model)
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed + 1))
+
+
+def parse_token_ids(text: str) -> list[list[int]]:
+    """One sequence of ids, or several separated by "/" (a padded batch): "1 2 3 / 4 5"."""
+    sequences = []
+    for part in text.split("/"):
+        words = part.replace(",", " ").split()
+        if not words:
+            raise UsageError("--token-ids needs at least one id in every sequence, e.g. --token-ids 464 3797 318 "
+                             "(several sequences: 464 3797 / 318)")
+        try:
+            sequences.append([int(word) for word in words])
+        except ValueError:
+            raise UsageError(f"--token-ids takes integers, not {text!r}") from None
+    return sequences
+
+
+def pad_sequences(sequences: list[list[int]], pad_id: int) -> tuple[list[list[int]], Optional[torch.Tensor]]:
+    """Right-pad to the longest; the mask is False at padding (None for one sequence)."""
+    if len(sequences) == 1:
+        return sequences, None
+    longest = max(map(len, sequences))
+    mask = torch.tensor([[i < len(seq) for i in range(longest)] for seq in sequences])
+    return [seq + [pad_id] * (longest - len(seq)) for seq in sequences], mask
+
+
+def with_batch(x: torch.Tensor, batch: Optional[int], source: str) -> torch.Tensor:
+    """Add a batch dimension of `batch` to a [T, d] input; a [B, T, d] input must agree with it."""
+    if batch is None:
+        return x
+    if x.dim() == 3:
+        if x.shape[0] != batch:
+            raise UsageError(f"--batch {batch} contradicts {source}, which holds a batch of {x.shape[0]}: drop --batch")
+        return x
+    return x.expand(batch, *x.shape).contiguous()
+
+
+def load_input_file(path: Path, d_model: int) -> torch.Tensor:
+    """The exact block input from a safetensors file: tensor "x", or its only tensor."""
+    from blocktrace.sources.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint(path)
+    names = checkpoint.keys
+    name = "x" if "x" in names else (names[0] if len(names) == 1 else None)
+    if name is None:
+        raise InputError(f"{path} holds {len(names)} tensors and none is named 'x': "
+                         f"found {', '.join(sorted(names)[:5]) or 'none'}")
+    shape = checkpoint.shape(name)
+    if len(shape) not in (2, 3) or shape[-1] != d_model or 0 in shape:
+        raise InputError(f"{path}: tensor {name!r} has shape {list(shape)}, expected [T, {d_model}] "
+                         f"or [B, T, {d_model}] with T ≥ 1")
+    if checkpoint.dtype(name) not in ("F64", "F32", "F16", "BF16"):
+        raise InputError(f"{path}: tensor {name!r} holds {checkpoint.dtype(name)}, expected floating-point values")
+    return checkpoint.get(name, torch.float32)

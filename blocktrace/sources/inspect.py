@@ -6,10 +6,9 @@ import re
 from pathlib import Path
 
 import torch
-from tabulate import tabulate
 
-from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.errors import UsageError
+from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.families import checkpoint_config, model_info
 
 
@@ -47,19 +46,3 @@ def inspect_checkpoint(path: Path) -> dict:
         "layers": [{"layer": index, "tensors": tensors} for index, tensors in enumerate(layers)],
         "other_tensors": others,
     }
-
-
-def render_inspection(report: dict, fmt: str) -> str:
-    config = report["config"]
-    settings = (" ".join(f"{k}={v}" for k, v in config.items() if v is not None) if config
-                else "no config.json: pass --heads to run it")
-    header = [
-        f"{report['path']}: layout {report['layout']} (key prefix {report['key_prefix']!r}), "
-        f"{report['n_layers']} layers, vocab {report['vocab_size']}, positions {report['n_positions']}",
-        f"block config: {settings}",
-    ]
-    rows = [[layer["layer"], t["name"], str(t["shape"]), t["dtype"], t["norm"]]
-            for layer in report["layers"] for t in layer["tensors"]]
-    rows += [["-", t["name"], str(t["shape"]), t["dtype"], t["norm"]] for t in report["other_tensors"]]
-    table = tabulate(rows, headers=["layer", "tensor", "shape", "dtype", "norm"], tablefmt=fmt, floatfmt=".4f")
-    return "\n".join(header) + "\n\n" + table + "\n"

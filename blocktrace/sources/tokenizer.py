@@ -1,14 +1,22 @@
-"""Text <-> token ids through a `tokenizer.json` beside the weights (optional `tokenizers` package)."""
+"""Text <-> token ids through a `tokenizer.json` beside the weights (optional `tokenizers` package).
+
+The ids are the real tokens only: padding and truncation configured in tokenizer.json are
+switched off (padding would reach the block as tokens the model never sees together with the
+text; truncation would drop text silently). Special tokens are labelled by their own text.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
-from blocktrace.errors import UsageError
+from blocktrace.errors import InputError, UsageError
+
+TOKENIZER_FILE = "tokenizer.json"
 
 
 def _load(directory: Path):
-    path = directory / "tokenizer.json"
+    path = directory / TOKENIZER_FILE
     if not path.is_file():
         return None
     try:
@@ -16,27 +24,45 @@ def _load(directory: Path):
     except ImportError:
         raise UsageError("--text needs the tokenizers package: pip install 'transformer-blocktrace[text]' "
                          "(or pass --token-ids)") from None
-    return Tokenizer.from_file(str(path))
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as error:  # the tokenizers library raises its own exception types
+        raise InputError(f"{path} is not a valid tokenizer file: {str(error).splitlines()[0][:200]}") from None
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
 
 
-def encode_text(directory: Path, text: str) -> list[int]:
+def encode_text(directory: Path, text: str, special_tokens: bool = True) -> list[int]:
     tokenizer = _load(directory)
     if tokenizer is None:
-        raise UsageError(f"--text needs a tokenizer.json beside the weights and {directory} has none: "
+        raise UsageError(f"--text needs a {TOKENIZER_FILE} beside the weights and {directory} has none: "
                          "pass --token-ids instead")
-    ids = tokenizer.encode(text).ids
+    try:
+        ids = tokenizer.encode(text, add_special_tokens=special_tokens).ids
+    except Exception as error:
+        raise InputError(f"{directory / TOKENIZER_FILE} cannot encode the text: {error}") from None
     if not ids:
         raise UsageError("--text produced no tokens: give some text")
     return ids
 
 
-def token_labels(directory: Path, ids: list[int]) -> list[str]:
-    """Each id as the text it stands for (spaces shown as ␣), or the id itself without a tokenizer."""
+def token_labels(directory: Path, ids: list[int]) -> tuple[list[str], Optional[str]]:
+    """Each id as the text it stands for (spaces shown as ␣), and a note when that is not possible.
+
+    Labels only decorate the tables: without a tokenizer, or with one that cannot be read,
+    the ids themselves are the labels (and the note says why).
+    """
     try:
         tokenizer = _load(directory)
-    except UsageError:
-        tokenizer = None
+    except (UsageError, InputError) as error:
+        return [str(i) for i in ids], f"token labels are ids: {error}"
     if tokenizer is None:
-        return [str(i) for i in ids]
-    labels = [tokenizer.decode([i]).replace(" ", "␣") for i in ids]
-    return [label if label.strip() else str(i) for label, i in zip(labels, ids)]
+        return [str(i) for i in ids], None
+    special = {token.content for token in tokenizer.get_added_tokens_decoder().values() if token.special}
+    labels = []
+    for i in ids:
+        piece = tokenizer.id_to_token(i)
+        text = piece if piece in special else tokenizer.decode([i], skip_special_tokens=False).replace(" ", "␣")
+        labels.append(text if text and text.strip() else str(i))
+    return labels, None

@@ -1,23 +1,66 @@
 """Measurements the health checks need, taken inside the trace's hooks (checks=True only).
 
-Each probe returns small tensors or numbers; nothing here keeps a full activation beyond the
-few step outputs the residual check compares (x, attn, residual1 or norm1, ffn), each
-released as soon as it has been compared.
+Each probe reads what it needs from an explicit ProbeContext — the block, its layout, the
+residual scale, the padding mask — and returns small tensors or numbers. Nothing here keeps
+a full activation beyond the few step outputs the residual check compares (x, attn,
+residual1 or norm1, ffn), each released as soon as it has been compared.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Optional
+
 import torch
 
-# Which earlier steps a residual sum should equal: (stream, update), by placement.
+from blocktrace.tracing.steps import Layout, StepSpec, resolve
+from blocktrace.vocab import FFNKind, Norm
+
+# Which earlier steps a residual sum should equal: (stream, update), by whether the norm follows the add.
 RESIDUAL_SOURCES = {
-    "pre": {"residual1": ("x", "attn"), "residual2": ("residual1", "ffn")},
-    "post": {"residual1": ("x", "attn"), "residual2": ("norm1", "ffn")},
+    False: {"residual1": ("x", "attn"), "residual2": ("residual1", "ffn")},  # Pre-LN
+    True: {"residual1": ("x", "attn"), "residual2": ("norm1", "ffn")},  # Post-LN, DeepNorm
 }
 MASSIVE_ABS = 100.0  # Sun et al. 2024: massive activations exceed 100 in magnitude
+GAIN_FLOOR = 1e-12  # gains this small are treated as 1 when recovering the pre-gain value
 
 
-def norm_probe(module: torch.nn.Module, y: torch.Tensor, kind: str) -> dict:
+@dataclass
+class ProbeContext:
+    """What the probes of one traced block may read, and the little state they share."""
+
+    block: torch.nn.Module
+    layout: Layout
+    residual_scale: float  # α multiplying the stream in each residual add (DeepNorm), else 1
+    activation: FFNKind  # what the FFN hidden values are: decides what "active" means
+    token_mask: Optional[torch.Tensor] = None  # [B, T], False at padding
+    refs: dict = field(default_factory=dict)  # step outputs the residual checks still need
+    ffn_activity: dict = field(default_factory=dict)  # from the FFN hidden, until the ffn step reads it
+
+    @classmethod
+    def of(cls, block, layout: Layout, own: bool, token_mask=None) -> "ProbeContext":
+        if own:
+            return cls(block, layout, block.config.residual_scale, block.config.ffn, token_mask)
+        return cls(block, layout, 1.0, _user_activation(block, layout), token_mask)
+
+    @property
+    def sources(self) -> dict:
+        return RESIDUAL_SOURCES[self.layout.placement.norm_after_add]
+
+    def real_tokens(self, value: torch.Tensor) -> torch.Tensor:
+        from blocktrace.tracing.recorder import real_tokens
+
+        return real_tokens(value, self.token_mask)
+
+
+def _user_activation(block, layout: Layout) -> FFNKind:
+    if not layout.hidden:
+        return FFNKind.GELU
+    module = resolve(block, StepSpec("ffn", layout.hidden))
+    return FFNKind.RELU if "relu" in type(module).__name__.lower() else FFNKind.GELU
+
+
+def norm_probe(module: torch.nn.Module, y: torch.Tensor, kind: Norm) -> dict:
     """Per-token mean and std (rms for RMSNorm) of the norm's output before its gain and shift."""
     core = y.float()
     weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
@@ -26,9 +69,9 @@ def norm_probe(module: torch.nn.Module, y: torch.Tensor, kind: str) -> dict:
         core = core - bias.detach().float()
     if isinstance(weight, torch.Tensor) and weight.shape == core.shape[-1:]:
         g = weight.detach().float()
-        core = core / torch.where(g.abs() > 1e-12, g, torch.ones_like(g))
+        core = core / torch.where(g.abs() > GAIN_FLOOR, g, torch.ones_like(g))
         gain = g.abs().mean()
-    if kind == "rmsnorm":
+    if kind is Norm.RMSNORM:
         spread = core.pow(2).mean(dim=-1).sqrt()
         means = core.mean(dim=-1)
     else:
@@ -42,17 +85,16 @@ def _norm(t: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(t.double())
 
 
-def residual_probe(recorder, name: str, value: torch.Tensor) -> dict:
-    stream_name, update_name = RESIDUAL_SOURCES[recorder.layout.placement][name]
-    stream, update = recorder.refs.get(stream_name), recorder.refs.get(update_name)
+def residual_probe(context: ProbeContext, name: str, value: torch.Tensor) -> dict:
+    stream_name, update_name = context.sources[name]
+    stream, update = context.refs.get(stream_name), context.refs.get(update_name)
     probe = {}
     if stream is not None and update is not None and stream.shape == value.shape == update.shape:
-        alpha = recorder.block.config.residual_scale if recorder.own else 1.0
-        expected = alpha * stream + update
+        expected = context.residual_scale * stream + update
         probe["residual_mismatch"] = _norm(value - expected) / _norm(value).clamp_min(1e-30)
         probe["update_ratio"] = _norm(update) / _norm(stream).clamp_min(1e-30)
     for used in (stream_name, update_name):  # compared: no reason to hold them any longer
-        recorder.refs.pop(used, None)
+        context.refs.pop(used, None)
     return probe
 
 
@@ -66,24 +108,17 @@ def massive_probe(value: torch.Tensor, moments: torch.Tensor) -> dict:
     return {"massive_ratio": largest / max(float(value.detach().abs().flatten().median()), 1e-30)}
 
 
-def _activation_kind(recorder) -> str:
-    if recorder.own:
-        return recorder.block.config.ffn.value
-    module = recorder.block.get_submodule(recorder.layout.hidden)
-    return "relu" if "relu" in type(module).__name__.lower() else "gelu"
-
-
-def ffn_probe(recorder, output) -> None:
+def ffn_probe(context: ProbeContext, output) -> None:
     """Dead units (never active for any token) and activations in the flat region."""
     hidden = output[0] if isinstance(output, (tuple, list)) else output
     flat = hidden.detach().reshape(-1, hidden.shape[-1])
-    if _activation_kind(recorder) == "swiglu":  # gated: signed output, active when not ~0
+    if context.activation.gated:  # gated: signed output, active when not ~0
         active = flat.abs() > 1e-6
         flat_region = ~active
     else:  # ReLU, GELU, SiLU: active when positive; flat where ~0 on the negative side
         active = flat > 0
         flat_region = (flat <= 0) & (flat > -1e-3)
-    recorder.ffn_probe = {
+    context.ffn_activity = {
         "dead_fraction": 1.0 - active.any(dim=0).float().mean(),
         "flat_fraction": flat_region.float().mean(),
         "units": flat.shape[-1],
@@ -91,20 +126,18 @@ def ffn_probe(recorder, output) -> None:
     }
 
 
-def step_probe(recorder, name: str, value: torch.Tensor, moments: torch.Tensor) -> dict:
+def step_probe(context: ProbeContext, name: str, value: torch.Tensor, moments: torch.Tensor) -> dict:
     """Everything the health checks need from one step; `moments` are its tensor_moments."""
     probe = {}
-    layout = recorder.layout
+    layout = context.layout
     if name in ("norm1", "norm2"):
-        from blocktrace.tracing.steps import resolve
-
-        probe.update(norm_probe(resolve(recorder.block, layout.spec(name)), value, layout.norm))
+        probe.update(norm_probe(resolve(context.block, layout.spec(name)), value, layout.norm))
     if name in ("residual1", "residual2"):
-        probe.update(residual_probe(recorder, name, value))
-        probe.update(massive_probe(recorder._real_tokens(value), moments))
-    if name == "ffn" and getattr(recorder, "ffn_probe", None):
-        probe.update(recorder.ffn_probe)
-    needed = {source for sources in RESIDUAL_SOURCES[layout.placement].values() for source in sources}
+        probe.update(residual_probe(context, name, value))
+        probe.update(massive_probe(context.real_tokens(value), moments))
+    if name == "ffn" and context.ffn_activity:
+        probe.update(context.ffn_activity)
+    needed = {source for sources in context.sources.values() for source in sources}
     if name in needed:
-        recorder.refs[name] = value
+        context.refs[name] = value
     return probe

@@ -1,0 +1,118 @@
+"""The `blocktrace` command group and its error boundary: the only place that talks to the user.
+
+Every failure ends here as one `Error: …` line on stderr: exit 2 for a bad option or
+combination, 1 for a bad file or a domain error (a checkpoint that does not fit, a block
+that raised), never a traceback — unless blocktrace itself has a bug. Heavy imports
+(torch, safetensors) happen inside the commands, so that `--help` and `--version` answer at
+once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from blocktrace._version import __version__
+from blocktrace.errors import BlocktraceError
+
+# Options that take several words: `--tokens 猫 吃 鱼` as well as `--tokens "猫 吃 鱼"`.
+GREEDY_OPTIONS = ("--tokens", "--token-ids")
+# BlockConfig fields as the options that set them, so config errors name what to change.
+FIELD_OPTIONS = {"d_model": "--d-model", "n_heads": "--heads", "d_ff": "--d-ff", "eps": "--eps",
+                 "norm": "--norm", "ffn": "--ffn", "placement": "--pre-ln/--post-ln/--deepnorm"}
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+# click ≥ 8.2 raises this for a bare `blocktrace`; older versions print the help themselves.
+NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+class StdoutError(BlocktraceError):
+    """Standard output cannot be written (a full disk, a closed pipe)."""
+
+
+def emit(text: str, nl: bool = True) -> None:
+    """Write to standard output; a failure to write is one error line, not a traceback."""
+    try:
+        click.echo(text, nl=nl)
+    except OSError as error:
+        raise StdoutError(f"cannot write to standard output: {error.strerror or error}") from None
+
+
+def _is_option_like(arg: str) -> bool:
+    if not arg.startswith("-") or arg == "-":
+        return False
+    try:
+        float(arg)  # a negative number is a value, not an option
+        return False
+    except ValueError:
+        return True
+
+
+def join_greedy_options(args: list[str], greedy=GREEDY_OPTIONS) -> list[str]:
+    """Fold the words after a greedy option into one value, up to the next option."""
+    joined, i = [], 0
+    while i < len(args):
+        joined.append(args[i])
+        if args[i] in greedy:
+            j = i + 1
+            while j < len(args) and not _is_option_like(args[j]):
+                j += 1
+            if j > i + 1:
+                joined.append(" ".join(args[i + 1 : j]))
+            i = j
+        else:
+            i += 1
+    return joined
+
+
+class GreedyCommand(click.Command):
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, join_greedy_options(list(args)))
+
+
+def _option_prefix(error: BlocktraceError) -> str:
+    option = FIELD_OPTIONS.get(getattr(error, "field", ""))
+    return f"Invalid value for '{option}': " if option else ""
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except OSError as error:
+        # Point stdout at /dev/null so the interpreter's own flush at exit does not fail again.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        raise StdoutError(f"cannot write to standard output: {error.strerror or error}") from None
+
+
+class BlocktraceGroup(click.Group):
+    """Every failure becomes one `Error: ...` line on stderr with the right exit code."""
+
+    def main(self, args=None, prog_name=None, **extra):
+        extra["standalone_mode"] = False
+        try:
+            result = super().main(args=args, prog_name=prog_name, **extra)
+            _flush_stdout()
+        except NO_ARGS_IS_HELP as error:  # plain `blocktrace`: the help, exit 0
+            click.echo(error.ctx.get_help())
+            sys.exit(0)
+        except click.ClickException as error:  # usage errors: exit 2; file errors: exit 1
+            click.echo(f"Error: {error.format_message()}", err=True)
+            sys.exit(error.exit_code)
+        except BlocktraceError as error:
+            click.echo(f"Error: {_option_prefix(error)}{error}", err=True)
+            sys.exit(error.exit_code)
+        except click.exceptions.Abort:
+            click.echo("Aborted.", err=True)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+@click.group(cls=BlocktraceGroup, context_settings=CONTEXT)
+@click.version_option(__version__, "--version", prog_name="blocktrace")
+def cli():
+    """See inside a Transformer block: every sub-step (norm1, attn, residual1, norm2, ffn,
+    residual2) traced, with shapes, statistics and attention diagnostics."""

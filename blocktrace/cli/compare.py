@@ -1,0 +1,95 @@
+"""`blocktrace compare`: two variants of one design axis on the same parameters and input."""
+
+from __future__ import annotations
+
+import click
+
+from blocktrace.cli.app import GreedyCommand, cli, emit
+from blocktrace.cli.options import (BLOCK_OPTIONS, COMPUTE_OPTIONS, DEPTH_OPTIONS, FORMAT_OPTION, INPUT_OPTIONS,
+                                    JSON_OPTION, LANG_OPTION, PLOT_OPTION, STEPS_OPTION, enum_choice, given,
+                                    make_analysis, make_request, options)
+from blocktrace.cli.rules import COMPARE_RULES, enforce
+from blocktrace.errors import UsageError
+from blocktrace.vocab import Axis, FFNKind, Lang, Norm, Placement
+
+AXIS_FLAGS = {
+    Axis.PLACEMENT: [("--pre-ln", Placement.PRE), ("--post-ln", Placement.POST), ("--deepnorm", Placement.DEEPNORM)],
+    Axis.NORM: [("--layernorm", Norm.LAYERNORM), ("--rmsnorm", Norm.RMSNORM)],
+    Axis.FFN: [("--gelu", FFNKind.GELU), ("--gelu-tanh", FFNKind.GELU_TANH), ("--relu", FFNKind.RELU),
+               ("--swiglu", FFNKind.SWIGLU)],
+}
+AXIS_OPTIONS = options(*[click.option(flag, f"want_{value.value}", is_flag=True, help=f"Compare with {value.value}.")
+                         for flags in AXIS_FLAGS.values() for flag, value in flags])
+
+
+def choose_axis(ctx: click.Context, params: dict) -> tuple[Axis, list[str]]:
+    """The one axis with exactly two values asked."""
+    asked = {axis: [value.value for flag, value in flags if params.pop(f"want_{value.value}")]
+             for axis, flags in AXIS_FLAGS.items()}
+    asked = {axis: values for axis, values in asked.items() if values}
+    everything = [value for values in asked.values() for value in values]
+    if len(asked) != 1 or len(everything) != 2:
+        spelled = {value.value: flag for flags in AXIS_FLAGS.values() for flag, value in flags}
+        shown = " ".join(spelled[v] for v in everything) or "nothing"
+        raise UsageError(
+            f"compare needs two values of one axis, got {shown}: e.g. --pre-ln --post-ln, "
+            "--post-ln --deepnorm, --layernorm --rmsnorm, or two of --gelu --gelu-tanh --relu --swiglu")
+    (axis, values), = asked.items()
+    if given(ctx, axis.value):
+        raise UsageError(f"--{axis.value} fixes the axis being compared ({' vs '.join(values)}): drop --{axis.value}")
+    return axis, values
+
+
+@cli.command(cls=GreedyCommand)
+@AXIS_OPTIONS
+@click.option("--norm", type=enum_choice(Norm), default=Norm.LAYERNORM.value, show_default=True, help="The norm of both variants (when the norm is not compared).")
+@click.option("--ffn", type=enum_choice(FFNKind), default=FFNKind.GELU_TANH.value, show_default=True, help="The FFN of both variants (when the FFN is not compared).")
+@click.option("--placement", type=enum_choice(Placement), default=Placement.PRE.value, show_default=True, help="The wiring of both variants (when the wiring is not compared).")
+@BLOCK_OPTIONS
+@INPUT_OPTIONS
+@COMPUTE_OPTIONS
+@DEPTH_OPTIONS
+@STEPS_OPTION
+@JSON_OPTION
+@FORMAT_OPTION
+@LANG_OPTION
+@PLOT_OPTION
+@click.option("--force", is_flag=True, help="Let --plot overwrite an existing regular file.")
+@click.pass_context
+def compare(ctx, **params):
+    """Run two variants of one design axis on the same parameters and the same input.
+
+    \b
+    Give two values of one axis:
+      --pre-ln --post-ln | --post-ln --deepnorm | --layernorm --rmsnorm |
+      two of --gelu --gelu-tanh --relu --swiglu
+    Examples:
+      blocktrace compare --pre-ln --post-ln
+      blocktrace compare --pre-ln --post-ln --layers 12 --init xiong --heads 1 --d-ff 16 --ffn relu
+    """
+    from blocktrace import pipeline
+
+    axis, values = choose_axis(ctx, params)
+    enforce(ctx, COMPARE_RULES)
+    fixed = {"placement": Placement(params["placement"]), "norm": Norm(params["norm"]), "ffn": FFNKind(params["ffn"])}
+    request = make_request(ctx, params, **fixed)
+    analysis = make_analysis(params)
+    if params["plot_path"] is not None:
+        from blocktrace.files import check_output_path
+        from blocktrace.render.plot import require_pyplot
+
+        require_pyplot()
+        check_output_path(params["plot_path"], params["force"])
+    report = pipeline.compare_request(request, analysis, axis.value, values)
+    if params["plot_path"] is not None:
+        from blocktrace.render.plot import write_plot
+
+        write_plot(report, params["plot_path"], params["force"])
+    if params["as_json"]:
+        from blocktrace.render.jsonout import dumps
+
+        emit(dumps(report))
+        return
+    from blocktrace.render.compare import render_compare
+
+    emit(render_compare(report, fmt=params["fmt"], lang=Lang(params["lang"]), steps=params["show_steps"]), nl=False)

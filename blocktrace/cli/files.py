@@ -1,0 +1,60 @@
+"""`blocktrace inspect` (what a checkpoint holds) and `blocktrace diff` (two trace files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from blocktrace.cli.app import cli, emit
+from blocktrace.cli.options import FORMAT_OPTION, Tolerance
+from blocktrace.cli.rules import Excludes, enforce, is_set
+
+OUTPUT_RULES = [Excludes("fmt", is_set("as_json"), "--format shapes the tables; --json prints no table")]
+
+
+@cli.command()
+@click.argument("trace_a", type=click.Path(path_type=Path))
+@click.argument("trace_b", type=click.Path(path_type=Path))
+@click.option("--atol", type=Tolerance(), default=1e-5, show_default=True, help="Absolute tolerance (a finite number ≥ 0).")
+@click.option("--rtol", type=Tolerance(), default=1e-4, show_default=True, help="Relative tolerance (a finite number ≥ 0).")
+@FORMAT_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of a table.")
+@click.pass_context
+def diff(ctx, trace_a, trace_b, atol, rtol, fmt, as_json):
+    """Compare two trace files (from --save) step by step: max |Δ|, relative error, cosine
+    similarity, and the first step beyond --atol/--rtol; exit 1 when they diverge."""
+    from blocktrace.diagnose.diff import diff_traces
+
+    enforce(ctx, OUTPUT_RULES)
+    report = diff_traces(trace_a, trace_b, atol, rtol)
+    if as_json:
+        from blocktrace.render.jsonout import dumps
+
+        emit(dumps(report))
+    else:
+        from blocktrace.render.diff import render_diff
+
+        emit(render_diff(report, fmt), nl=False)
+    ctx.exit(1 if report["diverged"] else 0)
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@FORMAT_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@click.pass_context
+def inspect(ctx, path, fmt, as_json):
+    """Show a checkpoint's layout, config and per-layer tensors (names, shapes, dtypes, norms)."""
+    from blocktrace.sources.inspect import inspect_checkpoint
+
+    enforce(ctx, OUTPUT_RULES)
+    report = inspect_checkpoint(path)
+    if as_json:
+        from blocktrace.render.jsonout import dumps
+
+        emit(dumps(report))
+    else:
+        from blocktrace.render.inspect import render_inspection
+
+        emit(render_inspection(report, fmt), nl=False)

@@ -1,0 +1,197 @@
+"""The command-line options, in groups, and the request each command builds from them.
+
+A new option goes here (its declaration and help), into cli/rules.py (what it needs and what
+it excludes) and into `make_request`/`make_analysis` (where its value lands).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import click
+from tabulate import tabulate_formats
+
+from blocktrace.request import Analysis, InputSpec, RunRequest
+from blocktrace.vocab import DType, Device, FFNKind, Init, Lang, Level, Norm, Placement
+
+SEED_MAX = 2**32 - 1  # derived seeds (seed + layer, seed + 10 000) stay far inside torch's range
+
+
+def enum_choice(enum_cls) -> click.Choice:
+    return click.Choice(enum_cls.values())
+
+
+class DepthList(click.ParamType):
+    """`--layers 12` (a stack) or `--layers 6,8,10` (a depth sweep, with --grad)."""
+
+    name = "N[,N...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            depths = tuple(int(part) for part in str(value).split(","))
+        except ValueError:
+            self.fail(f"{value!r} is not a depth or a comma-separated list of depths, e.g. 12 or 6,8,10", param, ctx)
+        if any(depth < 1 for depth in depths):
+            self.fail(f"{value!r}: every depth must be at least 1", param, ctx)
+        return depths
+
+
+class Tolerance(click.ParamType):
+    """A finite number ≥ 0 (click's FloatRange lets NaN through: NaN < 0 is false)."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or number < 0:
+            self.fail(f"{value!r}: give a finite number ≥ 0", param, ctx)
+        return number
+
+
+class Epsilon(click.ParamType):
+    """A finite number > 0."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or number <= 0:
+            self.fail(f"{value!r}: give a finite number > 0", param, ctx)
+        return number
+
+
+class StepNames(click.ParamType):
+    """A JSON object of step name → submodule path."""
+
+    name = "JSON"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, dict):
+            return value
+        try:
+            names = json.loads(value)
+        except ValueError as error:
+            self.fail(f"not valid JSON ({error})", param, ctx)
+        if not isinstance(names, dict) or not all(isinstance(v, str) for v in names.values()):
+            self.fail('give a JSON object of step: submodule path, e.g. {"norm1": "ln_1"}', param, ctx)
+        return names
+
+
+def options(*decorators):
+    def apply(function):
+        for decorator in reversed(decorators):
+            function = decorator(function)
+        return function
+    return apply
+
+
+BLOCK_OPTIONS = options(
+    click.option("--d-model", type=click.IntRange(min=1), default=16, show_default=True, help="Width of the residual stream."),
+    click.option("--heads", type=click.IntRange(min=1), default=4, show_default=True, help="Attention heads; must divide --d-model."),
+    click.option("--d-ff", type=click.IntRange(min=1), default=None, help="FFN hidden width.  [default: 4 × d-model]"),
+    click.option("--causal/--no-causal", default=True, show_default=True, help="Mask future tokens before the softmax."),
+    click.option("--eps", type=Epsilon(), default=1e-5, show_default=True, help="Norm epsilon."),
+    click.option("--bias/--no-bias", default=True, show_default=True, help="Biases on linear layers and LayerNorm."),
+    click.option("--seed", type=click.IntRange(0, SEED_MAX), default=0, show_default=True, help="Seed of parameters and input: same seed, same numbers."),
+    click.option("--init", type=enum_choice(Init), default=Init.DEFAULT.value, show_default=True, help="Parameter init: PyTorch's default, Xavier, or Xiong et al. 2020's setting (Xavier, zero biases, W^Q = W^K = 0)."),
+)
+
+INPUT_OPTIONS = options(
+    click.option("--tokens", "tokens_text", metavar="TOKEN...", help="Input tokens, e.g. --tokens 猫 吃 鱼 (seeded embedding + sinusoidal positions)."),
+    click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Random input of this many tokens (when no --tokens).  [default: 5]"),
+    click.option("--batch", type=click.IntRange(min=1), default=None, help="Add a batch dimension of this size; without it x is [T, d-model]."),
+    click.option("--weights", type=click.Path(path_type=Path), default=None, help="A GPT-2, BERT or Llama safetensors checkpoint: a .safetensors file or a directory with model.safetensors (or a sharded index) and config.json."),
+    click.option("--layer", type=click.IntRange(min=0), default=0, show_default=True, help="Which block of --weights to trace (the first, with --layers)."),
+    click.option("--token-ids", "token_ids_text", metavar="ID...", help="Token ids fed through the checkpoint's embeddings (and the blocks before --layer); several sequences separated by / form a padded batch, e.g. 1 2 3 / 4 5."),
+    click.option("--text", default=None, help="Text tokenized by the tokenizer.json beside --weights (needs the [text] extra)."),
+    click.option("--input", "input_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Exact block input: a .safetensors file holding 'x' (or one tensor), [T, d] or [B, T, d]."),
+)
+
+COMPUTE_OPTIONS = options(
+    click.option("--dtype", type=enum_choice(DType), default=DType.FLOAT32.value, show_default=True, help="Compute dtype (checkpoints in half precision are upcast unless this says otherwise)."),
+    click.option("--device", type=enum_choice(Device), default=Device.CPU.value, show_default=True, help="Where to run; auto picks cuda when available."),
+    click.option("--attn-chunk", type=click.IntRange(min=1), default=None, help="Query rows the attention computes at once, to bound memory on long inputs.  [default: as many as fit 256 MiB of scores]"),
+)
+
+DEPTH_OPTIONS = options(
+    click.option("--layers", "depths", type=DepthList(), default=None, help="A stack of N blocks (per-layer table), or a list of depths 6,8,10 for a gradient sweep (needs --grad)."),
+    click.option("--grad", is_flag=True, help="One backward pass: gradient norms at every step and of every weight matrix (loss in README)."),
+    click.option("--batches", type=click.IntRange(min=1), default=1, show_default=True, help="With --grad: average the gradient over this many seeded mini-batches before taking norms."),
+)
+
+STEPS_OPTION = click.option("--steps", "show_steps", is_flag=True, help="With --layers: print every block's six steps.")
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema in README) instead of tables.")
+FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(tabulate_formats), default="simple", show_default=True, help="Table format (any tabulate format).")
+LANG_OPTION = click.option("--lang", type=enum_choice(Lang), default=Lang.EN.value, show_default=True, help="Headings and explanations in English or Chinese.")
+PLOT_OPTION = click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG: attention heatmaps, or per-layer curves with --layers (needs the [plot] extra).")
+NORM_OPTION = click.option("--norm", type=enum_choice(Norm), default=Norm.LAYERNORM.value, show_default=True, help="The normalisation of norm1 and norm2: LayerNorm, or RMSNorm (x / sqrt(mean(x²) + eps) · g).")
+FFN_OPTION = click.option("--ffn", type=enum_choice(FFNKind), default=FFNKind.GELU_TANH.value, show_default=True, help="The FFN: exact GELU, GPT-2's tanh GELU, ReLU, or SwiGLU.")
+FAIL_ON_OPTION = click.option("--fail-on", type=enum_choice(Level), default=Level.ERROR.value, show_default=True, help="The finding level that makes the exit code 1.")
+MODULE_OPTIONS = options(
+    click.option("--module", "module_spec", metavar="PKG.MOD:FACTORY", default=None, help="Trace your own block: imports PKG.MOD and calls FACTORY() for an nn.Module. This RUNS YOUR CODE."),
+    click.option("--step-names", type=StepNames(), default=None, help='With --module, for a block of unknown layout: its submodules, e.g. \'{"norm1": "ln_1", "attn": "attn", "norm2": "ln_2", "ffn": "mlp"}\'.'),
+)
+SAVE_OPTION = click.option("--save", "save_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write every step's tensor to this .safetensors file (one block).")
+PLACEMENT_OPTIONS = options(
+    click.option("--pre-ln", "pre_ln", is_flag=True, help="Norm before each sublayer (GPT-2, Llama).  [default]"),
+    click.option("--post-ln", "post_ln", is_flag=True, help="Norm after each residual add (original Transformer, BERT)."),
+    click.option("--deepnorm", "deepnorm", is_flag=True, help="Post-LN with the stream scaled by α = (2N)^¼ (Wang et al. 2022)."),
+)
+PLACEMENT_FLAGS = {"pre_ln": Placement.PRE, "post_ln": Placement.POST, "deepnorm": Placement.DEEPNORM}
+DISPLAY_OPTIONS = options(
+    click.option("--values", "n_values", type=click.IntRange(min=1), default=None, help="Show the first N numbers of one token's vector at every step."),
+    click.option("--token-index", type=int, default=0, show_default=True, help="Which token --values shows (first sequence of a batch)."),
+    click.option("--explain", is_flag=True, help="Add one sentence per step on what it does and why."),
+)
+
+# Config fields by the parameter names click gives them.
+OPTION_FIELDS = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "norm": "norm", "ffn": "ffn",
+                 "placement": "placement", "causal": "causal", "eps": "eps", "bias": "bias"}
+# Request fields a user may type without them being config fields.
+TYPED_FIELDS = {"seed": "seed", "init": "init"}
+
+
+def given(ctx: click.Context, name: str) -> bool:
+    """Whether the user typed the option (not its default)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source not in (click.core.ParameterSource.DEFAULT,
+                                                   click.core.ParameterSource.DEFAULT_MAP)
+
+
+def chosen_placement(ctx: click.Context) -> Placement:
+    flags = [name for name in PLACEMENT_FLAGS if ctx.params.get(name)]
+    if len(flags) > 1:
+        shown = " and ".join("--" + name.replace("_", "-") for name in flags)
+        raise click.UsageError(f"{shown} both set the wiring: give one of --pre-ln, --post-ln, --deepnorm")
+    return PLACEMENT_FLAGS[flags[0]] if flags else Placement.PRE
+
+
+def make_request(ctx: click.Context, params: dict, **config_fields) -> RunRequest:
+    fields = dict(d_model=params["d_model"], n_heads=params["heads"], d_ff=params["d_ff"], causal=params["causal"],
+                  eps=params["eps"], bias=params["bias"], **config_fields)
+    explicit = {field for name, field in {**OPTION_FIELDS, **TYPED_FIELDS}.items()
+                if name in ctx.params and given(ctx, name)}
+    if "placement" in config_fields and any(given(ctx, flag) for flag in PLACEMENT_FLAGS):
+        explicit.add("placement")
+    inputs = InputSpec(tokens=params["tokens_text"], token_ids=params["token_ids_text"], text=params["text"],
+                       input_path=params["input_path"], seq_len=params["seq_len"], batch=params["batch"])
+    return RunRequest(config_fields=fields, explicit=frozenset(explicit), inputs=inputs, seed=params["seed"],
+                      init=Init(params["init"]), weights=params["weights"], layer=params["layer"],
+                      dtype=DType(params["dtype"]), device=Device(params["device"]), attn_chunk=params["attn_chunk"],
+                      module=params.get("module_spec"), step_names=params.get("step_names"))
+
+
+def make_analysis(params: dict, **extra) -> Analysis:
+    depths = params["depths"] or (1,)
+    return Analysis(depths=depths, stacked=params["depths"] is not None, grad=params["grad"],
+                    batches=params["batches"], **extra)

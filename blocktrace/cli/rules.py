@@ -1,0 +1,132 @@
+"""Which options make sense together: an option that would be accepted and ignored is refused.
+
+Every rule names the option at fault and what it needs (or what it cannot go with), and
+ends in exit code 2 before any work is done. A rule is data: (option, condition, message).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import click
+
+from blocktrace.cli.options import given
+
+Condition = Callable[[click.Context], bool]
+
+
+def typed(name: str) -> Condition:
+    return lambda ctx: name in ctx.params and given(ctx, name)
+
+
+def is_set(name: str) -> Condition:
+    """The option has a value (a flag that is on, a path that was given)."""
+    return lambda ctx: bool(ctx.params.get(name))
+
+
+def any_of(*conditions: Condition) -> Condition:
+    return lambda ctx: any(condition(ctx) for condition in conditions)
+
+
+def depth_list(ctx: click.Context) -> bool:
+    return len(ctx.params.get("depths") or ()) > 1
+
+
+@dataclass(frozen=True)
+class Needs:
+    """`option` does something only when `condition` holds."""
+
+    option: str  # the parameter name
+    condition: Condition
+    message: str
+
+    def broken(self, ctx) -> bool:
+        return typed(self.option)(ctx) and not self.condition(ctx)
+
+
+@dataclass(frozen=True)
+class Excludes:
+    """`option` cannot go with what `condition` describes."""
+
+    option: str
+    condition: Condition
+    message: str
+
+    def broken(self, ctx) -> bool:
+        return typed(self.option)(ctx) and self.condition(ctx)
+
+
+# Parameter names whose option is spelled differently.
+SPELLED = {"show_steps": "--steps", "fmt": "--format", "as_json": "--json", "depths": "--layers",
+           "n_values": "--values", "module_spec": "--module", "save_path": "--save", "check_only": "--check",
+           "plot_path": "--plot", "tokens_text": "--tokens", "input_path": "--input", "token_ids_text": "--token-ids",
+           "causal": "--causal/--no-causal", "bias": "--bias/--no-bias", "heads": "--heads"}
+
+
+def flag(name: str) -> str:
+    return SPELLED.get(name, "--" + name.replace("_", "-"))
+
+
+MODULE_REFUSES = {  # the user's block has its own wiring, sizes and parameters
+    "heads": "the block has its own heads", "d_ff": "the block has its own FFN width",
+    "norm": "the block has its own norms", "ffn": "the block has its own FFN", "eps": "the block has its own norms",
+    "bias": "the block has its own parameters", "causal": "the block applies its own mask",
+    "init": "the block has its own parameters", "attn_chunk": "the block's attention is its own code",
+    "weights": "--weights loads blocktrace's own blocks", "layer": "--layer picks a layer of --weights",
+    "depths": "--layers stacks blocktrace's own blocks", "grad": "--grad works on blocktrace's own blocks",
+}
+
+COMMON_RULES = [
+    Needs("show_steps", is_set("depths"), "--steps prints every block of a stack: add --layers N"),
+    Excludes("show_steps", depth_list, "--steps prints a stack's blocks; a depth list is a gradient sweep"),
+    Needs("batches", is_set("grad"), "--batches averages gradients: add --grad"),
+    Needs("layer", is_set("weights"), "--layer picks a block of a checkpoint: add --weights PATH"),
+    Excludes("init", is_set("weights"), "--init draws random parameters; --weights loads the checkpoint's own"),
+    Excludes("fmt", is_set("as_json"), "--format shapes the tables; --json prints no table"),
+    Excludes("lang", is_set("as_json"), "--lang sets the words of the tables; --json prints no table"),
+    Excludes("seq_len", any_of(is_set("input_path"), is_set("token_ids_text"), is_set("text")),
+             "--seq-len sets the length of random input; the input given sets its own length"),
+    Needs("depths", lambda ctx: len(ctx.params.get("depths") or ()) < 2 or bool(ctx.params.get("grad")),
+          "a list of depths is a gradient sweep: add --grad (or give one depth)"),
+]
+
+RUN_RULES = [
+    *COMMON_RULES,
+    Excludes("seed", is_set("weights"), "--seed draws random parameters and input; --weights loads the checkpoint's "
+             "own and its input comes from --token-ids, --text or --input"),
+    Needs("fail_on", is_set("check_only"), "--fail-on sets the level at which --check exits 1: add --check"),
+    Needs("token_index", is_set("n_values"), "--token-index picks the token --values shows: add --values N"),
+    Excludes("n_values", is_set("depths"), "--values shows one block's steps; with --layers use --json"),
+    Excludes("explain", is_set("as_json"), "--explain adds sentences to the tables; --json prints no table"),
+    Excludes("explain", depth_list, "--explain describes a block's steps; a depth list is a gradient sweep"),
+    Excludes("save_path", is_set("depths"), "--save writes one block's steps: drop --layers"),
+    Needs("step_names", is_set("module_spec"), "--step-names names the steps of a block given with --module"),
+    *[Excludes(name, is_set("check_only"), f"{flag(name)} shapes the table; --check prints only the findings")
+      for name in ("explain", "n_values", "token_index", "lang", "fmt", "show_steps")],
+    Excludes("check_only", depth_list, "--check checks blocks; a depth list is a gradient sweep"),
+    *[Excludes(name, is_set("module_spec"), f"{flag(name)} does not apply with --module: {why}")
+      for name, why in MODULE_REFUSES.items()],
+    *[Excludes(name, lambda ctx: bool(ctx.params.get("module_spec")) and not ctx.params.get("step_names"),
+               f"{flag(name)} sets blocktrace's wiring; a --module block has its own (with --step-names it says "
+               "how the named steps are wired)")
+      for name in ("pre_ln", "post_ln", "deepnorm")],
+]
+
+CHECK_RULES = [rule for rule in RUN_RULES if rule.option != "fail_on" and not (
+    isinstance(rule, Excludes) and rule.message.endswith("--check prints only the findings"))]
+CHECK_RULES.append(Excludes("depths", depth_list, "check checks blocks; a depth list is a gradient sweep"))
+
+COMPARE_RULES = [
+    *COMMON_RULES,
+    Excludes("lang", lambda ctx: not ctx.params.get("show_steps"),
+             "--lang translates the step tables, which compare shows with --layers N --steps"),
+    Excludes("plot_path", lambda ctx: not ctx.params.get("depths"),
+             "--plot with compare draws per-layer curves: add --layers N"),
+]
+
+
+def enforce(ctx: click.Context, rules) -> None:
+    for rule in rules:
+        if rule.broken(ctx):
+            raise click.UsageError(f"{flag(rule.option)}: {rule.message}")

@@ -1,0 +1,131 @@
+"""`blocktrace run` (the six-step table) and `blocktrace check` (only the health findings)."""
+
+from __future__ import annotations
+
+import click
+
+from blocktrace.cli.app import GreedyCommand, cli, emit
+from blocktrace.cli.options import (BLOCK_OPTIONS, COMPUTE_OPTIONS, DEPTH_OPTIONS, DISPLAY_OPTIONS, FAIL_ON_OPTION,
+                                    FFN_OPTION, FORMAT_OPTION, INPUT_OPTIONS, JSON_OPTION, LANG_OPTION,
+                                    MODULE_OPTIONS, NORM_OPTION, PLACEMENT_OPTIONS, PLOT_OPTION, SAVE_OPTION,
+                                    STEPS_OPTION, chosen_placement, make_analysis, make_request)
+from blocktrace.cli.rules import CHECK_RULES, RUN_RULES, enforce
+from blocktrace.vocab import FFNKind, Lang, Level, Norm
+
+
+def _force_option(what: str):
+    return click.option("--force", is_flag=True, help=f"Let {what} overwrite an existing regular file.")
+
+
+@cli.command(cls=GreedyCommand)
+@PLACEMENT_OPTIONS
+@NORM_OPTION
+@FFN_OPTION
+@BLOCK_OPTIONS
+@INPUT_OPTIONS
+@COMPUTE_OPTIONS
+@DEPTH_OPTIONS
+@STEPS_OPTION
+@JSON_OPTION
+@FORMAT_OPTION
+@LANG_OPTION
+@PLOT_OPTION
+@SAVE_OPTION
+@_force_option("--save / --plot")
+@DISPLAY_OPTIONS
+@click.option("--check", "check_only", is_flag=True, help="Print only the health-check findings; exit 1 when one reaches --fail-on.")
+@FAIL_ON_OPTION
+@MODULE_OPTIONS
+@click.pass_context
+def run(ctx, **params):
+    """Run one block (or a stack) and print the six-step table.
+
+    \b
+    Examples:
+      blocktrace run --d-model 4 --heads 2 --tokens 猫 吃 鱼
+      blocktrace run --weights sample_weights/gpt2-tiny --layer 1 --token-ids 1 2 3
+      blocktrace run --layers 12 --grad
+    """
+    enforce(ctx, RUN_RULES)
+    _run(ctx, params, check_only=params["check_only"])
+
+
+@cli.command(cls=GreedyCommand)
+@PLACEMENT_OPTIONS
+@NORM_OPTION
+@FFN_OPTION
+@BLOCK_OPTIONS
+@INPUT_OPTIONS
+@COMPUTE_OPTIONS
+@DEPTH_OPTIONS
+@JSON_OPTION
+@SAVE_OPTION
+@_force_option("--save")
+@FAIL_ON_OPTION
+@MODULE_OPTIONS
+@click.pass_context
+def check(ctx, **params):
+    """Run the health checks and print only the findings, with what each means and what people
+    usually do about it; exit 1 when a finding reaches --fail-on (to guard a training script or
+    CI). Takes the block, input and checkpoint options of `run`."""
+    enforce(ctx, CHECK_RULES)
+    _run(ctx, params, check_only=True)
+
+
+def _prepare_outputs(params: dict) -> None:
+    """Everything that can fail about the output files fails here, before the computation."""
+    from blocktrace.files import check_output_path
+
+    if params.get("save_path") is not None:
+        check_output_path(params["save_path"], params["force"])
+    if params.get("plot_path") is not None:
+        from blocktrace.render.plot import require_pyplot
+
+        require_pyplot()
+        check_output_path(params["plot_path"], params["force"])
+
+
+def _run(ctx, params: dict, check_only: bool) -> None:
+    from blocktrace import pipeline
+
+    placement = chosen_placement(ctx)
+    request = make_request(ctx, params, norm=Norm(params["norm"]), ffn=FFNKind(params["ffn"]), placement=placement)
+    save_path = params.get("save_path")
+    analysis = make_analysis(params, keep_tensors=save_path is not None, n_values=params.get("n_values"),
+                             token_index=params.get("token_index", 0), checks=True, placement=placement)
+    _prepare_outputs(params)
+    report, traces, source = pipeline.run_request(request, analysis)
+    if save_path is not None:
+        from blocktrace.sources.tracefile import save_trace
+
+        save_trace(traces[0], save_path, source.tokens, force=params["force"])
+    if params.get("plot_path") is not None:
+        from blocktrace.render.plot import write_plot
+
+        write_plot(report, params["plot_path"], params["force"])
+    if check_only:
+        _findings(ctx, report, params)
+        return
+    if params["as_json"]:
+        from blocktrace.render.jsonout import dumps
+
+        emit(dumps(report))
+        return
+    from blocktrace.render.text import render_run
+
+    emit(render_run(report, lang=Lang(params["lang"]), fmt=params["fmt"], explain=params["explain"],
+                    token_index=params["token_index"], steps=params["show_steps"]), nl=False)
+
+
+def _findings(ctx, report: dict, params: dict) -> None:
+    from blocktrace.render.text import render_findings
+
+    fail_on = Level(params["fail_on"])
+    if params["as_json"]:
+        from blocktrace.render.jsonout import dumps
+
+        emit(dumps(report))
+    else:
+        emit(render_findings(report, fail_on), nl=False)
+    levels = [Level(flag["level"]) for flag in report.get("flags") or []]
+    ctx.exit(1 if any(level.reaches(fail_on) for level in levels) else 0)

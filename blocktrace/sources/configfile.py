@@ -1,0 +1,106 @@
+"""A checkpoint's config.json, read with types checked: a wrong value names the file and key.
+
+`config.json` is the user's file: `"n_head": "four"` or `"rope_scaling": [1, 2]` must end in
+one line naming the file, the key and what is valid (exit 1), never in a traceback deep in
+the model code, and never as if the user had typed a bad option.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from blocktrace.errors import WeightsError
+
+_MISSING = object()
+
+
+class ConfigFile:
+    """Typed access to a JSON object read from `path`."""
+
+    def __init__(self, path: Path, data: dict):
+        self.path = Path(path)
+        self.data = data
+
+    @classmethod
+    def read(cls, path: Path) -> "ConfigFile":
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise WeightsError(f"{path} is not UTF-8 text") from None
+        except OSError as error:
+            raise WeightsError(f"cannot read {path}: {error.strerror or error}") from None
+        try:
+            data = json.loads(text)
+        except ValueError as error:
+            raise WeightsError(f"{path} is not valid JSON: {error}") from None
+        if not isinstance(data, dict):
+            raise WeightsError(f"{path} must hold a JSON object, not {type(data).__name__}")
+        return cls(path, data)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.data
+
+    def __bool__(self) -> bool:
+        return bool(self.data)
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def _bad(self, key: str, expected: str, value: Any) -> WeightsError:
+        return WeightsError(f"{self.path}: {key} must be {expected}, not {json.dumps(value)[:60]}")
+
+    def integer(self, key: str, default: Any = None, *, positive: bool = True) -> Optional[int]:
+        value = self.data.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or (positive and value <= 0):
+            raise self._bad(key, "a positive integer" if positive else "an integer", value)
+        return value
+
+    def number(self, key: str, default: Any = None, *, positive: bool = False) -> Optional[float]:
+        value = self.data.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or (positive and value <= 0):
+            raise self._bad(key, "a positive number" if positive else "a finite number", value)
+        return float(value)
+
+    def string(self, key: str, default: Any = None) -> Optional[str]:
+        value = self.data.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            return default
+        if not isinstance(value, str):
+            raise self._bad(key, "a string", value)
+        return value
+
+    def boolean(self, key: str, default: Any = None) -> Optional[bool]:
+        value = self.data.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self._bad(key, "true or false", value)
+        return value
+
+    def mapping(self, key: str) -> "ConfigFile":
+        """A nested object, as a ConfigFile of its own (empty when absent or null)."""
+        value = self.data.get(key)
+        if value is None:
+            return ConfigFile(self.path, {})
+        if not isinstance(value, dict):
+            raise self._bad(key, "a JSON object", value)
+        return _Nested(self.path, value, key)
+
+
+class _Nested(ConfigFile):
+    """A nested object: errors name the path to the key, e.g. rope_scaling.factor."""
+
+    def __init__(self, path: Path, data: dict, prefix: str):
+        super().__init__(path, data)
+        self.prefix = prefix
+
+    def _bad(self, key: str, expected: str, value: Any) -> WeightsError:
+        return super()._bad(f"{self.prefix}.{key}", expected, value)

@@ -1,0 +1,125 @@
+"""What every checkpoint family provides: where its layers are, its config, its parameter map.
+
+A family reads HuggingFace's own key layout and config.json. It turns the config into
+BlockConfig fields (`config_fields`), each layer's tensors into blocktrace's TransformerBlock
+state (`parameters`), and token ids into the first block's input (`embed`). A tensor of a
+layer that `parameters` does not read is an error (see sources.loader): a checkpoint that
+holds more than blocktrace computes is refused, never traced as if it did not.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from blocktrace.config import BlockConfig
+from blocktrace.errors import WeightsError
+from blocktrace.sources.checkpoint import Checkpoint
+from blocktrace.sources.configfile import ConfigFile
+from blocktrace.vocab import FFNKind
+
+Reader = Callable[..., torch.Tensor]  # (name or names inside the layer, expected shape) -> tensor
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a checkpoint says about the whole model, beyond one block's config."""
+
+    family: "Family"
+    prefix: str  # e.g. "" as GPT2Model saves, "transformer." as GPT2LMHeadModel saves
+    n_layers: int
+    n_positions: Optional[int]
+    vocab_size: Optional[int]
+    config: Optional[ConfigFile]  # config.json, when there is one
+
+    @property
+    def layout(self) -> str:
+        return self.family.name
+
+    @property
+    def has_config_file(self) -> bool:
+        return self.config is not None
+
+    def layer_prefix(self, layer: int) -> str:
+        return f"{self.prefix}{self.family.layers_path}.{layer}."
+
+
+class Family:
+    """One checkpoint family; subclasses set the class attributes and the mapping."""
+
+    name: str
+    described: str  # for the list of supported layouts
+    model_types: tuple[str, ...]  # config.json model_type values this family reads
+    layers_path: str  # e.g. "h" for GPT-2: keys are {prefix}{layers_path}.{k}.{...}
+    marker: str  # a key inside every layer, used to detect the layout from the keys alone
+    prefixes: tuple[str, ...]
+    embedding_key: str
+    ignored: tuple[str, ...] = ()  # layer tensors that are buffers, not parameters (old mask caches)
+    # config.json keys behind each BlockConfig field, so a bad value is reported as the file's key
+    config_keys: dict[str, str] = {}
+
+    @property
+    def pattern(self) -> re.Pattern:
+        prefixes = "|".join(re.escape(p) for p in self.prefixes if p)
+        return re.compile(rf"^({prefixes})?{re.escape(self.layers_path)}\.(\d+)\.{re.escape(self.marker)}$")
+
+    def config_fields(self, config: ConfigFile) -> dict:
+        raise NotImplementedError
+
+    def shape_fields(self, checkpoint: Checkpoint, base: str) -> dict:
+        """Fields read off the tensors, for a checkpoint without config.json."""
+        raise NotImplementedError
+
+    def complete(self, fields: dict, checkpoint: Checkpoint, base: str) -> dict:
+        """Fields that follow from others and the shapes (Llama's key/value heads)."""
+        return fields
+
+    def parameters(self, read: Reader, config: BlockConfig) -> dict:
+        raise NotImplementedError
+
+    def embed(self, checkpoint: Checkpoint, info: ModelInfo, ids: list[int], dtype) -> torch.Tensor:
+        return checkpoint.get(f"{info.prefix}{self.embedding_key}", dtype, rows=ids)
+
+    def check(self, config: BlockConfig) -> None:
+        """Refuse a rewiring these parameters cannot fill."""
+
+
+def linear(read: Reader, source: str, target: str, out: int, inp: int, bias: bool, transpose=False) -> dict:
+    """nn.Linear state from a checkpoint's linear layer (transpose: a Conv1D stored [in, out])."""
+    weight = read(f"{source}.weight", (inp, out) if transpose else (out, inp))
+    state = {f"{target}.weight": weight.t() if transpose else weight}
+    if bias:
+        state[f"{target}.bias"] = read(f"{source}.bias", (out,))
+    return state
+
+
+def activation(config: ConfigFile, key: str, default: str, table: dict[str, FFNKind]) -> FFNKind:
+    name = config.string(key, default)
+    if name not in table:
+        raise WeightsError(f"{config.path}: {key} {name!r} is not supported; supported: {', '.join(table)}")
+    return table[name]
+
+
+def refuse_unless(config: ConfigFile, key: str, allowed: tuple, why: str) -> None:
+    """A config value that changes the computation in a way blocktrace does not implement."""
+    value = config.raw(key)
+    if key in config and value not in allowed:
+        raise WeightsError(f"{config.path}: {key} = {value!r} {why}, which blocktrace does not implement "
+                           "(refused rather than traced as a different model)")
+
+
+def rope(config: ConfigFile) -> tuple[float, float]:
+    """RoPE theta and linear scaling factor, from rope_parameters (transformers 5) or rope_theta/rope_scaling."""
+    parameters = config.mapping("rope_parameters")
+    scaling = config.mapping("rope_scaling")
+    theta = parameters.number("rope_theta", None, positive=True) or config.number("rope_theta", 10000.0, positive=True)
+    kind = parameters.string("rope_type") or scaling.string("rope_type") or scaling.string("type") or "default"
+    if kind == "default":
+        return theta, 1.0
+    if kind == "linear":
+        factor = parameters.number("factor", None, positive=True) or scaling.number("factor", 1.0, positive=True)
+        return theta, factor
+    raise WeightsError(f"{config.path}: rope type {kind!r} is not supported; supported: default, linear")

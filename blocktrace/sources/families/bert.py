@@ -1,0 +1,70 @@
+"""BERT (`encoder.layer.{k}.…`; `bert.` prefix as task models save it): Post-LN, bidirectional,
+exact GELU; old files name LayerNorm parameters gamma/beta."""
+
+from __future__ import annotations
+
+from torch.nn import functional as F
+
+from blocktrace.errors import UsageError
+from blocktrace.sources.families.base import Family, Reader, activation, linear, refuse_unless
+from blocktrace.vocab import FFNKind, Norm, Placement
+
+ACTIVATIONS = {"gelu": FFNKind.GELU, "gelu_python": FFNKind.GELU, "gelu_new": FFNKind.GELU_TANH,
+               "gelu_pytorch_tanh": FFNKind.GELU_TANH, "relu": FFNKind.RELU}
+
+
+class BERT(Family):
+    name, described, model_types = "bert", "bert (encoder.layer.{k}.*, optionally bert.)", ("bert",)
+    layers_path, marker, prefixes = "encoder.layer", "attention.self.query.weight", ("", "bert.")
+    embedding_key = "embeddings.word_embeddings.weight"
+    config_keys = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "d_ff": "intermediate_size",
+                   "eps": "layer_norm_eps"}
+
+    def config_fields(self, config):
+        refuse_unless(config, "position_embedding_type", ("absolute",), "uses relative positions")
+        refuse_unless(config, "is_decoder", (False,), "makes BERT a causal decoder")
+        return {"d_model": config.integer("hidden_size"), "n_heads": config.integer("num_attention_heads"),
+                "d_ff": config.integer("intermediate_size"),
+                "eps": config.number("layer_norm_eps", 1e-12, positive=True),
+                "ffn": activation(config, "hidden_act", "gelu", ACTIVATIONS),
+                "placement": Placement.POST, "causal": False}
+
+    def shape_fields(self, checkpoint, base):
+        return {"d_model": checkpoint.shape(base + "attention.self.query.weight")[0],
+                "d_ff": checkpoint.shape(base + "intermediate.dense.weight")[0], "eps": 1e-12, "ffn": FFNKind.GELU,
+                "placement": Placement.POST, "causal": False}
+
+    @staticmethod
+    def _layer_norm(read: Reader, source: str, target: str, d: int) -> dict:
+        return {f"{target}.weight": read((f"{source}.weight", f"{source}.gamma"), (d,)),
+                f"{target}.bias": read((f"{source}.bias", f"{source}.beta"), (d,))}
+
+    def parameters(self, read, c):
+        d, f = c.d_model, c.d_ff
+        return {**linear(read, "attention.self.query", "attn.q_proj", d, d, True),
+                **linear(read, "attention.self.key", "attn.k_proj", d, d, True),
+                **linear(read, "attention.self.value", "attn.v_proj", d, d, True),
+                **linear(read, "attention.output.dense", "attn.out_proj", d, d, True),
+                **self._layer_norm(read, "attention.output.LayerNorm", "norm1", d),
+                **linear(read, "intermediate.dense", "ffn.fc", f, d, True),
+                **linear(read, "output.dense", "ffn.proj", d, f, True),
+                **self._layer_norm(read, "output.LayerNorm", "norm2", d)}
+
+    def embed(self, checkpoint, info, ids, dtype):
+        """word + position + token type 0, then the embedding LayerNorm, as BertEmbeddings does."""
+        base = f"{info.prefix}embeddings."
+        x = (super().embed(checkpoint, info, ids, dtype)
+             + checkpoint.get(base + "position_embeddings.weight", dtype, rows=slice(0, len(ids)))
+             + checkpoint.get(base + "token_type_embeddings.weight", dtype, rows=[0]))
+        weight = _either(checkpoint, base + "LayerNorm.weight", base + "LayerNorm.gamma", dtype)
+        bias = _either(checkpoint, base + "LayerNorm.bias", base + "LayerNorm.beta", dtype)
+        eps = info.config.number("layer_norm_eps", 1e-12, positive=True) if info.config else 1e-12
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+    def check(self, config):
+        if config.ffn.gated or config.norm is not Norm.LAYERNORM or not config.bias:
+            raise UsageError("BERT weights need --norm layernorm, --bias and a non-gated --ffn")
+
+
+def _either(checkpoint, key: str, old_key: str, dtype):
+    return checkpoint.get(key if key in checkpoint else old_key, dtype)

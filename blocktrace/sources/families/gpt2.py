@@ -1,0 +1,57 @@
+"""GPT-2 (`h.{k}.…`; `transformer.` prefix as GPT2LMHeadModel saves it): Pre-LN.
+
+Its linear layers are Conv1D, `[in, out]`, used as `x @ W + b`, with q, k and v concatenated
+on the output side of `attn.c_attn`; ours are nn.Linear, `[out, in]`: loaded as transposed
+views, not copies (the GEMM reads a transposed operand as fast, and loading stays cheap).
+"""
+
+from __future__ import annotations
+
+from blocktrace.errors import UsageError
+from blocktrace.sources.families.base import Family, activation, linear, refuse_unless
+from blocktrace.vocab import FFNKind, Norm
+
+ACTIVATIONS = {"gelu_new": FFNKind.GELU_TANH, "gelu_fast": FFNKind.GELU_TANH, "gelu_pytorch_tanh": FFNKind.GELU_TANH,
+               "gelu": FFNKind.GELU, "gelu_python": FFNKind.GELU, "relu": FFNKind.RELU}
+
+
+class GPT2(Family):
+    name, described, model_types = "gpt2", "gpt2 (h.{k}.* or transformer.h.{k}.*)", ("gpt2",)
+    layers_path, marker, prefixes, embedding_key = "h", "ln_1.weight", ("", "transformer."), "wte.weight"
+    ignored = ("attn.bias", "attn.masked_bias")  # causal-mask buffers of old files
+    config_keys = {"d_model": "n_embd", "n_heads": "n_head", "d_ff": "n_inner", "eps": "layer_norm_epsilon"}
+
+    def config_fields(self, config):
+        # Options HF allows that change the attention arithmetic: refuse rather than differ silently.
+        refuse_unless(config, "scale_attn_weights", (True,), "turns off the 1/√d_head scaling")
+        refuse_unless(config, "scale_attn_by_inverse_layer_idx", (False,), "scales attention by 1/(layer+1)")
+        refuse_unless(config, "reorder_and_upcast_attn", (False,), "upcasts attention differently")
+        return {"d_model": config.integer("n_embd"), "n_heads": config.integer("n_head"),
+                "d_ff": config.integer("n_inner"), "eps": config.number("layer_norm_epsilon", 1e-5, positive=True),
+                "ffn": activation(config, "activation_function", "gelu_new", ACTIVATIONS)}
+
+    def shape_fields(self, checkpoint, base):
+        return {"d_model": checkpoint.shape(base + "ln_1.weight")[0], "d_ff": checkpoint.shape(base + "mlp.c_fc.weight")[1],
+                "eps": 1e-5, "ffn": FFNKind.GELU_TANH}
+
+    def parameters(self, read, c):
+        d, f = c.d_model, c.d_ff
+        qkv_weight = read("attn.c_attn.weight", (d, 3 * d)).t()  # Conv1D [in, out] -> Linear [out, in]
+        qkv_bias = read("attn.c_attn.bias", (3 * d,))
+        state = {"norm1.weight": read("ln_1.weight", (d,)), "norm1.bias": read("ln_1.bias", (d,)),
+                 "norm2.weight": read("ln_2.weight", (d,)), "norm2.bias": read("ln_2.bias", (d,)),
+                 **linear(read, "attn.c_proj", "attn.out_proj", d, d, True, transpose=True),
+                 **linear(read, "mlp.c_fc", "ffn.fc", f, d, True, transpose=True),
+                 **linear(read, "mlp.c_proj", "ffn.proj", d, f, True, transpose=True)}
+        for index, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            state[f"attn.{name}.weight"] = qkv_weight[index * d : (index + 1) * d]
+            state[f"attn.{name}.bias"] = qkv_bias[index * d : (index + 1) * d]
+        return state
+
+    def embed(self, checkpoint, info, ids, dtype):
+        positions = checkpoint.get(f"{info.prefix}wpe.weight", dtype, rows=slice(0, len(ids)))
+        return super().embed(checkpoint, info, ids, dtype) + positions
+
+    def check(self, config):
+        if config.ffn.gated or config.norm is not Norm.LAYERNORM or not config.bias:
+            raise UsageError("GPT-2 weights need --norm layernorm, --bias and a non-gated --ffn (gelu, gelu_tanh or relu)")

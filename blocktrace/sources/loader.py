@@ -1,0 +1,107 @@
+"""Layers of a checkpoint as blocktrace blocks, and token ids as the first block's input.
+
+Only the tensors a layer needs are read. Every tensor of the layer must be read: one that
+the family's mapping leaves unread means the checkpoint computes something blocktrace
+would not (a bias, a QK-norm, an extra norm), and is refused with its name.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from blocktrace.config import BlockConfig
+from blocktrace.errors import UsageError, WeightsError
+from blocktrace.model.block import TransformerBlock
+from blocktrace.sources.checkpoint import Checkpoint
+from blocktrace.sources.families.base import ModelInfo, Reader
+
+
+def check_layer(info: ModelInfo, layer: int) -> None:
+    if not 0 <= layer < info.n_layers:
+        raise WeightsError(f"--layer {layer} is out of range: the checkpoint has {info.n_layers} layers: "
+                           f"0–{info.n_layers - 1}")
+
+
+def _reader(checkpoint: Checkpoint, base: str, dtype, read_keys: set) -> Reader:
+    def read(names, expected: tuple) -> torch.Tensor:
+        names = (names,) if isinstance(names, str) else names
+        key = next((base + name for name in names if base + name in checkpoint), None)
+        if key is None:
+            raise WeightsError(f"{checkpoint.path} has no tensor {base + names[0]!r} (expected shape {list(expected)})")
+        found = checkpoint.shape(key)
+        if found != tuple(expected):
+            raise WeightsError(f"tensor {key!r} has shape {list(found)}, expected {list(expected)}")
+        read_keys.add(key)
+        return checkpoint.get(key, dtype)
+    return read
+
+
+def _refuse_unread(checkpoint: Checkpoint, info: ModelInfo, layer: int, read_keys: set) -> None:
+    base = info.layer_prefix(layer)
+    ignored = {base + name for name in info.family.ignored}
+    unread = sorted(key[len(base):] for key in checkpoint.keys
+                    if key.startswith(base) and key not in read_keys and key not in ignored)
+    if unread:
+        raise WeightsError(f"layer {layer} of {checkpoint.path} holds tensors that blocktrace's {info.layout} block "
+                           f"does not use: {', '.join(unread[:6])}{' …' if len(unread) > 6 else ''}; the checkpoint "
+                           "computes something else, so it is refused rather than traced wrongly")
+
+
+def load_block(checkpoint: Checkpoint, info: ModelInfo, layer: int, config: BlockConfig,
+               dtype: torch.dtype = torch.float32) -> TransformerBlock:
+    """Layer `layer` as a TransformerBlock; only that layer's tensors are read."""
+    info.family.check(config)
+    check_layer(info, layer)
+    read_keys: set = set()
+    state = info.family.parameters(_reader(checkpoint, info.layer_prefix(layer), dtype, read_keys), config)
+    _refuse_unread(checkpoint, info, layer, read_keys)
+    with torch.device("meta"):  # no random init of weights about to be replaced
+        block = TransformerBlock(config)
+    block.load_state_dict(state, strict=False, assign=True)
+    _materialise_buffers(block)
+    missing = [name for name, p in block.named_parameters() if p.is_meta]
+    if missing:
+        raise WeightsError(f"layer {layer} of {checkpoint.path} lacks parameters for {', '.join(missing)}")
+    return block.eval()
+
+
+def _materialise_buffers(block: TransformerBlock) -> None:
+    """Buffers computed, not loaded (RoPE's inverse frequencies), rebuilt off the meta device."""
+    rope = block.attn.rope
+    if rope is not None:
+        from blocktrace.model.layers import RotaryEmbedding
+
+        block.attn.rope = RotaryEmbedding(block.config.head_dim, block.config.rope_theta, block.config.rope_scaling)
+
+
+def embed_token_ids(checkpoint: Checkpoint, info: ModelInfo, token_ids: list[int],
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The model's own embedding of the ids, `[T, d]`, reading only the rows needed."""
+    if f"{info.prefix}{info.family.embedding_key}" not in checkpoint:
+        raise WeightsError(f"{checkpoint.path} has no embeddings ({info.prefix}{info.family.embedding_key}): "
+                           "use --input with a hidden-state tensor instead of token ids")
+    bad = [i for i in token_ids if not 0 <= i < info.vocab_size]
+    if bad:
+        raise UsageError(f"token ids {bad[:10]} are out of range: the vocabulary has {info.vocab_size} ids: "
+                         f"0–{info.vocab_size - 1}")
+    if info.n_positions is not None and len(token_ids) > info.n_positions:
+        raise UsageError(f"{len(token_ids)} tokens exceed the model's {info.n_positions} positions")
+    return info.family.embed(checkpoint, info, token_ids, dtype)
+
+
+def hidden_state_before(checkpoint: Checkpoint, info: ModelInfo, native_config: BlockConfig,
+                        x: torch.Tensor, layer: int, dtype: torch.dtype = torch.float32,
+                        key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Run blocks 0..layer-1 (untraced, one loaded at a time) so block `layer` sees its real input.
+
+    `native_config` is the checkpoint's own wiring: a user's rewiring applies to the traced block only.
+    key_mask ([B, T], False at padding) keeps padded keys out of every earlier block's attention.
+    """
+    with torch.no_grad():
+        for earlier in range(layer):
+            block = load_block(checkpoint, info, earlier, native_config, dtype).to(x.device)
+            block.attn.key_mask = key_mask
+            x = block(x)
+    return x

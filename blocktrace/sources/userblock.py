@@ -1,0 +1,82 @@
+"""The user's own block, from `--module package.module:factory`.
+
+Importing it RUNS THE USER'S CODE, by design: that is how a user's block gets traced. The
+working directory is searched too, for that one import only; afterwards sys.path is as it
+was and the modules imported from the working directory are forgotten, so a later
+`--module` from another directory imports its own code, not a cached one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from blocktrace.errors import InputError, UsageError
+
+
+def _parse(spec: str) -> tuple[str, str]:
+    module_name, _, factory_name = spec.partition(":")
+    parts = module_name.split(".")
+    if not module_name or not factory_name or not all(p.isidentifier() for p in parts) \
+            or not factory_name.isidentifier():
+        raise UsageError(f"--module takes package.module:factory, not {spec!r}")
+    return module_name, factory_name
+
+
+def _forget_modules_from(directory: Path, before: set) -> None:
+    for name in set(sys.modules) - before:
+        origin = getattr(sys.modules[name], "__file__", None)
+        if origin and Path(origin).resolve().is_relative_to(directory):
+            del sys.modules[name]
+
+
+def load_user_block(spec: str) -> torch.nn.Module:
+    """Import `package.module:factory` (from the working directory too) and call the factory."""
+    module_name, factory_name = _parse(spec)
+    directory = Path(os.getcwd()).resolve()
+    before = set(sys.modules)
+    inserted = str(directory) not in sys.path
+    if inserted:
+        sys.path.insert(0, str(directory))
+    try:
+        block = _call_factory(spec, module_name, factory_name)
+    finally:
+        if inserted and str(directory) in sys.path:
+            sys.path.remove(str(directory))
+        _forget_modules_from(directory, before)
+    if not isinstance(block, torch.nn.Module):
+        raise InputError(f"--module {spec}: {factory_name}() returned {type(block).__name__}, not a torch.nn.Module")
+    return block.eval()
+
+
+def _call_factory(spec: str, module_name: str, factory_name: str):
+    try:
+        module = importlib.import_module(module_name)
+    except BaseException as error:  # the user's module failed to import (SystemExit included): one line
+        if isinstance(error, KeyboardInterrupt):
+            raise
+        raise InputError(f"--module {spec}: importing {module_name} failed: {type(error).__name__}: {error}") from None
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise InputError(f"--module {spec}: {module_name} has no callable {factory_name!r}")
+    try:
+        return factory()
+    except Exception as error:
+        raise InputError(f"--module {spec}: {factory_name}() raised {type(error).__name__}: {error}") from None
+
+
+def block_width(block: torch.nn.Module) -> Optional[int]:
+    """d_model read off the block's first norm (its normalized shape or 1-D gain)."""
+    for module in block.modules():
+        shape = getattr(module, "normalized_shape", None)
+        if shape:
+            return int(shape[-1])
+        weight = getattr(module, "weight", None)
+        if "norm" in type(module).__name__.lower() and isinstance(weight, torch.Tensor) and weight.dim() == 1:
+            return int(weight.shape[0])
+    return None

@@ -1,0 +1,211 @@
+"""The hooks of a trace: what each step produced, measured inside the forward pass.
+
+A Recorder attaches forward hooks to a block's step modules (and its attention), measures
+each value as it passes — statistics as small tensors, copied to Python once at the end —
+and detaches. It does not call the block: `tracer.trace` does, once; a training watch can
+attach it around a forward that training runs anyway.
+
+A hook that fails raises HookFailure, so that a bug in blocktrace is never reported as the
+user's forward raising.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from blocktrace.tracing.probes import ProbeContext, ffn_probe, step_probe
+from blocktrace.tracing.stats import attention_chunk_stats, tensor_moments, weights_only_stats
+from blocktrace.tracing.steps import Layout, StepSpec, resolve
+from blocktrace.vocab import Capture
+
+PREVIEW_MAX_TOKENS = 16  # attention matrices up to this size are kept for the text heatmap
+ROPE_SUBSTEPS = ("q", "k", "q_rope", "k_rope")  # rotary embeddings' traced sub-steps inside attn
+
+
+class HookFailure(Exception):
+    """An exception raised inside one of blocktrace's hooks (not by the block's own code)."""
+
+    def __init__(self, original: BaseException):
+        super().__init__(f"{type(original).__name__}: {original}")
+        self.original = original
+
+
+def _guarded(hook):
+    @functools.wraps(hook)
+    def run(*args, **kwargs):
+        try:
+            return hook(*args, **kwargs)
+        except HookFailure:
+            raise
+        except Exception as error:
+            raise HookFailure(error) from error
+    return run
+
+
+@dataclass
+class Pending:
+    """What a hook saw, still as tensors: copied to Python once, after the forward."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    stats: torch.Tensor
+    tensor: Optional[torch.Tensor]
+    sample: Optional[torch.Tensor]
+    probe: dict = field(default_factory=dict)
+
+
+def first_tensor(value) -> Optional[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        return next((v for v in value if isinstance(v, torch.Tensor)), None)
+    return None
+
+
+def real_tokens(value: torch.Tensor, token_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """The values at real (not padding) tokens, when the batch is padded."""
+    if token_mask is None or value.dim() < 3 or tuple(value.shape[:2]) != tuple(token_mask.shape):
+        return value
+    return value[token_mask.to(value.device)]
+
+
+class AttentionAccumulator:
+    """Attention diagnostics summed over the chunks of query rows the attention computes."""
+
+    def __init__(self, keep_tensors: bool, token_mask: Optional[torch.Tensor] = None):
+        self.keep_tensors = keep_tensors
+        self.token_mask = token_mask  # [B, T], False at padding
+        self.scores = None  # the current chunk's scores, until its weights arrive
+        self.chunks: list[dict] = []
+        self.kept: list[torch.Tensor] = []
+        self.shape_lead = None
+
+    def add(self, weights: torch.Tensor, rows: Optional[slice]) -> None:
+        weights = weights.detach()
+        if self.scores is not None:
+            self.chunks.append(attention_chunk_stats(weights, self.scores, rows, self.token_mask))
+        else:
+            self.chunks.append(weights_only_stats(weights))
+        self.scores = None
+        self.shape_lead = tuple(weights.shape[:-2]), weights.shape[-1]
+        if self.keep_tensors or weights.shape[-1] <= PREVIEW_MAX_TOKENS:
+            self.kept.append(weights)
+
+    def result(self) -> dict:
+        if not self.chunks:
+            return {}
+        lead, t = self.shape_lead
+        rows = sum(chunk["rows"] for chunk in self.chunks)
+        logits = [c["max_logit"] for c in self.chunks if c["max_logit"] is not None]
+        merged = {
+            "shape": (*lead, t, t),
+            "future_weight_sum": torch.stack([c["future_weight_sum"] for c in self.chunks]).sum(),
+            "entropy_per_head": torch.stack([c["entropy_sum"] for c in self.chunks]).sum(0) / max(rows, 1),
+            "max_weight": torch.stack([c["max_weight"] for c in self.chunks]).amax(),
+            "max_logit": torch.stack(logits).amax() if logits else None,
+        }
+        if self.kept:
+            full = torch.cat(self.kept, dim=-2)
+            merged["tensor"] = full if self.keep_tensors else None
+            if t <= PREVIEW_MAX_TOKENS:
+                merged["preview"] = full.reshape(-1, *full.shape[-3:])[0]
+        return merged
+
+
+class Recorder:
+    """Hooks on one block's steps; `attach`, let the block run, `detach`, read `steps`."""
+
+    def __init__(self, block, layout: Layout, own: bool, *, keep_tensors=False, sample_token=0, sample_size=0,
+                 checks=False, token_mask=None):
+        self.block, self.layout, self.own = block, layout, own  # own: blocktrace's TransformerBlock
+        self.keep_tensors = keep_tensors
+        self.sample_token, self.sample_size = sample_token, sample_size
+        self.token_mask = token_mask  # [B, T], False at padding: left out of every statistic
+        self.probes = ProbeContext.of(block, layout, own, token_mask) if checks else None
+        self.steps: list[Pending] = []
+        self.substeps: list[Pending] = []
+        self.attention = AttentionAccumulator(keep_tensors, token_mask)
+        self.handles: list = []
+
+    def observe(self, name: str, value: torch.Tensor, inputs=()) -> Pending:
+        value = value.detach()
+        sample = None
+        if self.sample_size and value.numel():
+            row = value.reshape(-1, value.shape[-2], value.shape[-1])[0, self.sample_token]
+            sample = row[: self.sample_size].clone()
+        moments, finite = tensor_moments(real_tokens(value, self.token_mask))
+        pending = Pending(name, tuple(value.shape), str(value.dtype).replace("torch.", ""), moments,
+                          value if self.keep_tensors else None, sample)
+        if not finite:  # cheap, and only here: which inputs were still finite?
+            pending.probe["inputs_finite"] = [bool(torch.isfinite(t).all()) for t in inputs
+                                              if isinstance(t, torch.Tensor)]
+        if self.probes is not None:
+            pending.probe.update(step_probe(self.probes, name, value, moments))
+        return pending
+
+    def record(self, name: str, value, inputs=()) -> None:
+        value = first_tensor(value)
+        if value is None or any(p.name == name for p in self.steps):
+            return  # a module called twice is traced at its first call
+        self.steps.append(self.observe(name, value, inputs))
+
+    def attach(self) -> None:
+        try:
+            for spec in self.layout.specs:
+                module = resolve(self.block, spec)
+                if spec.capture is Capture.INPUT:
+                    hook = _guarded(lambda m, args, name=spec.name: self.record(name, args[0] if args else None, args))
+                    self.handles.append(module.register_forward_pre_hook(hook))
+                else:
+                    hook = _guarded(lambda m, args, out, name=spec.name: self.record(name, out, args))
+                    self.handles.append(module.register_forward_hook(hook))
+            self.handles += self._attention_hooks()
+            if self.probes is not None and self.layout.hidden:
+                hidden = resolve(self.block, StepSpec("ffn", self.layout.hidden))
+                hook = _guarded(lambda m, a, out: ffn_probe(self.probes, out))
+                self.handles.append(hidden.register_forward_hook(hook))
+        except BaseException:
+            self.detach()
+            raise
+
+    def detach(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _attention_hooks(self) -> list:
+        if self.own:  # our attention exposes its scores and weights through hook points
+            attention = self.block.attn
+
+            def on_scores(module, inputs, scores):
+                self.attention.scores = scores.detach()
+
+            rotary = [getattr(attention, name).register_forward_hook(_guarded(
+                lambda m, i, out, name=name: self.substeps.append(self.observe(f"attn.{name}", out))))
+                for name in ROPE_SUBSTEPS if attention.rope is not None]
+            return [*rotary, attention.scores.register_forward_hook(_guarded(on_scores)),
+                    attention.weights.register_forward_hook(_guarded(
+                        lambda m, i, weights: self.attention.add(weights, attention.rows)))]
+        module = resolve(self.block, StepSpec("attn", self.layout.attention_path))
+
+        def on_output(module, inputs, output):
+            weights = _attention_weights(output)
+            if weights is not None:
+                self.attention.add(weights, None)
+
+        return [module.register_forward_hook(_guarded(on_output))]
+
+
+def _attention_weights(output) -> Optional[torch.Tensor]:
+    """The `[..., H, T, T]` weights in a module's output tuple, if it returns them."""
+    if not isinstance(output, (tuple, list)):
+        return None
+    for value in output[1:]:
+        if isinstance(value, torch.Tensor) and value.dim() >= 3 and value.shape[-1] == value.shape[-2]:
+            return value
+    return None

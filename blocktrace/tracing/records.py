@@ -1,0 +1,101 @@
+"""What a trace holds: per-step statistics, the attention summary, and the block it came from.
+
+Plain data, filled by tracing.tracer and read by the checks and the renderers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from blocktrace.config import BlockConfig
+from blocktrace.tracing.stats import STAT_NAMES
+from blocktrace.vocab import Placement
+
+
+@dataclass
+class Stats:
+    mean: float
+    std: float
+    min: float
+    max: float
+    rms: float
+    absmax: float
+    nan: int
+    inf: int
+
+    @classmethod
+    def from_values(cls, values: list[float]) -> "Stats":
+        data = dict(zip(STAT_NAMES, values))
+        data["nan"], data["inf"] = int(data["nan"]), int(data["inf"])
+        return cls(**data)
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in STAT_NAMES}
+
+
+@dataclass
+class StepRecord:
+    name: str
+    operation: str
+    shape: tuple[int, ...]
+    dtype: str
+    stats: Stats
+    tensor: Optional[torch.Tensor] = None  # only when the trace keeps tensors
+    sample: Optional[list[float]] = None  # the first values of one token's vector
+    probe: Optional[dict] = None  # health-check measurements (checks=True)
+
+
+@dataclass
+class AttentionSummary:
+    shape: tuple[int, ...]
+    causal: Optional[bool]  # None: unknown (the user's block applies its own mask)
+    future_weight_sum: float
+    entropy_per_head: list[float]
+    max_weight: float
+    max_logit: Optional[float]  # largest pre-softmax score (masked entries excluded); None if not visible
+    preview: Optional[list] = None  # [H][T][T] weights of the first sequence, for small T
+    tensor: Optional[torch.Tensor] = None
+
+
+@dataclass
+class Trace:
+    config: Optional[BlockConfig]  # None for a user's block
+    input: StepRecord  # the block input x, as a pseudo-step
+    steps: list[StepRecord] = field(default_factory=list)  # in execution order
+    attention: Optional[AttentionSummary] = None
+    output: Optional[torch.Tensor] = None
+    layout: str = "blocktrace TransformerBlock"
+    placement: Placement = Placement.PRE
+    missing: list[str] = field(default_factory=list)  # steps whose hooks never fired
+    notes: list[str] = field(default_factory=list)  # what could not be seen, and why
+    substeps: list[StepRecord] = field(default_factory=list)  # inside attn: q and k around RoPE
+
+    def step(self, name: str) -> StepRecord:
+        for record in self.steps:
+            if record.name == name:
+                return record
+        raise KeyError(name)
+
+    @property
+    def shape_preserved(self) -> bool:
+        return tuple(self.output.shape) == self.input.shape
+
+    def describe(self) -> dict:
+        """The block's settings: its config, or what is known of a user's block."""
+        if self.config is not None:
+            return self.config.to_dict()
+        causal = self.attention.causal if self.attention is not None else None
+        return {"module": self.layout, "placement": self.placement.value, "causal": causal}
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Kept tensors by their step names, plus `x` and `attn_weights` (needs keep_tensors)."""
+        kept = {"x": self.input.tensor, **{s.name: s.tensor for s in [*self.steps, *self.substeps]}}
+        if self.attention is not None:
+            kept["attn_weights"] = self.attention.tensor
+        missing = [name for name, tensor in kept.items() if tensor is None]
+        if missing:
+            raise ValueError(f"tensors were not kept for {missing}: trace with keep_tensors=True")
+        return kept

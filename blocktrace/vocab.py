@@ -1,0 +1,114 @@
+"""The tool's fixed vocabularies: step names and every enum an option or a report uses.
+
+Torch-free on purpose: the CLI builds its choices and `--help` from here, and `blocktrace
+--help` must answer without paying for `import torch`. Code compares enum members, never
+their strings; the strings appear only at the edges (options, JSON, tables).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+# The vocabulary of the whole tool: module names, table rows, JSON keys, saved tensor names.
+STEP_NAMES = ("norm1", "attn", "residual1", "norm2", "ffn", "residual2")
+
+
+class Choice(str, Enum):
+    """An enum whose values are what users type and what JSON carries."""
+
+    @classmethod
+    def values(cls) -> list[str]:
+        return [member.value for member in cls]
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Norm(Choice):
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+class FFNKind(Choice):
+    GELU = "gelu"  # exact: 0.5·x·(1 + erf(x/√2))
+    GELU_TANH = "gelu_tanh"  # GPT-2's "gelu_new" tanh approximation
+    RELU = "relu"
+    SWIGLU = "swiglu"  # Shazeer 2020: down(silu(gate(x)) · up(x))
+
+    @property
+    def gated(self) -> bool:
+        return self is FFNKind.SWIGLU
+
+
+class Placement(Choice):
+    PRE = "pre"  # GPT-2, Llama: x + f(norm(x))
+    POST = "post"  # original Transformer, BERT: norm(x + f(x))
+    DEEPNORM = "deepnorm"  # Wang et al. 2022: norm(α·x + f(x)), α = (2N)^¼ for N decoder blocks
+
+    @property
+    def norm_after_add(self) -> bool:
+        """Post-LN and DeepNorm normalise after each residual add; Pre-LN before each sublayer."""
+        return self in (Placement.POST, Placement.DEEPNORM)
+
+
+class Init(Choice):
+    DEFAULT = "default"  # PyTorch's own
+    XAVIER = "xavier"
+    XIONG = "xiong"  # Xiong et al. 2020: Xavier, zero biases, W^Q = W^K = 0
+
+
+class DType(Choice):
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+
+
+class Device(Choice):
+    CPU = "cpu"
+    CUDA = "cuda"
+    AUTO = "auto"  # cuda when available
+
+
+class Lang(Choice):
+    EN = "en"
+    ZH = "zh"
+
+
+class Capture(Choice):
+    """Which value of a module a step is: what it returns, or its first argument."""
+
+    OUTPUT = "output"
+    INPUT = "input"
+
+
+class Level(Choice):
+    """How bad a health-check finding is; ordered."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+    @property
+    def rank(self) -> int:
+        return list(Level).index(self)
+
+    def reaches(self, threshold: "Level") -> bool:
+        return self.rank >= threshold.rank
+
+
+class ReportKind(Choice):
+    """What a report dict describes (its "kind" key): each renderer draws one of these."""
+
+    BLOCK = "block"  # one block's six steps
+    STACK = "stack"  # --layers N: per layer
+    SWEEP = "sweep"  # --layers 6,8,... --grad: per depth
+    COMPARE = "compare"  # two variants side by side
+
+
+class Axis(Choice):
+    """A design axis `compare` varies; the value is the BlockConfig field it sets."""
+
+    PLACEMENT = "placement"
+    NORM = "norm"
+    FFN = "ffn"

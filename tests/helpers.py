@@ -1,0 +1,134 @@
+"""Helpers the tests share: HF models with every parameter random, and HF's own step values.
+
+Not a test module: tests import it as `helpers` (pyproject sets pytest's pythonpath), so the
+suite runs from any directory and under --import-mode=importlib.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_weights"
+
+GPT2_TEST_CONFIG = dict(n_embd=32, n_head=4, n_layer=3, n_positions=64, vocab_size=101)
+
+
+def randomise_(model: torch.nn.Module, seed: int) -> None:
+    """Every parameter random, biases and LayerNorm gains included, so no mapping error can hide."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name.endswith("ln_f.weight"):
+                parameter.copy_(1.0 + 0.3 * noise)
+            elif name.endswith("bias"):
+                parameter.copy_(0.2 * noise)
+            else:
+                parameter.copy_(0.15 * noise)
+
+
+def make_gpt2(head: bool, seed: int = 0, **overrides):
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
+
+    config = GPT2Config(**{**GPT2_TEST_CONFIG, **overrides}, attn_implementation="eager")
+    model = (GPT2LMHeadModel if head else GPT2Model)(config).eval()
+    randomise_(model, seed)
+    return model
+
+
+TOKEN_IDS = [5, 17, 99, 0, 42, 7, 63]
+
+
+def hf_block_values(hf_model, layer: int, token_ids: list[int]) -> dict[str, torch.Tensor]:
+    """Tensors HF computes inside block `layer`, captured with hooks on its own modules."""
+    block = hf_model.h[layer]
+    seen = {}
+    hooks = [
+        block.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0])),
+        block.ln_1.register_forward_hook(lambda m, i, o: seen.__setitem__("norm1", o)),
+        block.attn.register_forward_hook(lambda m, i, o: seen.update(attn=o[0], attn_weights=o[1])),
+        block.ln_2.register_forward_pre_hook(lambda m, args: seen.__setitem__("residual1", args[0])),
+        block.ln_2.register_forward_hook(lambda m, i, o: seen.__setitem__("norm2", o)),
+        block.mlp.register_forward_hook(lambda m, i, o: seen.__setitem__("ffn", o)),
+        block.register_forward_hook(lambda m, i, o: seen.__setitem__("residual2", o[0] if isinstance(o, tuple) else o)),
+    ]
+    try:
+        with torch.no_grad():
+            outputs = hf_model(torch.tensor([token_ids]), output_hidden_states=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    seen["hidden_state"] = outputs.hidden_states[layer]
+    return seen
+
+
+def _first(value):
+    return value[0] if isinstance(value, tuple) else value
+
+
+def _capture(layer, places: dict, model, ids):
+    seen, hooks = {}, []
+    for name, (module, where) in places.items():
+        if where == "in":
+            hooks.append(module.register_forward_pre_hook(lambda m, a, name=name: seen.__setitem__(name, a[0])))
+        elif where == "weights":
+            hooks.append(module.register_forward_hook(lambda m, a, o, name=name: seen.__setitem__(name, o[1])))
+        else:
+            hooks.append(module.register_forward_hook(lambda m, a, o, name=name: seen.__setitem__(name, _first(o))))
+    try:
+        with torch.no_grad():
+            seen["hidden_states"] = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
+def bert_reference(model, k, ids):
+    layer = model.encoder.layer[k]
+    places = {"attn": (layer.attention.output.dense, "out"), "residual1": (layer.attention.output.LayerNorm, "in"),
+              "norm1": (layer.attention.output.LayerNorm, "out"), "ffn": (layer.output.dense, "out"),
+              "residual2": (layer.output.LayerNorm, "in"), "norm2": (layer.output.LayerNorm, "out"),
+              "attn_weights": (layer.attention.self, "weights")}
+    return _capture(layer, places, model, ids)
+
+
+def llama_reference(model, k, ids):
+    layer = model.layers[k]
+    places = {"norm1": (layer.input_layernorm, "out"), "attn": (layer.self_attn, "out"),
+              "attn_weights": (layer.self_attn, "weights"), "residual1": (layer.post_attention_layernorm, "in"),
+              "norm2": (layer.post_attention_layernorm, "out"), "ffn": (layer.mlp, "out"),
+              "residual2": (layer, "out")}
+    return _capture(layer, places, model, ids)
+
+
+def make_bert(head: bool):
+    from transformers import BertConfig, BertForMaskedLM, BertModel
+
+    config = BertConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=3,
+                        vocab_size=101, max_position_embeddings=64, attn_implementation="eager")
+    model = (BertForMaskedLM if head else BertModel)(config).eval()
+    randomise_(model, 3)
+    with torch.no_grad():  # LayerNorm gains near 1, as trained models have them (randomise_ knows GPT-2's names)
+        for name, parameter in model.named_parameters():
+            if name.endswith("LayerNorm.weight"):
+                parameter.add_(1.0)
+    return model, (model.bert if head else model)
+
+
+def make_llama(head: bool, **extra):
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
+
+    config = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                         num_hidden_layers=3, vocab_size=101, max_position_embeddings=64,
+                         attn_implementation="eager", **extra)
+    model = (LlamaForCausalLM if head else LlamaModel)(config).eval()
+    randomise_(model, 4)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                parameter.add_(1.0)
+    return model, (model.model if head else model)
