@@ -16,24 +16,28 @@ from blocktrace.diagnose.compare import build_variants, describe, difference
 from blocktrace.diagnose.grad import gradient_report
 from blocktrace.errors import BlocktraceError, UsageError, WeightsError
 from blocktrace.model.stack import build_stack, trace_stack
-from blocktrace.render.report import SCHEMA_VERSION, block_report, stack_report, sweep_report
+from blocktrace.render.report import block_report, stack_report, sweep_report
 from blocktrace.request import Analysis, RunRequest
 from blocktrace.sizing import Shape, estimate_bytes, require_fit
 from blocktrace.sources.inputs import random_input
 from blocktrace.sources.source import Source, prepare_source, resolve_device, torch_dtype, user_block_source
+from blocktrace.vocab import SCHEMA_VERSION, ReportKind
 
 
-def _guard_size(source: Source, request: RunRequest, analysis: Analysis, config: BlockConfig, n_layers: int) -> None:
+def _budget(request: RunRequest, analysis: Analysis, n_layers: int):
+    """The memory guard for `n_layers` blocks of whatever config and input shape the source settles on."""
     from blocktrace.model.layers import ATTENTION_CHUNK_BYTES
 
-    x = source.x
-    shape = Shape(batch=x.shape[0] if x.dim() == 3 else 1, tokens=x.shape[-2])
-    needed = estimate_bytes(config, n_layers, shape, x.element_size(), grad=analysis.grad,
-                            keep_tensors=analysis.keep_tensors, chunk_bytes=ATTENTION_CHUNK_BYTES,
-                            attn_chunk=request.attn_chunk)
-    what = (f"{n_layers} block{'s' if n_layers > 1 else ''} of d_model {config.d_model}, d_ff {config.d_ff} "
-            f"on {shape.batch}×{shape.tokens} tokens{', with gradients' if analysis.grad else ''}")
-    require_fit(needed, x.device, what)
+    element = torch.empty((), dtype=torch_dtype(request.dtype)).element_size()
+
+    def fits(config: BlockConfig, shape: Shape) -> None:
+        needed = estimate_bytes(config, n_layers, shape, element, grad=analysis.grad,
+                                keep_tensors=analysis.keep_tensors, chunk_bytes=ATTENTION_CHUNK_BYTES,
+                                attn_chunk=request.attn_chunk)
+        what = (f"{n_layers} block{'s' if n_layers > 1 else ''} of d_model {config.d_model}, d_ff {config.d_ff} "
+                f"on {shape.batch}×{shape.tokens} tokens{', with gradients' if analysis.grad else ''}")
+        require_fit(needed, resolve_device(request.device), what)
+    return fits
 
 
 def make_blocks(source: Source, request: RunRequest, n_layers: int,
@@ -145,13 +149,11 @@ def run_request(request: RunRequest, analysis: Analysis) -> tuple[dict, list, So
     """`run` and `check`: the report, the traces (for --save) and the source (for its tokens)."""
     if request.module is not None:
         return run_user_block(request, analysis)
-    source = prepare_source(request)
+    source = prepare_source(request, _budget(request, analysis, max(analysis.depths)))
     _check_token_index(source, analysis)
     if len(analysis.depths) > 1:
-        _guard_size(source, request, analysis, source.config, max(analysis.depths))
         rows = _sweep_rows(source, request, None, analysis.depths, analysis.batches)
         return sweep_report(source, source.config, rows), [], source
-    _guard_size(source, request, analysis, source.config, analysis.depths[0])
     blocks = make_blocks(source, request, analysis.depths[0])
     report, traces = run_blocks(blocks, source, request, analysis)
     return report, traces, source
@@ -174,6 +176,9 @@ def _variants(source: Source, request: RunRequest, axis: str, values: list[str],
     origin = make_blocks(source, request, depth, source.native) if source.checkpoint is not None else None
     variants = build_variants(source.config, axis, values, n_layers=depth, seed=request.seed,
                               init=request.init, source=origin)
+    if source.checkpoint is not None and "seed" in request.explicit and not any(v.unshared for v in variants):
+        raise UsageError("--seed draws the parameters a variant has and the checkpoint lacks; here every parameter "
+                         "of both variants comes from the checkpoint: drop --seed")
     for variant in variants:
         variant.blocks = place_blocks(variant.blocks, request, source)
     return variants
@@ -193,10 +198,7 @@ def _compare_sweep(source, request, analysis, axis, values) -> list[dict]:
 
 
 def compare_request(request: RunRequest, analysis: Analysis, axis: str, values: list[str]) -> dict:
-    source = prepare_source(request)
-    for value in values:
-        variant = source.config.replace(**{axis: value})
-        _guard_size(source, request, analysis, variant, 2 * max(analysis.depths))  # both variants at once
+    source = prepare_source(request, _budget(request, analysis, 3 * max(analysis.depths)))  # source + 2 variants
     differences = None
     if len(analysis.depths) > 1:
         entries = _compare_sweep(source, request, analysis, axis, values)
@@ -210,7 +212,7 @@ def compare_request(request: RunRequest, analysis: Analysis, axis: str, values: 
                             "unshared_parameters": variant.unshared, "report": report})
         differences = _differences(*all_traces)
     return {
-        "schema": SCHEMA_VERSION, "kind": "compare", "axis": axis, "values": values,
+        "schema": SCHEMA_VERSION, "kind": ReportKind.COMPARE.value, "axis": axis, "values": values,
         "seed": source.seed, "weights": source.weights, "tokens": source.tokens,
         "variants": entries, "differences": differences,
         "notes": describe(axis, entries, differences),

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from blocktrace.vocab import DType, Device, Init, Placement
+from blocktrace.vocab import Device, DType, Init, Placement
 
 DEFAULT_SEQ_LEN = 5
 

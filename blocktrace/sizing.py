@@ -15,7 +15,7 @@ from typing import Optional
 
 from blocktrace.errors import UsageError
 
-FIT_FRACTION = 0.9  # refuse beyond this share of the available memory
+FIT_FRACTION = 0.75  # refuse beyond this share of the available memory: the rest is headroom
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,10 @@ from enum import Enum
 
 # The vocabulary of the whole tool: module names, table rows, JSON keys, saved tensor names.
 STEP_NAMES = ("norm1", "attn", "residual1", "norm2", "ffn", "residual2")
+# The weight matrices whose gradients are reported, by the names the tables and JSON use.
+WEIGHT_NAMES = ("attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2")
+# The version of every JSON document blocktrace prints (README: Scripting).
+SCHEMA_VERSION = 1
 
 
 class Choice(str, Enum):
@@ -104,6 +108,7 @@ class ReportKind(Choice):
     STACK = "stack"  # --layers N: per layer
     SWEEP = "sweep"  # --layers 6,8,... --grad: per depth
     COMPARE = "compare"  # two variants side by side
+    DIFF = "diff"  # two trace files step by step
 
 
 class Axis(Choice):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
+from helpers import make_gpt2
 
 from blocktrace.cli import cli
-from helpers import make_gpt2
+
 
 @pytest.fixture(scope="session", params=["GPT2Model", "GPT2LMHeadModel"])
 def gpt2_checkpoint(request, tmp_path_factory):

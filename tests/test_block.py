@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blocktrace.model.block import build_block, execution_order
 from blocktrace.config import BlockConfig
+from blocktrace.model.block import build_block, execution_order
 from blocktrace.tracing.tracer import trace
 
 COMBINATIONS = list(itertools.product(["layernorm", "rmsnorm"], ["gelu", "gelu_tanh", "relu", "swiglu"], ["pre", "post"]))
@@ -62,7 +62,7 @@ def test_output_shape_equals_input_shape_and_no_hook_is_left(heads, head_dim, to
     traced = trace(block, torch.randn(*shape))
     assert traced.output.shape == shape and traced.shape_preserved
     assert all(step.shape == shape for step in traced.steps)
-    assert traced.attention.shape == (heads, tokens, tokens) if batch is None else (batch, heads, tokens, tokens)
+    assert traced.attention.shape == ((heads, tokens, tokens) if batch is None else (batch, heads, tokens, tokens))
     assert _hooks_left(block) == 0
 
 

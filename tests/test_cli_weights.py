@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from helpers import SAMPLES, TOKEN_IDS, bert_reference, hf_block_values, llama_reference, make_gpt2
+from safetensors.torch import load_file, save_file
 
 SAMPLE = SAMPLES / "gpt2-tiny"
 STEPS = ["norm1", "attn", "residual1", "norm2", "ffn", "residual2", "attn_weights"]

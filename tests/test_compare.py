@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from blocktrace.diagnose.compare import build_variants, difference
-from blocktrace.config import BlockConfig
-from blocktrace.model.stack import build_stack, summarise, trace_stack
 from helpers import SAMPLES
+
+from blocktrace.config import BlockConfig
+from blocktrace.diagnose.compare import build_variants, difference
+from blocktrace.model.stack import build_stack, summarise, trace_stack
 
 XIONG = dict(d_model=128, n_heads=1, d_ff=128, ffn="relu")  # Xiong et al. 2020's setting, with --init xiong
 
@@ -204,8 +204,9 @@ def test_stack_on_checkpoint_layers(invoke):
 
 
 def test_gradient_norms_are_the_norms_of_the_mean_gradient():
-    from blocktrace.diagnose.grad import gradient_report, readout, zipf_targets
     from torch.nn import functional as F
+
+    from blocktrace.diagnose.grad import gradient_report, readout, zipf_targets
 
     blocks = build_stack(BlockConfig(d_model=8, n_heads=2), 2, seed=3)
     inputs = [torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(k)) for k in range(3)]

@@ -2,12 +2,12 @@
 
 import pytest
 import torch
+from helpers import bert_reference, llama_reference, make_bert, make_llama
 
 from blocktrace.sources.checkpoint import Checkpoint
-from blocktrace.tracing.tracer import trace
 from blocktrace.sources.families import checkpoint_config, model_info
 from blocktrace.sources.loader import embed_token_ids, hidden_state_before, load_block
-from helpers import bert_reference, llama_reference, make_bert, make_llama
+from blocktrace.tracing.tracer import trace
 
 IDS = [3, 14, 15, 92, 65, 35, 8]
 STEPS = ["norm1", "attn", "residual1", "norm2", "ffn", "residual2", "attn_weights"]
@@ -65,8 +65,8 @@ def test_rotary_substeps_match_huggingface_rotation():
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     _, model = make_llama(False, head_dim=16, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0})
-    from blocktrace.model.block import build_block
     from blocktrace.config import BlockConfig
+    from blocktrace.model.block import build_block
 
     config = BlockConfig(d_model=32, n_heads=4, kv_heads=2, head_size=16, d_ff=64, norm="rmsnorm", ffn="swiglu",
                          bias=False, rope_theta=500.0, rope_scaling=2.0)

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from blocktrace.model.block import build_block
 from blocktrace.config import BlockConfig
 from blocktrace.diagnose.grad import GradientReport
 from blocktrace.diagnose.health import CHECKS, evaluate
+from blocktrace.model.block import build_block
 from blocktrace.tracing.tracer import trace
 
 X = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
@@ -182,14 +182,14 @@ def test_flags_column_and_json(invoke, user_blocks):
     assert report["flags"][0]["source"].startswith("definition of the residual connection")
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("userblocks_health", "--module takes package.module:factory"),
-    ("userblocks_health:missing", "userblocks_health has no callable 'missing'"),
-    ("no_such_module_here:f", "importing no_such_module_here failed: ModuleNotFoundError"),
+@pytest.mark.parametrize("spec, code, message", [
+    ("userblocks_health", 2, "--module takes package.module:factory"),
+    ("userblocks_health:missing", 1, "userblocks_health has no callable 'missing'"),
+    ("no_such_module_here:f", 1, "importing no_such_module_here failed: ModuleNotFoundError"),
 ])
-def test_module_errors(invoke, user_blocks, spec, message):
+def test_module_errors(invoke, user_blocks, spec, code, message):
     result = invoke("run", "--module", spec)
-    assert result.exit_code in (1, 2) and message in result.stderr
+    assert result.exit_code == code and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
 
 

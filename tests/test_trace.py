@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from blocktrace.model.block import build_block
 from blocktrace.config import BlockConfig
+from blocktrace.model.block import build_block
 from blocktrace.tracing.stats import attention_stats, tensor_stats
 from blocktrace.tracing.tracer import trace
 
@@ -101,4 +101,7 @@ def _masked_scores(block, x):
     block.attn.scores.register_forward_hook(lambda m, i, o: seen.__setitem__("s", o))
     with torch.no_grad():
         block(x)
-    return [v for v in seen["s"].flatten().tolist() if v != float("-inf")]
+    masked = torch.finfo(seen["s"].dtype).min  # what the causal mask writes above the diagonal
+    values = seen["s"].flatten().tolist()
+    assert masked in values  # the filter below removes something: the mask was applied
+    return [v for v in values if v != masked]

@@ -5,12 +5,12 @@ import json
 
 import pytest
 import torch
+from helpers import make_gpt2, randomise_
 from torch import nn
 from torch.nn import functional as F
 
-from blocktrace.tracing.tracer import trace
 from blocktrace.sources.tracefile import save_trace
-from helpers import make_gpt2, randomise_
+from blocktrace.tracing.tracer import trace
 
 T, D = 6, 32
 X = torch.randn(2, T, D, generator=torch.Generator().manual_seed(0))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from helpers import TOKEN_IDS, hf_block_values
 
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.families import checkpoint_config, model_info
 from blocktrace.sources.loader import embed_token_ids, hidden_state_before, load_block
 from blocktrace.tracing.tracer import trace
-from helpers import TOKEN_IDS, hf_block_values
+
 
 @pytest.mark.parametrize("layer", [0, 2])
 def test_every_step_matches_huggingface(gpt2_checkpoint, layer):

@@ -5,9 +5,22 @@ from __future__ import annotations
 import click
 
 from blocktrace.cli.app import GreedyCommand, cli, emit
-from blocktrace.cli.options import (BLOCK_OPTIONS, COMPUTE_OPTIONS, DEPTH_OPTIONS, FORMAT_OPTION, INPUT_OPTIONS,
-                                    JSON_OPTION, LANG_OPTION, PLOT_OPTION, STEPS_OPTION, enum_choice, given,
-                                    make_analysis, make_request, options)
+from blocktrace.cli.options import (
+    BLOCK_OPTIONS,
+    COMPUTE_OPTIONS,
+    DEPTH_OPTIONS,
+    FORMAT_OPTION,
+    INPUT_OPTIONS,
+    JSON_OPTION,
+    LANG_OPTION,
+    PLOT_OPTION,
+    STEPS_OPTION,
+    enum_choice,
+    given,
+    make_analysis,
+    make_request,
+    options,
+)
 from blocktrace.cli.rules import COMPARE_RULES, enforce
 from blocktrace.errors import UsageError
 from blocktrace.vocab import Axis, FFNKind, Lang, Norm, Placement

@@ -14,7 +14,7 @@ import click
 from tabulate import tabulate_formats
 
 from blocktrace.request import Analysis, InputSpec, RunRequest
-from blocktrace.vocab import DType, Device, FFNKind, Init, Lang, Level, Norm, Placement
+from blocktrace.vocab import Device, DType, FFNKind, Init, Lang, Level, Norm, Placement
 
 SEED_MAX = 2**32 - 1  # derived seeds (seed + layer, seed + 10 000) stay far inside torch's range
 

@@ -1,6 +1,6 @@
 """Which options make sense together: an option that would be accepted and ignored is refused.
 
-Every rule names the option at fault and what it needs (or what it cannot go with), and
+Every rule's message starts with the option at fault and says what it needs (or what it cannot go with), and
 ends in exit code 2 before any work is done. A rule is data: (option, condition, message).
 """
 
@@ -88,7 +88,7 @@ COMMON_RULES = [
     Excludes("seq_len", any_of(is_set("input_path"), is_set("token_ids_text"), is_set("text")),
              "--seq-len sets the length of random input; the input given sets its own length"),
     Needs("depths", lambda ctx: len(ctx.params.get("depths") or ()) < 2 or bool(ctx.params.get("grad")),
-          "a list of depths is a gradient sweep: add --grad (or give one depth)"),
+          "--layers with a list of depths is a gradient sweep: add --grad (or give one depth)"),
 ]
 
 RUN_RULES = [
@@ -115,7 +115,7 @@ RUN_RULES = [
 
 CHECK_RULES = [rule for rule in RUN_RULES if rule.option != "fail_on" and not (
     isinstance(rule, Excludes) and rule.message.endswith("--check prints only the findings"))]
-CHECK_RULES.append(Excludes("depths", depth_list, "check checks blocks; a depth list is a gradient sweep"))
+CHECK_RULES.append(Excludes("depths", depth_list, "--layers: check checks blocks; a depth list is a gradient sweep"))
 
 COMPARE_RULES = [
     *COMMON_RULES,
@@ -129,4 +129,4 @@ COMPARE_RULES = [
 def enforce(ctx: click.Context, rules) -> None:
     for rule in rules:
         if rule.broken(ctx):
-            raise click.UsageError(f"{flag(rule.option)}: {rule.message}")
+            raise click.UsageError(rule.message)

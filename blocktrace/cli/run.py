@@ -5,10 +5,27 @@ from __future__ import annotations
 import click
 
 from blocktrace.cli.app import GreedyCommand, cli, emit
-from blocktrace.cli.options import (BLOCK_OPTIONS, COMPUTE_OPTIONS, DEPTH_OPTIONS, DISPLAY_OPTIONS, FAIL_ON_OPTION,
-                                    FFN_OPTION, FORMAT_OPTION, INPUT_OPTIONS, JSON_OPTION, LANG_OPTION,
-                                    MODULE_OPTIONS, NORM_OPTION, PLACEMENT_OPTIONS, PLOT_OPTION, SAVE_OPTION,
-                                    STEPS_OPTION, chosen_placement, make_analysis, make_request)
+from blocktrace.cli.options import (
+    BLOCK_OPTIONS,
+    COMPUTE_OPTIONS,
+    DEPTH_OPTIONS,
+    DISPLAY_OPTIONS,
+    FAIL_ON_OPTION,
+    FFN_OPTION,
+    FORMAT_OPTION,
+    INPUT_OPTIONS,
+    JSON_OPTION,
+    LANG_OPTION,
+    MODULE_OPTIONS,
+    NORM_OPTION,
+    PLACEMENT_OPTIONS,
+    PLOT_OPTION,
+    SAVE_OPTION,
+    STEPS_OPTION,
+    chosen_placement,
+    make_analysis,
+    make_request,
+)
 from blocktrace.cli.rules import CHECK_RULES, RUN_RULES, enforce
 from blocktrace.vocab import FFNKind, Lang, Level, Norm
 

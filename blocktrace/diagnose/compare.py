@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from blocktrace.config import BlockConfig
-from blocktrace.vocab import Init, Placement
 from blocktrace.model.init import apply_deepnorm_beta
 from blocktrace.model.stack import build_stack
+from blocktrace.vocab import Init, Placement
 
 # The same role under another name: an MLP's first and last linear layers are SwiGLU's up and down.
 ALIASES = {"ffn.up.": "ffn.fc.", "ffn.down.": "ffn.proj."}

@@ -17,6 +17,7 @@ import torch
 
 from blocktrace.diagnose.compare import difference
 from blocktrace.sources.tracefile import open_trace
+from blocktrace.vocab import SCHEMA_VERSION, ReportKind
 
 
 def _same_non_finite(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -65,5 +66,5 @@ def diff_traces(path_a: Path, path_b: Path, atol: float = 1e-5, rtol: float = 1e
             continue
         steps.append({"name": name, **compare_step(a.get(name), b.get(name), atol, rtol)})
     first = next((step["name"] for step in steps if not step["within"]), None)
-    return {"schema": 1, "kind": "diff", "a": str(path_a), "b": str(path_b), "atol": atol, "rtol": rtol,
+    return {"schema": SCHEMA_VERSION, "kind": ReportKind.DIFF.value, "a": str(path_a), "b": str(path_b), "atol": atol, "rtol": rtol,
             "steps": steps, "first_divergence": first, "diverged": first is not None}

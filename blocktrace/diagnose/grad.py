@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from torch.nn import functional as F
 
-from blocktrace.config import STEP_NAMES
+from blocktrace.vocab import STEP_NAMES, WEIGHT_NAMES
 
 VOCAB = 256  # classes of the random readout
 
@@ -29,8 +29,8 @@ def weight_matrices(block) -> dict[str, torch.Tensor]:
     """The matrices whose gradients are reported, by the names the tables use."""
     attn, ffn = block.attn, block.ffn
     w1, w2 = (ffn.up, ffn.down) if hasattr(ffn, "down") else (ffn.fc, ffn.proj)
-    return {"attn_q": attn.q_proj.weight, "attn_k": attn.k_proj.weight, "attn_v": attn.v_proj.weight,
-            "attn_o": attn.out_proj.weight, "ffn_w1": w1.weight, "ffn_w2": w2.weight}
+    matrices = (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj, w1, w2)
+    return {name: linear.weight for name, linear in zip(WEIGHT_NAMES, matrices)}
 
 
 def zipf_targets(shape: tuple[int, ...], generator: torch.Generator, vocab: int = VOCAB) -> torch.Tensor:

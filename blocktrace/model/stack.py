@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from blocktrace.model.block import TransformerBlock, build_block
 from blocktrace.config import BlockConfig
+from blocktrace.model.block import TransformerBlock, build_block
 from blocktrace.tracing.records import Trace
 from blocktrace.tracing.tracer import trace
 from blocktrace.vocab import Init

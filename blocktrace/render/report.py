@@ -10,9 +10,8 @@ import math
 from typing import Optional
 
 from blocktrace._version import __version__
-from blocktrace.tracing.tracer import StepRecord, Trace
-
-SCHEMA_VERSION = 1
+from blocktrace.tracing.records import StepRecord, Trace
+from blocktrace.vocab import SCHEMA_VERSION, ReportKind
 
 
 def step_dict(index: int, record: StepRecord) -> dict:
@@ -63,7 +62,7 @@ def block_report(source, trace: Trace, grads=None, flags=None) -> dict:
     steps = [step_dict(i, record) for i, record in enumerate(trace.steps, start=1)]
     return {
         **_header(source, trace.describe()),
-        "kind": "block",
+        "kind": ReportKind.BLOCK.value,
         "input": {**step_dict(0, trace.input), "source": source.note},
         "steps": _with_flags(steps, flags),
         "attention": attention_dict(trace),
@@ -91,7 +90,7 @@ def stack_report(source, traces: list[Trace], grads=None, flags=None) -> dict:
     first, last = traces[0], traces[-1]
     return {
         **_header(source, first.describe()),
-        "kind": "stack",
+        "kind": ReportKind.STACK.value,
         "n_layers": len(traces),
         "input": {**step_dict(0, first.input), "source": source.note,
                   "sq_norm_per_d": first.input.stats.rms ** 2},
@@ -105,4 +104,4 @@ def stack_report(source, traces: list[Trace], grads=None, flags=None) -> dict:
 
 def sweep_report(source, config, rows: list[dict]) -> dict:
     """Per depth, the last layer's weight-gradient norms (Xiong et al. 2020, Theorem 1)."""
-    return {**_header(source, config.to_dict()), "kind": "sweep", "depths": [row["depth"] for row in rows], "sweep": rows}
+    return {**_header(source, config.to_dict()), "kind": ReportKind.SWEEP.value, "depths": [row["depth"] for row in rows], "sweep": rows}

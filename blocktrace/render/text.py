@@ -13,7 +13,7 @@ from tabulate import tabulate
 from blocktrace.render.words import HEADINGS, explanation
 from blocktrace.tracing.recorder import PREVIEW_MAX_TOKENS
 from blocktrace.tracing.stats import STAT_NAMES
-from blocktrace.vocab import Lang, Level, Placement, ReportKind
+from blocktrace.vocab import WEIGHT_NAMES, Lang, Level, Placement, ReportKind
 
 STAT_HEADINGS = ("mean", "std", "min", "max", "rms", "max|x|", "nan/inf")
 HEATMAP_RAMP = " .:-=+*#%@"  # ASCII only: block characters are double width in some CJK terminals
@@ -177,9 +177,6 @@ def render_findings(report: dict, fail_on: Level) -> str:
                   f"  threshold: {f['threshold']}", f"  means: {f['meaning']}",
                   f"  usually: {f['remedy']}", f"  source: {f['source']}"]
     return "\n".join(lines) + "\n"
-
-
-WEIGHT_NAMES = ("attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2")
 
 
 def gradients_section(gradients: dict, fmt: str) -> str:

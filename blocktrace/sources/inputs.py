@@ -98,8 +98,11 @@ def with_batch(x: torch.Tensor, batch: Optional[int], source: str) -> torch.Tens
     return x.expand(batch, *x.shape).contiguous()
 
 
-def load_input_file(path: Path, d_model: int) -> torch.Tensor:
-    """The exact block input from a safetensors file: tensor "x", or its only tensor."""
+def load_input_file(path: Path, d_model: int, check_shape=lambda shape: None) -> torch.Tensor:
+    """The exact block input from a safetensors file: tensor "x", or its only tensor.
+
+    `check_shape` sees the tensor's shape (from the file's header) before it is read.
+    """
     from blocktrace.sources.checkpoint import Checkpoint
 
     checkpoint = Checkpoint(path)
@@ -114,4 +117,5 @@ def load_input_file(path: Path, d_model: int) -> torch.Tensor:
                          f"or [B, T, {d_model}] with T ≥ 1")
     if checkpoint.dtype(name) not in ("F64", "F32", "F16", "BF16"):
         raise InputError(f"{path}: tensor {name!r} holds {checkpoint.dtype(name)}, expected floating-point values")
+    check_shape(shape)
     return checkpoint.get(name, torch.float32)

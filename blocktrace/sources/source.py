@@ -8,17 +8,29 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from blocktrace.config import BlockConfig
 from blocktrace.errors import UsageError
 from blocktrace.request import DEFAULT_SEQ_LEN, RunRequest
-from blocktrace.sources.inputs import (RANDOM_INPUT_NOTE, TOKEN_EMBEDDING_NOTE, load_input_file, pad_sequences,
-                                       parse_token_ids, random_input, split_tokens, tokens_to_input, with_batch)
-from blocktrace.vocab import DType, Device
+from blocktrace.sizing import Shape
+from blocktrace.sources.inputs import (
+    RANDOM_INPUT_NOTE,
+    TOKEN_EMBEDDING_NOTE,
+    load_input_file,
+    pad_sequences,
+    parse_token_ids,
+    random_input,
+    split_tokens,
+    tokens_to_input,
+    with_batch,
+)
+from blocktrace.vocab import Device, DType
 
+# Called with the config and the input's shape before the input exists: refuses what cannot fit.
+Budget = Callable[[BlockConfig, Shape], None]
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.FLOAT64: torch.float64, DType.FLOAT16: torch.float16,
                 DType.BFLOAT16: torch.bfloat16}
 
@@ -58,26 +70,38 @@ def _one_input(given: list[str]) -> None:
         raise UsageError(f"{' and '.join(given)} both give the input: use one of them")
 
 
-def _seeded(request: RunRequest, config: BlockConfig) -> Source:
+def _no_budget(config: BlockConfig, shape: Shape) -> None:
+    return None
+
+
+def _input_file(path, config: BlockConfig, batch: Optional[int], budget: Budget, dtype=torch.float32) -> torch.Tensor:
+    x = load_input_file(path, config.d_model, lambda shape: budget(config, Shape(batch or (shape[0] if len(shape) == 3
+                                                                                         else 1), shape[-2])))
+    return with_batch(x.to(dtype), batch, f"--input {path}")
+
+
+def _seeded(request: RunRequest, config: BlockConfig, budget: Budget) -> Source:
     inputs, seed = request.inputs, request.seed
     given = inputs.given()
     _one_input(given)
     if given and given[0] in ("--token-ids", "--text"):
         raise UsageError(f"{given[0]} needs real weights: add --weights PATH (or use --tokens)")
     if inputs.input_path is not None:
-        x = with_batch(load_input_file(inputs.input_path, config.d_model), inputs.batch, f"--input {inputs.input_path}")
+        x = _input_file(inputs.input_path, config, inputs.batch, budget)
         return Source(config, x, None, f"tensor from {inputs.input_path}", seed, input_varies=False)
     if inputs.tokens is not None:
         tokens = split_tokens([inputs.tokens])
         if inputs.seq_len is not None and inputs.seq_len != len(tokens):
             raise UsageError(f"--seq-len {inputs.seq_len} contradicts the {len(tokens)} tokens given: drop --seq-len")
+        budget(config, Shape(inputs.batch or 1, len(tokens)))
         x = tokens_to_input(tokens, config.d_model, seed, inputs.batch)
         return Source(config, x, tokens, TOKEN_EMBEDDING_NOTE, seed, input_varies=False)
+    budget(config, Shape(inputs.batch or 1, inputs.seq_len or DEFAULT_SEQ_LEN))
     x = random_input(inputs.seq_len or DEFAULT_SEQ_LEN, config.d_model, seed, inputs.batch)
     return Source(config, x, None, RANDOM_INPUT_NOTE, seed)
 
 
-def _checkpoint_source(request: RunRequest) -> Source:
+def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     from blocktrace.sources.checkpoint import Checkpoint
     from blocktrace.sources.families import SIZE_FIELDS, checkpoint_config, model_info
     from blocktrace.sources.loader import check_layer, embed_token_ids, hidden_state_before
@@ -93,15 +117,14 @@ def _checkpoint_source(request: RunRequest) -> Source:
     checkpoint = Checkpoint(request.weights)
     info = model_info(checkpoint)
     check_layer(info, request.layer)
-    overrides = {key: request.config_fields[key] for key in request.explicit}
+    overrides = {key: value for key, value in request.config_fields.items() if key in request.explicit}
     native = checkpoint_config(checkpoint, info, {k: v for k, v in overrides.items() if k in SIZE_FIELDS})
     config = native.replace(**{k: v for k, v in overrides.items() if k not in SIZE_FIELDS})
     weights = {"path": str(request.weights), "layout": info.layout, "layer": request.layer,
                "n_layers": info.n_layers}
     common = dict(seed=None, weights=weights, checkpoint=checkpoint, info=info, native=native, input_varies=False)
     if inputs.input_path is not None:
-        x = with_batch(load_input_file(inputs.input_path, config.d_model).to(dtype), inputs.batch,
-                       f"--input {inputs.input_path}")
+        x = _input_file(inputs.input_path, config, inputs.batch, budget, dtype)
         return Source(config, x, None, f"tensor from {inputs.input_path}", **common)
     sequences = [encode_text(checkpoint.directory, inputs.text)] if inputs.text is not None \
         else parse_token_ids(inputs.token_ids)
@@ -109,6 +132,7 @@ def _checkpoint_source(request: RunRequest) -> Source:
         raise UsageError("--batch and several --token-ids sequences both set the batch: use one of them")
     pad_id = info.config.integer("pad_token_id", 0, positive=False) if info.config is not None else 0
     padded, mask = pad_sequences(sequences, pad_id or 0)
+    budget(config, Shape(inputs.batch or len(padded), len(padded[0])))
     x = torch.stack([embed_token_ids(checkpoint, info, ids, dtype) for ids in padded])
     x = (x[0] if mask is None else x).to(resolve_device(request.device))  # earlier layers run there too
     device_mask = None if mask is None else mask.to(x.device)
@@ -128,11 +152,14 @@ def _on_device(source: Source, request: RunRequest) -> Source:
     return source
 
 
-def prepare_source(request: RunRequest) -> Source:
-    """The source of blocktrace's own blocks: seeded, or a checkpoint's layers."""
+def prepare_source(request: RunRequest, budget: Budget = _no_budget) -> Source:
+    """The source of blocktrace's own blocks: seeded, or a checkpoint's layers.
+
+    `budget` sees the config and the input's shape before the input (or any block) exists.
+    """
     if request.weights is not None:
-        return _on_device(_checkpoint_source(request), request)
-    return _on_device(_seeded(request, BlockConfig(**request.config_fields)), request)
+        return _on_device(_checkpoint_source(request, budget), request)
+    return _on_device(_seeded(request, BlockConfig(**request.config_fields), budget), request)
 
 
 def user_block_source(request: RunRequest, block: torch.nn.Module) -> Source:
@@ -145,4 +172,4 @@ def user_block_source(request: RunRequest, block: torch.nn.Module) -> Source:
         raise UsageError(f"--d-model {request.config_fields['d_model']} conflicts with the block's width {width}")
     d_model = width if width is not None else request.config_fields["d_model"]
     config = BlockConfig(d_model=d_model, n_heads=1)  # only the width is ours: the block has its own heads
-    return _on_device(_seeded(dataclasses.replace(request, weights=None), config), request)
+    return _on_device(_seeded(dataclasses.replace(request, weights=None), config, _no_budget), request)

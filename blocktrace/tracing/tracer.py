@@ -17,7 +17,7 @@ from torch import nn
 from blocktrace.config import BlockConfig
 from blocktrace.errors import InputError
 from blocktrace.tracing.recorder import HookFailure, Pending, Recorder, first_tensor
-from blocktrace.tracing.records import AttentionSummary, StepRecord, Stats, Trace
+from blocktrace.tracing.records import AttentionSummary, Stats, StepRecord, Trace
 from blocktrace.tracing.stats import stats_from_moments
 from blocktrace.tracing.steps import Layout, own_layout, user_layout
 from blocktrace.vocab import STEP_NAMES, Placement

@@ -87,6 +87,14 @@ class Family:
         """Refuse a rewiring these parameters cannot fill."""
 
 
+def size(checkpoint: Checkpoint, key: str, axis: int) -> int:
+    """One dimension of a tensor, read from the header; a tensor with too few dimensions is refused."""
+    shape = checkpoint.shape(key)
+    if len(shape) <= axis:
+        raise WeightsError(f"tensor {key!r} has shape {list(shape)}: expected at least {axis + 1} dimensions")
+    return shape[axis]
+
+
 def linear(read: Reader, source: str, target: str, out: int, inp: int, bias: bool, transpose=False) -> dict:
     """nn.Linear state from a checkpoint's linear layer (transpose: a Conv1D stored [in, out])."""
     weight = read(f"{source}.weight", (inp, out) if transpose else (out, inp))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch.nn import functional as F
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import Family, Reader, activation, linear, refuse_unless
+from blocktrace.sources.families.base import Family, Reader, activation, linear, refuse_unless, size
 from blocktrace.vocab import FFNKind, Norm, Placement
 
 ACTIVATIONS = {"gelu": FFNKind.GELU, "gelu_python": FFNKind.GELU, "gelu_new": FFNKind.GELU_TANH,
@@ -30,8 +30,8 @@ class BERT(Family):
                 "placement": Placement.POST, "causal": False}
 
     def shape_fields(self, checkpoint, base):
-        return {"d_model": checkpoint.shape(base + "attention.self.query.weight")[0],
-                "d_ff": checkpoint.shape(base + "intermediate.dense.weight")[0], "eps": 1e-12, "ffn": FFNKind.GELU,
+        return {"d_model": size(checkpoint, base + "attention.self.query.weight", 0),
+                "d_ff": size(checkpoint, base + "intermediate.dense.weight", 0), "eps": 1e-12, "ffn": FFNKind.GELU,
                 "placement": Placement.POST, "causal": False}
 
     @staticmethod

@@ -8,7 +8,7 @@ views, not copies (the GEMM reads a transposed operand as fast, and loading stay
 from __future__ import annotations
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import Family, activation, linear, refuse_unless
+from blocktrace.sources.families.base import Family, activation, linear, refuse_unless, size
 from blocktrace.vocab import FFNKind, Norm
 
 ACTIVATIONS = {"gelu_new": FFNKind.GELU_TANH, "gelu_fast": FFNKind.GELU_TANH, "gelu_pytorch_tanh": FFNKind.GELU_TANH,
@@ -31,7 +31,7 @@ class GPT2(Family):
                 "ffn": activation(config, "activation_function", "gelu_new", ACTIVATIONS)}
 
     def shape_fields(self, checkpoint, base):
-        return {"d_model": checkpoint.shape(base + "ln_1.weight")[0], "d_ff": checkpoint.shape(base + "mlp.c_fc.weight")[1],
+        return {"d_model": size(checkpoint, base + "ln_1.weight", 0), "d_ff": size(checkpoint, base + "mlp.c_fc.weight", 1),
                 "eps": 1e-5, "ffn": FFNKind.GELU_TANH}
 
     def parameters(self, read, c):

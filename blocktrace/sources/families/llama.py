@@ -4,7 +4,7 @@ RoPE, grouped-query attention."""
 from __future__ import annotations
 
 from blocktrace.errors import UsageError, WeightsError
-from blocktrace.sources.families.base import Family, linear, rope
+from blocktrace.sources.families.base import Family, linear, rope, size
 from blocktrace.vocab import FFNKind, Norm
 
 
@@ -32,15 +32,15 @@ class Llama(Family):
                 "head_size": config.integer("head_dim"), "rope_theta": theta, "rope_scaling": scaling}
 
     def shape_fields(self, checkpoint, base):
-        return {"d_model": checkpoint.shape(base + "input_layernorm.weight")[0],
-                "d_ff": checkpoint.shape(base + "mlp.gate_proj.weight")[0], "eps": 1e-6, "ffn": FFNKind.SWIGLU,
+        return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0),
+                "d_ff": size(checkpoint, base + "mlp.gate_proj.weight", 0), "eps": 1e-6, "ffn": FFNKind.SWIGLU,
                 "norm": Norm.RMSNORM, "bias": False, "rope_theta": 10000.0}
 
     def complete(self, fields, checkpoint, base):
         """Without config.json, the key/value heads follow from k_proj's rows."""
         if fields.get("kv_heads") is None and fields.get("n_heads"):
             head_dim = fields.get("head_size") or fields["d_model"] // fields["n_heads"]
-            fields["kv_heads"] = checkpoint.shape(base + "self_attn.k_proj.weight")[0] // head_dim
+            fields["kv_heads"] = size(checkpoint, base + "self_attn.k_proj.weight", 0) // head_dim
         return fields
 
     def parameters(self, read, c):
