@@ -41,6 +41,15 @@ class BlockConfig:
     head_size: Optional[int] = None  # per-head width when not d_model / n_heads (Llama's head_dim)
     rope_theta: Optional[float] = None  # rotary position embeddings' base (Llama); None: no RoPE
     rope_scaling: float = 1.0  # linear RoPE scaling: positions are divided by this factor
+    rotary_fraction: float = 1.0  # share of each head's dims that RoPE rotates (GPT-NeoX's rotary_pct)
+    attn_bias: Optional[bool] = None  # biases of q, k, v and the output projection; None: as `bias`
+    qkv_bias: Optional[bool] = None  # biases of q, k and v only (Qwen2); None: as attn_bias
+    qk_norm: bool = False  # RMSNorm on each head's q and k before RoPE (Qwen3, OLMo-2-style QK-norm)
+    norm_offset: float = 0.0  # RMSNorm gain is (offset + w), computed in float32 (Gemma: 1)
+    attn_scale: Optional[float] = None  # multiplies q·k; None: 1/√head_dim (Gemma-2: query_pre_attn_scalar^-½)
+    attn_softcap: Optional[float] = None  # logits become cap·tanh(s/cap) before the mask (Gemma-2)
+    sliding_window: Optional[int] = None  # a query sees only the last W keys (itself included)
+    parallel_residual: bool = False  # GPT-NeoX: x + attn(norm1(x)) + ffn(norm2(x)), both from x
 
     def __post_init__(self):
         set_field = object.__setattr__  # frozen: normalise fields once, here
@@ -71,6 +80,23 @@ class BlockConfig:
             )
         if not self.eps > 0:
             raise ConfigError(f"eps must be positive, not {self.eps!r}", "eps")
+        self._validate_attention()
+        if self.parallel_residual and self.placement is not Placement.PRE:
+            raise ConfigError("a parallel residual reads both branches from the stream before the norms: it needs "
+                              "Pre-LN wiring", "placement")
+
+    def _validate_attention(self) -> None:
+        if not 0 < self.rotary_fraction <= 1 or (self.rope_theta is not None and self.rotary_dims % 2):
+            raise ConfigError(f"rotary_fraction {self.rotary_fraction} must rotate an even number of each head's "
+                              f"{self.head_dim} dims", "rotary_fraction")
+        for name in ("attn_scale", "attn_softcap"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be positive, not {value!r}", name)
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window < 1
+                                                or not self.causal):
+            raise ConfigError(f"sliding_window {self.sliding_window!r} needs a positive width and causal attention",
+                              "sliding_window")
 
     @property
     def head_dim(self) -> int:
@@ -79,6 +105,28 @@ class BlockConfig:
     @property
     def n_kv_heads(self) -> int:
         return self.kv_heads or self.n_heads
+
+    @property
+    def rotary_dims(self) -> int:
+        """The leading dims of each head that RoPE rotates (all of them but for partial rotary)."""
+        return int(self.head_dim * self.rotary_fraction)
+
+    @property
+    def attention_bias(self) -> bool:
+        return self.bias if self.attn_bias is None else self.attn_bias
+
+    @property
+    def projection_bias(self) -> bool:
+        """Biases of q, k and v."""
+        return self.attention_bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def scale(self) -> float:
+        return self.attn_scale if self.attn_scale is not None else self.head_dim ** -0.5
+
+    @property
+    def sandwich(self) -> bool:
+        return self.placement is Placement.SANDWICH
 
     @property
     def post_norm(self) -> bool:

@@ -11,6 +11,9 @@ from enum import Enum
 
 # The vocabulary of the whole tool: module names, table rows, JSON keys, saved tensor names.
 STEP_NAMES = ("norm1", "attn", "residual1", "norm2", "ffn", "residual2")
+# Sandwich (Peri-LN, Gemma-2) wiring normalises each sublayer's output too, before its residual add.
+SANDWICH_STEPS = ("post_attn_norm", "post_ffn_norm")
+NORM_STEPS = ("norm1", "norm2", *SANDWICH_STEPS)
 # The weight matrices whose gradients are reported, by the names the tables and JSON use.
 WEIGHT_NAMES = ("attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2")
 # The version of every JSON document blocktrace prints (README: Scripting).
@@ -38,16 +41,18 @@ class FFNKind(Choice):
     GELU_TANH = "gelu_tanh"  # GPT-2's "gelu_new" tanh approximation
     RELU = "relu"
     SWIGLU = "swiglu"  # Shazeer 2020: down(silu(gate(x)) · up(x))
+    GEGLU = "geglu"  # Gemma: down(gelu_tanh(gate(x)) · up(x))
 
     @property
     def gated(self) -> bool:
-        return self is FFNKind.SWIGLU
+        return self in (FFNKind.SWIGLU, FFNKind.GEGLU)
 
 
 class Placement(Choice):
     PRE = "pre"  # GPT-2, Llama: x + f(norm(x))
     POST = "post"  # original Transformer, BERT: norm(x + f(x))
     DEEPNORM = "deepnorm"  # Wang et al. 2022: norm(α·x + f(x)), α = (2N)^¼ for N decoder blocks
+    SANDWICH = "sandwich"  # Peri-LN, Gemma-2: x + norm_out(f(norm_in(x)))
 
     @property
     def norm_after_add(self) -> bool:
@@ -117,3 +122,4 @@ class Axis(Choice):
     PLACEMENT = "placement"
     NORM = "norm"
     FFN = "ffn"
+    QK_NORM = "qk_norm"

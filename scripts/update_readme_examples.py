@@ -1,4 +1,5 @@
-"""Re-run every `$ blocktrace ...` example in README.md and paste its real output under it.
+"""Re-run every `$ blocktrace ...` example in README.md and paste its real output under it;
+rewrite the table of health checks from the checks themselves.
 
     python scripts/update_readme_examples.py
 
@@ -16,6 +17,15 @@ from click.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = re.compile(r"```console\n\$ (blocktrace [^\n]*)\n.*?```", re.DOTALL)
+CHECKS_TABLE = re.compile(r"(<!-- checks:[^\n]*-->\n).*?(\n<!-- /checks -->)", re.DOTALL)
+
+
+def checks_table() -> str:
+    from blocktrace.diagnose.health import CHECKS
+
+    rows = ["| flag | threshold | source |", "|---|---|---|"]
+    rows += [f"| `{c.name}` | {c.threshold.replace('|', chr(92) + '|')} | {c.source} |" for c in CHECKS.values()]
+    return "\n".join(rows)
 
 
 def run_example(command: str) -> str:
@@ -34,6 +44,7 @@ def main() -> int:
         command = match.group(1)
         return f"```console\n$ {command}\n{run_example(command).rstrip()}\n```"
 
+    text = CHECKS_TABLE.sub(lambda m: m.group(1) + checks_table() + m.group(2), text)
     readme.write_text(EXAMPLE.sub(paste, text), encoding="utf-8")
     return 0
 

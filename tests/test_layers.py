@@ -6,7 +6,7 @@ import torch
 from torch.nn import functional as F
 
 from blocktrace.config import BlockConfig
-from blocktrace.model.layers import MLP, MultiHeadAttention, RMSNorm, SwiGLU
+from blocktrace.model.layers import MLP, GatedFFN, MultiHeadAttention, RMSNorm
 
 torch.manual_seed(0)
 
@@ -21,7 +21,7 @@ def test_rmsnorm_is_x_over_root_mean_square_times_gain():
 
 
 def test_swiglu_is_down_of_silu_gate_times_up():
-    ffn = SwiGLU(BlockConfig(d_model=4, n_heads=1, d_ff=6, ffn="swiglu"))
+    ffn = GatedFFN(BlockConfig(d_model=4, n_heads=1, d_ff=6, ffn="swiglu"))
     x = torch.randn(2, 3, 4)
     gate = x @ ffn.gate.weight.T + ffn.gate.bias
     up = x @ ffn.up.weight.T + ffn.up.bias

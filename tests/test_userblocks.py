@@ -130,8 +130,10 @@ def test_a_gpt2_block_without_its_mask_is_flagged_as_leaking():
     from blocktrace.diagnose.health import evaluate
 
     block, _, _ = gpt2_block()
-    flags = evaluate([trace(block, X, checks=True)])  # forgot attention_mask: HF attends to the future
-    assert any(f.name == "causal_leak" and f.step == "attn" for f in flags)
+    forgot = evaluate([trace(block, X, checks=True, forward_kwargs={})])  # called with no mask: HF attends ahead
+    assert any(f.name == "causal_leak" and f.step == "attn" for f in forgot)
+    supplied = evaluate([trace(block, X, checks=True)])  # traced bare, blocktrace builds the mask its model would
+    assert not any(f.name == "causal_leak" for f in supplied)
 
 
 class Renamed(nn.Module):

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from blocktrace.vocab import Level, Norm
+from blocktrace.tracing.behaviour import NormKind
+from blocktrace.vocab import Level
 
 
 @dataclass(frozen=True)
@@ -29,11 +30,14 @@ CHECKS = {check.name: check for check in [
           "this step produced NaN/Inf; if its inputs were finite, the fault is inside this step",
           "look for a division by ~0, log of ≤ 0, overflow in half precision; lower the learning rate; "
           "add gradient clipping"),
-    Check("norm_not_normalising", "per-token |mean| > 0.01 or per-token std (rms for RMSNorm) outside [0.9, 1.1], "
-          "measured before the gain", "definition of LayerNorm / RMSNorm (Ba et al. 2016; Zhang & Sennrich 2019)",
+    Check("norm_not_normalising", "rescaling each token by its own factor in [0.5, 4] changes the norm's output by "
+          "more than 1% (relative rms): measured on the module, whatever its class",
+          "definition of LayerNorm / RMSNorm: both are invariant to rescaling a token (Ba et al. 2016; "
+          "Zhang & Sennrich 2019)",
           "the norm step does not normalise each token: it is missing, replaced, or applied over the wrong axis",
           "check that the norm module is in the forward path and normalises the last dimension"),
-    Check("norm_gain_extreme", "mean |gain| < 0.1 or > 10", "rule of thumb: gains start at 1",
+    Check("norm_gain_extreme", "rms of the effective gain (g, or 1 + w for Gemma) < 0.1 or > 10, measured on the module",
+          "rule of thumb: gains start at 1",
           "the norm's learned gain has drifted far from 1, rescaling everything downstream",
           "check weight decay on norm gains (usually excluded) and the learning rate"),
     Check("attention_entropy_collapse", "a head's mean entropy < 0.1 nats (T ≥ 4)",
@@ -49,7 +53,8 @@ CHECKS = {check.name: check for check in [
           "(≈ 4–5 at init; runs with logits above 1e4 diverged)",
           "attention logits have grown large, so the softmax is saturated and its gradient vanishes",
           "QK-LayerNorm (Dehghani et al. 2023), a lower learning rate, z-loss"),
-    Check("causal_leak", "future_weight_sum > 1e-6 with a causal mask", "definition of causal attention",
+    Check("causal_leak", "future_weight_sum > 1e-6 in a causal block, or an earlier output moving by more than 1e-4 "
+          "(relative) when the last token is perturbed", "definition of causal attention",
           "tokens attend to later tokens although the block is causal: the mask is missing or misaligned",
           "apply the mask to the scores before the softmax, with -inf (or finfo.min) above the diagonal"),
     Check("ffn_dead_units", "fraction of FFN hidden units never active over the batch > 0.5 (warning), > 0.9 (error)",
@@ -116,15 +121,14 @@ def _step_flags(record, layer) -> list[Flag]:
         if finite_inputs is not None:
             detail += f"; inputs finite: {finite_inputs}"
         flags.append(Flag("non_finite", Level.ERROR, record.name, layer, record.stats.nan + record.stats.inf, detail))
-    if "token_mean_abs" in probe:
-        mean_abs, spread, kind = probe["token_mean_abs"], probe["token_spread"], probe["norm_kind"]
-        if (kind is Norm.LAYERNORM and mean_abs > 0.01) or not 0.9 <= spread <= 1.1:
-            flags.append(Flag("norm_not_normalising", Level.ERROR, record.name, layer, spread,
-                              f"per-token |mean| {mean_abs:.3g}, per-token {'std' if kind is Norm.LAYERNORM else 'rms'} "
-                              f"{spread:.3g} before the gain"))
-        gain = probe.get("gain_mean_abs")
+    if "norm_kind" in probe:
+        if probe["norm_kind"] is NormKind.NONE:
+            flags.append(Flag("norm_not_normalising", Level.ERROR, record.name, layer, probe["scale_error"],
+                              f"rescaling each token changed the output by {probe['scale_error']:.3g} (relative rms)"))
+        gain = probe.get("gain_rms")
         if gain is not None and not 0.1 <= gain <= 10:
-            flags.append(Flag("norm_gain_extreme", Level.WARNING, record.name, layer, gain, f"mean |gain| {gain:.3g}"))
+            flags.append(Flag("norm_gain_extreme", Level.WARNING, record.name, layer, gain,
+                              f"rms of the effective gain {gain:.3g}"))
     if "residual_mismatch" in probe and probe["residual_mismatch"] > 1e-3:
         flags.append(Flag("residual_not_added", Level.ERROR, record.name, layer, probe["residual_mismatch"],
                           f"‖output − (α·stream + update)‖ / ‖output‖ = {probe['residual_mismatch']:.3g}"))
@@ -148,14 +152,26 @@ def _step_flags(record, layer) -> list[Flag]:
     return flags
 
 
+def _leak_flags(trace, record, layer) -> list[Flag]:
+    """A causal block whose attention weighs later tokens, or whose earlier outputs move when the last
+    token changes (measured by perturbation: diagnose a user's block whatever its code claims)."""
+    attention, probe = trace.attention, record.probe or {}
+    if not trace.expected_causal:
+        return []
+    if attention is not None and attention.future_weight_sum > 1e-6:
+        return [Flag("causal_leak", Level.ERROR, "attn", layer, attention.future_weight_sum,
+                     f"future_weight_sum={attention.future_weight_sum:.4g} with a causal mask")]
+    if probe.get("causal_measured") is False:
+        return [Flag("causal_leak", Level.ERROR, "attn", layer, probe["causal_leak"],
+                     f"perturbing the last token moved earlier outputs by {probe['causal_leak']:.3g} (relative rms)")]
+    return []
+
+
 def _attention_flags(attention, layer) -> list[Flag]:
     if attention is None:
         return []
     flags = []
     t = attention.shape[-1]
-    if attention.causal and attention.future_weight_sum > 1e-6:
-        flags.append(Flag("causal_leak", Level.ERROR, "attn", layer, attention.future_weight_sum,
-                          f"future_weight_sum={attention.future_weight_sum:.4g} with a causal mask"))
     if attention.max_logit is not None and attention.max_logit > 100:
         level = Level.ERROR if attention.max_logit > 1e4 else Level.WARNING
         flags.append(Flag("attention_logit_growth", level, "attn", layer, attention.max_logit,
@@ -206,6 +222,7 @@ def evaluate(traces: list, gradients=None) -> list[Flag]:
         for record in trace.steps:
             flags += _step_flags(record, layer)
             if record.name == "attn":
+                flags += _leak_flags(trace, record, layer)
                 flags += _attention_flags(trace.attention, layer)
     flags += _gradient_flags(gradients)
     first = next((f for f in flags if f.name == "non_finite"), None)

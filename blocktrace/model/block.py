@@ -1,7 +1,9 @@
-"""The Transformer block: six named step modules wired Pre-LN or Post-LN.
+"""The Transformer block: six named step modules wired Pre-LN, Post-LN, DeepNorm or sandwich.
 
 Each step is a submodule, the two residual additions included, so that a plain
-`register_forward_hook` sees every value the tutorials' six-step table lists.
+`register_forward_hook` sees every value the tutorials' six-step table lists. Sandwich
+wiring (Peri-LN, Gemma-2) adds two steps, the norms after each sublayer; a parallel
+residual (GPT-NeoX) feeds both sublayers from the same stream.
 """
 
 from __future__ import annotations
@@ -35,16 +37,23 @@ class TransformerBlock(nn.Module):
         self.norm2 = make_norm(config)
         self.ffn = make_ffn(config)
         self.residual2 = Residual(config.residual_scale)
+        if config.sandwich:
+            self.post_attn_norm, self.post_ffn_norm = make_norm(config), make_norm(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, d] or [B, T, d]
-        if self.config.post_norm:
+        config = self.config
+        if config.post_norm:
             x1 = self.norm1(self.residual1(x, self.attn(x)))
             return self.norm2(self.residual2(x1, self.ffn(x1)))
+        if config.sandwich:
+            x1 = self.residual1(x, self.post_attn_norm(self.attn(self.norm1(x))))
+            return self.residual2(x1, self.post_ffn_norm(self.ffn(self.norm2(x1))))
         x1 = self.residual1(x, self.attn(self.norm1(x)))
-        return self.residual2(x1, self.ffn(self.norm2(x1)))
+        ffn_input = x if config.parallel_residual else x1  # parallel: both sublayers read x
+        return self.residual2(x1, self.ffn(self.norm2(ffn_input)))
 
     def step_modules(self) -> dict[str, nn.Module]:
-        return {name: getattr(self, name) for name in STEP_NAMES}
+        return {name: getattr(self, name) for name in execution_order(self.config)}
 
 
 def build_block(config: BlockConfig, seed: int = 0, init: Init = Init.DEFAULT) -> TransformerBlock:
@@ -73,13 +82,24 @@ FFN_NAMES = {FFNKind.GELU: "FFN_GELU", FFNKind.GELU_TANH: "FFN_GELU_tanh", FFNKi
 def execution_order(config: BlockConfig) -> tuple[str, ...]:
     if config.post_norm:
         return ("attn", "residual1", "norm1", "ffn", "residual2", "norm2")
+    if config.sandwich:
+        return ("norm1", "attn", "post_attn_norm", "residual1", "norm2", "ffn", "post_ffn_norm", "residual2")
     return STEP_NAMES
+
+
+NORM_NAMES = {Norm.LAYERNORM: "LayerNorm", Norm.RMSNORM: "RMSNorm"}
+FFN_NAMES = {FFNKind.GELU: "FFN_GELU", FFNKind.GELU_TANH: "FFN_GELU_tanh", FFNKind.RELU: "FFN_ReLU",
+             FFNKind.SWIGLU: "SwiGLU", FFNKind.GEGLU: "GeGLU"}
+
+
+def _norm_name(config: BlockConfig) -> str:
+    name = NORM_NAMES[config.norm]
+    return f"{name}[{config.norm_offset:g}+w]" if config.norm_offset else name  # Gemma's gain is (1 + w)
 
 
 def step_operations(config: BlockConfig) -> dict[str, str]:
     """Each step as a formula, with the tutorial's variable names (x_norm1, attn_out, x1, ...)."""
-    norm = NORM_NAMES[config.norm]
-    ffn = FFN_NAMES[config.ffn]
+    norm, ffn = _norm_name(config), FFN_NAMES[config.ffn]
     if config.post_norm:
         alpha = "" if config.residual_scale == 1.0 else f"{config.residual_scale:.4g}·"
         return {
@@ -89,6 +109,26 @@ def step_operations(config: BlockConfig) -> dict[str, str]:
             "ffn": f"ffn_out = {ffn}(x1)",
             "residual2": f"r2 = {alpha}x1 + ffn_out",
             "norm2": f"x2 = {norm}(r2)",
+        }
+    if config.sandwich:
+        return {
+            "norm1": f"x_norm1 = {norm}(x)",
+            "attn": "attn_out = MultiHeadAttention(x_norm1)",
+            "post_attn_norm": f"attn_normed = {norm}(attn_out)",
+            "residual1": "x1 = x + attn_normed",
+            "norm2": f"x_norm2 = {norm}(x1)",
+            "ffn": f"ffn_out = {ffn}(x_norm2)",
+            "post_ffn_norm": f"ffn_normed = {norm}(ffn_out)",
+            "residual2": "x2 = x1 + ffn_normed",
+        }
+    if config.parallel_residual:
+        return {
+            "norm1": f"x_norm1 = {norm}(x)",
+            "attn": "attn_out = MultiHeadAttention(x_norm1)",
+            "residual1": "x1 = x + attn_out",
+            "norm2": f"x_norm2 = {norm}(x)  (parallel: reads x, not x1)",
+            "ffn": f"ffn_out = {ffn}(x_norm2)",
+            "residual2": "x2 = x1 + ffn_out  (= x + attn_out + ffn_out)",
         }
     return {
         "norm1": f"x_norm1 = {norm}(x)",

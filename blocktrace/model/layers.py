@@ -10,9 +10,9 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-from blocktrace.config import BlockConfig, FFNKind, Norm
+from blocktrace.config import BlockConfig
+from blocktrace.vocab import FFNKind, Norm
 
 
 class HookPoint(nn.Module):
@@ -23,23 +23,29 @@ class HookPoint(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x²) + eps) · g (Zhang & Sennrich 2019; eps inside the root, as HF Llama)."""
+    """x / sqrt(mean(x²) + eps) · g (Zhang & Sennrich 2019; eps inside the root, as HF Llama).
 
-    def __init__(self, d_model: int, eps: float):
+    With `offset` (Gemma: 1) the gain is (offset + g) and, as Gemma computes it, the product is
+    taken in float32 before the cast back; without, the normalised value is cast first (Llama).
+    """
+
+    def __init__(self, d_model: int, eps: float, offset: float = 0.0):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model))
+        self.eps, self.offset = eps, offset
+        self.weight = nn.Parameter(torch.zeros(d_model) if offset else torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 at least: half-precision squares overflow at |x| > 256.
         x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (normed * (self.offset + self.weight.to(normed.dtype))).to(x.dtype)
         return self.weight * normed.to(x.dtype)
 
 
 def make_norm(config: BlockConfig) -> nn.Module:
     if config.norm is Norm.RMSNORM:
-        return RMSNorm(config.d_model, config.eps)
+        return RMSNorm(config.d_model, config.eps, config.norm_offset)
     return nn.LayerNorm(config.d_model, eps=config.eps, bias=config.bias)
 
 
@@ -48,26 +54,28 @@ ATTENTION_CHUNK_BYTES = 256 * 2**20
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE (Su et al. 2021) in HF Llama's convention: the two halves of each head are rotated
-    by angle position · θ^(-2i/head_dim); `scaling` divides the positions (linear scaling)."""
+    """RoPE (Su et al. 2021) in HF Llama's convention: the two halves of the rotated dims are
+    turned by angle position · θ^(-2i/dims); `scaling` divides the positions (linear scaling).
+    `dims` may be fewer than the head's (partial rotary, GPT-NeoX): the rest pass unchanged."""
 
-    def __init__(self, head_dim: int, theta: float, scaling: float = 1.0):
+    def __init__(self, dims: int, theta: float, scaling: float = 1.0):
         super().__init__()
-        self.scaling = scaling
-        self.register_buffer("inv_freq", 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)),
+        self.dims, self.scaling = dims, scaling
+        self.register_buffer("inv_freq", 1.0 / (theta ** (torch.arange(0, dims, 2, dtype=torch.float) / dims)),
                              persistent=False)
 
     def cos_sin(self, t: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(t, device=device, dtype=torch.float) / self.scaling
         angles = positions[:, None] * self.inv_freq.to(device)[None, :]
-        both = torch.cat((angles, angles), dim=-1)  # [T, head_dim]
+        both = torch.cat((angles, angles), dim=-1)  # [T, dims]
         return both.cos().to(dtype), both.sin().to(dtype)
 
-    @staticmethod
-    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated_half * sin
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        turned, passed = x[..., : self.dims], x[..., self.dims:]
+        half = self.dims // 2
+        rotated_half = torch.cat((-turned[..., half:], turned[..., :half]), dim=-1)
+        turned = turned * cos + rotated_half * sin
+        return turned if passed.shape[-1] == 0 else torch.cat((turned, passed), dim=-1)
 
 
 class MultiHeadAttention(nn.Module):
@@ -78,29 +86,41 @@ class MultiHeadAttention(nn.Module):
     processed in chunks of rows (`query_chunk`, or as many as fit ATTENTION_CHUNK_BYTES), so
     the full `[B, H, T, T]` matrix never exists at once for long inputs; `rows` tells the
     hooks which query rows the current chunk holds. Softmax is per row, so chunking changes
-    no number.
+    no number. With QK-norm or RoPE, q and k pass through hook points of their own
+    (`q`, `k`, then `q_norm`/`k_norm`, then `q_rope`/`k_rope`): the traced sub-steps of attn.
     """
 
     def __init__(self, config: BlockConfig):
         super().__init__()
-        d, bias, hd = config.d_model, config.bias, config.head_dim
+        d, hd = config.d_model, config.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, hd
-        self.causal = config.causal
-        self.scale = hd**-0.5
-        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
-        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)  # fewer heads under grouped-query attention
-        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)
-        self.out_proj = nn.Linear(self.n_heads * hd, d, bias=bias)
+        self.causal, self.window = config.causal, config.sliding_window
+        self.scale, self.softcap = config.scale, config.attn_softcap
+        qkv_bias = config.projection_bias
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=qkv_bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=qkv_bias)  # fewer heads under grouped-query attention
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=qkv_bias)
+        self.out_proj = nn.Linear(self.n_heads * hd, d, bias=config.attention_bias)
+        self.q_norm = RMSNorm(hd, config.eps, config.norm_offset) if config.qk_norm else None
+        self.k_norm = RMSNorm(hd, config.eps, config.norm_offset) if config.qk_norm else None
         self.rope = None
         if config.rope_theta is not None:
-            self.rope = RotaryEmbedding(hd, config.rope_theta, config.rope_scaling)
-            # q and k before and after the rotation, each visible to a hook
-            self.q, self.k, self.q_rope, self.k_rope = HookPoint(), HookPoint(), HookPoint(), HookPoint()
+            self.rope = RotaryEmbedding(config.rotary_dims, config.rope_theta, config.rope_scaling)
+            self.q_rope, self.k_rope = HookPoint(), HookPoint()
+        if self.rope is not None or config.qk_norm:
+            self.q, self.k = HookPoint(), HookPoint()  # q and k as the projections give them
         self.scores = HookPoint()
         self.weights = HookPoint()
         self.query_chunk = None  # rows per chunk; None: as many as fit ATTENTION_CHUNK_BYTES
         self.rows = slice(0, 0)  # the query rows of the chunk being computed
         self.key_mask = None  # [B, T] bool, False at padding: those keys get no weight
+
+    @property
+    def substeps(self) -> tuple[str, ...]:
+        """The traced sub-steps inside attn, in the order they are computed."""
+        names = ("q", "k") if hasattr(self, "q") else ()
+        names += ("q_norm", "k_norm") if self.q_norm is not None else ()
+        return names + (("q_rope", "k_rope") if self.rope is not None else ())
 
     def _split_heads(self, x: torch.Tensor, heads: Optional[int] = None) -> torch.Tensor:
         *lead, t, width = x.shape
@@ -114,27 +134,48 @@ class MultiHeadAttention(nn.Module):
         bytes_per_row = q[..., 0, 0].numel() * t * q.element_size()  # one query row of every head
         return max(1, min(t, ATTENTION_CHUNK_BYTES // max(1, bytes_per_row)))
 
+    def _mask(self, scores: torch.Tensor, rows: slice, t: int) -> None:
+        """Masked logits get finfo.min, not -inf, as HF does: the weight is still exactly 0 and p·s stays finite."""
+        lowest = torch.finfo(scores.dtype).min
+        if self.causal:
+            keys = torch.arange(t, device=scores.device)
+            queries = torch.arange(rows.start, rows.stop, device=scores.device)
+            hidden = keys[None, :] > queries[:, None]
+            if self.window is not None:  # HF: key j is visible from query i when i - W < j <= i
+                hidden |= keys[None, :] <= queries[:, None] - self.window
+            scores.masked_fill_(hidden, lowest)
+        if self.key_mask is not None:  # padding of a batch of different lengths
+            scores.masked_fill_(~self.key_mask[:, None, None, :], lowest)
+
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: slice) -> torch.Tensor:
         self.rows = rows
         scores = torch.matmul(q, k.transpose(-1, -2)).mul_(self.scale)  # [..., H, rows, T]
-        if self.causal:
-            keys = torch.arange(k.shape[-2], device=q.device)
-            queries = torch.arange(rows.start, rows.stop, device=q.device)
-            # finfo.min, not -inf, as HF does: the weight is still exactly 0 and p·s stays finite.
-            scores.masked_fill_(keys[None, :] > queries[:, None], torch.finfo(scores.dtype).min)
-        if self.key_mask is not None:  # padding of a batch of different lengths
-            scores.masked_fill_(~self.key_mask[:, None, None, :], torch.finfo(scores.dtype).min)
+        if self.softcap is not None:  # Gemma-2: cap·tanh(s/cap), before the mask
+            scores = torch.tanh(scores / self.softcap).mul_(self.softcap)
+        self._mask(scores, rows, k.shape[-2])
         weights = self.weights(torch.softmax(self.scores(scores), dim=-1))
         return torch.matmul(weights, v)  # [..., H, rows, hd]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = self._split_heads(self.q_proj(x))
-        k = self._split_heads(self.k_proj(x), self.n_kv_heads)
-        v = self._split_heads(self.v_proj(x), self.n_kv_heads)
+    def _heads(self, x: torch.Tensor, which: str, heads: int, rotation) -> torch.Tensor:
+        """q or k: projected, split into heads, then QK-norm and RoPE where the block has them."""
+        value = self._split_heads(getattr(self, f"{which}_proj")(x), heads)
+        if hasattr(self, which):
+            value = getattr(self, which)(value)
+        if self.q_norm is not None:
+            value = getattr(self, f"{which}_norm")(value)
+        if rotation is not None:
+            value = getattr(self, f"{which}_rope")(self.rope.rotate(value, *rotation))
+        return value
+
+    def _queries_and_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rotation = None
         if self.rope is not None:
-            cos, sin = self.rope.cos_sin(x.shape[-2], x.device, q.dtype)
-            q = self.q_rope(self.rope.rotate(self.q(q), cos, sin))
-            k = self.k_rope(self.rope.rotate(self.k(k), cos, sin))
+            rotation = self.rope.cos_sin(x.shape[-2], x.device, self.q_proj.weight.dtype)
+        return self._heads(x, "q", self.n_heads, rotation), self._heads(x, "k", self.n_kv_heads, rotation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k = self._queries_and_keys(x)
+        v = self._split_heads(self.v_proj(x), self.n_kv_heads)
         if self.n_kv_heads != self.n_heads:  # each key/value head serves n_heads / n_kv_heads query heads
             repeat = self.n_heads // self.n_kv_heads
             k, v = k.repeat_interleave(repeat, dim=-3), v.repeat_interleave(repeat, dim=-3)
@@ -158,27 +199,31 @@ class MLP(nn.Module):
         return self.proj(self.hidden(self.act(self.fc(x))))
 
 
-class SwiGLU(nn.Module):
-    """down(silu(gate(x)) · up(x)) (Shazeer 2020, "GLU Variants Improve Transformer")."""
+class GatedFFN(nn.Module):
+    """down(act(gate(x)) · up(x)): SwiGLU with SiLU (Shazeer 2020, "GLU Variants Improve
+    Transformer"), GeGLU with GPT-2's tanh GELU (Gemma)."""
 
     def __init__(self, config: BlockConfig):
         super().__init__()
         self.gate = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
         self.up = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
+        self.act = _activation(config.ffn)
         self.hidden = HookPoint()
         self.down = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.hidden(F.silu(self.gate(x)) * self.up(x)))
+        return self.down(self.hidden(self.act(self.gate(x)) * self.up(x)))
 
 
 def _activation(kind: FFNKind) -> nn.Module:
     if kind is FFNKind.RELU:
         return nn.ReLU()
-    if kind is FFNKind.GELU_TANH:
+    if kind is FFNKind.SWIGLU:
+        return nn.SiLU()
+    if kind in (FFNKind.GELU_TANH, FFNKind.GEGLU):
         return nn.GELU(approximate="tanh")
     return nn.GELU()
 
 
 def make_ffn(config: BlockConfig) -> nn.Module:
-    return SwiGLU(config) if config.ffn is FFNKind.SWIGLU else MLP(config)
+    return GatedFFN(config) if config.ffn.gated else MLP(config)

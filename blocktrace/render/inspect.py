@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from tabulate import tabulate
+
+from blocktrace.config import BlockConfig
+
+# Always shown; every other field only where it differs from BlockConfig's default.
+CORE_FIELDS = ("d_model", "n_heads", "d_ff", "norm", "ffn", "placement", "causal", "eps", "bias", "n_layers")
+DEFAULTS = {field.name: field.default for field in dataclasses.fields(BlockConfig)}
+
+
+def _settings(config: dict) -> str:
+    return " ".join(f"{key}={value}" for key, value in config.items()
+                    if key in CORE_FIELDS or (value is not None and value != DEFAULTS.get(key)))
 
 
 def render_inspection(report: dict, fmt: str) -> str:
     config = report["config"]
-    settings = (" ".join(f"{k}={v}" for k, v in config.items() if v is not None) if config
-                else "no config.json: pass --heads to run it")
+    settings = _settings(config) if config else "no config.json: pass --heads to run it"
     header = [
         f"{report['path']}: layout {report['layout']} (key prefix {report['key_prefix']!r}), "
         f"{report['n_layers']} layers, vocab {report['vocab_size']}, positions {report['n_positions']}",

@@ -66,7 +66,7 @@ def block_report(source, trace: Trace, grads=None, flags=None) -> dict:
         "input": {**step_dict(0, trace.input), "source": source.note},
         "steps": _with_flags(steps, flags),
         "attention": attention_dict(trace),
-        "rotary": [step_dict(i, record) for i, record in enumerate(trace.substeps, start=1)] or None,
+        "attn_substeps": [step_dict(i, record) for i, record in enumerate(trace.substeps, start=1)] or None,
         "gradients": gradients_dict(grads),
         "flags": flags_dict(flags),
         "notes": trace.notes,

@@ -114,6 +114,13 @@ def values_section(report: dict, token_index: int, labels: Sequence[str], lang: 
     return title + "\n" + tabulate(rows, headers=["", *range(n)], tablefmt=fmt, floatfmt=".4f")
 
 
+def _substeps_title(entries: list) -> str:
+    names = {entry["name"] for entry in entries}
+    stages = ["as projected"] + (["after QK-norm"] if "attn.q_norm" in names else []) \
+        + (["after the rotary embedding"] if "attn.q_rope" in names else [])
+    return f"inside attn: q and k {', then '.join(stages)}"
+
+
 def explanations(report: dict, lang: Lang) -> str:
     placement = Placement(report["config"]["placement"])
     lines = [f"{HEADINGS[lang]['why']}:"]
@@ -142,9 +149,8 @@ def render_run(
         return render_sweep(report, fmt=fmt, lang=lang)
     labels = token_labels(report)
     parts = [_header(report, lang), steps_table([report["input"], *report["steps"]], lang, fmt)]
-    if report.get("rotary"):
-        parts.append("rotary position embeddings, inside attn: q and k before and after the rotation\n"
-                     + steps_table(report["rotary"], lang, fmt))
+    if report.get("attn_substeps"):
+        parts.append(_substeps_title(report["attn_substeps"]) + "\n" + steps_table(report["attn_substeps"], lang, fmt))
     if explain:
         parts.append(explanations(report, lang))
     if "values" in report["input"]:

@@ -52,6 +52,7 @@ def _refuse_unread(checkpoint: Checkpoint, info: ModelInfo, layer: int, read_key
 def load_block(checkpoint: Checkpoint, info: ModelInfo, layer: int, config: BlockConfig,
                dtype: torch.dtype = torch.float32) -> TransformerBlock:
     """Layer `layer` as a TransformerBlock; only that layer's tensors are read."""
+    config = config.replace(**info.family.layer_fields(info.config, layer))
     info.family.check(config)
     check_layer(info, layer)
     read_keys: set = set()
@@ -73,7 +74,7 @@ def _materialise_buffers(block: TransformerBlock) -> None:
     if rope is not None:
         from blocktrace.model.layers import RotaryEmbedding
 
-        block.attn.rope = RotaryEmbedding(block.config.head_dim, block.config.rope_theta, block.config.rope_scaling)
+        block.attn.rope = RotaryEmbedding(block.config.rotary_dims, block.config.rope_theta, block.config.rope_scaling)
 
 
 def embed_token_ids(checkpoint: Checkpoint, info: ModelInfo, token_ids: list[int],

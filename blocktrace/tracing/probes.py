@@ -13,16 +13,9 @@ from typing import Optional
 
 import torch
 
-from blocktrace.tracing.steps import Layout, StepSpec, resolve
-from blocktrace.vocab import FFNKind, Norm
-
-# Which earlier steps a residual sum should equal: (stream, update), by whether the norm follows the add.
-RESIDUAL_SOURCES = {
-    False: {"residual1": ("x", "attn"), "residual2": ("residual1", "ffn")},  # Pre-LN
-    True: {"residual1": ("x", "attn"), "residual2": ("norm1", "ffn")},  # Post-LN, DeepNorm
-}
+from blocktrace.tracing.steps import RESIDUAL_SOURCES, Layout, StepSpec, resolve
+from blocktrace.vocab import FFNKind
 MASSIVE_ABS = 100.0  # Sun et al. 2024: massive activations exceed 100 in magnitude
-GAIN_FLOOR = 1e-12  # gains this small are treated as 1 when recovering the pre-gain value
 
 
 @dataclass
@@ -45,7 +38,7 @@ class ProbeContext:
 
     @property
     def sources(self) -> dict:
-        return RESIDUAL_SOURCES[self.layout.placement.norm_after_add]
+        return RESIDUAL_SOURCES[self.layout.placement]
 
     def real_tokens(self, value: torch.Tensor) -> torch.Tensor:
         from blocktrace.tracing.recorder import real_tokens
@@ -58,27 +51,6 @@ def _user_activation(block, layout: Layout) -> FFNKind:
         return FFNKind.GELU
     module = resolve(block, StepSpec("ffn", layout.hidden))
     return FFNKind.RELU if "relu" in type(module).__name__.lower() else FFNKind.GELU
-
-
-def norm_probe(module: torch.nn.Module, y: torch.Tensor, kind: Norm) -> dict:
-    """Per-token mean and std (rms for RMSNorm) of the norm's output before its gain and shift."""
-    core = y.float()
-    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
-    gain = None
-    if isinstance(bias, torch.Tensor) and bias.shape == core.shape[-1:]:
-        core = core - bias.detach().float()
-    if isinstance(weight, torch.Tensor) and weight.shape == core.shape[-1:]:
-        g = weight.detach().float()
-        core = core / torch.where(g.abs() > GAIN_FLOOR, g, torch.ones_like(g))
-        gain = g.abs().mean()
-    if kind is Norm.RMSNORM:
-        spread = core.pow(2).mean(dim=-1).sqrt()
-        means = core.mean(dim=-1)
-    else:
-        variance, means = torch.var_mean(core, dim=-1, correction=0)
-        spread = variance.sqrt()
-    return {"token_mean_abs": means.abs().mean(), "token_spread": spread.flatten().median(), "norm_kind": kind,
-            "gain_mean_abs": gain}
 
 
 def _norm(t: torch.Tensor) -> torch.Tensor:
@@ -129,9 +101,6 @@ def ffn_probe(context: ProbeContext, output) -> None:
 def step_probe(context: ProbeContext, name: str, value: torch.Tensor, moments: torch.Tensor) -> dict:
     """Everything the health checks need from one step; `moments` are its tensor_moments."""
     probe = {}
-    layout = context.layout
-    if name in ("norm1", "norm2"):
-        probe.update(norm_probe(resolve(context.block, layout.spec(name)), value, layout.norm))
     if name in ("residual1", "residual2"):
         probe.update(residual_probe(context, name, value))
         probe.update(massive_probe(context.real_tokens(value), moments))

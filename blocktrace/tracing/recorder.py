@@ -23,7 +23,6 @@ from blocktrace.tracing.steps import Layout, StepSpec, resolve
 from blocktrace.vocab import Capture
 
 PREVIEW_MAX_TOKENS = 16  # attention matrices up to this size are kept for the text heatmap
-ROPE_SUBSTEPS = ("q", "k", "q_rope", "k_rope")  # rotary embeddings' traced sub-steps inside attn
 
 
 class HookFailure(Exception):
@@ -131,6 +130,25 @@ class Recorder:
         self.substeps: list[Pending] = []
         self.attention = AttentionAccumulator(keep_tensors, token_mask)
         self.handles: list = []
+        self.derived = {name: (stream, update) for name, stream, update in layout.derived}
+        self.held: dict[str, torch.Tensor] = {}  # step values the derived steps still need
+
+    def start(self, x: torch.Tensor) -> Pending:
+        """The block input, as the pseudo-step `x`."""
+        self._hold("x", x)
+        return self.observe("x", x)
+
+    def _hold(self, name: str, value: torch.Tensor) -> None:
+        if any(name in sources for sources in self.derived.values()):
+            self.held[name] = value.detach()
+
+    def _derive(self) -> None:
+        """Record a step the block never materialises once both of its parts have been seen."""
+        for target, (stream, update) in list(self.derived.items()):
+            if stream in self.held and update in self.held:
+                del self.derived[target]
+                self.steps.append(self.observe(target, self.held[stream] + self.held[update]))
+                self._hold(target, self.steps[-1].tensor if self.keep_tensors else self.held[stream] + self.held[update])
 
     def observe(self, name: str, value: torch.Tensor, inputs=()) -> Pending:
         value = value.detach()
@@ -153,6 +171,8 @@ class Recorder:
         if value is None or any(p.name == name for p in self.steps):
             return  # a module called twice is traced at its first call
         self.steps.append(self.observe(name, value, inputs))
+        self._hold(name, value)
+        self._derive()
 
     def attach(self) -> None:
         try:
@@ -185,10 +205,10 @@ class Recorder:
             def on_scores(module, inputs, scores):
                 self.attention.scores = scores.detach()
 
-            rotary = [getattr(attention, name).register_forward_hook(_guarded(
+            inside = [getattr(attention, name).register_forward_hook(_guarded(
                 lambda m, i, out, name=name: self.substeps.append(self.observe(f"attn.{name}", out))))
-                for name in ROPE_SUBSTEPS if attention.rope is not None]
-            return [*rotary, attention.scores.register_forward_hook(_guarded(on_scores)),
+                for name in attention.substeps]
+            return [*inside, attention.scores.register_forward_hook(_guarded(on_scores)),
                     attention.weights.register_forward_hook(_guarded(
                         lambda m, i, weights: self.attention.add(weights, attention.rows)))]
         module = resolve(self.block, StepSpec("attn", self.layout.attention_path))

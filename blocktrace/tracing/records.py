@@ -71,7 +71,8 @@ class Trace:
     placement: Placement = Placement.PRE
     missing: list[str] = field(default_factory=list)  # steps whose hooks never fired
     notes: list[str] = field(default_factory=list)  # what could not be seen, and why
-    substeps: list[StepRecord] = field(default_factory=list)  # inside attn: q and k around RoPE
+    substeps: list[StepRecord] = field(default_factory=list)  # inside attn: q and k around QK-norm and RoPE
+    expected_causal: Optional[bool] = None  # what the block is meant to be (its layout or config); None: unknown
 
     def step(self, name: str) -> StepRecord:
         for record in self.steps:

@@ -9,6 +9,7 @@ Post-LN: residual1 = input of norm1, residual2 = input of norm2, norm2 = block o
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -18,6 +19,15 @@ from blocktrace.errors import UsageError
 from blocktrace.vocab import STEP_NAMES, Capture, Norm, Placement
 
 SUBLAYER_STEPS = ("norm1", "attn", "norm2", "ffn")
+# Which earlier steps each residual sum adds: (stream, update), by wiring.
+_PRE_SOURCES = {"residual1": ("x", "attn"), "residual2": ("residual1", "ffn")}
+_POST_SOURCES = {"residual1": ("x", "attn"), "residual2": ("norm1", "ffn")}
+RESIDUAL_SOURCES = {
+    Placement.PRE: _PRE_SOURCES,  # a parallel residual adds the same two
+    Placement.POST: _POST_SOURCES,
+    Placement.DEEPNORM: _POST_SOURCES,  # α·stream + update
+    Placement.SANDWICH: {"residual1": ("x", "post_attn_norm"), "residual2": ("residual1", "post_ffn_norm")},
+}
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,9 @@ class Layout:
     norm: Norm = Norm.LAYERNORM
     hidden: Optional[str] = None  # the FFN activation module, for the dead-unit checks
     weights_path: Optional[str] = None  # the module whose output tuple holds the attention weights
+    batched: bool = False  # the block wants [B, T, d] (HF layers, nanoGPT): [T, d] input gets a batch of one
+    # Steps the block never materialises, summed by blocktrace from two it does: (name, stream, update).
+    derived: tuple[tuple[str, str, str], ...] = ()
 
     def spec(self, name: str) -> Optional[StepSpec]:
         return next((spec for spec in self.specs if spec.name == name), None)
@@ -66,8 +79,10 @@ def recover_specs(names: dict[str, str], placement: Placement) -> tuple[StepSpec
     return tuple(specs)
 
 
-def _layout(name, placement, causal, names, norm=Norm.LAYERNORM, hidden=None, specs=None, weights=None) -> Layout:
-    return Layout(name, placement, causal, specs or recover_specs(names, placement), norm, hidden, weights)
+def _layout(name, placement, causal, names, norm=Norm.LAYERNORM, hidden=None, specs=None, weights=None,
+            batched=False, derived=()) -> Layout:
+    return Layout(name, placement, causal, specs or recover_specs(names, placement), norm, hidden, weights, batched,
+                  derived)
 
 
 _GPT2_NAMES = {"norm1": "ln_1", "attn": "attn", "norm2": "ln_2", "ffn": "mlp"}
@@ -80,35 +95,75 @@ _BERT_SPECS = (
     StepSpec("norm2", "output.LayerNorm"),
 )
 
+_LLAMA_NAMES = {"norm1": "input_layernorm", "attn": "self_attn", "norm2": "post_attention_layernorm", "ffn": "mlp"}
+_GEMMA2_SPECS = (  # four norms: before and after each sublayer
+    StepSpec("norm1", "input_layernorm"), StepSpec("attn", "self_attn"),
+    StepSpec("post_attn_norm", "post_attention_layernorm"), StepSpec("residual1", "pre_feedforward_layernorm", Capture.INPUT),
+    StepSpec("norm2", "pre_feedforward_layernorm"), StepSpec("ffn", "mlp"),
+    StepSpec("post_ffn_norm", "post_feedforward_layernorm"), StepSpec("residual2", ""),
+)
+_NEOX_NAMES = {"norm1": "input_layernorm", "attn": "attention", "norm2": "post_attention_layernorm", "ffn": "mlp"}
+_NEOX_PARALLEL_SPECS = (  # x + attn(ln1(x)) + mlp(ln2(x)) in one sum: residual1 is blocktrace's x + attn_out
+    StepSpec("norm1", "input_layernorm"), StepSpec("attn", "attention"), StepSpec("norm2", "post_attention_layernorm"),
+    StepSpec("ffn", "mlp"), StepSpec("residual2", ""),
+)
+
+
+def _hf(name, placement, names, **extra) -> Layout:
+    # Causal by default; the layer's own attention says otherwise (detect_layout reads its is_causal).
+    return _layout(f"HuggingFace {name}", placement, True, names, batched=True, **extra)
+
+
 KNOWN_LAYOUTS = {
-    # Causal: called without its mask such a block attends to later tokens, and the leak check says so.
-    "GPT2Block": _layout("HuggingFace GPT2Block", Placement.PRE, True, _GPT2_NAMES, hidden="mlp.act"),
-    "BertLayer": _layout("HuggingFace BertLayer", Placement.POST, False, {}, specs=_BERT_SPECS,
-                         hidden="intermediate.intermediate_act_fn", weights="attention.self"),
-    "LlamaDecoderLayer": _layout("HuggingFace LlamaDecoderLayer", Placement.PRE, True,
-                                 {"norm1": "input_layernorm", "attn": "self_attn", "norm2": "post_attention_layernorm",
-                                  "ffn": "mlp"}, norm=Norm.RMSNORM, hidden="mlp.act_fn"),
+    "GPT2Block": _hf("GPT2Block", Placement.PRE, _GPT2_NAMES, hidden="mlp.act"),
+    "BertLayer": _hf("BertLayer", Placement.POST, {}, specs=_BERT_SPECS, hidden="intermediate.intermediate_act_fn",
+                     weights="attention.self"),
+    **{name: _hf(name, Placement.PRE, _LLAMA_NAMES, norm=Norm.RMSNORM, hidden="mlp.act_fn")
+       for name in ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer",
+                    "GemmaDecoderLayer")},
+    "Phi3DecoderLayer": _hf("Phi3DecoderLayer", Placement.PRE, _LLAMA_NAMES, norm=Norm.RMSNORM,
+                            hidden="mlp.activation_fn"),
+    "Gemma2DecoderLayer": _hf("Gemma2DecoderLayer", Placement.SANDWICH, {}, specs=_GEMMA2_SPECS, norm=Norm.RMSNORM,
+                              hidden="mlp.act_fn"),
+    "GPTNeoXLayer": _hf("GPTNeoXLayer", Placement.PRE, _NEOX_NAMES, hidden="mlp.act"),
+    "GPTNeoXLayer (parallel residual)": _hf("GPTNeoXLayer (parallel residual)", Placement.PRE, {},
+                                            specs=_NEOX_PARALLEL_SPECS, hidden="mlp.act",
+                                            derived=(("residual1", "x", "attn"),)),
 }
 # Layouts recognised by their submodule names when the class name is not known.
 NAMED_LAYOUTS = (
-    ("nanoGPT-style Block (ln_1/attn/ln_2/mlp)", _GPT2_NAMES),
-    ("tutorial block (ln1/attn/ln2/ffn)", {"norm1": "ln1", "attn": "attn", "norm2": "ln2", "ffn": "ffn"}),
+    ("nanoGPT-style Block (ln_1/attn/ln_2/mlp)", _GPT2_NAMES, True),
+    ("tutorial block (ln1/attn/ln2/ffn)", {"norm1": "ln1", "attn": "attn", "norm2": "ln2", "ffn": "ffn"}, False),
 )
+
+
+def _known(block: nn.Module) -> Optional[Layout]:
+    name = type(block).__name__
+    if name == "GPTNeoXLayer" and getattr(block, "use_parallel_residual", False):
+        name = "GPTNeoXLayer (parallel residual)"
+    layout = KNOWN_LAYOUTS.get(name)
+    if layout is not None:
+        from blocktrace.tracing.calling import hf_causal
+
+        causal = hf_causal(block)
+        return dataclasses.replace(layout, causal=layout.causal if causal is None else causal)
+    return None
 
 
 def detect_layout(block: nn.Module) -> Layout:
     """The layout of a known block class, or one recognised by its submodule names."""
-    name = type(block).__name__
-    if name in KNOWN_LAYOUTS:
-        return KNOWN_LAYOUTS[name]
+    known = _known(block)
+    if known is not None:
+        return known
     children = dict(block.named_modules())
-    for label, names in NAMED_LAYOUTS:
+    for label, names, batched in NAMED_LAYOUTS:
         if all(path in children for path in names.values()):
-            return _layout(label, Placement.PRE, None, names)
-    known = ", ".join([*KNOWN_LAYOUTS, *(label for label, _ in NAMED_LAYOUTS)])
-    raise UsageError(f"cannot tell the steps of {name}: name them, e.g. "
+            # nanoGPT's blocks are GPT decoder blocks: meant to be causal (measured, see diagnose.behaviour)
+            return _layout(label, Placement.PRE, True if batched else None, names, batched=batched)
+    names = ", ".join([*(n for n in KNOWN_LAYOUTS if "(" not in n), *(label for label, _, _ in NAMED_LAYOUTS)])
+    raise UsageError(f"cannot tell the steps of {type(block).__name__}: name them, e.g. "
                      f"steps={{'norm1': 'ln_1', 'attn': 'attn', 'norm2': 'ln_2', 'ffn': 'mlp'}} "
-                     f"(known layouts: {known})")
+                     f"(known layouts: {names})")
 
 
 def user_layout(block: nn.Module, steps: Optional[dict[str, str]], placement: Placement = Placement.PRE) -> Layout:
@@ -120,7 +175,7 @@ def user_layout(block: nn.Module, steps: Optional[dict[str, str]], placement: Pl
 def own_layout(block) -> Layout:
     """The layout of blocktrace's own TransformerBlock: every step is a module of its own."""
     config = block.config
-    specs = tuple(StepSpec(name, name) for name in STEP_NAMES)
+    specs = tuple(StepSpec(name, name) for name in block.step_modules())
     return Layout("blocktrace TransformerBlock", config.placement, config.causal, specs, config.norm, "ffn.hidden")
 
 

@@ -16,14 +16,17 @@ from torch import nn
 
 from blocktrace.config import BlockConfig
 from blocktrace.errors import InputError
+from blocktrace.tracing.behaviour import measure_causality, measure_norm
+from blocktrace.tracing.calling import Call, eager_attention, huggingface_call, is_huggingface
 from blocktrace.tracing.recorder import HookFailure, Pending, Recorder, first_tensor
 from blocktrace.tracing.records import AttentionSummary, Stats, StepRecord, Trace
 from blocktrace.tracing.stats import stats_from_moments
-from blocktrace.tracing.steps import Layout, own_layout, user_layout
-from blocktrace.vocab import STEP_NAMES, Placement
+from blocktrace.tracing.steps import Layout, own_layout, resolve, user_layout
+from blocktrace.vocab import NORM_STEPS, SANDWICH_STEPS, STEP_NAMES, Placement
 
-ROPE_OPERATIONS = {
+SUBSTEP_OPERATIONS = {
     "attn.q": "q = heads(q_proj(x_in))", "attn.k": "k = heads(k_proj(x_in))",
+    "attn.q_norm": "q = RMSNorm(q) per head", "attn.k_norm": "k = RMSNorm(k) per head",
     "attn.q_rope": "q_rope = RoPE(q, positions)", "attn.k_rope": "k_rope = RoPE(k, positions)",
 }
 
@@ -66,22 +69,59 @@ def trace(
     """
     own = is_own_block(block)
     layout = own_layout(block) if own else user_layout(block, steps, Placement(placement))
+    call = _call(block, layout, own, x, forward_kwargs, token_mask)
+    if call.batched and x.dim() == 2:
+        x = x.unsqueeze(0)
     if sample_size and not -x.shape[-2] <= sample_token < x.shape[-2]:
         raise IndexError(f"token index {sample_token} is out of range for {x.shape[-2]} tokens")
     recorder = Recorder(block, layout, own, keep_tensors=keep_tensors, sample_token=sample_token,
                         sample_size=sample_size, checks=checks, token_mask=token_mask)
-    x_pending = recorder.observe("x", x)
+    x_pending = recorder.start(x)
     saved_chunk = getattr(getattr(block, "attn", None), "query_chunk", None)
     try:
         recorder.attach()
         if own and attn_chunk is not None:
             block.attn.query_chunk = attn_chunk
-        output = _forward(block, x, forward_kwargs or {}, own)
+        with eager_attention(call):
+            output = _forward(block, x, call.kwargs, own)
     finally:
         if own:
             block.attn.query_chunk = saved_chunk
         recorder.detach()
-    return _assemble(block, layout, own, x_pending, recorder, output)
+    behaviour = _behaviour(block, layout, own, x, call, output) if checks else {}
+    traced = _assemble(block, layout, own, x_pending, recorder, output, behaviour)
+    traced.notes[:0] = call.notes
+    return traced
+
+
+def _call(block, layout: Layout, own: bool, x, forward_kwargs: Optional[dict], token_mask) -> Call:
+    """The block's calling convention: ours, the caller's arguments, or the one its model uses."""
+    if own:
+        return Call()
+    if forward_kwargs is not None:
+        return Call(kwargs=forward_kwargs, batched=layout.batched)
+    if is_huggingface(block):
+        return huggingface_call(block, x, token_mask)
+    notes = ["called with a batch of one, as the block's own code expects [B, T, d]"] \
+        if layout.batched and x.dim() == 2 else []
+    return Call(batched=layout.batched, notes=notes)
+
+
+def _behaviour(block, layout: Layout, own: bool, x, call: Call, output) -> dict:
+    """Measured causality (a user's block) and the measured kind of every norm, by step name."""
+    measured = {}
+    for spec in layout.specs:
+        if spec.name in NORM_STEPS:
+            norm = measure_norm(resolve(block, spec), x.shape[-1])
+            if norm is not None:
+                measured[spec.name] = norm.to_probe()
+    if not own:
+        def forward(value):
+            with eager_attention(call):
+                return _forward(block, value, call.kwargs, own)
+        causality = measure_causality(forward, x, output)
+        measured["attn"] = {"causal_measured": causality.causal, "causal_leak": causality.leak}
+    return measured
 
 
 def _forward(block: nn.Module, x: torch.Tensor, kwargs: dict, own: bool) -> torch.Tensor:
@@ -106,19 +146,22 @@ def _operations(block, layout: Layout, own: bool) -> dict[str, str]:
         from blocktrace.model.block import step_operations
 
         return {"x": "input", **step_operations(block.config)}
-    return {"x": "input", **{spec.name: spec.describe() for spec in layout.specs}}
+    derived = {name: f"x1 = {stream} + {update}_out, summed by blocktrace (the block adds both branches at once)"
+               for name, stream, update in layout.derived}
+    return {"x": "input", **{spec.name: spec.describe() for spec in layout.specs}, **derived}
 
 
-def _assemble(block, layout: Layout, own: bool, x_pending: Pending, recorder: Recorder, output) -> Trace:
+def _assemble(block, layout: Layout, own: bool, x_pending: Pending, recorder: Recorder, output,
+              behaviour: dict) -> Trace:
     pending = [x_pending, *recorder.steps, *recorder.substeps]
     attention = recorder.attention.result()
     # One device-to-host copy for every number of the trace.
     stats_rows = [stats_from_moments(row) for row in torch.stack([p.stats for p in pending]).tolist()]
     samples = [p.sample.double().tolist() if p.sample is not None else None for p in pending]
-    operations = {**_operations(block, layout, own), **ROPE_OPERATIONS}
+    operations = {**_operations(block, layout, own), **SUBSTEP_OPERATIONS}
     records = [
         StepRecord(p.name, operations[p.name], p.shape, p.dtype, Stats.from_values(row), p.tensor, sample,
-                   _python_probe(p.probe))
+                   _python_probe({**p.probe, **behaviour.get(p.name, {})}))
         for p, row, sample in zip(pending, stats_rows, samples)
     ]
     summary, notes = None, []
@@ -138,13 +181,14 @@ def _assemble(block, layout: Layout, own: bool, x_pending: Pending, recorder: Re
         notes.append(f"attention weights are not visible: {layout.attention_path or 'the attention'} returns none "
                      "(a fused kernel such as scaled_dot_product_attention, or weights not requested)")
     fired = {p.name for p in recorder.steps}
-    missing = [name for name in STEP_NAMES if name not in fired]
+    expected = {spec.name for spec in layout.specs}
+    missing = [name for name in (*STEP_NAMES, *SANDWICH_STEPS) if name in expected and name not in fired]
     if missing:
         notes.append(f"hooks that never fired: {', '.join(missing)} (a fast path may skip submodule hooks)")
     config = block.config if own else None
     n_steps = 1 + len(recorder.steps)
     return Trace(config, records[0], records[1:n_steps], summary, output, layout.name, layout.placement, missing,
-                 notes, records[n_steps:])
+                 notes, records[n_steps:], layout.causal)
 
 
 def _python_probe(probe: dict) -> Optional[dict]:

@@ -15,15 +15,22 @@ from blocktrace.errors import ConfigError, UsageError, WeightsError
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.base import Family, ModelInfo
+from blocktrace.sources.families.base import refuse_quantised
 from blocktrace.sources.families.bert import BERT
+from blocktrace.sources.families.gemma import Gemma, Gemma2
 from blocktrace.sources.families.gpt2 import GPT2
-from blocktrace.sources.families.llama import Llama
+from blocktrace.sources.families.llama import Llama, Mistral, Qwen2, Qwen3
+from blocktrace.sources.families.neox import GPTNeoX
+from blocktrace.sources.families.phi3 import Phi3
 
 __all__ = ["FAMILIES", "Family", "ModelInfo", "SIZE_FIELDS", "checkpoint_config", "model_info"]
 
-FAMILIES = {family.name: family for family in (GPT2(), BERT(), Llama())}
+FAMILIES = {family.name: family for family in (GPT2(), BERT(), Llama(), Mistral(), Qwen2(), Qwen3(), Gemma(), Gemma2(),
+                                                GPTNeoX(), Phi3())}
+# Without config.json only these are told apart by their keys (Llama's keys are shared: see llama.py).
+KEYED_FAMILIES = ("gpt2", "bert", "llama", "gpt_neox")
 BY_MODEL_TYPE = {model_type: family for family in FAMILIES.values() for model_type in family.model_types}
-SUPPORTED_LAYOUTS = tuple(family.described for family in FAMILIES.values())
+SUPPORTED_LAYOUTS = tuple(FAMILIES[name].described for name in KEYED_FAMILIES)
 # Sizes come from the checkpoint; a user option may only repeat them.
 SIZE_FIELDS = ("d_model", "n_heads", "d_ff")
 SIZE_OPTIONS = {"d_model": "--d-model", "n_heads": "--heads", "d_ff": "--d-ff"}
@@ -46,9 +53,9 @@ def _family_of(checkpoint: Checkpoint, config: Optional[ConfigFile]) -> Family:
                                f"(supported: {', '.join(sorted(BY_MODEL_TYPE))}); blocktrace refuses rather than "
                                "trace it as another family")
         return BY_MODEL_TYPE[model_type]
-    for family in FAMILIES.values():
-        if _layers_by_prefix(checkpoint, family):
-            return family
+    for name in KEYED_FAMILIES:
+        if _layers_by_prefix(checkpoint, FAMILIES[name]):
+            return FAMILIES[name]
     sample = ", ".join(sorted(checkpoint.keys)[:5]) or "none"
     raise WeightsError(f"{checkpoint.path}: unknown checkpoint layout (keys found: {sample}, ...); "
                        f"supported layouts: {'; '.join(SUPPORTED_LAYOUTS)}")
@@ -56,6 +63,8 @@ def _family_of(checkpoint: Checkpoint, config: Optional[ConfigFile]) -> Family:
 
 def model_info(checkpoint: Checkpoint) -> ModelInfo:
     config = checkpoint.read_json("config.json")
+    if config is not None:
+        refuse_quantised(config)
     family = _family_of(checkpoint, config)
     layers = _layers_by_prefix(checkpoint, family)
     if not layers:
@@ -105,6 +114,10 @@ def checkpoint_config(checkpoint: Checkpoint, info: ModelInfo, overrides: dict) 
     """
     family = info.family
     base = info.layer_prefix(0)
+    if info.config is None and family.needs_config:
+        raise WeightsError(f"{checkpoint.directory} has no config.json, and {family.name}'s keys do not say what its "
+                           "blocks compute (other families share them; norm eps, RoPE theta and wiring are not in the "
+                           "weights): add the checkpoint's config.json")
     from_config = {} if info.config is None else \
         {key: value for key, value in family.config_fields(info.config).items() if value is not None}
     fields = {**family.shape_fields(checkpoint, base), **from_config}
@@ -115,7 +128,6 @@ def checkpoint_config(checkpoint: Checkpoint, info: ModelInfo, overrides: dict) 
             raise UsageError(f"{checkpoint.directory} has no config.json: pass --heads "
                              f"(d_model {fields['d_model']} read from the weights)")
         fields["n_heads"] = overrides["n_heads"]
-    fields = family.complete(fields, checkpoint, base)
     fields["n_layers"] = info.n_layers
     native = _native_config(fields, set(from_config), info)
     return native.replace(**{key: value for key, value in overrides.items() if key not in SIZE_FIELDS})

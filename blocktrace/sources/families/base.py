@@ -58,6 +58,7 @@ class Family:
     prefixes: tuple[str, ...]
     embedding_key: str
     ignored: tuple[str, ...] = ()  # layer tensors that are buffers, not parameters (old mask caches)
+    needs_config = False  # whether the weights alone cannot say what the block computes
     # config.json keys behind each BlockConfig field, so a bad value is reported as the file's key
     config_keys: dict[str, str] = {}
 
@@ -73,10 +74,6 @@ class Family:
         """Fields read off the tensors, for a checkpoint without config.json."""
         raise NotImplementedError
 
-    def complete(self, fields: dict, checkpoint: Checkpoint, base: str) -> dict:
-        """Fields that follow from others and the shapes (Llama's key/value heads)."""
-        return fields
-
     def parameters(self, read: Reader, config: BlockConfig) -> dict:
         raise NotImplementedError
 
@@ -85,6 +82,22 @@ class Family:
 
     def check(self, config: BlockConfig) -> None:
         """Refuse a rewiring these parameters cannot fill."""
+
+    def layer_fields(self, config: Optional[ConfigFile], layer: int) -> dict:
+        """Fields that differ from layer to layer (which layers use a sliding window)."""
+        return {}
+
+    def notes(self, config: Optional[ConfigFile]) -> list[str]:
+        """What the reader should know about how this checkpoint was read."""
+        return [] if config is not None else [f"no config.json: {self.name} defaults assumed where the weights are "
+                                              "silent (norm eps, activation)"]
+
+
+def refuse_quantised(config: ConfigFile) -> None:
+    if config.raw("quantization_config") is not None:
+        method = config.mapping("quantization_config").string("quant_method", "unknown")
+        raise WeightsError(f"{config.path}: quantization_config ({method}): quantised weights are not supported; "
+                           "trace the unquantised checkpoint")
 
 
 def size(checkpoint: Checkpoint, key: str, axis: int) -> int:
@@ -119,15 +132,21 @@ def refuse_unless(config: ConfigFile, key: str, allowed: tuple, why: str) -> Non
                            "(refused rather than traced as a different model)")
 
 
-def rope(config: ConfigFile) -> tuple[float, float]:
-    """RoPE theta and linear scaling factor, from rope_parameters (transformers 5) or rope_theta/rope_scaling."""
+def rope_fields(config: ConfigFile, *, theta_key: str = "rope_theta", fraction_key: str = "partial_rotary_factor",
+                default_fraction: float = 1.0) -> dict:
+    """RoPE's theta, linear scaling and rotated share of each head, from rope_parameters
+    (transformers 5) or the older top-level keys (rope_theta, rope_scaling; GPT-NeoX's
+    rotary_emb_base and rotary_pct). Other RoPE types are refused by name."""
     parameters = config.mapping("rope_parameters")
     scaling = config.mapping("rope_scaling")
-    theta = parameters.number("rope_theta", None, positive=True) or config.number("rope_theta", 10000.0, positive=True)
+    theta = parameters.number("rope_theta", None, positive=True) or config.number(theta_key, 10000.0, positive=True)
+    fraction = parameters.number("partial_rotary_factor", None, positive=True) \
+        or config.number(fraction_key, default_fraction, positive=True)
     kind = parameters.string("rope_type") or scaling.string("rope_type") or scaling.string("type") or "default"
     if kind == "default":
-        return theta, 1.0
-    if kind == "linear":
+        factor = 1.0
+    elif kind == "linear":
         factor = parameters.number("factor", None, positive=True) or scaling.number("factor", 1.0, positive=True)
-        return theta, factor
-    raise WeightsError(f"{config.path}: rope type {kind!r} is not supported; supported: default, linear")
+    else:
+        raise WeightsError(f"{config.path}: rope type {kind!r} is not supported; supported: default, linear")
+    return {"rope_theta": theta, "rope_scaling": factor, "rotary_fraction": fraction}

@@ -1,11 +1,22 @@
-"""Llama (`layers.{k}.…`; `model.` prefix as LlamaForCausalLM saves it): Pre-RMSNorm, SwiGLU,
-RoPE, grouped-query attention."""
+"""Llama and the families that share its keys (`layers.{k}.…`, `model.` prefix as the causal-LM
+classes save them): Pre-RMSNorm, SwiGLU, RoPE, grouped-query attention.
+
+The keys are alike; the computation is not. What each adds, read from its config.json:
+- Mistral: a sliding window over the last `sliding_window` keys, in every layer.
+- Qwen2: biases on q, k and v (none on the output projection); optional sliding windows.
+- Qwen3: RMSNorm on each head's q and k before RoPE (QK-norm); an explicit head_dim.
+"""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from blocktrace.errors import UsageError, WeightsError
-from blocktrace.sources.families.base import Family, linear, rope, size
+from blocktrace.sources.configfile import ConfigFile
+from blocktrace.sources.families.base import Family, linear, refuse_unless, rope_fields, size
 from blocktrace.vocab import FFNKind, Norm
+
+SLIDING = "sliding_attention"
 
 
 class Llama(Family):
@@ -13,49 +24,106 @@ class Llama(Family):
     layers_path, marker, prefixes = "layers", "input_layernorm.weight", ("", "model.")
     embedding_key = "embed_tokens.weight"
     ignored = ("self_attn.rotary_emb.inv_freq",)  # a computed buffer some files hold
+    needs_config = True  # the keys are shared by families that compute differently: see the module docstring
     config_keys = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "d_ff": "intermediate_size",
                    "eps": "rms_norm_eps", "kv_heads": "num_key_value_heads", "head_size": "head_dim",
-                   "rope_theta": "rope_theta"}
+                   "rope_theta": "rope_theta", "rotary_fraction": "partial_rotary_factor",
+                   "sliding_window": "sliding_window"}
 
     def config_fields(self, config):
-        if config.string("hidden_act", "silu") != "silu":
-            raise WeightsError(f"{config.path}: hidden_act {config.raw('hidden_act')!r} is not supported for Llama "
-                               "(only silu: SwiGLU)")
-        attention_bias, mlp_bias = config.boolean("attention_bias", False), config.boolean("mlp_bias", False)
-        if attention_bias != mlp_bias:
-            raise WeightsError(f"{config.path}: attention_bias and mlp_bias differ, which blocktrace does not support")
-        theta, scaling = rope(config)
         heads = config.integer("num_attention_heads")
         return {"d_model": config.integer("hidden_size"), "n_heads": heads, "d_ff": config.integer("intermediate_size"),
-                "eps": config.number("rms_norm_eps", 1e-6, positive=True), "ffn": FFNKind.SWIGLU, "norm": Norm.RMSNORM,
-                "bias": attention_bias, "kv_heads": config.integer("num_key_value_heads") or heads,
-                "head_size": config.integer("head_dim"), "rope_theta": theta, "rope_scaling": scaling}
+                "eps": config.number("rms_norm_eps", 1e-6, positive=True), "ffn": self.activation(config),
+                "norm": Norm.RMSNORM, "kv_heads": config.integer("num_key_value_heads") or heads,
+                "head_size": config.integer("head_dim"), **self.bias_fields(config), **rope_fields(config)}
+
+    def activation(self, config: ConfigFile) -> FFNKind:
+        activation = config.string("hidden_act", "silu")
+        if activation != "silu":
+            raise WeightsError(f"{config.path}: hidden_act {activation!r} is not supported for {self.name} "
+                               "(only silu: SwiGLU)")
+        return FFNKind.SWIGLU
+
+    def bias_fields(self, config: ConfigFile) -> dict:
+        return {"bias": config.boolean("mlp_bias", False), "attn_bias": config.boolean("attention_bias", False)}
 
     def shape_fields(self, checkpoint, base):
         return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0),
-                "d_ff": size(checkpoint, base + "mlp.gate_proj.weight", 0), "eps": 1e-6, "ffn": FFNKind.SWIGLU,
-                "norm": Norm.RMSNORM, "bias": False, "rope_theta": 10000.0}
-
-    def complete(self, fields, checkpoint, base):
-        """Without config.json, the key/value heads follow from k_proj's rows."""
-        if fields.get("kv_heads") is None and fields.get("n_heads"):
-            head_dim = fields.get("head_size") or fields["d_model"] // fields["n_heads"]
-            fields["kv_heads"] = size(checkpoint, base + "self_attn.k_proj.weight", 0) // head_dim
-        return fields
+                "d_ff": size(checkpoint, base + "mlp.gate_proj.weight", 0), "ffn": FFNKind.SWIGLU,
+                "norm": Norm.RMSNORM}
 
     def parameters(self, read, c):
-        d, f, hd = c.d_model, c.d_ff, c.head_dim
+        return {"norm1.weight": read("input_layernorm.weight", (c.d_model,)), **self.attention(read, c),
+                "norm2.weight": read("post_attention_layernorm.weight", (c.d_model,)), **self.mlp(read, c)}
+
+    @staticmethod
+    def attention(read, c) -> dict:
+        d, hd = c.d_model, c.head_dim
         q, kv = c.n_heads * hd, c.n_kv_heads * hd
-        return {"norm1.weight": read("input_layernorm.weight", (d,)),
-                **linear(read, "self_attn.q_proj", "attn.q_proj", q, d, c.bias),
-                **linear(read, "self_attn.k_proj", "attn.k_proj", kv, d, c.bias),
-                **linear(read, "self_attn.v_proj", "attn.v_proj", kv, d, c.bias),
-                **linear(read, "self_attn.o_proj", "attn.out_proj", d, q, c.bias),
-                "norm2.weight": read("post_attention_layernorm.weight", (d,)),
-                **linear(read, "mlp.gate_proj", "ffn.gate", f, d, c.bias),
+        state = {**linear(read, "self_attn.q_proj", "attn.q_proj", q, d, c.projection_bias),
+                 **linear(read, "self_attn.k_proj", "attn.k_proj", kv, d, c.projection_bias),
+                 **linear(read, "self_attn.v_proj", "attn.v_proj", kv, d, c.projection_bias),
+                 **linear(read, "self_attn.o_proj", "attn.out_proj", d, q, c.attention_bias)}
+        if c.qk_norm:
+            state["attn.q_norm.weight"] = read("self_attn.q_norm.weight", (hd,))
+            state["attn.k_norm.weight"] = read("self_attn.k_norm.weight", (hd,))
+        return state
+
+    @staticmethod
+    def mlp(read, c) -> dict:
+        d, f = c.d_model, c.d_ff
+        return {**linear(read, "mlp.gate_proj", "ffn.gate", f, d, c.bias),
                 **linear(read, "mlp.up_proj", "ffn.up", f, d, c.bias),
                 **linear(read, "mlp.down_proj", "ffn.down", d, f, c.bias)}
 
     def check(self, config):
-        if config.ffn is not FFNKind.SWIGLU or config.norm is not Norm.RMSNORM:
-            raise UsageError("Llama weights need --norm rmsnorm and --ffn swiglu")
+        if config.ffn is not FFNKind.SWIGLU or config.norm is not Norm.RMSNORM or config.sandwich:
+            raise UsageError(f"{self.name} weights need --norm rmsnorm, --ffn swiglu and no sandwich norms")
+
+
+class Mistral(Llama):
+    name, described, model_types = "mistral", "mistral (Llama keys, sliding window)", ("mistral",)
+
+    def bias_fields(self, config):
+        return {"bias": False, "attn_bias": False}
+
+    def layer_fields(self, config, layer):
+        return {"sliding_window": config.integer("sliding_window") if config is not None else None}
+
+
+def _qwen_window(config: Optional[ConfigFile], layer: int) -> dict:
+    """Qwen's sliding window applies where use_sliding_window is on, to the layers layer_types (or,
+    without them, max_window_layers) marks as sliding — as transformers' Qwen2Config does."""
+    if config is None or not config.boolean("use_sliding_window", False):
+        return {"sliding_window": None}
+    window = config.integer("sliding_window")
+    types = config.raw("layer_types")
+    if isinstance(types, list) and layer < len(types):
+        sliding = types[layer] == SLIDING
+    else:
+        sliding = layer >= config.integer("max_window_layers", 28, positive=False)
+    return {"sliding_window": window if sliding else None}
+
+
+class Qwen2(Llama):
+    name, described, model_types = "qwen2", "qwen2 (Llama keys, q/k/v biases)", ("qwen2",)
+
+    def bias_fields(self, config):
+        return {"bias": False, "attn_bias": False, "qkv_bias": True}
+
+    def layer_fields(self, config, layer):
+        return _qwen_window(config, layer)
+
+
+class Qwen3(Qwen2):
+    name, described, model_types = "qwen3", "qwen3 (Llama keys, QK-norm)", ("qwen3",)
+
+    def config_fields(self, config):
+        return {**super().config_fields(config), "qk_norm": True}
+
+    def bias_fields(self, config):
+        return {"bias": False, "attn_bias": config.boolean("attention_bias", False)}
+
+
+def refuse_bidirectional(config: ConfigFile) -> None:
+    refuse_unless(config, "use_bidirectional_attention", (None, False), "makes the decoder bidirectional")

@@ -1,0 +1,43 @@
+"""Phi-3 (Llama's layer names, fused projections): q, k and v stacked in `self_attn.qkv_proj`
+([q; k; v] on the output side), the SwiGLU gate and up stacked in `mlp.gate_up_proj`
+([gate; up]); RMSNorm; optional partial rotary and sliding window in every layer."""
+
+from __future__ import annotations
+
+from blocktrace.sources.families.base import linear, refuse_unless
+from blocktrace.sources.families.llama import Llama
+
+
+class Phi3(Llama):
+    name, described, model_types = "phi3", "phi3 (Llama layer names, fused qkv_proj and gate_up_proj)", ("phi3",)
+
+    def config_fields(self, config):
+        refuse_unless(config, "partial_rotary_factor", (None, 1.0, 1), "rotates part of each head (give it inside "
+                      "rope_parameters)")
+        return super().config_fields(config)
+
+    def bias_fields(self, config):
+        return {"bias": False, "attn_bias": False}
+
+    def layer_fields(self, config, layer):
+        return {"sliding_window": config.integer("sliding_window") if config is not None else None}
+
+    def shape_fields(self, checkpoint, base):
+        from blocktrace.sources.families.base import size
+        from blocktrace.vocab import FFNKind, Norm
+
+        return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0),
+                "d_ff": size(checkpoint, base + "mlp.gate_up_proj.weight", 0) // 2, "ffn": FFNKind.SWIGLU,
+                "norm": Norm.RMSNORM}
+
+    def parameters(self, read, c):
+        d, f, hd = c.d_model, c.d_ff, c.head_dim
+        q, kv = c.n_heads * hd, c.n_kv_heads * hd
+        qkv = read("self_attn.qkv_proj.weight", (q + 2 * kv, d))
+        gate_up = read("mlp.gate_up_proj.weight", (2 * f, d))
+        return {"norm1.weight": read("input_layernorm.weight", (d,)),
+                "attn.q_proj.weight": qkv[:q], "attn.k_proj.weight": qkv[q : q + kv], "attn.v_proj.weight": qkv[q + kv:],
+                **linear(read, "self_attn.o_proj", "attn.out_proj", d, q, False),
+                "norm2.weight": read("post_attention_layernorm.weight", (d,)),
+                "ffn.gate.weight": gate_up[:f], "ffn.up.weight": gate_up[f:],
+                **linear(read, "mlp.down_proj", "ffn.down", d, f, False)}
