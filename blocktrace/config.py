@@ -81,6 +81,9 @@ class BlockConfig:
         if not self.eps > 0:
             raise ConfigError(f"eps must be positive, not {self.eps!r}", "eps")
         self._validate_attention()
+        if self.norm_offset and self.norm is not Norm.RMSNORM:
+            raise ConfigError("a norm gain of (offset + w), Gemma's, is RMSNorm's: a LayerNorm would not share it",
+                              "norm")
         if self.parallel_residual and self.placement is not Placement.PRE:
             raise ConfigError("a parallel residual reads both branches from the stream before the norms: it needs "
                               "Pre-LN wiring", "placement")

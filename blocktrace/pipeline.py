@@ -20,7 +20,13 @@ from blocktrace.render.report import block_report, stack_report, sweep_report
 from blocktrace.request import Analysis, RunRequest
 from blocktrace.sizing import Shape, estimate_bytes, require_fit
 from blocktrace.sources.inputs import random_input
-from blocktrace.sources.source import Source, prepare_source, resolve_device, torch_dtype, user_block_source
+from blocktrace.sources.source import (
+    Source,
+    prepare_source,
+    resolve_device,
+    torch_dtype,
+    user_block_source,
+)
 from blocktrace.vocab import SCHEMA_VERSION, ReportKind
 
 
@@ -93,16 +99,16 @@ def _sweep_rows(source: Source, request: RunRequest, config, depths, batches: in
     return rows
 
 
-def _traced(blocks, source: Source, analysis: Analysis, steps: Optional[dict] = None):
+def _traced(blocks, source: Source, analysis: Analysis, request: RunRequest):
     return trace_stack(blocks, source.x, keep_tensors=analysis.keep_tensors, sample_token=analysis.token_index,
-                       sample_size=analysis.n_values or 0, checks=analysis.checks, steps=steps,
-                       placement=analysis.placement, token_mask=source.token_mask)
+                       sample_size=analysis.n_values or 0, checks=analysis.checks, steps=request.step_names,
+                       placement=analysis.placement, token_mask=source.token_mask,
+                       expect_causal=request.expect_causal)
 
 
-def run_blocks(blocks, source: Source, request: RunRequest, analysis: Analysis,
-               steps: Optional[dict] = None) -> tuple[dict, list]:
+def run_blocks(blocks, source: Source, request: RunRequest, analysis: Analysis) -> tuple[dict, list]:
     """Trace the blocks; returns the report and the traces (for --save)."""
-    traces = _out_of_memory_is_an_error(lambda: _traced(blocks, source, analysis, steps))
+    traces = _out_of_memory_is_an_error(lambda: _traced(blocks, source, analysis, request))
     grads = _gradients(blocks, source, request, analysis.batches) if analysis.grad else None
     flags = None
     if analysis.checks:
@@ -141,7 +147,7 @@ def run_user_block(request: RunRequest, analysis: Analysis) -> tuple[dict, list,
     source = user_block_source(request, block)
     _check_token_index(source, analysis)
     block = block.to(device=source.x.device, dtype=source.x.dtype)
-    report, traces = run_blocks([block], source, request, analysis, steps=request.step_names)
+    report, traces = run_blocks([block], source, request, analysis)
     return report, traces, source
 
 
@@ -164,8 +170,9 @@ def _differences(traces_a: list, traces_b: list) -> dict:
     result = {"output": difference(traces_a[-1].output, traces_b[-1].output)}
     if len(traces_a) == 1:
         a, b = traces_a[0], traces_b[0]
+        in_b = {step.name for step in b.steps}
         result["steps"] = [{"name": step.name, **difference(step.tensor, b.step(step.name).tensor)}
-                           for step in a.steps]
+                           for step in a.steps if step.name in in_b]
     result["layers"] = [{"layer": i, **difference(a.output, b.output)} for i, (a, b) in
                         enumerate(zip(traces_a, traces_b))]
     return result

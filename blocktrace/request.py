@@ -22,6 +22,7 @@ class InputSpec:
 
     tokens: Optional[str] = None  # --tokens 猫 吃 鱼: seeded embeddings (no weights)
     token_ids: Optional[str] = None  # --token-ids 1 2 3 [/ 4 5]: through the checkpoint's embeddings
+    token_types: Optional[str] = None  # --token-type-ids 0 0 1 [/ 0 1]: BERT's segment ids, one per token
     text: Optional[str] = None  # --text: the checkpoint's tokenizer
     input_path: Optional[Path] = None  # --input FILE.safetensors: the exact block input
     seq_len: Optional[int] = None  # random input of this many tokens
@@ -53,6 +54,7 @@ class RunRequest:
     attn_chunk: Optional[int] = None  # query rows per attention chunk; None: the memory budget decides
     module: Optional[str] = None  # --module PKG.MOD:FACTORY: the user's own block
     step_names: Optional[dict] = None  # --step-names: its norm1/attn/norm2/ffn submodules
+    expect_causal: Optional[bool] = None  # --causal / --no-causal with --module: what the block is meant to be
 
 
 @dataclass(frozen=True)

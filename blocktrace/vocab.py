@@ -123,3 +123,6 @@ class Axis(Choice):
     NORM = "norm"
     FFN = "ffn"
     QK_NORM = "qk_norm"
+
+
+QK_NORM_VALUES = ("off", "on")  # how compare names the two QK-norm variants

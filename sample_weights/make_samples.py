@@ -2,6 +2,9 @@
 
     python sample_weights/make_samples.py [OUTPUT_DIR]
 
+gemma2-tiny/: Gemma-2's keys and config (four norms per layer, soft-capped logits, a sliding window
+on layer 0), 2 layers. neox-tiny/: GPT-NeoX's keys and a Pythia-style config (fused qkv, rotary on
+a quarter of each head, parallel residual), 2 layers.
 gpt2-tiny/: a GPT-2-layout model (keys as GPT2Model saves them: h.{k}.*, wte, wpe, ln_f),
 4 layers, d_model 64, 4 heads, d_ff 256, 128 positions, gelu_new.
 bert-tiny/: a BERT-layout model (keys as BertModel saves them), Post-LN, exact GELU, eps 1e-12.
@@ -148,6 +151,72 @@ def llama_config(vocab_size: int) -> dict:
             "bos_token_id": 0, "eos_token_id": 0}
 
 
+GEMMA2_HEAD_DIM, GEMMA2_D_FF, SMALL_LAYERS = 16, 128, 2
+
+
+def gemma2_tensors(vocab_size: int) -> dict[str, torch.Tensor]:
+    """Gemma2ForCausalLM's keys: four norms per layer, gains stored as w (the norm scales by 1 + w)."""
+    normal = _normal(torch.Generator().manual_seed(SEED + 3))
+    d, f, hd = D_MODEL, GEMMA2_D_FF, GEMMA2_HEAD_DIM
+    tensors = {"model.embed_tokens.weight": normal(vocab_size, d, std=0.1)}
+    for k in range(SMALL_LAYERS):
+        base = f"model.layers.{k}."
+        for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            tensors[base + norm + ".weight"] = normal(d, std=0.2)
+        tensors[base + "self_attn.q_proj.weight"] = normal(N_HEAD * hd, d, std=0.15)
+        tensors[base + "self_attn.k_proj.weight"] = normal(LLAMA_KV_HEADS * hd, d, std=0.15)
+        tensors[base + "self_attn.v_proj.weight"] = normal(LLAMA_KV_HEADS * hd, d, std=0.15)
+        tensors[base + "self_attn.o_proj.weight"] = normal(d, N_HEAD * hd, std=0.1)
+        tensors[base + "mlp.gate_proj.weight"] = normal(f, d)
+        tensors[base + "mlp.up_proj.weight"] = normal(f, d)
+        tensors[base + "mlp.down_proj.weight"] = normal(d, f, std=0.05)
+    tensors["model.norm.weight"] = normal(d, std=0.2)
+    return tensors
+
+
+def gemma2_config(vocab_size: int) -> dict:
+    return {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "hidden_size": D_MODEL,
+            "num_attention_heads": N_HEAD, "num_key_value_heads": LLAMA_KV_HEADS, "head_dim": GEMMA2_HEAD_DIM,
+            "intermediate_size": GEMMA2_D_FF, "num_hidden_layers": SMALL_LAYERS, "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0, "max_position_embeddings": N_POSITIONS, "vocab_size": vocab_size,
+            "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": GEMMA2_HEAD_DIM,
+            "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window": 4,
+            "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": True,
+            "attention_bias": False, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}
+
+
+def neox_tensors(vocab_size: int) -> dict[str, torch.Tensor]:
+    """GPTNeoXForCausalLM's keys: fused query_key_value interleaved per head, LayerNorms with bias."""
+    normal = _normal(torch.Generator().manual_seed(SEED + 4))
+    d, f = D_MODEL, 4 * D_MODEL
+    tensors = {"gpt_neox.embed_in.weight": normal(vocab_size, d, std=0.5)}
+    for k in range(SMALL_LAYERS):
+        base = f"gpt_neox.layers.{k}."
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            tensors[base + norm + ".weight"] = normal(d, mean=1.0, std=0.2)
+            tensors[base + norm + ".bias"] = normal(d)
+        tensors[base + "attention.query_key_value.weight"] = normal(3 * d, d, std=0.15)
+        tensors[base + "attention.query_key_value.bias"] = normal(3 * d)
+        tensors[base + "attention.dense.weight"], tensors[base + "attention.dense.bias"] = normal(d, d), normal(d)
+        tensors[base + "mlp.dense_h_to_4h.weight"], tensors[base + "mlp.dense_h_to_4h.bias"] = normal(f, d), normal(f)
+        tensors[base + "mlp.dense_4h_to_h.weight"] = normal(d, f, std=0.05)
+        tensors[base + "mlp.dense_4h_to_h.bias"] = normal(d)
+    tensors["gpt_neox.final_layer_norm.weight"] = normal(d, mean=1.0, std=0.2)
+    tensors["gpt_neox.final_layer_norm.bias"] = normal(d)
+    tensors["embed_out.weight"] = normal(vocab_size, d)
+    return tensors
+
+
+def neox_config(vocab_size: int) -> dict:
+    """Pythia's own config keys: rotary_pct and rotary_emb_base, as its config.json files have them."""
+    return {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "hidden_size": D_MODEL,
+            "num_attention_heads": N_HEAD, "intermediate_size": 4 * D_MODEL, "num_hidden_layers": SMALL_LAYERS,
+            "hidden_act": "gelu", "layer_norm_eps": 1e-5, "rotary_pct": 0.25, "rotary_emb_base": 10000,
+            "use_parallel_residual": True, "max_position_embeddings": N_POSITIONS, "vocab_size": vocab_size,
+            "tie_word_embeddings": False, "attention_bias": True, "bos_token_id": 0, "eos_token_id": 0}
+
+
 def make_checkpoint(directory: Path, tensors_for, config_for) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     vocab_size = write_tokenizer(directory / "tokenizer.json")
@@ -156,7 +225,8 @@ def make_checkpoint(directory: Path, tensors_for, config_for) -> None:
 
 
 SAMPLES = {"gpt2-tiny": (gpt2_tensors, gpt2_config), "bert-tiny": (bert_tensors, bert_config),
-           "llama-tiny": (llama_tensors, llama_config)}
+           "llama-tiny": (llama_tensors, llama_config), "gemma2-tiny": (gemma2_tensors, gemma2_config),
+           "neox-tiny": (neox_tensors, neox_config)}
 
 
 def make_samples(output: Path) -> None:
@@ -168,9 +238,10 @@ def make_traces(checkpoint_dir: Path, directory: Path) -> None:
     """Two trace files of gpt2-tiny's layer 1 on 猫 吃 鱼, for the README's `blocktrace diff` example:
     the block as it is, and the same block with LayerNorm eps 1e-3 (a "slightly different implementation")."""
     from blocktrace.sources.checkpoint import Checkpoint
+    from blocktrace.sources.families import checkpoint_config, model_info
+    from blocktrace.sources.loader import embed_token_ids, hidden_state_before, load_block
     from blocktrace.sources.tracefile import save_trace
     from blocktrace.tracing.tracer import trace
-    from blocktrace.sources.families import embed_token_ids, checkpoint_config, hidden_state_before, load_block, model_info
 
     directory.mkdir(parents=True, exist_ok=True)
     checkpoint = Checkpoint(checkpoint_dir)

@@ -69,6 +69,29 @@ def _first(value):
     return value[0] if isinstance(value, tuple) else value
 
 
+def capture(model, places: dict, ids) -> dict:
+    """HF's own values at `places` ({name: (module, "in" | "out" | "weights")}) and its hidden states."""
+    return _capture(None, places, model, ids)
+
+
+def randomise_hf(model: torch.nn.Module, seed: int) -> None:
+    """Every parameter random; norm gains near 1 (Gemma's (1 + w) norms: w near 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    offset_norms = {id(m.weight) for m in model.modules() if "Gemma" in type(m).__name__ and "RMSNorm" in type(m).__name__}
+    norms = {id(m.weight) for m in model.modules() if "Norm" in type(m).__name__ and getattr(m, "weight", None) is not None}
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            if id(parameter) in offset_norms:
+                parameter.copy_(0.3 * noise)
+            elif id(parameter) in norms:
+                parameter.copy_(1.0 + 0.3 * noise)
+            elif name.endswith("bias"):
+                parameter.copy_(0.2 * noise)
+            else:
+                parameter.copy_(0.15 * noise)
+
+
 def _capture(layer, places: dict, model, ids):
     seen, hooks = {}, []
     for name, (module, where) in places.items():

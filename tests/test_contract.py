@@ -416,7 +416,7 @@ REFUSED = [
     (["compare", "--pre-ln", "--post-ln", "--plot", "/tmp/never-written.png"], "--plot"),
     *[(["run", "--module", MODULE, *extra], extra[0]) for extra in (
         ["--post-ln"], ["--deepnorm"], ["--norm", "rmsnorm"], ["--ffn", "relu"], ["--attn-chunk", "2"],
-        ["--init", "xavier"], ["--no-causal"], ["--heads", "2"], ["--no-bias"], ["--eps", "0.001"])],
+        ["--init", "xavier"], ["--heads", "2"], ["--no-bias"], ["--eps", "0.001"])],
 ]
 
 
@@ -459,6 +459,7 @@ HONOURED = [
     (["run", "--grad"], ["--batches", "2"]), (["run", "--post-ln", "--explain"], ["--deepnorm"]),
     (["run", "--weights", str(GPT2), "--token-ids", "1", "2"], ["--layer", "1"]),
     (["run", "--module", MODULE], ["--seed", "2"]), (["run", "--module", MODULE], ["--dtype", "float64"]),
+    (["run", "--module", MODULE], ["--no-causal"]),
     (["check", "--module", "examples.tutorial_block:forgot_residual"], ["--json"]),
     (["compare", "--pre-ln", "--post-ln"], ["--layers", "2"]),
     (["compare", "--gelu", "--swiglu", "--weights", str(GPT2), "--token-ids", "1", "2"], ["--seed", "2"]),

@@ -18,7 +18,7 @@ from blocktrace._version import __version__
 from blocktrace.errors import BlocktraceError
 
 # Options that take several words: `--tokens 猫 吃 鱼` as well as `--tokens "猫 吃 鱼"`.
-GREEDY_OPTIONS = ("--tokens", "--token-ids")
+GREEDY_OPTIONS = ("--tokens", "--token-ids", "--token-type-ids")
 # BlockConfig fields as the options that set them, so config errors name what to change.
 FIELD_OPTIONS = {"d_model": "--d-model", "n_heads": "--heads", "d_ff": "--d-ff", "eps": "--eps",
                  "norm": "--norm", "ffn": "--ffn", "placement": "--pre-ln/--post-ln/--deepnorm"}

@@ -23,32 +23,39 @@ from blocktrace.cli.options import (
 )
 from blocktrace.cli.rules import COMPARE_RULES, enforce
 from blocktrace.errors import UsageError
-from blocktrace.vocab import Axis, FFNKind, Lang, Norm, Placement
+from blocktrace.vocab import QK_NORM_VALUES, Axis, FFNKind, Lang, Norm, Placement
 
 AXIS_FLAGS = {
-    Axis.PLACEMENT: [("--pre-ln", Placement.PRE), ("--post-ln", Placement.POST), ("--deepnorm", Placement.DEEPNORM)],
+    Axis.PLACEMENT: [("--pre-ln", Placement.PRE), ("--post-ln", Placement.POST), ("--deepnorm", Placement.DEEPNORM),
+                     ("--sandwich", Placement.SANDWICH)],
     Axis.NORM: [("--layernorm", Norm.LAYERNORM), ("--rmsnorm", Norm.RMSNORM)],
     Axis.FFN: [("--gelu", FFNKind.GELU), ("--gelu-tanh", FFNKind.GELU_TANH), ("--relu", FFNKind.RELU),
-               ("--swiglu", FFNKind.SWIGLU)],
+               ("--swiglu", FFNKind.SWIGLU), ("--geglu", FFNKind.GEGLU)],
 }
 AXIS_OPTIONS = options(*[click.option(flag, f"want_{value.value}", is_flag=True, help=f"Compare with {value.value}.")
-                         for flags in AXIS_FLAGS.values() for flag, value in flags])
+                         for flags in AXIS_FLAGS.values() for flag, value in flags],
+                       click.option("--qk-norm", "want_qk_norm", is_flag=True,
+                                    help="Compare without and with QK-norm (RMSNorm on each head's q and k)."))
 
 
 def choose_axis(ctx: click.Context, params: dict) -> tuple[Axis, list[str]]:
     """The one axis with exactly two values asked."""
     asked = {axis: [value.value for flag, value in flags if params.pop(f"want_{value.value}")]
              for axis, flags in AXIS_FLAGS.items()}
+    if params.pop("want_qk_norm"):
+        asked[Axis.QK_NORM] = list(QK_NORM_VALUES)
     asked = {axis: values for axis, values in asked.items() if values}
     everything = [value for values in asked.values() for value in values]
     if len(asked) != 1 or len(everything) != 2:
         spelled = {value.value: flag for flags in AXIS_FLAGS.values() for flag, value in flags}
+        spelled.update({value: "--qk-norm" for value in QK_NORM_VALUES})
         shown = " ".join(spelled[v] for v in everything) or "nothing"
         raise UsageError(
-            f"compare needs two values of one axis, got {shown}: e.g. --pre-ln --post-ln, "
-            "--post-ln --deepnorm, --layernorm --rmsnorm, or two of --gelu --gelu-tanh --relu --swiglu")
+            f"compare needs two values of one axis, got {shown}: e.g. --pre-ln --post-ln, --pre-ln --sandwich, "
+            "--post-ln --deepnorm, --layernorm --rmsnorm, two of --gelu --gelu-tanh --relu --swiglu --geglu, "
+            "or --qk-norm alone (without against with)")
     (axis, values), = asked.items()
-    if given(ctx, axis.value):
+    if axis.value in ctx.params and given(ctx, axis.value):
         raise UsageError(f"--{axis.value} fixes the axis being compared ({' vs '.join(values)}): drop --{axis.value}")
     return axis, values
 
@@ -74,8 +81,9 @@ def compare(ctx, **params):
 
     \b
     Give two values of one axis:
-      --pre-ln --post-ln | --post-ln --deepnorm | --layernorm --rmsnorm |
-      two of --gelu --gelu-tanh --relu --swiglu
+      --pre-ln --post-ln | --pre-ln --sandwich | --post-ln --deepnorm |
+      --layernorm --rmsnorm | two of --gelu --gelu-tanh --relu --swiglu --geglu |
+      --qk-norm (without against with)
     Examples:
       blocktrace compare --pre-ln --post-ln
       blocktrace compare --pre-ln --post-ln --layers 12 --init xiong --heads 1 --d-ff 16 --ffn relu

@@ -110,10 +110,11 @@ INPUT_OPTIONS = options(
     click.option("--tokens", "tokens_text", metavar="TOKEN...", help="Input tokens, e.g. --tokens 猫 吃 鱼 (seeded embedding + sinusoidal positions)."),
     click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Random input of this many tokens (when no --tokens).  [default: 5]"),
     click.option("--batch", type=click.IntRange(min=1), default=None, help="Add a batch dimension of this size; without it x is [T, d-model]."),
-    click.option("--weights", type=click.Path(path_type=Path), default=None, help="A GPT-2, BERT or Llama safetensors checkpoint: a .safetensors file or a directory with model.safetensors (or a sharded index) and config.json."),
+    click.option("--weights", type=click.Path(path_type=Path), default=None, help="A safetensors checkpoint (GPT-2, BERT, Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma-2, GPT-NeoX, Phi-3): a .safetensors file, a directory with model.safetensors (or a sharded index) and config.json, or a model id already in the local HuggingFace cache (never downloaded)."),
     click.option("--layer", type=click.IntRange(min=0), default=0, show_default=True, help="Which block of --weights to trace (the first, with --layers)."),
     click.option("--token-ids", "token_ids_text", metavar="ID...", help="Token ids fed through the checkpoint's embeddings (and the blocks before --layer); several sequences separated by / form a padded batch, e.g. 1 2 3 / 4 5."),
-    click.option("--text", default=None, help="Text tokenized by the tokenizer.json beside --weights (needs the [text] extra)."),
+    click.option("--token-type-ids", "token_types_text", metavar="ID...", help="BERT's token type (segment) ids, one per token of --token-ids or --text (several sequences separated by /).  [default: all 0]"),
+    click.option("--text", default=None, help="Text tokenized by the tokenizer.json beside --weights (needs the [text] extra); the tokenizer's padding and truncation are switched off."),
     click.option("--input", "input_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Exact block input: a .safetensors file holding 'x' (or one tensor), [T, d] or [B, T, d]."),
 )
 
@@ -146,8 +147,11 @@ PLACEMENT_OPTIONS = options(
     click.option("--pre-ln", "pre_ln", is_flag=True, help="Norm before each sublayer (GPT-2, Llama).  [default]"),
     click.option("--post-ln", "post_ln", is_flag=True, help="Norm after each residual add (original Transformer, BERT)."),
     click.option("--deepnorm", "deepnorm", is_flag=True, help="Post-LN with the stream scaled by α = (2N)^¼ (Wang et al. 2022)."),
+    click.option("--sandwich", "sandwich", is_flag=True, help="A norm before and after each sublayer (Peri-LN, Gemma-2)."),
 )
-PLACEMENT_FLAGS = {"pre_ln": Placement.PRE, "post_ln": Placement.POST, "deepnorm": Placement.DEEPNORM}
+PLACEMENT_FLAGS = {"pre_ln": Placement.PRE, "post_ln": Placement.POST, "deepnorm": Placement.DEEPNORM,
+                   "sandwich": Placement.SANDWICH}
+QK_NORM_OPTION = click.option("--qk-norm", is_flag=True, help="RMSNorm on each head's q and k before RoPE (Qwen3).")
 DISPLAY_OPTIONS = options(
     click.option("--values", "n_values", type=click.IntRange(min=1), default=None, help="Show the first N numbers of one token's vector at every step."),
     click.option("--token-index", type=int, default=0, show_default=True, help="Which token --values shows (first sequence of a batch)."),
@@ -156,7 +160,7 @@ DISPLAY_OPTIONS = options(
 
 # Config fields by the parameter names click gives them.
 OPTION_FIELDS = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "norm": "norm", "ffn": "ffn",
-                 "placement": "placement", "causal": "causal", "eps": "eps", "bias": "bias"}
+                 "placement": "placement", "causal": "causal", "eps": "eps", "bias": "bias", "qk_norm": "qk_norm"}
 # Request fields a user may type without them being config fields.
 TYPED_FIELDS = {"seed": "seed", "init": "init"}
 
@@ -172,7 +176,7 @@ def chosen_placement(ctx: click.Context) -> Placement:
     flags = [name for name in PLACEMENT_FLAGS if ctx.params.get(name)]
     if len(flags) > 1:
         shown = " and ".join("--" + name.replace("_", "-") for name in flags)
-        raise click.UsageError(f"{shown} both set the wiring: give one of --pre-ln, --post-ln, --deepnorm")
+        raise click.UsageError(f"{shown} both set the wiring: give one of --pre-ln, --post-ln, --deepnorm, --sandwich")
     return PLACEMENT_FLAGS[flags[0]] if flags else Placement.PRE
 
 
@@ -183,12 +187,14 @@ def make_request(ctx: click.Context, params: dict, **config_fields) -> RunReques
                 if name in ctx.params and given(ctx, name)}
     if "placement" in config_fields and any(given(ctx, flag) for flag in PLACEMENT_FLAGS):
         explicit.add("placement")
-    inputs = InputSpec(tokens=params["tokens_text"], token_ids=params["token_ids_text"], text=params["text"],
+    inputs = InputSpec(tokens=params["tokens_text"], token_ids=params["token_ids_text"],
+                       token_types=params["token_types_text"], text=params["text"],
                        input_path=params["input_path"], seq_len=params["seq_len"], batch=params["batch"])
     return RunRequest(config_fields=fields, explicit=frozenset(explicit), inputs=inputs, seed=params["seed"],
                       init=Init(params["init"]), weights=params["weights"], layer=params["layer"],
                       dtype=DType(params["dtype"]), device=Device(params["device"]), attn_chunk=params["attn_chunk"],
-                      module=params.get("module_spec"), step_names=params.get("step_names"))
+                      module=params.get("module_spec"), step_names=params.get("step_names"),
+                      expect_causal=params["causal"] if params.get("module_spec") and given(ctx, "causal") else None)
 
 
 def make_analysis(params: dict, **extra) -> Analysis:

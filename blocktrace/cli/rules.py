@@ -60,7 +60,8 @@ class Excludes:
 # Parameter names whose option is spelled differently.
 SPELLED = {"show_steps": "--steps", "fmt": "--format", "as_json": "--json", "depths": "--layers",
            "n_values": "--values", "module_spec": "--module", "save_path": "--save", "check_only": "--check",
-           "plot_path": "--plot", "tokens_text": "--tokens", "input_path": "--input", "token_ids_text": "--token-ids",
+           "plot_path": "--plot", "tokens_text": "--tokens", "token_types_text": "--token-type-ids",
+           "input_path": "--input", "token_ids_text": "--token-ids",
            "causal": "--causal/--no-causal", "bias": "--bias/--no-bias", "heads": "--heads"}
 
 
@@ -71,7 +72,8 @@ def flag(name: str) -> str:
 MODULE_REFUSES = {  # the user's block has its own wiring, sizes and parameters
     "heads": "the block has its own heads", "d_ff": "the block has its own FFN width",
     "norm": "the block has its own norms", "ffn": "the block has its own FFN", "eps": "the block has its own norms",
-    "bias": "the block has its own parameters", "causal": "the block applies its own mask",
+    "qk_norm": "the block has its own attention",
+    "bias": "the block has its own parameters",
     "init": "the block has its own parameters", "attn_chunk": "the block's attention is its own code",
     "weights": "--weights loads blocktrace's own blocks", "layer": "--layer picks a layer of --weights",
     "depths": "--layers stacks blocktrace's own blocks", "grad": "--grad works on blocktrace's own blocks",
@@ -82,6 +84,8 @@ COMMON_RULES = [
     Excludes("show_steps", depth_list, "--steps prints a stack's blocks; a depth list is a gradient sweep"),
     Needs("batches", is_set("grad"), "--batches averages gradients: add --grad"),
     Needs("layer", is_set("weights"), "--layer picks a block of a checkpoint: add --weights PATH"),
+    Needs("token_types_text", any_of(is_set("token_ids_text"), is_set("text")),
+          "--token-type-ids go with the tokens of --token-ids or --text"),
     Excludes("init", is_set("weights"), "--init draws random parameters; --weights loads the checkpoint's own"),
     Excludes("fmt", is_set("as_json"), "--format shapes the tables; --json prints no table"),
     Excludes("lang", is_set("as_json"), "--lang sets the words of the tables; --json prints no table"),
@@ -110,7 +114,7 @@ RUN_RULES = [
     *[Excludes(name, lambda ctx: bool(ctx.params.get("module_spec")) and not ctx.params.get("step_names"),
                f"{flag(name)} sets blocktrace's wiring; a --module block has its own (with --step-names it says "
                "how the named steps are wired)")
-      for name in ("pre_ln", "post_ln", "deepnorm")],
+      for name in ("pre_ln", "post_ln", "deepnorm", "sandwich")],
 ]
 
 CHECK_RULES = [rule for rule in RUN_RULES if rule.option != "fail_on" and not (

@@ -20,6 +20,7 @@ from blocktrace.cli.options import (
     NORM_OPTION,
     PLACEMENT_OPTIONS,
     PLOT_OPTION,
+    QK_NORM_OPTION,
     SAVE_OPTION,
     STEPS_OPTION,
     chosen_placement,
@@ -38,6 +39,7 @@ def _force_option(what: str):
 @PLACEMENT_OPTIONS
 @NORM_OPTION
 @FFN_OPTION
+@QK_NORM_OPTION
 @BLOCK_OPTIONS
 @INPUT_OPTIONS
 @COMPUTE_OPTIONS
@@ -71,6 +73,7 @@ def run(ctx, **params):
 @PLACEMENT_OPTIONS
 @NORM_OPTION
 @FFN_OPTION
+@QK_NORM_OPTION
 @BLOCK_OPTIONS
 @INPUT_OPTIONS
 @COMPUTE_OPTIONS
@@ -106,7 +109,8 @@ def _run(ctx, params: dict, check_only: bool) -> None:
     from blocktrace import pipeline
 
     placement = chosen_placement(ctx)
-    request = make_request(ctx, params, norm=Norm(params["norm"]), ffn=FFNKind(params["ffn"]), placement=placement)
+    request = make_request(ctx, params, norm=Norm(params["norm"]), ffn=FFNKind(params["ffn"]), placement=placement,
+                           qk_norm=params["qk_norm"])
     save_path = params.get("save_path")
     analysis = make_analysis(params, keep_tensors=save_path is not None, n_values=params.get("n_values"),
                              token_index=params.get("token_index", 0), checks=True, placement=placement)

@@ -17,7 +17,7 @@ from torch import nn
 from blocktrace.config import BlockConfig
 from blocktrace.model.init import apply_deepnorm_beta
 from blocktrace.model.stack import build_stack
-from blocktrace.vocab import Init, Placement
+from blocktrace.vocab import Axis, Init, Placement
 
 # The same role under another name: an MLP's first and last linear layers are SwiGLU's up and down.
 ALIASES = {"ffn.up.": "ffn.fc.", "ffn.down.": "ffn.proj."}
@@ -63,7 +63,7 @@ def build_variants(base: BlockConfig, axis: str, values: list[str], *, n_layers:
         source = build_stack(plain, n_layers, seed, init)
     variants = []
     for value in values:
-        config = base.replace(**{axis: value}, n_layers=n_layers)
+        config = base.replace(**{axis: field_value(axis, value)}, n_layers=n_layers)
         blocks = build_stack(config, n_layers, seed, init)
         unshared = []
         for block, origin in zip(blocks, source):
@@ -72,6 +72,11 @@ def build_variants(base: BlockConfig, axis: str, values: list[str], *, n_layers:
                 apply_deepnorm_beta(block)
         variants.append(Variant(value, config, blocks, unshared))
     return variants
+
+
+def field_value(axis: str, value: str):
+    """The BlockConfig value of an axis value as compare names it."""
+    return value == "on" if axis == Axis.QK_NORM.value else value
 
 
 def difference(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -89,6 +94,13 @@ _WHERE = {
             "after every sublayer",
     "deepnorm": "deepnorm: post-LN with the stream multiplied by α before each add (and the FFN, V and O "
                 "weights scaled by β at init), so each update is small against the stream",
+    "sandwich": "sandwich (Peri-LN, Gemma-2): a norm before and after each sublayer; the stream carries x plus "
+                "normalised updates, so each update has a bounded size while the stream itself is never rescaled",
+}
+_QK_NORMS = {
+    "off": "qk_norm off: q·k grows with the size of q and k, and so can the attention logits",
+    "on": "qk_norm on: each head's q and k are RMS-normalised before RoPE (Qwen3, Dehghani et al. 2023), which "
+          "bounds the attention logits by the norms' gains",
 }
 _NORMS = {
     "layernorm": "layernorm subtracts each token's mean and divides by its std, then applies gain and shift",
@@ -100,6 +112,7 @@ _FFNS = {
     "gelu_tanh": "gelu_tanh: Linear, GPT-2's tanh approximation of GELU, Linear",
     "relu": "relu: Linear, max(0, x), Linear: negative pre-activations give exactly 0",
     "swiglu": "swiglu: down(silu(gate(x)) · up(x)): a gated unit with a third matrix, the gate",
+    "geglu": "geglu: down(gelu_tanh(gate(x)) · up(x)): Gemma's gated unit",
 }
 
 
@@ -111,7 +124,7 @@ def _output_rms(report: dict) -> float:
 
 def describe(axis: str, entries: list[dict], differences: Optional[dict]) -> list[str]:
     """A few sentences on what differs between the variants, with the measured numbers."""
-    texts = {"placement": _WHERE, "norm": _NORMS, "ffn": _FFNS}[axis]
+    texts = {"placement": _WHERE, "norm": _NORMS, "ffn": _FFNS, "qk_norm": _QK_NORMS}[axis]
     notes = [texts[entry["value"]] + "." for entry in entries]
     if differences is not None:
         sizes = ", ".join(f"{e['value']} {_output_rms(e['report']):.4f}" for e in entries)

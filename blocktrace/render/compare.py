@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from blocktrace.render.text import CONFIG_SHOWN, _shape, gradients_section, steps_table
+from blocktrace.render.text import _shape, config_settings, gradients_section, steps_table
 from blocktrace.vocab import Lang, ReportKind
 
 
@@ -12,7 +12,7 @@ def _title(report: dict) -> str:
     a, b = report["values"]
     variant = report["variants"][0]["report"]
     config = dict(variant["config"])
-    common = " ".join(f"{key}={config[key]}" for key in CONFIG_SHOWN if key in config and key != report["axis"])
+    common = config_settings(config, skip=report["axis"])
     lines = [f"blocktrace compare: {report['axis']} {a} vs {b}, same parameters, same input",
              f"common: {common}" + (f" seed={report['seed']}" if report["seed"] is not None else "")]
     if report["weights"]:
@@ -27,16 +27,20 @@ def _title(report: dict) -> str:
 
 
 def _block_table(report: dict, fmt: str) -> str:
+    """One row per step of either variant (sandwich wiring has two more), in the longer one's order."""
     (a, b), reports = report["values"], [v["report"] for v in report["variants"]]
     by_name = [{step["name"]: step for step in r["steps"]} for r in reports]
+    names = list(dict.fromkeys([*max(by_name, key=len), *by_name[0], *by_name[1]]))
     diffs = {d["name"]: d for d in report["differences"]["steps"]}
     rows = []
-    for step in reports[0]["steps"]:
-        other = by_name[1][step["name"]]
-        rows.append([step["name"],
-                     step["index"], step["operation"], step["stats"]["rms"], step["stats"]["std"],
-                     other["index"], other["operation"], other["stats"]["rms"], other["stats"]["std"],
-                     diffs[step["name"]]["max_abs_diff"], diffs[step["name"]]["cosine"]])
+    for name in names:
+        cells = []
+        for steps in by_name:
+            step = steps.get(name)
+            cells += ["", "", "", ""] if step is None else \
+                [step["index"], step["operation"], step["stats"]["rms"], step["stats"]["std"]]
+        diff = diffs.get(name, {})
+        rows.append([name, *cells, diff.get("max_abs_diff", ""), diff.get("cosine", "")])
     headers = ["step", f"{a} #", f"{a} operation", f"{a} rms", f"{a} std",
                f"{b} #", f"{b} operation", f"{b} rms", f"{b} std", "max|Δ|", "cosine"]
     return tabulate(rows, headers=headers, tablefmt=fmt, floatfmt=".4f")

@@ -31,6 +31,16 @@ def attention_dict(trace: Trace) -> Optional[dict]:
             "max_weight": a.max_weight, "max_logit": a.max_logit, "weights_first_sequence": a.preview}
 
 
+def measured_dict(trace: Trace) -> Optional[dict]:
+    """What the checks measured of the block: its causality (a user's block) and each norm's kind."""
+    probes = {step.name: step.probe or {} for step in trace.steps}
+    norms = {name: probe["norm_kind"].value for name, probe in probes.items() if "norm_kind" in probe}
+    attention = probes.get("attn", {})
+    if not norms and "causal_measured" not in attention:
+        return None
+    return {"causal": attention.get("causal_measured"), "causal_leak": attention.get("causal_leak"), "norms": norms}
+
+
 def gradients_dict(grads) -> Optional[dict]:
     if grads is None:
         return None
@@ -66,6 +76,7 @@ def block_report(source, trace: Trace, grads=None, flags=None) -> dict:
         "input": {**step_dict(0, trace.input), "source": source.note},
         "steps": _with_flags(steps, flags),
         "attention": attention_dict(trace),
+        "measured": measured_dict(trace),
         "attn_substeps": [step_dict(i, record) for i, record in enumerate(trace.substeps, start=1)] or None,
         "gradients": gradients_dict(grads),
         "flags": flags_dict(flags),

@@ -28,12 +28,24 @@ def _stat_cells(stats: dict) -> list:
 
 
 CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placement", "causal")
+# Shown too where they differ from BlockConfig's defaults: what makes a modern family's block its own.
+CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rotary_fraction", "qkv_bias", "qk_norm", "norm_offset",
+                 "attn_scale", "attn_softcap", "sliding_window", "parallel_residual")
+_DEFAULTS = {"rotary_fraction": 1.0, "qk_norm": False, "norm_offset": 0.0, "parallel_residual": False}
+
+
+def config_settings(config: dict, skip: str = "") -> str:
+    """key=value for the settings a reader needs: the core ones, and every other that is not a default."""
+    shown = [f"{key}={config[key]}" for key in CONFIG_SHOWN if key in config and key != skip]
+    shown += [f"{key}={config[key]:.4g}" if isinstance(config[key], float) else f"{key}={config[key]}"
+              for key in CONFIG_EXTRAS if key != skip and config.get(key) not in (None, _DEFAULTS.get(key))]
+    return " ".join(shown)
 
 
 def _header(report: dict, lang: Lang) -> str:
     words = HEADINGS[lang]
     config = report["config"]
-    settings = " ".join(f"{key}={config[key]}" for key in CONFIG_SHOWN if key in config)
+    settings = config_settings(config)
     if report["seed"] is not None:
         settings += f" seed={report['seed']}"
     lines = [f"blocktrace {report['blocktrace_version']}: {settings}"]
@@ -114,6 +126,16 @@ def values_section(report: dict, token_index: int, labels: Sequence[str], lang: 
     return title + "\n" + tabulate(rows, headers=["", *range(n)], tablefmt=fmt, floatfmt=".4f")
 
 
+def measured_line(measured: dict) -> str:
+    parts = []
+    if measured["causal"] is not None:
+        parts.append("causal (changing the last token moved no earlier output)" if measured["causal"] else
+                     f"NOT causal (changing the last token moved earlier outputs by {measured['causal_leak']:.3g})")
+    if measured["norms"]:
+        parts.append("norms: " + ", ".join(f"{name} {kind}" for name, kind in measured["norms"].items()))
+    return "measured: " + "; ".join(parts)
+
+
 def _substeps_title(entries: list) -> str:
     names = {entry["name"] for entry in entries}
     stages = ["as projected"] + (["after QK-norm"] if "attn.q_norm" in names else []) \
@@ -157,6 +179,8 @@ def render_run(
         parts.append(values_section(report, token_index, labels, lang, fmt))
     if report["attention"] is not None:
         parts.append(attention_section(report, labels, lang, fmt))
+    if report.get("measured"):
+        parts.append(measured_line(report["measured"]))
     if report.get("gradients"):
         parts.append(gradients_section(report["gradients"], fmt))
     if report.get("notes"):

@@ -17,6 +17,7 @@ import torch
 
 from blocktrace.errors import WeightsError
 from blocktrace.sources.configfile import ConfigFile
+from blocktrace.sources.hf_cache import resolve_weights
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 CONVERT_HINT = (
@@ -128,7 +129,7 @@ class Checkpoint:
     def __init__(self, path: Path):
         from safetensors import safe_open
 
-        self.path = Path(path)
+        self.path = resolve_weights(Path(path))
         self.directory = self.path if self.path.is_dir() else self.path.parent
         self._handles = {}
         self._file_of = {}

@@ -63,18 +63,18 @@ def random_input(seq_len: int, d_model: int, seed: int, batch: Optional[int]) ->
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed + 1))
 
 
-def parse_token_ids(text: str) -> list[list[int]]:
+def parse_token_ids(text: str, option: str = "--token-ids") -> list[list[int]]:
     """One sequence of ids, or several separated by "/" (a padded batch): "1 2 3 / 4 5"."""
     sequences = []
     for part in text.split("/"):
         words = part.replace(",", " ").split()
         if not words:
-            raise UsageError("--token-ids needs at least one id in every sequence, e.g. --token-ids 464 3797 318 "
+            raise UsageError(f"{option} needs at least one id in every sequence, e.g. {option} 464 3797 318 "
                              "(several sequences: 464 3797 / 318)")
         try:
             sequences.append([int(word) for word in words])
         except ValueError:
-            raise UsageError(f"--token-ids takes integers, not {text!r}") from None
+            raise UsageError(f"{option} takes integers, not {text!r}") from None
     return sequences
 
 

@@ -78,8 +78,10 @@ def _materialise_buffers(block: TransformerBlock) -> None:
 
 
 def embed_token_ids(checkpoint: Checkpoint, info: ModelInfo, token_ids: list[int],
-                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                    dtype: torch.dtype = torch.float32, token_types: Optional[list[int]] = None) -> torch.Tensor:
     """The model's own embedding of the ids, `[T, d]`, reading only the rows needed."""
+    if token_types is not None:
+        _check_token_types(checkpoint, info, token_ids, token_types)
     if f"{info.prefix}{info.family.embedding_key}" not in checkpoint:
         raise WeightsError(f"{checkpoint.path} has no embeddings ({info.prefix}{info.family.embedding_key}): "
                            "use --input with a hidden-state tensor instead of token ids")
@@ -89,7 +91,20 @@ def embed_token_ids(checkpoint: Checkpoint, info: ModelInfo, token_ids: list[int
                          f"0–{info.vocab_size - 1}")
     if info.n_positions is not None and len(token_ids) > info.n_positions:
         raise UsageError(f"{len(token_ids)} tokens exceed the model's {info.n_positions} positions")
-    return info.family.embed(checkpoint, info, token_ids, dtype)
+    return info.family.embed(checkpoint, info, token_ids, dtype, token_types)
+
+
+def _check_token_types(checkpoint: Checkpoint, info: ModelInfo, token_ids: list[int], token_types: list[int]) -> None:
+    if not info.family.token_types:
+        raise UsageError(f"--token-type-ids: {info.layout} checkpoints have no token types (BERT's segment ids)")
+    if len(token_types) != len(token_ids):
+        raise UsageError(f"--token-type-ids gives {len(token_types)} types for {len(token_ids)} tokens: give one per "
+                         "token")
+    kinds = checkpoint.shape(f"{info.prefix}embeddings.token_type_embeddings.weight")[0]
+    bad = sorted({t for t in token_types if not 0 <= t < kinds})
+    if bad:
+        raise UsageError(f"--token-type-ids {bad} are out of range: the checkpoint has {kinds} token types: "
+                         f"0–{kinds - 1}")
 
 
 def hidden_state_before(checkpoint: Checkpoint, info: ModelInfo, native_config: BlockConfig,

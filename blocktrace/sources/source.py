@@ -104,7 +104,11 @@ def _seeded(request: RunRequest, config: BlockConfig, budget: Budget) -> Source:
 def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     from blocktrace.sources.checkpoint import Checkpoint
     from blocktrace.sources.families import SIZE_FIELDS, checkpoint_config, model_info
-    from blocktrace.sources.loader import check_layer, embed_token_ids, hidden_state_before
+    from blocktrace.sources.loader import (
+        check_layer,
+        embed_token_ids,
+        hidden_state_before,
+    )
     from blocktrace.sources.tokenizer import encode_text, token_labels
 
     inputs = request.inputs
@@ -128,12 +132,14 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
         return Source(config, x, None, f"tensor from {inputs.input_path}", **common)
     sequences = [encode_text(checkpoint.directory, inputs.text)] if inputs.text is not None \
         else parse_token_ids(inputs.token_ids)
+    types = _token_types(inputs, sequences)
     if len(sequences) > 1 and inputs.batch is not None:
         raise UsageError("--batch and several --token-ids sequences both set the batch: use one of them")
     pad_id = info.config.integer("pad_token_id", 0, positive=False) if info.config is not None else 0
     padded, mask = pad_sequences(sequences, pad_id or 0)
     budget(config, Shape(inputs.batch or len(padded), len(padded[0])))
-    x = torch.stack([embed_token_ids(checkpoint, info, ids, dtype) for ids in padded])
+    padded_types = [None] * len(padded) if types is None else pad_sequences(types, 0)[0]
+    x = torch.stack([embed_token_ids(checkpoint, info, ids, dtype, kinds) for ids, kinds in zip(padded, padded_types)])
     x = (x[0] if mask is None else x).to(resolve_device(request.device))  # earlier layers run there too
     device_mask = None if mask is None else mask.to(x.device)
     x = hidden_state_before(checkpoint, info, native, x, request.layer, dtype, key_mask=device_mask)
@@ -145,6 +151,16 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     source = Source(config, with_batch(x, inputs.batch, "the token ids"), labels, note, token_mask=mask, **common)
     source.notes += [label_note] if label_note else []
     return source
+
+
+def _token_types(inputs, sequences: list[list[int]]) -> Optional[list[list[int]]]:
+    if inputs.token_types is None:
+        return None
+    types = parse_token_ids(inputs.token_types, "--token-type-ids")
+    if len(types) != len(sequences) or any(len(t) != len(s) for t, s in zip(types, sequences)):
+        raise UsageError(f"--token-type-ids must give one type per token, sequence by sequence: "
+                         f"{[len(s) for s in sequences]} tokens, {[len(t) for t in types]} types")
+    return types
 
 
 def _on_device(source: Source, request: RunRequest) -> Source:

@@ -15,6 +15,7 @@ import torch
 
 from blocktrace.tracing.steps import RESIDUAL_SOURCES, Layout, StepSpec, resolve
 from blocktrace.vocab import FFNKind
+
 MASSIVE_ABS = 100.0  # Sun et al. 2024: massive activations exceed 100 in magnitude
 
 

@@ -18,7 +18,11 @@ from typing import Optional
 import torch
 
 from blocktrace.tracing.probes import ProbeContext, ffn_probe, step_probe
-from blocktrace.tracing.stats import attention_chunk_stats, tensor_moments, weights_only_stats
+from blocktrace.tracing.stats import (
+    attention_chunk_stats,
+    tensor_moments,
+    weights_only_stats,
+)
 from blocktrace.tracing.steps import Layout, StepSpec, resolve
 from blocktrace.vocab import Capture
 

@@ -88,8 +88,7 @@ class Trace:
         """The block's settings: its config, or what is known of a user's block."""
         if self.config is not None:
             return self.config.to_dict()
-        causal = self.attention.causal if self.attention is not None else None
-        return {"module": self.layout, "placement": self.placement.value, "causal": causal}
+        return {"module": self.layout, "placement": self.placement.value, "causal": self.expected_causal}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Kept tensors by their step names, plus `x` and `attn_weights` (needs keep_tensors)."""

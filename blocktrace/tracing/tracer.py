@@ -9,6 +9,7 @@ hooks, so no full activation outlives its step unless the caller asks to keep te
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -17,7 +18,12 @@ from torch import nn
 from blocktrace.config import BlockConfig
 from blocktrace.errors import InputError
 from blocktrace.tracing.behaviour import measure_causality, measure_norm
-from blocktrace.tracing.calling import Call, eager_attention, huggingface_call, is_huggingface
+from blocktrace.tracing.calling import (
+    Call,
+    eager_attention,
+    huggingface_call,
+    is_huggingface,
+)
 from blocktrace.tracing.recorder import HookFailure, Pending, Recorder, first_tensor
 from blocktrace.tracing.records import AttentionSummary, Stats, StepRecord, Trace
 from blocktrace.tracing.stats import stats_from_moments
@@ -49,6 +55,7 @@ def trace(
     placement: Placement = Placement.PRE,
     forward_kwargs: Optional[dict] = None,
     token_mask: Optional[torch.Tensor] = None,
+    expect_causal: Optional[bool] = None,
 ) -> Trace:
     """Run `block` on `x` once with every step hooked; return the steps in execution order.
 
@@ -63,12 +70,17 @@ def trace(
     forward_kwargs: extra arguments of the block's forward (masks, position embeddings).
     token_mask: [B, T] bool, False at padding: statistics and attention diagnostics leave the
     padded positions out (our attention also gives padded keys no weight: see key_mask).
+    expect_causal: what a user's block is meant to be, when its layout does not say (a known
+    decoder layout is meant to be causal); with checks, a measured leak in a block meant to be
+    causal is an error.
 
     An exception from the block's own forward (a user's block) is raised as InputError naming
     it; one from blocktrace's hooks is a bug in blocktrace and propagates as it is.
     """
     own = is_own_block(block)
     layout = own_layout(block) if own else user_layout(block, steps, Placement(placement))
+    if expect_causal is not None and not own:
+        layout = dataclasses.replace(layout, causal=expect_causal)
     call = _call(block, layout, own, x, forward_kwargs, token_mask)
     if call.batched and x.dim() == 2:
         x = x.unsqueeze(0)

@@ -14,8 +14,7 @@ from blocktrace.config import BlockConfig
 from blocktrace.errors import ConfigError, UsageError, WeightsError
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import Family, ModelInfo
-from blocktrace.sources.families.base import refuse_quantised
+from blocktrace.sources.families.base import Family, ModelInfo, refuse_quantised
 from blocktrace.sources.families.bert import BERT
 from blocktrace.sources.families.gemma import Gemma, Gemma2
 from blocktrace.sources.families.gpt2 import GPT2

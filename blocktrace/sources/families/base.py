@@ -77,7 +77,10 @@ class Family:
     def parameters(self, read: Reader, config: BlockConfig) -> dict:
         raise NotImplementedError
 
-    def embed(self, checkpoint: Checkpoint, info: ModelInfo, ids: list[int], dtype) -> torch.Tensor:
+    token_types = False  # whether the embeddings add a token type (segment) row: BERT
+
+    def embed(self, checkpoint: Checkpoint, info: ModelInfo, ids: list[int], dtype,
+              token_types: Optional[list[int]] = None) -> torch.Tensor:
         return checkpoint.get(f"{info.prefix}{self.embedding_key}", dtype, rows=ids)
 
     def check(self, config: BlockConfig) -> None:

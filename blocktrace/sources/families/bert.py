@@ -6,7 +6,14 @@ from __future__ import annotations
 from torch.nn import functional as F
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import Family, Reader, activation, linear, refuse_unless, size
+from blocktrace.sources.families.base import (
+    Family,
+    Reader,
+    activation,
+    linear,
+    refuse_unless,
+    size,
+)
 from blocktrace.vocab import FFNKind, Norm, Placement
 
 ACTIVATIONS = {"gelu": FFNKind.GELU, "gelu_python": FFNKind.GELU, "gelu_new": FFNKind.GELU_TANH,
@@ -50,12 +57,14 @@ class BERT(Family):
                 **linear(read, "output.dense", "ffn.proj", d, f, True),
                 **self._layer_norm(read, "output.LayerNorm", "norm2", d)}
 
-    def embed(self, checkpoint, info, ids, dtype):
-        """word + position + token type 0, then the embedding LayerNorm, as BertEmbeddings does."""
+    token_types = True
+
+    def embed(self, checkpoint, info, ids, dtype, token_types=None):
+        """word + position + token type (0 unless given), then the embedding LayerNorm, as BertEmbeddings does."""
         base = f"{info.prefix}embeddings."
         x = (super().embed(checkpoint, info, ids, dtype)
              + checkpoint.get(base + "position_embeddings.weight", dtype, rows=slice(0, len(ids)))
-             + checkpoint.get(base + "token_type_embeddings.weight", dtype, rows=[0]))
+             + checkpoint.get(base + "token_type_embeddings.weight", dtype, rows=token_types or [0]))
         weight = _either(checkpoint, base + "LayerNorm.weight", base + "LayerNorm.gamma", dtype)
         bias = _either(checkpoint, base + "LayerNorm.bias", base + "LayerNorm.beta", dtype)
         eps = info.config.number("layer_norm_eps", 1e-12, positive=True) if info.config else 1e-12

@@ -35,7 +35,7 @@ class Gemma(Llama):
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": config.boolean("attention_bias", False)}
 
-    def embed(self, checkpoint, info, ids, dtype):
+    def embed(self, checkpoint, info, ids, dtype, token_types=None):
         """Gemma scales the embedding by √d_model, in the embedding's own dtype."""
         import torch
 

@@ -8,7 +8,13 @@ views, not copies (the GEMM reads a transposed operand as fast, and loading stay
 from __future__ import annotations
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import Family, activation, linear, refuse_unless, size
+from blocktrace.sources.families.base import (
+    Family,
+    activation,
+    linear,
+    refuse_unless,
+    size,
+)
 from blocktrace.vocab import FFNKind, Norm
 
 ACTIVATIONS = {"gelu_new": FFNKind.GELU_TANH, "gelu_fast": FFNKind.GELU_TANH, "gelu_pytorch_tanh": FFNKind.GELU_TANH,
@@ -48,7 +54,7 @@ class GPT2(Family):
             state[f"attn.{name}.bias"] = qkv_bias[index * d : (index + 1) * d]
         return state
 
-    def embed(self, checkpoint, info, ids, dtype):
+    def embed(self, checkpoint, info, ids, dtype, token_types=None):
         positions = checkpoint.get(f"{info.prefix}wpe.weight", dtype, rows=slice(0, len(ids)))
         return super().embed(checkpoint, info, ids, dtype) + positions
 

@@ -13,7 +13,13 @@ from typing import Optional
 
 from blocktrace.errors import UsageError, WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import Family, linear, refuse_unless, rope_fields, size
+from blocktrace.sources.families.base import (
+    Family,
+    linear,
+    refuse_unless,
+    rope_fields,
+    size,
+)
 from blocktrace.vocab import FFNKind, Norm
 
 SLIDING = "sliding_attention"

@@ -9,7 +9,13 @@ mlp(ln2(x)), in which both branches read the same stream.
 from __future__ import annotations
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import Family, activation, linear, rope_fields, size
+from blocktrace.sources.families.base import (
+    Family,
+    activation,
+    linear,
+    rope_fields,
+    size,
+)
 from blocktrace.vocab import FFNKind, Norm, Placement
 
 ACTIVATIONS = {"gelu": FFNKind.GELU, "gelu_python": FFNKind.GELU, "gelu_new": FFNKind.GELU_TANH,

@@ -1,0 +1,155 @@
+"""HF layers and users' blocks through `--module`: called as their model calls them, measured for
+what they really do (causality, norm kind), never crashing where weights are not visible."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import torch
+
+from blocktrace.tracing.tracer import trace
+
+BLOCKS = textwrap.dedent('''
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+    import transformers
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+    from transformers.models.bert.modeling_bert import BertLayer
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    def gpt2():
+        torch.manual_seed(0)
+        return GPT2Block(transformers.GPT2Config(n_embd=16, n_head=4), layer_idx=0)
+
+    def bert():
+        torch.manual_seed(0)
+        return BertLayer(transformers.BertConfig(hidden_size=16, num_attention_heads=4, intermediate_size=32))
+
+    def llama():
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2,
+                                          intermediate_size=32)
+        return LlamaDecoderLayer(config, layer_idx=0)
+
+    class CausalSelfAttention(nn.Module):  # nanoGPT's
+        def __init__(self, causal=True):
+            super().__init__()
+            self.c_attn, self.c_proj, self.causal = nn.Linear(16, 48), nn.Linear(16, 16), causal
+
+        def forward(self, x):
+            b, t, c = x.size()
+            q, k, v = (z.view(b, t, 4, c // 4).transpose(1, 2) for z in self.c_attn(x).split(c, dim=2))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+    class Block(nn.Module):  # nanoGPT's Block
+        def __init__(self, causal=True):
+            super().__init__()
+            self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(16), CausalSelfAttention(causal), nn.LayerNorm(16)
+            self.mlp = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    def nano():
+        torch.manual_seed(0)
+        return Block()
+
+    def nano_no_mask():
+        torch.manual_seed(0)
+        return Block(causal=False)
+
+    class RMSNorm(nn.Module):  # seed 001's, written by hand
+        def __init__(self, dim, eps=1e-6):
+            super().__init__()
+            self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+        def forward(self, x):
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    class RMSBlock(Block):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.ln_2 = RMSNorm(16), RMSNorm(16)
+
+    def custom_rmsnorm():
+        torch.manual_seed(0)
+        return RMSBlock()
+''')
+
+
+@pytest.fixture
+def blocks(tmp_path, monkeypatch):
+    (tmp_path / "hfblocks.py").write_text(BLOCKS)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("factory", ["gpt2", "bert", "llama", "nano", "custom_rmsnorm"])
+@pytest.mark.parametrize("extra", [[], ["--batch", "2"], ["--dtype", "float64"]])
+def test_hf_and_user_blocks_run_and_check_cleanly(invoke, blocks, factory, extra):
+    run = invoke("run", "--module", f"hfblocks:{factory}", "--tokens", "猫", "吃", "鱼", "!", *extra)
+    assert run.exit_code == 0, run.output
+    assert "Traceback" not in run.output and "block_shape_preserved=True" in run.stdout
+    report = json.loads(invoke("run", "--module", f"hfblocks:{factory}", "--seq-len", "5", "--json", *extra).stdout)
+    assert {s["dtype"] for s in report["steps"]} == {"float64" if "float64" in extra else "float32"}
+    check = invoke("check", "--module", f"hfblocks:{factory}", "--seq-len", "6", *extra)
+    assert check.exit_code == 0, check.output
+
+
+def test_a_gpt2_block_gets_its_causal_mask(invoke, blocks):
+    report = json.loads(invoke("run", "--module", "hfblocks:gpt2", "--seq-len", "6", "--json").stdout)
+    assert report["attention"]["future_weight_sum"] == 0.0
+    assert any("called as its model calls it: causal mask" in note for note in report["notes"])
+
+
+def test_where_weights_are_not_visible_the_table_and_plot_say_so(invoke, blocks):
+    text = invoke("run", "--module", "hfblocks:nano", "--tokens", "a", "b", "c").stdout
+    assert "attention weights are not visible" in text
+    plot = blocks / "p.png"
+    result = invoke("run", "--module", "hfblocks:nano", "--plot", str(plot))
+    assert result.exit_code == 0 and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_missing_causal_mask_in_a_users_block_is_an_error(invoke, blocks):
+    result = invoke("check", "--module", "hfblocks:nano_no_mask", "--seq-len", "6")
+    assert result.exit_code == 1 and "ERROR: causal_leak at attn" in result.stdout
+    assert "perturbing the last token moved earlier outputs" in result.stdout
+
+
+def test_a_hand_written_rmsnorm_is_measured_as_rmsnorm(blocks):
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(blocks))
+    try:
+        block = importlib.import_module("hfblocks").custom_rmsnorm().eval()
+    finally:
+        sys.path.remove(str(blocks))
+        sys.modules.pop("hfblocks", None)
+    traced = trace(block, torch.randn(1, 6, 16), checks=True)
+    for step in ("norm1", "norm2"):
+        assert traced.step(step).probe["norm_kind"].value == "rmsnorm"
+    layernormed = trace(torch.nn.Identity(), torch.randn(6, 16), checks=True,
+                        steps={"norm1": "", "attn": "", "norm2": "", "ffn": ""})
+    assert layernormed.step("norm1").probe["norm_kind"].value == "none"
+
+
+def test_a_failure_inside_blocktrace_is_not_blamed_on_the_users_forward(invoke, blocks, monkeypatch):
+    import blocktrace.tracing.recorder as recorder
+
+    calls, original = [], recorder.tensor_moments
+
+    def broken_inside_the_forward(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:  # the first call measures the input, before the forward; the rest run in hooks
+            raise ZeroDivisionError("a bug in blocktrace")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(recorder, "tensor_moments", broken_inside_the_forward)
+    with pytest.raises(ZeroDivisionError, match="a bug in blocktrace"):
+        invoke("run", "--module", "hfblocks:nano")

@@ -1,0 +1,219 @@
+"""Mistral, Qwen2, Qwen3, Gemma, Gemma-2, GPT-NeoX and Phi-3: every step of blocktrace's block,
+read from HF's own checkpoint layout, equals what HuggingFace computes at the same place; and
+each HF decoder layer, traced bare, equals itself inside its model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from blocktrace.errors import WeightsError
+from blocktrace.sources.checkpoint import Checkpoint
+from blocktrace.sources.families import checkpoint_config, model_info
+from blocktrace.sources.loader import embed_token_ids, hidden_state_before, load_block
+from blocktrace.tracing.tracer import trace
+from helpers import capture, randomise_hf
+
+IDS = [3, 14, 15, 92, 65, 35, 8, 42, 7]  # 9 tokens: longer than the sliding windows below
+SMALL = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=3, vocab_size=101,
+             max_position_embeddings=64, attn_implementation="eager")
+LLAMA_PLACES = {"norm1": ("input_layernorm", "out"), "attn": ("self_attn", "out"),
+                "attn_weights": ("self_attn", "weights"), "residual1": ("post_attention_layernorm", "in"),
+                "norm2": ("post_attention_layernorm", "out"), "ffn": ("mlp", "out"), "residual2": ("", "out")}
+GEMMA2_PLACES = {"norm1": ("input_layernorm", "out"), "attn": ("self_attn", "out"),
+                 "attn_weights": ("self_attn", "weights"), "post_attn_norm": ("post_attention_layernorm", "out"),
+                 "residual1": ("pre_feedforward_layernorm", "in"), "norm2": ("pre_feedforward_layernorm", "out"),
+                 "ffn": ("mlp", "out"), "post_ffn_norm": ("post_feedforward_layernorm", "out"), "residual2": ("", "out")}
+NEOX_PLACES = {"norm1": ("input_layernorm", "out"), "attn": ("attention", "out"),
+               "attn_weights": ("attention", "weights"), "norm2": ("post_attention_layernorm", "out"),
+               "ffn": ("mlp", "out"), "residual2": ("", "out")}
+
+FAMILIES = {
+    "mistral": ("MistralForCausalLM", "MistralConfig", dict(num_key_value_heads=2, sliding_window=4), LLAMA_PLACES),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", dict(num_key_value_heads=2, use_sliding_window=True,
+                                                       sliding_window=4, max_window_layers=1), LLAMA_PLACES),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(num_key_value_heads=2, head_dim=16), LLAMA_PLACES),
+    "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(num_key_value_heads=1, head_dim=16), LLAMA_PLACES),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(num_key_value_heads=2, head_dim=8, sliding_window=4,
+                                                         query_pre_attn_scalar=12, attn_logit_softcapping=3.0),
+               GEMMA2_PLACES),
+    "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(rope_parameters={"rope_type": "default",
+                 "rope_theta": 500.0, "partial_rotary_factor": 0.5}), NEOX_PLACES),
+    "gpt_neox sequential": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(use_parallel_residual=False), NEOX_PLACES),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(num_key_value_heads=2, sliding_window=5, pad_token_id=0,
+                                                   eos_token_id=1, bos_token_id=1), LLAMA_PLACES),
+}
+
+
+def build(name: str):
+    import transformers
+
+    model_class, config_class, extra, places = FAMILIES[name]
+    config = getattr(transformers, config_class)(**SMALL, **extra)
+    model = getattr(transformers, model_class)(config).eval()
+    randomise_hf(model, seed=sum(map(ord, name)))
+    return model, places
+
+
+def layers_of(model):
+    base = model.gpt_neox if hasattr(model, "gpt_neox") else model.model
+    return base, base.layers
+
+
+def reference(model, places: dict, layer: int, ids: list[int]) -> dict:
+    base, layers = layers_of(model)
+    block = layers[layer]
+    seen = capture(model, {name: (block.get_submodule(path) if path else block, where)
+                           for name, (path, where) in places.items()}, ids)
+    if "residual1" not in seen:  # a parallel residual never forms x + attn_out: it is the sum of HF's own values
+        seen["residual1"] = seen["hidden_states"][layer] + seen["attn"]
+    return seen
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    model, places = build(request.param)
+    directory = tmp_path_factory.mktemp(request.param.replace(" ", "_"))
+    model.save_pretrained(directory)
+    return request.param, directory, model, places
+
+
+@pytest.mark.parametrize("layer", [0, 1, 2])
+def test_every_step_matches_huggingface(family, layer):
+    name, directory, model, places = family
+    expected = reference(model, places, layer, IDS)
+    checkpoint = Checkpoint(directory)
+    info = model_info(checkpoint)
+    assert info.layout == name.split()[0]
+    block = load_block(checkpoint, info, layer, checkpoint_config(checkpoint, info, {}))
+    traced = trace(block, expected["hidden_states"][layer][0], keep_tensors=True).tensors()
+    for step in (*places, "residual1"):
+        delta = (traced[step] - expected[step][0]).abs().max().item()
+        assert delta <= 1e-5, f"{name} layer {layer} {step}: max |Δ| {delta}"
+
+
+def test_token_ids_give_the_input_huggingface_feeds_each_block(family):
+    name, directory, model, places = family
+    hidden = reference(model, places, 0, IDS)["hidden_states"]
+    checkpoint = Checkpoint(directory)
+    info = model_info(checkpoint)
+    config = checkpoint_config(checkpoint, info, {})
+    embedded = embed_token_ids(checkpoint, info, IDS)
+    for layer in range(3):
+        x = hidden_state_before(checkpoint, info, config, embedded, layer)
+        assert (x - hidden[layer][0]).abs().max().item() <= 1e-5, (name, layer)
+
+
+def test_the_hf_layer_traced_bare_equals_itself_inside_its_model(family):
+    """Called the way its model calls it: causal mask (with the sliding window), positions, rotary."""
+    name, _, model, places = family
+    layer = 2
+    expected = reference(model, places, layer, IDS)
+    _, layers = layers_of(model)
+    for x in (expected["hidden_states"][layer][0], expected["hidden_states"][layer]):  # unbatched, batched
+        traced = trace(layers[layer], x, keep_tensors=True, checks=True)
+        ours = traced.tensors()
+        for step in (*places, "residual1"):
+            delta = (ours[step].reshape(expected[step].shape) - expected[step]).abs().max().item()
+            assert delta <= 1e-5, f"{name} {step}: max |Δ| {delta}"
+        assert traced.expected_causal is True and traced.attention.future_weight_sum == 0.0
+        assert traced.step("attn").probe["causal_measured"] is True
+
+
+def test_qk_norm_is_a_traced_substep(tmp_path):
+    model, places = build("qwen3")
+    model.save_pretrained(tmp_path)
+    base, layers = layers_of(model)
+    seen = capture(model, {"q_norm": (layers[1].self_attn.q_norm, "out"), "k_norm": (layers[1].self_attn.k_norm, "out")},
+                   IDS)
+    checkpoint = Checkpoint(tmp_path)
+    info = model_info(checkpoint)
+    block = load_block(checkpoint, info, 1, checkpoint_config(checkpoint, info, {}))
+    traced = trace(block, seen["hidden_states"][1][0], keep_tensors=True)
+    assert [s.name for s in traced.substeps] == ["attn.q", "attn.q_norm", "attn.q_rope", "attn.k", "attn.k_norm",
+                                                 "attn.k_rope"]
+    tensors = traced.tensors()
+    for name in ("q_norm", "k_norm"):  # HF: [B, T, H, hd]; ours: [H, T, hd]
+        assert (tensors[f"attn.{name}"] - seen[name][0].transpose(0, 1)).abs().max() <= 1e-5, name
+
+
+def _retyped(tmp_path, name: str, model_type: str):
+    model, _ = build(name)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["model_type"] = model_type
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+@pytest.mark.parametrize("name, leftover", [("qwen2", "self_attn.q_proj.bias"), ("qwen3", "self_attn.k_norm.weight"),
+                                            ("gemma2", "post_feedforward_layernorm.weight")])
+def test_a_checkpoint_read_as_llama_is_refused_by_its_tensors(tmp_path, name, leftover):
+    """Were config.json to say llama, the tensors Llama does not have still refuse the trace."""
+    checkpoint = Checkpoint(_retyped(tmp_path, name, "llama"))
+    info = model_info(checkpoint)
+    with pytest.raises(WeightsError, match=f"does not use: .*{leftover}"):
+        load_block(checkpoint, info, 0, checkpoint_config(checkpoint, info, {}))
+
+
+def test_unknown_model_types_and_llama_keys_without_config_are_refused(invoke, tmp_path):
+    target = _retyped(tmp_path / "olmo", "qwen3", "olmo2")
+    result = invoke("run", "--weights", str(target), "--token-ids", "1", "2")
+    assert result.exit_code == 1 and "model_type 'olmo2' is not supported" in result.stderr
+    bare = tmp_path / "bare"
+    model, _ = build("mistral")
+    model.save_pretrained(bare)
+    (bare / "config.json").unlink()
+    result = invoke("run", "--weights", str(bare), "--token-ids", "1", "2", "--heads", "4")
+    assert result.exit_code == 1 and "has no config.json" in result.stderr and "add the checkpoint's config.json" \
+        in result.stderr
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"quantization_config": {"quant_method": "gptq"}}, "quantised weights are not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope type 'yarn' is not supported"),
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention = True"),
+])
+def test_config_fields_blocktrace_does_not_implement_are_refused(invoke, tmp_path, change, message):
+    model, _ = build("gemma")
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(change)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = invoke("run", "--weights", str(tmp_path), "--token-ids", "1", "2")
+    assert result.exit_code == 1 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("name, operations", [
+    ("gemma2", ["attn_normed = RMSNorm[1+w](attn_out)", "ffn_normed = RMSNorm[1+w](ffn_out)"]),
+    ("gpt_neox", ["x_norm2 = LayerNorm(x)  (parallel: reads x, not x1)", "(= x + attn_out + ffn_out)"]),
+])
+def test_sandwich_and_parallel_wiring_in_the_table(invoke, tmp_path, name, operations):
+    model, _ = build(name)
+    model.save_pretrained(tmp_path)
+    text = invoke("run", "--weights", str(tmp_path), "--layer", "1", "--token-ids", "1", "2", "3").stdout
+    for operation in operations:
+        assert operation in text, text
+
+
+@pytest.mark.parametrize("sample, loader, places", [("gemma2-tiny", "Gemma2ForCausalLM", GEMMA2_PLACES),
+                                                    ("neox-tiny", "GPTNeoXForCausalLM", NEOX_PLACES)])
+def test_the_samples_load_in_huggingface_and_match(invoke, tmp_path, sample, loader, places):
+    import transformers
+    from safetensors.torch import load_file
+
+    from helpers import SAMPLES
+
+    model = getattr(transformers, loader).from_pretrained(SAMPLES / sample, attn_implementation="eager").eval()
+    ids = [4, 8, 15, 16, 23, 42]
+    expected = reference(model, places, 1, ids)
+    path = tmp_path / "t.safetensors"
+    result = invoke("run", "--weights", str(SAMPLES / sample), "--layer", "1", "--token-ids", *map(str, ids),
+                    "--save", str(path))
+    assert result.exit_code == 0, result.output
+    ours = load_file(str(path))
+    assert (ours["x"] - expected["hidden_states"][1][0]).abs().max() <= 1e-5
+    for step in (*places, "residual1"):
+        assert (ours[step] - expected[step][0]).abs().max() <= 1e-5, step
