@@ -106,9 +106,10 @@ def nano_block():
     (llama_layer, SIX, True),
     (nano_block, SIX, False),
 ])
-def test_known_blocks_trace_without_naming_steps(make, order, weights):
+@pytest.mark.parametrize("bare", [False, True], ids=["model's arguments given", "bare: blocktrace supplies them"])
+def test_known_blocks_trace_without_naming_steps(make, order, weights, bare):
     block, kwargs, expected = make()
-    traced = trace(block, X, keep_tensors=True, checks=True, forward_kwargs=kwargs)
+    traced = trace(block, X, keep_tensors=True, checks=True, forward_kwargs=None if bare else kwargs)
     assert [s.name for s in traced.steps] == order and traced.missing == []
     tensors = {s.name: s.tensor for s in traced.steps}
     for name, value in expected.items():

@@ -21,7 +21,7 @@ from blocktrace.errors import BlocktraceError
 GREEDY_OPTIONS = ("--tokens", "--token-ids", "--token-type-ids")
 # BlockConfig fields as the options that set them, so config errors name what to change.
 FIELD_OPTIONS = {"d_model": "--d-model", "n_heads": "--heads", "d_ff": "--d-ff", "eps": "--eps",
-                 "norm": "--norm", "ffn": "--ffn", "placement": "--pre-ln/--post-ln/--deepnorm"}
+                 "norm": "--norm", "ffn": "--ffn", "placement": "--pre-ln/--post-ln/--deepnorm/--sandwich"}
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 # click ≥ 8.2 raises this for a bare `blocktrace`; older versions print the help themselves.
 NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
