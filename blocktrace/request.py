@@ -24,11 +24,13 @@ class InputSpec:
     token_ids: Optional[str] = None  # --token-ids 1 2 3 [/ 4 5]: through the checkpoint's embeddings
     token_types: Optional[str] = None  # --token-type-ids 0 0 1 [/ 0 1]: BERT's segment ids, one per token
     text: Optional[str] = None  # --text: the checkpoint's tokenizer
+    text_file: Optional[Path] = None  # --text-file: one sequence per line, through the checkpoint's tokenizer
     input_path: Optional[Path] = None  # --input FILE.safetensors: the exact block input
     seq_len: Optional[int] = None  # random input of this many tokens
     batch: Optional[int] = None  # a batch dimension of this size
 
-    OPTION_NAMES = {"tokens": "--tokens", "token_ids": "--token-ids", "text": "--text", "input_path": "--input"}
+    OPTION_NAMES = {"tokens": "--tokens", "token_ids": "--token-ids", "text": "--text", "text_file": "--text-file",
+                    "input_path": "--input"}
 
     def given(self) -> list[str]:
         """The options that give the input, as the user typed them."""

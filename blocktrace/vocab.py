@@ -114,6 +114,7 @@ class ReportKind(Choice):
     SWEEP = "sweep"  # --layers 6,8,... --grad: per depth
     COMPARE = "compare"  # two variants side by side
     DIFF = "diff"  # two trace files step by step
+    MODEL = "model"  # a checkpoint as a whole model: its layers, its loss
 
 
 class Axis(Choice):

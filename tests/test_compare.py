@@ -206,11 +206,11 @@ def test_stack_on_checkpoint_layers(invoke):
 def test_gradient_norms_are_the_norms_of_the_mean_gradient():
     from torch.nn import functional as F
 
-    from blocktrace.diagnose.grad import gradient_report, readout, zipf_targets
+    from blocktrace.diagnose.grad import gradient_report, readout, xiong_loss, zipf_targets
 
     blocks = build_stack(BlockConfig(d_model=8, n_heads=2), 2, seed=3)
     inputs = [torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(k)) for k in range(3)]
-    report = gradient_report(blocks, lambda k: inputs[k], seed=5, batches=3, final_norm=True)
+    report = gradient_report(blocks, lambda k: inputs[k], xiong_loss(8, 5, final_norm=True), batches=3)
     w2 = blocks[-1].ffn.proj.weight
     total = torch.zeros_like(w2)
     for k, x in enumerate(inputs):  # by hand: each batch's gradient of the documented loss, then the mean

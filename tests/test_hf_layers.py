@@ -117,7 +117,7 @@ def test_where_weights_are_not_visible_the_table_and_plot_say_so(invoke, blocks)
 
 def test_a_missing_causal_mask_in_a_users_block_is_an_error(invoke, blocks):
     result = invoke("check", "--module", "hfblocks:nano_no_mask", "--seq-len", "6")
-    assert result.exit_code == 1 and "ERROR: causal_leak at attn" in result.stdout
+    assert result.exit_code == 1 and "ERROR    causal_leak" in result.stdout and "most likely: mask" in result.stdout
     assert "perturbing the last token moved earlier outputs" in result.stdout
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
+from helpers import capture, randomise_hf
 
 from blocktrace.errors import WeightsError
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.families import checkpoint_config, model_info
 from blocktrace.sources.loader import embed_token_ids, hidden_state_before, load_block
 from blocktrace.tracing.tracer import trace
-from helpers import capture, randomise_hf
 
 IDS = [3, 14, 15, 92, 65, 35, 8, 42, 7]  # 9 tokens: longer than the sliding windows below
 SMALL = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=3, vocab_size=101,
@@ -202,9 +201,8 @@ def test_sandwich_and_parallel_wiring_in_the_table(invoke, tmp_path, name, opera
                                                     ("neox-tiny", "GPTNeoXForCausalLM", NEOX_PLACES)])
 def test_the_samples_load_in_huggingface_and_match(invoke, tmp_path, sample, loader, places):
     import transformers
-    from safetensors.torch import load_file
-
     from helpers import SAMPLES
+    from safetensors.torch import load_file
 
     model = getattr(transformers, loader).from_pretrained(SAMPLES / sample, attn_implementation="eager").eval()
     ids = [4, 8, 15, 16, 23, 42]

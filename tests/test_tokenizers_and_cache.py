@@ -8,9 +8,8 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from helpers import SAMPLES, make_bert
+from safetensors.torch import load_file
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "eats", "fish", "a", "dog", "drinks", "water", "."]
 

@@ -115,6 +115,7 @@ INPUT_OPTIONS = options(
     click.option("--token-ids", "token_ids_text", metavar="ID...", help="Token ids fed through the checkpoint's embeddings (and the blocks before --layer); several sequences separated by / form a padded batch, e.g. 1 2 3 / 4 5."),
     click.option("--token-type-ids", "token_types_text", metavar="ID...", help="BERT's token type (segment) ids, one per token of --token-ids or --text (several sequences separated by /).  [default: all 0]"),
     click.option("--text", default=None, help="Text tokenized by the tokenizer.json beside --weights (needs the [text] extra); the tokenizer's padding and truncation are switched off."),
+    click.option("--text-file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Many sequences, one per line of a UTF-8 file, through the tokenizer.json beside --weights: a padded batch (padding masked); lines longer than the model's positions become consecutive windows."),
     click.option("--input", "input_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Exact block input: a .safetensors file holding 'x' (or one tensor), [T, d] or [B, T, d]."),
 )
 
@@ -188,7 +189,7 @@ def make_request(ctx: click.Context, params: dict, **config_fields) -> RunReques
     if "placement" in config_fields and any(given(ctx, flag) for flag in PLACEMENT_FLAGS):
         explicit.add("placement")
     inputs = InputSpec(tokens=params["tokens_text"], token_ids=params["token_ids_text"],
-                       token_types=params["token_types_text"], text=params["text"],
+                       token_types=params["token_types_text"], text=params["text"], text_file=params["text_file"],
                        input_path=params["input_path"], seq_len=params["seq_len"], batch=params["batch"])
     return RunRequest(config_fields=fields, explicit=frozenset(explicit), inputs=inputs, seed=params["seed"],
                       init=Init(params["init"]), weights=params["weights"], layer=params["layer"],

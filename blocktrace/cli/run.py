@@ -24,6 +24,7 @@ from blocktrace.cli.options import (
     SAVE_OPTION,
     STEPS_OPTION,
     chosen_placement,
+    given,
     make_analysis,
     make_request,
 )
@@ -79,15 +80,14 @@ def run(ctx, **params):
 @COMPUTE_OPTIONS
 @DEPTH_OPTIONS
 @JSON_OPTION
-@SAVE_OPTION
-@_force_option("--save")
 @FAIL_ON_OPTION
 @MODULE_OPTIONS
 @click.pass_context
 def check(ctx, **params):
-    """Run the health checks and print only the findings, with what each means and what people
-    usually do about it; exit 1 when a finding reaches --fail-on (to guard a training script or
-    CI). Takes the block, input and checkpoint options of `run`."""
+    """Run the health checks and print the findings, a likely cause and advice; exit 1 when a
+    finding reaches --fail-on (to guard a training script or CI). With --weights: every layer of
+    the checkpoint (--layer / --layers narrow it) and the model's own loss (--grad: its gradients).
+    Takes the block, input and checkpoint options of `run`."""
     enforce(ctx, CHECK_RULES)
     _run(ctx, params, check_only=True)
 
@@ -115,7 +115,10 @@ def _run(ctx, params: dict, check_only: bool) -> None:
     analysis = make_analysis(params, keep_tensors=save_path is not None, n_values=params.get("n_values"),
                              token_index=params.get("token_index", 0), checks=True, placement=placement)
     _prepare_outputs(params)
-    report, traces, source = pipeline.run_request(request, analysis)
+    if check_only and request.weights is not None:
+        report, traces, source = pipeline.check_model_request(request, analysis, layer_given=given(ctx, "layer"))
+    else:
+        report, traces, source = pipeline.run_request(request, analysis)
     if save_path is not None:
         from blocktrace.sources.tracefile import save_trace
 

@@ -1,6 +1,7 @@
-"""Gradients at initialisation, with the loss of Xiong et al. 2020.
+"""Gradients: of a checkpoint's own loss (its head and labels), or, for seeded blocks at
+initialisation, of the loss of Xiong et al. 2020.
 
-The loss: the stack's output (after a parameter-free LayerNorm for Pre-LN, whose stream is
+Xiong's loss: the stack's output (after a parameter-free LayerNorm for Pre-LN, whose stream is
 not normalised, as GPT-2's ln_f does; Post-LN and DeepNorm outputs already are) is read out
 by a seeded random matrix W ∈ R^{V×d}, entries N(0, 1/d), and scored by cross-entropy against
 seeded targets drawn from a Zipf distribution over the V classes, p(k) ∝ 1/(k+1) — real
@@ -20,7 +21,7 @@ from typing import Callable
 import torch
 from torch.nn import functional as F
 
-from blocktrace.vocab import STEP_NAMES, WEIGHT_NAMES
+from blocktrace.vocab import WEIGHT_NAMES
 
 VOCAB = 256  # classes of the random readout
 
@@ -51,6 +52,25 @@ class GradientReport:
     batches: int
     step_norms: list[dict[str, float]] = field(default_factory=list)  # per layer: step -> ‖∂L/∂output‖
     weight_norms: list[dict[str, float]] = field(default_factory=list)  # per layer: matrix -> ‖mean ∂L/∂W‖_F
+    # per layer: parameter -> {"grad": ‖∂L/∂W‖, "weight": ‖W‖, "ratio": ‖∂L/∂W‖ / ‖W‖}
+    parameter_norms: list[dict[str, dict]] = field(default_factory=list)
+    loss_kind: str = "xiong"  # "xiong": the seeded readout of Xiong et al.; otherwise the model's own loss
+
+
+LossFn = Callable[[torch.Tensor, int], torch.Tensor]  # (the stack's output, batch k) -> scalar loss
+
+
+def xiong_loss(d_model: int, seed: int, final_norm: bool) -> LossFn:
+    """Xiong et al.'s readout: LayerNorm (Pre-LN streams), a seeded random matrix, Zipf targets."""
+    w_out = readout(d_model, seed)
+
+    def loss(x: torch.Tensor, k: int) -> torch.Tensor:
+        if final_norm:
+            x = F.layer_norm(x, x.shape[-1:])
+        logits = x @ w_out.to(x.device, x.dtype).T
+        targets = zipf_targets(logits.shape[:-1], torch.Generator().manual_seed(seed + 20_000 + k))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).to(logits.device))
+    return loss
 
 
 def _hook_step_outputs(blocks, sums: list[dict]) -> list:
@@ -65,11 +85,21 @@ def _hook_step_outputs(blocks, sums: list[dict]) -> list:
     return handles
 
 
-def gradient_report(blocks: list, make_batch: Callable[[int], torch.Tensor], *, seed: int,
-                    batches: int = 1, final_norm: bool = True) -> GradientReport:
-    """Backward passes through `blocks` on `batches` mini-batches; `make_batch(k)` gives input k."""
-    d_model = blocks[0].config.d_model
-    w_out = readout(d_model, seed)
+def _parameter_norms(block) -> dict[str, dict]:
+    norms = {}
+    for name, parameter in block.named_parameters():
+        if parameter.grad is None:
+            continue
+        grad = torch.linalg.vector_norm(parameter.grad.double()).item()
+        weight = torch.linalg.vector_norm(parameter.detach().double()).item()
+        norms[name] = {"grad": grad, "weight": weight, "ratio": grad / weight if weight > 0 else float("inf")}
+    return norms
+
+
+def gradient_report(blocks: list, make_batch: Callable[[int], torch.Tensor], loss_fn: LossFn, *,
+                    batches: int = 1, loss_kind: str = "xiong", key_mask=None) -> GradientReport:
+    """Backward passes through `blocks` on `batches` mini-batches; `make_batch(k)` gives input k and
+    `loss_fn(output, k)` its loss. Parameters' gradients are averaged over the batches."""
     parameters = [p for block in blocks for p in block.parameters()]
     saved_flags = [p.requires_grad for p in parameters]
     step_sums = [dict() for _ in blocks]
@@ -83,15 +113,12 @@ def gradient_report(blocks: list, make_batch: Callable[[int], torch.Tensor], *, 
             x = make_batch(k)
             for block in blocks:
                 x = block(x)
-            if final_norm:
-                x = F.layer_norm(x, x.shape[-1:])
-            logits = x @ w_out.to(x.device, x.dtype).T
-            targets = zipf_targets(logits.shape[:-1], torch.Generator().manual_seed(seed + 20_000 + k))
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).to(logits.device))
+            loss = loss_fn(x, k)
             (loss / batches).backward()  # gradients accumulate into the mean over batches
             losses.append(loss.detach())
         weight_norms = [{name: torch.linalg.vector_norm(w.grad.double()) for name, w in weight_matrices(b).items()}
                         for b in blocks]
+        parameter_norms = [_parameter_norms(block) for block in blocks]
     finally:
         for handle in handles:
             handle.remove()
@@ -101,7 +128,8 @@ def gradient_report(blocks: list, make_batch: Callable[[int], torch.Tensor], *, 
     return GradientReport(
         loss=torch.stack(losses).mean().item(),
         batches=batches,
-        step_norms=[{name: (sums[name] / batches).item() for name in STEP_NAMES if name in sums}
-                    for sums in step_sums],
+        step_norms=[{name: (sums[name] / batches).item() for name in sums} for sums in step_sums],
         weight_norms=[{name: value.item() for name, value in norms.items()} for norms in weight_norms],
+        parameter_norms=parameter_norms,
+        loss_kind=loss_kind,
     )

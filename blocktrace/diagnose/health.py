@@ -1,19 +1,37 @@
-"""Health checks: named flags, with thresholds from the literature, read off a trace.
+"""Health checks: named findings with cited thresholds and a likely cause, read off the traces.
 
 Each check looks at what the tracer recorded (step statistics, the attention summary and,
-with `checks=True`, the per-step probes in `StepRecord.probe`) and, with --grad, at the
-gradient report. A flag has a level: "error" (the block is broken or diverging), "warning"
-(unusual; often a symptom), or "info". README.md lists every flag, its threshold and source.
+with `checks=True`, the per-step probes and the measured behaviour), at the gradients of
+--grad, and for a checkpoint at the model's own loss and its weights. Every check is judged
+on both sides: an ERROR means broken or diverging, and a healthy trained model should raise
+none, nor any WARNING. Signals that trained models show in health — massive activations,
+sharp positional heads, large updates in early layers, dead ReLU units up to the levels
+reported in trained OPT — are INFO: context for a diagnosis, never a verdict on their own.
+README.md lists every check, its threshold, source, level and cause.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from blocktrace.tracing.behaviour import NormKind
-from blocktrace.vocab import Level
+from blocktrace.vocab import Choice, Level
+
+
+class Cause(Choice):
+    """What most likely went wrong: the fixed vocabulary of the diagnosis."""
+
+    LEARNING_RATE = "learning_rate"
+    INITIALISATION = "initialisation"
+    WARMUP = "warmup"
+    ARCHITECTURE = "architecture"
+    PRECISION = "precision"
+    MASK = "mask"
+    RESIDUAL = "residual"
+    NORM = "norm"
+    DATA = "data"
 
 
 @dataclass(frozen=True)
@@ -22,70 +40,104 @@ class Check:
     threshold: str
     source: str
     meaning: str
-    remedy: str
+    cause: Cause
 
+
+# Thresholds, each defined once and cited in CHECKS.
+LOGIT_WARNING, LOGIT_ERROR = 100.0, 1e4  # Wortsman et al. 2023
+SHARP_ENTROPY = 0.1  # a head below this share of uniform attention's entropy is sharp
+POSITIONAL = 0.5  # a sharp head putting this much weight on one position (first, self, previous) is positional
+DEAD_INFO, DEAD_ERROR = 0.7, 0.95  # Voita et al. 2023: > 70% dead units in healthy trained OPT layers
+DEAD_MIN_TOKENS = 64  # with fewer tokens a unit can look dead by chance
+RESIDUAL_MISMATCH = 1e-3
+UPDATE_SMALL, UPDATE_LARGE = 1e-3, 10.0
+MASSIVE_RATIO = 1000.0
+STREAM_GROWTH_ERROR = 100.0  # ‖x‖²/d growth past Xiong et al.'s 1 + 3l/2 bound, ×
+WEIGHT_GAIN_ERROR = 10.0  # std·√fan_in of a weight matrix: ≈ 0.5–1.5 at the usual inits
+FLOAT16_MAX = 65504.0
+LOSS_MARGIN = 0.5  # nats above log V: worse than predicting every token equally likely
+LOG_Z_ERROR = 1e3
+GRADIENT_RATIO = 1e3
 
 CHECKS = {check.name: check for check in [
     Check("non_finite", "any NaN or Inf in a step's output", "IEEE 754; the first step in execution order is the origin",
-          "this step produced NaN/Inf; if its inputs were finite, the fault is inside this step",
-          "look for a division by ~0, log of ≤ 0, overflow in half precision; lower the learning rate; "
-          "add gradient clipping"),
+          "this step produced NaN/Inf; if its inputs were finite, the fault is inside this step", Cause.LEARNING_RATE),
+    Check("precision_overflow", "a float16 checkpoint whose activations exceed float16's largest value, 65504",
+          "IEEE 754 half precision", "in float16 these values become Inf: the training run overflowed",
+          Cause.PRECISION),
     Check("norm_not_normalising", "rescaling each token by its own factor in [0.5, 4] changes the norm's output by "
           "more than 1% (relative rms): measured on the module, whatever its class",
           "definition of LayerNorm / RMSNorm: both are invariant to rescaling a token (Ba et al. 2016; "
           "Zhang & Sennrich 2019)",
           "the norm step does not normalise each token: it is missing, replaced, or applied over the wrong axis",
-          "check that the norm module is in the forward path and normalises the last dimension"),
-    Check("norm_gain_extreme", "rms of the effective gain (g, or 1 + w for Gemma) < 0.1 or > 10, measured on the module",
-          "rule of thumb: gains start at 1",
-          "the norm's learned gain has drifted far from 1, rescaling everything downstream",
-          "check weight decay on norm gains (usually excluded) and the learning rate"),
-    Check("attention_entropy_collapse", "a head's mean entropy < 0.1 nats (T ≥ 4)",
-          "Zhai et al. 2023, Stabilizing Transformer Training by Preventing Attention Entropy Collapse",
-          "the head puts almost all weight on one key; collapse preceded divergence in their runs",
-          "σReparam or QK-LayerNorm, a lower learning rate, longer warm-up"),
-    Check("attention_uniform", "a head's mean entropy ≥ 0.98 × that of uniform attention (T ≥ 4)",
-          "Zhai et al. 2023 (the opposite end); uniform = log T per row (log(i+1) when causal)",
-          "the head attends uniformly: it carries no positional or content preference (normal at initialisation)",
-          "nothing at initialisation; in a trained model, check that q and k get gradients"),
+          Cause.NORM),
+    Check("norm_gain_extreme", "rms of the effective gain (g, or 1 + w for Gemma) < 0.1 or > 10, measured on the "
+          "module (info: trained models have such gains)", "rule of thumb: gains start at 1",
+          "the norm's learned gain has drifted far from 1, rescaling everything downstream", Cause.LEARNING_RATE),
+    Check("causal_leak", "future_weight_sum > 1e-6 in a causal block, or an earlier output moving by more than 1e-4 "
+          "(relative) when the last token is perturbed", "definition of causal attention",
+          "tokens attend to later tokens although the block is causal: the mask is missing or misaligned",
+          Cause.MASK),
+    Check("residual_not_added", "‖output − (α·stream + update)‖ > 1e-3 · ‖output‖ at a residual step",
+          "definition of the residual connection (He et al. 2016)",
+          "the residual step does not return stream + update: the skip connection is missing or adds the wrong "
+          "tensor", Cause.RESIDUAL),
     Check("attention_logit_growth", "largest pre-softmax logit > 100 (warning), > 1e4 (error)",
           "Wortsman et al. 2023, Small-scale proxies for large-scale Transformer training instabilities "
           "(≈ 4–5 at init; runs with logits above 1e4 diverged)",
           "attention logits have grown large, so the softmax is saturated and its gradient vanishes",
-          "QK-LayerNorm (Dehghani et al. 2023), a lower learning rate, z-loss"),
-    Check("causal_leak", "future_weight_sum > 1e-6 in a causal block, or an earlier output moving by more than 1e-4 "
-          "(relative) when the last token is perturbed", "definition of causal attention",
-          "tokens attend to later tokens although the block is causal: the mask is missing or misaligned",
-          "apply the mask to the scores before the softmax, with -inf (or finfo.min) above the diagonal"),
-    Check("ffn_dead_units", "fraction of FFN hidden units never active over the batch > 0.5 (warning), > 0.9 (error)",
-          "Voita et al. 2023 (secondary report: > 70% dead units in trained OPT layers)",
-          "most FFN units output nothing for every token: they get no gradient and are wasted",
-          "check the FFN biases and the init; prefer GELU/SwiGLU to ReLU; lower the learning rate"),
-    Check("ffn_saturated", "fraction of FFN hidden activations in the flat region > 0.9",
+          Cause.LEARNING_RATE),
+    Check("attention_entropy_collapse", "at least half of a layer's heads below 0.1 × the entropy of uniform "
+          "attention, not explained by a positional pattern, with a logit above 100",
+          "Zhai et al. 2023, Stabilizing Transformer Training by Preventing Attention Entropy Collapse",
+          "most heads put all their weight on one key while the logits grow: collapse preceded divergence in "
+          "their runs", Cause.LEARNING_RATE),
+    Check("attention_sharp_head", "a head below 0.1 × the entropy of uniform attention (info)",
+          "Zhai et al. 2023: a single sharp head (previous-token, first-token sink) is a learned feature",
+          "the head attends to one key; with ≥ 50% of its weight on the first key, itself or the previous token "
+          "it is a positional head", Cause.LEARNING_RATE),
+    Check("attention_uniform", "a head's mean entropy ≥ 0.98 × that of uniform attention (info, T ≥ 4)",
+          "Zhai et al. 2023 (the opposite end); uniform = the mean of log(i+1) per query when causal",
+          "the head attends uniformly: it carries no positional or content preference (normal at initialisation)",
+          Cause.INITIALISATION),
+    Check("ffn_dead_units", "fraction of FFN hidden units never active over ≥ 64 tokens > 0.95 (error); > 0.7 "
+          "(info: seen in healthy trained OPT layers)",
+          "Voita et al. 2023, Neurons in Large Language Models: Dead, N-gram, Positional (> 70% dead in trained "
+          "OPT layers)", "almost every FFN unit outputs nothing for every token: they get no gradient and are "
+          "wasted", Cause.ARCHITECTURE),
+    Check("ffn_saturated", "fraction of FFN hidden activations in the flat region > 0.9 (info)",
           "activation-function definitions (ReLU ≤ 0; GELU/SiLU pre-activation < -4)",
-          "almost every hidden activation sits where the activation has ~zero slope",
-          "check the scale of the FFN input and of W1 / its bias"),
-    Check("residual_not_added", "‖output − (α·stream + update)‖ > 1e-3 · ‖output‖ at a residual step",
-          "definition of the residual connection (He et al. 2016)",
-          "the residual step does not return stream + update: the skip connection is missing or adds the wrong tensor",
-          "return x + sublayer(norm(x)) (Pre-LN): add the un-normalised stream"),
-    Check("update_too_small", "‖update‖ / ‖stream‖ < 1e-3 at a sublayer",
-          "Liu et al. 2020 (Admin): branch/stream balance", "the sublayer barely changes the stream: it is ignored",
-          "check that the sublayer's output projection is not zero-initialised forever"),
-    Check("update_too_large", "‖update‖ / ‖stream‖ > 10 at a sublayer", "Liu et al. 2020 (Admin)",
-          "the sublayer's update swamps the stream it is added to",
-          "scale the branch down (smaller init of the output projection, DeepNorm, Admin)"),
-    Check("massive_activation", "|x| > 100 and > 1000 × the median |x| of the hidden state",
+          "almost every hidden activation sits where the activation has ~zero slope", Cause.ARCHITECTURE),
+    Check("update_too_small", "‖update‖ / ‖stream‖ < 1e-3 at a sublayer (info)",
+          "Liu et al. 2020 (Admin): branch/stream balance", "the sublayer barely changes the stream",
+          Cause.INITIALISATION),
+    Check("update_too_large", "‖update‖ / ‖stream‖ > 10 at a sublayer (info: the first layers of trained models)",
+          "Liu et al. 2020 (Admin)", "the sublayer's update swamps the stream it is added to", Cause.INITIALISATION),
+    Check("massive_activation", "|x| > 100 and > 1000 × the median |x| of the hidden state (info)",
           "Sun et al. 2024, Massive Activations in Large Language Models",
-          "a few features are orders of magnitude above the rest (normal in some trained LLMs, a bug at init)",
-          "if unexpected: check for a missing norm or an exploding residual stream"),
-    Check("gradient_vanishing", "a step's ‖∂L/∂output‖ < 1e-3 × the largest step gradient norm in the stack",
-          "Xiong et al. 2020; Liu et al. 2020", "gradients shrink across steps or layers: early layers barely learn",
-          "Pre-LN wiring, a warm-up, residual scaling"),
-    Check("gradient_exploding", "a step's ‖∂L/∂output‖ > 1e3 × the smallest step gradient norm in the stack, "
-          "or any non-finite gradient", "Xiong et al. 2020 (Post-LN gradient growth near the output)",
-          "gradients grow across steps or layers: training steps will be unstable",
-          "learning-rate warm-up, gradient clipping, Pre-LN or DeepNorm"),
+          "a few features are orders of magnitude above the rest (normal in trained LLMs)", Cause.ARCHITECTURE),
+    Check("residual_explosion", "the median token's ‖x‖²/d grows past 100 × Xiong et al.'s bound (1 + 3l/2, "
+          "relative to the first layer's output) across the layers",
+          "Xiong et al. 2020, Lemma 2 (Pre-LN ‖x_l‖²/d ≤ 1 + 3l/2 at init); Wortsman et al. 2023",
+          "the residual stream grows by orders of magnitude from layer to layer: the model is diverging",
+          Cause.LEARNING_RATE),
+    Check("weight_scale", "the median matrix of a layer has std·√fan_in > 10 (a linear map amplifying its input "
+          "tenfold; ≈ 0.5–1.5 at the usual inits: N(0, 0.02), Xavier, 1/√d)",
+          "Glorot & Bengio 2010; Radford et al. 2019 (GPT-2: N(0, 0.02))",
+          "the weights are far larger than any usual initialisation", Cause.INITIALISATION),
+    Check("loss_above_uniform", "the model's loss > log V + 0.5 nats (V: the vocabulary)",
+          "definition: log V is the loss of predicting every token equally likely",
+          "the model predicts worse than an untrained uniform guess: its training failed", Cause.LEARNING_RATE),
+    Check("output_logit_drift", "the mean log Z = log Σ exp(logits) of the predictions beyond ±1000",
+          "Wortsman et al. 2023 (output-logit divergence; z-loss 1e-4·log²Z)",
+          "the output logits' normaliser has drifted far from 0: the output layer is diverging",
+          Cause.LEARNING_RATE),
+    Check("gradient_vanishing", "the first layer's step gradients < 1e-3 × the last layer's (with --grad)",
+          "Xiong et al. 2020; Liu et al. 2020", "gradients shrink towards the input: early layers barely learn",
+          Cause.WARMUP),
+    Check("gradient_exploding", "the first layer's step gradients > 1e3 × the last layer's, or any non-finite "
+          "gradient (with --grad)", "Xiong et al. 2020 (Post-LN gradients at initialisation)",
+          "gradients grow towards the input: training steps will be unstable", Cause.LEARNING_RATE),
 ]}
 
 
@@ -97,134 +149,220 @@ class Flag:
     layer: Optional[int]
     value: float
     detail: str
+    cause: Cause = Cause.LEARNING_RATE
 
     def to_dict(self) -> dict:
         check = CHECKS[self.name]
-        return {"name": self.name, "level": self.level.value, "step": self.step, "layer": self.layer,
-                "value": self.value, "detail": self.detail, "threshold": check.threshold, "source": check.source,
-                "meaning": check.meaning, "remedy": check.remedy}
+        return {"name": self.name, "level": self.level.value, "cause": self.cause.value, "step": self.step,
+                "layer": self.layer, "value": self.value, "detail": self.detail, "threshold": check.threshold,
+                "source": check.source, "meaning": check.meaning}
 
 
-def _uniform_entropy(t: int, causal: bool) -> float:
-    """Mean entropy of uniform attention over the keys each query may see."""
-    if causal:
-        return sum(math.log(i + 1) for i in range(t)) / t
-    return math.log(t)
+@dataclass
+class ModelEvidence:
+    """What a whole-model check adds to the traces: the loss, the weights, how the model is stored."""
+
+    loss: Optional[object] = None  # diagnose.loss.LossReport
+    weights: list[dict] = field(default_factory=list)  # per traced layer: matrix -> {std, norm, fan_in}
+    first_layer: int = 0
+    n_layers: int = 1
+    stored_dtype: str = "F32"
+    config: Optional[object] = None  # the checkpoint's BlockConfig
 
 
-def _step_flags(record, layer) -> list[Flag]:
+def flag(name: str, level: Level, step, layer, value: float, detail: str, cause: Optional[Cause] = None) -> Flag:
+    return Flag(name, level, step, layer, value, detail, cause or CHECKS[name].cause)
+
+
+def _step_flags(record, layer, stored_dtype: str) -> list[Flag]:
     flags = []
     probe = record.probe or {}
-    if record.stats.nan or record.stats.inf:
+    stats = record.stats
+    if stats.nan or stats.inf:
         finite_inputs = probe.get("inputs_finite")
-        detail = f"{record.stats.nan} NaN, {record.stats.inf} Inf"
-        if finite_inputs is not None:
-            detail += f"; inputs finite: {finite_inputs}"
-        flags.append(Flag("non_finite", Level.ERROR, record.name, layer, record.stats.nan + record.stats.inf, detail))
-    if "norm_kind" in probe:
-        if probe["norm_kind"] is NormKind.NONE:
-            flags.append(Flag("norm_not_normalising", Level.ERROR, record.name, layer, probe["scale_error"],
-                              f"rescaling each token changed the output by {probe['scale_error']:.3g} (relative rms)"))
-        gain = probe.get("gain_rms")
-        if gain is not None and not 0.1 <= gain <= 10:
-            flags.append(Flag("norm_gain_extreme", Level.WARNING, record.name, layer, gain,
-                              f"rms of the effective gain {gain:.3g}"))
-    if "residual_mismatch" in probe and probe["residual_mismatch"] > 1e-3:
-        flags.append(Flag("residual_not_added", Level.ERROR, record.name, layer, probe["residual_mismatch"],
+        detail = f"{stats.nan} NaN, {stats.inf} Inf" + (f"; inputs finite: {finite_inputs}"
+                                                      if finite_inputs is not None else "")
+        cause = Cause.PRECISION if stored_dtype in ("F16", "BF16") else None
+        flags.append(flag("non_finite", Level.ERROR, record.name, layer, stats.nan + stats.inf, detail, cause))
+    elif stored_dtype == "F16" and stats.absmax > FLOAT16_MAX:
+        flags.append(flag("precision_overflow", Level.ERROR, record.name, layer, stats.absmax,
+                          f"max |x| {stats.absmax:.4g} > {FLOAT16_MAX:g} in a float16 checkpoint"))
+    flags += _norm_flags(record, layer, probe)
+    flags += _residual_flags(record, layer, probe)
+    flags += _ffn_flags(record, layer, probe)
+    return flags
+
+
+def _norm_flags(record, layer, probe: dict) -> list[Flag]:
+    if "norm_kind" not in probe:
+        return []
+    if probe["norm_kind"] is NormKind.NONE:
+        return [flag("norm_not_normalising", Level.ERROR, record.name, layer, probe["scale_error"],
+                     f"rescaling each token changed the output by {probe['scale_error']:.3g} (relative rms)")]
+    gain = probe.get("gain_rms")
+    if gain is not None and not 0.1 <= gain <= 10:
+        return [flag("norm_gain_extreme", Level.INFO, record.name, layer, gain, f"rms of the effective gain {gain:.3g}")]
+    return []
+
+
+def _residual_flags(record, layer, probe: dict) -> list[Flag]:
+    flags = []
+    if probe.get("residual_mismatch", 0) > RESIDUAL_MISMATCH:
+        flags.append(flag("residual_not_added", Level.ERROR, record.name, layer, probe["residual_mismatch"],
                           f"‖output − (α·stream + update)‖ / ‖output‖ = {probe['residual_mismatch']:.3g}"))
-    if "update_ratio" in probe:
-        ratio = probe["update_ratio"]
-        if ratio < 1e-3:
-            flags.append(Flag("update_too_small", Level.WARNING, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}"))
-        elif ratio > 10:
-            flags.append(Flag("update_too_large", Level.WARNING, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}"))
-    if probe.get("massive_ratio") is not None and probe["massive_ratio"] > 1000 and record.stats.absmax > 100:
-        flags.append(Flag("massive_activation", Level.WARNING, record.name, layer, record.stats.absmax,
+    ratio = probe.get("update_ratio")
+    if ratio is not None and ratio < UPDATE_SMALL:
+        flags.append(flag("update_too_small", Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}"))
+    elif ratio is not None and ratio > UPDATE_LARGE:
+        flags.append(flag("update_too_large", Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}"))
+    if (probe.get("massive_ratio") or 0) > MASSIVE_RATIO:
+        flags.append(flag("massive_activation", Level.INFO, record.name, layer, record.stats.absmax,
                           f"max |x| {record.stats.absmax:.4g} = {probe['massive_ratio']:.4g} × median |x|"))
-    if "dead_fraction" in probe:
-        dead = probe["dead_fraction"]
-        if dead > 0.5:
-            flags.append(Flag("ffn_dead_units", Level.ERROR if dead > 0.9 else Level.WARNING, record.name, layer, dead,
-                              f"{dead:.1%} of {probe['units']} hidden units never active over {probe['tokens']} tokens"))
-        if probe["flat_fraction"] > 0.9:
-            flags.append(Flag("ffn_saturated", Level.WARNING, record.name, layer, probe["flat_fraction"],
-                              f"{probe['flat_fraction']:.1%} of hidden activations in the flat region"))
+    return flags
+
+
+def _ffn_flags(record, layer, probe: dict) -> list[Flag]:
+    if "dead_fraction" not in probe or probe["tokens"] < DEAD_MIN_TOKENS:
+        return []
+    flags, dead = [], probe["dead_fraction"]
+    if dead > DEAD_INFO:
+        level = Level.ERROR if dead > DEAD_ERROR else Level.INFO
+        flags.append(flag("ffn_dead_units", level, record.name, layer, dead,
+                          f"{dead:.1%} of {probe['units']} hidden units never active over {probe['tokens']} tokens"))
+    if probe["flat_fraction"] > 0.9:
+        flags.append(flag("ffn_saturated", Level.INFO, record.name, layer, probe["flat_fraction"],
+                          f"{probe['flat_fraction']:.1%} of hidden activations in the flat region"))
     return flags
 
 
 def _leak_flags(trace, record, layer) -> list[Flag]:
     """A causal block whose attention weighs later tokens, or whose earlier outputs move when the last
-    token changes (measured by perturbation: diagnose a user's block whatever its code claims)."""
+    token changes (measured by perturbation: a user's block is judged by what it does)."""
     attention, probe = trace.attention, record.probe or {}
     if not trace.expected_causal:
         return []
     if attention is not None and attention.future_weight_sum > 1e-6:
-        return [Flag("causal_leak", Level.ERROR, "attn", layer, attention.future_weight_sum,
+        return [flag("causal_leak", Level.ERROR, "attn", layer, attention.future_weight_sum,
                      f"future_weight_sum={attention.future_weight_sum:.4g} with a causal mask")]
     if probe.get("causal_measured") is False:
-        return [Flag("causal_leak", Level.ERROR, "attn", layer, probe["causal_leak"],
+        return [flag("causal_leak", Level.ERROR, "attn", layer, probe["causal_leak"],
                      f"perturbing the last token moved earlier outputs by {probe['causal_leak']:.3g} (relative rms)")]
     return []
 
 
+def _positional(attention, head: int) -> Optional[str]:
+    for name, weights in (("first-token", attention.first_weight), ("self", attention.self_weight),
+                          ("previous-token", attention.previous_weight)):
+        if head < len(weights) and weights[head] >= POSITIONAL:
+            return name
+    return None
+
+
 def _attention_flags(attention, layer) -> list[Flag]:
-    if attention is None:
+    if attention is None or attention.shape[-1] < 4:
         return []
-    flags = []
-    t = attention.shape[-1]
-    if attention.max_logit is not None and attention.max_logit > 100:
-        level = Level.ERROR if attention.max_logit > 1e4 else Level.WARNING
-        flags.append(Flag("attention_logit_growth", level, "attn", layer, attention.max_logit,
-                          f"largest pre-softmax logit {attention.max_logit:.4g}"))
-    if t >= 4:
-        uniform = _uniform_entropy(t, attention.causal)
-        for head, entropy in enumerate(attention.entropy_per_head):
-            if entropy < 0.1:
-                flags.append(Flag("attention_entropy_collapse", Level.WARNING, "attn", layer, entropy,
-                                  f"head {head}: entropy {entropy:.4f} nats (uniform {uniform:.4f})"))
-            elif entropy >= 0.98 * uniform:
-                flags.append(Flag("attention_uniform", Level.INFO, "attn", layer, entropy,
-                                  f"head {head}: entropy {entropy:.4f} of uniform {uniform:.4f}"))
+    flags, uniform = [], attention.uniform_entropy
+    logit = attention.max_logit
+    if logit is not None and logit > LOGIT_WARNING:
+        level = Level.ERROR if logit > LOGIT_ERROR else Level.WARNING
+        flags.append(flag("attention_logit_growth", level, "attn", layer, logit, f"largest pre-softmax logit {logit:.4g}"))
+    sharp = [head for head, h in enumerate(attention.entropy_per_head) if h < SHARP_ENTROPY * uniform]
+    unexplained = [head for head in sharp if _positional(attention, head) is None]
+    heads = len(attention.entropy_per_head)
+    if 2 * len(unexplained) >= heads and logit is not None and logit > LOGIT_WARNING:
+        flags.append(flag("attention_entropy_collapse", Level.ERROR, "attn", layer, len(unexplained) / heads,
+                          f"{len(unexplained)} of {heads} heads near zero entropy (uniform {uniform:.3f}), "
+                          f"largest logit {logit:.4g}"))
+    for head in sharp:
+        kind = _positional(attention, head) or "content"
+        flags.append(flag("attention_sharp_head", Level.INFO, "attn", layer, attention.entropy_per_head[head],
+                          f"head {head}: entropy {attention.entropy_per_head[head]:.3g} (uniform {uniform:.3f}), "
+                          f"{kind} head"))
+    for head, entropy in enumerate(attention.entropy_per_head):
+        if entropy >= 0.98 * uniform:
+            flags.append(flag("attention_uniform", Level.INFO, "attn", layer, entropy,
+                              f"head {head}: entropy {entropy:.4f} of uniform {uniform:.4f}"))
     return flags
 
 
-def _gradient_flags(gradients) -> list[Flag]:
-    if gradients is None:
+def _stream_flags(traces, first_layer: int) -> list[Flag]:
+    """Growth of the median token's ‖x‖²/d across the traced layers, against Xiong et al.'s bound."""
+    sizes = [(first_layer + i, (t.steps[-1].probe or {}).get("token_sq_median")) for i, t in enumerate(traces)]
+    sizes = [(layer, size) for layer, size in sizes if size is not None and math.isfinite(size) and size > 0]
+    if len(sizes) < 2:
         return []
-    norms = [(layer, step, value) for layer, steps in enumerate(gradients.step_norms) for step, value in steps.items()]
-    if not norms:
-        return []
+    (first, reference), bound_of = sizes[0], lambda layer: 1 + 1.5 * (layer + 1)
+    for layer, size in sizes[1:]:
+        growth, bound = size / reference, bound_of(layer) / bound_of(first)
+        if growth > STREAM_GROWTH_ERROR * bound:
+            return [flag("residual_explosion", Level.ERROR, traces[layer - first_layer].steps[-1].name, layer, growth,
+                         f"the median token's ‖x‖²/d grew {growth:.3g}× from layer {first} to layer {layer} "
+                         f"(bound {bound:.3g}×)")]
+    return []
+
+
+def _weight_flags(weights: list[dict], first_layer: int) -> list[Flag]:
     flags = []
-    bad = [(layer, step) for layer, step, value in norms if not math.isfinite(value)]
-    for layer, step in bad[:1]:
-        flags.append(Flag("gradient_exploding", Level.ERROR, step, layer, float("nan"), "non-finite gradient"))
-    finite = [(layer, step, value) for layer, step, value in norms if math.isfinite(value) and value > 0]
-    if finite and not bad:
-        largest = max(value for _, _, value in finite)
-        smallest = min(value for _, _, value in finite)
-        low = min(finite, key=lambda item: item[2])
-        if smallest < 1e-3 * largest:
-            flags.append(Flag("gradient_vanishing", Level.WARNING, low[1], low[0], smallest,
-                              f"‖∂L/∂{low[1]}‖ = {smallest:.3g} vs largest {largest:.3g}"))
-        high = max(finite, key=lambda item: item[2])
-        if largest > 1e3 * smallest:
-            flags.append(Flag("gradient_exploding", Level.WARNING, high[1], high[0], largest,
-                              f"‖∂L/∂{high[1]}‖ = {largest:.3g} vs smallest {smallest:.3g}"))
+    for index, matrices in enumerate(weights):
+        gains = sorted(entry["std"] * math.sqrt(entry["fan_in"]) for entry in matrices.values())
+        if gains and gains[len(gains) // 2] > WEIGHT_GAIN_ERROR:
+            median = gains[len(gains) // 2]
+            flags.append(flag("weight_scale", Level.ERROR, None, first_layer + index, median,
+                              f"the median matrix has std·√fan_in = {median:.3g}"))
     return flags
 
 
-def evaluate(traces: list, gradients=None) -> list[Flag]:
-    """Every flag of a block (one trace) or a stack (one trace per layer), in execution order."""
+def _loss_flags(loss) -> list[Flag]:
+    if loss is None or loss.value is None:
+        return []
     flags = []
-    stacked = len(traces) > 1
+    if not math.isfinite(loss.value) or loss.value > loss.uniform + LOSS_MARGIN:
+        flags.append(flag("loss_above_uniform", Level.ERROR, None, None, loss.value,
+                          f"loss {loss.value:.4g} against log V = {loss.uniform:.4g} for uniform guessing"))
+    if loss.log_z_mean is not None and abs(loss.log_z_mean) > LOG_Z_ERROR:
+        flags.append(flag("output_logit_drift", Level.ERROR, None, None, loss.log_z_mean,
+                          f"mean log Z = {loss.log_z_mean:.4g}"))
+    return flags
+
+
+def _gradient_flags(gradients, first_layer: int = 0) -> list[Flag]:
+    """One finding for the gradients of the stack: non-finite, or shrinking/growing towards the input."""
+    if gradients is None or not gradients.step_norms:
+        return []
+    per_layer = [list(norms.values()) for norms in gradients.step_norms]
+    bad = [(layer, name) for layer, norms in enumerate(gradients.step_norms) for name, value in norms.items()
+           if not math.isfinite(value)]
+    if bad:
+        layer, step = bad[0]
+        return [flag("gradient_exploding", Level.ERROR, step, first_layer + layer, float("nan"), "non-finite gradient")]
+    means = [sum(values) / len(values) for values in per_layer if values]
+    if len(means) < 2 or min(means[0], means[-1]) <= 0:
+        return []
+    ratio, last = means[0] / means[-1], first_layer + len(means) - 1
+    detail = f"mean ‖∂L/∂step‖ {means[0]:.3g} at layer {first_layer} against {means[-1]:.3g} at layer {last}"
+    if ratio < 1 / GRADIENT_RATIO:
+        return [flag("gradient_vanishing", Level.WARNING, None, first_layer, ratio, detail)]
+    if ratio > GRADIENT_RATIO:
+        return [flag("gradient_exploding", Level.WARNING, None, first_layer, ratio, detail)]
+    return []
+
+
+def evaluate(traces: list, gradients=None, evidence: Optional[ModelEvidence] = None) -> list[Flag]:
+    """Every finding of a block (one trace), a stack, or a whole model, in execution order."""
+    evidence = evidence or ModelEvidence()
+    flags = []
+    stacked = len(traces) > 1 or evidence.n_layers > 1
     for index, trace in enumerate(traces):
-        layer = index if stacked else None
+        layer = evidence.first_layer + index if stacked else None
         for record in trace.steps:
-            flags += _step_flags(record, layer)
+            flags += _step_flags(record, layer, evidence.stored_dtype)
             if record.name == "attn":
                 flags += _leak_flags(trace, record, layer)
                 flags += _attention_flags(trace.attention, layer)
-    flags += _gradient_flags(gradients)
+    flags += _stream_flags(traces, evidence.first_layer) if stacked else []
+    flags += _weight_flags(evidence.weights, evidence.first_layer)
+    flags += _loss_flags(evidence.loss)
+    flags += _gradient_flags(gradients, evidence.first_layer)
     first = next((f for f in flags if f.name == "non_finite"), None)
     if first is not None:  # only the origin matters: later NaNs are its consequences
         flags = [f for f in flags if f.name != "non_finite" or f is first]

@@ -151,7 +151,7 @@ class MultiHeadAttention(nn.Module):
         self.rows = rows
         scores = torch.matmul(q, k.transpose(-1, -2)).mul_(self.scale)  # [..., H, rows, T]
         if self.softcap is not None:  # Gemma-2: cap·tanh(s/cap), before the mask
-            scores = torch.tanh(scores / self.softcap).mul_(self.softcap)
+            scores = torch.tanh(scores / self.softcap) * self.softcap  # out of place: tanh's backward needs its output
         self._mask(scores, rows, k.shape[-2])
         weights = self.weights(torch.softmax(self.scores(scores), dim=-1))
         return torch.matmul(weights, v)  # [..., H, rows, hd]

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from blocktrace.render.text import _shape, config_settings, gradients_section, steps_table
+from blocktrace.render.text import (
+    _shape,
+    config_settings,
+    gradients_section,
+    steps_table,
+)
 from blocktrace.vocab import Lang, ReportKind
 
 

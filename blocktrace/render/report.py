@@ -6,7 +6,6 @@ Every document has `schema` (1) and `kind`: "block" (one block), "stack" (`--lay
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 from blocktrace._version import __version__
@@ -27,8 +26,10 @@ def attention_dict(trace: Trace) -> Optional[dict]:
     if a is None:
         return None
     return {"shape": list(a.shape), "causal": a.causal, "future_weight_sum": a.future_weight_sum,
-            "entropy_per_head": a.entropy_per_head, "uniform_entropy": math.log(a.shape[-1]),
-            "max_weight": a.max_weight, "max_logit": a.max_logit, "weights_first_sequence": a.preview}
+            "entropy_per_head": a.entropy_per_head, "uniform_entropy": a.uniform_entropy,
+            "max_weight": a.max_weight, "max_logit": a.max_logit, "first_weight": a.first_weight,
+            "self_weight": a.self_weight, "previous_weight": a.previous_weight,
+            "weights_first_sequence": a.preview}
 
 
 def measured_dict(trace: Trace) -> Optional[dict]:
@@ -44,9 +45,11 @@ def measured_dict(trace: Trace) -> Optional[dict]:
 def gradients_dict(grads) -> Optional[dict]:
     if grads is None:
         return None
-    return {"loss": grads.loss, "batches": grads.batches,
-            "layers": [{"layer": i, "step_grad_norms": steps, "weight_grad_norms": weights}
-                       for i, (steps, weights) in enumerate(zip(grads.step_norms, grads.weight_norms))]}
+    parameters = grads.parameter_norms or [None] * len(grads.step_norms)
+    return {"loss": grads.loss, "loss_kind": grads.loss_kind, "batches": grads.batches,
+            "layers": [{"layer": i, "step_grad_norms": steps, "weight_grad_norms": weights, "parameters": params}
+                       for i, (steps, weights, params) in enumerate(zip(grads.step_norms, grads.weight_norms,
+                                                                        parameters))]}
 
 
 def _header(source, settings: dict) -> dict:
@@ -67,6 +70,28 @@ def flags_dict(flags) -> Optional[list]:
     return None if flags is None else [flag.to_dict() for flag in flags]
 
 
+BLOCK_LOSS_NOTE = ("a block alone has no model loss: check a checkpoint (--weights) for the model's own; "
+                   "--grad here uses the seeded readout of Xiong et al. 2020")
+
+
+def _context(trace: Trace):
+    from blocktrace.diagnose.diagnosis import Context
+
+    config = trace.config
+    activation = config.ffn.value if config is not None else None
+    return Context(post_norm=trace.placement.norm_after_add, activation=activation)
+
+
+def findings(flags, trace: Trace, loss: Optional[dict] = None, loss_note: Optional[str] = None) -> dict:
+    """The keys every checked report has: flags, the ranked diagnosis, and the model's loss (or why none)."""
+    if flags is None:
+        return {}
+    from blocktrace.diagnose.diagnosis import diagnose
+
+    return {"flags": flags_dict(flags), "diagnosis": diagnose(flags, _context(trace)),
+            "loss": None if loss is None else loss.get("value"), "loss_note": loss_note}
+
+
 def block_report(source, trace: Trace, grads=None, flags=None) -> dict:
     """One block: the tutorial's six steps, the attention summary (schema in README)."""
     steps = [step_dict(i, record) for i, record in enumerate(trace.steps, start=1)]
@@ -80,7 +105,8 @@ def block_report(source, trace: Trace, grads=None, flags=None) -> dict:
         "attn_substeps": [step_dict(i, record) for i, record in enumerate(trace.substeps, start=1)] or None,
         "gradients": gradients_dict(grads),
         "flags": flags_dict(flags),
-        "notes": trace.notes,
+        **findings(flags, trace, loss_note=BLOCK_LOSS_NOTE),
+        "notes": [*trace.notes, *source.notes],
         "output_shape": list(trace.output.shape),
         "block_shape_preserved": trace.shape_preserved,
     }
@@ -108,6 +134,7 @@ def stack_report(source, traces: list[Trace], grads=None, flags=None) -> dict:
         "layers": layers,
         "gradients": gradients_dict(grads),
         "flags": flags_dict(flags),
+        **findings(flags, first, loss_note=BLOCK_LOSS_NOTE),
         "output_shape": list(last.output.shape),
         "block_shape_preserved": tuple(last.output.shape) == first.input.shape,
     }
@@ -116,3 +143,45 @@ def stack_report(source, traces: list[Trace], grads=None, flags=None) -> dict:
 def sweep_report(source, config, rows: list[dict]) -> dict:
     """Per depth, the last layer's weight-gradient norms (Xiong et al. 2020, Theorem 1)."""
     return {**_header(source, config.to_dict()), "kind": ReportKind.SWEEP.value, "depths": [row["depth"] for row in rows], "sweep": rows}
+
+
+def _layer_entry(layer: int, trace: Trace, flags, weights: Optional[dict]) -> dict:
+    from blocktrace.model.stack import summarise
+
+    summary = summarise(layer, trace)
+    attention = trace.attention
+    size = (trace.steps[-1].probe or {}).get("token_sq_median")
+    return {"layer": layer, "rms": summary.rms, "sq_norm_per_d": summary.sq_norm_per_d,
+            "median_token_sq_norm_per_d": size, "attn_share": summary.attn_share, "ffn_share": summary.ffn_share,
+            "max_logit": attention.max_logit if attention else None,
+            "min_head_entropy": min(attention.entropy_per_head) if attention else None,
+            "steps": _with_flags([step_dict(i, r) for i, r in enumerate(trace.steps, start=1)], flags, layer),
+            "attention": attention_dict(trace), "weights": weights}
+
+
+def model_report(checkpoint, info, config, traces: list[Trace], model_input, loss, grads, flags, evidence,
+                 path: str) -> dict:
+    """A checkpoint as a whole model: its traced layers, its loss, its gradients, the findings."""
+    first = evidence.first_layer
+    weights = evidence.weights or [None] * len(traces)
+    ids = model_input.ids
+    real = int(model_input.token_mask.sum()) if model_input.token_mask is not None else ids.numel()
+    report = {
+        "schema": SCHEMA_VERSION, "blocktrace_version": __version__, "kind": ReportKind.MODEL.value,
+        "config": config.to_dict(), "seed": None, "tokens": model_input.labels_text,
+        "weights": {"path": path, "layout": info.layout, "layer": first, "n_layers": info.n_layers},
+        "input": {"sequences": ids.shape[0], "tokens": real, "shape": [*ids.shape, config.d_model],
+                  "dtype": str(traces[0].input.dtype) if traces else "float32",
+                  "source": "token ids through the model's embeddings, every layer run in turn"},
+        "n_layers": info.n_layers, "traced_layers": [first + i for i in range(len(traces))],
+        "layers": [_layer_entry(first + i, trace, flags, w) for i, (trace, w) in enumerate(zip(traces, weights))],
+        "loss_detail": loss.to_dict(), "gradients": gradients_dict(grads), "stored_dtype": evidence.stored_dtype,
+        "notes": model_input.notes,
+    }
+    if flags is not None:
+        from blocktrace.diagnose.diagnosis import Context, diagnose
+
+        context = Context(post_norm=config.post_norm, activation=config.ffn.value)
+        report.update({"flags": flags_dict(flags), "diagnosis": diagnose(flags, context)})
+    report.update({"loss": loss.value, "loss_note": loss.note})
+    return report

@@ -6,7 +6,7 @@ Nothing here prints: functions return strings and the CLI decides where they go.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 from tabulate import tabulate
 
@@ -189,24 +189,78 @@ def render_run(
     return "\n\n".join(parts) + "\n"
 
 
+def _ranges(numbers: list[int]) -> str:
+    from blocktrace.diagnose.diagnosis import _ranges as ranges
+
+    return ranges(numbers)
+
+
+def _findings_table(shown: list[dict]) -> str:
+    """One row per kind of finding: where it hit (layers, steps) and its worst instance."""
+    kinds: dict[str, list[dict]] = {}
+    for finding in shown:
+        kinds.setdefault(finding["name"], []).append(finding)
+    rows = []
+    for name, hits in kinds.items():
+        layers = sorted({f["layer"] for f in hits if f["layer"] is not None})
+        steps = ", ".join(dict.fromkeys(f["step"] for f in hits if f["step"]))
+        rows.append([hits[0]["level"].upper(), name, hits[0]["cause"], _ranges(layers) or "-", steps or "-",
+                     len(hits), hits[0]["detail"]])
+    return tabulate(rows, headers=["level", "finding", "cause", "layers", "steps", "times", "first"],
+                    disable_numparse=True)
+
+
+def _loss_line(report: dict) -> Optional[str]:
+    if "loss_detail" not in report:
+        return None
+    detail = report["loss_detail"]
+    if report.get("loss") is None:
+        return f"loss: n/a ({report.get('loss_note')})"
+    return (f"loss: {report['loss']:.4f} ({detail['kind'].replace('_', '-')} cross-entropy over {detail['tokens']} "
+            f"predicted tokens; uniform guessing: log V = {detail['uniform']:.4f}; mean log Z {detail['log_z_mean']:.3g})")
+
+
 def render_findings(report: dict, fail_on: Level) -> str:
-    """`blocktrace check`: only the flags, each with what it means and what people do about it."""
+    """`blocktrace check`: one row per kind of finding, the most likely cause with its evidence and advice,
+    then what each finding means, its threshold and its source."""
     flags = report.get("flags") or []
-    shown = [f for f in flags if f["level"] != "info"]
-    header = _header(report, Lang.EN)
+    shown = [f for f in flags if f["level"] != Level.INFO.value]
+    lines = [_model_header(report) if report["kind"] == ReportKind.MODEL.value else _header(report, Lang.EN), ""]
+    loss = _loss_line(report)
+    lines += [loss, ""] if loss else []
+    infos = sorted({f["name"] for f in flags if f["level"] == Level.INFO.value})
+    info_line = f"info (context, not a verdict): {', '.join(infos)}" if infos else ""
     if not shown:
-        infos = f" ({len(flags)} informational: {', '.join(sorted({f['name'] for f in flags}))})" if flags else ""
-        return f"{header}\n\nno findings at warning or error level{infos}\n"
+        lines.append("no findings at warning or error level" + (f"\n{info_line}" if infos else ""))
+        return "\n".join(lines) + "\n"
     counts = {level: sum(f["level"] == level for f in shown) for level in ("error", "warning")}
-    noun = "finding" if len(shown) == 1 else "findings"
-    lines = [header, "", f"{len(shown)} {noun}: {counts['error']} error, {counts['warning']} warning "
-                         f"(exit 1 on {Level(fail_on).value} or worse)"]
-    for f in shown:
-        where = f["step"] if f["layer"] is None else f"layer {f['layer']} {f['step']}"
-        lines += ["", f"{f['level'].upper()}: {f['name']} at {where}: {f['detail']}",
-                  f"  threshold: {f['threshold']}", f"  means: {f['meaning']}",
-                  f"  usually: {f['remedy']}", f"  source: {f['source']}"]
+    lines += [f"{len(shown)} finding{'s' if len(shown) > 1 else ''}: {counts['error']} error, {counts['warning']} "
+              f"warning (exit 1 on {Level(fail_on).value} or worse)", "", _findings_table(shown)]
+    diagnosis = report.get("diagnosis") or []
+    if diagnosis:
+        top = diagnosis[0]
+        lines += ["", f"most likely: {top['cause'].replace('_', ' ')} — evidence: {top['evidence']}",
+                  f"advice: {top['advice']}"]
+        lines += [f"also possible: {d['cause'].replace('_', ' ')} — {d['evidence']}" for d in diagnosis[1:]]
+    if info_line:
+        lines += ["", info_line]
+    lines.append("")
+    for name in dict.fromkeys(f["name"] for f in shown):
+        finding = next(f for f in shown if f["name"] == name)
+        lines += [f"{name}: {finding['meaning']}", f"  threshold: {finding['threshold']}",
+                  f"  source: {finding['source']}"]
     return "\n".join(lines) + "\n"
+
+
+def _model_header(report: dict) -> str:
+    config, weights, source = report["config"], report["weights"], report["input"]
+    traced = report["traced_layers"]
+    span = f"layers {traced[0]}–{traced[-1]}" if len(traced) > 1 else f"layer {traced[0]}"
+    return "\n".join([
+        f"blocktrace {report['blocktrace_version']}: {config_settings(config)}",
+        f"weights: {weights['path']} ({weights['layout']}), {weights['n_layers']} layers, checked: {span}",
+        f"input: {source['sequences']} sequence{'s' if source['sequences'] > 1 else ''}, {source['tokens']} tokens",
+    ])
 
 
 def gradients_section(gradients: dict, fmt: str) -> str:

@@ -121,3 +121,22 @@ def hidden_state_before(checkpoint: Checkpoint, info: ModelInfo, native_config: 
             block.attn.key_mask = key_mask
             x = block(x)
     return x
+
+
+def load_head(checkpoint: Checkpoint, info: ModelInfo, dtype: torch.dtype = torch.float32):
+    """The model's final norm and output projection as one module, and its HeadSpec (NoLoss: there is none)."""
+    from blocktrace.model.head import OutputHead, final_norm, masked_lm_transform
+
+    spec = info.family.head(checkpoint, info)
+
+    def get(key):
+        return None if key is None else checkpoint.get(key, dtype)
+
+    norm = None
+    if spec.norm_weight is not None:
+        norm = final_norm(spec.norm, get(spec.norm_weight), get(spec.norm_bias), spec.eps, spec.norm_offset)
+    transform = None
+    if spec.transform is not None:
+        transform = masked_lm_transform(*(get(key) for key in spec.transform), spec.transform_activation, spec.eps)
+    head = OutputHead(get(spec.weight), bias=get(spec.bias), norm=norm, transform=transform, softcap=spec.softcap)
+    return head.eval(), spec

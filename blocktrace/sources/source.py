@@ -84,7 +84,7 @@ def _seeded(request: RunRequest, config: BlockConfig, budget: Budget) -> Source:
     inputs, seed = request.inputs, request.seed
     given = inputs.given()
     _one_input(given)
-    if given and given[0] in ("--token-ids", "--text"):
+    if given and given[0] in ("--token-ids", "--text", "--text-file"):
         raise UsageError(f"{given[0]} needs real weights: add --weights PATH (or use --tokens)")
     if inputs.input_path is not None:
         x = _input_file(inputs.input_path, config, inputs.batch, budget)
@@ -109,14 +109,15 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
         embed_token_ids,
         hidden_state_before,
     )
-    from blocktrace.sources.tokenizer import encode_text, token_labels
+    from blocktrace.sources.tokenizer import token_labels
 
     inputs = request.inputs
     given = inputs.given()
     _one_input(given)
     if not given or given[0] == "--tokens":
         raise UsageError("with --weights the input must come from the checkpoint: --token-ids 464 3797 ..., "
-                         "--text \"...\" (needs tokenizer.json beside the weights), or --input FILE.safetensors")
+                         "--text \"...\" or --text-file FILE (need tokenizer.json beside the weights), or --input "
+                         "FILE.safetensors")
     dtype = torch_dtype(request.dtype)
     checkpoint = Checkpoint(request.weights)
     info = model_info(checkpoint)
@@ -130,8 +131,7 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     if inputs.input_path is not None:
         x = _input_file(inputs.input_path, config, inputs.batch, budget, dtype)
         return Source(config, x, None, f"tensor from {inputs.input_path}", **common)
-    sequences = [encode_text(checkpoint.directory, inputs.text)] if inputs.text is not None \
-        else parse_token_ids(inputs.token_ids)
+    sequences = token_sequences(checkpoint.directory, inputs, info.n_positions)
     types = _token_types(inputs, sequences)
     if len(sequences) > 1 and inputs.batch is not None:
         raise UsageError("--batch and several --token-ids sequences both set the batch: use one of them")
@@ -151,6 +151,25 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     source = Source(config, with_batch(x, inputs.batch, "the token ids"), labels, note, token_mask=mask, **common)
     source.notes += [label_note] if label_note else []
     return source
+
+
+def _windows(ids: list[int], positions: Optional[int]) -> list[list[int]]:
+    if positions is None or len(ids) <= positions:
+        return [ids]
+    return [ids[start : start + positions] for start in range(0, len(ids), positions)]
+
+
+def token_sequences(directory, inputs, positions: Optional[int]) -> list[list[int]]:
+    """The token ids the input options give: --token-ids, --text, or --text-file (one sequence per
+    line; a line longer than the model's positions becomes consecutive windows of them)."""
+    from blocktrace.sources.tokenizer import encode_text, read_text_file
+
+    if inputs.text_file is not None:
+        return [window for line in read_text_file(inputs.text_file)
+                for window in _windows(encode_text(directory, line), positions)]
+    if inputs.text is not None:
+        return [encode_text(directory, inputs.text)]
+    return parse_token_ids(inputs.token_ids)
 
 
 def _token_types(inputs, sequences: list[list[int]]) -> Optional[list[list[int]]]:

@@ -66,3 +66,26 @@ def token_labels(directory: Path, ids: list[int]) -> tuple[list[str], Optional[s
         text = piece if piece in special else tokenizer.decode([i], skip_special_tokens=False).replace(" ", "␣")
         labels.append(text if text and text.strip() else str(i))
     return labels, None
+
+
+def mask_token(directory: Path) -> tuple[Optional[int], set]:
+    """BERT's [MASK] id (None when the tokenizer has none) and the ids of every special token."""
+    tokenizer = _load(directory)
+    if tokenizer is None:
+        return None, set()
+    special = {index for index, token in tokenizer.get_added_tokens_decoder().items() if token.special}
+    return tokenizer.token_to_id("[MASK]"), special
+
+
+def read_text_file(path: Path) -> list[str]:
+    """The non-empty lines of a UTF-8 text file: one sequence each."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except OSError as error:
+        raise InputError(f"cannot read {path}: {error.strerror or error}") from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise InputError(f"{path} holds no text: give one sequence per line")
+    return lines

@@ -71,6 +71,11 @@ def residual_probe(context: ProbeContext, name: str, value: torch.Tensor) -> dic
     return probe
 
 
+def _median_token_size(value: torch.Tensor) -> torch.Tensor:
+    """The median over tokens of ‖x‖²/d: the stream's size, blind to a few sink tokens with huge norms."""
+    return value.detach().float().pow(2).mean(dim=-1).flatten().median()
+
+
 def massive_probe(value: torch.Tensor, moments: torch.Tensor) -> dict:
     """max |x| against the median |x|; the maximum comes from the step's moments, so the
     median (a sort) is paid only when some |x| exceeds MASSIVE_ABS."""
@@ -102,6 +107,8 @@ def ffn_probe(context: ProbeContext, output) -> None:
 def step_probe(context: ProbeContext, name: str, value: torch.Tensor, moments: torch.Tensor) -> dict:
     """Everything the health checks need from one step; `moments` are its tensor_moments."""
     probe = {}
+    if name in ("residual1", "residual2", "norm2"):
+        probe["token_sq_median"] = _median_token_size(context.real_tokens(value))
     if name in ("residual1", "residual2"):
         probe.update(residual_probe(context, name, value))
         probe.update(massive_probe(context.real_tokens(value), moments))

@@ -105,12 +105,19 @@ class AttentionAccumulator:
         lead, t = self.shape_lead
         rows = sum(chunk["rows"] for chunk in self.chunks)
         logits = [c["max_logit"] for c in self.chunks if c["max_logit"] is not None]
+        previous_rows = sum(int(chunk["previous_rows"]) for chunk in self.chunks)
+
+        def per_head(key: str, count: int) -> torch.Tensor:
+            return torch.stack([c[key] for c in self.chunks]).sum(0) / max(count, 1)
+
         merged = {
             "shape": (*lead, t, t),
             "future_weight_sum": torch.stack([c["future_weight_sum"] for c in self.chunks]).sum(),
-            "entropy_per_head": torch.stack([c["entropy_sum"] for c in self.chunks]).sum(0) / max(rows, 1),
+            "entropy_per_head": per_head("entropy_sum", rows),
             "max_weight": torch.stack([c["max_weight"] for c in self.chunks]).amax(),
             "max_logit": torch.stack(logits).amax() if logits else None,
+            "first_weight": per_head("first_sum", rows), "self_weight": per_head("self_sum", rows),
+            "previous_weight": per_head("previous_sum", previous_rows),
         }
         if self.kept:
             full = torch.cat(self.kept, dim=-2)

@@ -56,6 +56,11 @@ class AttentionSummary:
     entropy_per_head: list[float]
     max_weight: float
     max_logit: Optional[float]  # largest pre-softmax score (masked entries excluded); None if not visible
+    uniform_entropy: float = 0.0  # the entropy of uniform attention over the keys each query may see
+    # per head, the mean weight a query puts on the first key, on itself and on the key just before it
+    first_weight: list[float] = field(default_factory=list)
+    self_weight: list[float] = field(default_factory=list)
+    previous_weight: list[float] = field(default_factory=list)
     preview: Optional[list] = None  # [H][T][T] weights of the first sequence, for small T
     tensor: Optional[torch.Tensor] = None
 

@@ -70,6 +70,31 @@ def _log_normaliser(w: torch.Tensor, s: torch.Tensor, rows: slice, row_max_score
     return lse
 
 
+def uniform_entropy(t: int, causal: bool, window: Optional[int] = None) -> float:
+    """Mean entropy of uniform attention over the keys each query may see: log T, or, causal,
+    the mean of log(i + 1) over the queries (log min(i + 1, W) with a sliding window W)."""
+    if not causal:
+        return math.log(t)
+    return sum(math.log(min(i + 1, window or t)) for i in range(t)) / t
+
+
+def _positional_sums(w: torch.Tensor, rows: slice, real: Optional[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per head, the weight summed over the chunk's rows on the first key, on the query's own key and on the
+    key just before it: the signatures of a sink head, a self head and a previous-token head."""
+    first = w[..., 0]  # [N, H, rows]
+    own = torch.diagonal(w, offset=rows.start, dim1=-2, dim2=-1)  # [N, H, rows]
+    previous = torch.diagonal(w, offset=rows.start - 1, dim1=-2, dim2=-1)  # rows whose query is ≥ 1
+    has_previous = torch.arange(rows.start, rows.stop, device=w.device) >= 1
+    if real is not None:
+        first, own = first * real, own * real
+        previous = previous * real[..., -previous.shape[-1]:] if previous.shape[-1] else previous
+        has_previous = has_previous & real.any(dim=(0, 1))
+    return {"first_sum": first.double().sum(dim=(0, 2)), "self_sum": own.double().sum(dim=(0, 2)),
+            "previous_sum": previous.double().sum(dim=(0, 2)),
+            "previous_rows": (real[..., has_previous].sum() if real is not None
+                              else w.shape[0] * int(has_previous.sum()))}
+
+
 def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: slice,
                           query_mask: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
     """Diagnostics of one chunk of query rows: weights and masked scores `[..., H, rows, T]`.
@@ -94,13 +119,13 @@ def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: sli
         future = (w.reshape(-1, future_mask.numel()) @ future_mask.reshape(-1)).double().sum()
         return {"entropy_sum": row_entropy.sum(dim=(0, 2)), "future_weight_sum": future,
                 "max_weight": row_max_weight.amax().double(), "max_logit": row_max_score.amax().double(),
-                "rows": w.shape[0] * w.shape[-2]}
+                "rows": w.shape[0] * w.shape[-2], **_positional_sums(w, rows, None)}
     real = query_mask[:, None, rows].to(w.device)  # [N, 1, rows]: padded queries count for nothing
     future_rows = torch.einsum("nhij,ij->nhi", w, future_mask).double()
     return {"entropy_sum": (row_entropy * real).sum(dim=(0, 2)), "future_weight_sum": (future_rows * real).sum(),
             "max_weight": row_max_weight.masked_fill(~real, 0).amax().double(),
             "max_logit": row_max_score.masked_fill(~real, torch.finfo(s.dtype).min).amax().double(),
-            "rows": int(query_mask.sum())}
+            "rows": int(query_mask.sum()), **_positional_sums(w, rows, real)}
 
 
 def weights_only_stats(weights: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -116,7 +141,7 @@ def weights_only_stats(weights: torch.Tensor) -> dict[str, torch.Tensor]:
     future_mask = torch.ones(w.shape[-2], t, dtype=w.dtype, device=w.device).triu_(1)
     future = (w.reshape(-1, future_mask.numel()) @ future_mask.reshape(-1)).double().sum()
     return {"entropy_sum": entropy, "future_weight_sum": future, "max_weight": w.amax().double(),
-            "max_logit": None, "rows": w.shape[0] * w.shape[-2]}
+            "max_logit": None, "rows": w.shape[0] * w.shape[-2], **_positional_sums(w, slice(0, w.shape[-2]), None)}
 
 
 def attention_stats(weights: torch.Tensor, scores: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -26,7 +26,7 @@ from blocktrace.tracing.calling import (
 )
 from blocktrace.tracing.recorder import HookFailure, Pending, Recorder, first_tensor
 from blocktrace.tracing.records import AttentionSummary, Stats, StepRecord, Trace
-from blocktrace.tracing.stats import stats_from_moments
+from blocktrace.tracing.stats import stats_from_moments, uniform_entropy
 from blocktrace.tracing.steps import Layout, own_layout, resolve, user_layout
 from blocktrace.vocab import NORM_STEPS, SANDWICH_STEPS, STEP_NAMES, Placement
 
@@ -188,6 +188,9 @@ def _assemble(block, layout: Layout, own: bool, x_pending: Pending, recorder: Re
             max_logit=attention["max_logit"].item() if attention["max_logit"] is not None else None,
             preview=preview.double().tolist() if preview is not None else None,
             tensor=attention.get("tensor"),
+            uniform_entropy=uniform_entropy(attention["shape"][-1], bool(layout.causal), _window(block, own)),
+            first_weight=attention["first_weight"].tolist(), self_weight=attention["self_weight"].tolist(),
+            previous_weight=attention["previous_weight"].tolist(),
         )
     else:
         notes.append(f"attention weights are not visible: {layout.attention_path or 'the attention'} returns none "
@@ -201,6 +204,15 @@ def _assemble(block, layout: Layout, own: bool, x_pending: Pending, recorder: Re
     n_steps = 1 + len(recorder.steps)
     return Trace(config, records[0], records[1:n_steps], summary, output, layout.name, layout.placement, missing,
                  notes, records[n_steps:], layout.causal)
+
+
+def _window(block, own: bool) -> Optional[int]:
+    if own:
+        return block.config.sliding_window
+    from blocktrace.tracing.calling import _attention_module
+
+    window = getattr(_attention_module(block), "sliding_window", None)
+    return window if isinstance(window, int) else None
 
 
 def _python_probe(probe: dict) -> Optional[dict]:

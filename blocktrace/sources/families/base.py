@@ -19,9 +19,47 @@ from blocktrace.config import BlockConfig
 from blocktrace.errors import WeightsError
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.vocab import FFNKind
+from blocktrace.vocab import Choice, FFNKind, Norm
 
 Reader = Callable[..., torch.Tensor]  # (name or names inside the layer, expected shape) -> tensor
+
+
+class LossKind(Choice):
+    NEXT_TOKEN = "next_token"  # causal LMs: predict token t+1 from tokens ≤ t
+    MASKED = "masked"  # BERT's masked-LM head: predict masked tokens from both sides
+
+
+class NoLoss(Exception):
+    """The checkpoint has no way to its model's loss; the message says why."""
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """Where a checkpoint keeps what turns the last block's output into logits."""
+
+    kind: LossKind
+    weight: str  # key of the [V, d] output projection (a separate head, or the tied embedding)
+    norm_weight: Optional[str] = None  # the final norm; None where the stream is already normalised (Post-LN)
+    norm_bias: Optional[str] = None
+    norm: Norm = Norm.LAYERNORM
+    eps: float = 1e-5
+    norm_offset: float = 0.0  # Gemma: the final norm's gain is (1 + w) too
+    bias: Optional[str] = None  # a bias on the logits (BERT's MLM head)
+    softcap: Optional[float] = None  # Gemma-2: logits become cap·tanh(logits / cap)
+    transform: Optional[tuple[str, str, str, str]] = None  # BERT: dense weight, bias, LayerNorm weight, bias
+    transform_activation: Optional[FFNKind] = None
+    tied: bool = False  # the projection is the input embedding
+
+
+def head_weight(checkpoint: Checkpoint, info: "ModelInfo", separate: str, tied: str, tie_default: bool) -> tuple:
+    """(key, tied) of the output projection: a separate head if the file has one, else the input
+    embedding where the model ties them (config.json's tie_word_embeddings, or the family's default)."""
+    if separate in checkpoint:
+        return separate, False
+    tie = info.config.boolean("tie_word_embeddings", tie_default) if info.config is not None else tie_default
+    if tie and tied in checkpoint:
+        return tied, True
+    raise NoLoss(f"the checkpoint has no output head ({separate}) and does not tie it to the embedding: no loss")
 
 
 @dataclass(frozen=True)
@@ -85,6 +123,10 @@ class Family:
 
     def check(self, config: BlockConfig) -> None:
         """Refuse a rewiring these parameters cannot fill."""
+
+    def head(self, checkpoint: Checkpoint, info: ModelInfo) -> HeadSpec:
+        """The final norm and output projection, for the model's own loss; NoLoss says why there is none."""
+        raise NoLoss(f"blocktrace does not know {self.name}'s output head")
 
     def layer_fields(self, config: Optional[ConfigFile], layer: int) -> dict:
         """Fields that differ from layer to layer (which layers use a sliding window)."""

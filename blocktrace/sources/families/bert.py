@@ -8,6 +8,9 @@ from torch.nn import functional as F
 from blocktrace.errors import UsageError
 from blocktrace.sources.families.base import (
     Family,
+    HeadSpec,
+    LossKind,
+    NoLoss,
     Reader,
     activation,
     linear,
@@ -69,6 +72,23 @@ class BERT(Family):
         bias = _either(checkpoint, base + "LayerNorm.bias", base + "LayerNorm.beta", dtype)
         eps = info.config.number("layer_norm_eps", 1e-12, positive=True) if info.config else 1e-12
         return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+    def head(self, checkpoint, info):
+        """BertForMaskedLM's head: dense, activation, LayerNorm, then the decoder tied to the word embeddings."""
+        base = "cls.predictions."
+        if base + "transform.dense.weight" not in checkpoint:
+            raise NoLoss("the checkpoint holds no masked-LM head (cls.predictions, as BertForMaskedLM saves it), "
+                         "so the model has no loss to compute: a BertModel checkpoint")
+        decoder = base + "decoder.weight"
+        weight = decoder if decoder in checkpoint else f"{info.prefix}{self.embedding_key}"
+        bias = base + "bias" if base + "bias" in checkpoint else base + "decoder.bias"
+        config = info.config
+        eps = config.number("layer_norm_eps", 1e-12, positive=True) if config else 1e-12
+        act = activation(config, "hidden_act", "gelu", ACTIVATIONS) if config else FFNKind.GELU
+        transform = tuple(base + f"transform.{name}" for name in ("dense.weight", "dense.bias", "LayerNorm.weight",
+                                                                  "LayerNorm.bias"))
+        return HeadSpec(LossKind.MASKED, weight, eps=eps, bias=bias if bias in checkpoint else None,
+                        transform=transform, transform_activation=act, tied=weight != decoder)
 
     def check(self, config):
         if config.ffn.gated or config.norm is not Norm.LAYERNORM or not config.bias:

@@ -20,6 +20,10 @@ GATE_ACTIVATIONS = {"gelu_pytorch_tanh": FFNKind.GEGLU, "gelu_new": FFNKind.GEGL
 class Gemma(Llama):
     name, described, model_types = "gemma", "gemma (Llama keys, (1+w) RMSNorm, GeGLU)", ("gemma",)
     activation_key = "hidden_act"
+    tie_default = True
+
+    def norm_offset(self):
+        return 1.0
 
     def config_fields(self, config):
         refuse_bidirectional(config)
@@ -55,6 +59,11 @@ class Gemma2(Gemma):
         scalar = config.number("query_pre_attn_scalar", 256.0, positive=True)
         return {**super().config_fields(config), "placement": Placement.SANDWICH, "attn_scale": scalar ** -0.5,
                 "attn_softcap": config.number("attn_logit_softcapping", 50.0, positive=True)}
+
+    def logit_softcap(self, config):
+        if "final_logit_softcapping" in config and config.raw("final_logit_softcapping") is None:
+            return None
+        return config.number("final_logit_softcapping", 30.0, positive=True)
 
     def layer_fields(self, config, layer):
         if config is None:

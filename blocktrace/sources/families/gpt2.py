@@ -10,7 +10,10 @@ from __future__ import annotations
 from blocktrace.errors import UsageError
 from blocktrace.sources.families.base import (
     Family,
+    HeadSpec,
+    LossKind,
     activation,
+    head_weight,
     linear,
     refuse_unless,
     size,
@@ -57,6 +60,13 @@ class GPT2(Family):
     def embed(self, checkpoint, info, ids, dtype, token_types=None):
         positions = checkpoint.get(f"{info.prefix}wpe.weight", dtype, rows=slice(0, len(ids)))
         return super().embed(checkpoint, info, ids, dtype) + positions
+
+    def head(self, checkpoint, info):
+        """ln_f, then the LM head — tied to wte, as GPT2LMHeadModel saves it (no lm_head.weight)."""
+        weight, tied = head_weight(checkpoint, info, "lm_head.weight", f"{info.prefix}wte.weight", True)
+        eps = info.config.number("layer_norm_epsilon", 1e-5, positive=True) if info.config else 1e-5
+        return HeadSpec(LossKind.NEXT_TOKEN, weight, f"{info.prefix}ln_f.weight", f"{info.prefix}ln_f.bias",
+                        eps=eps, tied=tied)
 
     def check(self, config):
         if config.ffn.gated or config.norm is not Norm.LAYERNORM or not config.bias:

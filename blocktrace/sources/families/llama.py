@@ -15,6 +15,9 @@ from blocktrace.errors import UsageError, WeightsError
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.base import (
     Family,
+    HeadSpec,
+    LossKind,
+    head_weight,
     linear,
     refuse_unless,
     rope_fields,
@@ -81,6 +84,23 @@ class Llama(Family):
         return {**linear(read, "mlp.gate_proj", "ffn.gate", f, d, c.bias),
                 **linear(read, "mlp.up_proj", "ffn.up", f, d, c.bias),
                 **linear(read, "mlp.down_proj", "ffn.down", d, f, c.bias)}
+
+    tie_default = False  # transformers' default tie_word_embeddings for the family
+
+    def head(self, checkpoint, info):
+        """The final RMSNorm, then lm_head (or the embedding, where the model ties them)."""
+        weight, tied = head_weight(checkpoint, info, "lm_head.weight", f"{info.prefix}{self.embedding_key}",
+                                   self.tie_default)
+        config = info.config
+        return HeadSpec(LossKind.NEXT_TOKEN, weight, f"{info.prefix}norm.weight", norm=Norm.RMSNORM,
+                        eps=config.number("rms_norm_eps", 1e-6, positive=True), norm_offset=self.norm_offset(),
+                        softcap=self.logit_softcap(config), tied=tied)
+
+    def norm_offset(self) -> float:
+        return 0.0
+
+    def logit_softcap(self, config) -> Optional[float]:
+        return None
 
     def check(self, config):
         if config.ffn is not FFNKind.SWIGLU or config.norm is not Norm.RMSNORM or config.sandwich:

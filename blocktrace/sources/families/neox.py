@@ -11,7 +11,10 @@ from __future__ import annotations
 from blocktrace.errors import UsageError
 from blocktrace.sources.families.base import (
     Family,
+    HeadSpec,
+    LossKind,
     activation,
+    head_weight,
     linear,
     rope_fields,
     size,
@@ -58,6 +61,13 @@ class GPTNeoX(Family):
             if bias is not None:
                 state[f"attn.{name}.bias"] = bias[:, index].reshape(d)
         return state
+
+    def head(self, checkpoint, info):
+        """final_layer_norm, then embed_out (GPT-NeoX does not tie it by default)."""
+        weight, tied = head_weight(checkpoint, info, "embed_out.weight", f"{info.prefix}{self.embedding_key}", False)
+        return HeadSpec(LossKind.NEXT_TOKEN, weight, f"{info.prefix}final_layer_norm.weight",
+                        f"{info.prefix}final_layer_norm.bias",
+                        eps=info.config.number("layer_norm_eps", 1e-5, positive=True), tied=tied)
 
     def check(self, config):
         if config.ffn.gated or config.norm is not Norm.LAYERNORM or config.placement is not Placement.PRE:

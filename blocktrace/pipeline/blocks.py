@@ -13,7 +13,7 @@ import torch
 
 from blocktrace.config import BlockConfig
 from blocktrace.diagnose.compare import build_variants, describe, difference
-from blocktrace.diagnose.grad import gradient_report
+from blocktrace.diagnose.grad import gradient_report, xiong_loss
 from blocktrace.errors import BlocktraceError, UsageError, WeightsError
 from blocktrace.model.stack import build_stack, trace_stack
 from blocktrace.render.report import block_report, stack_report, sweep_report
@@ -87,8 +87,8 @@ def batch_maker(source: Source, request: RunRequest):
 
 def _gradients(blocks, source: Source, request: RunRequest, batches: int):
     final_norm = not blocks[0].config.post_norm  # Pre-LN streams are not normalised: read out after LN
-    return gradient_report(blocks, batch_maker(source, request), seed=request.seed, batches=batches,
-                           final_norm=final_norm)
+    loss = xiong_loss(blocks[0].config.d_model, request.seed, final_norm)
+    return gradient_report(blocks, batch_maker(source, request), loss, batches=batches)
 
 
 def _sweep_rows(source: Source, request: RunRequest, config, depths, batches: int) -> list[dict]:

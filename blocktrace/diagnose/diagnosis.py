@@ -1,0 +1,105 @@
+"""From findings to a likely cause: a ranked diagnosis with the evidence and advice that fits it.
+
+Each finding carries a cause from a fixed vocabulary. A cause is ranked by the findings behind
+it — errors weigh most, warnings less, info nothing on its own — and by what the model is:
+a Post-LN model that diverges needs a warm-up first (Xiong et al. 2020); weights that are
+already far past any usual initialisation point at the initialisation; definite structural
+faults (a missing mask, a residual adding the wrong tensor, a norm that does not normalise, a
+float16 overflow) outrank everything. Advice never suggests what the model already has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from blocktrace.diagnose.health import Cause, Flag
+from blocktrace.vocab import Level
+
+WEIGHT = {Level.ERROR: 10, Level.WARNING: 3, Level.INFO: 0}
+DEFINITE = (Cause.MASK, Cause.RESIDUAL, Cause.NORM, Cause.PRECISION)  # a structural fault explains the rest
+DEFINITE_BONUS = 100
+SCALE_BONUS = 20  # weight_scale: the weights are past any init, whatever the learning rate did
+
+
+@dataclass(frozen=True)
+class Context:
+    """What is known of the model the findings come from."""
+
+    post_norm: bool = False  # Post-LN or DeepNorm wiring
+    activation: Optional[str] = None  # the FFN's (relu, gelu, swiglu, ...)
+
+
+def _cause_of(finding: Flag, context: Context) -> Cause:
+    if finding.cause is Cause.LEARNING_RATE and context.post_norm:
+        return Cause.WARMUP  # a diverging Post-LN model: the warm-up comes first (Xiong et al. 2020)
+    return finding.cause
+
+
+ADVICE = {
+    Cause.LEARNING_RATE: "lower the peak learning rate (a tenth is a first try), keep a warm-up, and clip the "
+                         "gradient norm at 1.0",
+    Cause.WARMUP: "add a learning-rate warm-up over the first few hundred steps (Xiong et al. 2020: Post-LN needs "
+                  "one), and lower the peak learning rate if it still diverges",
+    Cause.INITIALISATION: "re-initialise the weights at the usual scale — N(0, 0.02) as GPT-2 or std 1/√fan_in — "
+                          "with the residual output projections scaled by 1/√(2·layers)",
+    Cause.ARCHITECTURE: "the FFN's units are dead: use GELU or SwiGLU instead of ReLU, or a lower learning rate and "
+                        "FFN biases initialised at 0",
+    Cause.PRECISION: "train in bfloat16 or float32, or keep float16 with a loss scaler (torch.amp.GradScaler) and "
+                     "float32 norms and softmax",
+    Cause.MASK: "apply the causal mask to the attention scores before the softmax (is_causal=True, or an additive "
+                "mask of -inf above the diagonal)",
+    Cause.RESIDUAL: "add the un-normalised stream: x = x + sublayer(norm(x)) in Pre-LN, not norm(x) + sublayer(...)",
+    Cause.NORM: "make the norm normalise each token over its last dimension, and keep it in the forward path",
+    Cause.DATA: "check the input data: NaN or Inf reach the model before its first step",
+}
+
+
+def _advice(cause: Cause, context: Context) -> str:
+    advice = ADVICE[cause]
+    if cause is Cause.WARMUP and not context.post_norm:
+        advice = "add a learning-rate warm-up over the first few hundred steps, and lower the peak learning rate"
+    if cause is Cause.ARCHITECTURE and context.activation not in (None, "relu"):
+        advice = "most FFN units never activate: check the FFN biases and the scale of the FFN input; lower the " \
+                 "learning rate"
+    return advice
+
+
+def _evidence(findings: list[Flag]) -> str:
+    by_name: dict[str, list[Flag]] = {}
+    for finding in findings:
+        by_name.setdefault(finding.name, []).append(finding)
+    parts = []
+    for name, hits in by_name.items():
+        layers = sorted({f.layer for f in hits if f.layer is not None})
+        where = f" at layer{'s' if len(layers) > 1 else ''} {_ranges(layers)}" if layers else ""
+        parts.append(f"{name}{where} ({hits[0].detail})")
+    return "; ".join(parts)
+
+
+def _ranges(numbers: list[int]) -> str:
+    spans, start = [], None
+    for index, number in enumerate(numbers):
+        if start is None:
+            start = number
+        if index + 1 == len(numbers) or numbers[index + 1] != number + 1:
+            spans.append(str(start) if start == number else f"{start}–{number}")
+            start = None
+    return ", ".join(spans)
+
+
+def diagnose(flags: list[Flag], context: Context = Context()) -> list[dict]:
+    """Causes ranked most likely first, each with its evidence and advice; empty when nothing is wrong."""
+    grouped: dict[Cause, list[Flag]] = {}
+    for finding in flags:
+        if finding.level is not Level.INFO:
+            grouped.setdefault(_cause_of(finding, context), []).append(finding)
+    scored = []
+    for cause, findings in grouped.items():
+        score = sum(WEIGHT[f.level] for f in {f.name: f for f in findings}.values())
+        score += DEFINITE_BONUS if cause in DEFINITE else 0
+        score += SCALE_BONUS if any(f.name == "weight_scale" for f in findings) else 0
+        scored.append((score, cause, findings))
+    scored.sort(key=lambda item: (-item[0], item[1].value))
+    return [{"cause": cause.value, "score": score, "evidence": _evidence(findings), "advice": _advice(cause, context)}
+            for score, cause, findings in scored]

@@ -1,0 +1,179 @@
+"""A checkpoint as a whole model: every layer checked in turn, and the model's own loss.
+
+Layers are read one at a time (a layer's tensors, traced, then released), so checking a model
+costs about one layer's memory; the traced layers are all of them unless --layer / --layers
+narrow it (the others still run, untraced, so the loss is the whole model's). With --grad the
+whole model is loaded once more, and one backward pass of the model's own loss gives every
+step's and every parameter's gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from blocktrace.diagnose.grad import gradient_report
+from blocktrace.diagnose.loss import LossReport, cross_entropy, loss_report, mask_for_mlm, next_token_labels, no_loss
+from blocktrace.errors import UsageError
+from blocktrace.request import Analysis, RunRequest
+from blocktrace.sources.families.base import LossKind, NoLoss
+from blocktrace.sources.source import resolve_device, torch_dtype
+
+
+@dataclass
+class ModelInput:
+    ids: torch.Tensor  # [B, T] what the model reads (BERT: with [MASK] at the masked positions)
+    labels: Optional[torch.Tensor]  # [B, T] what it should predict (-100: nothing)
+    token_mask: Optional[torch.Tensor]  # [B, T] False at padding
+    labels_text: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def _traced_range(request: RunRequest, analysis: Analysis, n_layers: int, layer_given: bool) -> range:
+    """Every layer by default; --layer K alone: that layer; --layer K --layers N: N layers from K."""
+    if analysis.stacked:
+        count = analysis.depths[0]
+        if request.layer + count > n_layers:
+            raise UsageError(f"--layer {request.layer} with --layers {count} needs layers up to "
+                             f"{request.layer + count - 1}, but the checkpoint has {n_layers}: 0–{n_layers - 1}")
+        return range(request.layer, request.layer + count)
+    return range(request.layer, request.layer + 1) if layer_given else range(n_layers)
+
+
+def _model_input(checkpoint, info, request: RunRequest, head_spec) -> ModelInput:
+    from blocktrace.sources.inputs import pad_sequences
+    from blocktrace.sources.source import token_sequences
+    from blocktrace.sources.tokenizer import mask_token, token_labels
+
+    sequences = token_sequences(checkpoint.directory, request.inputs, info.n_positions)
+    pad_id = info.config.integer("pad_token_id", 0, positive=False) if info.config is not None else 0
+    padded, mask = pad_sequences(sequences, pad_id or 0)
+    ids = torch.tensor(padded)
+    labels_text, label_note = token_labels(checkpoint.directory, sequences[0])
+    model_input = ModelInput(ids, None, mask, labels_text, [label_note] if label_note else [])
+    if head_spec is None:
+        return model_input
+    if head_spec.kind is LossKind.MASKED:
+        mask_id, special = mask_token(checkpoint.directory)
+        if mask_id is None:
+            raise NoLoss("BERT's masked-LM loss needs the [MASK] token of a tokenizer.json beside the weights")
+        model_input.ids, model_input.labels = mask_for_mlm(ids, mask, mask_id, special)
+        model_input.notes.append(f"masked-LM loss: {int((model_input.labels >= 0).sum())} positions (15% of the "
+                                 "real tokens, from a fixed seed) replaced by [MASK] and predicted")
+    else:
+        model_input.labels = next_token_labels(ids, mask)
+    return model_input
+
+
+def _embed(checkpoint, info, ids: torch.Tensor, dtype) -> torch.Tensor:
+    from blocktrace.sources.loader import embed_token_ids
+
+    return torch.stack([embed_token_ids(checkpoint, info, row, dtype) for row in ids.tolist()])
+
+
+def _head(checkpoint, info, dtype):
+    from blocktrace.sources.loader import load_head
+
+    try:
+        return load_head(checkpoint, info, dtype)
+    except NoLoss as reason:
+        return None, str(reason)
+
+
+def _trace_layers(checkpoint, info, config, x, model_input: ModelInput, traced: range, analysis: Analysis,
+                  device, dtype) -> tuple[list, list, torch.Tensor]:
+    """Every layer in turn, one in memory at a time; the traced ones with every statistic and check."""
+    from blocktrace.sources.loader import load_block
+    from blocktrace.tracing.tracer import trace
+
+    traces, weights = [], []
+    mask = None if model_input.token_mask is None else model_input.token_mask.to(device)
+    for layer in range(info.n_layers):
+        block = load_block(checkpoint, info, layer, config, dtype).to(device)
+        block.attn.key_mask = mask
+        if layer in traced:
+            result = trace(block, x, checks=analysis.checks, token_mask=mask)
+            traces.append(result)
+            weights.append(weight_statistics(block))
+            x = result.output
+        else:
+            with torch.no_grad():
+                x = block(x)
+        del block
+    return traces, weights, x
+
+
+def weight_statistics(block) -> dict[str, dict]:
+    """Per matrix of the block: its std and Frobenius norm (the checks read them against the usual init)."""
+    with torch.no_grad():
+        return {name: {"std": p.double().std().item(), "norm": torch.linalg.vector_norm(p.double()).item(),
+                       "fan_in": p.shape[-1]}
+                for name, p in block.named_parameters() if p.dim() == 2}
+
+
+def _gradients(checkpoint, info, config, x0, model_input: ModelInput, head, device, dtype, kind: str):
+    from blocktrace.sources.loader import load_block
+
+    mask = None if model_input.token_mask is None else model_input.token_mask.to(device)
+    blocks = []
+    for layer in range(info.n_layers):
+        block = load_block(checkpoint, info, layer, config, dtype).to(device)
+        block.attn.key_mask = mask
+        blocks.append(block)
+    labels = model_input.labels.to(device)
+    return gradient_report(blocks, lambda k: x0, lambda x, k: cross_entropy(head(x), labels), loss_kind=kind)
+
+
+def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bool) -> tuple[dict, list, object]:
+    """`check --weights`: the model's layers (all by default), its loss, gradients with --grad."""
+    from blocktrace.diagnose.health import ModelEvidence, evaluate
+    from blocktrace.render.report import model_report
+    from blocktrace.sources.checkpoint import Checkpoint
+    from blocktrace.sources.families import SIZE_FIELDS, checkpoint_config, model_info
+
+    given = request.inputs.given()
+    if not given or given[0] not in ("--token-ids", "--text", "--text-file") or len(given) > 1:
+        raise UsageError("checking a checkpoint takes its input as token ids: one of --token-ids, --text or "
+                         "--text-file")
+    dtype, device = torch_dtype(request.dtype), resolve_device(request.device)
+    checkpoint = Checkpoint(request.weights)
+    info = model_info(checkpoint)
+    overrides = {key: value for key, value in request.config_fields.items() if key in request.explicit}
+    config = checkpoint_config(checkpoint, info, {k: v for k, v in overrides.items() if k in SIZE_FIELDS})
+    traced = _traced_range(request, analysis, info.n_layers, layer_given)
+    head, spec = _head(checkpoint, info, dtype)
+    try:
+        model_input = _model_input(checkpoint, info, request, spec if head is not None else None)
+    except NoLoss as reason:
+        head, spec = None, str(reason)
+        model_input = _model_input(checkpoint, info, request, None)
+    x0 = _embed(checkpoint, info, model_input.ids, dtype).to(device)
+    traces, weights, x = _trace_layers(checkpoint, info, config, x0, model_input, traced, analysis, device, dtype)
+    loss = _loss(head, spec, x, model_input, device)
+    grads = None
+    if analysis.grad and head is not None:
+        grads = _gradients(checkpoint, info, config, x0, model_input, head.to(device), device, dtype,
+                           spec.kind.value)
+    evidence = ModelEvidence(loss=loss, weights=weights, first_layer=traced.start, n_layers=info.n_layers,
+                             stored_dtype=_stored_dtype(checkpoint, info), config=config)
+    flags = evaluate(traces, grads, evidence) if analysis.checks else None
+    report = model_report(checkpoint, info, config, traces, model_input, loss, grads, flags, evidence,
+                          str(request.weights))
+    return report, traces, None
+
+
+def _loss(head, spec, x: torch.Tensor, model_input: ModelInput, device) -> LossReport:
+    if head is None:
+        return no_loss(spec)
+    with torch.no_grad():
+        logits = head.to(device)(x)
+    return loss_report(logits, model_input.labels.to(device), spec.kind.value)
+
+
+def _stored_dtype(checkpoint, info) -> str:
+    """The dtype the checkpoint's layers are stored in (F16 models overflow beyond ±65504)."""
+    prefix = info.layer_prefix(0)
+    key = next((k for k in checkpoint.keys if k.startswith(prefix)), None)
+    return checkpoint.dtype(key) if key is not None else "F32"

@@ -1,0 +1,149 @@
+"""`check --weights`: every layer, the model's own loss and its gradients, each equal to what
+HuggingFace computes for the same model, the same tokens and the same labels."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from helpers import make_bert, make_gpt2, randomise_hf
+
+IDS = [5, 17, 99, 3, 42, 7, 63, 11]
+SHORT = [8, 9, 10, 12]
+
+
+def hf_model(name: str):
+    import transformers
+
+    small = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=3, vocab_size=101,
+                 max_position_embeddings=64, attn_implementation="eager")
+    if name == "gpt2":
+        return make_gpt2(head=True)
+    if name == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, num_key_value_heads=2))
+    elif name == "gemma2":
+        model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+            **small, num_key_value_heads=2, head_dim=8, sliding_window=4, final_logit_softcapping=5.0))
+    else:
+        model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**small))
+    randomise_hf(model, seed=7)
+    return model.eval()
+
+
+def layers_of(model):
+    for path in ("transformer.h", "model.layers", "gpt_neox.layers", "bert.encoder.layer"):
+        try:
+            return model.get_submodule(path)
+        except AttributeError:
+            continue
+    raise AssertionError("no layers")
+
+
+def hf_loss_and_layer_gradients(model, ids: list[list[int]], mask, labels) -> tuple[float, list[float]]:
+    model.zero_grad()
+    output = model(torch.tensor(ids), attention_mask=mask, labels=labels)
+    output.loss.backward()
+    norms = [math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in layer.parameters() if p.grad is not None))
+             for layer in layers_of(model)]
+    model.zero_grad()
+    return output.loss.item(), norms
+
+
+def our_layer_gradients(report: dict) -> list[float]:
+    return [math.sqrt(sum(entry["grad"] ** 2 for entry in layer["parameters"].values()))
+            for layer in report["gradients"]["layers"]]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gpt_neox"])
+def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
+    model = hf_model(name)
+    model.save_pretrained(tmp_path)
+    result = invoke("check", "--weights", str(tmp_path), "--token-ids", *map(str, IDS), "--grad", "--json")
+    assert result.exit_code in (0, 1), result.output
+    report = json.loads(result.stdout)
+    labels = torch.tensor([IDS])
+    loss, gradients = hf_loss_and_layer_gradients(model, [IDS], None, labels)
+    assert report["loss"] == pytest.approx(loss, rel=1e-5)
+    assert report["gradients"]["loss"] == pytest.approx(loss, rel=1e-5)
+    assert our_layer_gradients(report) == pytest.approx(gradients, rel=1e-5)
+    assert report["traced_layers"] == [0, 1, 2]
+
+
+def test_a_padded_batch_predicts_real_tokens_only(invoke, tmp_path):
+    model = hf_model("llama")
+    model.save_pretrained(tmp_path)
+    result = invoke("check", "--weights", str(tmp_path), "--token-ids", *map(str, IDS), "/", *map(str, SHORT),
+                    "--grad", "--json")
+    report = json.loads(result.stdout)
+    padded = [IDS, SHORT + [0] * (len(IDS) - len(SHORT))]
+    mask = torch.tensor([[1] * len(IDS), [1] * len(SHORT) + [0] * (len(IDS) - len(SHORT))])
+    labels = torch.tensor(padded).masked_fill(mask == 0, -100)
+    loss, gradients = hf_loss_and_layer_gradients(model, padded, mask, labels)
+    assert report["loss"] == pytest.approx(loss, rel=1e-5)
+    assert our_layer_gradients(report) == pytest.approx(gradients, rel=1e-5)
+    assert report["loss_detail"]["tokens"] == (len(IDS) - 1) + (len(SHORT) - 1)
+
+
+def test_text_file_gives_the_same_batch_as_token_ids(invoke, tmp_path):
+    from helpers import SAMPLES
+
+    (tmp_path / "text.txt").write_text("猫 吃 鱼 .\n\n狗 喝 水\n", encoding="utf-8")
+    by_file = json.loads(invoke("check", "--weights", str(SAMPLES / "gpt2-tiny"), "--text-file",
+                                str(tmp_path / "text.txt"), "--json").stdout)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(SAMPLES / "gpt2-tiny" / "tokenizer.json"))
+    first, second = (tokenizer.encode(line).ids for line in ("猫 吃 鱼 .", "狗 喝 水"))
+    by_ids = json.loads(invoke("check", "--weights", str(SAMPLES / "gpt2-tiny"), "--token-ids", *map(str, first),
+                               "/", *map(str, second), "--json").stdout)
+    assert by_file["loss"] == pytest.approx(by_ids["loss"], rel=1e-6)
+    assert by_file["input"]["sequences"] == 2 and by_file["input"]["tokens"] == 7
+
+
+def bert_tokenizer(path, vocab_size: int):
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *[f"w{i}" for i in range(5, vocab_size)]]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens([AddedToken(w, special=True) for w in words[:5]])
+    tokenizer.save(str(path))
+
+
+def test_bert_masked_lm_loss_equals_huggingface(invoke, tmp_path):
+    from blocktrace.diagnose.loss import mask_for_mlm
+
+    saved, _ = make_bert(head=True)
+    saved.save_pretrained(tmp_path)
+    bert_tokenizer(tmp_path / "tokenizer.json", saved.config.vocab_size)
+    ids = [2, *IDS, 3]
+    report = json.loads(invoke("check", "--weights", str(tmp_path), "--token-ids", *map(str, ids), "--json").stdout)
+    masked, labels = mask_for_mlm(torch.tensor([ids]), None, 4, {0, 1, 2, 3, 4})
+    assert int((labels >= 0).sum()) >= 1 and (masked[labels >= 0] == 4).all()
+    with torch.no_grad():
+        expected = saved(masked, labels=labels).loss.item()
+    assert report["loss"] == pytest.approx(expected, rel=1e-5)
+    assert report["loss_detail"]["kind"] == "masked"
+
+
+def test_checkpoints_without_a_head_say_why_there_is_no_loss(invoke, tmp_path):
+    saved, _ = make_bert(head=False)
+    saved.save_pretrained(tmp_path)
+    report = json.loads(invoke("check", "--weights", str(tmp_path), "--token-ids", "1", "2", "3", "--json").stdout)
+    assert report["loss"] is None and "no masked-LM head" in report["loss_note"]
+    assert set(report) >= {"loss", "loss_note", "flags", "diagnosis"}
+
+
+def test_layer_and_layers_narrow_the_check(invoke, tmp_path):
+    model = hf_model("gpt2")
+    model.save_pretrained(tmp_path)
+    full = json.loads(invoke("check", "--weights", str(tmp_path), "--token-ids", *map(str, IDS), "--json").stdout)
+    one = json.loads(invoke("check", "--weights", str(tmp_path), "--layer", "1", "--token-ids", *map(str, IDS),
+                            "--json").stdout)
+    two = json.loads(invoke("check", "--weights", str(tmp_path), "--layer", "1", "--layers", "2", "--token-ids",
+                            *map(str, IDS), "--json").stdout)
+    assert full["traced_layers"] == [0, 1, 2] and one["traced_layers"] == [1] and two["traced_layers"] == [1, 2]
+    assert full["loss"] == one["loss"] == two["loss"]  # the loss is always the whole model's
+    assert one["layers"][0]["steps"] == full["layers"][1]["steps"]
