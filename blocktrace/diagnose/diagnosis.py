@@ -18,6 +18,7 @@ from blocktrace.vocab import Level
 
 WEIGHT = {Level.ERROR: 10, Level.WARNING: 3, Level.INFO: 0}
 DEFINITE = (Cause.MASK, Cause.RESIDUAL, Cause.NORM, Cause.PRECISION)  # a structural fault explains the rest
+# At step 0 nothing but the initialisation can be at fault (see _cause_of).
 DEFINITE_BONUS = 100
 SCALE_BONUS = 20  # weight_scale: the weights are past any init, whatever the learning rate did
 
@@ -28,9 +29,15 @@ class Context:
 
     post_norm: bool = False  # Post-LN or DeepNorm wiring
     activation: Optional[str] = None  # the FFN's (relu, gelu, swiglu, ...)
+    step: Optional[int] = None  # the training step of the checkpoint, when known
+
+
+TRAINING_CAUSES = (Cause.LEARNING_RATE, Cause.WARMUP)
 
 
 def _cause_of(finding: Flag, context: Context) -> Cause:
+    if finding.cause in TRAINING_CAUSES and context.step == 0:
+        return Cause.INITIALISATION  # no update has happened yet: the learning rate played no part
     if finding.cause is Cause.LEARNING_RATE and context.post_norm:
         return Cause.WARMUP  # a diverging Post-LN model: the warm-up comes first (Xiong et al. 2020)
     return finding.cause

@@ -132,10 +132,10 @@ CHECKS = {check.name: check for check in [
           "Wortsman et al. 2023 (output-logit divergence; z-loss 1e-4·log²Z)",
           "the output logits' normaliser has drifted far from 0: the output layer is diverging",
           Cause.LEARNING_RATE),
-    Check("gradient_vanishing", "the first layer's step gradients < 1e-3 × the last layer's (with --grad)",
+    Check("gradient_vanishing", "the first layer's mean step gradient < 1e-3 × the last layer's (with --grad)",
           "Xiong et al. 2020; Liu et al. 2020", "gradients shrink towards the input: early layers barely learn",
           Cause.WARMUP),
-    Check("gradient_exploding", "the first layer's step gradients > 1e3 × the last layer's, or any non-finite "
+    Check("gradient_exploding", "the first layer's mean step gradient > 1e3 × the last layer's, or any non-finite "
           "gradient (with --grad)", "Xiong et al. 2020 (Post-LN gradients at initialisation)",
           "gradients grow towards the input: training steps will be unstable", Cause.LEARNING_RATE),
 ]}
@@ -168,6 +168,7 @@ class ModelEvidence:
     n_layers: int = 1
     stored_dtype: str = "F32"
     config: Optional[object] = None  # the checkpoint's BlockConfig
+    step: Optional[int] = None  # the training step the checkpoint holds, when its name or trainer_state says
 
 
 def flag(name: str, level: Level, step, layer, value: float, detail: str, cause: Optional[Cause] = None) -> Flag:
@@ -341,9 +342,9 @@ def _gradient_flags(gradients, first_layer: int = 0) -> list[Flag]:
     ratio, last = means[0] / means[-1], first_layer + len(means) - 1
     detail = f"mean ‖∂L/∂step‖ {means[0]:.3g} at layer {first_layer} against {means[-1]:.3g} at layer {last}"
     if ratio < 1 / GRADIENT_RATIO:
-        return [flag("gradient_vanishing", Level.WARNING, None, first_layer, ratio, detail)]
+        return [flag("gradient_vanishing", Level.ERROR, None, first_layer, ratio, detail)]
     if ratio > GRADIENT_RATIO:
-        return [flag("gradient_exploding", Level.WARNING, None, first_layer, ratio, detail)]
+        return [flag("gradient_exploding", Level.ERROR, None, first_layer, ratio, detail)]
     return []
 
 

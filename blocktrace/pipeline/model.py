@@ -20,6 +20,7 @@ from blocktrace.errors import UsageError
 from blocktrace.request import Analysis, RunRequest
 from blocktrace.sources.families.base import LossKind, NoLoss
 from blocktrace.sources.source import resolve_device, torch_dtype
+from blocktrace.sources.training_step import step_of
 
 
 @dataclass
@@ -157,7 +158,8 @@ def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bo
         grads = _gradients(checkpoint, info, config, x0, model_input, head.to(device), device, dtype,
                            spec.kind.value)
     evidence = ModelEvidence(loss=loss, weights=weights, first_layer=traced.start, n_layers=info.n_layers,
-                             stored_dtype=_stored_dtype(checkpoint, info), config=config)
+                             stored_dtype=_stored_dtype(checkpoint, info), config=config,
+                             step=step_of(checkpoint.directory))
     flags = evaluate(traces, grads, evidence) if analysis.checks else None
     report = model_report(checkpoint, info, config, traces, model_input, loss, grads, flags, evidence,
                           str(request.weights))

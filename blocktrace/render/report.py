@@ -176,12 +176,13 @@ def model_report(checkpoint, info, config, traces: list[Trace], model_input, los
         "n_layers": info.n_layers, "traced_layers": [first + i for i in range(len(traces))],
         "layers": [_layer_entry(first + i, trace, flags, w) for i, (trace, w) in enumerate(zip(traces, weights))],
         "loss_detail": loss.to_dict(), "gradients": gradients_dict(grads), "stored_dtype": evidence.stored_dtype,
+        "step": evidence.step,
         "notes": model_input.notes,
     }
     if flags is not None:
         from blocktrace.diagnose.diagnosis import Context, diagnose
 
-        context = Context(post_norm=config.post_norm, activation=config.ffn.value)
+        context = Context(post_norm=config.post_norm, activation=config.ffn.value, step=evidence.step)
         report.update({"flags": flags_dict(flags), "diagnosis": diagnose(flags, context)})
     report.update({"loss": loss.value, "loss_note": loss.note})
     return report

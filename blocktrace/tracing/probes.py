@@ -38,6 +38,11 @@ class ProbeContext:
         return cls(block, layout, 1.0, _user_activation(block, layout), token_mask)
 
     @property
+    def final_step(self) -> str:
+        """The step whose output is the block's output."""
+        return "norm2" if self.layout.placement.norm_after_add else "residual2"
+
+    @property
     def sources(self) -> dict:
         return RESIDUAL_SOURCES[self.layout.placement]
 
@@ -55,7 +60,8 @@ def _user_activation(block, layout: Layout) -> FFNKind:
 
 
 def _norm(t: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(t.double())
+    """Frobenius norm, accumulated in float32 at least (a relative 1e-3 test needs no more)."""
+    return torch.linalg.vector_norm(t if t.dtype in (torch.float32, torch.float64) else t.float())
 
 
 def residual_probe(context: ProbeContext, name: str, value: torch.Tensor) -> dict:
@@ -63,8 +69,8 @@ def residual_probe(context: ProbeContext, name: str, value: torch.Tensor) -> dic
     stream, update = context.refs.get(stream_name), context.refs.get(update_name)
     probe = {}
     if stream is not None and update is not None and stream.shape == value.shape == update.shape:
-        expected = context.residual_scale * stream + update
-        probe["residual_mismatch"] = _norm(value - expected) / _norm(value).clamp_min(1e-30)
+        expected = torch.add(update, stream, alpha=context.residual_scale)
+        probe["residual_mismatch"] = _norm(expected.sub_(value)) / _norm(value).clamp_min(1e-30)
         probe["update_ratio"] = _norm(update) / _norm(stream).clamp_min(1e-30)
     for used in (stream_name, update_name):  # compared: no reason to hold them any longer
         context.refs.pop(used, None)
@@ -73,7 +79,8 @@ def residual_probe(context: ProbeContext, name: str, value: torch.Tensor) -> dic
 
 def _median_token_size(value: torch.Tensor) -> torch.Tensor:
     """The median over tokens of ‖x‖²/d: the stream's size, blind to a few sink tokens with huge norms."""
-    return value.detach().float().pow(2).mean(dim=-1).flatten().median()
+    norms = torch.linalg.vector_norm(value.detach().float(), dim=-1).flatten()
+    return norms.median().square() / value.shape[-1]
 
 
 def massive_probe(value: torch.Tensor, moments: torch.Tensor) -> dict:
@@ -86,28 +93,31 @@ def massive_probe(value: torch.Tensor, moments: torch.Tensor) -> dict:
     return {"massive_ratio": largest / max(float(value.detach().abs().flatten().median()), 1e-30)}
 
 
+DEAD_WORTH_A_LOOK = 0.5  # the flat-region fraction (info) is measured only past this dead fraction
+
+
 def ffn_probe(context: ProbeContext, output) -> None:
-    """Dead units (never active for any token) and activations in the flat region."""
+    """Dead units (never active for any token) and, where many are, activations in the flat region."""
     hidden = output[0] if isinstance(output, (tuple, list)) else output
-    flat = hidden.detach().reshape(-1, hidden.shape[-1])
-    if context.activation.gated:  # gated: signed output, active when not ~0
-        active = flat.abs() > 1e-6
-        flat_region = ~active
-    else:  # ReLU, GELU, SiLU: active when positive; flat where ~0 on the negative side
-        active = flat > 0
-        flat_region = (flat <= 0) & (flat > -1e-3)
-    context.ffn_activity = {
-        "dead_fraction": 1.0 - active.any(dim=0).float().mean(),
-        "flat_fraction": flat_region.float().mean(),
-        "units": flat.shape[-1],
-        "tokens": flat.shape[0],
-    }
+    flat = context.real_tokens(hidden.detach())
+    flat = flat.reshape(-1, flat.shape[-1])
+    gated = context.activation.gated  # gated: signed output, active when not ~0; else active when positive
+    peak = flat.abs().amax(dim=0) if gated else flat.amax(dim=0)  # one pass: a unit's largest value
+    dead = (peak <= (1e-6 if gated else 0.0)).float().mean().item()
+    context.ffn_activity = {"dead_fraction": dead, "units": flat.shape[-1], "tokens": flat.shape[0],
+                            "flat_fraction": _flat_fraction(flat, gated) if dead > DEAD_WORTH_A_LOOK else 0.0}
+
+
+def _flat_fraction(flat: torch.Tensor, gated: bool) -> float:
+    """Share of activations where the nonlinearity has ~zero slope (~0 output on the negative side)."""
+    region = flat.abs() <= 1e-6 if gated else (flat <= 0) & (flat > -1e-3)
+    return region.float().mean().item()
 
 
 def step_probe(context: ProbeContext, name: str, value: torch.Tensor, moments: torch.Tensor) -> dict:
     """Everything the health checks need from one step; `moments` are its tensor_moments."""
     probe = {}
-    if name in ("residual1", "residual2", "norm2"):
+    if name == context.final_step:
         probe["token_sq_median"] = _median_token_size(context.real_tokens(value))
     if name in ("residual1", "residual2"):
         probe.update(residual_probe(context, name, value))

@@ -32,12 +32,12 @@ class BERT(Family):
 
     def config_fields(self, config):
         refuse_unless(config, "position_embedding_type", ("absolute",), "uses relative positions")
-        refuse_unless(config, "is_decoder", (False,), "makes BERT a causal decoder")
+        refuse_unless(config, "add_cross_attention", (False,), "adds cross-attention to an encoder")
         return {"d_model": config.integer("hidden_size"), "n_heads": config.integer("num_attention_heads"),
                 "d_ff": config.integer("intermediate_size"),
                 "eps": config.number("layer_norm_eps", 1e-12, positive=True),
                 "ffn": activation(config, "hidden_act", "gelu", ACTIVATIONS),
-                "placement": Placement.POST, "causal": False}
+                "placement": Placement.POST, "causal": config.boolean("is_decoder", False)}
 
     def shape_fields(self, checkpoint, base):
         return {"d_model": size(checkpoint, base + "attention.self.query.weight", 0),
@@ -74,7 +74,8 @@ class BERT(Family):
         return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
     def head(self, checkpoint, info):
-        """BertForMaskedLM's head: dense, activation, LayerNorm, then the decoder tied to the word embeddings."""
+        """BertForMaskedLM's head (BertLMHeadModel's too, a causal decoder: is_decoder): dense, activation,
+        LayerNorm, then the decoder tied to the word embeddings."""
         base = "cls.predictions."
         if base + "transform.dense.weight" not in checkpoint:
             raise NoLoss("the checkpoint holds no masked-LM head (cls.predictions, as BertForMaskedLM saves it), "
@@ -87,8 +88,10 @@ class BERT(Family):
         act = activation(config, "hidden_act", "gelu", ACTIVATIONS) if config else FFNKind.GELU
         transform = tuple(base + f"transform.{name}" for name in ("dense.weight", "dense.bias", "LayerNorm.weight",
                                                                   "LayerNorm.bias"))
-        return HeadSpec(LossKind.MASKED, weight, eps=eps, bias=bias if bias in checkpoint else None,
-                        transform=transform, transform_activation=act, tied=weight != decoder)
+        decoder_model = bool(config and config.boolean("is_decoder", False))  # BertLMHeadModel: next-token loss
+        return HeadSpec(LossKind.NEXT_TOKEN if decoder_model else LossKind.MASKED, weight, eps=eps,
+                        bias=bias if bias in checkpoint else None, transform=transform, transform_activation=act,
+                        tied=weight != decoder)
 
     def check(self, config):
         if config.ffn.gated or config.norm is not Norm.LAYERNORM or not config.bias:

@@ -1,0 +1,377 @@
+"""The failure benchmark: tiny models trained healthy and broken, each checkpoint checked.
+
+    python benchmarks/failures.py            # trains every run, checks every checkpoint, writes FAILURES.md
+    python benchmarks/failures.py --only gpt2-healthy gpt2-lr-high
+
+Character-level language models on Python's own standard-library sources (a local corpus: no
+download), a few minutes on 2 CPU cores. Healthy runs (GPT-2 and Llama layouts, a Post-LN BERT
+decoder with warm-up) and failing runs with one known cause each: learning rate too high
+without warm-up, a bad initialisation scale, a deep Post-LN model without warm-up, float16
+overflow, a missing causal mask, a residual adding the normed tensor, dead ReLU units. Every
+checkpoint is checked with `blocktrace check` (the model's own loss, --grad) — or, for the bugs
+that live in code, `check --module` on the run's block — and FAILURES.md reports, per run: the
+step at which `check` first errs, the step at which the loss curve shows the failure, whether
+the diagnosis' top cause is the known one, and every false alarm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import DATA, machine_facts  # noqa: E402
+
+WORK = DATA / "failures"
+CONTEXT, BATCH, EVAL_SEQUENCES = 128, 16, 8
+CORPUS_CHARS, MIN_CHAR_COUNT = 3_000_000, 50
+LOSS_MARGIN, LOSS_WINDOW = 0.5, 10  # the loss curve shows a failure: its 10-step mean 0.5 nats above a reference
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    model: str  # gpt2, llama, bert (a causal Post-LN decoder), nano (nanoGPT-style, the code bugs)
+    expected: Optional[str]  # the known cause; None: a healthy run
+    lr: float = 1e-3
+    warmup: int = 50
+    clip: Optional[float] = 1.0
+    steps: int = 400
+    options: dict = field(default_factory=dict)
+
+
+RUNS = [
+    Run("gpt2-healthy", "gpt2", None),
+    Run("llama-healthy", "llama", None),
+    Run("bert-postln-healthy", "bert", None, lr=5e-4, warmup=100, options={"layers": 12}),
+    Run("nano-healthy", "nano", None),
+    Run("gpt2-lr-high", "gpt2", "learning_rate", lr=1e-1, warmup=0, clip=None),
+    Run("llama-lr-high", "llama", "learning_rate", lr=1e-1, warmup=0, clip=None),
+    Run("gpt2-bad-init", "gpt2", "initialisation", options={"init_std": 1.0}),
+    Run("bert-postln-no-warmup", "bert", "warmup", lr=5e-3, warmup=0, clip=None, options={"layers": 12}),
+    Run("gpt2-fp16", "gpt2", "precision", lr=1e-2, warmup=0, clip=None, steps=100, options={"dtype": "float16"}),
+    Run("nano-no-causal-mask", "nano", "mask", options={"causal": False}),
+    Run("nano-residual-normed", "nano", "residual", options={"residual_normed": True}),
+    Run("gpt2-dead-relu", "gpt2", "architecture", options={"activation": "relu", "fc_bias": -1.5}),
+]
+CHECKPOINT_STEPS = (0, 10, 25, 50, 75, 100, 150, 200, 250, 300, 350, 400)
+
+
+# --- corpus -------------------------------------------------------------------------------------
+
+def corpus() -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Train and validation ids of a character-level corpus: the standard library's .py files."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    text, size = [], 0
+    for path in sorted(root.glob("*.py")):
+        chunk = path.read_text(encoding="utf-8", errors="replace")
+        text.append(chunk)
+        size += len(chunk)
+        if size >= CORPUS_CHARS:
+            break
+    joined = "".join(text)[:CORPUS_CHARS]
+    counts: dict[str, int] = {}
+    for char in joined:
+        counts[char] = counts.get(char, 0) + 1
+    vocab = ["<unk>", *sorted(c for c, n in counts.items() if n >= MIN_CHAR_COUNT)]
+    index = {c: i for i, c in enumerate(vocab)}
+    ids = torch.tensor([index.get(c, 0) for c in joined])
+    split = int(0.95 * len(ids))
+    return ids[:split], ids[split:], vocab
+
+
+def write_tokenizer(path: Path, vocab: list[str]) -> None:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(vocab)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.save(str(path))
+
+
+def batch(ids: torch.Tensor, generator: torch.Generator, size: int = BATCH) -> torch.Tensor:
+    starts = torch.randint(0, len(ids) - CONTEXT, (size,), generator=generator)
+    return torch.stack([ids[s : s + CONTEXT] for s in starts.tolist()])
+
+
+# --- models -------------------------------------------------------------------------------------
+
+def build(run: Run, vocab: int):
+    import transformers
+
+    from bench_models import D_MODEL, N_HEAD, N_LAYER, NanoGPT
+
+    torch.manual_seed(0)
+    options = run.options
+    if run.model == "nano":
+        return NanoGPT(vocab, causal=options.get("causal", True), residual_normed=options.get("residual_normed", False))
+    common = dict(vocab_size=vocab, attn_implementation="eager")
+    if run.model == "gpt2":
+        config = transformers.GPT2Config(n_embd=D_MODEL, n_head=N_HEAD, n_layer=N_LAYER, n_positions=CONTEXT,
+                                         activation_function=options.get("activation", "gelu_new"), bos_token_id=0,
+                                         eos_token_id=0, **common)
+        model = transformers.GPT2LMHeadModel(config)
+    elif run.model == "llama":
+        config = transformers.LlamaConfig(hidden_size=D_MODEL, num_attention_heads=N_HEAD, num_key_value_heads=2,
+                                          num_hidden_layers=N_LAYER, intermediate_size=172,
+                                          max_position_embeddings=CONTEXT, bos_token_id=0, eos_token_id=0, **common)
+        model = transformers.LlamaForCausalLM(config)
+    else:
+        config = transformers.BertConfig(hidden_size=D_MODEL, num_attention_heads=N_HEAD,
+                                         num_hidden_layers=options.get("layers", N_LAYER), intermediate_size=4 * D_MODEL,
+                                         max_position_embeddings=CONTEXT, is_decoder=True, hidden_dropout_prob=0.0,
+                                         attention_probs_dropout_prob=0.0, **common)
+        model = transformers.BertLMHeadModel(config)
+    _initialise(model, options)
+    return model
+
+
+def _initialise(model, options: dict) -> None:
+    with torch.no_grad():
+        if "init_std" in options:
+            for name, parameter in model.named_parameters():
+                if parameter.dim() == 2:
+                    parameter.normal_(0.0, options["init_std"])
+        if "fc_bias" in options:
+            for name, parameter in model.named_parameters():
+                if name.endswith("mlp.c_fc.bias"):
+                    parameter.fill_(options["fc_bias"])
+
+
+def save(model, directory: Path, vocab: list[str]) -> None:
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained(directory)
+    else:
+        model.save(directory)
+    write_tokenizer(directory / "tokenizer.json", vocab)
+
+
+# --- training -----------------------------------------------------------------------------------
+
+def learning_rate(run: Run, step: int) -> float:
+    if step < run.warmup:
+        return run.lr * (step + 1) / run.warmup
+    progress = (step - run.warmup) / max(1, run.steps - run.warmup)
+    return run.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train(run: Run, train_ids, vocab: list[str], directory: Path, watch_factory=None) -> list[dict]:
+    """Train `run`, saving a checkpoint at every CHECKPOINT_STEPS; returns the log (one dict per step)."""
+    model = build(run, len(vocab))
+    if run.options.get("dtype") == "float16":
+        model = model.half()
+    model.train()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                                  lr=run.lr, betas=(0.9, 0.95))
+    watch = watch_factory(model, optimizer) if watch_factory else None
+    generator = torch.Generator().manual_seed(1)
+    log = []
+    for step in range(run.steps + 1):
+        if step in CHECKPOINT_STEPS:
+            save(model, directory / f"step_{step:04d}", vocab)
+        if step == run.steps:
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(run, step)
+        ids = batch(train_ids, generator)
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), run.clip if run.clip else float("inf"))
+        if watch is not None:
+            watch.step(loss)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        log.append({"step": step, "loss": loss.item(), "lr": optimizer.param_groups[0]["lr"], "grad_norm": norm.item()})
+    with open(directory / "log.jsonl", "w") as handle:
+        handle.writelines(json.dumps(entry) + "\n" for entry in log)
+    return log
+
+
+def _means(log: list[dict]) -> list[float]:
+    losses = [entry["loss"] for entry in log]
+    return [sum(losses[max(0, i + 1 - LOSS_WINDOW) : i + 1]) / min(i + 1, LOSS_WINDOW) for i in range(len(losses))]
+
+
+def loss_failure_step(log: list[dict], healthy: Optional[list[dict]] = None) -> Optional[int]:
+    """The first step at which the training loss shows the failure: NaN, or its 10-step mean 0.5 nats above
+    the lowest 10-step mean so far, or 0.5 nats above the healthy run's of the same model at the same step."""
+    means = _means(log)
+    baseline = _means(healthy) if healthy else []
+    lowest = math.inf
+    for step, mean in enumerate(means):
+        if not math.isfinite(mean):
+            return step
+        if step + 1 < LOSS_WINDOW:
+            continue
+        if mean > lowest + LOSS_MARGIN or (step < len(baseline) and mean > baseline[step] + LOSS_MARGIN):
+            return step
+        lowest = min(lowest, mean)
+    return None
+
+
+# --- checking -----------------------------------------------------------------------------------
+
+def eval_arguments(val_ids: torch.Tensor) -> list[str]:
+    sequences = batch(val_ids, torch.Generator().manual_seed(2), EVAL_SEQUENCES)
+    words = []
+    for index, row in enumerate(sequences.tolist()):
+        words += (["/"] if index else []) + [str(i) for i in row]
+    return ["--token-ids", *words]
+
+
+def check(run: Run, checkpoint: Path, eval_args: list[str]) -> dict:
+    from click.testing import CliRunner
+
+    from blocktrace.cli import cli
+
+    if run.model == "nano":
+        os.environ["BLOCKTRACE_BENCH_CHECKPOINT"] = str(checkpoint)
+        args = ["check", "--module", "bench_models:block", "--seq-len", "64", "--json"]
+    else:
+        args = ["check", "--weights", str(checkpoint), *eval_args, "--grad", "--json"]
+    started = time.perf_counter()
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    report = json.loads(result.stdout)
+    return {"exit": result.exit_code, "seconds": time.perf_counter() - started, "loss": report.get("loss"),
+            "flags": [(f["name"], f["level"], f["layer"]) for f in report.get("flags") or []],
+            "diagnosis": [d["cause"] for d in report.get("diagnosis") or []]}
+
+
+@dataclass
+class Outcome:
+    run: Run
+    loss_failure: Optional[int]
+    checks: dict  # step -> check result
+    train_seconds: float
+
+    @property
+    def first_error(self) -> Optional[int]:
+        return next((step for step, c in sorted(self.checks.items()) if any(f[1] == "error" for f in c["flags"])),
+                    None)
+
+    @property
+    def top_cause(self) -> Optional[str]:
+        first = self.first_error
+        return None if first is None else (self.checks[first]["diagnosis"] or [None])[0]
+
+    @property
+    def false_alarms(self) -> list[str]:
+        if self.run.expected is not None:
+            return []
+        return [f"step {step}: {name} ({level}, layer {layer})" for step, c in sorted(self.checks.items())
+                for name, level, layer in c["flags"] if level in ("error", "warning")]
+
+    @property
+    def exit_codes_right(self) -> bool:
+        codes = [c["exit"] for step, c in sorted(self.checks.items())]
+        if self.run.expected is None:
+            return all(code == 0 for code in codes)
+        first = self.first_error
+        return first is not None and all(c["exit"] == 1 for s, c in self.checks.items() if s >= first)
+
+
+def benchmark(runs: list[Run], watch_factory=None) -> list[Outcome]:
+    os.chdir(HERE)  # --module bench_models:block resolves from here
+    train_ids, val_ids, vocab = corpus()
+    eval_args = eval_arguments(val_ids)
+    outcomes, healthy_logs = [], {}
+    for run in runs:
+        directory = WORK / run.name
+        started = time.perf_counter()
+        log = train(run, train_ids, vocab, directory, watch_factory)
+        seconds = time.perf_counter() - started
+        if run.expected is None:
+            healthy_logs[run.model] = log
+        checks = {step: check(run, directory / f"step_{step:04d}", eval_args)
+                  for step in CHECKPOINT_STEPS if step <= run.steps}
+        outcomes.append(Outcome(run, loss_failure_step(log, healthy_logs.get(run.model)), checks, seconds))
+        print(f"{run.name}: trained in {seconds:.0f} s; first error at {outcomes[-1].first_error}, "
+              f"loss shows it at {outcomes[-1].loss_failure}, top cause {outcomes[-1].top_cause}", file=sys.stderr)
+    return outcomes
+
+
+# --- report -------------------------------------------------------------------------------------
+
+def _step(value: Optional[int]) -> str:
+    return "never" if value is None else str(value)
+
+
+def report(outcomes: list[Outcome]) -> str:
+    failing = [o for o in outcomes if o.run.expected is not None]
+    healthy = [o for o in outcomes if o.run.expected is None]
+    caught = [o for o in failing if o.first_error is not None]
+    right = [o for o in failing if o.top_cause == o.run.expected]
+    alarms = [alarm for o in healthy for alarm in o.false_alarms]
+    facts = machine_facts()
+    lines = [
+        "# Failure benchmark", "",
+        f"Written by `python benchmarks/failures.py` on {facts['date']}: {facts['cpu']}, {facts['threads']} torch "
+        f"threads, Python {facts['python']}, torch {facts['torch']}. Character-level models (d_model 64, 4 heads; "
+        f"4 layers, 12 for the BERT decoders) on {CORPUS_CHARS:,} characters of Python's standard library, batches "
+        f"of {BATCH}×{CONTEXT} tokens, AdamW (β 0.9/0.95, weight decay 0.1), warm-up then cosine decay. "
+        f"Checkpoints at steps {', '.join(map(str, CHECKPOINT_STEPS))}; each checked with `blocktrace check "
+        f"--weights CHECKPOINT --token-ids <{EVAL_SEQUENCES} validation sequences of {CONTEXT}> --grad` (the model's "
+        "own loss), or, for the bugs that live in code, `blocktrace check --module bench_models:block` on the "
+        "run's first block. The loss curve shows a failure at the first step where the 10-step mean training loss "
+        f"is {LOSS_MARGIN} nats above its lowest 10-step mean so far, or {LOSS_MARGIN} nats above the healthy run's "
+        "of the same model at the same step, or is NaN.", "",
+        f"- failing runs caught: {len(caught)} of {len(failing)} (target: all)",
+        f"- top cause right at the first error: {len(right)} of {len(failing)} (target: ≥ 90%)",
+        f"- false ERROR/WARNING on healthy runs: {len(alarms)} over {sum(len(o.checks) for o in healthy)} checks "
+        "(target: 0)",
+        f"- `check` exit codes as they should be (0 on every healthy checkpoint, 1 from the first error on): "
+        f"{sum(o.exit_codes_right for o in outcomes)} of {len(outcomes)} runs", "",
+        "| run | known cause | `check` first errs at step | loss curve shows it at step | top cause at the first "
+        "error | right | train s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        expected = o.run.expected or "healthy"
+        verdict = ("yes" if o.top_cause == o.run.expected else "no") if o.run.expected else \
+            ("no alarm" if not o.false_alarms else f"{len(o.false_alarms)} false alarms")
+        lines.append(f"| {o.run.name} | {expected} | {_step(o.first_error)} | {_step(o.loss_failure)} | "
+                     f"{o.top_cause or '-'} | {verdict} | {o.train_seconds:.0f} |")
+    lines += ["", "## Findings per checkpoint", ""]
+    for o in outcomes:
+        lines += [f"### {o.run.name}", "", "| step | loss | exit | errors and warnings | diagnosis |",
+                  "|---|---|---|---|---|"]
+        for step, c in sorted(o.checks.items()):
+            shown = sorted({f"{name} ({level})" for name, level, _ in c["flags"] if level != "info"})
+            loss = "-" if c["loss"] is None else f"{c['loss']:.3f}"
+            lines.append(f"| {step} | {loss} | {c['exit']} | {', '.join(shown) or '-'} | "
+                         f"{', '.join(c['diagnosis'][:2]) or '-'} |")
+        lines.append("")
+    if alarms:
+        lines += ["## False alarms", "", *[f"- {alarm}" for alarm in alarms], ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="run only these runs (by name)")
+    arguments = parser.parse_args()
+    runs = [r for r in RUNS if not arguments.only or r.name in arguments.only]
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    outcomes = benchmark(runs)
+    text = report(outcomes)
+    target = HERE / ("FAILURES.md" if not arguments.only else "FAILURES.partial.md")
+    target.write_text(text + "\n", encoding="utf-8")
+    print(f"wrote {target}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

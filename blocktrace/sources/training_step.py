@@ -1,0 +1,33 @@
+"""Which training step a checkpoint holds: from trainer_state.json (HF Trainer) or its name.
+
+`step_0400`, `checkpoint-400`, `ckpt400`, `iter_400`, `global_step400` all say step 400. A
+checkpoint at step 0 has seen no update: whatever is wrong with it is its initialisation.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Optional
+
+STEP_IN_NAME = re.compile(r"(?:^|[^a-z])(?:step|checkpoint|ckpt|iter|iteration|global_step|epoch)[-_]?(\d+)$",
+                          re.IGNORECASE)
+
+
+def step_of(path: Path) -> Optional[int]:
+    path = Path(path)
+    directory = path if path.is_dir() else path.parent
+    state = directory / "trainer_state.json"
+    if state.is_file():
+        try:
+            step = json.loads(state.read_text(encoding="utf-8")).get("global_step")
+            if isinstance(step, int) and step >= 0:
+                return step
+        except (ValueError, OSError):
+            pass
+    for name in (path.stem if path.is_file() else path.name, directory.name):
+        match = STEP_IN_NAME.search(name)
+        if match:
+            return int(match.group(1))
+    return None

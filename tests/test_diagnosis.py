@@ -1,0 +1,147 @@
+"""Findings judged on both sides: the false alarms of the first checks (dead LayerNorm gains, a
+previous-token head, a hand-written RMSNorm) are gone; failures that passed (an exploding
+stream, a bad init, a float16 overflow) are errors; the diagnosis names a cause that fits."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from blocktrace.config import BlockConfig
+from blocktrace.diagnose.diagnosis import Context, diagnose
+from blocktrace.diagnose.health import evaluate
+from blocktrace.model.block import build_block
+from blocktrace.model.stack import build_stack, trace_stack
+from blocktrace.tracing.stats import uniform_entropy
+from blocktrace.tracing.tracer import trace
+from helpers import SAMPLES
+
+
+def names(flags, *levels):
+    return {f.name for f in flags if not levels or f.level.value in levels}
+
+
+def test_dead_gains_in_a_trained_layernorm_are_no_alarm():
+    """A trained LayerNorm has gains ≈ 0 in some dimensions; its pre-gain output is still normalised."""
+    block = build_block(BlockConfig(d_model=16, n_heads=4, placement="post"))
+    with torch.no_grad():
+        block.norm2.weight[:8] = 1e-13
+    flags = evaluate([trace(block, torch.randn(2, 8, 16), checks=True)])
+    assert "norm_not_normalising" not in names(flags)
+
+
+def test_a_previous_token_head_is_a_learned_feature_not_a_collapse():
+    block = build_block(BlockConfig(d_model=16, n_heads=1, placement="post"))
+    shift = torch.zeros(16, 16)
+    shift[torch.arange(1, 16), torch.arange(15)] = 1.0  # k_j = onehot(j + 1): query t matches key t - 1
+    with torch.no_grad():
+        block.attn.q_proj.weight.copy_(torch.eye(16))
+        block.attn.k_proj.weight.copy_(shift)
+        block.attn.q_proj.bias.zero_()
+        block.attn.k_proj.bias.zero_()
+    x = 10 * torch.eye(16)[:8]
+    traced = trace(block, x, checks=True)
+    assert traced.attention.previous_weight[0] > 0.9
+    flags = evaluate([traced])
+    assert not names(flags, "warning", "error"), flags
+    sharp = [f for f in flags if f.name == "attention_sharp_head"]
+    assert sharp and "previous-token head" in sharp[0].detail
+
+
+def test_uniform_attention_is_measured_against_the_keys_each_query_sees():
+    assert uniform_entropy(3, causal=True) == pytest.approx((0 + math.log(2) + math.log(3)) / 3)  # 0.597
+    assert uniform_entropy(3, causal=False) == pytest.approx(math.log(3))
+    assert uniform_entropy(6, causal=True, window=2) == pytest.approx(5 * math.log(2) / 6)
+    traced = trace(build_block(BlockConfig(d_model=8, n_heads=2)), torch.randn(3, 8))
+    assert traced.attention.uniform_entropy == pytest.approx(0.5973, abs=1e-4)
+
+
+def test_an_exploding_residual_stream_is_an_error():
+    blocks = build_stack(BlockConfig(d_model=16, n_heads=4), 4, seed=0)
+    with torch.no_grad():
+        for layer, block in enumerate(blocks[1:], start=1):
+            block.ffn.proj.weight.mul_(300.0 ** layer)  # each FFN update hundreds of times the last
+    traces = trace_stack(blocks, torch.randn(2, 8, 16), checks=True)
+    flags = evaluate(traces)
+    assert "residual_explosion" in names(flags, "error")
+    healthy = evaluate(trace_stack(build_stack(BlockConfig(d_model=16, n_heads=4), 4), torch.randn(2, 8, 16),
+                                   checks=True))
+    assert "residual_explosion" not in names(healthy)
+
+
+def _gpt2_with(tmp_path, change, dtype=None, name="ckpt"):
+    import shutil
+
+    target = tmp_path / name
+    shutil.copytree(SAMPLES / "gpt2-tiny", target)
+    tensors = load_file(str(target / "model.safetensors"))
+    change(tensors)
+    if dtype is not None:
+        tensors = {k: v.to(dtype) for k, v in tensors.items()}
+    save_file(tensors, str(target / "model.safetensors"))
+    return target
+
+
+def test_weights_far_past_any_init_point_at_the_initialisation(invoke, tmp_path):
+    def std_two(tensors):  # d_model 64: std·√fan_in = 16, a linear map amplifying its input sixteenfold
+        for key, value in tensors.items():
+            if key.startswith("h.") and value.dim() == 2:
+                tensors[key] = 2 * torch.randn(value.shape, generator=torch.Generator().manual_seed(0))
+
+    target = _gpt2_with(tmp_path, std_two)
+    report = json.loads(invoke("check", "--weights", str(target), "--token-ids", *map(str, range(1, 20)),
+                               "--json").stdout)
+    assert "weight_scale" in {f["name"] for f in report["flags"] if f["level"] == "error"}
+    assert report["diagnosis"][0]["cause"] == "initialisation"
+
+
+def test_a_checkpoint_at_step_0_can_only_fail_by_its_initialisation(invoke, tmp_path):
+    step0 = _gpt2_with(tmp_path, lambda tensors: None, name="step_0000")
+    report = json.loads(invoke("check", "--weights", str(step0), "--token-ids", "1", "2", "3", "--json").stdout)
+    assert report["step"] == 0 and report["flags"]  # the sample's random weights are worse than a uniform guess
+    assert report["diagnosis"][0]["cause"] == "initialisation"
+
+
+def test_a_float16_checkpoint_that_overflows_is_a_precision_error(invoke, tmp_path):
+    def overflow(tensors):
+        tensors["h.1.mlp.c_proj.weight"] = tensors["h.1.mlp.c_proj.weight"] * 1e5
+
+    target = _gpt2_with(tmp_path, overflow, torch.float16)
+    result = invoke("check", "--weights", str(target), "--token-ids", *map(str, range(1, 12)), "--json")
+    report = json.loads(result.stdout)
+    assert result.exit_code == 1 and "precision_overflow" in {f["name"] for f in report["flags"]}
+    assert report["diagnosis"][0]["cause"] == "precision" and report["stored_dtype"] == "F16"
+
+
+def test_advice_fits_the_model():
+    from blocktrace.diagnose.health import flag
+    from blocktrace.vocab import Level
+
+    collapse = [flag("attention_entropy_collapse", Level.ERROR, "attn", 3, 1.0, "4 of 4 heads")]
+    pre = diagnose(collapse, Context(post_norm=False))[0]
+    assert pre["cause"] == "learning_rate" and "Pre-LN" not in pre["advice"]
+    post = diagnose(collapse, Context(post_norm=True))[0]
+    assert post["cause"] == "warmup" and "warm-up" in post["advice"]
+    gelu = diagnose([flag("ffn_dead_units", Level.ERROR, "ffn", 0, 0.99, "99%")], Context(activation="gelu"))[0]
+    assert "ReLU" not in gelu["advice"]
+
+
+def test_one_row_per_kind_of_finding(invoke):
+    result = invoke("check", "--layers", "6", "--init", "xiong", "--seq-len", "8")
+    text = result.stdout
+    assert text.count("attention_uniform") == 1  # info kinds are listed once, not 6 × 4 heads
+    with_errors = invoke("check", "--module", "examples.tutorial_block:forgot_residual")
+    table = [line for line in with_errors.stdout.splitlines() if line.startswith(("ERROR", "WARNING"))]
+    assert len(table) == len({line.split()[1] for line in table})
+
+
+def test_json_has_stable_top_level_keys(invoke):
+    report = json.loads(invoke("check", "--module", "examples.tutorial_block:forgot_residual", "--json").stdout)
+    assert {"loss", "loss_note", "flags", "diagnosis"} <= set(report)
+    assert report["loss"] is None and "no model loss" in report["loss_note"]
+    assert {"name", "level", "cause", "layer", "step"} <= set(report["flags"][0])
+    assert report["diagnosis"][0]["cause"] == "residual" and report["diagnosis"][0]["evidence"]
