@@ -109,7 +109,7 @@ def test_gradient_flags_from_step_gradient_norms():
     report = GradientReport(loss=1.0, batches=1,
                             step_norms=[{"attn": 1e-5, "ffn": 3e-5}, {"attn": 1.0, "ffn": 2.0}], weight_norms=[])
     flags = [(f.name, f.layer, f.level.value) for f in _gradient_flags(report)]
-    assert flags == [("gradient_vanishing", 0, "warning")]  # one finding for the one ratio (issue 12)
+    assert flags == [("gradient_vanishing", 0, "error")]  # one finding for the one ratio, an error (issue 12)
     growing = GradientReport(1.0, 1, [{"attn": 1.0, "ffn": 2.0}, {"attn": 1e-5, "ffn": 3e-5}], [])
     assert [f.name for f in _gradient_flags(growing)] == ["gradient_exploding"]
     nan = GradientReport(1.0, 1, [{"attn": float("nan")}], [])
