@@ -34,12 +34,14 @@ RESULT = {{'seconds': time.perf_counter() - start, 'bytes': sum(t.numel() * t.el
 """
 
 ONE_LAYER = """
-import time, torch, safetensors.torch, blocktrace.sources.families as w
+import time, torch, safetensors.torch
 from blocktrace.sources.checkpoint import Checkpoint
+from blocktrace.sources.families import checkpoint_config, model_info
+from blocktrace.sources.loader import load_block
 start = time.perf_counter()
 checkpoint = Checkpoint({path!r})
-info = w.model_info(checkpoint)
-block = w.load_block(checkpoint, info, 11, w.checkpoint_config(checkpoint, info, {{}}))
+info = model_info(checkpoint)
+block = load_block(checkpoint, info, 11, checkpoint_config(checkpoint, info, {{}}))
 touched = sum(float(p.sum()) for p in block.parameters())  # the same reading of every loaded byte
 RESULT = {{'seconds': time.perf_counter() - start, 'bytes': sum(p.numel() * p.element_size() for p in block.parameters())}}
 """

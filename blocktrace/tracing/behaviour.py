@@ -65,10 +65,10 @@ def measure_norm(module: nn.Module, width: int) -> Optional[NormBehaviour]:
     dtype = parameter.dtype if parameter is not None and parameter.is_floating_point() else torch.float32
     device = parameter.device if parameter is not None else torch.device("cpu")
     generator = torch.Generator().manual_seed(PROBE_SEED)
-    x = (torch.randn(2, PROBE_TOKENS, width, generator=generator) * 2 + 0.5).to(device, dtype)
-    other = (torch.randn(2, PROBE_TOKENS, width, generator=generator) * 2 - 0.5).to(device, dtype)
-    scale = torch.empty(2, PROBE_TOKENS, 1).uniform_(0.5, 4.0, generator=generator).to(device, dtype)
-    shift = (torch.randn(2, PROBE_TOKENS, 1, generator=generator) * 3).to(device, dtype)
+    x = (torch.randn(1, PROBE_TOKENS, width, generator=generator) * 2 + 0.5).to(device, dtype)
+    other = (torch.randn(1, PROBE_TOKENS, width, generator=generator) * 2 - 0.5).to(device, dtype)
+    scale = torch.empty(1, PROBE_TOKENS, 1).uniform_(0.5, 4.0, generator=generator).to(device, dtype)
+    shift = (torch.randn(1, PROBE_TOKENS, 1, generator=generator) * 3).to(device, dtype)
     try:
         y, y_scaled, y_shifted, y_other = (module(value) for value in (x, x * scale, x + shift, other))
     except Exception:  # not a plain [.., d] -> [.., d] module: the behaviour cannot be measured

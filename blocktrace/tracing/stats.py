@@ -6,6 +6,7 @@ and a whole trace is copied to Python in one go, after the forward pass.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -70,6 +71,13 @@ def _log_normaliser(w: torch.Tensor, s: torch.Tensor, rows: slice, row_max_score
     return lse
 
 
+@functools.lru_cache(maxsize=4)
+def _future_mask(rows: int, t: int, start: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[rows, T]: 1 above the diagonal, for a chunk of rows starting at query `start` (cached: the same
+    shapes come back for every layer and every chunk of a long input)."""
+    return torch.ones(rows, t, dtype=dtype, device=device).triu_(start + 1)
+
+
 def uniform_entropy(t: int, causal: bool, window: Optional[int] = None) -> float:
     """Mean entropy of uniform attention over the keys each query may see: log T, or, causal,
     the mean of log(i + 1) over the queries (log min(i + 1, W) with a sliding window W)."""
@@ -112,8 +120,7 @@ def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: sli
     lse = _log_normaliser(w, s, rows, row_max_score)
     expected_score = torch.einsum("nhij,nhij->nhi", w, s)
     row_entropy = (lse - expected_score).double()  # [N, H, rows]
-    # [rows, T]: 1 above the diagonal, for this chunk's rows only (row i is query rows.start + i)
-    future_mask = torch.ones(w.shape[-2], t, dtype=w.dtype, device=w.device).triu_(rows.start + 1)
+    future_mask = _future_mask(w.shape[-2], t, rows.start, w.dtype, w.device)
     row_max_weight = torch.exp(row_max_score - lse)
     if query_mask is None:
         future = (w.reshape(-1, future_mask.numel()) @ future_mask.reshape(-1)).double().sum()
@@ -138,7 +145,7 @@ def weights_only_stats(weights: torch.Tensor) -> dict[str, torch.Tensor]:
     n_heads, t = w.shape[-3], w.shape[-1]
     w = w.reshape(-1, n_heads, w.shape[-2], t)
     entropy = torch.special.entr(w.double()).sum(dim=(0, 2, 3))
-    future_mask = torch.ones(w.shape[-2], t, dtype=w.dtype, device=w.device).triu_(1)
+    future_mask = _future_mask(w.shape[-2], t, 0, w.dtype, w.device)
     future = (w.reshape(-1, future_mask.numel()) @ future_mask.reshape(-1)).double().sum()
     return {"entropy_sum": entropy, "future_weight_sum": future, "max_weight": w.amax().double(),
             "max_logit": None, "rows": w.shape[0] * w.shape[-2], **_positional_sums(w, slice(0, w.shape[-2]), None)}
