@@ -300,7 +300,6 @@ TARGETS = {"traced: 6 steps, all statistics, attention diagnostics": 1.05,
 
 def main() -> None:
     import torch
-
     from bench_load import load_section
 
     facts = machine_facts()

@@ -109,7 +109,6 @@ def batch(ids: torch.Tensor, generator: torch.Generator, size: int = BATCH) -> t
 
 def build(run: Run, vocab: int):
     import transformers
-
     from bench_models import D_MODEL, N_HEAD, N_LAYER, NanoGPT
 
     torch.manual_seed(0)

@@ -12,7 +12,7 @@ _EXPORTS = {
     "STEP_NAMES": "config", "BlockConfig": "config", "FFNKind": "config", "Norm": "config", "Placement": "config",
     "TransformerBlock": "model.block", "build_block": "model.block", "trace": "tracing.tracer", "Trace": "tracing.tracer",
     "BlocktraceError": "errors", "ConfigError": "errors", "InputError": "errors", "UsageError": "errors",
-    "WeightsError": "errors",
+    "WeightsError": "errors", "Watch": "training.watch", "read_timeline": "training.timeline",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -155,3 +155,54 @@ def make_llama(head: bool, **extra):
             if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
                 parameter.add_(1.0)
     return model, (model.model if head else model)
+
+
+class NanoAttention(torch.nn.Module):  # nanoGPT's CausalSelfAttention, through scaled_dot_product_attention
+    def __init__(self, d: int, heads: int, causal: bool = True):
+        super().__init__()
+        self.c_attn, self.c_proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.heads, self.causal = heads, causal
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.c_attn(x).split(c, 2))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class NanoBlock(torch.nn.Module):  # nanoGPT's Block
+    def __init__(self, d: int, heads: int, causal: bool = True):
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2 = torch.nn.LayerNorm(d), NanoAttention(d, heads, causal), torch.nn.LayerNorm(d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class NanoGPT(torch.nn.Module):
+    """A small nanoGPT: returns (logits, loss) as nanoGPT does."""
+
+    def __init__(self, vocab: int = 61, d: int = 16, heads: int = 2, layers: int = 2, context: int = 32,
+                 causal: bool = True):
+        super().__init__()
+        self.wte, self.wpe = torch.nn.Embedding(vocab, d), torch.nn.Embedding(context, d)
+        self.h = torch.nn.ModuleList(NanoBlock(d, heads, causal) for _ in range(layers))
+        self.ln_f = torch.nn.LayerNorm(d)
+
+    def forward(self, ids, targets=None):
+        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
+        for block in self.h:
+            x = block(x)
+        logits = self.ln_f(x) @ self.wte.weight.T
+        loss = None if targets is None else torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return logits, loss
+
+
+def nano_batch(step: int, vocab: int = 61, batch: int = 3, tokens: int = 12):
+    """A deterministic batch (ids, targets) for training step `step`."""
+    generator = torch.Generator().manual_seed(1000 + step)
+    ids = torch.randint(0, vocab, (batch, tokens + 1), generator=generator)
+    return ids[:, :-1], ids[:, 1:]

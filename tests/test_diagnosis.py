@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from helpers import SAMPLES
 from safetensors.torch import load_file, save_file
 
 from blocktrace.config import BlockConfig
@@ -18,7 +19,6 @@ from blocktrace.model.block import build_block
 from blocktrace.model.stack import build_stack, trace_stack
 from blocktrace.tracing.stats import uniform_entropy
 from blocktrace.tracing.tracer import trace
-from helpers import SAMPLES
 
 
 def names(flags, *levels):

@@ -99,25 +99,30 @@ class AttentionAccumulator:
         if self.keep_tensors or weights.shape[-1] <= PREVIEW_MAX_TOKENS:
             self.kept.append(weights)
 
-    def result(self) -> dict:
+    def result(self, reducer=None) -> dict:
+        """The chunks merged; with a reducer (a distributed watch), summed and maximised across ranks too."""
         if not self.chunks:
             return {}
         lead, t = self.shape_lead
-        rows = sum(chunk["rows"] for chunk in self.chunks)
+        device = self.chunks[0]["entropy_sum"].device
+        summed = {key: torch.stack([torch.as_tensor(c[key], dtype=torch.float64, device=device)
+                                    for c in self.chunks]).sum(0)
+                  for key in ("entropy_sum", "future_weight_sum", "first_sum", "self_sum", "previous_sum", "rows",
+                              "previous_rows")}
         logits = [c["max_logit"] for c in self.chunks if c["max_logit"] is not None]
-        previous_rows = sum(int(chunk["previous_rows"]) for chunk in self.chunks)
-
-        def per_head(key: str, count: int) -> torch.Tensor:
-            return torch.stack([c[key] for c in self.chunks]).sum(0) / max(count, 1)
-
+        largest = {"max_weight": torch.stack([c["max_weight"] for c in self.chunks]).amax(),
+                   "max_logit": torch.stack(logits).amax() if logits else None}
+        if reducer is not None:
+            summed = {key: reducer.summed(value) for key, value in summed.items()}
+            largest = {key: None if value is None else reducer.largest(value) for key, value in largest.items()}
+        rows, previous_rows = summed["rows"].clamp_min(1), summed["previous_rows"].clamp_min(1)
         merged = {
             "shape": (*lead, t, t),
-            "future_weight_sum": torch.stack([c["future_weight_sum"] for c in self.chunks]).sum(),
-            "entropy_per_head": per_head("entropy_sum", rows),
-            "max_weight": torch.stack([c["max_weight"] for c in self.chunks]).amax(),
-            "max_logit": torch.stack(logits).amax() if logits else None,
-            "first_weight": per_head("first_sum", rows), "self_weight": per_head("self_sum", rows),
-            "previous_weight": per_head("previous_sum", previous_rows),
+            "future_weight_sum": summed["future_weight_sum"],
+            "entropy_per_head": summed["entropy_sum"] / rows,
+            **largest,
+            "first_weight": summed["first_sum"] / rows, "self_weight": summed["self_sum"] / rows,
+            "previous_weight": summed["previous_sum"] / previous_rows,
         }
         if self.kept:
             full = torch.cat(self.kept, dim=-2)
@@ -141,13 +146,15 @@ class Recorder:
         self.substeps: list[Pending] = []
         self.attention = AttentionAccumulator(keep_tensors, token_mask)
         self.handles: list = []
+        self.input: Optional[Pending] = None  # the block input, once start() has seen it
         self.derived = {name: (stream, update) for name, stream, update in layout.derived}
         self.held: dict[str, torch.Tensor] = {}  # step values the derived steps still need
 
     def start(self, x: torch.Tensor) -> Pending:
         """The block input, as the pseudo-step `x`."""
         self._hold("x", x)
-        return self.observe("x", x)
+        self.input = self.observe("x", x)
+        return self.input
 
     def _hold(self, name: str, value: torch.Tensor) -> None:
         if any(name in sources for sources in self.derived.values()):

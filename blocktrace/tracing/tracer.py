@@ -24,7 +24,7 @@ from blocktrace.tracing.calling import (
     huggingface_call,
     is_huggingface,
 )
-from blocktrace.tracing.recorder import HookFailure, Pending, Recorder, first_tensor
+from blocktrace.tracing.recorder import HookFailure, Recorder, first_tensor
 from blocktrace.tracing.records import AttentionSummary, Stats, StepRecord, Trace
 from blocktrace.tracing.stats import stats_from_moments, uniform_entropy
 from blocktrace.tracing.steps import Layout, own_layout, resolve, user_layout
@@ -88,7 +88,7 @@ def trace(
         raise IndexError(f"token index {sample_token} is out of range for {x.shape[-2]} tokens")
     recorder = Recorder(block, layout, own, keep_tensors=keep_tensors, sample_token=sample_token,
                         sample_size=sample_size, checks=checks, token_mask=token_mask)
-    x_pending = recorder.start(x)
+    recorder.start(x)
     saved_chunk = getattr(getattr(block, "attn", None), "query_chunk", None)
     try:
         recorder.attach()
@@ -101,7 +101,7 @@ def trace(
             block.attn.query_chunk = saved_chunk
         recorder.detach()
     behaviour = _behaviour(block, layout, own, x, call, output) if checks else {}
-    traced = _assemble(block, layout, own, x_pending, recorder, output, behaviour)
+    traced = assemble(block, layout, own, recorder, output, behaviour)
     traced.notes[:0] = call.notes
     return traced
 
@@ -119,14 +119,20 @@ def _call(block, layout: Layout, own: bool, x, forward_kwargs: Optional[dict], t
     return Call(batched=layout.batched, notes=notes)
 
 
-def _behaviour(block, layout: Layout, own: bool, x, call: Call, output) -> dict:
-    """Measured causality (a user's block) and the measured kind of every norm, by step name."""
+def measured_norms(block, layout: Layout, width: int) -> dict:
+    """The measured kind and gain of every norm step, by step name (see tracing.behaviour)."""
     measured = {}
     for spec in layout.specs:
         if spec.name in NORM_STEPS:
-            norm = measure_norm(resolve(block, spec), x.shape[-1])
+            norm = measure_norm(resolve(block, spec), width)
             if norm is not None:
                 measured[spec.name] = norm.to_probe()
+    return measured
+
+
+def _behaviour(block, layout: Layout, own: bool, x, call: Call, output) -> dict:
+    """Measured causality (a user's block) and the measured kind of every norm, by step name."""
+    measured = measured_norms(block, layout, x.shape[-1])
     if not own:
         def forward(value):
             with eager_attention(call):
@@ -163,12 +169,17 @@ def _operations(block, layout: Layout, own: bool) -> dict[str, str]:
     return {"x": "input", **{spec.name: spec.describe() for spec in layout.specs}, **derived}
 
 
-def _assemble(block, layout: Layout, own: bool, x_pending: Pending, recorder: Recorder, output,
-              behaviour: dict) -> Trace:
-    pending = [x_pending, *recorder.steps, *recorder.substeps]
-    attention = recorder.attention.result()
+def assemble(block, layout: Layout, own: bool, recorder: Recorder, output, behaviour: dict,
+             reducer=None) -> Trace:
+    """What the recorder saw of one call of the block, as a Trace (one copy of every number to Python).
+    A reducer (a distributed watch) turns this rank's sums, minima and maxima into all ranks' first."""
+    pending = [recorder.input, *recorder.steps, *recorder.substeps]
+    attention = recorder.attention.result(reducer)
+    moments = torch.stack([p.stats for p in pending])
+    if reducer is not None:
+        moments = reducer.moments(moments)
     # One device-to-host copy for every number of the trace.
-    stats_rows = [stats_from_moments(row) for row in torch.stack([p.stats for p in pending]).tolist()]
+    stats_rows = [stats_from_moments(row) for row in moments.tolist()]
     samples = [p.sample.double().tolist() if p.sample is not None else None for p in pending]
     operations = {**_operations(block, layout, own), **SUBSTEP_OPERATIONS}
     records = [

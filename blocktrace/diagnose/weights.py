@@ -1,0 +1,75 @@
+"""Weights as evidence: each matrix's scale against the usual initialisations, and how far the
+weights moved between two moments of training (‖ΔW‖/‖W‖), by kind of tensor.
+
+Kinds are the roles every family shares — attn_q, attn_k, attn_v, attn_o (or attn_qkv where q,
+k and v are fused), ffn_w1, ffn_w2, norm — read off the parameter names, so a GPT-2 block, a
+Llama layer and blocktrace's own block line up in one table.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import torch
+from torch import nn
+
+KIND_RULES = (  # (pattern on the parameter name, kind); the first match wins
+    (r"(c_attn|query_key_value|qkv_proj|in_proj)", "attn_qkv"),
+    (r"(q_proj|\.query|attn\.q\b)", "attn_q"), (r"(k_proj|\.key|attn\.k\b)", "attn_k"),
+    (r"(v_proj|\.value|attn\.v\b)", "attn_v"),
+    (r"(o_proj|out_proj|attn\.c_proj|attention\.dense|attention\.output\.dense)", "attn_o"),
+    (r"(c_fc|fc1|\bfc\b|\.up\b|up_proj|gate|dense_h_to_4h|intermediate\.dense|mlp\.0|ffn\.0|w1|w3)", "ffn_w1"),
+    (r"(mlp\.c_proj|\.proj\b|down|dense_4h_to_h|output\.dense|mlp\.2|ffn\.2|fc2|w2)", "ffn_w2"),
+    (r"(norm|ln_|layernorm|LayerNorm)", "norm"),
+)
+
+
+def tensor_kind(name: str) -> str:
+    for pattern, kind in KIND_RULES:
+        if re.search(pattern, name):
+            return kind
+    return name.rsplit(".", 2)[-2] if "." in name else name
+
+
+def _fan_in(module: nn.Module, weight: torch.Tensor) -> int:
+    """The input width of a linear map: nn.Linear stores [out, in], GPT-2's Conv1D [in, out]."""
+    return weight.shape[0] if type(module).__name__ == "Conv1D" else weight.shape[-1]
+
+
+@torch.no_grad()
+def weight_statistics(block: nn.Module) -> dict[str, dict]:
+    """Per linear map of the block: std, Frobenius norm and fan-in (std·√fan_in ≈ 0.5–1.5 at the usual inits)."""
+    stats = {}
+    for module_name, module in block.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or isinstance(module, nn.Embedding):
+            continue
+        values = weight.detach().float()
+        stats[f"{module_name}.weight"] = {"std": values.std().item(), "norm": torch.linalg.vector_norm(values).item(),
+                                          "fan_in": _fan_in(module, weight)}
+    return stats
+
+
+@torch.no_grad()
+def snapshot(block: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the block's parameters, to measure how far they move (on the CPU: it waits for the next record)."""
+    return {name: p.detach().to("cpu", copy=True) for name, p in block.named_parameters()}
+
+
+@torch.no_grad()
+def update_ratios(block: nn.Module, previous: Optional[dict[str, torch.Tensor]]) -> dict[str, dict]:
+    """Per kind of tensor: ‖W‖ now, and ‖W − W_previous‖ / ‖W‖ (None without a previous snapshot)."""
+    sums: dict[str, list[float]] = {}
+    for name, parameter in block.named_parameters():
+        kind = tensor_kind(name)
+        now = parameter.detach().to("cpu", torch.float64)
+        entry = sums.setdefault(kind, [0.0, 0.0, previous is not None])
+        entry[0] += float(now.pow(2).sum())
+        if previous is not None and name in previous:
+            entry[1] += float((now - previous[name].to(torch.float64)).pow(2).sum())
+        else:
+            entry[2] = False
+    return {kind: {"norm": norm ** 0.5, "update_ratio": (delta ** 0.5 / norm ** 0.5 if norm > 0 else None)
+                   if comparable else None}
+            for kind, (norm, delta, comparable) in sums.items()}

@@ -1,0 +1,127 @@
+"""Taps on the blocks of a running model: what each block saw during a forward someone else runs.
+
+`trace()` calls a block itself; a training watch cannot — the training loop runs the model. A
+BlockTap hooks one block (its input, its steps, its output) for the duration of one forward
+and assembles what it saw into the same Trace. Attention that runs through
+torch.nn.functional.scaled_dot_product_attention — HF's default and nanoGPT's — returns no
+weights; while taps are attached, `attention_through_sdpa` wraps that function so every call
+made inside a tapped block also yields its logits' maximum, the entropy per head and the
+weight on later tokens, computed from the very q, k and mask the block passed (then the
+original kernel computes the output, so training is untouched). Nothing is attached between
+recording steps: the taps cost nothing then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from blocktrace.tracing.recorder import Recorder, first_tensor
+from blocktrace.tracing.steps import detect_layout, own_layout
+from blocktrace.tracing.tracer import assemble, is_own_block, measured_norms
+
+_CURRENT: list["BlockTap"] = []  # the tapped block whose forward is running (a stack: blocks may nest)
+
+
+class BlockTap:
+    """Hooks on one block for one forward; `result()` is the Trace of the first call it saw."""
+
+    def __init__(self, block: nn.Module, checks: bool = True):
+        self.block, self.own = block, is_own_block(block)
+        self.layout = own_layout(block) if self.own else detect_layout(block)
+        self.checks = checks
+        self.recorder: Optional[Recorder] = None
+        self.output: Optional[torch.Tensor] = None
+        self.handles: list = []
+        self.notes: list[str] = []
+
+    def attach(self) -> None:
+        self.recorder = Recorder(self.block, self.layout, self.own, checks=self.checks)
+        self.output = None
+        self.handles = [self.block.register_forward_pre_hook(self._enter, with_kwargs=True),
+                        self.block.register_forward_hook(self._leave, with_kwargs=True)]
+        self.recorder.attach()
+
+    def detach(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        if self.recorder is not None:
+            self.recorder.detach()
+
+    def _enter(self, module, args, kwargs):
+        if self.recorder.input is None:  # a block called twice (gradient accumulation) is read at its first call
+            x = args[0] if args else kwargs.get("hidden_states")
+            if isinstance(x, torch.Tensor):
+                self.recorder.start(x)
+        _CURRENT.append(self)
+
+    def _leave(self, module, args, kwargs, output):
+        if _CURRENT and _CURRENT[-1] is self:
+            _CURRENT.pop()
+        if self.output is None:
+            self.output = first_tensor(output).detach()
+
+    def result(self, reducer=None):
+        """The Trace of what the block did, or None if it did not run while tapped."""
+        if self.recorder is None or self.recorder.input is None or self.output is None:
+            return None
+        behaviour = measured_norms(self.block, self.layout, self.output.shape[-1]) if self.checks else {}
+        traced = assemble(self.block, self.layout, self.own, self.recorder, self.output, behaviour, reducer)
+        traced.notes += self.notes
+        return traced
+
+
+def _masked_scores(scores: torch.Tensor, mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+    """The scores as sdpa weighs them: is_causal hides later keys, a boolean mask hides where it is False,
+    a float mask is added (its -inf hides; a bias such as ALiBi shifts)."""
+    hidden = torch.finfo(scores.dtype).min
+    if is_causal:
+        rows, keys = scores.shape[-2:]
+        keep = torch.ones(rows, keys, dtype=torch.bool, device=scores.device).tril(keys - rows)
+        scores = scores.masked_fill(~keep, hidden)
+    if mask is None:
+        return scores
+    if mask.dtype == torch.bool:
+        return scores.masked_fill(~mask, hidden)
+    return (scores + mask.to(scores.dtype)).clamp_min(hidden)
+
+
+def _observe(tap: BlockTap, query, key, attn_mask, is_causal: bool, scale: Optional[float]) -> None:
+    """The scores and weights this sdpa call computes, measured into the tap's attention accumulator."""
+    with torch.no_grad():
+        q, k = query.detach().float(), key.detach().float()
+        if k.shape[-3] != q.shape[-3]:  # grouped-query attention
+            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+        scores = _masked_scores(scores, attn_mask, is_causal)
+        accumulator = tap.recorder.attention
+        accumulator.scores = scores
+        accumulator.add(torch.softmax(scores, dim=-1), slice(0, q.shape[-2]))
+
+
+@contextlib.contextmanager
+def attention_through_sdpa():
+    """While active, sdpa calls made inside a tapped block are measured (see the module docstring)."""
+    original = F.scaled_dot_product_attention
+
+    def measured(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+        tap = _CURRENT[-1] if _CURRENT else None
+        if tap is not None and tap.output is None and query.dim() >= 3:  # a recomputed forward is not counted twice
+            try:
+                _observe(tap, query, key, attn_mask, is_causal, scale)
+            except Exception as error:  # the measurement must never break the training step: say so instead
+                tap.notes.append(f"attention not measured: {type(error).__name__}: {error}")
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, **kwargs)
+
+    F.scaled_dot_product_attention = measured
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original

@@ -1,0 +1,55 @@
+"""Statistics of a watch under torch.distributed: reduced across ranks, as if one process had seen
+the concatenated batch.
+
+Every statistic blocktrace records is a sum, a count, a minimum or a maximum at heart — the
+moments [n, Σx, Σx², min, max, #NaN, #Inf], the attention's entropy sums and row counts, the
+largest logit — so an all-reduce of each by its own operation gives exactly the numbers of the
+whole batch. Gradients need nothing: DDP has averaged them already. Only rank 0 writes.
+
+The health checks' probes that are no sum — the median token size, dead FFN units, the residual
+identity — are estimates from a sample of tokens by nature; under DDP they read rank 0's share
+of the batch, and each record says how many ranks its statistics cover (`ranks`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+SUMMED_MOMENTS, MIN_MOMENT, MAX_MOMENT = [0, 1, 2, 5, 6], 3, 4  # columns of tensor_moments' output
+
+
+class Reducer:
+    def __init__(self):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.active = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self.is_writer = not self.active or dist.get_rank() == 0
+        self.world_size = dist.get_world_size() if self.active else 1
+
+    def _all_reduce(self, tensor: torch.Tensor, op) -> torch.Tensor:
+        self.dist.all_reduce(tensor, op=op)
+        return tensor
+
+    def moments(self, stacked: torch.Tensor) -> torch.Tensor:
+        """[steps, 7] moments of this rank's batch -> those of every rank's batch together."""
+        if not self.active:
+            return stacked
+        ops = self.dist.ReduceOp
+        reduced = stacked.clone()
+        reduced[:, SUMMED_MOMENTS] = self._all_reduce(stacked[:, SUMMED_MOMENTS].contiguous(), ops.SUM)
+        reduced[:, MIN_MOMENT] = self._all_reduce(stacked[:, MIN_MOMENT].contiguous(), ops.MIN)
+        reduced[:, MAX_MOMENT] = self._all_reduce(stacked[:, MAX_MOMENT].contiguous(), ops.MAX)
+        return reduced
+
+    def summed(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._all_reduce(tensor.clone(), self.dist.ReduceOp.SUM) if self.active else tensor
+
+    def largest(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._all_reduce(tensor.clone(), self.dist.ReduceOp.MAX) if self.active else tensor
+
+    def mean(self, value: float) -> float:
+        if not self.active:
+            return value
+        total = self._all_reduce(torch.tensor([value], dtype=torch.float64), self.dist.ReduceOp.SUM)
+        return float(total) / self.dist.get_world_size()

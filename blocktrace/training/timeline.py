@@ -1,0 +1,140 @@
+"""One timeline format for a model over training: records a watch writes and `track` reads.
+
+A timeline is JSON lines, one record per moment of training, each self-describing:
+
+    {"format": "blocktrace.timeline", "version": 1, "source": "watch" | "checkpoint", "step": 400,
+     "loss": 2.31, "lr": 0.001, "grad_norm": 0.8, "path": null,
+     "layers": [{"layer": 0, "steps": {"norm1": {mean, std, min, max, rms, absmax, nan, inf}, ...},
+                 "rms": …, "median_token_sq_norm_per_d": …, "max_logit": …, "min_entropy": …,
+                 "entropy_per_head": […], "future_weight_sum": …, "grad_norm": …,
+                 "weights": {"attn_q": {"norm": …, "update_ratio": …}, ...}}, ...],
+     "flags": [{"name", "level", "cause", "layer", "step"}, ...], "diagnosis": [{"cause", "evidence"}, ...]}
+
+`update_ratio` is ‖ΔW‖/‖W‖ since the previous record (null in the first). A watch's records
+also say how many processes' batches their statistics cover (`ranks`, see training/distributed.py). Every record is
+flushed as soon as it is written, so a run that crashes keeps everything recorded before.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Iterable, Optional
+
+from blocktrace.errors import InputError
+from blocktrace.vocab import Level
+
+FORMAT, VERSION = "blocktrace.timeline", 1
+
+
+def layer_entry(layer: int, trace, grad_norm: Optional[float] = None, weights: Optional[dict] = None) -> dict:
+    """One block of one record: the statistics of its steps (by step name), its attention, its gradients and weights."""
+    attention = trace.attention
+    output = trace.steps[-1] if trace.steps else trace.input
+    return {
+        "layer": layer,
+        "steps": {record.name: record.stats.to_dict() for record in trace.steps},
+        "rms": output.stats.rms,
+        "median_token_sq_norm_per_d": (output.probe or {}).get("token_sq_median"),
+        "max_logit": attention.max_logit if attention else None,
+        "min_entropy": min(attention.entropy_per_head) if attention and attention.entropy_per_head else None,
+        "entropy_per_head": attention.entropy_per_head if attention else None,
+        "future_weight_sum": attention.future_weight_sum if attention else None,
+        "grad_norm": grad_norm,
+        "weights": weights,
+    }
+
+
+def flag_entries(flags) -> list[dict]:
+    return [{"name": f.name, "level": f.level.value, "cause": f.cause.value, "layer": f.layer, "step": f.step,
+             "detail": f.detail} for f in flags]
+
+
+def record(step: Optional[int], source: str, layers: list[dict], flags: list[dict], diagnosis: list[dict], *,
+           loss: Optional[float] = None, lr: Optional[float] = None, grad_norm: Optional[float] = None,
+           path: Optional[str] = None, extra: Optional[dict] = None) -> dict:
+    return {"format": FORMAT, "version": VERSION, "source": source, "step": step, "path": path, "loss": loss,
+            "lr": lr, "grad_norm": grad_norm, "layers": layers, "flags": flags,
+            "diagnosis": [{"cause": d["cause"], "evidence": d["evidence"]} for d in diagnosis], **(extra or {})}
+
+
+def _finite(value):
+    """JSON has no NaN/Inf: they travel as strings a reader turns back into floats."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _restore(value):
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _restore(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restore(v) for v in value]
+    return value
+
+
+def dumps(entry: dict) -> str:
+    return json.dumps(_finite(entry), ensure_ascii=False, allow_nan=False)
+
+
+class TimelineWriter:
+    """Appends records to a JSON-lines file, flushing each one."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            self.handle = open(self.path, "a", encoding="utf-8")
+        except OSError as error:
+            raise InputError(f"cannot write {self.path}: {error.strerror or error}") from None
+
+    def write(self, entry: dict) -> None:
+        self.handle.write(dumps(entry) + "\n")
+        self.handle.flush()
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def read_timeline(path: Path) -> list[dict]:
+    """The records of a timeline file, in step order; refuses files that are not timelines."""
+    records = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            if number == len(lines):  # a run that crashed mid-write leaves a cut last line: what came before stands
+                break
+            raise InputError(f"{path}:{number} is not a JSON line") from None
+        if not isinstance(entry, dict) or entry.get("format") != FORMAT:
+            raise InputError(f"{path}:{number} is not a blocktrace timeline record (written by Watch or "
+                             "`blocktrace track --out`)")
+        if entry.get("version") != VERSION:
+            raise InputError(f"{path}:{number} is timeline version {entry.get('version')}; this blocktrace reads "
+                             f"version {VERSION}")
+        records.append(_restore(entry))
+    if not records:
+        raise InputError(f"{path} holds no timeline records")
+    return sorted(records, key=lambda entry: (entry.get("step") is None, entry.get("step") or 0))
+
+
+def first_flag(records: Iterable[dict], levels=(Level.ERROR.value,)) -> Optional[dict]:
+    """The first record's first finding at these levels: where trouble shows first."""
+    for entry in records:
+        for finding in entry.get("flags") or []:
+            if finding["level"] in levels:
+                return {"step": entry["step"], "layer": finding.get("layer"), "name": finding["name"],
+                        "cause": finding.get("cause"), "level": finding["level"]}
+    return None

@@ -1,0 +1,211 @@
+"""A watch inside the training loop: two lines, and the blocks' story over training lands in a file.
+
+    watch = Watch(model, "run.jsonl", every=50)   # finds the blocks itself
+    ...
+    loss.backward()
+    watch.step(loss)        # after backward, before optimizer.step()
+    optimizer.step()
+
+Every `every` steps (0, every, 2·every, …) the watch records, from the forward that training runs
+anyway (no second forward): the six steps' statistics of every block on that step's own batch,
+attention logit maximum and entropy per head, per-block gradient norms, ‖ΔW‖/‖W‖ per tensor kind
+since the last record, the loss and the learning rate, and the findings with a diagnosis — one
+JSON line per record (training/timeline.py), flushed. Hooks are attached only for the forward of a
+recording step: between records the watch costs nothing. Under torch.distributed the statistics
+are reduced across ranks and only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from blocktrace.diagnose.diagnosis import Context, diagnose
+from blocktrace.diagnose.grad import GradientReport
+from blocktrace.diagnose.health import ModelEvidence, evaluate
+from blocktrace.diagnose.weights import snapshot, update_ratios, weight_statistics
+from blocktrace.errors import UsageError
+from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
+from blocktrace.training.distributed import Reducer
+from blocktrace.training.timeline import TimelineWriter, flag_entries, layer_entry, record
+
+Blocks = Union[None, str, Sequence[nn.Module]]
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The model inside DistributedDataParallel / DataParallel wrappers."""
+    while isinstance(getattr(model, "module", None), nn.Module):
+        model = model.module
+    return model
+
+
+def _known(block: nn.Module) -> bool:
+    from blocktrace.tracing.steps import detect_layout
+    from blocktrace.tracing.tracer import is_own_block
+
+    if is_own_block(block):
+        return True
+    try:
+        detect_layout(block)
+        return True
+    except UsageError:
+        return False
+
+
+def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[nn.Module]:
+    """The model's Transformer blocks: the ones named (a list, or a dotted path to a ModuleList), else the
+    longest ModuleList whose modules blocktrace knows (HF GPT-2 / BERT / Llama-family layers, nanoGPT's Block,
+    blocktrace's own)."""
+    model = _unwrap(model)
+    if isinstance(blocks, str):
+        try:
+            found = model.get_submodule(blocks)
+        except AttributeError:
+            raise UsageError(f"the model has no submodule {blocks!r} holding its blocks") from None
+        return list(found)
+    if blocks is not None:
+        return list(blocks)
+    candidates = [list(module) for module in model.modules()
+                  if isinstance(module, nn.ModuleList) and len(module) and _known(module[0])]
+    if not candidates:
+        raise UsageError(f"cannot find the Transformer blocks of {type(model).__name__}: pass blocks= (a list of "
+                         "modules, or the path of the ModuleList holding them, e.g. 'transformer.h')")
+    return max(candidates, key=len)
+
+
+class Watch:
+    """Records the model's blocks every `every` training steps into a timeline file (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, path: Union[str, Path], every: int = 50, *, blocks: Blocks = None,
+                 optimizer: Optional[torch.optim.Optimizer] = None, tensorboard=None, checks: bool = True,
+                 track_updates: bool = True, start: int = 0):
+        if not isinstance(every, int) or every < 1:
+            raise UsageError(f"every must be a positive integer, not {every!r}")
+        if not isinstance(start, int) or start < 0:
+            raise UsageError(f"start must be a training step (an integer ≥ 0), not {start!r}")
+        self.model, self.every, self.optimizer = model, every, optimizer
+        self.blocks = find_blocks(model, blocks)
+        self.taps = [BlockTap(block, checks=checks) for block in self.blocks]
+        self.track_updates = track_updates
+        self.reducer = Reducer()
+        self.writer = TimelineWriter(Path(path)) if self.reducer.is_writer else None
+        self.tensorboard = _tensorboard(tensorboard) if self.reducer.is_writer else None
+        self.count = start  # the training step of the next forward (a resumed run starts past 0)
+        self.snapshots: Optional[list[dict]] = None
+        self.armed = None  # the context that measures sdpa attention during a recording forward
+        self.captured_loss: Optional[torch.Tensor] = None
+        self.records_written = 0
+        if self.count % every == 0:
+            self._arm()
+
+    @property
+    def recording(self) -> bool:
+        return self.armed is not None
+
+    def _arm(self) -> None:
+        """Attach everything for the next forward: it belongs to a recording step."""
+        for tap in self.taps:
+            tap.attach()
+        self.loss_hook = self.model.register_forward_hook(self._capture_loss)
+        self.armed = attention_through_sdpa()
+        self.armed.__enter__()
+
+    def _disarm(self) -> None:
+        for tap in self.taps:
+            tap.detach()
+        self.loss_hook.remove()
+        self.armed.__exit__(None, None, None)
+        self.armed = None
+
+    def _capture_loss(self, module, args, output):
+        loss = getattr(output, "loss", None)
+        if isinstance(loss, torch.Tensor) and self.captured_loss is None:
+            self.captured_loss = loss.detach()
+
+    def step(self, loss: Optional[torch.Tensor] = None, lr: Optional[float] = None) -> Optional[dict]:
+        """Call after loss.backward() and before optimizer.step(); returns the record written, if any."""
+        entry = None
+        if self.recording:
+            self._disarm()
+            entry = self._record(loss if loss is not None else self.captured_loss, lr)
+            self.captured_loss = None
+        self.count += 1
+        if self.count % self.every == 0:
+            self._arm()
+        return entry
+
+    def close(self) -> None:
+        if self.recording:
+            self._disarm()
+        if self.writer is not None:
+            self.writer.close()
+
+    def _learning_rate(self, lr: Optional[float]) -> Optional[float]:
+        if lr is not None:
+            return float(lr)
+        if self.optimizer is not None and self.optimizer.param_groups:
+            return float(self.optimizer.param_groups[0]["lr"])
+        return None
+
+    def _record(self, loss, lr) -> Optional[dict]:
+        traces = [tap.result(self.reducer) for tap in self.taps]
+        present = [(index, trace) for index, trace in enumerate(traces) if trace is not None]
+        grads = [_grad_norm(block) for block in self.blocks]
+        weights = [update_ratios(block, self.snapshots[i] if self.snapshots else None)
+                   for i, block in enumerate(self.blocks)] if self.track_updates else [None] * len(self.blocks)
+        if self.track_updates:
+            self.snapshots = [snapshot(block) for block in self.blocks]
+        loss_value = self.reducer.mean(float(loss.detach())) if isinstance(loss, torch.Tensor) else (
+            self.reducer.mean(float(loss)) if loss is not None else None)
+        flags = self._findings([t for _, t in present], grads)
+        context = Context(post_norm=any(t.placement.norm_after_add for _, t in present), step=self.count)
+        entry = record(self.count, "watch", [layer_entry(i, t, grads[i], weights[i]) for i, t in present],
+                       flag_entries(flags), diagnose(flags, context), loss=loss_value, lr=self._learning_rate(lr),
+                       grad_norm=_grad_norm(self.model),
+                       extra={"ranks": self.reducer.world_size})
+        if self.writer is not None:
+            self.writer.write(entry)
+            self._to_tensorboard(entry)
+            self.records_written += 1
+        return entry
+
+    def _findings(self, traces: list, grads: list) -> list:
+        if not traces:
+            return []
+        gradients = GradientReport(loss=float("nan"), batches=1, step_norms=[{"parameters": g} for g in grads
+                                                                             if g is not None], weight_norms=[])
+        evidence = ModelEvidence(weights=[weight_statistics(block) for block in self.blocks], n_layers=len(traces),
+                                 step=self.count)
+        return evaluate(traces, gradients, evidence)
+
+    def _to_tensorboard(self, entry: dict) -> None:
+        if self.tensorboard is None:
+            return
+        step = entry["step"]
+        for key in ("loss", "lr", "grad_norm"):
+            if entry[key] is not None:
+                self.tensorboard.add_scalar(f"blocktrace/{key}", entry[key], step)
+        for layer in entry["layers"]:
+            for key in ("rms", "max_logit", "min_entropy", "grad_norm"):
+                if layer[key] is not None:
+                    self.tensorboard.add_scalar(f"blocktrace/layer{layer['layer']}/{key}", layer[key], step)
+
+
+def _grad_norm(block: nn.Module) -> Optional[float]:
+    squares = [p.grad.detach().float().pow(2).sum() for p in block.parameters() if p.grad is not None]
+    return math.sqrt(float(torch.stack(squares).sum())) if squares else None
+
+
+def _tensorboard(target):
+    """A TensorBoard writer: an object with add_scalar, or a log directory (needs the tensorboard package)."""
+    if target is None or hasattr(target, "add_scalar"):
+        return target
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise UsageError("tensorboard= needs the tensorboard package: pip install tensorboard") from None
+    return SummaryWriter(str(target))

@@ -1,0 +1,310 @@
+"""Watch: the blocks recorded inside a training loop, checked against hand computations on the
+very batch and weights of the recorded step."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import ROOT, NanoGPT, nano_batch
+from torch.nn import functional as F
+
+from blocktrace.errors import UsageError
+from blocktrace.training.timeline import read_timeline
+from blocktrace.training.watch import Watch, find_blocks
+
+
+def _train(model, watch, steps: int, lr: float = 1e-2, before_forward=None):
+    """A plain training loop with the watch's one line; returns the records it wrote."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    written = []
+    for step in range(steps):
+        ids, targets = nano_batch(step)
+        if before_forward is not None:
+            before_forward(step, model, ids)
+        _, loss = model(ids, targets)
+        optimizer.zero_grad()
+        loss.backward()
+        entry = watch.step(loss)
+        if entry is not None:
+            written.append(entry)
+        optimizer.step()
+    watch.close()
+    return written
+
+
+def _clone(model):
+    """The model's weights at this moment (a deepcopy would copy the watch's hooks too)."""
+    clone = NanoGPT()
+    clone.load_state_dict(model.state_dict())
+    return clone
+
+
+def _layer_norm(x, norm):
+    mean = x.mean(-1, keepdim=True)
+    variance = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(variance + norm.eps) * norm.weight + norm.bias
+
+
+def _hand_block(block, x):
+    """nanoGPT's block written out: the six steps, and the attention's causal scores."""
+    heads = block.attn.heads
+    b, t, d = x.shape
+    norm1 = _layer_norm(x, block.ln_1)
+    q, k, v = (norm1 @ block.attn.c_attn.weight.T + block.attn.c_attn.bias).split(d, -1)
+    q, k, v = (z.reshape(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(d // heads)
+    future = torch.ones(t, t, dtype=torch.bool).triu(1)
+    weights = torch.softmax(scores.masked_fill(future, float("-inf")), -1)
+    mixed = (weights @ v).transpose(1, 2).reshape(b, t, d)
+    attn = mixed @ block.attn.c_proj.weight.T + block.attn.c_proj.bias
+    residual1 = x + attn
+    norm2 = _layer_norm(residual1, block.ln_2)
+    fc, proj = block.mlp[0], block.mlp[2]
+    hidden = norm2 @ fc.weight.T + fc.bias
+    ffn = (0.5 * hidden * (1 + torch.erf(hidden / math.sqrt(2)))) @ proj.weight.T + proj.bias
+    steps = {"norm1": norm1, "attn": attn, "residual1": residual1, "norm2": norm2, "ffn": ffn,
+             "residual2": residual1 + ffn}
+    entropy = -(weights * torch.log(weights.clamp_min(1e-30))).sum(-1)  # [B, H, T]
+    return steps, {"max_logit": scores.masked_fill(future, float("-inf")).max().item(),
+                   "entropy_per_head": entropy.mean(dim=(0, 2)).tolist()}
+
+
+def test_a_recorded_step_holds_the_statistics_of_the_batch_training_ran(tmp_path):
+    torch.manual_seed(0)
+    model = NanoGPT()
+    seen = {}
+
+    def keep(step, model, ids):
+        if step == 2:
+            seen["model"], seen["ids"] = _clone(model), ids
+
+    entries = _train(model, Watch(model, tmp_path / "run.jsonl", every=2), steps=5, before_forward=keep)
+    assert [e["step"] for e in entries] == [0, 2, 4]
+    entry = read_timeline(tmp_path / "run.jsonl")[1]
+    reference = seen["model"]
+    ids = seen["ids"]
+    with torch.no_grad():
+        x = reference.wte(ids) + reference.wpe(torch.arange(ids.shape[1]))
+        for index, block in enumerate(reference.h):
+            steps, attention = _hand_block(block, x)
+            layer = entry["layers"][index]
+            for name, value in steps.items():
+                got = layer["steps"][name]
+                assert got["mean"] == pytest.approx(value.mean().item(), abs=1e-5), name
+                assert got["std"] == pytest.approx(value.std(unbiased=False).item(), rel=1e-4), name
+                assert got["max"] == pytest.approx(value.max().item(), rel=1e-5), name
+                assert got["min"] == pytest.approx(value.min().item(), rel=1e-5), name
+            assert layer["max_logit"] == pytest.approx(attention["max_logit"], rel=1e-5)
+            assert layer["entropy_per_head"] == pytest.approx(attention["entropy_per_head"], rel=1e-4)
+            assert layer["future_weight_sum"] == 0.0
+            x = steps["residual2"]
+        _, loss = reference(ids, nano_batch(2)[1])
+    assert entry["loss"] == pytest.approx(loss.item(), rel=1e-6)
+    assert entry["lr"] is None and entry["source"] == "watch"
+
+
+def test_update_ratio_is_the_parameters_own_relative_change(tmp_path):
+    torch.manual_seed(1)
+    model = NanoGPT()
+    copies = {}
+    _train(model, Watch(model, tmp_path / "run.jsonl", every=3), steps=7,
+           before_forward=lambda step, m, ids: copies.__setitem__(step, _clone(m)))
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert [r["step"] for r in records] == [0, 3, 6]
+    assert all(w["update_ratio"] is None for w in records[0]["layers"][0]["weights"].values())
+    for layer in (0, 1):
+        now, before = copies[6].h[layer], copies[3].h[layer]
+        for kind, names in {"attn_qkv": ["attn.c_attn"], "attn_o": ["attn.c_proj"], "ffn_w1": ["mlp.0"],
+                            "ffn_w2": ["mlp.2"], "norm": ["ln_1", "ln_2"]}.items():
+            new = torch.cat([p.flatten() for n in names for p in now.get_submodule(n).parameters()]).double()
+            old = torch.cat([p.flatten() for n in names for p in before.get_submodule(n).parameters()]).double()
+            got = records[2]["layers"][layer]["weights"][kind]
+            assert got["update_ratio"] == pytest.approx(((new - old).norm() / new.norm()).item(), rel=1e-6), kind
+            assert got["norm"] == pytest.approx(new.norm().item(), rel=1e-6)
+
+
+def test_gradient_norms_are_each_blocks_own(tmp_path):
+    torch.manual_seed(2)
+    model = NanoGPT()
+    watch = Watch(model, tmp_path / "run.jsonl", every=1)
+    ids, targets = nano_batch(0)
+    _, loss = model(ids, targets)
+    loss.backward()
+    entry = watch.step(loss)
+    watch.close()
+    for index, block in enumerate(model.h):
+        expected = torch.cat([p.grad.flatten() for p in block.parameters()]).norm().item()
+        assert entry["layers"][index]["grad_norm"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_between_records_nothing_is_attached(tmp_path):
+    torch.manual_seed(3)
+    model = NanoGPT()
+    original_sdpa = F.scaled_dot_product_attention
+    watch = Watch(model, tmp_path / "run.jsonl", every=4)
+    states = []
+
+    def look(step, model, ids):
+        hooked = any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+        states.append((step, hooked, F.scaled_dot_product_attention is not original_sdpa))
+
+    _train(model, watch, steps=9, before_forward=look)
+    assert states == [(s, s % 4 == 0, s % 4 == 0) for s in range(9)]
+    assert F.scaled_dot_product_attention is original_sdpa
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_a_missing_causal_mask_is_caught_inside_training(tmp_path):
+    torch.manual_seed(4)
+    model = NanoGPT(causal=False)
+    entries = _train(model, Watch(model, tmp_path / "run.jsonl", every=2), steps=3)
+    assert entries[0]["layers"][0]["future_weight_sum"] > 1.0
+    leaks = [f for f in entries[0]["flags"] if f["name"] == "causal_leak"]
+    assert leaks and leaks[0]["level"] == "error"
+    assert entries[0]["diagnosis"][0]["cause"] == "mask"
+
+
+def test_a_healthy_run_raises_no_errors(tmp_path):
+    torch.manual_seed(5)
+    model = NanoGPT()
+    entries = _train(model, Watch(model, tmp_path / "run.jsonl", every=5), steps=11, lr=3e-3)
+    assert [f for e in entries for f in e["flags"] if f["level"] == "error"] == []
+
+
+def test_a_crashed_run_keeps_every_record_written_before(tmp_path):
+    path = tmp_path / "run.jsonl"
+    script = f"""
+import os, signal, sys, torch
+sys.path.insert(0, {str(ROOT / 'tests')!r})
+from helpers import NanoGPT, nano_batch
+from blocktrace import Watch
+torch.manual_seed(0)
+model = NanoGPT()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+watch = Watch(model, {str(path)!r}, every=2)
+for step in range(5):
+    ids, targets = nano_batch(step)
+    _, loss = model(ids, targets)
+    loss.backward()
+    watch.step(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == -9, result.stderr
+    assert [r["step"] for r in read_timeline(path)] == [0, 2, 4]
+    with open(path, "a") as handle:  # killed in the middle of a line: the lines before still stand
+        handle.write(json.dumps({"format": "blocktrace.timeline"})[:12])
+    assert [r["step"] for r in read_timeline(path)] == [0, 2, 4]
+
+
+def test_blocks_are_found_or_refused_by_name():
+    model = NanoGPT(layers=3)
+    assert find_blocks(model) == list(model.h)
+    assert find_blocks(torch.nn.parallel.DataParallel(model)) == list(model.h)
+    assert find_blocks(model, "h") == list(model.h)
+    with pytest.raises(UsageError, match="no submodule 'layers'"):
+        find_blocks(model, "layers")
+    with pytest.raises(UsageError, match="cannot find the Transformer blocks of Sequential"):
+        find_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    with pytest.raises(UsageError, match="every must be a positive integer"):
+        Watch(model, "unused.jsonl", every=0)
+
+
+def test_tensorboard_receives_the_recorded_scalars(tmp_path):
+    class Board:
+        def __init__(self):
+            self.scalars = []
+
+        def add_scalar(self, tag, value, step):
+            self.scalars.append((tag, value, step))
+
+    board = Board()
+    torch.manual_seed(6)
+    model = NanoGPT()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    entries = _train(model, Watch(model, tmp_path / "run.jsonl", every=2, optimizer=optimizer, tensorboard=board),
+                     steps=3)
+    tags = {(tag, step): value for tag, value, step in board.scalars}
+    assert tags[("blocktrace/loss", 2)] == entries[1]["loss"]
+    assert tags[("blocktrace/layer1/max_logit", 0)] == entries[0]["layers"][1]["max_logit"]
+    assert tags[("blocktrace/lr", 0)] == pytest.approx(0.1)
+
+
+def _entropy(weights):
+    return (-(weights * torch.log(weights.clamp_min(1e-30))).sum(-1)).mean(dim=(0, 2)).tolist()
+
+
+def _gpt2():
+    from helpers import hf_block_values, make_gpt2
+
+    model = make_gpt2(head=True)
+    return model, lambda k, ids: hf_block_values(model.transformer, k, ids)
+
+
+def _llama():
+    from helpers import llama_reference, make_llama
+
+    model, base = make_llama(head=True)
+    return model, lambda k, ids: llama_reference(base, k, ids)
+
+
+def _bert():
+    from helpers import bert_reference, make_bert
+
+    model, base = make_bert(head=True)
+    return model, lambda k, ids: bert_reference(base, k, ids)
+
+
+@pytest.mark.parametrize("family", [_gpt2, _llama, _bert], ids=["gpt2", "llama", "bert"])
+def test_huggingface_models_are_watched_through_their_sdpa_attention(tmp_path, family):
+    model, reference = family()
+    ids = [5, 17, 99, 0, 42, 7, 63, 12, 3]
+    expected = [reference(k, ids) for k in range(3)]  # eager: HF's own weights to compare with
+    model.set_attn_implementation("sdpa")
+    watch = Watch(model, tmp_path / "run.jsonl", every=10)
+    output = model(torch.tensor([ids]), labels=torch.tensor([ids]))
+    output.loss.backward()
+    entry = watch.step()  # the loss is read off the model's output
+    watch.close()
+    assert entry["loss"] == pytest.approx(output.loss.item(), rel=1e-6)
+    assert len(entry["layers"]) == 3
+    for layer, values in zip(entry["layers"], expected):
+        for name in ("norm1", "attn", "residual1", "norm2", "ffn", "residual2"):
+            assert layer["steps"][name]["mean"] == pytest.approx(values[name].mean().item(), abs=1e-5), name
+            assert layer["steps"][name]["std"] == pytest.approx(values[name].std(unbiased=False).item(), rel=1e-4)
+        assert layer["entropy_per_head"] == pytest.approx(_entropy(values["attn_weights"]), rel=1e-4, abs=1e-6)
+        assert layer["future_weight_sum"] == pytest.approx(
+            values["attn_weights"][..., torch.ones(9, 9, dtype=torch.bool).triu(1)].sum().item(), abs=1e-4)
+        assert layer["grad_norm"] > 0 and layer["max_logit"] is not None  # measured inside sdpa
+
+
+def test_the_trainer_callback_records_trainers_own_steps(tmp_path):
+    from helpers import make_gpt2
+    from transformers import Trainer, TrainingArguments
+
+    from blocktrace.integrations import WatchCallback
+
+    model = make_gpt2(head=True).train()
+    model.set_attn_implementation("sdpa")
+    generator = torch.Generator().manual_seed(0)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 101, (12, 10), generator=generator)]
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=5, per_device_train_batch_size=2,
+                             learning_rate=1e-3, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
+                             max_grad_norm=0.0, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[WatchCallback(tmp_path / "run.jsonl",
+                                                                                             every=2)])
+    trainer.train()
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert [r["step"] for r in records] == [0, 2, 4]
+    logged = {entry["step"]: entry for entry in trainer.state.log_history if "loss" in entry}
+    for entry in records:  # Trainer logs step k's loss once global_step has become k + 1
+        assert entry["loss"] == pytest.approx(logged[entry["step"] + 1]["loss"], abs=1e-4)
+        assert entry["lr"] == pytest.approx(logged[entry["step"] + 1]["learning_rate"], rel=1e-6)
+        assert len(entry["layers"]) == 3 and all(layer["max_logit"] is not None for layer in entry["layers"])

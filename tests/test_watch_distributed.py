@@ -1,0 +1,93 @@
+"""Watch under torch.distributed: two gloo processes on CPU record what one process records on the
+concatenated batch."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import ROOT, NanoGPT, nano_batch
+
+from blocktrace.training.timeline import read_timeline
+from blocktrace.training.watch import Watch
+
+STEPS, EVERY, BATCH = 3, 2, 4
+
+RANK_SCRIPT = """
+import sys, torch, torch.distributed as dist
+sys.path.insert(0, {tests!r})
+from helpers import NanoGPT, nano_batch
+from blocktrace import Watch
+dist.init_process_group("gloo")
+rank, size = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(NanoGPT())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+watch = Watch(model, {path!r}, every={every})
+share = {batch} // size
+for step in range({steps}):
+    ids, targets = nano_batch(step, batch={batch})
+    _, loss = model(ids[rank * share:(rank + 1) * share], targets[rank * share:(rank + 1) * share])
+    optimizer.zero_grad()
+    loss.backward()
+    watch.step(loss)
+    optimizer.step()
+watch.close()
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _single_process(path):
+    torch.manual_seed(0)
+    model = NanoGPT()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    watch = Watch(model, path, every=EVERY)
+    for step in range(STEPS):
+        ids, targets = nano_batch(step, batch=BATCH)
+        _, loss = model(ids, targets)
+        optimizer.zero_grad()
+        loss.backward()
+        watch.step(loss)
+        optimizer.step()
+    watch.close()
+    return read_timeline(path)
+
+
+def test_two_ranks_record_what_one_process_records_on_the_whole_batch(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT.format(tests=str(ROOT / "tests"), path=str(tmp_path / "ddp.jsonl"), every=EVERY,
+                                         batch=BATCH, steps=STEPS))
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
+           "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(rank)}, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    for rank in ranks:
+        _, stderr = rank.communicate(timeout=120)
+        assert rank.returncode == 0, stderr
+    distributed, single = read_timeline(tmp_path / "ddp.jsonl"), _single_process(tmp_path / "one.jsonl")
+    assert [r["step"] for r in distributed] == [r["step"] for r in single] == [0, 2]
+    for ddp, one in zip(distributed, single):
+        assert ddp["loss"] == pytest.approx(one["loss"], rel=1e-5)
+        assert ddp["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
+        for layer_ddp, layer_one in zip(ddp["layers"], one["layers"], strict=True):
+            for name, stats in layer_one["steps"].items():
+                for key in ("mean", "std", "min", "max", "rms", "absmax", "nan", "inf"):
+                    assert layer_ddp["steps"][name][key] == pytest.approx(stats[key], rel=1e-5, abs=1e-6), (name, key)
+            for key in ("max_logit", "future_weight_sum", "grad_norm"):
+                assert layer_ddp[key] == pytest.approx(layer_one[key], rel=1e-4, abs=1e-6), key
+            assert layer_ddp["entropy_per_head"] == pytest.approx(layer_one["entropy_per_head"], rel=1e-5)
+            for kind, weights in layer_one["weights"].items():
+                assert layer_ddp["weights"][kind]["norm"] == pytest.approx(weights["norm"], rel=1e-5)
+                if weights["update_ratio"] is not None:
+                    assert layer_ddp["weights"][kind]["update_ratio"] == pytest.approx(weights["update_ratio"], rel=1e-3)
+    assert distributed[0]["ranks"] == 2 and single[0]["ranks"] == 1
