@@ -147,3 +147,39 @@ def test_layer_and_layers_narrow_the_check(invoke, tmp_path):
     assert full["traced_layers"] == [0, 1, 2] and one["traced_layers"] == [1] and two["traced_layers"] == [1, 2]
     assert full["loss"] == one["loss"] == two["loss"]  # the loss is always the whole model's
     assert one["layers"][0]["steps"] == full["layers"][1]["steps"]
+
+
+def test_attn_chunk_reaches_every_layer_of_a_whole_model_check(monkeypatch):
+    """`check --weights --attn-chunk N` was accepted and ignored: the layers chunked as the budget chose."""
+    from click.testing import CliRunner
+    from helpers import SAMPLES
+
+    from blocktrace.cli import cli
+    from blocktrace.model.layers import MultiHeadAttention
+
+    chunks = []
+    original = MultiHeadAttention.chunk_rows
+    monkeypatch.setattr(MultiHeadAttention, "chunk_rows", lambda self, q: chunks.append(original(self, q)) or chunks[-1])
+    args = ["check", "--weights", str(SAMPLES / "gpt2-tiny"), "--token-ids", "1 2 3 4 5", "--json", "--grad"]
+    whole = json.loads(CliRunner().invoke(cli, args).output)
+    assert set(chunks) == {5}
+    chunks.clear()
+    chunked = json.loads(CliRunner().invoke(cli, [*args, "--attn-chunk", "2"]).output)
+    assert chunks and set(chunks) == {2}
+    assert chunked["loss"] == pytest.approx(whole["loss"], rel=1e-6)
+    assert [layer["attention"]["max_logit"] for layer in chunked["layers"]] == pytest.approx(
+        [layer["attention"]["max_logit"] for layer in whole["layers"]], rel=1e-6)
+
+
+def test_a_whole_model_check_that_cannot_fit_is_refused_before_it_starts(tmp_path, monkeypatch):
+    """The memory guard of `run` covers `check --weights` too: a long --text-file is refused with the estimate."""
+    from click.testing import CliRunner
+    from helpers import SAMPLES
+
+    import blocktrace.sizing
+    from blocktrace.cli import cli
+
+    monkeypatch.setattr(blocktrace.sizing, "available_bytes", lambda device: 2**20)
+    ids = " ".join(["1 2 3 4"] * 30)
+    result = CliRunner().invoke(cli, ["check", "--weights", str(SAMPLES / "gpt2-tiny"), "--token-ids", ids])
+    assert result.exit_code == 2 and "this run needs about" in result.output and "1.0 MiB is available" in result.output

@@ -30,7 +30,7 @@ from blocktrace.sources.source import (
 from blocktrace.vocab import SCHEMA_VERSION, ReportKind
 
 
-def _budget(request: RunRequest, analysis: Analysis, n_layers: int):
+def memory_guard(request: RunRequest, analysis: Analysis, n_layers: int):
     """The memory guard for `n_layers` blocks of whatever config and input shape the source settles on."""
     from blocktrace.model.layers import ATTENTION_CHUNK_BYTES
 
@@ -155,7 +155,7 @@ def run_request(request: RunRequest, analysis: Analysis) -> tuple[dict, list, So
     """`run` and `check`: the report, the traces (for --save) and the source (for its tokens)."""
     if request.module is not None:
         return run_user_block(request, analysis)
-    source = prepare_source(request, _budget(request, analysis, max(analysis.depths)))
+    source = prepare_source(request, memory_guard(request, analysis, max(analysis.depths)))
     _check_token_index(source, analysis)
     if len(analysis.depths) > 1:
         rows = _sweep_rows(source, request, None, analysis.depths, analysis.batches)
@@ -205,7 +205,7 @@ def _compare_sweep(source, request, analysis, axis, values) -> list[dict]:
 
 
 def compare_request(request: RunRequest, analysis: Analysis, axis: str, values: list[str]) -> dict:
-    source = prepare_source(request, _budget(request, analysis, 3 * max(analysis.depths)))  # source + 2 variants
+    source = prepare_source(request, memory_guard(request, analysis, 3 * max(analysis.depths)))  # source + 2 variants
     differences = None
     if len(analysis.depths) > 1:
         entries = _compare_sweep(source, request, analysis, axis, values)

@@ -17,7 +17,9 @@ import torch
 from blocktrace.diagnose.grad import gradient_report
 from blocktrace.diagnose.loss import LossReport, cross_entropy, loss_report, mask_for_mlm, next_token_labels, no_loss
 from blocktrace.errors import UsageError
+from blocktrace.pipeline.blocks import memory_guard
 from blocktrace.request import Analysis, RunRequest
+from blocktrace.sizing import Shape
 from blocktrace.sources.families.base import LossKind, NoLoss
 from blocktrace.sources.source import resolve_device, torch_dtype
 from blocktrace.sources.training_step import step_of
@@ -83,17 +85,25 @@ def _head(checkpoint, info, dtype):
         return None, str(reason)
 
 
-def _trace_layers(checkpoint, info, config, x, model_input: ModelInput, traced: range, analysis: Analysis,
-                  device, dtype) -> tuple[list, list, torch.Tensor]:
-    """Every layer in turn, one in memory at a time; the traced ones with every statistic and check."""
+def _load(checkpoint, info, layer: int, config, dtype, device, request: RunRequest, mask):
+    """One layer on the device, with the request's attention chunking and the input's padding mask."""
     from blocktrace.sources.loader import load_block
+
+    block = load_block(checkpoint, info, layer, config, dtype).to(device)
+    block.attn.query_chunk = request.attn_chunk
+    block.attn.key_mask = mask
+    return block
+
+
+def _trace_layers(checkpoint, info, config, x, model_input: ModelInput, traced: range, request: RunRequest,
+                  analysis: Analysis, device, dtype) -> tuple[list, list, torch.Tensor]:
+    """Every layer in turn, one in memory at a time; the traced ones with every statistic and check."""
     from blocktrace.tracing.tracer import trace
 
     traces, weights = [], []
     mask = None if model_input.token_mask is None else model_input.token_mask.to(device)
     for layer in range(info.n_layers):
-        block = load_block(checkpoint, info, layer, config, dtype).to(device)
-        block.attn.key_mask = mask
+        block = _load(checkpoint, info, layer, config, dtype, device, request, mask)
         if layer in traced:
             result = trace(block, x, checks=analysis.checks, token_mask=mask)
             traces.append(result)
@@ -114,15 +124,10 @@ def weight_statistics(block) -> dict[str, dict]:
                 for name, p in block.named_parameters() if p.dim() == 2}
 
 
-def _gradients(checkpoint, info, config, x0, model_input: ModelInput, head, device, dtype, kind: str):
-    from blocktrace.sources.loader import load_block
-
+def _gradients(checkpoint, info, config, x0, model_input: ModelInput, head, request: RunRequest, device, dtype,
+               kind: str):
     mask = None if model_input.token_mask is None else model_input.token_mask.to(device)
-    blocks = []
-    for layer in range(info.n_layers):
-        block = load_block(checkpoint, info, layer, config, dtype).to(device)
-        block.attn.key_mask = mask
-        blocks.append(block)
+    blocks = [_load(checkpoint, info, layer, config, dtype, device, request, mask) for layer in range(info.n_layers)]
     labels = model_input.labels.to(device)
     return gradient_report(blocks, lambda k: x0, lambda x, k: cross_entropy(head(x), labels), loss_kind=kind)
 
@@ -150,13 +155,17 @@ def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bo
     except NoLoss as reason:
         head, spec = None, str(reason)
         model_input = _model_input(checkpoint, info, request, None)
+    # One layer in memory at a time; every layer at once for the backward pass of --grad.
+    fits = memory_guard(request, analysis, info.n_layers if analysis.grad else 1)
+    fits(config, Shape(*model_input.ids.shape))
     x0 = _embed(checkpoint, info, model_input.ids, dtype).to(device)
-    traces, weights, x = _trace_layers(checkpoint, info, config, x0, model_input, traced, analysis, device, dtype)
+    traces, weights, x = _trace_layers(checkpoint, info, config, x0, model_input, traced, request, analysis, device,
+                                       dtype)
     loss = _loss(head, spec, x, model_input, device)
     grads = None
     if analysis.grad and head is not None:
-        grads = _gradients(checkpoint, info, config, x0, model_input, head.to(device), device, dtype,
-                           spec.kind.value)
+        grads = _gradients(checkpoint, info, config, x0, model_input, head.to(device), request, device,
+                           dtype, spec.kind.value)
     evidence = ModelEvidence(loss=loss, weights=weights, first_layer=traced.start, n_layers=info.n_layers,
                              stored_dtype=_stored_dtype(checkpoint, info), config=config,
                              step=step_of(checkpoint.directory))
