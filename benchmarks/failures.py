@@ -2,6 +2,7 @@
 
     python benchmarks/failures.py            # trains every run, checks every checkpoint, writes FAILURES.md
     python benchmarks/failures.py --only gpt2-healthy gpt2-lr-high
+    python benchmarks/failures.py --sample sample_weights/training   # the small failing run the README tracks
 
 Character-level language models on Python's own standard-library sources (a local corpus: no
 download), a few minutes on 2 CPU cores. Healthy runs (GPT-2 and Llama layouts, a Post-LN BERT
@@ -11,7 +12,9 @@ overflow, a missing causal mask, a residual adding the normed tensor, dead ReLU 
 checkpoint is checked with `blocktrace check` (the model's own loss, --grad) — or, for the bugs
 that live in code, `check --module` on the run's block — and FAILURES.md reports, per run: the
 step at which `check` first errs, the step at which the loss curve shows the failure, whether
-the diagnosis' top cause is the known one, and every false alarm.
+the diagnosis' top cause is the known one, and every false alarm. Every run trains with a
+blocktrace Watch (every 10 steps) in its loop, and FAILURES.md sets the step at which the watch
+first raises an ERROR against the step at which the loss curve shows the failure (early warning).
 """
 
 from __future__ import annotations
@@ -66,6 +69,11 @@ RUNS = [
     Run("gpt2-dead-relu", "gpt2", "architecture", options={"activation": "relu", "fc_bias": -1.5}),
 ]
 CHECKPOINT_STEPS = (0, 10, 25, 50, 75, 100, 150, 200, 250, 300, 350, 400)
+WATCH_EVERY = 10
+# The README's `track` example: the gpt2-lr-high recipe at a size small enough to commit (about 130 KB a checkpoint).
+SAMPLE_RUN = Run("gpt2-lr-high", "gpt2", "learning_rate", lr=1e-1, warmup=0, clip=None, steps=100,
+                 options={"d_model": 32, "layers": 2, "heads": 2})
+SAMPLE_STEPS = (0, 10, 25, 50, 100)
 
 
 # --- corpus -------------------------------------------------------------------------------------
@@ -115,9 +123,10 @@ def build(run: Run, vocab: int):
     options = run.options
     if run.model == "nano":
         return NanoGPT(vocab, causal=options.get("causal", True), residual_normed=options.get("residual_normed", False))
-    common = dict(vocab_size=vocab, attn_implementation="eager")
+    common = dict(vocab_size=vocab, attn_implementation="sdpa")  # HF's default: what a Watch sees in most models
     if run.model == "gpt2":
-        config = transformers.GPT2Config(n_embd=D_MODEL, n_head=N_HEAD, n_layer=N_LAYER, n_positions=CONTEXT,
+        config = transformers.GPT2Config(n_embd=options.get("d_model", D_MODEL), n_head=options.get("heads", N_HEAD),
+                                         n_layer=options.get("layers", N_LAYER), n_positions=CONTEXT,
                                          activation_function=options.get("activation", "gelu_new"), bos_token_id=0,
                                          eos_token_id=0, **common)
         model = transformers.GPT2LMHeadModel(config)
@@ -165,8 +174,19 @@ def learning_rate(run: Run, step: int) -> float:
     return run.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(run: Run, train_ids, vocab: list[str], directory: Path, watch_factory=None) -> list[dict]:
-    """Train `run`, saving a checkpoint at every CHECKPOINT_STEPS; returns the log (one dict per step)."""
+def watch_in(directory: Path):
+    """A Watch every WATCH_EVERY steps, writing directory/watch.jsonl (a fresh file for each training)."""
+    from blocktrace import Watch
+
+    def make(model, optimizer):
+        directory.mkdir(parents=True, exist_ok=True)
+        return Watch(model, directory / "watch.jsonl", every=WATCH_EVERY, optimizer=optimizer, overwrite=True)
+    return make
+
+
+def train(run: Run, train_ids, vocab: list[str], directory: Path, watch_factory=None,
+          checkpoint_steps=CHECKPOINT_STEPS) -> list[dict]:
+    """Train `run`, saving a checkpoint at every checkpoint step; returns the log (one dict per step)."""
     model = build(run, len(vocab))
     if run.options.get("dtype") == "float16":
         model = model.half()
@@ -179,7 +199,7 @@ def train(run: Run, train_ids, vocab: list[str], directory: Path, watch_factory=
     generator = torch.Generator().manual_seed(1)
     log = []
     for step in range(run.steps + 1):
-        if step in CHECKPOINT_STEPS:
+        if step in checkpoint_steps:
             save(model, directory / f"step_{step:04d}", vocab)
         if step == run.steps:
             break
@@ -194,6 +214,8 @@ def train(run: Run, train_ids, vocab: list[str], directory: Path, watch_factory=
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         log.append({"step": step, "loss": loss.item(), "lr": optimizer.param_groups[0]["lr"], "grad_norm": norm.item()})
+    if watch is not None:
+        watch.close()
     with open(directory / "log.jsonl", "w") as handle:
         handle.writelines(json.dumps(entry) + "\n" for entry in log)
     return log
@@ -249,12 +271,31 @@ def check(run: Run, checkpoint: Path, eval_args: list[str]) -> dict:
             "diagnosis": [d["cause"] for d in report.get("diagnosis") or []]}
 
 
+def watch_errors(path: Path) -> list[tuple[int, str, Optional[int]]]:
+    """(step, finding, layer) of every ERROR the watch recorded."""
+    from blocktrace.training.timeline import read_timeline
+
+    return [(entry["step"], f["name"], f["layer"]) for entry in read_timeline(path) for f in entry["flags"]
+            if f["level"] == "error"]
+
+
 @dataclass
 class Outcome:
     run: Run
     loss_failure: Optional[int]
     checks: dict  # step -> check result
     train_seconds: float
+    watch: list = field(default_factory=list)  # (step, finding, layer) of every ERROR the watch raised
+
+    @property
+    def watch_first_error(self) -> Optional[int]:
+        return self.watch[0][0] if self.watch else None
+
+    @property
+    def warned_in_time(self) -> bool:
+        """The watch erred no later than the loss showed the failure (and at all, if the loss never did)."""
+        first = self.watch_first_error
+        return first is not None and (self.loss_failure is None or first <= self.loss_failure)
 
     @property
     def first_error(self) -> Optional[int]:
@@ -282,7 +323,7 @@ class Outcome:
         return first is not None and all(c["exit"] == 1 for s, c in self.checks.items() if s >= first)
 
 
-def benchmark(runs: list[Run], watch_factory=None) -> list[Outcome]:
+def benchmark(runs: list[Run]) -> list[Outcome]:
     os.chdir(HERE)  # --module bench_models:block resolves from here
     train_ids, val_ids, vocab = corpus()
     eval_args = eval_arguments(val_ids)
@@ -290,15 +331,17 @@ def benchmark(runs: list[Run], watch_factory=None) -> list[Outcome]:
     for run in runs:
         directory = WORK / run.name
         started = time.perf_counter()
-        log = train(run, train_ids, vocab, directory, watch_factory)
+        log = train(run, train_ids, vocab, directory, watch_in(directory))
         seconds = time.perf_counter() - started
         if run.expected is None:
             healthy_logs[run.model] = log
         checks = {step: check(run, directory / f"step_{step:04d}", eval_args)
                   for step in CHECKPOINT_STEPS if step <= run.steps}
-        outcomes.append(Outcome(run, loss_failure_step(log, healthy_logs.get(run.model)), checks, seconds))
+        outcomes.append(Outcome(run, loss_failure_step(log, healthy_logs.get(run.model)), checks, seconds,
+                                watch_errors(directory / "watch.jsonl")))
         print(f"{run.name}: trained in {seconds:.0f} s; first error at {outcomes[-1].first_error}, "
-              f"loss shows it at {outcomes[-1].loss_failure}, top cause {outcomes[-1].top_cause}", file=sys.stderr)
+              f"watch at {outcomes[-1].watch_first_error}, loss shows it at {outcomes[-1].loss_failure}, "
+              f"top cause {outcomes[-1].top_cause}", file=sys.stderr)
     return outcomes
 
 
@@ -343,6 +386,21 @@ def report(outcomes: list[Outcome]) -> str:
             ("no alarm" if not o.false_alarms else f"{len(o.false_alarms)} false alarms")
         lines.append(f"| {o.run.name} | {expected} | {_step(o.first_error)} | {_step(o.loss_failure)} | "
                      f"{o.top_cause or '-'} | {verdict} | {o.train_seconds:.0f} |")
+    lines += ["", "## Early warning: the Watch inside the training loop", "",
+              f"Every run above trained with `Watch(model, 'watch.jsonl', every={WATCH_EVERY})` in its loop (records "
+              f"at steps 0, {WATCH_EVERY}, {2 * WATCH_EVERY}, …, each on that step's own training batch). Target: "
+              "the watch raises an ERROR no later than the loss curve shows the failure, and never on a healthy run.",
+              "", f"- failing runs warned in time: {sum(o.warned_in_time for o in failing)} of {len(failing)}",
+              f"- ERRORs on healthy runs: {sum(len(o.watch) for o in healthy)} over "
+              f"{sum(o.run.steps // WATCH_EVERY + 1 for o in healthy)} records", "",
+              "| run | watch first ERROR at step | finding (layer) | loss curve shows it at step | in time |",
+              "|---|---|---|---|---|"]
+    for o in outcomes:
+        first = o.watch[0] if o.watch else None
+        finding = f"{first[1]} ({first[2]})" if first else "-"
+        verdict = ("yes" if o.warned_in_time else "no") if o.run.expected else \
+            ("no alarm" if not o.watch else f"{len(o.watch)} false ERRORs")
+        lines.append(f"| {o.run.name} | {_step(o.watch_first_error)} | {finding} | {_step(o.loss_failure)} | {verdict} |")
     lines += ["", "## Findings per checkpoint", ""]
     for o in outcomes:
         lines += [f"### {o.run.name}", "", "| step | loss | exit | errors and warnings | diagnosis |",
@@ -358,10 +416,24 @@ def report(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def write_sample(directory: Path) -> None:
+    """SAMPLE_RUN's checkpoints, training log and watch timeline, and a few validation lines to track them on."""
+    train_ids, val_ids, vocab = corpus()
+    target = directory / SAMPLE_RUN.name
+    train(SAMPLE_RUN, train_ids, vocab, target, watch_in(target), checkpoint_steps=SAMPLE_STEPS)
+    lines = "".join(vocab[i] if i else "?" for i in val_ids[:4000].tolist()).splitlines()
+    (directory / "eval.txt").write_text("\n".join([line for line in lines if len(line) > 40][:8]) + "\n")
+    print(f"wrote {target} and {directory / 'eval.txt'}", file=sys.stderr)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="run only these runs (by name)")
+    parser.add_argument("--sample", type=Path, help="only train the README's small failing run into this directory")
     arguments = parser.parse_args()
+    if arguments.sample is not None:
+        write_sample(arguments.sample)
+        return 0
     runs = [r for r in RUNS if not arguments.only or r.name in arguments.only]
     torch.set_num_threads(max(1, torch.get_num_threads()))
     outcomes = benchmark(runs)

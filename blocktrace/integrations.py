@@ -29,7 +29,8 @@ class WatchCallback(TrainerCallback):
         self.watch = None
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
-        self.watch = Watch(model, self.path, self.every, optimizer=optimizer, start=state.global_step, **self.options)
+        options = {"append": state.global_step > 0, **self.options}  # a resumed run continues its timeline
+        self.watch = Watch(model, self.path, self.every, optimizer=optimizer, start=state.global_step, **options)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.watch is not None:

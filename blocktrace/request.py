@@ -57,6 +57,7 @@ class RunRequest:
     module: Optional[str] = None  # --module PKG.MOD:FACTORY: the user's own block
     step_names: Optional[dict] = None  # --step-names: its norm1/attn/norm2/ffn submodules
     expect_causal: Optional[bool] = None  # --causal / --no-causal with --module: what the block is meant to be
+    training_step: Optional[int] = None  # the checkpoint's training step when known (track --steps); else its name
 
 
 @dataclass(frozen=True)

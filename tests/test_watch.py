@@ -308,3 +308,19 @@ def test_the_trainer_callback_records_trainers_own_steps(tmp_path):
         assert entry["loss"] == pytest.approx(logged[entry["step"] + 1]["loss"], abs=1e-4)
         assert entry["lr"] == pytest.approx(logged[entry["step"] + 1]["learning_rate"], rel=1e-6)
         assert len(entry["layers"]) == 3 and all(layer["max_logit"] is not None for layer in entry["layers"])
+
+
+def test_an_existing_timeline_is_continued_or_replaced_only_when_asked(tmp_path):
+    path = tmp_path / "run.jsonl"
+    model = NanoGPT()
+    _train(model, Watch(model, path, every=2), steps=3)
+    before = path.read_text()
+    with pytest.raises(UsageError, match="already holds a timeline: pass append=True .* or overwrite=True"):
+        Watch(model, path, every=2)
+    assert path.read_text() == before  # refused: nothing written, nothing cut
+    _train(model, Watch(model, path, every=2, start=4, append=True), steps=1)
+    assert [r["step"] for r in read_timeline(path)] == [0, 2, 4]
+    _train(model, Watch(model, path, every=2, overwrite=True), steps=1)
+    assert [r["step"] for r in read_timeline(path)] == [0]
+    with pytest.raises(UsageError, match="pass one"):
+        Watch(model, path, append=True, overwrite=True)

@@ -16,6 +16,7 @@ from blocktrace.cli.options import (
     PLOT_OPTION,
     STEPS_OPTION,
     enum_choice,
+    force_option,
     given,
     make_analysis,
     make_request,
@@ -74,7 +75,7 @@ def choose_axis(ctx: click.Context, params: dict) -> tuple[Axis, list[str]]:
 @FORMAT_OPTION
 @LANG_OPTION
 @PLOT_OPTION
-@click.option("--force", is_flag=True, help="Let --plot overwrite an existing regular file.")
+@force_option("--plot")
 @click.pass_context
 def compare(ctx, **params):
     """Run two variants of one design axis on the same parameters and the same input.

@@ -87,6 +87,10 @@ class StepNames(click.ParamType):
         return names
 
 
+def force_option(what: str):
+    return click.option("--force", is_flag=True, help=f"Let {what} overwrite an existing regular file.")
+
+
 def options(*decorators):
     def apply(function):
         for decorator in reversed(decorators):
@@ -106,24 +110,24 @@ BLOCK_OPTIONS = options(
     click.option("--init", type=enum_choice(Init), default=Init.DEFAULT.value, show_default=True, help="Parameter init: PyTorch's default, Xavier, or Xiong et al. 2020's setting (Xavier, zero biases, W^Q = W^K = 0)."),
 )
 
+TOKEN_IDS_OPTION = click.option("--token-ids", "token_ids_text", metavar="ID...", help="Token ids fed through the checkpoint's embeddings (and the blocks before --layer); several sequences separated by / form a padded batch, e.g. 1 2 3 / 4 5.")
+TOKEN_TYPES_OPTION = click.option("--token-type-ids", "token_types_text", metavar="ID...", help="BERT's token type (segment) ids, one per token of --token-ids or --text (several sequences separated by /).  [default: all 0]")
+TEXT_OPTION = click.option("--text", default=None, help="Text tokenized by the tokenizer.json beside --weights (needs the [text] extra); the tokenizer's padding and truncation are switched off.")
+TEXT_FILE_OPTION = click.option("--text-file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Many sequences, one per line of a UTF-8 file, through the tokenizer.json beside --weights: a padded batch (padding masked); lines longer than the model's positions become consecutive windows.")
 INPUT_OPTIONS = options(
     click.option("--tokens", "tokens_text", metavar="TOKEN...", help="Input tokens, e.g. --tokens 猫 吃 鱼 (seeded embedding + sinusoidal positions)."),
     click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Random input of this many tokens (when no --tokens).  [default: 5]"),
     click.option("--batch", type=click.IntRange(min=1), default=None, help="Add a batch dimension of this size; without it x is [T, d-model]."),
     click.option("--weights", type=click.Path(path_type=Path), default=None, help="A safetensors checkpoint (GPT-2, BERT, Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma-2, GPT-NeoX, Phi-3): a .safetensors file, a directory with model.safetensors (or a sharded index) and config.json, or a model id already in the local HuggingFace cache (never downloaded)."),
     click.option("--layer", type=click.IntRange(min=0), default=0, show_default=True, help="Which block of --weights to trace (the first, with --layers)."),
-    click.option("--token-ids", "token_ids_text", metavar="ID...", help="Token ids fed through the checkpoint's embeddings (and the blocks before --layer); several sequences separated by / form a padded batch, e.g. 1 2 3 / 4 5."),
-    click.option("--token-type-ids", "token_types_text", metavar="ID...", help="BERT's token type (segment) ids, one per token of --token-ids or --text (several sequences separated by /).  [default: all 0]"),
-    click.option("--text", default=None, help="Text tokenized by the tokenizer.json beside --weights (needs the [text] extra); the tokenizer's padding and truncation are switched off."),
-    click.option("--text-file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Many sequences, one per line of a UTF-8 file, through the tokenizer.json beside --weights: a padded batch (padding masked); lines longer than the model's positions become consecutive windows."),
+    TOKEN_IDS_OPTION, TOKEN_TYPES_OPTION, TEXT_OPTION, TEXT_FILE_OPTION,
     click.option("--input", "input_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Exact block input: a .safetensors file holding 'x' (or one tensor), [T, d] or [B, T, d]."),
 )
 
-COMPUTE_OPTIONS = options(
-    click.option("--dtype", type=enum_choice(DType), default=DType.FLOAT32.value, show_default=True, help="Compute dtype (checkpoints in half precision are upcast unless this says otherwise)."),
-    click.option("--device", type=enum_choice(Device), default=Device.CPU.value, show_default=True, help="Where to run; auto picks cuda when available."),
-    click.option("--attn-chunk", type=click.IntRange(min=1), default=None, help="Query rows the attention computes at once, to bound memory on long inputs.  [default: as many as fit 256 MiB of scores]"),
-)
+DTYPE_OPTION = click.option("--dtype", type=enum_choice(DType), default=DType.FLOAT32.value, show_default=True, help="Compute dtype (checkpoints in half precision are upcast unless this says otherwise).")
+DEVICE_OPTION = click.option("--device", type=enum_choice(Device), default=Device.CPU.value, show_default=True, help="Where to run; auto picks cuda when available.")
+ATTN_CHUNK_OPTION = click.option("--attn-chunk", type=click.IntRange(min=1), default=None, help="Query rows the attention computes at once, to bound memory on long inputs.  [default: as many as fit 256 MiB of scores]")
+COMPUTE_OPTIONS = options(DTYPE_OPTION, DEVICE_OPTION, ATTN_CHUNK_OPTION)
 
 DEPTH_OPTIONS = options(
     click.option("--layers", "depths", type=DepthList(), default=None, help="A stack of N blocks (per-layer table), or a list of depths 6,8,10 for a gradient sweep (needs --grad)."),

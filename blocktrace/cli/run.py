@@ -24,16 +24,13 @@ from blocktrace.cli.options import (
     SAVE_OPTION,
     STEPS_OPTION,
     chosen_placement,
+    force_option,
     given,
     make_analysis,
     make_request,
 )
 from blocktrace.cli.rules import CHECK_RULES, RUN_RULES, enforce
 from blocktrace.vocab import FFNKind, Lang, Level, Norm
-
-
-def _force_option(what: str):
-    return click.option("--force", is_flag=True, help=f"Let {what} overwrite an existing regular file.")
 
 
 @cli.command(cls=GreedyCommand)
@@ -51,7 +48,7 @@ def _force_option(what: str):
 @LANG_OPTION
 @PLOT_OPTION
 @SAVE_OPTION
-@_force_option("--save / --plot")
+@force_option("--save / --plot")
 @DISPLAY_OPTIONS
 @click.option("--check", "check_only", is_flag=True, help="Print only the health-check findings; exit 1 when one reaches --fail-on.")
 @FAIL_ON_OPTION

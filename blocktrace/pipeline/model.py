@@ -168,7 +168,8 @@ def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bo
                            dtype, spec.kind.value)
     evidence = ModelEvidence(loss=loss, weights=weights, first_layer=traced.start, n_layers=info.n_layers,
                              stored_dtype=_stored_dtype(checkpoint, info), config=config,
-                             step=step_of(checkpoint.directory))
+                             step=request.training_step if request.training_step is not None
+                             else step_of(checkpoint.directory))
     flags = evaluate(traces, grads, evidence) if analysis.checks else None
     report = model_report(checkpoint, info, config, traces, model_input, loss, grads, flags, evidence,
                           str(request.weights))

@@ -1,4 +1,5 @@
-"""`--plot PATH.png`: attention heatmaps of one block, or per-layer curves of a stack or a compare.
+"""`--plot PATH.png`: attention heatmaps of one block, per-layer curves of a stack or a compare, or curves
+over training steps (`track`).
 
 matplotlib is an optional extra (`pip install "transformer-blocktrace[plot]"`): the CLI asks
 for it (`require_pyplot`) before any computation. The PNG is written like every file
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Optional
 
 from blocktrace.errors import UsageError
 from blocktrace.files import write_atomically
@@ -121,12 +123,70 @@ def figure_for(plt, report: dict):
     return _sweep(plt, series) if kind is ReportKind.SWEEP else _curves(plt, series)
 
 
-def write_plot(report: dict, path: Path, force: bool) -> None:
-    plt = require_pyplot()
-    figure = figure_for(plt, report)
+def _per_layer(axis, records: list[dict], key: str, title: str) -> None:
+    steps = [entry["step"] for entry in records]
+    n_layers = max(len(entry["layers"]) for entry in records)
+    for layer in range(n_layers):
+        values = [entry["layers"][layer].get(key) if layer < len(entry["layers"]) else None for entry in records]
+        axis.plot(steps, [float("nan") if v is None else v for v in values], marker=".", label=f"L{layer}")
+    axis.set_title(title)
+
+
+def _largest_updates(axis, records: list[dict]) -> None:
+    steps = [entry["step"] for entry in records]
+    kinds = sorted({kind for entry in records for layer in entry["layers"] for kind in (layer.get("weights") or {})})
+    for kind in kinds:
+        values = []
+        for entry in records:
+            ratios = [layer["weights"][kind]["update_ratio"] for layer in entry["layers"]
+                      if (layer.get("weights") or {}).get(kind, {}).get("update_ratio") is not None]
+            values.append(max(ratios) if ratios else float("nan"))
+        axis.plot(steps, values, marker=".", label=kind)
+    axis.set_title("‖ΔW‖/‖W‖ since the previous record (largest layer)")
+    axis.legend(fontsize=7)
+
+
+def track_figure(plt, records: list[dict], first: Optional[dict]):
+    """Curves over training steps: the loss, per-layer rms, logits and entropy, weight movement; a marker at the
+    first sign of trouble."""
+    figure, axes = plt.subplots(2, 3, figsize=(14, 7.5))
+    steps = [entry["step"] for entry in records]
+    loss_axis = axes[0][0]
+    loss_axis.plot(steps, [float("nan") if e.get("loss") is None else e["loss"] for e in records], marker="o",
+                   label="loss on the input")
+    if any(entry.get("log") for entry in records):
+        loss_axis.plot(steps, [(e.get("log") or {}).get("loss", float("nan")) for e in records], marker="x",
+                       label="training log")
+    loss_axis.set_title("loss")
+    loss_axis.legend(fontsize=7)
+    _per_layer(axes[0][1], records, "rms", "residual rms after each block")
+    _per_layer(axes[0][2], records, "max_logit", "largest attention logit")
+    _per_layer(axes[1][0], records, "min_entropy", "lowest head entropy (nats)")
+    _per_layer(axes[1][1], records, "grad_norm", "block gradient norm")
+    axes[0][1].legend(fontsize=7)
+    _largest_updates(axes[1][2], records)
+    for axis in (a for row in axes for a in row):
+        axis.set_xlabel("training step")
+        if first is not None:
+            axis.axvline(first["step"], color="red", linestyle="--", linewidth=1)
+    if first is not None:
+        loss_axis.annotate(f"first sign: {first['name']}", (first["step"], loss_axis.get_ylim()[1]), color="red",
+                           fontsize=8, ha="left", va="top")
+    figure.tight_layout()
+    return figure
+
+
+def save_figure(plt, figure, path: Path, force: bool) -> None:
+    """The figure as a PNG, written atomically (see files.py)."""
     try:
         buffer = io.BytesIO()
         figure.savefig(buffer, dpi=100, format="png")
     finally:
         plt.close(figure)
     write_atomically(Path(path), lambda handle: handle.write(buffer.getvalue()), force)
+
+
+def write_plot(report: dict, path: Path, force: bool) -> None:
+    plt = require_pyplot()
+    save_figure(plt, figure_for(plt, report), path, force)
+

@@ -8,7 +8,7 @@ A timeline is JSON lines, one record per moment of training, each self-describin
                  "rms": …, "median_token_sq_norm_per_d": …, "max_logit": …, "min_entropy": …,
                  "entropy_per_head": […], "future_weight_sum": …, "grad_norm": …,
                  "weights": {"attn_q": {"norm": …, "update_ratio": …}, ...}}, ...],
-     "flags": [{"name", "level", "cause", "layer", "step"}, ...], "diagnosis": [{"cause", "evidence"}, ...]}
+     "flags": [{"name", "level", "cause", "layer", "step"}, ...], "diagnosis": [{"cause", "evidence", "advice"}, ...]}
 
 `update_ratio` is ‖ΔW‖/‖W‖ since the previous record (null in the first). A watch's records
 also say how many processes' batches their statistics cover (`ranks`, see training/distributed.py). Every record is
@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 from typing import Iterable, Optional
 
-from blocktrace.errors import InputError
+from blocktrace.errors import InputError, UsageError
 from blocktrace.vocab import Level
 
 FORMAT, VERSION = "blocktrace.timeline", 1
@@ -56,7 +56,7 @@ def record(step: Optional[int], source: str, layers: list[dict], flags: list[dic
            path: Optional[str] = None, extra: Optional[dict] = None) -> dict:
     return {"format": FORMAT, "version": VERSION, "source": source, "step": step, "path": path, "loss": loss,
             "lr": lr, "grad_norm": grad_norm, "layers": layers, "flags": flags,
-            "diagnosis": [{"cause": d["cause"], "evidence": d["evidence"]} for d in diagnosis], **(extra or {})}
+            "diagnosis": [{"cause": d["cause"], "evidence": d["evidence"], "advice": d.get("advice")} for d in diagnosis], **(extra or {})}
 
 
 def _finite(value):
@@ -85,12 +85,18 @@ def dumps(entry: dict) -> str:
 
 
 class TimelineWriter:
-    """Appends records to a JSON-lines file, flushing each one."""
+    """Writes records to a JSON-lines file, flushing each one. An existing timeline is never silently mixed
+    with a new run: it is continued only with `append` (a resumed run) and replaced only with `overwrite`."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, append: bool = False, overwrite: bool = False):
         self.path = Path(path)
+        if append and overwrite:
+            raise UsageError("append=True continues the timeline and overwrite=True replaces it: pass one")
+        if not append and not overwrite and self.path.is_file() and self.path.stat().st_size > 0:
+            raise UsageError(f"{self.path} already holds a timeline: pass append=True to continue it (a resumed "
+                             "run) or overwrite=True to start it afresh")
         try:
-            self.handle = open(self.path, "a", encoding="utf-8")
+            self.handle = open(self.path, "a" if append else "w", encoding="utf-8")
         except OSError as error:
             raise InputError(f"cannot write {self.path}: {error.strerror or error}") from None
 

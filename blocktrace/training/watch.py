@@ -82,7 +82,7 @@ class Watch:
 
     def __init__(self, model: nn.Module, path: Union[str, Path], every: int = 50, *, blocks: Blocks = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, tensorboard=None, checks: bool = True,
-                 track_updates: bool = True, start: int = 0):
+                 track_updates: bool = True, start: int = 0, append: bool = False, overwrite: bool = False):
         if not isinstance(every, int) or every < 1:
             raise UsageError(f"every must be a positive integer, not {every!r}")
         if not isinstance(start, int) or start < 0:
@@ -92,7 +92,7 @@ class Watch:
         self.taps = [BlockTap(block, checks=checks) for block in self.blocks]
         self.track_updates = track_updates
         self.reducer = Reducer()
-        self.writer = TimelineWriter(Path(path)) if self.reducer.is_writer else None
+        self.writer = TimelineWriter(Path(path), append, overwrite) if self.reducer.is_writer else None
         self.tensorboard = _tensorboard(tensorboard) if self.reducer.is_writer else None
         self.count = start  # the training step of the next forward (a resumed run starts past 0)
         self.snapshots: Optional[list[dict]] = None

@@ -1,0 +1,177 @@
+"""`blocktrace track`: a model over training — checkpoints in step order, or a Watch's timeline."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from blocktrace.cli.app import GreedyCommand, cli, emit
+from blocktrace.cli.options import (
+    DEVICE_OPTION,
+    DTYPE_OPTION,
+    FAIL_ON_OPTION,
+    FORMAT_OPTION,
+    TEXT_FILE_OPTION,
+    TEXT_OPTION,
+    TOKEN_IDS_OPTION,
+    TOKEN_TYPES_OPTION,
+    force_option,
+    given,
+)
+from blocktrace.cli.rules import Excludes, enforce, is_set
+from blocktrace.vocab import Level
+
+TIMELINE_SUFFIXES = (".jsonl", ".ndjson")
+INPUT_PARAMS = ("token_ids_text", "text", "text_file")
+
+
+class StepList(click.ParamType):
+    """`--steps 0,100,200`: one training step (an integer ≥ 0) per checkpoint."""
+
+    name = "N,N,..."
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            steps = tuple(int(part) for part in str(value).split(","))
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of steps, e.g. 0,100,200", param, ctx)
+        if any(step < 0 for step in steps):
+            self.fail(f"{value!r}: a training step is an integer ≥ 0", param, ctx)
+        return steps
+
+
+def _reads_timeline(ctx: click.Context) -> bool:
+    sources = ctx.params.get("sources") or ()
+    return len(sources) == 1 and sources[0].suffix in TIMELINE_SUFFIXES
+
+
+def _checkpoint_only(name: str, what: str) -> Excludes:
+    return Excludes(name, _reads_timeline, f"{what} applies to checkpoints; a timeline file holds its records already")
+
+
+TRACK_RULES = [
+    *(_checkpoint_only(name, f"{flag} gives the input of the checkpoints:") for name, flag in
+      (("token_ids_text", "--token-ids"), ("token_types_text", "--token-type-ids"), ("text", "--text"),
+       ("text_file", "--text-file"))),
+    _checkpoint_only("steps", "--steps names the checkpoints' steps:"),
+    _checkpoint_only("grad", "--grad computes the checkpoints' gradients:"),
+    _checkpoint_only("out", "--out writes the checkpoints' records:"),
+    _checkpoint_only("dtype", "--dtype:"),
+    _checkpoint_only("device", "--device:"),
+    Excludes("fmt", is_set("as_json"), "--format shapes the tables; --json prints no table"),
+]
+
+
+def _sources(ctx: click.Context, sources: tuple[Path, ...]) -> None:
+    if not sources:
+        raise click.UsageError("give the checkpoints to follow (directories, files or a quoted glob such as "
+                               "'run/step_*'), or one timeline file written by Watch (run.jsonl)")
+    timelines = [path for path in sources if path.suffix in TIMELINE_SUFFIXES]
+    if timelines and len(sources) > 1:
+        raise click.UsageError(f"{timelines[0]} is a timeline: track reads one timeline, or checkpoints, not both")
+    if not timelines and not any(given(ctx, name) for name in INPUT_PARAMS):
+        raise click.UsageError("checkpoints are compared on one input: give --token-ids, --text or --text-file")
+
+
+def _prepare_outputs(params: dict) -> None:
+    from blocktrace.files import check_output_path
+
+    for key in ("out", "plot_path"):
+        if params[key] is not None:
+            check_output_path(params[key], params["force"])
+    if params["plot_path"] is not None:
+        from blocktrace.render.plot import require_pyplot
+
+        require_pyplot()
+
+
+def _checkpoint_records(ctx: click.Context, params: dict, show_progress: bool) -> list[dict]:
+    from blocktrace.request import Analysis, InputSpec, RunRequest
+    from blocktrace.training.track import expand, order, track_checkpoints
+    from blocktrace.vocab import Device, DType
+
+    points = order(expand(list(params["sources"])), params["steps"])
+    inputs = InputSpec(token_ids=params["token_ids_text"], token_types=params["token_types_text"],
+                       text=params["text"], text_file=params["text_file"])
+    request = RunRequest(config_fields={}, inputs=inputs, dtype=DType(params["dtype"]), device=Device(params["device"]))
+    records = track_checkpoints(points, request, Analysis(checks=True, grad=params["grad"]))
+    if not show_progress:
+        return list(records)
+    with click.progressbar(records, length=len(points), label="tracking", file=sys.stderr,
+                           item_show_func=lambda entry: f"step {entry['step']}" if entry else "") as bar:
+        return list(bar)
+
+
+def progress_wanted(as_json: bool) -> bool:
+    """A progress bar on stderr only for a person watching: both streams a terminal, and no --json."""
+    return sys.stderr.isatty() and sys.stdout.isatty() and not as_json
+
+
+def _write_records(records: list[dict], path: Path, force: bool) -> None:
+    from blocktrace.files import write_atomically
+    from blocktrace.training.timeline import dumps
+
+    keep = [{k: v for k, v in entry.items() if k not in ("new_flags", "log")} for entry in records]
+    text = "".join(dumps(entry) + "\n" for entry in keep)
+    write_atomically(path, lambda handle: handle.write(text.encode("utf-8")), force)
+
+
+@cli.command(cls=GreedyCommand)
+@click.argument("sources", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--steps", type=StepList(), default=None, help="The training step of each checkpoint, in the order given (default: from trainer_state.json or the name: step_400, checkpoint-400, …).")
+@TOKEN_IDS_OPTION
+@TOKEN_TYPES_OPTION
+@TEXT_OPTION
+@TEXT_FILE_OPTION
+@click.option("--grad", is_flag=True, help="Each checkpoint's gradients of its own loss on the input: a block gradient norm per layer.")
+@DTYPE_OPTION
+@DEVICE_OPTION
+@click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="A training log of JSON lines with a \"step\" key: its loss, lr and grad_norm beside each row.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the checkpoints' records as a timeline (JSON lines, the format Watch writes).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG of curves over steps, marking the first sign of trouble (needs the [plot] extra).")
+@force_option("--out / --plot")
+@click.option("--json", "as_json", is_flag=True, help='Print {"records": [...], "first_flag": ...} instead of tables.')
+@FORMAT_OPTION
+@FAIL_ON_OPTION
+@click.pass_context
+def track(ctx, **params):
+    """Follow a model over training: the same input through every checkpoint (directories, files or a
+    quoted glob, ordered by step), or the records of a Watch's timeline (run.jsonl). One row per
+    step: the loss, each layer's residual rms, largest attention logit and lowest head entropy,
+    ‖ΔW‖/‖W‖ against the previous checkpoint by tensor kind, the findings first raised; then the
+    first sign of trouble. Exit 1 when a finding reaches --fail-on."""
+    from blocktrace.training.timeline import read_timeline
+    from blocktrace.training.track import attach_log, first_sign, mark_new_flags, read_log
+
+    enforce(ctx, TRACK_RULES)
+    _sources(ctx, params["sources"])
+    _prepare_outputs(params)
+    log = read_log(params["log_path"]) if params["log_path"] is not None else None
+    timeline = _reads_timeline(ctx)
+    show_progress = progress_wanted(params["as_json"])
+    records = read_timeline(params["sources"][0]) if timeline else _checkpoint_records(ctx, params, show_progress)
+    if params["out"] is not None:
+        _write_records(records, params["out"], params["force"])
+    mark_new_flags(records)
+    if log is not None:
+        attach_log(records, log)
+    level = Level(params["fail_on"])
+    first = first_sign(records, level)
+    if params["plot_path"] is not None:
+        from blocktrace.render.plot import require_pyplot, save_figure, track_figure
+
+        plt = require_pyplot()
+        save_figure(plt, track_figure(plt, records, first), params["plot_path"], params["force"])
+    if params["as_json"]:
+        from blocktrace.render.jsonout import dumps
+
+        emit(dumps({"records": records, "first_flag": first}))
+    else:
+        from blocktrace.render.track import render_track
+
+        emit(render_track(records, first, level, "timeline" if timeline else "checkpoints", params["fmt"]), nl=False)
+    ctx.exit(1 if first is not None else 0)

@@ -1,0 +1,147 @@
+"""`blocktrace track` as text: one row per checkpoint (or watch record), then the per-layer story.
+
+The first table has each record's loss and, per quantity, its worst layer (so a row reads
+"the largest logit is 312 in layer 2"); the tables after it give every layer, so a layer that
+drifts can be followed step by step; the last line names the first sign of trouble.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from tabulate import tabulate
+
+from blocktrace.vocab import Level
+
+KIND_ORDER = ("attn_qkv", "attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2", "norm")
+# Per-layer quantities: (title, what a layer entry holds, whether the worst is the largest)
+LAYER_QUANTITIES = (
+    ("residual stream rms after the block", lambda layer: layer.get("rms"), True),
+    ("largest attention logit", lambda layer: layer.get("max_logit"), True),
+    ("lowest head entropy (nats)", lambda layer: layer.get("min_entropy"), False),
+    ("gradient norm of the block's parameters", lambda layer: layer.get("grad_norm"), True),
+)
+
+
+def _cell(value, spec: str = ".4g") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def _worst(layers: list[dict], read: Callable, largest: bool) -> str:
+    """The worst layer's value, as "value Lk"."""
+    values = [(read(layer), layer["layer"]) for layer in layers if read(layer) is not None]
+    if not values:
+        return "—"
+    value, layer = (max if largest else min)(values, key=lambda pair: pair[0] if pair[0] == pair[0] else float("inf"))
+    return f"{_cell(value)} L{layer}"
+
+
+def _largest_update(layers: list[dict]) -> str:
+    """The largest ‖ΔW‖/‖W‖ of any kind in any layer, as "ratio kind Lk"."""
+    found = [(w["update_ratio"], kind, layer["layer"]) for layer in layers
+             for kind, w in (layer.get("weights") or {}).items() if w.get("update_ratio") is not None]
+    if not found:
+        return "—"
+    ratio, kind, layer = max(found)
+    return f"{ratio:.3g} {kind} L{layer}"
+
+
+NEW_FINDINGS_SHOWN = 3  # per row; the rest are counted (--json has them all)
+
+
+def _new_findings(entry: dict) -> str:
+    shown = [f for f in entry.get("new_flags") or [] if f["level"] != Level.INFO.value]
+    names = [f"{f['name']} L{f['layer']}" if f.get("layer") is not None else f["name"] for f in shown]
+    more = len(names) - NEW_FINDINGS_SHOWN
+    return ", ".join(names[:NEW_FINDINGS_SHOWN]) + (f" (+{more} more)" if more > 0 else "")
+
+
+def summary_table(records: list[dict], fmt: str) -> str:
+    with_log = any(entry.get("log") for entry in records)
+    headers = ["step", "loss"]
+    if with_log:
+        headers += ["log loss", "log lr", "log grad norm"]
+    headers += ["max rms", "max logit", "min entropy", "‖ΔW‖/‖W‖ (largest)", "new findings"]
+    rows = []
+    for entry in records:
+        layers = entry["layers"]
+        row = [entry["step"], _cell(entry.get("loss"), ".4f")]
+        if with_log:
+            log = entry.get("log") or {}
+            row += [_cell(log.get("loss"), ".4f"), _cell(log.get("lr"), ".3g"), _cell(log.get("grad_norm"), ".4g")]
+        row += [_worst(layers, quantity, largest) for _, quantity, largest in LAYER_QUANTITIES[:3]]
+        row += [_largest_update(layers), _new_findings(entry)]
+        rows.append(row)
+    return tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
+
+
+def _layer_tables(records: list[dict], fmt: str) -> list[str]:
+    n_layers = max(len(entry["layers"]) for entry in records)
+    headers = ["step", *(f"L{k}" for k in range(n_layers))]
+    sections = []
+    for title, read, _ in LAYER_QUANTITIES:
+        rows = [[entry["step"], *(_cell(read(layer)) for layer in entry["layers"])] for entry in records]
+        if any(cell != "—" for row in rows for cell in row[1:]):
+            sections += [f"{title}, per layer", tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True), ""]
+    return sections
+
+
+def _kinds(records: list[dict]) -> list[str]:
+    seen = {kind for entry in records for layer in entry["layers"] for kind in (layer.get("weights") or {})}
+    return [kind for kind in KIND_ORDER if kind in seen] + sorted(seen - set(KIND_ORDER))
+
+
+def _weight_tables(records: list[dict], fmt: str) -> list[str]:
+    kinds = _kinds(records)
+    if not kinds:
+        return []
+
+    def by_kind(entry: dict, kind: str, key: str):
+        values = [(layer["weights"][kind][key], layer["layer"]) for layer in entry["layers"]
+                  if (layer.get("weights") or {}).get(kind, {}).get(key) is not None]
+        return max(values) if values else None
+
+    def cell(found) -> str:
+        return "—" if found is None else f"{found[0]:.3g} L{found[1]}"
+
+    updates = [[entry["step"], *(cell(by_kind(entry, kind, "update_ratio")) for kind in kinds)] for entry in records]
+    norms = [[entry["step"], *(cell(by_kind(entry, kind, "norm")) for kind in kinds)] for entry in records]
+    return ["‖ΔW‖/‖W‖ against the previous record, by tensor kind (the layer where it is largest)",
+            tabulate(updates, headers=["step", *kinds], tablefmt=fmt, disable_numparse=True), "",
+            "weight norm ‖W‖ by tensor kind (the largest layer)",
+            tabulate(norms, headers=["step", *kinds], tablefmt=fmt, disable_numparse=True), ""]
+
+
+def first_sign_line(first: Optional[dict], records: list[dict], level: Level) -> str:
+    if first is None:
+        steps = [entry["step"] for entry in records]
+        return (f"no finding at {level.value} level or worse over {len(records)} record{'s' if len(records) > 1 else ''} "
+                f"(steps {steps[0]}–{steps[-1]})")
+    where = f", layer {first['layer']}" if first.get("layer") is not None else ""
+    cause = f" (likely cause: {first['cause'].replace('_', ' ')})" if first.get("cause") else ""
+    return f"first sign of trouble: step {first['step']}{where}, {first['name']}{cause}: {first['detail']}"
+
+
+def _header(records: list[dict], source: str) -> str:
+    first = records[0]
+    layers = len(first["layers"])
+    if source == "timeline":
+        return f"{len(records)} watch records, {layers} blocks (steps {records[0]['step']}–{records[-1]['step']})"
+    family = first.get("family", "model")
+    return (f"{len(records)} checkpoints of a {layers}-layer {family} model, the same {first.get('tokens')} tokens "
+            f"through each (steps {records[0]['step']}–{records[-1]['step']})")
+
+
+def render_track(records: list[dict], first: Optional[dict], level: Level, source: str, fmt: str = "simple") -> str:
+    lines = [_header(records, source), "", summary_table(records, fmt), ""]
+    lines += _layer_tables(records, fmt)
+    lines += _weight_tables(records, fmt)
+    if first is not None:
+        diagnosis = next((entry.get("diagnosis") for entry in records if entry["step"] == first["step"]), None)
+        if diagnosis:
+            top = diagnosis[0]
+            lines.append(f"most likely at step {first['step']}: {top['cause'].replace('_', ' ')} — {top['evidence']}")
+            if top.get("advice"):
+                lines.append(f"advice: {top['advice']}")
+    lines.append(first_sign_line(first, records, level))
+    return "\n".join(lines) + "\n"

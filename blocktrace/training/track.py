@@ -1,0 +1,201 @@
+"""A model over training time: checkpoints (or a watch's timeline) as one story, step by step.
+
+`track_checkpoints` runs the same input through every checkpoint in step order — each one the
+whole-model check of `check --weights`: every layer read and traced one at a time, the model's
+own loss, its gradients with --grad — and measures how far each layer's weights moved since the
+previous checkpoint (‖ΔW‖/‖W‖ per tensor kind, streamed tensor by tensor: memory does not grow
+with the number of checkpoints, nor with the model). Each checkpoint becomes one timeline record
+(training/timeline.py), the same records a Watch writes, so everything after — the findings
+first raised, the first sign of trouble, a training log's numbers — works on both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+from blocktrace.diagnose.weights import tensor_kind
+from blocktrace.errors import InputError, UsageError
+from blocktrace.request import Analysis, RunRequest
+from blocktrace.sources.training_step import step_of
+from blocktrace.training.timeline import layer_entry, record
+from blocktrace.vocab import Level
+
+GLOB_CHARACTERS = "*?["
+LOG_FIELDS = ("loss", "lr", "grad_norm")  # what a training log line may say about its step
+
+
+@dataclass(frozen=True)
+class Point:
+    """One checkpoint and the training step it holds."""
+
+    step: int
+    path: Path
+
+
+def expand(paths: Sequence[Path]) -> list[Path]:
+    """The checkpoints named: paths as given, and glob patterns (quoted, so the shell left them) expanded."""
+    found = []
+    for path in paths:
+        text = str(path)
+        if not path.exists() and any(c in text for c in GLOB_CHARACTERS):
+            matches = sorted(glob.glob(text))
+            if not matches:
+                raise InputError(f"no checkpoint matches {text}")
+            found += [Path(match) for match in matches]
+        else:
+            found.append(path)
+    return found
+
+
+def order(paths: Sequence[Path], steps: Optional[Sequence[int]] = None) -> list[Point]:
+    """The checkpoints in step order: the steps given (one per path, in the order given), else each one's own
+    (trainer_state.json, or a name such as step_400 / checkpoint-400)."""
+    if steps is not None and len(steps) != len(paths):
+        raise UsageError(f"--steps gives {len(steps)} step(s) for {len(paths)} checkpoint(s): give one per checkpoint, "
+                         "in the order the checkpoints are given")
+    points = []
+    for index, path in enumerate(paths):
+        step = steps[index] if steps is not None else step_of(path)
+        if step is None:
+            raise UsageError(f"cannot tell the training step of {path} from its name or a trainer_state.json: give "
+                             "--steps, one per checkpoint (e.g. --steps 0,100,200)")
+        points.append(Point(step, path))
+    seen: dict[int, Path] = {}
+    for point in points:
+        if point.step in seen:
+            raise UsageError(f"{seen[point.step]} and {point.path} both hold step {point.step}: give each checkpoint "
+                             "its own step (--steps)")
+        seen[point.step] = point.path
+    return sorted(points, key=lambda point: point.step)
+
+
+def _layer_of(key: str, prefix: str) -> Optional[int]:
+    """The layer index of a tensor named `<prefix><layer>.…` (prefix: the family's path to its layers)."""
+    if not key.startswith(prefix):
+        return None
+    head = key[len(prefix):].split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def weight_movement(current, previous, layers_prefix: str, n_layers: int) -> list[dict]:
+    """Per layer, per tensor kind: ‖W‖ now and ‖W − W_previous‖/‖W‖ (None without a comparable previous tensor).
+    One tensor of each checkpoint in memory at a time."""
+    import torch
+
+    sums: list[dict[str, list]] = [{} for _ in range(n_layers)]
+    for key in current.keys:
+        layer = _layer_of(key, layers_prefix)
+        if layer is None or layer >= n_layers:
+            continue
+        now = current.get(key).to(torch.float64)
+        entry = sums[layer].setdefault(tensor_kind(key[len(layers_prefix):].split(".", 1)[1]), [0.0, 0.0, True])
+        entry[0] += float(now.pow(2).sum())
+        if previous is not None and key in previous and tuple(previous.shape(key)) == tuple(now.shape):
+            entry[1] += float((now - previous.get(key).to(torch.float64)).pow(2).sum())
+        else:
+            entry[2] = False
+    return [{kind: {"norm": math.sqrt(norm),
+                    "update_ratio": math.sqrt(delta) / math.sqrt(norm) if comparable and norm > 0 else None}
+             for kind, (norm, delta, comparable) in layer.items()} for layer in sums]
+
+
+def _block_grad_norms(report: dict, n_layers: int) -> list[Optional[float]]:
+    gradients = report.get("gradients")
+    if not gradients:
+        return [None] * n_layers
+    norms = []
+    for layer in gradients["layers"]:
+        parameters = layer.get("parameters") or {}
+        norms.append(math.sqrt(sum(p["grad"] ** 2 for p in parameters.values())) if parameters else None)
+    return norms
+
+
+def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, previous: Optional[Path]) -> dict:
+    """One checkpoint as a timeline record: the whole-model check, and its weights against the previous one's."""
+    from blocktrace.pipeline import check_model_request
+    from blocktrace.sources.checkpoint import Checkpoint
+    from blocktrace.sources.families import model_info
+
+    report, traces, _ = check_model_request(dataclasses.replace(request, weights=point.path, training_step=point.step), analysis,
+                                            layer_given=False)
+    current = Checkpoint(point.path)
+    info = model_info(current)
+    before = Checkpoint(previous) if previous is not None else None
+    if before is not None:
+        earlier = model_info(before)
+        if (earlier.family.name, earlier.n_layers) != (info.family.name, info.n_layers):
+            raise InputError(f"{point.path} is a {info.n_layers}-layer {info.family.name} model but {previous} is a "
+                             f"{earlier.n_layers}-layer {earlier.family.name}: track follows one model over training")
+    moved = weight_movement(current, before, info.layer_prefix(0)[:-2], info.n_layers)
+    grads = _block_grad_norms(report, len(traces))
+    layers = [layer_entry(i, trace, grads[i], moved[i]) for i, trace in enumerate(traces)]
+    return record(point.step, "checkpoint", layers, report.get("flags") or [], report.get("diagnosis") or [],
+                  loss=report.get("loss"), path=str(point.path),
+                  extra={"family": info.family.name, "tokens": report["input"]["tokens"]})
+
+
+def track_checkpoints(points: Sequence[Point], request: RunRequest, analysis: Analysis) -> Iterator[dict]:
+    """The records of the checkpoints, in step order, one at a time (for a progress bar)."""
+    previous = None
+    for point in points:
+        yield checkpoint_record(point, request, analysis, previous)
+        previous = point.path
+
+
+def mark_new_flags(records: list[dict]) -> list[dict]:
+    """Each record's findings not raised (same name, same layer) by any record before it: `new_flags`."""
+    seen: set = set()
+    for entry in records:
+        flags = entry.get("flags") or []
+        entry["new_flags"] = [f for f in flags if (f["name"], f.get("layer")) not in seen]
+        seen |= {(f["name"], f.get("layer")) for f in flags}
+    return records
+
+
+def first_sign(records: list[dict], level: Level) -> Optional[dict]:
+    """The first finding at `level` or above, over the records in step order: where trouble shows first."""
+    for entry in records:
+        for finding in entry.get("flags") or []:
+            if Level(finding["level"]).reaches(level):
+                return {"step": entry["step"], "layer": finding.get("layer"), "name": finding["name"],
+                        "level": finding["level"], "cause": finding.get("cause"), "detail": finding.get("detail")}
+    return None
+
+
+def read_log(path: Path) -> dict[int, dict]:
+    """A training log of JSON lines, each with a `step` key: its loss, lr and grad_norm by step (others ignored;
+    lines without a step — headers, evaluation lines — are skipped)."""
+    by_step: dict[int, dict] = {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            raise InputError(f"{path}:{number} is not a JSON line (--log takes JSON lines with a \"step\" key)") from None
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            continue
+        values = {key: entry[key] for key in LOG_FIELDS if isinstance(entry.get(key), (int, float))}
+        if values:
+            by_step.setdefault(step, {}).update(values)
+    if not by_step:
+        raise InputError(f"{path} has no line with an integer \"step\" and one of {', '.join(LOG_FIELDS)}")
+    return by_step
+
+
+def attach_log(records: list[dict], log: dict[int, dict]) -> list[dict]:
+    """Each record gets the training log's numbers at its step (`log`: null when the log has no such step)."""
+    for entry in records:
+        entry["log"] = log.get(entry["step"])
+    return records

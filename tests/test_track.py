@@ -1,0 +1,223 @@
+"""`blocktrace track`: checkpoints in step order (and a Watch's timeline) against HuggingFace's own numbers
+for the same checkpoints and tokens."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+from helpers import SAMPLES
+
+from blocktrace.cli import cli
+from blocktrace.training.timeline import read_timeline
+
+RUN = SAMPLES / "training" / "gpt2-lr-high"
+EVAL = SAMPLES / "training" / "eval.txt"
+STEPS = [0, 10, 25, 50, 100]
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def tracked():
+    result = invoke("track", f"{RUN}/step_*", "--text-file", EVAL, "--grad", "--json")
+    assert result.exit_code == 1, result.output  # this run fails: exit 1, as `check` does
+    return json.loads(result.output)
+
+
+def _hf_batch(path):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    rows = [tokenizer.encode(line).ids for line in EVAL.read_text().splitlines() if line]
+    width = max(map(len, rows))
+    ids = torch.tensor([row + [0] * (width - len(row)) for row in rows])
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+    return ids, mask
+
+
+def _hf(step):
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel.from_pretrained(RUN / f"step_{step:04d}", attn_implementation="eager").eval()
+
+
+def test_each_row_is_huggingfaces_own_numbers_for_that_checkpoint(tracked):
+    records = tracked["records"]
+    assert [r["step"] for r in records] == STEPS
+    for entry in records:
+        model = _hf(entry["step"])
+        ids, mask = _hf_batch(RUN / f"step_{entry['step']:04d}")
+        labels = ids.masked_fill(mask == 0, -100)
+        output = model(ids, attention_mask=mask, labels=labels, output_hidden_states=True, output_attentions=True)
+        assert entry["loss"] == pytest.approx(output.loss.item(), rel=1e-5)
+        real = mask.bool()
+        for k, layer in enumerate(entry["layers"]):
+            if k + 1 < len(entry["layers"]):  # HF's last hidden state has ln_f applied
+                hidden = output.hidden_states[k + 1][real]
+                assert layer["rms"] == pytest.approx(hidden.pow(2).mean().sqrt().item(), rel=1e-4)
+            weights = output.attentions[k]  # [B, H, T, T]
+            entropy = -(weights * torch.log(weights.clamp_min(1e-30))).sum(-1)  # [B, H, T]
+            per_head = (entropy * real[:, None]).sum(dim=(0, 2)) / real.sum()
+            assert layer["min_entropy"] == pytest.approx(per_head.min().item(), rel=1e-4, abs=1e-6)
+        output.loss.backward()
+        for k, block in enumerate(model.transformer.h):
+            expected = torch.cat([p.grad.flatten() for p in block.parameters()]).norm().item()
+            assert entry["layers"][k]["grad_norm"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_weight_movement_is_the_checkpoints_own_difference(tracked):
+    from safetensors.torch import load_file
+
+    kinds = {"attn_qkv": ("attn.c_attn.",), "attn_o": ("attn.c_proj.",), "ffn_w1": ("mlp.c_fc.",),
+             "ffn_w2": ("mlp.c_proj.",), "norm": ("ln_1.", "ln_2.")}
+    for before, now, entry in zip(STEPS, STEPS[1:], tracked["records"][1:]):
+        old = load_file(RUN / f"step_{before:04d}" / "model.safetensors")
+        new = load_file(RUN / f"step_{now:04d}" / "model.safetensors")
+        for k, layer in enumerate(entry["layers"]):
+            for kind, parts in kinds.items():
+                names = [n for n in new if n.startswith(f"transformer.h.{k}.") and any(p in n for p in parts)]
+                a = torch.cat([new[n].flatten().double() for n in names])
+                b = torch.cat([old[n].flatten().double() for n in names])
+                assert layer["weights"][kind]["norm"] == pytest.approx(a.norm().item(), rel=1e-9)
+                assert layer["weights"][kind]["update_ratio"] == pytest.approx(((a - b).norm() / a.norm()).item(),
+                                                                               rel=1e-9)
+    assert all(w["update_ratio"] is None for w in tracked["records"][0]["layers"][0]["weights"].values())
+
+
+def test_first_flag_is_the_first_error_over_the_records(tracked):
+    firsts = [(r["step"], f) for r in tracked["records"] for f in r["flags"] if f["level"] == "error"]
+    step, finding = firsts[0]
+    assert tracked["first_flag"]["step"] == step and tracked["first_flag"]["name"] == finding["name"]
+    assert tracked["first_flag"]["layer"] == finding["layer"]
+    assert step > 0  # step 0 is the initialisation: healthy here
+
+
+def test_the_table_ends_with_the_first_sign_of_trouble():
+    result = invoke("track", f"{RUN}/step_*", "--text-file", EVAL)
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert lines[0] == "5 checkpoints of a 2-layer gpt2 model, the same 471 tokens through each (steps 0–100)"
+    assert lines[-1].startswith("first sign of trouble: step 10, layer 0, ")
+    assert any(line.startswith("most likely at step 10: learning rate") for line in lines)
+    assert result.stderr_bytes in (None, b"")  # not a terminal: no progress bar
+
+
+def test_a_healthy_series_exits_0_and_identical_weights_did_not_move():
+    start = RUN / "step_0000"  # the initialisation: healthy
+    result = invoke("track", start, start, "--steps", "0,5", "--text-file", EVAL, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["first_flag"] is None
+    assert all(w["update_ratio"] == 0.0 for layer in report["records"][1]["layers"] for w in layer["weights"].values())
+    text = invoke("track", start, start, "--steps", "0,5", "--text-file", EVAL)
+    assert text.output.splitlines()[-1] == "no finding at error level or worse over 2 records (steps 0–5)"
+
+
+def test_checkpoints_are_ordered_by_step_not_by_argument(tmp_path):
+    for step in (100, 20, 3):  # given out of order, and "step_100" sorts before "step_20" as text
+        shutil.copytree(SAMPLES / "gpt2-tiny", tmp_path / f"step_{step}")
+    result = invoke("track", tmp_path / "step_100", tmp_path / "step_20", tmp_path / "step_3", "--token-ids", "1 2 3",
+                    "--json")
+    assert [r["step"] for r in json.loads(result.output)["records"]] == [3, 20, 100]
+    explicit = invoke("track", tmp_path / "step_100", tmp_path / "step_20", "--steps", "7,2", "--token-ids", "1 2",
+                      "--json")
+    assert [(r["step"], r["path"]) for r in json.loads(explicit.output)["records"]] == [
+        (2, str(tmp_path / "step_20")), (7, str(tmp_path / "step_100"))]
+
+
+def test_a_watch_timeline_is_tracked_as_checkpoints_are():
+    result = invoke("track", RUN / "watch.jsonl", "--json")
+    report = json.loads(result.output)
+    raw = [json.loads(line) for line in (RUN / "watch.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in report["records"]] == [r["step"] for r in raw] == list(range(0, 100, 10))
+    first = next((r["step"], f) for r in raw for f in r["flags"] if f["level"] == "error")
+    assert (report["first_flag"]["step"], report["first_flag"]["name"]) == (first[0], first[1]["name"])
+    assert result.exit_code == 1
+    text = invoke("track", RUN / "watch.jsonl").output
+    assert text.startswith("10 watch records, 2 blocks (steps 0–90)")
+
+
+def test_out_writes_the_timeline_track_reads_back(tmp_path, tracked):
+    out = tmp_path / "series.jsonl"
+    first = invoke("track", f"{RUN}/step_*", "--text-file", EVAL, "--grad", "--out", out)
+    assert first.exit_code == 1
+    records = read_timeline(out)
+    assert [r["step"] for r in records] == STEPS and all(r["source"] == "checkpoint" for r in records)
+    again = json.loads(invoke("track", out, "--json").output)
+    assert again["first_flag"] == tracked["first_flag"]
+    assert [r["layers"] for r in again["records"]] == [r["layers"] for r in tracked["records"]]
+    refused = invoke("track", f"{RUN}/step_*", "--text-file", EVAL, "--out", out)
+    assert refused.exit_code == 1 and "already exists: pass --force" in refused.output
+    assert read_timeline(out) == records
+
+
+def test_log_lines_up_the_training_log_by_step(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"step": 10, "loss": 2.5, "lr": 0.001, "grad_norm": 0.7}\n{"epoch": 1}\n'
+                   '{"step": 25, "loss": 2.25}\n')
+    report = json.loads(invoke("track", f"{RUN}/step_*", "--text-file", EVAL, "--log", log, "--json").output)
+    by_step = {r["step"]: r["log"] for r in report["records"]}
+    assert by_step == {0: None, 10: {"loss": 2.5, "lr": 0.001, "grad_norm": 0.7}, 25: {"loss": 2.25}, 50: None,
+                       100: None}
+    table = invoke("track", f"{RUN}/step_*", "--text-file", EVAL, "--log", log).output
+    assert "log loss" in table.splitlines()[2]
+
+
+def test_plot_writes_a_png_and_never_clobbers(tmp_path):
+    plot = tmp_path / "track.png"
+    assert invoke("track", RUN / "watch.jsonl", "--plot", plot).exit_code == 1
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    before = plot.read_bytes()
+    refused = invoke("track", RUN / "watch.jsonl", "--plot", plot)
+    assert refused.exit_code == 1 and "already exists" in refused.output and plot.read_bytes() == before
+    assert invoke("track", RUN / "watch.jsonl", "--plot", plot, "--force").exit_code == 1
+
+
+def test_the_progress_bar_goes_to_a_terminals_stderr_only(monkeypatch):
+    import blocktrace.cli.track as track_cli
+
+    monkeypatch.setattr(track_cli, "progress_wanted", lambda as_json: True)
+    result = CliRunner().invoke(cli, ["track", f"{RUN}/step_00[01]*", "--text-file", str(EVAL)])
+    assert "tracking" in result.stderr and "tracking" not in result.stdout
+    monkeypatch.undo()
+    assert track_cli.progress_wanted(as_json=False) is False  # pytest's streams are no terminal
+
+
+@pytest.mark.parametrize("args, code, message", [
+    ([], 2, "give the checkpoints to follow"),
+    ([RUN / "step_0000"], 2, "checkpoints are compared on one input: give --token-ids, --text or --text-file"),
+    ([RUN / "watch.jsonl", "--text", "x"], 2, "--text gives the input of the checkpoints: applies to checkpoints"),
+    ([RUN / "watch.jsonl", "--grad"], 2, "--grad computes the checkpoints' gradients"),
+    ([RUN / "watch.jsonl", RUN / "step_0000"], 2, "track reads one timeline, or checkpoints, not both"),
+    ([RUN / "step_0000", RUN / "step_0010", "--steps", "1", "--token-ids", "1"], 2, "--steps gives 1 step(s) for 2"),
+    ([RUN / "step_0000", RUN / "step_0010", "--steps", "4,4", "--token-ids", "1"], 2, "both hold step 4"),
+    ([RUN / "step_0000", "--steps", "a", "--token-ids", "1"], 2, "is not a comma-separated list of steps"),
+    ([SAMPLES / "gpt2-tiny", "--token-ids", "1"], 2, "cannot tell the training step of"),
+    ([SAMPLES / "no-such-run" / "step_*", "--token-ids", "1"], 1, "no checkpoint matches"),
+    ([RUN / "watch.jsonl", "--json", "--format", "github"], 2, "--format shapes the tables"),
+    ([RUN / "watch.jsonl", "--log", RUN / "step_0000" / "config.json"], 1, "is not a JSON line (--log takes JSON lines with a \"step\" key)"),
+])
+def test_bad_track_input_is_one_error_line(args, code, message):
+    result = invoke("track", *args)
+    assert result.exit_code == code, result.output
+    assert result.output.startswith("Error: ") and message in result.output and "Traceback" not in result.output
+
+
+def test_checkpoints_of_different_models_are_refused(tmp_path):
+    shutil.copytree(SAMPLES / "gpt2-tiny", tmp_path / "step_1")
+    shutil.copytree(SAMPLES / "llama-tiny", tmp_path / "step_2")
+    result = invoke("track", tmp_path / "step_1", tmp_path / "step_2", "--token-ids", "1 2 3")
+    assert result.exit_code == 1 and "track follows one model over training" in result.output
+
+
+def test_a_timeline_that_is_not_one_is_refused(tmp_path):
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"step": 1}\n')
+    result = invoke("track", other)
+    assert result.exit_code == 1 and "is not a blocktrace timeline record" in result.output
