@@ -301,6 +301,7 @@ TARGETS = {"traced: 6 steps, all statistics, attention diagnostics": 1.05,
 def main() -> None:
     import torch
     from bench_load import load_section
+    from bench_training import training_section
 
     facts = machine_facts()
     try:
@@ -339,6 +340,7 @@ def main() -> None:
         *memory,
         *startup_section(),
         *load_section(),
+        *training_section(),
     ]
     text = "\n".join(lines) + "\n"
     print(text)

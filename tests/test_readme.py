@@ -45,10 +45,16 @@ def test_shell_commands_run(invoke, commands, monkeypatch, tmp_path):
         assert result.exit_code == 0, (command, result.output)
 
 
-def test_the_library_example_runs():
-    code = re.search(r"```python\n(.*?)```", README, re.DOTALL).group(1)
+PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", README, re.DOTALL)
+
+
+@pytest.mark.parametrize("code", PYTHON_BLOCKS, ids=[f"python-{i}" for i in range(len(PYTHON_BLOCKS))])
+def test_the_python_examples_run(code, monkeypatch, tmp_path):
+    """Each ```python block, in a fresh namespace, in a temporary directory (examples write files)."""
     import blocktrace.tracing.tracer  # noqa: F401  (the submodule loaded first must not shadow blocktrace.trace)
 
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ROOT))
     exec(compile(code, "README.md", "exec"), {})
 
 

@@ -141,6 +141,9 @@ def test_a_watch_timeline_is_tracked_as_checkpoints_are():
     assert result.exit_code == 1
     text = invoke("track", RUN / "watch.jsonl").output
     assert text.startswith("10 watch records, 2 blocks (steps 0–90)")
+    brief = invoke("track", RUN / "watch.jsonl", "--brief").output.splitlines()
+    assert len(brief) == 2 + 2 + 10 + 1 + 3  # header, blank, table head, 10 rows, blank, diagnosis, advice, first sign
+    assert brief[-1] == text.splitlines()[-1] and "per layer" not in "".join(brief)
 
 
 def test_out_writes_the_timeline_track_reads_back(tmp_path, tracked):
@@ -197,10 +200,11 @@ def test_the_progress_bar_goes_to_a_terminals_stderr_only(monkeypatch):
     ([RUN / "watch.jsonl", RUN / "step_0000"], 2, "track reads one timeline, or checkpoints, not both"),
     ([RUN / "step_0000", RUN / "step_0010", "--steps", "1", "--token-ids", "1"], 2, "--steps gives 1 step(s) for 2"),
     ([RUN / "step_0000", RUN / "step_0010", "--steps", "4,4", "--token-ids", "1"], 2, "both hold step 4"),
-    ([RUN / "step_0000", "--steps", "a", "--token-ids", "1"], 2, "is not a comma-separated list of steps"),
+    ([RUN / "step_0000", "--steps", "a", "--token-ids", "1"], 2, "is not a training step or a comma-separated list of them"),
     ([SAMPLES / "gpt2-tiny", "--token-ids", "1"], 2, "cannot tell the training step of"),
     ([SAMPLES / "no-such-run" / "step_*", "--token-ids", "1"], 1, "no checkpoint matches"),
     ([RUN / "watch.jsonl", "--json", "--format", "github"], 2, "--format shapes the tables"),
+    ([RUN / "watch.jsonl", "--json", "--brief"], 2, "--brief shortens the tables; --json prints every record whole"),
     ([RUN / "watch.jsonl", "--log", RUN / "step_0000" / "config.json"], 1, "is not a JSON line (--log takes JSON lines with a \"step\" key)"),
 ])
 def test_bad_track_input_is_one_error_line(args, code, message):
@@ -221,3 +225,13 @@ def test_a_timeline_that_is_not_one_is_refused(tmp_path):
     other.write_text('{"step": 1}\n')
     result = invoke("track", other)
     assert result.exit_code == 1 and "is not a blocktrace timeline record" in result.output
+
+
+def test_a_log_with_no_step_is_refused_and_a_cut_last_line_is_not(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"epoch": 1, "loss": 2.0}\n')
+    result = invoke("track", RUN / "watch.jsonl", "--log", log)
+    assert result.exit_code == 1 and 'has no line with an integer "step" and one of loss, lr, grad_norm' in result.output
+    log.write_text('{"step": 10, "loss": 2.0}\n{"step": 20, "lo')  # the training run was killed mid-write
+    report = json.loads(invoke("track", RUN / "watch.jsonl", "--log", log, "--json").output)
+    assert [r["log"] for r in report["records"][:3]] == [None, {"loss": 2.0}, None]

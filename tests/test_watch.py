@@ -324,3 +324,38 @@ def test_an_existing_timeline_is_continued_or_replaced_only_when_asked(tmp_path)
     assert [r["step"] for r in read_timeline(path)] == [0]
     with pytest.raises(UsageError, match="pass one"):
         Watch(model, path, append=True, overwrite=True)
+
+
+def test_without_checks_a_record_holds_the_statistics_and_no_findings(tmp_path):
+    torch.manual_seed(7)
+    model = NanoGPT(causal=False)  # a leak the checks would flag
+    entries = _train(model, Watch(model, tmp_path / "run.jsonl", every=2, checks=False, track_updates=False), steps=3)
+    assert [e["flags"] for e in entries] == [[], []] and [e["diagnosis"] for e in entries] == [[], []]
+    assert entries[0]["layers"][0]["future_weight_sum"] > 1.0  # still measured: statistics are not checks
+    assert entries[1]["layers"][0]["weights"] is None
+
+
+def test_an_adam_eps_that_is_zero_in_float16_is_an_error_before_the_first_update(tmp_path):
+    """Pure float16 training with Adam's eps 1e-8 (0 in float16): the first update divides 0 by 0."""
+    torch.manual_seed(8)
+    model = NanoGPT().half()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    assert torch.tensor(1e-8, dtype=torch.float16).item() == 0.0  # the premise, independently
+    watch = Watch(model, tmp_path / "run.jsonl", every=5, optimizer=optimizer)
+    ids, targets = nano_batch(0)
+    _, loss = model(ids, targets)
+    loss.backward()
+    entry = watch.step(loss)
+    optimizer.step()
+    watch.close()
+    found = [f for f in entry["flags"] if f["name"] == "optimizer_eps_underflow"]
+    assert found and found[0]["level"] == "error" and found[0]["detail"] == "eps 1e-08 is 0 in float16"
+    assert entry["diagnosis"][0]["cause"] == "precision"
+    assert any(not torch.isfinite(p).all() for p in model.parameters())  # and it does break: NaN after one step
+    healthy = NanoGPT()  # float32: 1e-8 is representable, no finding
+    optimizer = torch.optim.AdamW(healthy.parameters(), lr=1e-3)
+    watch = Watch(healthy, tmp_path / "ok.jsonl", every=5, optimizer=optimizer)
+    _, loss = healthy(ids, targets)
+    loss.backward()
+    assert "optimizer_eps_underflow" not in {f["name"] for f in watch.step(loss)["flags"]}
+    watch.close()

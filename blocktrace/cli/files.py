@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from blocktrace.cli.app import cli, emit
-from blocktrace.cli.options import FORMAT_OPTION, Tolerance
+from blocktrace.cli.options import FORMAT_OPTION, FiniteNumber
 from blocktrace.cli.rules import Excludes, enforce, is_set
 
 OUTPUT_RULES = [Excludes("fmt", is_set("as_json"), "--format shapes the tables; --json prints no table")]
@@ -16,8 +16,8 @@ OUTPUT_RULES = [Excludes("fmt", is_set("as_json"), "--format shapes the tables; 
 @cli.command()
 @click.argument("trace_a", type=click.Path(path_type=Path))
 @click.argument("trace_b", type=click.Path(path_type=Path))
-@click.option("--atol", type=Tolerance(), default=1e-5, show_default=True, help="Absolute tolerance (a finite number ≥ 0).")
-@click.option("--rtol", type=Tolerance(), default=1e-4, show_default=True, help="Relative tolerance (a finite number ≥ 0).")
+@click.option("--atol", type=FiniteNumber(positive=False), default=1e-5, show_default=True, help="Absolute tolerance (a finite number ≥ 0).")
+@click.option("--rtol", type=FiniteNumber(positive=False), default=1e-4, show_default=True, help="Relative tolerance (a finite number ≥ 0).")
 @FORMAT_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of a table.")
 @click.pass_context

@@ -23,50 +23,42 @@ def enum_choice(enum_cls) -> click.Choice:
     return click.Choice(enum_cls.values())
 
 
-class DepthList(click.ParamType):
-    """`--layers 12` (a stack) or `--layers 6,8,10` (a depth sweep, with --grad)."""
+class IntegerList(click.ParamType):
+    """Comma-separated integers, each at least `minimum`: `--layers 6,8,10`, `--steps 0,100,200`."""
 
     name = "N[,N...]"
+
+    def __init__(self, what: str, minimum: int, example: str):
+        self.what, self.minimum, self.example = what, minimum, example
 
     def convert(self, value, param, ctx):
         if isinstance(value, tuple):
             return value
         try:
-            depths = tuple(int(part) for part in str(value).split(","))
+            numbers = tuple(int(part) for part in str(value).split(","))
         except ValueError:
-            self.fail(f"{value!r} is not a depth or a comma-separated list of depths, e.g. 12 or 6,8,10", param, ctx)
-        if any(depth < 1 for depth in depths):
-            self.fail(f"{value!r}: every depth must be at least 1", param, ctx)
-        return depths
+            self.fail(f"{value!r} is not a {self.what} or a comma-separated list of them, e.g. {self.example}",
+                      param, ctx)
+        if any(number < self.minimum for number in numbers):
+            self.fail(f"{value!r}: every {self.what} must be at least {self.minimum}", param, ctx)
+        return numbers
 
 
-class Tolerance(click.ParamType):
-    """A finite number ≥ 0 (click's FloatRange lets NaN through: NaN < 0 is false)."""
+class FiniteNumber(click.ParamType):
+    """A finite number ≥ 0, or > 0 when `positive` (click's FloatRange lets NaN through: NaN < 0 is false)."""
 
     name = "float"
+
+    def __init__(self, positive: bool):
+        self.positive = positive
 
     def convert(self, value, param, ctx):
         try:
             number = float(value)
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number", param, ctx)
-        if not math.isfinite(number) or number < 0:
-            self.fail(f"{value!r}: give a finite number ≥ 0", param, ctx)
-        return number
-
-
-class Epsilon(click.ParamType):
-    """A finite number > 0."""
-
-    name = "float"
-
-    def convert(self, value, param, ctx):
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number", param, ctx)
-        if not math.isfinite(number) or number <= 0:
-            self.fail(f"{value!r}: give a finite number > 0", param, ctx)
+        if not math.isfinite(number) or number < 0 or (self.positive and number == 0):
+            self.fail(f"{value!r}: give a finite number {'>' if self.positive else '≥'} 0", param, ctx)
         return number
 
 
@@ -104,7 +96,7 @@ BLOCK_OPTIONS = options(
     click.option("--heads", type=click.IntRange(min=1), default=4, show_default=True, help="Attention heads; must divide --d-model."),
     click.option("--d-ff", type=click.IntRange(min=1), default=None, help="FFN hidden width.  [default: 4 × d-model]"),
     click.option("--causal/--no-causal", default=True, show_default=True, help="Mask future tokens before the softmax."),
-    click.option("--eps", type=Epsilon(), default=1e-5, show_default=True, help="Norm epsilon."),
+    click.option("--eps", type=FiniteNumber(positive=True), default=1e-5, show_default=True, help="Norm epsilon."),
     click.option("--bias/--no-bias", default=True, show_default=True, help="Biases on linear layers and LayerNorm."),
     click.option("--seed", type=click.IntRange(0, SEED_MAX), default=0, show_default=True, help="Seed of parameters and input: same seed, same numbers."),
     click.option("--init", type=enum_choice(Init), default=Init.DEFAULT.value, show_default=True, help="Parameter init: PyTorch's default, Xavier, or Xiong et al. 2020's setting (Xavier, zero biases, W^Q = W^K = 0)."),
@@ -130,7 +122,7 @@ ATTN_CHUNK_OPTION = click.option("--attn-chunk", type=click.IntRange(min=1), def
 COMPUTE_OPTIONS = options(DTYPE_OPTION, DEVICE_OPTION, ATTN_CHUNK_OPTION)
 
 DEPTH_OPTIONS = options(
-    click.option("--layers", "depths", type=DepthList(), default=None, help="A stack of N blocks (per-layer table), or a list of depths 6,8,10 for a gradient sweep (needs --grad)."),
+    click.option("--layers", "depths", type=IntegerList("depth", 1, "12 or 6,8,10"), default=None, help="A stack of N blocks (per-layer table), or a list of depths 6,8,10 for a gradient sweep (needs --grad)."),
     click.option("--grad", is_flag=True, help="One backward pass: gradient norms at every step and of every weight matrix (loss in README)."),
     click.option("--batches", type=click.IntRange(min=1), default=1, show_default=True, help="With --grad: average the gradient over this many seeded mini-batches before taking norms."),
 )

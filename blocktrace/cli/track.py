@@ -17,6 +17,7 @@ from blocktrace.cli.options import (
     TEXT_OPTION,
     TOKEN_IDS_OPTION,
     TOKEN_TYPES_OPTION,
+    IntegerList,
     force_option,
     given,
 )
@@ -25,23 +26,6 @@ from blocktrace.vocab import Level
 
 TIMELINE_SUFFIXES = (".jsonl", ".ndjson")
 INPUT_PARAMS = ("token_ids_text", "text", "text_file")
-
-
-class StepList(click.ParamType):
-    """`--steps 0,100,200`: one training step (an integer ≥ 0) per checkpoint."""
-
-    name = "N,N,..."
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        try:
-            steps = tuple(int(part) for part in str(value).split(","))
-        except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of steps, e.g. 0,100,200", param, ctx)
-        if any(step < 0 for step in steps):
-            self.fail(f"{value!r}: a training step is an integer ≥ 0", param, ctx)
-        return steps
 
 
 def _reads_timeline(ctx: click.Context) -> bool:
@@ -63,6 +47,7 @@ TRACK_RULES = [
     _checkpoint_only("dtype", "--dtype:"),
     _checkpoint_only("device", "--device:"),
     Excludes("fmt", is_set("as_json"), "--format shapes the tables; --json prints no table"),
+    Excludes("brief", is_set("as_json"), "--brief shortens the tables; --json prints every record whole"),
 ]
 
 
@@ -122,7 +107,7 @@ def _write_records(records: list[dict], path: Path, force: bool) -> None:
 
 @cli.command(cls=GreedyCommand)
 @click.argument("sources", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--steps", type=StepList(), default=None, help="The training step of each checkpoint, in the order given (default: from trainer_state.json or the name: step_400, checkpoint-400, …).")
+@click.option("--steps", type=IntegerList("training step", 0, "0,100,200"), default=None, help="The training step of each checkpoint, in the order given (default: from trainer_state.json or the name: step_400, checkpoint-400, …).")
 @TOKEN_IDS_OPTION
 @TOKEN_TYPES_OPTION
 @TEXT_OPTION
@@ -135,6 +120,7 @@ def _write_records(records: list[dict], path: Path, force: bool) -> None:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG of curves over steps, marking the first sign of trouble (needs the [plot] extra).")
 @force_option("--out / --plot")
 @click.option("--json", "as_json", is_flag=True, help='Print {"records": [...], "first_flag": ...} instead of tables.')
+@click.option("--brief", is_flag=True, help="Print only the one-row-per-step table and the first sign of trouble.")
 @FORMAT_OPTION
 @FAIL_ON_OPTION
 @click.pass_context
@@ -173,5 +159,6 @@ def track(ctx, **params):
     else:
         from blocktrace.render.track import render_track
 
-        emit(render_track(records, first, level, "timeline" if timeline else "checkpoints", params["fmt"]), nl=False)
+        emit(render_track(records, first, level, "timeline" if timeline else "checkpoints", params["fmt"],
+                          brief=params["brief"]), nl=False)
     ctx.exit(1 if first is not None else 0)

@@ -132,6 +132,11 @@ CHECKS = {check.name: check for check in [
           "Wortsman et al. 2023 (output-logit divergence; z-loss 1e-4·log²Z)",
           "the output logits' normaliser has drifted far from 0: the output layer is diverging",
           Cause.LEARNING_RATE),
+    Check("optimizer_eps_underflow", "an optimizer's eps rounds to 0 in the dtype of the parameters it updates "
+          "(Adam's default 1e-8 is 0 in float16, whose smallest positive value is 6e-8; watch with optimizer=)",
+          "IEEE 754 half precision; Micikevicius et al. 2018, Mixed Precision Training (float32 master weights)",
+          "Adam divides by √v + eps: with eps 0, an element whose gradients have all been 0 gets 0/0 = NaN at "
+          "the next update", Cause.PRECISION),
     Check("gradient_vanishing", "the first layer's mean step gradient < 1e-3 × the last layer's (with --grad)",
           "Xiong et al. 2020; Liu et al. 2020", "gradients shrink towards the input: early layers barely learn",
           Cause.WARMUP),
@@ -169,6 +174,8 @@ class ModelEvidence:
     stored_dtype: str = "F32"
     config: Optional[object] = None  # the checkpoint's BlockConfig
     step: Optional[int] = None  # the training step the checkpoint holds, when its name or trainer_state says
+    # per optimizer group and parameter dtype (a Watch given its optimizer): {"dtype", "eps", "eps_in_dtype"}
+    optimizer: list[dict] = field(default_factory=list)
 
 
 def flag(name: str, level: Level, step, layer, value: float, detail: str, cause: Optional[Cause] = None) -> Flag:
@@ -313,6 +320,12 @@ def _weight_flags(weights: list[dict], first_layer: int) -> list[Flag]:
     return flags
 
 
+def _optimizer_flags(settings: list[dict]) -> list[Flag]:
+    return [flag("optimizer_eps_underflow", Level.ERROR, None, None, group["eps"],
+                 f"eps {group['eps']:g} is {group['eps_in_dtype']:g} in {group['dtype']}")
+            for group in settings if group["eps"] > 0 and group["eps_in_dtype"] == 0]
+
+
 def _loss_flags(loss) -> list[Flag]:
     if loss is None or loss.value is None:
         return []
@@ -363,6 +376,7 @@ def evaluate(traces: list, gradients=None, evidence: Optional[ModelEvidence] = N
     flags += _stream_flags(traces, evidence.first_layer) if stacked else []
     flags += _weight_flags(evidence.weights, evidence.first_layer)
     flags += _loss_flags(evidence.loss)
+    flags += _optimizer_flags(evidence.optimizer)
     flags += _gradient_flags(gradients, evidence.first_layer)
     first = next((f for f in flags if f.name == "non_finite"), None)
     if first is not None:  # only the origin matters: later NaNs are its consequences

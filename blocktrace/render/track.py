@@ -132,10 +132,12 @@ def _header(records: list[dict], source: str) -> str:
             f"through each (steps {records[0]['step']}–{records[-1]['step']})")
 
 
-def render_track(records: list[dict], first: Optional[dict], level: Level, source: str, fmt: str = "simple") -> str:
+def render_track(records: list[dict], first: Optional[dict], level: Level, source: str, fmt: str = "simple",
+                 brief: bool = False) -> str:
     lines = [_header(records, source), "", summary_table(records, fmt), ""]
-    lines += _layer_tables(records, fmt)
-    lines += _weight_tables(records, fmt)
+    if not brief:
+        lines += _layer_tables(records, fmt)
+        lines += _weight_tables(records, fmt)
     if first is not None:
         diagnosis = next((entry.get("diagnosis") for entry in records if entry["step"] == first["step"]), None)
         if diagnosis:

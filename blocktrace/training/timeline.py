@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 from blocktrace.errors import InputError, UsageError
 from blocktrace.vocab import Level
@@ -108,9 +108,9 @@ class TimelineWriter:
         self.handle.close()
 
 
-def read_timeline(path: Path) -> list[dict]:
-    """The records of a timeline file, in step order; refuses files that are not timelines."""
-    records = []
+def json_lines(path: Path, what: str) -> Iterator[tuple[int, object]]:
+    """(line number, value) of a JSON-lines file, blank lines skipped. A last line cut short (a run killed
+    mid-write) ends the file; any other line that is not JSON is refused, naming `what` the file should hold."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
@@ -119,11 +119,17 @@ def read_timeline(path: Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
+            yield number, json.loads(line)
         except ValueError:
-            if number == len(lines):  # a run that crashed mid-write leaves a cut last line: what came before stands
-                break
-            raise InputError(f"{path}:{number} is not a JSON line") from None
+            if number == len(lines):
+                return
+            raise InputError(f"{path}:{number} is not a JSON line ({what})") from None
+
+
+def read_timeline(path: Path) -> list[dict]:
+    """The records of a timeline file, in step order; refuses files that are not timelines."""
+    records = []
+    for number, entry in json_lines(path, "a timeline holds one JSON record per line"):
         if not isinstance(entry, dict) or entry.get("format") != FORMAT:
             raise InputError(f"{path}:{number} is not a blocktrace timeline record (written by Watch or "
                              "`blocktrace track --out`)")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from blocktrace.diagnose.weights import tensor_kind
 from blocktrace.errors import InputError, UsageError
 from blocktrace.request import Analysis, RunRequest
 from blocktrace.sources.training_step import step_of
-from blocktrace.training.timeline import layer_entry, record
+from blocktrace.training.timeline import json_lines, layer_entry, record
 from blocktrace.vocab import Level
 
 GLOB_CHARACTERS = "*?["
@@ -172,17 +171,7 @@ def read_log(path: Path) -> dict[int, dict]:
     """A training log of JSON lines, each with a `step` key: its loss, lr and grad_norm by step (others ignored;
     lines without a step — headers, evaluation lines — are skipped)."""
     by_step: dict[int, dict] = {}
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            raise InputError(f"{path}:{number} is not a JSON line (--log takes JSON lines with a \"step\" key)") from None
+    for _, entry in json_lines(path, '--log takes JSON lines with a "step" key'):
         step = entry.get("step") if isinstance(entry, dict) else None
         if not isinstance(step, int) or isinstance(step, bool):
             continue

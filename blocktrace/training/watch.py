@@ -90,7 +90,7 @@ class Watch:
         self.model, self.every, self.optimizer = model, every, optimizer
         self.blocks = find_blocks(model, blocks)
         self.taps = [BlockTap(block, checks=checks) for block in self.blocks]
-        self.track_updates = track_updates
+        self.track_updates, self.checks = track_updates, checks
         self.reducer = Reducer()
         self.writer = TimelineWriter(Path(path), append, overwrite) if self.reducer.is_writer else None
         self.tensorboard = _tensorboard(tensorboard) if self.reducer.is_writer else None
@@ -174,12 +174,13 @@ class Watch:
         return entry
 
     def _findings(self, traces: list, grads: list) -> list:
-        if not traces:
+        if not traces or not self.checks:
             return []
         gradients = GradientReport(loss=float("nan"), batches=1, step_norms=[{"parameters": g} for g in grads
                                                                              if g is not None], weight_norms=[])
         evidence = ModelEvidence(weights=[weight_statistics(block) for block in self.blocks], n_layers=len(traces),
-                                 step=self.count)
+                                 step=self.count, stored_dtype=_stored_dtype(self.blocks[0]),
+                                 optimizer=optimizer_settings(self.optimizer))
         return evaluate(traces, gradients, evidence)
 
     def _to_tensorboard(self, entry: dict) -> None:
@@ -193,6 +194,29 @@ class Watch:
             for key in ("rms", "max_logit", "min_entropy", "grad_norm"):
                 if layer[key] is not None:
                     self.tensorboard.add_scalar(f"blocktrace/layer{layer['layer']}/{key}", layer[key], step)
+
+
+STORED_DTYPES = {torch.float16: "F16", torch.bfloat16: "BF16"}  # safetensors' names, as checkpoints say
+
+
+def _stored_dtype(block: nn.Module) -> str:
+    parameter = next(block.parameters(), None)
+    return STORED_DTYPES.get(parameter.dtype, "F32") if parameter is not None else "F32"
+
+
+def optimizer_settings(optimizer) -> list[dict]:
+    """Per parameter group and parameter dtype: the group's eps and what it becomes in that dtype."""
+    if optimizer is None:
+        return []
+    settings = []
+    for group in optimizer.param_groups:
+        eps = group.get("eps")
+        if not isinstance(eps, (int, float)):
+            continue
+        for dtype in {p.dtype for p in group["params"] if p.is_floating_point()}:
+            settings.append({"dtype": str(dtype).replace("torch.", ""), "eps": float(eps),
+                             "eps_in_dtype": float(torch.tensor(eps, dtype=dtype))})
+    return settings
 
 
 def _grad_norm(block: nn.Module) -> Optional[float]:

@@ -162,7 +162,12 @@ def linear(read: Reader, source: str, target: str, out: int, inp: int, bias: boo
     return state
 
 
-def activation(config: ConfigFile, key: str, default: str, table: dict[str, FFNKind]) -> FFNKind:
+# HF's names (transformers.activations.ACT2FN) of the ungated activations blocktrace implements.
+UNGATED_ACTIVATIONS = {"gelu": FFNKind.GELU, "gelu_python": FFNKind.GELU, "gelu_new": FFNKind.GELU_TANH,
+                       "gelu_fast": FFNKind.GELU_TANH, "gelu_pytorch_tanh": FFNKind.GELU_TANH, "relu": FFNKind.RELU}
+
+
+def activation(config: ConfigFile, key: str, default: str, table: dict[str, FFNKind] = UNGATED_ACTIVATIONS) -> FFNKind:
     name = config.string(key, default)
     if name not in table:
         raise WeightsError(f"{config.path}: {key} {name!r} is not supported; supported: {', '.join(table)}")

@@ -19,9 +19,6 @@ from blocktrace.sources.families.base import (
 )
 from blocktrace.vocab import FFNKind, Norm, Placement
 
-ACTIVATIONS = {"gelu": FFNKind.GELU, "gelu_python": FFNKind.GELU, "gelu_new": FFNKind.GELU_TANH,
-               "gelu_pytorch_tanh": FFNKind.GELU_TANH, "relu": FFNKind.RELU}
-
 
 class BERT(Family):
     name, described, model_types = "bert", "bert (encoder.layer.{k}.*, optionally bert.)", ("bert",)
@@ -36,7 +33,7 @@ class BERT(Family):
         return {"d_model": config.integer("hidden_size"), "n_heads": config.integer("num_attention_heads"),
                 "d_ff": config.integer("intermediate_size"),
                 "eps": config.number("layer_norm_eps", 1e-12, positive=True),
-                "ffn": activation(config, "hidden_act", "gelu", ACTIVATIONS),
+                "ffn": activation(config, "hidden_act", "gelu"),
                 "placement": Placement.POST, "causal": config.boolean("is_decoder", False)}
 
     def shape_fields(self, checkpoint, base):
@@ -85,7 +82,7 @@ class BERT(Family):
         bias = base + "bias" if base + "bias" in checkpoint else base + "decoder.bias"
         config = info.config
         eps = config.number("layer_norm_eps", 1e-12, positive=True) if config else 1e-12
-        act = activation(config, "hidden_act", "gelu", ACTIVATIONS) if config else FFNKind.GELU
+        act = activation(config, "hidden_act", "gelu") if config else FFNKind.GELU
         transform = tuple(base + f"transform.{name}" for name in ("dense.weight", "dense.bias", "LayerNorm.weight",
                                                                   "LayerNorm.bias"))
         decoder_model = bool(config and config.boolean("is_decoder", False))  # BertLMHeadModel: next-token loss

@@ -20,9 +20,6 @@ from blocktrace.sources.families.base import (
 )
 from blocktrace.vocab import FFNKind, Norm
 
-ACTIVATIONS = {"gelu_new": FFNKind.GELU_TANH, "gelu_fast": FFNKind.GELU_TANH, "gelu_pytorch_tanh": FFNKind.GELU_TANH,
-               "gelu": FFNKind.GELU, "gelu_python": FFNKind.GELU, "relu": FFNKind.RELU}
-
 
 class GPT2(Family):
     name, described, model_types = "gpt2", "gpt2 (h.{k}.* or transformer.h.{k}.*)", ("gpt2",)
@@ -37,7 +34,7 @@ class GPT2(Family):
         refuse_unless(config, "reorder_and_upcast_attn", (False,), "upcasts attention differently")
         return {"d_model": config.integer("n_embd"), "n_heads": config.integer("n_head"),
                 "d_ff": config.integer("n_inner"), "eps": config.number("layer_norm_epsilon", 1e-5, positive=True),
-                "ffn": activation(config, "activation_function", "gelu_new", ACTIVATIONS)}
+                "ffn": activation(config, "activation_function", "gelu_new")}
 
     def shape_fields(self, checkpoint, base):
         return {"d_model": size(checkpoint, base + "ln_1.weight", 0), "d_ff": size(checkpoint, base + "mlp.c_fc.weight", 1),

@@ -19,10 +19,7 @@ from blocktrace.sources.families.base import (
     rope_fields,
     size,
 )
-from blocktrace.vocab import FFNKind, Norm, Placement
-
-ACTIVATIONS = {"gelu": FFNKind.GELU, "gelu_python": FFNKind.GELU, "gelu_new": FFNKind.GELU_TANH,
-               "gelu_fast": FFNKind.GELU_TANH, "gelu_pytorch_tanh": FFNKind.GELU_TANH, "relu": FFNKind.RELU}
+from blocktrace.vocab import Norm, Placement
 
 
 class GPTNeoX(Family):
@@ -37,7 +34,7 @@ class GPTNeoX(Family):
     def config_fields(self, config):
         return {"d_model": config.integer("hidden_size"), "n_heads": config.integer("num_attention_heads"),
                 "d_ff": config.integer("intermediate_size"), "eps": config.number("layer_norm_eps", 1e-5, positive=True),
-                "ffn": activation(config, "hidden_act", "gelu", ACTIVATIONS), "norm": Norm.LAYERNORM, "bias": True,
+                "ffn": activation(config, "hidden_act", "gelu"), "norm": Norm.LAYERNORM, "bias": True,
                 "attn_bias": config.boolean("attention_bias", True),
                 "parallel_residual": config.boolean("use_parallel_residual", True),
                 **rope_fields(config, theta_key="rotary_emb_base", fraction_key="rotary_pct", default_fraction=0.25)}
