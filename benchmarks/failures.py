@@ -271,12 +271,12 @@ def check(run: Run, checkpoint: Path, eval_args: list[str]) -> dict:
             "diagnosis": [d["cause"] for d in report.get("diagnosis") or []]}
 
 
-def watch_errors(path: Path) -> list[tuple[int, str, Optional[int]]]:
-    """(step, finding, layer) of every ERROR the watch recorded."""
+def watch_findings(path: Path) -> list[tuple[int, str, Optional[int], str]]:
+    """(step, finding, layer, level) of every ERROR and WARNING the watch recorded."""
     from blocktrace.training.timeline import read_timeline
 
-    return [(entry["step"], f["name"], f["layer"]) for entry in read_timeline(path) for f in entry["flags"]
-            if f["level"] == "error"]
+    return [(entry["step"], f["name"], f["layer"], f["level"]) for entry in read_timeline(path)
+            for f in entry["flags"] if f["level"] in ("error", "warning")]
 
 
 @dataclass
@@ -285,11 +285,15 @@ class Outcome:
     loss_failure: Optional[int]
     checks: dict  # step -> check result
     train_seconds: float
-    watch: list = field(default_factory=list)  # (step, finding, layer) of every ERROR the watch raised
+    watch: list = field(default_factory=list)  # (step, finding, layer, level) of every ERROR and WARNING
+
+    @property
+    def watch_errors(self) -> list:
+        return [finding for finding in self.watch if finding[3] == "error"]
 
     @property
     def watch_first_error(self) -> Optional[int]:
-        return self.watch[0][0] if self.watch else None
+        return self.watch_errors[0][0] if self.watch_errors else None
 
     @property
     def warned_in_time(self) -> bool:
@@ -338,7 +342,7 @@ def benchmark(runs: list[Run]) -> list[Outcome]:
         checks = {step: check(run, directory / f"step_{step:04d}", eval_args)
                   for step in CHECKPOINT_STEPS if step <= run.steps}
         outcomes.append(Outcome(run, loss_failure_step(log, healthy_logs.get(run.model)), checks, seconds,
-                                watch_errors(directory / "watch.jsonl")))
+                                watch_findings(directory / "watch.jsonl")))
         print(f"{run.name}: trained in {seconds:.0f} s; first error at {outcomes[-1].first_error}, "
               f"watch at {outcomes[-1].watch_first_error}, loss shows it at {outcomes[-1].loss_failure}, "
               f"top cause {outcomes[-1].top_cause}", file=sys.stderr)
@@ -391,15 +395,15 @@ def report(outcomes: list[Outcome]) -> str:
               f"at steps 0, {WATCH_EVERY}, {2 * WATCH_EVERY}, …, each on that step's own training batch). Target: "
               "the watch raises an ERROR no later than the loss curve shows the failure, and never on a healthy run.",
               "", f"- failing runs warned in time: {sum(o.warned_in_time for o in failing)} of {len(failing)}",
-              f"- ERRORs on healthy runs: {sum(len(o.watch) for o in healthy)} over "
-              f"{sum(o.run.steps // WATCH_EVERY + 1 for o in healthy)} records", "",
+              f"- ERRORs and WARNINGs on healthy runs: {sum(len(o.watch) for o in healthy)} over "
+              f"{sum(-(-o.run.steps // WATCH_EVERY) for o in healthy)} records", "",
               "| run | watch first ERROR at step | finding (layer) | loss curve shows it at step | in time |",
               "|---|---|---|---|---|"]
     for o in outcomes:
-        first = o.watch[0] if o.watch else None
+        first = o.watch_errors[0] if o.watch_errors else None
         finding = f"{first[1]} ({first[2]})" if first else "-"
         verdict = ("yes" if o.warned_in_time else "no") if o.run.expected else \
-            ("no alarm" if not o.watch else f"{len(o.watch)} false ERRORs")
+            ("no alarm" if not o.watch else f"{len(o.watch)} false ERRORs/WARNINGs")
         lines.append(f"| {o.run.name} | {_step(o.watch_first_error)} | {finding} | {_step(o.loss_failure)} | {verdict} |")
     lines += ["", "## Findings per checkpoint", ""]
     for o in outcomes:

@@ -359,3 +359,27 @@ def test_an_adam_eps_that_is_zero_in_float16_is_an_error_before_the_first_update
     loss.backward()
     assert "optimizer_eps_underflow" not in {f["name"] for f in watch.step(loss)["flags"]}
     watch.close()
+
+
+def test_a_watch_used_as_a_context_leaves_nothing_attached(tmp_path):
+    model = NanoGPT()
+    original_sdpa = F.scaled_dot_product_attention
+    with Watch(model, tmp_path / "run.jsonl", every=3) as watch:
+        assert any(m._forward_hooks for m in model.modules())  # armed for step 0
+    assert watch.writer.handle.closed and F.scaled_dot_product_attention is original_sdpa
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_eager_attention_is_measured_from_its_weights_and_says_the_logit_is_not_visible(tmp_path):
+    from helpers import hf_block_values, make_gpt2
+
+    model = make_gpt2(head=True)  # eager attention: weights returned, scores never materialised outside
+    ids = [5, 17, 99, 0, 42, 7]
+    expected = hf_block_values(model.transformer, 1, ids)["attn_weights"]
+    watch = Watch(model, tmp_path / "run.jsonl", every=5)
+    model(torch.tensor([ids]), labels=torch.tensor([ids])).loss.backward()
+    layer = watch.step()["layers"][1]
+    watch.close()
+    assert layer["entropy_per_head"] == pytest.approx(_entropy(expected), rel=1e-4)
+    assert layer["max_logit"] is None
+    assert any("largest attention logit not visible" in note for note in layer["notes"])

@@ -46,8 +46,8 @@ def weight_statistics(block: nn.Module) -> dict[str, dict]:
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or isinstance(module, nn.Embedding):
             continue
         values = weight.detach().float()
-        stats[f"{module_name}.weight"] = {"std": values.std().item(), "norm": torch.linalg.vector_norm(values).item(),
-                                          "fan_in": _fan_in(module, weight)}
+        std, norm = torch.stack([values.std(), torch.linalg.vector_norm(values)]).tolist()  # one copy to Python
+        stats[f"{module_name}.weight"] = {"std": std, "norm": norm, "fan_in": _fan_in(module, weight)}
     return stats
 
 

@@ -16,6 +16,7 @@ import torch
 
 from blocktrace.diagnose.grad import gradient_report
 from blocktrace.diagnose.loss import LossReport, cross_entropy, loss_report, mask_for_mlm, next_token_labels, no_loss
+from blocktrace.diagnose.weights import weight_statistics
 from blocktrace.errors import UsageError
 from blocktrace.pipeline.blocks import memory_guard
 from blocktrace.request import Analysis, RunRequest
@@ -116,14 +117,6 @@ def _trace_layers(checkpoint, info, config, x, model_input: ModelInput, traced: 
     return traces, weights, x
 
 
-def weight_statistics(block) -> dict[str, dict]:
-    """Per matrix of the block: its std and Frobenius norm (the checks read them against the usual init)."""
-    with torch.no_grad():
-        return {name: {"std": p.double().std().item(), "norm": torch.linalg.vector_norm(p.double()).item(),
-                       "fan_in": p.shape[-1]}
-                for name, p in block.named_parameters() if p.dim() == 2}
-
-
 def _gradients(checkpoint, info, config, x0, model_input: ModelInput, head, request: RunRequest, device, dtype,
                kind: str):
     mask = None if model_input.token_mask is None else model_input.token_mask.to(device)
@@ -145,6 +138,7 @@ def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bo
                          "--text-file")
     dtype, device = torch_dtype(request.dtype), resolve_device(request.device)
     checkpoint = Checkpoint(request.weights)
+    checkpoint.prefetch()  # every layer will be read: let the kernel read the files ahead
     info = model_info(checkpoint)
     overrides = {key: value for key, value in request.config_fields.items() if key in request.explicit}
     config = checkpoint_config(checkpoint, info, {k: v for k, v in overrides.items() if k in SIZE_FIELDS})

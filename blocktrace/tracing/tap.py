@@ -74,6 +74,9 @@ class BlockTap:
         behaviour = measured_norms(self.block, self.layout, self.output.shape[-1]) if self.checks else {}
         traced = assemble(self.block, self.layout, self.own, self.recorder, self.output, behaviour, reducer)
         traced.notes += self.notes
+        if traced.attention is not None and traced.attention.max_logit is None:
+            traced.notes.append("largest attention logit not visible: the attention returns its weights, not its "
+                                "scores (HF's eager attention); with sdpa attention the watch measures it")
         return traced
 
 

@@ -7,7 +7,7 @@ A timeline is JSON lines, one record per moment of training, each self-describin
      "layers": [{"layer": 0, "steps": {"norm1": {mean, std, min, max, rms, absmax, nan, inf}, ...},
                  "rms": …, "median_token_sq_norm_per_d": …, "max_logit": …, "min_entropy": …,
                  "entropy_per_head": […], "future_weight_sum": …, "grad_norm": …,
-                 "weights": {"attn_q": {"norm": …, "update_ratio": …}, ...}}, ...],
+                 "weights": {"attn_q": {"norm": …, "update_ratio": …}, ...}, "notes": [...]}, ...],
      "flags": [{"name", "level", "cause", "layer", "step"}, ...], "diagnosis": [{"cause", "evidence", "advice"}, ...]}
 
 `update_ratio` is ‖ΔW‖/‖W‖ since the previous record (null in the first). A watch's records
@@ -43,6 +43,7 @@ def layer_entry(layer: int, trace, grad_norm: Optional[float] = None, weights: O
         "future_weight_sum": attention.future_weight_sum if attention else None,
         "grad_norm": grad_norm,
         "weights": weights,
+        "notes": list(trace.notes),
     }
 
 

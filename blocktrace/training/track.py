@@ -84,7 +84,7 @@ def _layer_of(key: str, prefix: str) -> Optional[int]:
 
 def weight_movement(current, previous, layers_prefix: str, n_layers: int) -> list[dict]:
     """Per layer, per tensor kind: ‖W‖ now and ‖W − W_previous‖/‖W‖ (None without a comparable previous tensor).
-    One tensor of each checkpoint in memory at a time."""
+    One tensor of each checkpoint in memory at a time; norms in float32, summed over tensors in float64."""
     import torch
 
     sums: list[dict[str, list]] = [{} for _ in range(n_layers)]
@@ -92,11 +92,11 @@ def weight_movement(current, previous, layers_prefix: str, n_layers: int) -> lis
         layer = _layer_of(key, layers_prefix)
         if layer is None or layer >= n_layers:
             continue
-        now = current.get(key).to(torch.float64)
+        now = current.get(key, torch.float32)
         entry = sums[layer].setdefault(tensor_kind(key[len(layers_prefix):].split(".", 1)[1]), [0.0, 0.0, True])
-        entry[0] += float(now.pow(2).sum())
+        entry[0] += float(torch.linalg.vector_norm(now)) ** 2
         if previous is not None and key in previous and tuple(previous.shape(key)) == tuple(now.shape):
-            entry[1] += float((now - previous.get(key).to(torch.float64)).pow(2).sum())
+            entry[1] += float(torch.linalg.vector_norm(now - previous.get(key, torch.float32))) ** 2
         else:
             entry[2] = False
     return [{kind: {"norm": math.sqrt(norm),

@@ -98,7 +98,6 @@ class Watch:
         self.snapshots: Optional[list[dict]] = None
         self.armed = None  # the context that measures sdpa attention during a recording forward
         self.captured_loss: Optional[torch.Tensor] = None
-        self.records_written = 0
         if self.count % every == 0:
             self._arm()
 
@@ -138,7 +137,14 @@ class Watch:
             self._arm()
         return entry
 
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def close(self) -> None:
+        """Detach everything and close the file (also `with Watch(...) as watch:`)."""
         if self.recording:
             self._disarm()
         if self.writer is not None:
@@ -170,7 +176,6 @@ class Watch:
         if self.writer is not None:
             self.writer.write(entry)
             self._to_tensorboard(entry)
-            self.records_written += 1
         return entry
 
     def _findings(self, traces: list, grads: list) -> list:
