@@ -74,7 +74,7 @@ def _prepare_outputs(params: dict) -> None:
         require_pyplot()
 
 
-def _checkpoint_records(ctx: click.Context, params: dict, show_progress: bool) -> list[dict]:
+def _checkpoint_records(params: dict, show_progress: bool) -> list[dict]:
     from blocktrace.request import Analysis, InputSpec, RunRequest
     from blocktrace.training.track import expand, order, track_checkpoints
     from blocktrace.vocab import Device, DType
@@ -107,7 +107,7 @@ def _write_records(records: list[dict], path: Path, force: bool) -> None:
 
 @cli.command(cls=GreedyCommand)
 @click.argument("sources", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--steps", type=IntegerList("training step", 0, "0,100,200"), default=None, help="The training step of each checkpoint, in the order given (default: from trainer_state.json or the name: step_400, checkpoint-400, …).")
+@click.option("--steps", type=IntegerList("training step", 0, "0,100,200"), default=None, help="The training step of each checkpoint, in the order given (a glob expands in name order; default: from trainer_state.json or the name: step_400, checkpoint-400, …).")
 @TOKEN_IDS_OPTION
 @TOKEN_TYPES_OPTION
 @TEXT_OPTION
@@ -139,7 +139,7 @@ def track(ctx, **params):
     log = read_log(params["log_path"]) if params["log_path"] is not None else None
     timeline = _reads_timeline(ctx)
     show_progress = progress_wanted(params["as_json"])
-    records = read_timeline(params["sources"][0]) if timeline else _checkpoint_records(ctx, params, show_progress)
+    records = read_timeline(params["sources"][0]) if timeline else _checkpoint_records(params, show_progress)
     if params["out"] is not None:
         _write_records(records, params["out"], params["force"])
     mark_new_flags(records)
