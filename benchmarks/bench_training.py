@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
