@@ -235,3 +235,11 @@ def test_a_log_with_no_step_is_refused_and_a_cut_last_line_is_not(tmp_path):
     log.write_text('{"step": 10, "loss": 2.0}\n{"step": 20, "lo')  # the training run was killed mid-write
     report = json.loads(invoke("track", RUN / "watch.jsonl", "--log", log, "--json").output)
     assert [r["log"] for r in report["records"][:3]] == [None, {"loss": 2.0}, None]
+
+
+def test_a_timeline_of_another_version_is_refused(tmp_path):
+    line = (RUN / "watch.jsonl").read_text().splitlines()[0]
+    newer = tmp_path / "newer.jsonl"
+    newer.write_text(line.replace('"version": 1', '"version": 2') + "\n")
+    result = invoke("track", newer)
+    assert result.exit_code == 1 and "is timeline version 2; this blocktrace reads version 1" in result.output

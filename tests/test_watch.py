@@ -383,3 +383,16 @@ def test_eager_attention_is_measured_from_its_weights_and_says_the_logit_is_not_
     assert layer["entropy_per_head"] == pytest.approx(_entropy(expected), rel=1e-4)
     assert layer["max_logit"] is None
     assert any("largest attention logit not visible" in note for note in layer["notes"])
+
+
+def test_tensorboard_given_a_directory_writes_events_or_names_the_missing_package(tmp_path):
+    import importlib.util
+
+    model = NanoGPT()
+    if importlib.util.find_spec("tensorboard") is None:
+        with pytest.raises(UsageError, match="tensorboard= needs the tensorboard package: pip install tensorboard"):
+            Watch(model, tmp_path / "run.jsonl", tensorboard=tmp_path / "board")
+        assert not (tmp_path / "run.jsonl").exists()  # refused before anything was written
+    else:
+        _train(model, Watch(model, tmp_path / "run.jsonl", every=1, tensorboard=tmp_path / "board"), steps=1)
+        assert any(path.name.startswith("events.out.tfevents") for path in (tmp_path / "board").iterdir())

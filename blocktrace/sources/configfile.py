@@ -69,21 +69,19 @@ class ConfigFile:
             raise self._bad(key, "a positive number" if positive else "a finite number", value)
         return float(value)
 
-    def string(self, key: str, default: Any = None) -> Optional[str]:
+    def _of_type(self, key: str, default: Any, kind: type, words: str):
         value = self.data.get(key, _MISSING)
         if value is _MISSING or value is None:
             return default
-        if not isinstance(value, str):
-            raise self._bad(key, "a string", value)
+        if not isinstance(value, kind):
+            raise self._bad(key, words, value)
         return value
 
+    def string(self, key: str, default: Any = None) -> Optional[str]:
+        return self._of_type(key, default, str, "a string")
+
     def boolean(self, key: str, default: Any = None) -> Optional[bool]:
-        value = self.data.get(key, _MISSING)
-        if value is _MISSING or value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self._bad(key, "true or false", value)
-        return value
+        return self._of_type(key, default, bool, "true or false")
 
     def mapping(self, key: str) -> "ConfigFile":
         """A nested object, as a ConfigFile of its own (empty when absent or null)."""

@@ -92,8 +92,8 @@ class Watch:
         self.taps = [BlockTap(block, checks=checks) for block in self.blocks]
         self.track_updates, self.checks = track_updates, checks
         self.reducer = Reducer()
-        self.writer = TimelineWriter(Path(path), append, overwrite) if self.reducer.is_writer else None
         self.tensorboard = _tensorboard(tensorboard) if self.reducer.is_writer else None
+        self.writer = TimelineWriter(Path(path), append, overwrite) if self.reducer.is_writer else None
         self.count = start  # the training step of the next forward (a resumed run starts past 0)
         self.snapshots: Optional[list[dict]] = None
         self.armed = None  # the context that measures sdpa attention during a recording forward
