@@ -396,3 +396,38 @@ def test_tensorboard_given_a_directory_writes_events_or_names_the_missing_packag
     else:
         _train(model, Watch(model, tmp_path / "run.jsonl", every=1, tensorboard=tmp_path / "board"), steps=1)
         assert any(path.name.startswith("events.out.tfevents") for path in (tmp_path / "board").iterdir())
+
+
+@pytest.mark.parametrize("family, expected", [
+    ("gpt2", {"attn.c_attn.weight": "attn_qkv", "attn.c_proj.weight": "attn_o", "mlp.c_fc.weight": "ffn_w1",
+              "mlp.c_proj.weight": "ffn_w2", "ln_1.weight": "norm", "ln_2.bias": "norm"}),
+    ("llama", {"self_attn.q_proj.weight": "attn_q", "self_attn.k_proj.weight": "attn_k",
+               "self_attn.v_proj.weight": "attn_v", "self_attn.o_proj.weight": "attn_o",
+               "mlp.gate_proj.weight": "ffn_w1", "mlp.up_proj.weight": "ffn_w1", "mlp.down_proj.weight": "ffn_w2",
+               "input_layernorm.weight": "norm", "post_attention_layernorm.weight": "norm"}),
+    ("bert", {"attention.self.query.weight": "attn_q", "attention.self.key.weight": "attn_k",
+              "attention.self.value.weight": "attn_v", "attention.output.dense.weight": "attn_o",
+              "attention.output.LayerNorm.weight": "norm", "intermediate.dense.weight": "ffn_w1",
+              "output.dense.weight": "ffn_w2", "output.LayerNorm.bias": "norm"}),
+    ("gpt_neox", {"attention.query_key_value.weight": "attn_qkv", "attention.dense.weight": "attn_o",
+                  "mlp.dense_h_to_4h.weight": "ffn_w1", "mlp.dense_4h_to_h.weight": "ffn_w2",
+                  "input_layernorm.weight": "norm", "post_attention_layernorm.bias": "norm"}),
+    ("phi3", {"self_attn.qkv_proj.weight": "attn_qkv", "self_attn.o_proj.weight": "attn_o",
+              "mlp.gate_up_proj.weight": "ffn_w1", "mlp.down_proj.weight": "ffn_w2"}),
+])
+def test_tensor_kinds_name_the_same_roles_in_every_family(family, expected):
+    """The kinds ‖ΔW‖/‖W‖ is reported by, on the parameter names of HF's own layers."""
+    import transformers
+
+    from blocktrace.diagnose.weights import tensor_kind
+
+    config = transformers.AutoConfig.for_model(family, hidden_size=32, n_embd=32, num_attention_heads=4, n_head=4,
+                                               intermediate_size=64, num_hidden_layers=1, n_layer=1, vocab_size=50,
+                                               pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    model = transformers.AutoModel.from_config(config)
+    layer = next(m for m in model.modules() if isinstance(m, torch.nn.ModuleList))[0]
+    names = dict(layer.named_parameters())
+    assert set(expected) <= set(names)  # the names are HF's own
+    assert {name: tensor_kind(name) for name in expected} == expected
+    assert all(tensor_kind(name) in {"attn_qkv", "attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2", "norm"}
+               for name in names)
