@@ -6,14 +6,11 @@ import click
 
 from blocktrace.cli.app import GreedyCommand, cli, emit
 from blocktrace.cli.options import (
-    BLOCK_OPTIONS,
-    COMPUTE_OPTIONS,
-    DEPTH_OPTIONS,
     FORMAT_OPTION,
-    INPUT_OPTIONS,
     JSON_OPTION,
     LANG_OPTION,
     PLOT_OPTION,
+    SOURCE_OPTIONS,
     STEPS_OPTION,
     enum_choice,
     force_option,
@@ -66,10 +63,7 @@ def choose_axis(ctx: click.Context, params: dict) -> tuple[Axis, list[str]]:
 @click.option("--norm", type=enum_choice(Norm), default=Norm.LAYERNORM.value, show_default=True, help="The norm of both variants (when the norm is not compared).")
 @click.option("--ffn", type=enum_choice(FFNKind), default=FFNKind.GELU_TANH.value, show_default=True, help="The FFN of both variants (when the FFN is not compared).")
 @click.option("--placement", type=enum_choice(Placement), default=Placement.PRE.value, show_default=True, help="The wiring of both variants (when the wiring is not compared).")
-@BLOCK_OPTIONS
-@INPUT_OPTIONS
-@COMPUTE_OPTIONS
-@DEPTH_OPTIONS
+@SOURCE_OPTIONS
 @STEPS_OPTION
 @JSON_OPTION
 @FORMAT_OPTION

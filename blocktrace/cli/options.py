@@ -149,6 +149,10 @@ PLACEMENT_OPTIONS = options(
 PLACEMENT_FLAGS = {"pre_ln": Placement.PRE, "post_ln": Placement.POST, "deepnorm": Placement.DEEPNORM,
                    "sandwich": Placement.SANDWICH}
 QK_NORM_OPTION = click.option("--qk-norm", is_flag=True, help="RMSNorm on each head's q and k before RoPE (Qwen3).")
+# What run, check and compare share: the block, its input, where it runs, how many layers.
+SOURCE_OPTIONS = options(BLOCK_OPTIONS, INPUT_OPTIONS, COMPUTE_OPTIONS, DEPTH_OPTIONS)
+# The wiring of one block (compare sets these per variant through its axis flags instead).
+WIRING_OPTIONS = options(PLACEMENT_OPTIONS, NORM_OPTION, FFN_OPTION, QK_NORM_OPTION)
 DISPLAY_OPTIONS = options(
     click.option("--values", "n_values", type=click.IntRange(min=1), default=None, help="Show the first N numbers of one token's vector at every step."),
     click.option("--token-index", type=int, default=0, show_default=True, help="Which token --values shows (first sequence of a batch)."),

@@ -6,23 +6,17 @@ import click
 
 from blocktrace.cli.app import GreedyCommand, cli, emit
 from blocktrace.cli.options import (
-    BLOCK_OPTIONS,
-    COMPUTE_OPTIONS,
-    DEPTH_OPTIONS,
     DISPLAY_OPTIONS,
     FAIL_ON_OPTION,
-    FFN_OPTION,
     FORMAT_OPTION,
-    INPUT_OPTIONS,
     JSON_OPTION,
     LANG_OPTION,
     MODULE_OPTIONS,
-    NORM_OPTION,
-    PLACEMENT_OPTIONS,
     PLOT_OPTION,
-    QK_NORM_OPTION,
     SAVE_OPTION,
+    SOURCE_OPTIONS,
     STEPS_OPTION,
+    WIRING_OPTIONS,
     chosen_placement,
     force_option,
     given,
@@ -34,14 +28,8 @@ from blocktrace.vocab import FFNKind, Lang, Level, Norm
 
 
 @cli.command(cls=GreedyCommand)
-@PLACEMENT_OPTIONS
-@NORM_OPTION
-@FFN_OPTION
-@QK_NORM_OPTION
-@BLOCK_OPTIONS
-@INPUT_OPTIONS
-@COMPUTE_OPTIONS
-@DEPTH_OPTIONS
+@WIRING_OPTIONS
+@SOURCE_OPTIONS
 @STEPS_OPTION
 @JSON_OPTION
 @FORMAT_OPTION
@@ -68,14 +56,8 @@ def run(ctx, **params):
 
 
 @cli.command(cls=GreedyCommand)
-@PLACEMENT_OPTIONS
-@NORM_OPTION
-@FFN_OPTION
-@QK_NORM_OPTION
-@BLOCK_OPTIONS
-@INPUT_OPTIONS
-@COMPUTE_OPTIONS
-@DEPTH_OPTIONS
+@WIRING_OPTIONS
+@SOURCE_OPTIONS
 @JSON_OPTION
 @FAIL_ON_OPTION
 @MODULE_OPTIONS

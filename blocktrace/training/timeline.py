@@ -8,7 +8,7 @@ A timeline is JSON lines, one record per moment of training, each self-describin
                  "rms": …, "median_token_sq_norm_per_d": …, "max_logit": …, "min_entropy": …,
                  "entropy_per_head": […], "future_weight_sum": …, "grad_norm": …,
                  "weights": {"attn_q": {"norm": …, "update_ratio": …}, ...}, "notes": [...]}, ...],
-     "flags": [{"name", "level", "cause", "layer", "step"}, ...], "diagnosis": [{"cause", "evidence", "advice"}, ...]}
+     "flags": [{"name", "level", "cause", "layer", "step", "detail"}, ...], "diagnosis": [{"cause", "evidence", "advice"}, ...]}
 
 `update_ratio` is ‖ΔW‖/‖W‖ since the previous record (null in the first). A watch's records
 also say how many processes' batches their statistics cover (`ranks`, see training/distributed.py). Every record is
@@ -20,10 +20,9 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Iterator, Optional
 
 from blocktrace.errors import InputError, UsageError
-from blocktrace.vocab import Level
 
 FORMAT, VERSION = "blocktrace.timeline", 1
 
@@ -47,9 +46,13 @@ def layer_entry(layer: int, trace, grad_norm: Optional[float] = None, weights: O
     }
 
 
-def flag_entries(flags) -> list[dict]:
-    return [{"name": f.name, "level": f.level.value, "cause": f.cause.value, "layer": f.layer, "step": f.step,
-             "detail": f.detail} for f in flags]
+FLAG_KEYS = ("name", "level", "cause", "layer", "step", "detail")  # a finding in a timeline (what it means, its
+# threshold and source are the check's own: `check` prints them)
+
+
+def flag_entries(flags: list[dict]) -> list[dict]:
+    """Findings (as Flag.to_dict() gives them) in the timeline's form: one form for watch and checkpoint records."""
+    return [{key: finding[key] for key in FLAG_KEYS} for finding in flags]
 
 
 def record(step: Optional[int], source: str, layers: list[dict], flags: list[dict], diagnosis: list[dict], *,
@@ -142,12 +145,3 @@ def read_timeline(path: Path) -> list[dict]:
         raise InputError(f"{path} holds no timeline records")
     return sorted(records, key=lambda entry: (entry.get("step") is None, entry.get("step") or 0))
 
-
-def first_flag(records: Iterable[dict], levels=(Level.ERROR.value,)) -> Optional[dict]:
-    """The first record's first finding at these levels: where trouble shows first."""
-    for entry in records:
-        for finding in entry.get("flags") or []:
-            if finding["level"] in levels:
-                return {"step": entry["step"], "layer": finding.get("layer"), "name": finding["name"],
-                        "cause": finding.get("cause"), "level": finding["level"]}
-    return None

@@ -4,7 +4,7 @@
 whole-model check of `check --weights`: every layer read and traced one at a time, the model's
 own loss, its gradients with --grad — and measures how far each layer's weights moved since the
 previous checkpoint (‖ΔW‖/‖W‖ per tensor kind, streamed tensor by tensor: memory does not grow
-with the number of checkpoints, nor with the model). Each checkpoint becomes one timeline record
+with the number of checkpoints). Each checkpoint becomes one timeline record
 (training/timeline.py), the same records a Watch writes, so everything after — the findings
 first raised, the first sign of trouble, a training log's numbers — works on both.
 """
@@ -22,7 +22,7 @@ from blocktrace.diagnose.weights import tensor_kind
 from blocktrace.errors import InputError, UsageError
 from blocktrace.request import Analysis, RunRequest
 from blocktrace.sources.training_step import step_of
-from blocktrace.training.timeline import json_lines, layer_entry, record
+from blocktrace.training.timeline import flag_entries, json_lines, layer_entry, record
 from blocktrace.vocab import Level
 
 GLOB_CHARACTERS = "*?["
@@ -134,7 +134,8 @@ def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, pre
     moved = weight_movement(current, before, info.layer_prefix(0)[:-2], info.n_layers)
     grads = _block_grad_norms(report, len(traces))
     layers = [layer_entry(i, trace, grads[i], moved[i]) for i, trace in enumerate(traces)]
-    return record(point.step, "checkpoint", layers, report.get("flags") or [], report.get("diagnosis") or [],
+    return record(point.step, "checkpoint", layers, flag_entries(report.get("flags") or []),
+                  report.get("diagnosis") or [],
                   loss=report.get("loss"), path=str(point.path),
                   extra={"family": info.family.name, "tokens": report["input"]["tokens"]})
 

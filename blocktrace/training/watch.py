@@ -170,7 +170,7 @@ class Watch:
         flags = self._findings([t for _, t in present], grads)
         context = Context(post_norm=any(t.placement.norm_after_add for _, t in present), step=self.count)
         entry = record(self.count, "watch", [layer_entry(i, t, grads[i], weights[i]) for i, t in present],
-                       flag_entries(flags), diagnose(flags, context), loss=loss_value, lr=self._learning_rate(lr),
+                       flag_entries([f.to_dict() for f in flags]), diagnose(flags, context), loss=loss_value, lr=self._learning_rate(lr),
                        grad_norm=_grad_norm(self.model),
                        extra={"ranks": self.reducer.world_size})
         if self.writer is not None:
