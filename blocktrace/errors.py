@@ -1,16 +1,22 @@
-"""Errors a user can cause. The CLI turns each into one `Error: ...` line with its exit code."""
+"""Errors a user can cause. The CLI turns each into one `Error: ...` line and exit code 2.
+
+Exit codes, as linters and type checkers use them: 0 clean, 1 findings at --fail-on or worse
+(never an error), 2 any error (a bad option, a missing or unreadable file, a model that does
+not fit) — so CI can tell a diverging run from a typo.
+"""
+
+ERROR_EXIT = 2
+FINDINGS_EXIT = 1
 
 
 class BlocktraceError(Exception):
     """Base class: something the user asked for cannot be done."""
 
-    exit_code = 1
+    exit_code = ERROR_EXIT
 
 
 class UsageError(BlocktraceError):
-    """A bad option value or combination: exit code 2, like click's own usage errors."""
-
-    exit_code = 2
+    """A bad option value or combination."""
 
 
 class ConfigError(UsageError, ValueError):

@@ -151,8 +151,8 @@ ERROR_CASES = [
     (["--tokens", "a b", "--seq-len", "3"], 2, "Error: --seq-len 3 contradicts the 2 tokens given"),
     (["--values", "2", "--token-index", "7"], 2, "Error: Invalid value for '--token-index': 7 is out of range"),
     (["--norm", "batchnorm"], 2, "Error: Invalid value for '--norm': 'batchnorm' is not one of"),
-    (["--save", "/no/such/dir/t.safetensors"], 1, "Error: cannot write /no/such/dir/t.safetensors: directory /no/such/dir does not exist"),
-    (["--save", "/proc/blocktrace-test.safetensors"], 1, "Error: cannot write /proc/blocktrace-test.safetensors"),
+    (["--save", "/no/such/dir/t.safetensors"], 2, "Error: cannot write /no/such/dir/t.safetensors: directory /no/such/dir does not exist"),
+    (["--save", "/proc/blocktrace-test.safetensors"], 2, "Error: cannot write /proc/blocktrace-test.safetensors"),
 ]
 
 
@@ -170,7 +170,7 @@ def test_save_refuses_to_overwrite_without_force(invoke, tmp_path):
     path = tmp_path / "t.safetensors"
     path.write_bytes(b"keep me")
     result = invoke("run", "--save", str(path))
-    assert result.exit_code == 1 and result.stderr == f"Error: {path} already exists: pass --force to overwrite it\n"
+    assert result.exit_code == 2 and result.stderr == f"Error: {path} already exists: pass --force to overwrite it\n"
     assert path.read_bytes() == b"keep me"
     assert invoke("run", "--save", str(path), "--force").exit_code == 0
     assert load_saved(path)[0]["x"].shape == (5, 16)
@@ -185,7 +185,7 @@ def test_a_failed_write_leaves_no_file(invoke, tmp_path, monkeypatch):
 
     monkeypatch.setattr(blocktrace.sources.tracefile, "write_safetensors", half_write)
     result = invoke("run", "--save", str(tmp_path / "t.safetensors"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stderr == f"Error: cannot write {tmp_path / 't.safetensors'}: No space left on device\n"
     assert list(tmp_path.iterdir()) == []
 

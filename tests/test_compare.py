@@ -200,7 +200,7 @@ def test_stack_on_checkpoint_layers(invoke):
     single = _json(invoke, "run", "--weights", str(SAMPLES / "gpt2-tiny"), "--layer", "2", "--token-ids", "5", "6")
     assert report["layers"][1]["steps"] == single["steps"]  # layer 2, fed by layer 1, as in the model
     result = invoke("run", "--weights", str(SAMPLES / "gpt2-tiny"), "--layer", "2", "--layers", "3", "--token-ids", "5")
-    assert result.exit_code == 1 and "needs layers up to 4, but the checkpoint has 4 layers: 0–3" in result.stderr
+    assert result.exit_code == 2 and "needs layers up to 4, but the checkpoint has 4 layers: 0–3" in result.stderr
 
 
 def test_gradient_norms_are_the_norms_of_the_mean_gradient():

@@ -115,13 +115,13 @@ def test_tolerances_must_be_finite_and_non_negative(invoke, tmp_path, value):
 def test_force_replaces_only_regular_files(invoke, tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    one_error_line(invoke("run", "--save", str(fifo), "--force"), 1, "a FIFO", "only a regular file")
+    one_error_line(invoke("run", "--save", str(fifo), "--force"), 2, "a FIFO", "only a regular file")
     assert fifo.is_fifo()
     real = tmp_path / "real.safetensors"
     real.write_bytes(b"keep")
     link = tmp_path / "link.safetensors"
     link.symlink_to(real)
-    one_error_line(invoke("run", "--save", str(link), "--force"), 1, "a symbolic link")
+    one_error_line(invoke("run", "--save", str(link), "--force"), 2, "a symbolic link")
     assert link.is_symlink() and real.read_bytes() == b"keep"
     one_error_line(invoke("run", "--save", str(tmp_path), "--force"), 2, "is a directory")
 
@@ -144,7 +144,7 @@ def test_a_file_made_while_blocktrace_works_is_not_overwritten(invoke, tmp_path,
         original(handle, tensors, metadata)
 
     monkeypatch.setattr(tracefile, "write_safetensors", another_run_saves_first)
-    one_error_line(invoke("run", "--save", str(path)), 1, "already exists", "--force")
+    one_error_line(invoke("run", "--save", str(path)), 2, "already exists", "--force")
     assert path.read_bytes() == b"the other run's file"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.safetensors"]  # no temporary file left
 
@@ -221,7 +221,7 @@ def test_no_space_left_is_one_error_line(invoke, tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(tracefile, "write_safetensors", full_disk)
-    one_error_line(invoke("run", "--save", str(tmp_path / "t.safetensors")), 1, "No space left on device")
+    one_error_line(invoke("run", "--save", str(tmp_path / "t.safetensors")), 2, "No space left on device")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -268,7 +268,7 @@ def _config_with(tmp_path, **fields) -> Path:
 def test_config_json_of_the_wrong_shape(invoke, tmp_path, content, fragment):
     target = copy_sample(tmp_path)
     (target / "config.json").write_text(content)
-    one_error_line(invoke("run", "--weights", str(target), "--token-ids", "1"), 1, "config.json", fragment)
+    one_error_line(invoke("run", "--weights", str(target), "--token-ids", "1"), 2, "config.json", fragment)
 
 
 @pytest.mark.parametrize("fields, fragment", [
@@ -281,20 +281,20 @@ def test_llama_rope_fields_of_the_wrong_type(invoke, tmp_path, fields, fragment)
     config = json.loads((target / "config.json").read_text())
     config.update(fields)
     (target / "config.json").write_text(json.dumps(config))
-    one_error_line(invoke("run", "--weights", str(target), "--token-ids", "1"), 1, fragment)
+    one_error_line(invoke("run", "--weights", str(target), "--token-ids", "1"), 2, fragment)
 
 
 def test_an_index_whose_weight_map_is_a_list(invoke, tmp_path):
     target = copy_sample(tmp_path)
     (target / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["model.safetensors"]}))
-    one_error_line(invoke("run", "--weights", str(target), "--token-ids", "1"), 1, "weight_map must map")
+    one_error_line(invoke("run", "--weights", str(target), "--token-ids", "1"), 2, "weight_map must map")
 
 
 @pytest.mark.parametrize("order", ["not json", "7", '{"a": 1}', '[1, 2]'])
 def test_trace_files_whose_step_order_is_not_a_list_of_names(invoke, tmp_path, order):
     path = tmp_path / "t.safetensors"
     save_file({"x": torch.zeros(2, 4)}, str(path), metadata={"step_order": order})
-    one_error_line(invoke("diff", str(path), str(path)), 1, "step_order")
+    one_error_line(invoke("diff", str(path), str(path)), 2, "step_order")
 
 
 def test_zero_size_and_zero_dim_tensors(invoke, tmp_path):
@@ -302,18 +302,18 @@ def test_zero_size_and_zero_dim_tensors(invoke, tmp_path):
     tensors = load_file(str(target / "model.safetensors"))
     tensors["h.0.ln_1.weight"] = torch.tensor(1.0)
     save_file(tensors, str(target / "model.safetensors"))
-    one_error_line(invoke("run", "--weights", str(target), "--token-ids", "1"), 1, "h.0.ln_1.weight", "has shape []")
+    one_error_line(invoke("run", "--weights", str(target), "--token-ids", "1"), 2, "h.0.ln_1.weight", "has shape []")
     path = tmp_path / "z.safetensors"
     save_file({"x": torch.zeros(0, 4), "norm1": torch.zeros(0, 4)}, str(path), metadata={"step_order": '["norm1"]'})
     result = invoke("diff", str(path), str(path))
     assert result.exit_code == 0 and "Traceback" not in result.output
-    one_error_line(invoke("run", "--input", str(path)), 1, "expected [T, 16]")
+    one_error_line(invoke("run", "--input", str(path)), 2, "expected [T, 16]")
 
 
 def test_a_corrupt_tokenizer_file(invoke, tmp_path):
     target = copy_sample(tmp_path)
     (target / "tokenizer.json").write_text('{"version": "1.0", "model": 12}')
-    one_error_line(invoke("run", "--weights", str(target), "--text", "猫"), 1, "tokenizer.json is not a valid tokenizer")
+    one_error_line(invoke("run", "--weights", str(target), "--text", "猫"), 2, "tokenizer.json is not a valid tokenizer")
     labels_only = invoke("run", "--weights", str(target), "--token-ids", "1", "2", "--json")
     assert labels_only.exit_code == 0
     assert strict_json(labels_only.stdout)["tokens"] == ["1", "2"]
@@ -329,11 +329,11 @@ def test_unreadable_files_inside_a_checkpoint(invoke, tmp_path, monkeypatch):
         return real_read_text(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "read_text", denied)
-    one_error_line(invoke("run", "--weights", str(target), "--token-ids", "1"), 1, "cannot read", "Permission denied")
+    one_error_line(invoke("run", "--weights", str(target), "--token-ids", "1"), 2, "cannot read", "Permission denied")
     monkeypatch.setattr(Path, "read_text", real_read_text)
     monkeypatch.setattr(Path, "iterdir", lambda self: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
     (target / "model.safetensors").rename(target / "weights.safetensors")
-    one_error_line(invoke("run", "--weights", str(target), "--token-ids", "1"), 1, "cannot read", "Permission denied")
+    one_error_line(invoke("run", "--weights", str(target), "--token-ids", "1"), 2, "cannot read", "Permission denied")
 
 
 def test_a_forward_that_returns_a_dict(invoke, tmp_path, monkeypatch):
@@ -350,7 +350,7 @@ def test_a_forward_that_returns_a_dict(invoke, tmp_path, monkeypatch):
         "def make():\n"
         "    return Block()\n")
     monkeypatch.chdir(tmp_path)
-    one_error_line(invoke("run", "--module", "dict_block:make"), 1, "returned dict")
+    one_error_line(invoke("run", "--module", "dict_block:make"), 2, "returned dict")
 
 
 def test_out_of_range_seed_and_invalid_utf8_tokens(invoke):
@@ -362,7 +362,7 @@ def test_standard_output_that_cannot_be_written():
     with open("/dev/full", "w") as full:
         result = subprocess.run([sys.executable, "-m", "blocktrace", "run"], stdout=full, stderr=subprocess.PIPE,
                                 text=True, cwd=ROOT)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["Error: cannot write to standard output: No space left on device"]
 
 
@@ -371,21 +371,21 @@ def test_standard_output_that_cannot_be_written():
 def test_a_bad_value_in_config_json_names_the_file_not_an_option(invoke, tmp_path):
     target = _config_with(tmp_path, n_head=3)
     result = invoke("run", "--weights", str(target), "--token-ids", "1")
-    one_error_line(result, 1, "config.json", "n_head = 3")
+    one_error_line(result, 2, "config.json", "n_head = 3")
     assert "--heads" not in result.stderr
 
 
 def test_fifos_and_link_loops_as_weights(invoke, tmp_path):
     fifo = tmp_path / "weights.safetensors"
     os.mkfifo(fifo)
-    one_error_line(invoke("run", "--weights", str(fifo), "--token-ids", "1"), 1, "is a FIFO")
+    one_error_line(invoke("run", "--weights", str(fifo), "--token-ids", "1"), 2, "is a FIFO")
     loop = tmp_path / "loop"
     loop.symlink_to(tmp_path / "loop")
-    one_error_line(invoke("run", "--weights", str(loop), "--token-ids", "1"), 1, "symbolic link loop")
+    one_error_line(invoke("run", "--weights", str(loop), "--token-ids", "1"), 2, "symbolic link loop")
     directory = tmp_path / "ckpt"
     directory.mkdir()
     os.mkfifo(directory / "model.safetensors")
-    one_error_line(invoke("run", "--weights", str(directory), "--token-ids", "1"), 1, "is a FIFO")
+    one_error_line(invoke("run", "--weights", str(directory), "--token-ids", "1"), 2, "is a FIFO")
 
 
 # --- 8. options accepted and ignored ------------------------------------------------------------

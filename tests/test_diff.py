@@ -46,6 +46,6 @@ def test_a_file_that_is_not_a_trace(invoke, tmp_path):
 
     save_file({"w": torch.zeros(2)}, str(tmp_path / "w.safetensors"))
     result = invoke("diff", str(tmp_path / "w.safetensors"), str(tmp_path / "w.safetensors"))
-    assert result.exit_code == 1 and "is not a blocktrace trace file" in result.stderr
+    assert result.exit_code == 2 and "is not a blocktrace trace file" in result.stderr
     missing = invoke("diff", str(tmp_path / "nope.safetensors"), str(tmp_path / "w.safetensors"))
-    assert missing.exit_code == 1 and missing.stderr.startswith("Error: ") and "does not exist" in missing.stderr
+    assert missing.exit_code == 2 and missing.stderr.startswith("Error: ") and "does not exist" in missing.stderr

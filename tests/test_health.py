@@ -195,8 +195,8 @@ def test_flags_column_and_json(invoke, user_blocks):
 
 @pytest.mark.parametrize("spec, code, message", [
     ("userblocks_health", 2, "--module takes package.module:factory"),
-    ("userblocks_health:missing", 1, "userblocks_health has no callable 'missing'"),
-    ("no_such_module_here:f", 1, "importing no_such_module_here failed: ModuleNotFoundError"),
+    ("userblocks_health:missing", 2, "userblocks_health has no callable 'missing'"),
+    ("no_such_module_here:f", 2, "importing no_such_module_here failed: ModuleNotFoundError"),
 ])
 def test_module_errors(invoke, user_blocks, spec, code, message):
     result = invoke("run", "--module", spec)

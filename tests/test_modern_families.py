@@ -160,13 +160,13 @@ def test_a_checkpoint_read_as_llama_is_refused_by_its_tensors(tmp_path, name, le
 def test_unknown_model_types_and_llama_keys_without_config_are_refused(invoke, tmp_path):
     target = _retyped(tmp_path / "olmo", "qwen3", "olmo2")
     result = invoke("run", "--weights", str(target), "--token-ids", "1", "2")
-    assert result.exit_code == 1 and "model_type 'olmo2' is not supported" in result.stderr
+    assert result.exit_code == 2 and "model_type 'olmo2' is not supported" in result.stderr
     bare = tmp_path / "bare"
     model, _ = build("mistral")
     model.save_pretrained(bare)
     (bare / "config.json").unlink()
     result = invoke("run", "--weights", str(bare), "--token-ids", "1", "2", "--heads", "4")
-    assert result.exit_code == 1 and "has no config.json" in result.stderr and "add the checkpoint's config.json" \
+    assert result.exit_code == 2 and "has no config.json" in result.stderr and "add the checkpoint's config.json" \
         in result.stderr
 
 
@@ -182,7 +182,7 @@ def test_config_fields_blocktrace_does_not_implement_are_refused(invoke, tmp_pat
     config.update(change)
     (tmp_path / "config.json").write_text(json.dumps(config))
     result = invoke("run", "--weights", str(tmp_path), "--token-ids", "1", "2")
-    assert result.exit_code == 1 and message in result.stderr, result.stderr
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("name, operations", [

@@ -103,7 +103,7 @@ def test_weights_by_model_id_from_the_local_cache(invoke, tmp_path, monkeypatch)
     assert json.loads(by_id.stdout)["steps"] == json.loads(by_path.stdout)["steps"]
     assert invoke("inspect", "someone/tiny-gpt2").exit_code == 0
     missing = invoke("run", "--weights", "someone/not-here", "--token-ids", "1")
-    assert missing.exit_code == 1 and "is in the local HuggingFace cache" in missing.stderr
+    assert missing.exit_code == 2 and "is in the local HuggingFace cache" in missing.stderr
     assert "never downloads" in missing.stderr
 
 

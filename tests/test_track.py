@@ -156,7 +156,7 @@ def test_out_writes_the_timeline_track_reads_back(tmp_path, tracked):
     assert again["first_flag"] == tracked["first_flag"]
     assert [r["layers"] for r in again["records"]] == [r["layers"] for r in tracked["records"]]
     refused = invoke("track", f"{RUN}/step_*", "--text-file", EVAL, "--out", out)
-    assert refused.exit_code == 1 and "already exists: pass --force" in refused.output
+    assert refused.exit_code == 2 and "already exists: pass --force" in refused.output
     assert read_timeline(out) == records
 
 
@@ -178,7 +178,7 @@ def test_plot_writes_a_png_and_never_clobbers(tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     before = plot.read_bytes()
     refused = invoke("track", RUN / "watch.jsonl", "--plot", plot)
-    assert refused.exit_code == 1 and "already exists" in refused.output and plot.read_bytes() == before
+    assert refused.exit_code == 2 and "already exists" in refused.output and plot.read_bytes() == before
     assert invoke("track", RUN / "watch.jsonl", "--plot", plot, "--force").exit_code == 1
 
 
@@ -202,10 +202,10 @@ def test_the_progress_bar_goes_to_a_terminals_stderr_only(monkeypatch):
     ([RUN / "step_0000", RUN / "step_0010", "--steps", "4,4", "--token-ids", "1"], 2, "both hold step 4"),
     ([RUN / "step_0000", "--steps", "a", "--token-ids", "1"], 2, "is not a training step or a comma-separated list of them"),
     ([SAMPLES / "gpt2-tiny", "--token-ids", "1"], 2, "cannot tell the training step of"),
-    ([SAMPLES / "no-such-run" / "step_*", "--token-ids", "1"], 1, "no checkpoint matches"),
+    ([SAMPLES / "no-such-run" / "step_*", "--token-ids", "1"], 2, "no checkpoint matches"),
     ([RUN / "watch.jsonl", "--json", "--format", "github"], 2, "--format shapes the tables"),
     ([RUN / "watch.jsonl", "--json", "--brief"], 2, "--brief shortens the tables; --json prints every record whole"),
-    ([RUN / "watch.jsonl", "--log", RUN / "step_0000" / "config.json"], 1, "is not a JSON line (--log takes JSON lines with a \"step\" key)"),
+    ([RUN / "watch.jsonl", "--log", RUN / "step_0000" / "config.json"], 2, "is not a JSON line (--log takes JSON lines with a \"step\" key)"),
 ])
 def test_bad_track_input_is_one_error_line(args, code, message):
     result = invoke("track", *args)
@@ -217,21 +217,21 @@ def test_checkpoints_of_different_models_are_refused(tmp_path):
     shutil.copytree(SAMPLES / "gpt2-tiny", tmp_path / "step_1")
     shutil.copytree(SAMPLES / "llama-tiny", tmp_path / "step_2")
     result = invoke("track", tmp_path / "step_1", tmp_path / "step_2", "--token-ids", "1 2 3")
-    assert result.exit_code == 1 and "track follows one model over training" in result.output
+    assert result.exit_code == 2 and "track follows one model over training" in result.output
 
 
 def test_a_timeline_that_is_not_one_is_refused(tmp_path):
     other = tmp_path / "other.jsonl"
     other.write_text('{"step": 1}\n')
     result = invoke("track", other)
-    assert result.exit_code == 1 and "is not a blocktrace timeline record" in result.output
+    assert result.exit_code == 2 and "is not a blocktrace timeline record" in result.output
 
 
 def test_a_log_with_no_step_is_refused_and_a_cut_last_line_is_not(tmp_path):
     log = tmp_path / "log.jsonl"
     log.write_text('{"epoch": 1, "loss": 2.0}\n')
     result = invoke("track", RUN / "watch.jsonl", "--log", log)
-    assert result.exit_code == 1 and 'has no line with an integer "step" and one of loss, lr, grad_norm' in result.output
+    assert result.exit_code == 2 and 'has no line with an integer "step" and one of loss, lr, grad_norm' in result.output
     log.write_text('{"step": 10, "loss": 2.0}\n{"step": 20, "lo')  # the training run was killed mid-write
     report = json.loads(invoke("track", RUN / "watch.jsonl", "--log", log, "--json").output)
     assert [r["log"] for r in report["records"][:3]] == [None, {"loss": 2.0}, None]
@@ -242,4 +242,4 @@ def test_a_timeline_of_another_version_is_refused(tmp_path):
     newer = tmp_path / "newer.jsonl"
     newer.write_text(line.replace('"version": 1', '"version": 2') + "\n")
     result = invoke("track", newer)
-    assert result.exit_code == 1 and "is timeline version 2; this blocktrace reads version 1" in result.output
+    assert result.exit_code == 2 and "is timeline version 2; this blocktrace reads version 1" in result.output

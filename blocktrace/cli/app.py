@@ -1,8 +1,8 @@
 """The `blocktrace` command group and its error boundary: the only place that talks to the user.
 
-Every failure ends here as one `Error: …` line on stderr: exit 2 for a bad option or
-combination, 1 for a bad file or a domain error (a checkpoint that does not fit, a block
-that raised), never a traceback — unless blocktrace itself has a bug. Heavy imports
+Every failure ends here as one `Error: …` line on stderr and exit 2 — a bad option, a bad or
+missing file, a checkpoint that does not fit, a block that raised — never a traceback (unless
+blocktrace itself has a bug). Exit 1 is kept for findings (`check`, `track`, `run --check`). Heavy imports
 (torch, safetensors) happen inside the commands, so that `--help` and `--version` answer at
 once.
 """
@@ -15,7 +15,7 @@ import sys
 import click
 
 from blocktrace._version import __version__
-from blocktrace.errors import BlocktraceError
+from blocktrace.errors import ERROR_EXIT, BlocktraceError
 
 # Options that take several words: `--tokens 猫 吃 鱼` as well as `--tokens "猫 吃 鱼"`.
 GREEDY_OPTIONS = ("--tokens", "--token-ids", "--token-type-ids")
@@ -99,15 +99,15 @@ class BlocktraceGroup(click.Group):
         except NO_ARGS_IS_HELP as error:  # plain `blocktrace`: the help, exit 0
             click.echo(error.ctx.get_help())
             sys.exit(0)
-        except click.ClickException as error:  # usage errors: exit 2; file errors: exit 1
+        except click.ClickException as error:  # usage and file errors alike
             click.echo(f"Error: {error.format_message()}", err=True)
-            sys.exit(error.exit_code)
+            sys.exit(ERROR_EXIT)
         except BlocktraceError as error:
             click.echo(f"Error: {_option_prefix(error)}{error}", err=True)
             sys.exit(error.exit_code)
         except click.exceptions.Abort:
-            click.echo("Aborted.", err=True)
-            sys.exit(1)
+            click.echo("Error: aborted", err=True)
+            sys.exit(ERROR_EXIT)
         sys.exit(result if isinstance(result, int) else 0)
 
 

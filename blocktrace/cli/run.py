@@ -24,6 +24,7 @@ from blocktrace.cli.options import (
     make_request,
 )
 from blocktrace.cli.rules import CHECK_RULES, RUN_RULES, enforce
+from blocktrace.errors import FINDINGS_EXIT
 from blocktrace.vocab import FFNKind, Lang, Level, Norm
 
 
@@ -131,4 +132,4 @@ def _findings(ctx, report: dict, params: dict) -> None:
     else:
         emit(render_findings(report, fail_on), nl=False)
     levels = [Level(flag["level"]) for flag in report.get("flags") or []]
-    ctx.exit(1 if any(level.reaches(fail_on) for level in levels) else 0)
+    ctx.exit(FINDINGS_EXIT if any(level.reaches(fail_on) for level in levels) else 0)

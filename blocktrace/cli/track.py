@@ -22,6 +22,7 @@ from blocktrace.cli.options import (
     given,
 )
 from blocktrace.cli.rules import Excludes, enforce, is_set
+from blocktrace.errors import FINDINGS_EXIT
 from blocktrace.vocab import Level
 
 TIMELINE_SUFFIXES = (".jsonl", ".ndjson")
@@ -161,4 +162,4 @@ def track(ctx, **params):
 
         emit(render_track(records, first, level, "timeline" if timeline else "checkpoints", params["fmt"],
                           brief=params["brief"]), nl=False)
-    ctx.exit(1 if first is not None else 0)
+    ctx.exit(FINDINGS_EXIT if first is not None else 0)

@@ -162,12 +162,19 @@ def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bo
                            dtype, spec.kind.value)
     evidence = ModelEvidence(loss=loss, weights=weights, first_layer=traced.start, n_layers=info.n_layers,
                              stored_dtype=_stored_dtype(checkpoint, info), config=config,
-                             step=request.training_step if request.training_step is not None
-                             else step_of(checkpoint.directory))
+                             step=_training_step(request, checkpoint))
     flags = evaluate(traces, grads, evidence) if analysis.checks else None
     report = model_report(checkpoint, info, config, traces, model_input, loss, grads, flags, evidence,
                           str(request.weights))
     return report, traces, None
+
+
+def _training_step(request: RunRequest, checkpoint) -> Optional[int]:
+    """The step the user gave (track --steps), else the one stored in the file, else the one in its name."""
+    for step in (request.training_step, checkpoint.step):
+        if step is not None:
+            return step
+    return step_of(checkpoint.path)
 
 
 def _loss(head, spec, x: torch.Tensor, model_input: ModelInput, device) -> LossReport:

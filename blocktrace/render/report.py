@@ -177,7 +177,7 @@ def model_report(checkpoint, info, config, traces: list[Trace], model_input, los
         "layers": [_layer_entry(first + i, trace, flags, w) for i, (trace, w) in enumerate(zip(traces, weights))],
         "loss_detail": loss.to_dict(), "gradients": gradients_dict(grads), "stored_dtype": evidence.stored_dtype,
         "step": evidence.step,
-        "notes": model_input.notes,
+        "notes": [*info.notes, *model_input.notes],
     }
     if flags is not None:
         from blocktrace.diagnose.diagnosis import Context, diagnose

@@ -230,9 +230,10 @@ def render_findings(report: dict, fail_on: Level) -> str:
     lines += [loss, ""] if loss else []
     infos = sorted({f["name"] for f in flags if f["level"] == Level.INFO.value})
     info_line = f"info (context, not a verdict): {', '.join(infos)}" if infos else ""
+    notes = [f"note: {note}" for note in report.get("notes") or []]
     if not shown:
         lines.append("no findings at warning or error level" + (f"\n{info_line}" if infos else ""))
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
     counts = {level: sum(f["level"] == level for f in shown) for level in ("error", "warning")}
     lines += [f"{len(shown)} finding{'s' if len(shown) > 1 else ''}: {counts['error']} error, {counts['warning']} "
               f"warning (exit 1 on {Level(fail_on).value} or worse)", "", _findings_table(shown)]
@@ -249,7 +250,7 @@ def render_findings(report: dict, fail_on: Level) -> str:
         finding = next(f for f in shown if f["name"] == name)
         lines += [f"{name}: {finding['meaning']}", f"  threshold: {finding['threshold']}",
                   f"  source: {finding['source']}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
 def _model_header(report: dict) -> str:

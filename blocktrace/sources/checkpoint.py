@@ -1,8 +1,9 @@
 """Opening safetensors checkpoints lazily: files, keys, shapes, one tensor at a time.
 
 Only the tensors asked for are read (safetensors memory-maps the file), so tracing one layer
-of a multi-GB checkpoint costs about one layer's bytes. Pickle checkpoints are refused
-without being unpickled: loading one runs arbitrary code.
+of a multi-GB checkpoint costs about one layer's bytes. PyTorch checkpoint files
+(`ckpt.pt`, `.ckpt`, `pytorch_model.bin`) are read with torch's restricted loader only
+(sources.torchfile); plain pickles are refused without being unpickled.
 """
 
 from __future__ import annotations
@@ -18,17 +19,21 @@ import torch
 from blocktrace.errors import WeightsError
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.hf_cache import resolve_weights
+from blocktrace.sources.torchfile import TORCH_SUFFIXES
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-CONVERT_HINT = (
-    "convert it once with: python -c \"import torch; from safetensors.torch import save_file; "
-    "save_file(torch.load('IN', weights_only=True), 'OUT.safetensors')\""
-)
+PICKLE_SUFFIXES = (".pkl", ".pickle")  # plain pickles: not even the restricted loader is asked
+# Prefixes that wrappers put before every key; never part of a model's own names.
+WRAPPER_PREFIXES = {"_orig_mod.": "torch.compile", "module.": "DistributedDataParallel"}
+# safetensors' names for torch dtypes, so a loaded file reports dtypes as a safetensors file does.
+DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+               torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+               torch.bool: "BOOL"}
 
 
 def _refuse_pickle(path: Path) -> None:
-    raise WeightsError(f"{path} is a pickle checkpoint, which blocktrace does not unpickle "
-                       f"(it can run arbitrary code); {CONVERT_HINT}")
+    raise WeightsError(f"{path} is a plain pickle, which blocktrace does not unpickle (it can run arbitrary code); "
+                       "save the model's state_dict with torch.save (read with torch's restricted loader) or "
+                       "safetensors")
 
 
 def _looks_like_pickle(path: Path) -> bool:
@@ -57,8 +62,8 @@ def _require_regular_file(path: Path, role: str = "") -> None:
     if not stat.S_ISREG(mode):
         kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
             else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
-        raise WeightsError(f"{path}{role} is {kind}: a checkpoint must be a regular .safetensors file "
-                           "or a directory holding one")
+        raise WeightsError(f"{path}{role} is {kind}: a checkpoint must be a regular file "
+                           "(.safetensors, or a PyTorch .pt/.pth/.bin/.ckpt) or a directory holding one")
     if not os.access(path, os.R_OK):
         raise WeightsError(f"cannot read {path}: Permission denied")
 
@@ -69,7 +74,12 @@ def _index_files(index: Path) -> list[str]:
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise WeightsError(f"{index} is not a valid safetensors index: weight_map must map tensor names "
                            "to file names")
-    return sorted(set(weight_map.values()))
+    names = sorted(set(weight_map.values()))
+    outside = [name for name in names if os.path.isabs(name) or ".." in Path(name).parts]
+    if outside:
+        raise WeightsError(f"{index}: weight_map names {outside[0]!r}, outside the checkpoint's folder; an index "
+                           "may only name files beside it")
+    return names
 
 
 def _listing(directory: Path) -> list[Path]:
@@ -79,25 +89,32 @@ def _listing(directory: Path) -> list[Path]:
         raise WeightsError(f"cannot read {directory}: {error.strerror or error}") from None
 
 
+# The files a HuggingFace-style directory may hold its weights in, in the order they are looked for.
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
 def _files_in_directory(directory: Path) -> list[Path]:
-    index = directory / "model.safetensors.index.json"
-    if _exists(index):
-        return [directory / name for name in _index_files(index)]
-    single = directory / "model.safetensors"
-    if _exists(single):
-        return [single]
+    for name in INDEXES:
+        if _exists(directory / name):
+            _require_regular_file(directory / name)
+            return [directory / name for name in _index_files(directory / name)]
+    for name in SINGLE_FILES:
+        if _exists(directory / name):
+            return [directory / name]
     entries = _listing(directory)
-    others = [p for p in entries if p.suffix == ".safetensors"]
-    if len(others) == 1:
-        return others
+    for suffixes in ((".safetensors",), TORCH_SUFFIXES):
+        found = [p for p in entries if p.suffix in suffixes]
+        if len(found) == 1:
+            return found
+        if found:
+            raise WeightsError(f"{directory} holds {len(found)} checkpoint files ({', '.join(p.name for p in found[:4])}) "
+                               "and no index to say which belong together: name one file")
     pickles = [p.name for p in entries if p.suffix in PICKLE_SUFFIXES]
     if pickles:
-        raise WeightsError(f"{directory} holds only pickle checkpoints ({', '.join(pickles)}), "
-                           f"which blocktrace does not unpickle; {CONVERT_HINT}")
-    if others:
-        raise WeightsError(f"{directory} holds {len(others)} .safetensors files and no "
-                           "model.safetensors.index.json to say which belong together")
-    raise WeightsError(f"{directory} holds no model.safetensors or model.safetensors.index.json")
+        _refuse_pickle(directory / pickles[0])
+    raise WeightsError(f"{directory} holds no model.safetensors, model.safetensors.index.json or PyTorch checkpoint "
+                       f"({', '.join('*' + s for s in TORCH_SUFFIXES)})")
 
 
 def _exists(path: Path) -> bool:
@@ -106,7 +123,7 @@ def _exists(path: Path) -> bool:
 
 
 def resolve_files(path: Path) -> list[Path]:
-    """The safetensors files of a checkpoint given as a file or a HuggingFace-style directory."""
+    """The weight files of a checkpoint given as a file or a HuggingFace-style directory."""
     mode = _stat(path).st_mode
     if stat.S_ISDIR(mode):
         files = _files_in_directory(path)
@@ -114,37 +131,117 @@ def resolve_files(path: Path) -> list[Path]:
             if not _exists(file):
                 raise WeightsError(f"{file} is listed in the index but does not exist")
     else:
-        if path.suffix in PICKLE_SUFFIXES:
-            _require_regular_file(path)
-            _refuse_pickle(path)
         files = [path]
     for file in files:
         _require_regular_file(file)
+        if file.suffix in PICKLE_SUFFIXES:
+            _refuse_pickle(file)
     return files
 
 
+class _LoadedSlice:
+    """A loaded tensor behind the interface of a safetensors slice."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+    def get_shape(self) -> list[int]:
+        return list(self.tensor.shape)
+
+    def get_dtype(self) -> str:
+        return DTYPE_NAMES.get(self.tensor.dtype, str(self.tensor.dtype).replace("torch.", ""))
+
+    def __getitem__(self, index):
+        return self.tensor[index]
+
+
+class _LoadedFile:
+    """The tensors of a PyTorch checkpoint, read with the restricted loader, behind safetensors' interface."""
+
+    def __init__(self, tensors: dict):
+        self.tensors = tensors
+
+    def keys(self):
+        return list(self.tensors)
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+    def get_slice(self, key: str) -> _LoadedSlice:
+        return _LoadedSlice(self.tensors[key])
+
+    def metadata(self) -> dict:
+        return {}
+
+
+def _open_safetensors(file: Path):
+    from safetensors import safe_open
+
+    try:
+        return safe_open(str(file), framework="pt")
+    except OSError as error:
+        raise WeightsError(f"cannot read {file}: {error.strerror or error}") from None
+    except Exception as error:  # safetensors raises its own error types for bad headers
+        if _looks_like_pickle(file):
+            raise WeightsError(f"{file} is a pickle named .safetensors: rename it to .pt to read it with torch's "
+                               "restricted loader") from None
+        raise WeightsError(f"{file} is not a valid safetensors file: {error}") from None
+
+
+def _wrapper_prefix(keys: list[str]) -> tuple[str, list[str]]:
+    """The wrapper prefixes every key carries (`_orig_mod.`, `module.`, in any nesting), and what put them there."""
+    prefix, why = "", []
+    while keys:
+        found = next((p for p in WRAPPER_PREFIXES if all(key.startswith(prefix + p) for key in keys)), None)
+        if found is None:
+            break
+        prefix += found
+        why.append(WRAPPER_PREFIXES[found])
+    return prefix, why
+
+
 class Checkpoint:
-    """Lazy access to the tensors of one checkpoint (one file or several shards)."""
+    """Lazy access to the tensors of one checkpoint (one file or several shards).
+
+    Keys are the model's own names: prefixes that wrappers add to every key are removed (and
+    said in `notes`); `alias` lets a family read a tensor under a second name (a tied head).
+    `arguments` and `step` are what a training script stored beside the weights, if anything.
+    """
 
     def __init__(self, path: Path):
-        from safetensors import safe_open
+        from blocktrace.sources.torchfile import read_torch_file
 
         self.path = resolve_weights(Path(path))
         self.directory = self.path if self.path.is_dir() else self.path.parent
+        self.notes: list[str] = []
+        self.arguments: dict = {}
+        self.step: Optional[int] = None
         self._handles = {}
-        self._file_of = {}
+        self._entry = {}  # the model's name -> (file, name inside it)
         for file in resolve_files(self.path):
-            try:
-                handle = safe_open(str(file), framework="pt")
-            except OSError as error:
-                raise WeightsError(f"cannot read {file}: {error.strerror or error}") from None
-            except Exception as error:  # safetensors raises its own error types for bad headers
-                if _looks_like_pickle(file):
-                    _refuse_pickle(file)
-                raise WeightsError(f"{file} is not a valid safetensors file: {error}") from None
-            self._handles[file] = handle
-            for key in handle.keys():
-                self._file_of[key] = file
+            if file.suffix in TORCH_SUFFIXES:
+                loaded = read_torch_file(file)
+                self._handles[file] = _LoadedFile(loaded.tensors)
+                self.arguments.update(loaded.arguments)
+                self.step = loaded.step if loaded.step is not None else self.step
+                self.notes.append(f"read {file.name}'s weights from {loaded.location} with torch's restricted loader "
+                                  "(weights_only: tensors and plain containers only)")
+            else:
+                self._handles[file] = _open_safetensors(file)
+            for key in self._handles[file].keys():
+                self._entry[key] = (file, key)
+        prefix, why = _wrapper_prefix(list(self._entry))
+        if prefix:
+            self.strip_prefix(prefix, " and ".join(why))
+
+    def strip_prefix(self, prefix: str, why: str) -> None:
+        """Read every key without `prefix` (which a wrapper put before the model's own names)."""
+        self._entry = {key[len(prefix):]: entry for key, entry in self._entry.items()}
+        self.notes.append(f"key prefix {prefix!r} removed from every tensor name (added by {why})")
+
+    def alias(self, name: str, existing: str, why: str) -> None:
+        self._entry[name] = self._entry[existing]
+        self.notes.append(why)
 
     def prefetch(self) -> None:
         """Ask the kernel to read every file ahead, sequentially (a whole-model pass reads every byte; without
@@ -171,15 +268,20 @@ class Checkpoint:
 
     @property
     def keys(self) -> list[str]:
-        return list(self._file_of)
+        return list(self._entry)
 
     def __contains__(self, key: str) -> bool:
-        return key in self._file_of
+        return key in self._entry
+
+    def _located(self, key: str):
+        if key not in self._entry:
+            raise WeightsError(f"{self.path} has no tensor {key!r}")
+        file, name = self._entry[key]
+        return file, self._handles[file], name
 
     def _slice(self, key: str):
-        if key not in self._file_of:
-            raise WeightsError(f"{self.path} has no tensor {key!r}")
-        return self._handles[self._file_of[key]].get_slice(key)
+        _, handle, name = self._located(key)
+        return handle.get_slice(name)
 
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self._slice(key).get_shape())
@@ -190,19 +292,17 @@ class Checkpoint:
     def get(self, key: str, dtype: Optional[torch.dtype] = None,
             rows: Union[None, slice, Sequence[int]] = None) -> torch.Tensor:
         """One tensor, or some of its rows (a slice, or a list of row indices), converted to `dtype`."""
-        if key not in self._file_of:
-            raise WeightsError(f"{self.path} has no tensor {key!r}")
-        handle = self._handles[self._file_of[key]]
+        file, handle, name = self._located(key)
         try:
             if rows is None:
-                tensor = handle.get_tensor(key)
+                tensor = handle.get_tensor(name)
             elif isinstance(rows, slice):
-                tensor = handle.get_slice(key)[rows]
+                tensor = handle.get_slice(name)[rows]
             else:
-                part = handle.get_slice(key)
+                part = handle.get_slice(name)
                 tensor = torch.cat([part[row : row + 1] for row in rows])
         except Exception as error:  # truncated data is found only when it is read
-            raise WeightsError(f"cannot read tensor {key!r} from {self._file_of[key]}: {error}") from None
+            raise WeightsError(f"cannot read tensor {key!r} from {file}: {error}") from None
         return tensor if dtype is None else tensor.to(dtype)
 
     def read_json(self, name: str) -> Optional[ConfigFile]:

@@ -127,7 +127,8 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     config = native.replace(**{k: v for k, v in overrides.items() if k not in SIZE_FIELDS})
     weights = {"path": str(request.weights), "layout": info.layout, "layer": request.layer,
                "n_layers": info.n_layers}
-    common = dict(seed=None, weights=weights, checkpoint=checkpoint, info=info, native=native, input_varies=False)
+    common = dict(seed=None, weights=weights, checkpoint=checkpoint, info=info, native=native, input_varies=False,
+                  notes=list(info.notes))
     if inputs.input_path is not None:
         x = _input_file(inputs.input_path, config, inputs.batch, budget, dtype)
         return Source(config, x, None, f"tensor from {inputs.input_path}", **common)

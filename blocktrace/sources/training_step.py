@@ -1,4 +1,4 @@
-"""Which training step a checkpoint holds: from trainer_state.json (HF Trainer) or its name.
+"""Which training step a checkpoint holds: stored in the file, in trainer_state.json (HF Trainer), or its name.
 
 `step_0400`, `checkpoint-400`, `ckpt400`, `iter_400`, `global_step400` all say step 400. A
 checkpoint at step 0 has seen no update: whatever is wrong with it is its initialisation.
@@ -15,8 +15,24 @@ STEP_IN_NAME = re.compile(r"(?:^|[^a-z])(?:step|checkpoint|ckpt|iter|iteration|g
                           re.IGNORECASE)
 
 
+def _stored_step(path: Path) -> Optional[int]:
+    """The step a training script stored inside a PyTorch checkpoint (nanoGPT's iter_num, Lightning's global_step)."""
+    from blocktrace.errors import WeightsError
+    from blocktrace.sources.checkpoint import resolve_files
+    from blocktrace.sources.torchfile import TORCH_SUFFIXES, read_torch_file
+
+    try:
+        files = resolve_files(path)
+        return read_torch_file(files[0]).step if len(files) == 1 and files[0].suffix in TORCH_SUFFIXES else None
+    except WeightsError:
+        return None  # reported when the checkpoint itself is read
+
+
 def step_of(path: Path) -> Optional[int]:
     path = Path(path)
+    stored = _stored_step(path)
+    if stored is not None:
+        return stored
     directory = path if path.is_dir() else path.parent
     state = directory / "trainer_state.json"
     if state.is_file():

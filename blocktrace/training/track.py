@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -60,9 +61,11 @@ def order(paths: Sequence[Path], steps: Optional[Sequence[int]] = None) -> list[
                          "in the order the checkpoints are given")
     points = []
     for index, path in enumerate(paths):
+        if not os.path.lexists(path):
+            raise UsageError(f"checkpoint {path} does not exist")
         step = steps[index] if steps is not None else step_of(path)
         if step is None:
-            raise UsageError(f"cannot tell the training step of {path} from its name or a trainer_state.json: give "
+            raise UsageError(f"cannot tell the training step of {path} from the file, its name or a trainer_state.json: give "
                              "--steps, one per checkpoint (e.g. --steps 0,100,200)")
         points.append(Point(step, path))
     seen: dict[int, Path] = {}
@@ -82,7 +85,7 @@ def _layer_of(key: str, prefix: str) -> Optional[int]:
     return int(head) if head.isdigit() else None
 
 
-def weight_movement(current, previous, layers_prefix: str, n_layers: int) -> list[dict]:
+def weight_movement(current, previous, layers_prefix: str, n_layers: int, ignored: tuple = ()) -> list[dict]:
     """Per layer, per tensor kind: ‖W‖ now and ‖W − W_previous‖/‖W‖ (None without a comparable previous tensor).
     One tensor of each checkpoint in memory at a time; norms in float32, summed over tensors in float64."""
     import torch
@@ -90,8 +93,8 @@ def weight_movement(current, previous, layers_prefix: str, n_layers: int) -> lis
     sums: list[dict[str, list]] = [{} for _ in range(n_layers)]
     for key in current.keys:
         layer = _layer_of(key, layers_prefix)
-        if layer is None or layer >= n_layers:
-            continue
+        if layer is None or layer >= n_layers or key[len(layers_prefix):].split(".", 1)[1] in ignored:
+            continue  # not a layer's tensor, or a buffer (a stored causal mask), not a weight
         now = current.get(key, torch.float32)
         entry = sums[layer].setdefault(tensor_kind(key[len(layers_prefix):].split(".", 1)[1]), [0.0, 0.0, True])
         entry[0] += float(torch.linalg.vector_norm(now)) ** 2
@@ -131,7 +134,7 @@ def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, pre
         if (earlier.family.name, earlier.n_layers) != (info.family.name, info.n_layers):
             raise InputError(f"{point.path} is a {info.n_layers}-layer {info.family.name} model but {previous} is a "
                              f"{earlier.n_layers}-layer {earlier.family.name}: track follows one model over training")
-    moved = weight_movement(current, before, info.layer_prefix(0)[:-2], info.n_layers)
+    moved = weight_movement(current, before, info.layer_prefix(0)[:-2], info.n_layers, info.family.ignored)
     grads = _block_grad_norms(report, len(traces))
     layers = [layer_entry(i, trace, grads[i], moved[i]) for i, trace in enumerate(traces)]
     return record(point.step, "checkpoint", layers, flag_entries(report.get("flags") or []),

@@ -8,6 +8,7 @@ their own. A model_type blocktrace does not implement is refused by name.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 from blocktrace.config import BlockConfig
@@ -17,19 +18,21 @@ from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.base import Family, ModelInfo, refuse_quantised
 from blocktrace.sources.families.bert import BERT
 from blocktrace.sources.families.gemma import Gemma, Gemma2
-from blocktrace.sources.families.gpt2 import GPT2
+from blocktrace.sources.families.gpt2 import GPT2, NanoGPT
 from blocktrace.sources.families.llama import Llama, Mistral, Qwen2, Qwen3
 from blocktrace.sources.families.neox import GPTNeoX
 from blocktrace.sources.families.phi3 import Phi3
 
 __all__ = ["FAMILIES", "Family", "ModelInfo", "SIZE_FIELDS", "checkpoint_config", "model_info"]
 
-FAMILIES = {family.name: family for family in (GPT2(), BERT(), Llama(), Mistral(), Qwen2(), Qwen3(), Gemma(), Gemma2(),
-                                                GPTNeoX(), Phi3())}
+FAMILIES = {family.name: family for family in (GPT2(), NanoGPT(), BERT(), Llama(), Mistral(), Qwen2(), Qwen3(), Gemma(),
+                                                Gemma2(), GPTNeoX(), Phi3())}
 # Without config.json only these are told apart by their keys (Llama's keys are shared: see llama.py).
 KEYED_FAMILIES = ("gpt2", "bert", "llama", "gpt_neox")
 BY_MODEL_TYPE = {model_type: family for family in FAMILIES.values() for model_type in family.model_types}
-SUPPORTED_LAYOUTS = tuple(FAMILIES[name].described for name in KEYED_FAMILIES)
+SUPPORTED_LAYOUTS = tuple(FAMILIES[name].described for name in KEYED_FAMILIES + ("nanogpt",))
+# A training framework's wrapper module (Lightning's `self.model`) puts this before every key.
+MODULE_PREFIX = "model."
 # Sizes come from the checkpoint; a user option may only repeat them.
 SIZE_FIELDS = ("d_model", "n_heads", "d_ff")
 SIZE_OPTIONS = {"d_model": "--d-model", "n_heads": "--heads", "d_ff": "--d-ff"}
@@ -44,6 +47,13 @@ def _layers_by_prefix(checkpoint: Checkpoint, family: Family) -> dict[str, set[i
     return layers
 
 
+def _keyed_family(checkpoint: Checkpoint) -> Optional[Family]:
+    for name in KEYED_FAMILIES:
+        if _layers_by_prefix(checkpoint, FAMILIES[name]):
+            return FAMILIES[name]
+    return None
+
+
 def _family_of(checkpoint: Checkpoint, config: Optional[ConfigFile]) -> Family:
     model_type = config.string("model_type") if config is not None else None
     if model_type is not None:
@@ -52,16 +62,38 @@ def _family_of(checkpoint: Checkpoint, config: Optional[ConfigFile]) -> Family:
                                f"(supported: {', '.join(sorted(BY_MODEL_TYPE))}); blocktrace refuses rather than "
                                "trace it as another family")
         return BY_MODEL_TYPE[model_type]
-    for name in KEYED_FAMILIES:
-        if _layers_by_prefix(checkpoint, FAMILIES[name]):
-            return FAMILIES[name]
-    sample = ", ".join(sorted(checkpoint.keys)[:5]) or "none"
-    raise WeightsError(f"{checkpoint.path}: unknown checkpoint layout (keys found: {sample}, ...); "
-                       f"supported layouts: {'; '.join(SUPPORTED_LAYOUTS)}")
+    family = _keyed_family(checkpoint)
+    if family is None and checkpoint.keys and all(key.startswith(MODULE_PREFIX) for key in checkpoint.keys):
+        checkpoint.strip_prefix(MODULE_PREFIX, "a wrapper module, as Lightning's self.model")
+        family = _keyed_family(checkpoint)
+    if family is None:
+        sample = ", ".join(sorted(checkpoint.keys)[:5]) or "none"
+        raise WeightsError(f"{checkpoint.path}: unknown checkpoint layout (keys found: {sample}, ...); "
+                           f"supported layouts: {'; '.join(SUPPORTED_LAYOUTS)}")
+    return family
+
+
+def _config(checkpoint: Checkpoint) -> Optional[ConfigFile]:
+    """config.json beside the weights, else the model's arguments a training script stored in the file."""
+    config = checkpoint.read_json("config.json")
+    if config is None and checkpoint.arguments:
+        config = ConfigFile(Path(f"{checkpoint.path}[model arguments]"), checkpoint.arguments)
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(checkpoint.arguments.items())[:8])
+        checkpoint.notes.append(f"the model's arguments read from the checkpoint file ({shown})")
+    return config
+
+
+def _tie_embedding(checkpoint: Checkpoint, family: Family, prefix: str, config: Optional[ConfigFile]) -> None:
+    """A tied model saved with its head only (safetensors' save_model keeps one name of a shared tensor)."""
+    embedding = f"{prefix}{family.embedding_key}"
+    if embedding in checkpoint or family.head_key not in checkpoint or not family.ties(config):
+        return
+    checkpoint.alias(embedding, family.head_key, f"the input embedding read from {family.head_key} (tied weights "
+                                                 "saved once)")
 
 
 def model_info(checkpoint: Checkpoint) -> ModelInfo:
-    config = checkpoint.read_json("config.json")
+    config = _config(checkpoint)
     if config is not None:
         refuse_quantised(config)
     family = _family_of(checkpoint, config)
@@ -70,21 +102,25 @@ def model_info(checkpoint: Checkpoint) -> ModelInfo:
         raise WeightsError(f"{checkpoint.path}: config.json says model_type {family.name!r} but no tensor is named "
                            f"like its layers ({family.layers_path}.{{k}}.{family.marker})")
     prefix, found = max(layers.items(), key=lambda item: len(item[1]))
+    family = family.variant(checkpoint, prefix)
     n_layers = max(found) + 1
     declared = None
     if config is not None:
         declared = config.integer("n_layer") if "n_layer" in config else config.integer("num_hidden_layers")
     if declared not in (None, n_layers):
         raise WeightsError(f"{config.path} says {declared} layers but the weights hold {n_layers}")
+    _tie_embedding(checkpoint, family, prefix, config)
     embedding = f"{prefix}{family.embedding_key}"
     vocab = checkpoint.shape(embedding)[0] if embedding in checkpoint else None
     positions = None
     if config is not None:
         positions = config.integer("n_positions") if "n_positions" in config else \
-            config.integer("max_position_embeddings")
-    if f"{prefix}wpe.weight" in checkpoint and family is FAMILIES["gpt2"]:
+            config.integer("max_position_embeddings") if "max_position_embeddings" in config else \
+            config.integer("block_size")
+    if f"{prefix}wpe.weight" in checkpoint and isinstance(family, GPT2):
         positions = checkpoint.shape(f"{prefix}wpe.weight")[0]
-    return ModelInfo(family, prefix, n_layers, positions, vocab, config)
+    notes = (*checkpoint.notes, *family.notes(config))
+    return ModelInfo(family, prefix, n_layers, positions, vocab, config, notes)
 
 
 def _check_conflict(name: str, from_file, given) -> None:

@@ -51,12 +51,14 @@ class HeadSpec:
     tied: bool = False  # the projection is the input embedding
 
 
-def head_weight(checkpoint: Checkpoint, info: "ModelInfo", separate: str, tied: str, tie_default: bool) -> tuple:
+def head_weight(checkpoint: Checkpoint, info: "ModelInfo", separate: str, tied: str,
+                tie_default: Optional[bool] = None) -> tuple:
     """(key, tied) of the output projection: a separate head if the file has one, else the input
     embedding where the model ties them (config.json's tie_word_embeddings, or the family's default)."""
     if separate in checkpoint:
         return separate, False
-    tie = info.config.boolean("tie_word_embeddings", tie_default) if info.config is not None else tie_default
+    tie = info.family.ties(info.config) if tie_default is None else \
+        info.config.boolean("tie_word_embeddings", tie_default) if info.config is not None else tie_default
     if tie and tied in checkpoint:
         return tied, True
     raise NoLoss(f"the checkpoint has no output head ({separate}) and does not tie it to the embedding: no loss")
@@ -71,7 +73,8 @@ class ModelInfo:
     n_layers: int
     n_positions: Optional[int]
     vocab_size: Optional[int]
-    config: Optional[ConfigFile]  # config.json, when there is one
+    config: Optional[ConfigFile]  # config.json (or the model's arguments stored in a training checkpoint)
+    notes: tuple[str, ...] = ()  # how the checkpoint was read, and every default assumed
 
     @property
     def layout(self) -> str:
@@ -97,6 +100,8 @@ class Family:
     embedding_key: str
     ignored: tuple[str, ...] = ()  # layer tensors that are buffers, not parameters (old mask caches)
     needs_config = False  # whether the weights alone cannot say what the block computes
+    head_key: Optional[str] = "lm_head.weight"  # a separate output head, outside the prefix
+    tie_default = False  # transformers' default tie_word_embeddings for the family
     # config.json keys behind each BlockConfig field, so a bad value is reported as the file's key
     config_keys: dict[str, str] = {}
 
@@ -127,6 +132,13 @@ class Family:
     def head(self, checkpoint: Checkpoint, info: ModelInfo) -> HeadSpec:
         """The final norm and output projection, for the model's own loss; NoLoss says why there is none."""
         raise NoLoss(f"blocktrace does not know {self.name}'s output head")
+
+    def variant(self, checkpoint: Checkpoint, prefix: str) -> "Family":
+        """The family these keys and shapes really are (one key layout, two ways of storing its weights)."""
+        return self
+
+    def ties(self, config: Optional[ConfigFile]) -> bool:
+        return config.boolean("tie_word_embeddings", self.tie_default) if config is not None else self.tie_default
 
     def layer_fields(self, config: Optional[ConfigFile], layer: int) -> dict:
         """Fields that differ from layer to layer (which layers use a sliding window)."""

@@ -7,6 +7,8 @@ views, not copies (the GEMM reads a transposed operand as fast, and loading stay
 
 from __future__ import annotations
 
+import dataclasses
+
 from blocktrace.errors import UsageError
 from blocktrace.sources.families.base import (
     Family,
@@ -25,6 +27,7 @@ class GPT2(Family):
     name, described, model_types = "gpt2", "gpt2 (h.{k}.* or transformer.h.{k}.*)", ("gpt2",)
     layers_path, marker, prefixes, embedding_key = "h", "ln_1.weight", ("", "transformer."), "wte.weight"
     ignored = ("attn.bias", "attn.masked_bias")  # causal-mask buffers of old files
+    tie_default = True
     config_keys = {"d_model": "n_embd", "n_heads": "n_head", "d_ff": "n_inner", "eps": "layer_norm_epsilon"}
 
     def config_fields(self, config):
@@ -54,13 +57,21 @@ class GPT2(Family):
             state[f"attn.{name}.bias"] = qkv_bias[index * d : (index + 1) * d]
         return state
 
+    def variant(self, checkpoint, prefix):
+        """nanoGPT's layout: GPT-2's names on nn.Linear weights, c_attn stored [3d, d] instead of Conv1D's [d, 3d]."""
+        base = f"{prefix}{self.layers_path}.0."
+        d = size(checkpoint, base + "ln_1.weight", 0)
+        if base + "attn.c_attn.weight" in checkpoint and checkpoint.shape(base + "attn.c_attn.weight") == (3 * d, d):
+            return NanoGPT()
+        return self
+
     def embed(self, checkpoint, info, ids, dtype, token_types=None):
         positions = checkpoint.get(f"{info.prefix}wpe.weight", dtype, rows=slice(0, len(ids)))
         return super().embed(checkpoint, info, ids, dtype) + positions
 
     def head(self, checkpoint, info):
         """ln_f, then the LM head — tied to wte, as GPT2LMHeadModel saves it (no lm_head.weight)."""
-        weight, tied = head_weight(checkpoint, info, "lm_head.weight", f"{info.prefix}wte.weight", True)
+        weight, tied = head_weight(checkpoint, info, "lm_head.weight", f"{info.prefix}wte.weight")
         eps = info.config.number("layer_norm_epsilon", 1e-5, positive=True) if info.config else 1e-5
         return HeadSpec(LossKind.NEXT_TOKEN, weight, f"{info.prefix}ln_f.weight", f"{info.prefix}ln_f.bias",
                         eps=eps, tied=tied)
@@ -68,3 +79,54 @@ class GPT2(Family):
     def check(self, config):
         if config.ffn.gated or config.norm is not Norm.LAYERNORM or not config.bias:
             raise UsageError("GPT-2 weights need --norm layernorm, --bias and a non-gated --ffn (gelu, gelu_tanh or relu)")
+
+
+class NanoGPT(GPT2):
+    """nanoGPT (Karpathy's model.py) and GPT-2s written with nn.Linear: the same names, weights stored
+    `[out, in]`, biases optional (nanoGPT's `bias=False`), and nn.GELU() — the exact GELU, not GPT-2's tanh form."""
+
+    name, described, model_types = "nanogpt", "nanoGPT (transformer.h.{k}.*, nn.Linear weights [out, in])", ()
+
+    def variant(self, checkpoint, prefix):
+        return self
+
+    def config_fields(self, config):
+        fields = super().config_fields(config) if "n_embd" in config else {}
+        if "bias" in config:
+            fields["bias"] = config.boolean("bias")
+        fields["ffn"] = activation(config, "activation_function", "gelu")
+        return fields
+
+    def shape_fields(self, checkpoint, base):
+        return {"d_model": size(checkpoint, base + "ln_1.weight", 0), "d_ff": size(checkpoint, base + "mlp.c_fc.weight", 0),
+                "eps": 1e-5, "ffn": FFNKind.GELU, "bias": base + "ln_1.bias" in checkpoint}
+
+    def parameters(self, read, c):
+        d, f, bias = c.d_model, c.d_ff, c.bias
+        qkv = linear(read, "attn.c_attn", "qkv", 3 * d, d, bias)
+        state = {"norm1.weight": read("ln_1.weight", (d,)), "norm2.weight": read("ln_2.weight", (d,)),
+                 **linear(read, "attn.c_proj", "attn.out_proj", d, d, bias),
+                 **linear(read, "mlp.c_fc", "ffn.fc", f, d, bias),
+                 **linear(read, "mlp.c_proj", "ffn.proj", d, f, bias)}
+        if bias:
+            state.update({"norm1.bias": read("ln_1.bias", (d,)), "norm2.bias": read("ln_2.bias", (d,))})
+        for index, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            for kind in ("weight", "bias") if bias else ("weight",):
+                state[f"attn.{name}.{kind}"] = qkv[f"qkv.{kind}"][index * d : (index + 1) * d]
+        return state
+
+    def head(self, checkpoint, info):
+        spec = super().head(checkpoint, info)
+        return dataclasses.replace(spec, norm_bias=spec.norm_bias if spec.norm_bias in checkpoint else None)
+
+    def notes(self, config):
+        notes = ["read as nanoGPT's layout: GPT-2's tensor names with nn.Linear weights [out, in] (c_attn is [3d, d])"]
+        if config is None or "activation_function" not in config:
+            notes.append("activation assumed nn.GELU() (exact, as nanoGPT's MLP), not GPT-2's tanh approximation")
+        if config is None or "layer_norm_epsilon" not in config:
+            notes.append("LayerNorm eps assumed 1e-5 (nanoGPT's and PyTorch's default)")
+        return notes
+
+    def check(self, config):
+        if config.ffn.gated or config.norm is not Norm.LAYERNORM:
+            raise UsageError("nanoGPT weights need --norm layernorm and a non-gated --ffn (gelu, gelu_tanh or relu)")
