@@ -18,19 +18,25 @@ DEFAULT_SEQ_LEN = 5
 
 @dataclass(frozen=True)
 class InputSpec:
-    """Where the block input comes from: at most one of tokens, token ids, text or a tensor file."""
+    """Where the block input comes from: at most one of tokens, token ids (typed or in a file), text or a tensor
+    file."""
 
     tokens: Optional[str] = None  # --tokens 猫 吃 鱼: seeded embeddings (no weights)
     token_ids: Optional[str] = None  # --token-ids 1 2 3 [/ 4 5]: through the checkpoint's embeddings
     token_types: Optional[str] = None  # --token-type-ids 0 0 1 [/ 0 1]: BERT's segment ids, one per token
     text: Optional[str] = None  # --text: the checkpoint's tokenizer
     text_file: Optional[Path] = None  # --text-file: one sequence per line, through the checkpoint's tokenizer
+    token_ids_file: Optional[Path] = None  # --token-ids-file: ids as training code keeps them (.npy, .bin, ...)
+    ids_dtype: str = "uint16"  # --ids-dtype: the integers of a raw .bin
+    windows: Optional[int] = None  # --windows N: windows drawn from a long stream of ids
+    context: Optional[int] = None  # --context: a window's length  [default: the model's positions]
+    window_seed: int = 0  # --seed: where the windows are drawn
     input_path: Optional[Path] = None  # --input FILE.safetensors: the exact block input
     seq_len: Optional[int] = None  # random input of this many tokens
     batch: Optional[int] = None  # a batch dimension of this size
 
     OPTION_NAMES = {"tokens": "--tokens", "token_ids": "--token-ids", "text": "--text", "text_file": "--text-file",
-                    "input_path": "--input"}
+                    "token_ids_file": "--token-ids-file", "input_path": "--input"}
 
     def given(self) -> list[str]:
         """The options that give the input, as the user typed them."""

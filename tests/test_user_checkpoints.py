@@ -24,7 +24,7 @@ IDS = [5, 17, 9, 0, 42, 7, 63, 11]
 def nano_loss(model, ids=IDS) -> float:
     x = torch.tensor([ids])
     with torch.no_grad():
-        return model(x[:, :-1], x[:, 1:])[1].item()
+        return model(x[:, :-1], x[:, 1:].contiguous())[1].item()
 
 
 def check_json(invoke, *args) -> dict:

@@ -14,6 +14,7 @@ import click
 from tabulate import tabulate_formats
 
 from blocktrace.request import Analysis, InputSpec, RunRequest
+from blocktrace.sources.idsfile import DEFAULT_RAW_DTYPE, MAX_WINDOWS, RAW_DTYPES
 from blocktrace.vocab import Device, DType, FFNKind, Init, Lang, Level, Norm, Placement
 
 SEED_MAX = 2**32 - 1  # derived seeds (seed + layer, seed + 10 000) stay far inside torch's range
@@ -91,6 +92,7 @@ def options(*decorators):
     return apply
 
 
+SEED_OPTION = click.option("--seed", type=click.IntRange(0, SEED_MAX), default=0, show_default=True, help="Seed of what is drawn at random (a random block's parameters and input; the --windows of a --token-ids-file): same seed, same numbers.")
 BLOCK_OPTIONS = options(
     click.option("--d-model", type=click.IntRange(min=1), default=16, show_default=True, help="Width of the residual stream."),
     click.option("--heads", type=click.IntRange(min=1), default=4, show_default=True, help="Attention heads; must divide --d-model."),
@@ -98,21 +100,27 @@ BLOCK_OPTIONS = options(
     click.option("--causal/--no-causal", default=True, show_default=True, help="Mask future tokens before the softmax."),
     click.option("--eps", type=FiniteNumber(positive=True), default=1e-5, show_default=True, help="Norm epsilon."),
     click.option("--bias/--no-bias", default=True, show_default=True, help="Biases on linear layers and LayerNorm."),
-    click.option("--seed", type=click.IntRange(0, SEED_MAX), default=0, show_default=True, help="Seed of parameters and input: same seed, same numbers."),
+    SEED_OPTION,
     click.option("--init", type=enum_choice(Init), default=Init.DEFAULT.value, show_default=True, help="Parameter init: PyTorch's default, Xavier, or Xiong et al. 2020's setting (Xavier, zero biases, W^Q = W^K = 0)."),
 )
 
-TOKEN_IDS_OPTION = click.option("--token-ids", "token_ids_text", metavar="ID...", help="Token ids fed through the checkpoint's embeddings (and the blocks before --layer); several sequences separated by / form a padded batch, e.g. 1 2 3 / 4 5.")
+TOKEN_IDS_OPTION = click.option("--token-ids", "token_ids_text", metavar="ID...", help="Token ids fed through the checkpoint's embeddings (and the blocks before the one traced); several sequences separated by / form a padded batch, e.g. 1 2 3 / 4 5.")
 TOKEN_TYPES_OPTION = click.option("--token-type-ids", "token_types_text", metavar="ID...", help="BERT's token type (segment) ids, one per token of --token-ids or --text (several sequences separated by /).  [default: all 0]")
-TEXT_OPTION = click.option("--text", default=None, help="Text tokenized by the tokenizer.json beside --weights (needs the [text] extra); the tokenizer's padding and truncation are switched off.")
-TEXT_FILE_OPTION = click.option("--text-file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Many sequences, one per line of a UTF-8 file, through the tokenizer.json beside --weights: a padded batch (padding masked); lines longer than the model's positions become consecutive windows.")
+TEXT_OPTION = click.option("--text", default=None, help="Text tokenized by the tokenizer.json beside the checkpoint (needs the tokenizers package: pip install -e '.[text]'); the tokenizer's padding and truncation are switched off.")
+TEXT_FILE_OPTION = click.option("--text-file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Many sequences, one per line of a UTF-8 file, through the tokenizer.json beside the checkpoint: a padded batch (padding masked); lines longer than the model's positions become consecutive windows.")
+IDS_FILE_OPTIONS = options(
+    click.option("--token-ids-file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Token ids from a file, no tokenizer needed: .npy (1-D stream or 2-D rows), .bin (raw integers as nanoGPT's prepare.py writes them), .json (a list, or a list of lists), or text (whitespace-separated ids, a sequence per line)."),
+    click.option("--ids-dtype", type=click.Choice(RAW_DTYPES), default=DEFAULT_RAW_DTYPE, show_default=True, help="The integers of a raw .bin --token-ids-file."),
+    click.option("--windows", type=click.IntRange(min=1, max=MAX_WINDOWS), default=None, help="Draw this many windows of --context ids from a --token-ids-file stream, at offsets fixed by --seed (as a training loop draws batches)."),
+    click.option("--context", type=click.IntRange(min=1), default=None, help="The length of each --windows window.  [default: the model's positions]"),
+)
 INPUT_OPTIONS = options(
     click.option("--tokens", "tokens_text", metavar="TOKEN...", help="Input tokens, e.g. --tokens 猫 吃 鱼 (seeded embedding + sinusoidal positions)."),
     click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Random input of this many tokens (when no --tokens).  [default: 5]"),
     click.option("--batch", type=click.IntRange(min=1), default=None, help="Add a batch dimension of this size; without it x is [T, d-model]."),
     click.option("--weights", type=click.Path(path_type=Path), default=None, help="A safetensors checkpoint (GPT-2, BERT, Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma-2, GPT-NeoX, Phi-3): a .safetensors file, a directory with model.safetensors (or a sharded index) and config.json, or a model id already in the local HuggingFace cache (never downloaded)."),
     click.option("--layer", type=click.IntRange(min=0), default=0, show_default=True, help="Which block of --weights to trace (the first, with --layers)."),
-    TOKEN_IDS_OPTION, TOKEN_TYPES_OPTION, TEXT_OPTION, TEXT_FILE_OPTION,
+    TOKEN_IDS_OPTION, TOKEN_TYPES_OPTION, TEXT_OPTION, TEXT_FILE_OPTION, IDS_FILE_OPTIONS,
     click.option("--input", "input_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Exact block input: a .safetensors file holding 'x' (or one tensor), [T, d] or [B, T, d]."),
 )
 
@@ -127,13 +135,25 @@ DEPTH_OPTIONS = options(
     click.option("--batches", type=click.IntRange(min=1), default=1, show_default=True, help="With --grad: average the gradient over this many seeded mini-batches before taking norms."),
 )
 
-STEPS_OPTION = click.option("--steps", "show_steps", is_flag=True, help="With --layers: print every block's six steps.")
+STEPS_OPTION = click.option("--block-steps", "show_steps", is_flag=True, help="With --layers: print every block's six steps (norm1 … residual2).")
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema in README) instead of tables.")
-FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(tabulate_formats), default="simple", show_default=True, help="Table format (any tabulate format).")
+class TableFormat(click.ParamType):
+    """One of tabulate's formats, without listing all of them in every --help."""
+
+    name = "FORMAT"
+
+    def convert(self, value, param, ctx):
+        if value not in tabulate_formats:
+            self.fail(f"{value!r} is not a tabulate format; e.g. github, simple, plain, grid (all: "
+                      f"{', '.join(tabulate_formats)})", param, ctx)
+        return value
+
+
+FORMAT_OPTION = click.option("--format", "fmt", type=TableFormat(), default="simple", show_default=True, help="Table format: any tabulate format (e.g. github, simple, plain, grid).")
 LANG_OPTION = click.option("--lang", type=enum_choice(Lang), default=Lang.EN.value, show_default=True, help="Headings and explanations in English or Chinese.")
 PLOT_OPTION = click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG: attention heatmaps, or per-layer curves with --layers (needs the [plot] extra).")
 NORM_OPTION = click.option("--norm", type=enum_choice(Norm), default=Norm.LAYERNORM.value, show_default=True, help="The normalisation of norm1 and norm2: LayerNorm, or RMSNorm (x / sqrt(mean(x²) + eps) · g).")
-FFN_OPTION = click.option("--ffn", type=enum_choice(FFNKind), default=FFNKind.GELU_TANH.value, show_default=True, help="The FFN: exact GELU, GPT-2's tanh GELU, ReLU, or SwiGLU.")
+FFN_OPTION = click.option("--ffn", type=enum_choice(FFNKind), default=FFNKind.GELU_TANH.value, show_default=True, help="The FFN: gelu (exact), gelu_tanh (GPT-2's tanh approximation), relu, swiglu (Llama: down(silu(gate)·up)) or geglu (Gemma: down(gelu_tanh(gate)·up)).")
 FAIL_ON_OPTION = click.option("--fail-on", type=enum_choice(Level), default=Level.ERROR.value, show_default=True, help="The finding level that makes the exit code 1.")
 MODULE_OPTIONS = options(
     click.option("--module", "module_spec", metavar="PKG.MOD:FACTORY", default=None, help="Trace your own block: imports PKG.MOD and calls FACTORY() for an nn.Module. This RUNS YOUR CODE."),
@@ -190,12 +210,19 @@ def make_request(ctx: click.Context, params: dict, **config_fields) -> RunReques
         explicit.add("placement")
     inputs = InputSpec(tokens=params["tokens_text"], token_ids=params["token_ids_text"],
                        token_types=params["token_types_text"], text=params["text"], text_file=params["text_file"],
-                       input_path=params["input_path"], seq_len=params["seq_len"], batch=params["batch"])
+                       **ids_file_fields(params), input_path=params["input_path"], seq_len=params["seq_len"],
+                       batch=params["batch"])
     return RunRequest(config_fields=fields, explicit=frozenset(explicit), inputs=inputs, seed=params["seed"],
                       init=Init(params["init"]), weights=params["weights"], layer=params["layer"],
                       dtype=DType(params["dtype"]), device=Device(params["device"]), attn_chunk=params["attn_chunk"],
                       module=params.get("module_spec"), step_names=params.get("step_names"),
                       expect_causal=params["causal"] if params.get("module_spec") and given(ctx, "causal") else None)
+
+
+def ids_file_fields(params: dict) -> dict:
+    """The InputSpec fields of a --token-ids-file and its windows."""
+    return dict(token_ids_file=params["token_ids_file"], ids_dtype=params["ids_dtype"], windows=params["windows"],
+                context=params["context"], window_seed=params["seed"])
 
 
 def make_analysis(params: dict, **extra) -> Analysis:

@@ -58,7 +58,7 @@ class Excludes:
 
 
 # Parameter names whose option is spelled differently.
-SPELLED = {"show_steps": "--steps", "fmt": "--format", "as_json": "--json", "depths": "--layers",
+SPELLED = {"show_steps": "--block-steps", "fmt": "--format", "as_json": "--json", "depths": "--layers",
            "n_values": "--values", "module_spec": "--module", "save_path": "--save", "check_only": "--check",
            "plot_path": "--plot", "tokens_text": "--tokens", "token_types_text": "--token-type-ids",
            "input_path": "--input", "token_ids_text": "--token-ids",
@@ -79,9 +79,21 @@ MODULE_REFUSES = {  # the user's block has its own wiring, sizes and parameters
     "depths": "--layers stacks blocktrace's own blocks", "grad": "--grad works on blocktrace's own blocks",
 }
 
+# What --token-ids-file's companions need, in every command that has them.
+IDS_FILE_RULES = [
+    Needs("ids_dtype", is_set("token_ids_file"), "--ids-dtype reads a raw .bin --token-ids-file: add one"),
+    Needs("ids_dtype", lambda ctx: str(ctx.params.get("token_ids_file") or "").lower().endswith(".bin"),
+          "--ids-dtype says how to read a raw .bin file; other --token-ids-file formats carry their own type"),
+    Needs("windows", is_set("token_ids_file"), "--windows draws windows from a --token-ids-file: add one"),
+    Needs("context", is_set("windows"), "--context is the length of each --windows window: add --windows N"),
+    Excludes("batch", is_set("token_ids_file"), "--batch repeats one sequence; --token-ids-file gives a batch of "
+             "its own (--windows N for N windows)"),
+]
+
 COMMON_RULES = [
-    Needs("show_steps", is_set("depths"), "--steps prints every block of a stack: add --layers N"),
-    Excludes("show_steps", depth_list, "--steps prints a stack's blocks; a depth list is a gradient sweep"),
+    Needs("show_steps", is_set("depths"), "--block-steps prints every block of a stack: add --layers N"),
+    Excludes("show_steps", depth_list, "--block-steps prints a stack's blocks; a depth list is a gradient sweep"),
+    *IDS_FILE_RULES,
     Needs("batches", is_set("grad"), "--batches averages gradients: add --grad"),
     Needs("layer", is_set("weights"), "--layer picks a block of a checkpoint: add --weights PATH"),
     Needs("token_types_text", any_of(is_set("token_ids_text"), is_set("text")),
@@ -90,7 +102,8 @@ COMMON_RULES = [
     Excludes("init", is_set("weights"), "--init draws random parameters; --weights loads the checkpoint's own"),
     Excludes("fmt", is_set("as_json"), "--format shapes the tables; --json prints no table"),
     Excludes("lang", is_set("as_json"), "--lang sets the words of the tables; --json prints no table"),
-    Excludes("seq_len", any_of(is_set("input_path"), is_set("token_ids_text"), is_set("text"), is_set("text_file")),
+    Excludes("seq_len", any_of(is_set("input_path"), is_set("token_ids_text"), is_set("text"), is_set("text_file"),
+                               is_set("token_ids_file")),
              "--seq-len sets the length of random input; the input given sets its own length"),
     Needs("depths", lambda ctx: len(ctx.params.get("depths") or ()) < 2 or bool(ctx.params.get("grad")),
           "--layers with a list of depths is a gradient sweep: add --grad (or give one depth)"),
@@ -98,8 +111,9 @@ COMMON_RULES = [
 
 RUN_RULES = [
     *COMMON_RULES,
-    Excludes("seed", is_set("weights"), "--seed draws random parameters and input; --weights loads the checkpoint's "
-             "own and its input comes from --token-ids, --text or --input"),
+    Excludes("seed", lambda ctx: bool(ctx.params.get("weights")) and not ctx.params.get("windows"),
+             "--seed draws random parameters and input (or --windows); --weights loads the checkpoint's own and its "
+             "input comes from --token-ids, --token-ids-file, --text or --input"),
     Needs("fail_on", is_set("check_only"), "--fail-on sets the level at which --check exits 1: add --check"),
     Needs("token_index", is_set("n_values"), "--token-index picks the token --values shows: add --values N"),
     Excludes("n_values", is_set("depths"), "--values shows one block's steps; with --layers use --json"),
@@ -127,7 +141,7 @@ CHECK_RULES.append(Excludes("depths", depth_list, "--layers: check checks blocks
 COMPARE_RULES = [
     *COMMON_RULES,
     Excludes("lang", lambda ctx: not ctx.params.get("show_steps"),
-             "--lang translates the step tables, which compare shows with --layers N --steps"),
+             "--lang translates the step tables, which compare shows with --layers N --block-steps"),
     Excludes("plot_path", lambda ctx: not ctx.params.get("depths"),
              "--plot with compare draws per-layer curves: add --layers N"),
 ]

@@ -13,6 +13,8 @@ from blocktrace.cli.options import (
     DTYPE_OPTION,
     FAIL_ON_OPTION,
     FORMAT_OPTION,
+    IDS_FILE_OPTIONS,
+    SEED_OPTION,
     TEXT_FILE_OPTION,
     TEXT_OPTION,
     TOKEN_IDS_OPTION,
@@ -20,13 +22,14 @@ from blocktrace.cli.options import (
     IntegerList,
     force_option,
     given,
+    ids_file_fields,
 )
-from blocktrace.cli.rules import Excludes, enforce, is_set
+from blocktrace.cli.rules import IDS_FILE_RULES, Excludes, Needs, enforce, is_set
 from blocktrace.errors import FINDINGS_EXIT
 from blocktrace.vocab import Level
 
 TIMELINE_SUFFIXES = (".jsonl", ".ndjson")
-INPUT_PARAMS = ("token_ids_text", "text", "text_file")
+INPUT_PARAMS = ("token_ids_text", "text", "text_file", "token_ids_file")
 
 
 def _reads_timeline(ctx: click.Context) -> bool:
@@ -41,7 +44,9 @@ def _checkpoint_only(name: str, what: str) -> Excludes:
 TRACK_RULES = [
     *(_checkpoint_only(name, f"{flag} gives the input of the checkpoints:") for name, flag in
       (("token_ids_text", "--token-ids"), ("token_types_text", "--token-type-ids"), ("text", "--text"),
-       ("text_file", "--text-file"))),
+       ("text_file", "--text-file"), ("token_ids_file", "--token-ids-file"))),
+    *IDS_FILE_RULES,
+    Needs("seed", is_set("windows"), "--seed fixes where the --windows are drawn: add --windows N"),
     _checkpoint_only("steps", "--steps names the checkpoints' steps:"),
     _checkpoint_only("grad", "--grad computes the checkpoints' gradients:"),
     _checkpoint_only("out", "--out writes the checkpoints' records:"),
@@ -60,7 +65,8 @@ def _sources(ctx: click.Context, sources: tuple[Path, ...]) -> None:
     if timelines and len(sources) > 1:
         raise click.UsageError(f"{timelines[0]} is a timeline: track reads one timeline, or checkpoints, not both")
     if not timelines and not any(given(ctx, name) for name in INPUT_PARAMS):
-        raise click.UsageError("checkpoints are compared on one input: give --token-ids, --text or --text-file")
+        raise click.UsageError("checkpoints are compared on one input: give --token-ids, --token-ids-file, --text or "
+                               "--text-file")
 
 
 def _prepare_outputs(params: dict) -> None:
@@ -82,7 +88,7 @@ def _checkpoint_records(params: dict, show_progress: bool) -> list[dict]:
 
     points = order(expand(list(params["sources"])), params["steps"])
     inputs = InputSpec(token_ids=params["token_ids_text"], token_types=params["token_types_text"],
-                       text=params["text"], text_file=params["text_file"])
+                       text=params["text"], text_file=params["text_file"], **ids_file_fields(params))
     request = RunRequest(config_fields={}, inputs=inputs, dtype=DType(params["dtype"]), device=Device(params["device"]))
     records = track_checkpoints(points, request, Analysis(checks=True, grad=params["grad"]))
     if not show_progress:
@@ -113,6 +119,8 @@ def _write_records(records: list[dict], path: Path, force: bool) -> None:
 @TOKEN_TYPES_OPTION
 @TEXT_OPTION
 @TEXT_FILE_OPTION
+@IDS_FILE_OPTIONS
+@SEED_OPTION
 @click.option("--grad", is_flag=True, help="Each checkpoint's gradients of its own loss on the input: a block gradient norm per layer.")
 @DTYPE_OPTION
 @DEVICE_OPTION

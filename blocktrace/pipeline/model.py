@@ -51,12 +51,12 @@ def _model_input(checkpoint, info, request: RunRequest, head_spec) -> ModelInput
     from blocktrace.sources.source import token_sequences
     from blocktrace.sources.tokenizer import mask_token, token_labels
 
-    sequences = token_sequences(checkpoint.directory, request.inputs, info.n_positions)
+    sequences, ids_note = token_sequences(checkpoint.directory, request.inputs, info.n_positions)
     pad_id = info.config.integer("pad_token_id", 0, positive=False) if info.config is not None else 0
     padded, mask = pad_sequences(sequences, pad_id or 0)
     ids = torch.tensor(padded)
     labels_text, label_note = token_labels(checkpoint.directory, sequences[0])
-    model_input = ModelInput(ids, None, mask, labels_text, [label_note] if label_note else [])
+    model_input = ModelInput(ids, None, mask, labels_text, [n for n in (ids_note, label_note) if n])
     if head_spec is None:
         return model_input
     if head_spec.kind is LossKind.MASKED:
@@ -133,9 +133,9 @@ def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bo
     from blocktrace.sources.families import SIZE_FIELDS, checkpoint_config, model_info
 
     given = request.inputs.given()
-    if not given or given[0] not in ("--token-ids", "--text", "--text-file") or len(given) > 1:
-        raise UsageError("checking a checkpoint takes its input as token ids: one of --token-ids, --text or "
-                         "--text-file")
+    if not given or given[0] not in ("--token-ids", "--token-ids-file", "--text", "--text-file") or len(given) > 1:
+        raise UsageError("checking a checkpoint takes its input as token ids: one of --token-ids, --token-ids-file, "
+                         "--text or --text-file")
     dtype, device = torch_dtype(request.dtype), resolve_device(request.device)
     checkpoint = Checkpoint(request.weights)
     checkpoint.prefetch()  # every layer will be read: let the kernel read the files ahead

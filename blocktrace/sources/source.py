@@ -84,7 +84,7 @@ def _seeded(request: RunRequest, config: BlockConfig, budget: Budget) -> Source:
     inputs, seed = request.inputs, request.seed
     given = inputs.given()
     _one_input(given)
-    if given and given[0] in ("--token-ids", "--text", "--text-file"):
+    if given and given[0] in ("--token-ids", "--token-ids-file", "--text", "--text-file"):
         raise UsageError(f"{given[0]} needs real weights: add --weights PATH (or use --tokens)")
     if inputs.input_path is not None:
         x = _input_file(inputs.input_path, config, inputs.batch, budget)
@@ -116,7 +116,8 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     _one_input(given)
     if not given or given[0] == "--tokens":
         raise UsageError("with --weights the input must come from the checkpoint: --token-ids 464 3797 ..., "
-                         "--text \"...\" or --text-file FILE (need tokenizer.json beside the weights), or --input "
+                         "--token-ids-file FILE, --text \"...\" or --text-file FILE (need tokenizer.json beside the weights), or "
+                         "--input "
                          "FILE.safetensors")
     dtype = torch_dtype(request.dtype)
     checkpoint = Checkpoint(request.weights)
@@ -132,7 +133,7 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     if inputs.input_path is not None:
         x = _input_file(inputs.input_path, config, inputs.batch, budget, dtype)
         return Source(config, x, None, f"tensor from {inputs.input_path}", **common)
-    sequences = token_sequences(checkpoint.directory, inputs, info.n_positions)
+    sequences, ids_note = token_sequences(checkpoint.directory, inputs, info.n_positions)
     types = _token_types(inputs, sequences)
     if len(sequences) > 1 and inputs.batch is not None:
         raise UsageError("--batch and several --token-ids sequences both set the batch: use one of them")
@@ -150,7 +151,7 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
         note += f"; {len(sequences)} sequences right-padded to {mask.shape[1]}, padding masked and left out of the statistics"
     labels, label_note = token_labels(checkpoint.directory, sequences[0])
     source = Source(config, with_batch(x, inputs.batch, "the token ids"), labels, note, token_mask=mask, **common)
-    source.notes += [label_note] if label_note else []
+    source.notes += [n for n in (ids_note, label_note) if n]
     return source
 
 
@@ -160,17 +161,23 @@ def _windows(ids: list[int], positions: Optional[int]) -> list[list[int]]:
     return [ids[start : start + positions] for start in range(0, len(ids), positions)]
 
 
-def token_sequences(directory, inputs, positions: Optional[int]) -> list[list[int]]:
-    """The token ids the input options give: --token-ids, --text, or --text-file (one sequence per
-    line; a line longer than the model's positions becomes consecutive windows of them)."""
+def token_sequences(directory, inputs, positions: Optional[int]) -> tuple[list[list[int]], Optional[str]]:
+    """The token ids the input options give, and a note on where they came from: --token-ids, --token-ids-file,
+    --text, or --text-file (one sequence per line; a line longer than the model's positions becomes consecutive
+    windows of them)."""
+    from blocktrace.sources.idsfile import IdsFileSpec, read_token_ids_file
     from blocktrace.sources.tokenizer import encode_text, read_text_file
 
+    if inputs.token_ids_file is not None:
+        spec = IdsFileSpec(inputs.token_ids_file, inputs.ids_dtype, inputs.windows, inputs.context, inputs.window_seed)
+        read = read_token_ids_file(spec, positions)
+        return read.sequences, f"token ids: {read.note}"
     if inputs.text_file is not None:
         return [window for line in read_text_file(inputs.text_file)
-                for window in _windows(encode_text(directory, line), positions)]
+                for window in _windows(encode_text(directory, line), positions)], None
     if inputs.text is not None:
-        return [encode_text(directory, inputs.text)]
-    return parse_token_ids(inputs.token_ids)
+        return [encode_text(directory, inputs.text)], None
+    return parse_token_ids(inputs.token_ids), None
 
 
 def _token_types(inputs, sequences: list[list[int]]) -> Optional[list[list[int]]]:

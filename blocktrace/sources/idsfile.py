@@ -1,0 +1,138 @@
+"""`--token-ids-file`: token ids as training code keeps them, and the windows of them to use.
+
+Formats, by suffix: `.npy` (a 1-D stream or 2-D rows; never a pickled array), `.bin` (raw
+integers as nanoGPT's prepare.py writes them: uint16 unless `--ids-dtype` says otherwise),
+`.json` (a list of ids, or a list of lists) and anything else as text (whitespace-separated
+ids, one sequence per line). A stream longer than the context is cut into windows of
+`--context` tokens (default: the model's positions); `--windows N` draws N of them at
+offsets fixed by `--seed`, as a training loop draws its batches, and the same windows go
+through every checkpoint of a `track`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from blocktrace.errors import InputError, UsageError
+from blocktrace.sources.reading import read_bytes, read_text
+
+OPTION = "--token-ids-file"
+# The integer dtypes a raw .bin may hold (numpy names), uint16 first: nanoGPT's and most GPT-2-vocabulary data.
+RAW_DTYPES = ("uint16", "uint32", "int32", "int64", "uint8")
+DEFAULT_RAW_DTYPE = "uint16"
+MAX_WINDOWS = 4096  # more windows than this is a training run, not a check
+
+
+@dataclass(frozen=True)
+class IdsFileSpec:
+    path: Path
+    raw_dtype: str = DEFAULT_RAW_DTYPE
+    windows: Optional[int] = None
+    context: Optional[int] = None
+    seed: int = 0
+
+
+@dataclass
+class IdsFromFile:
+    sequences: list[list[int]]
+    note: str
+
+
+def _from_npy(path: Path):
+    import numpy as np
+
+    try:
+        array = np.load(io.BytesIO(read_bytes(path, OPTION)), allow_pickle=False)
+    except ValueError as error:  # a pickled object array, or not .npy at all
+        raise InputError(f"{OPTION} {path} is not a .npy array of integers ({error})") from None
+    if array.dtype.kind not in "iu" or array.ndim not in (1, 2):
+        raise InputError(f"{OPTION} {path} holds a {array.ndim}-D {array.dtype} array: give a 1-D stream or 2-D rows "
+                         "of integer ids")
+    return [array.tolist()] if array.ndim == 1 else array.tolist()
+
+
+def _from_raw(path: Path, dtype: str):
+    import numpy as np
+
+    data = read_bytes(path, OPTION)
+    width = np.dtype(dtype).itemsize
+    if len(data) % width:
+        raise InputError(f"{OPTION} {path} is {len(data)} bytes, not a whole number of {dtype} ids ({width} bytes "
+                         "each): is --ids-dtype right?")
+    return [np.frombuffer(data, dtype=dtype).tolist()]
+
+
+def _from_json(path: Path):
+    text = read_text(path, OPTION)
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise InputError(f"{OPTION} {path} is not valid JSON: {str(error)[:80]}") from None
+    rows = value if isinstance(value, list) and value and all(isinstance(v, list) for v in value) else [value]
+    if not all(isinstance(row, list) and row and all(isinstance(i, int) and not isinstance(i, bool) for i in row)
+               for row in rows):
+        raise InputError(f"{OPTION} {path} must hold a list of integer ids or a list of such lists")
+    return rows
+
+
+def _from_text(path: Path):
+    rows = []
+    for number, line in enumerate(read_text(path, OPTION).splitlines(), start=1):
+        words = line.replace(",", " ").split()
+        if not words:
+            continue
+        try:
+            rows.append([int(word) for word in words])
+        except ValueError:
+            raise InputError(f"{OPTION} {path}: line {number} holds something that is not an integer id") from None
+    if not rows:
+        raise InputError(f"{OPTION} {path} holds no ids")
+    return rows
+
+
+def _rows(spec: IdsFileSpec) -> list[list[int]]:
+    suffix = spec.path.suffix.lower()
+    if suffix == ".npy":
+        return _from_npy(spec.path)
+    if suffix == ".bin":
+        return _from_raw(spec.path, spec.raw_dtype)
+    if suffix == ".json":
+        return _from_json(spec.path)
+    return _from_text(spec.path)
+
+
+def _draw_windows(stream: list[int], context: int, count: int, seed: int) -> tuple[list[list[int]], list[int]]:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(len(stream) - context + 1, (count,), generator=generator).tolist()
+    return [stream[start : start + context] for start in starts], starts
+
+
+def read_token_ids_file(spec: IdsFileSpec, positions: Optional[int]) -> IdsFromFile:
+    rows = _rows(spec)
+    total = sum(map(len, rows))
+    if total == 0 or not all(rows):
+        raise InputError(f"{OPTION} {spec.path} holds an empty sequence")
+    context = spec.context or positions
+    if spec.windows is None:
+        too_long = [len(row) for row in rows if context is not None and len(row) > context]
+        if too_long:
+            raise UsageError(f"{OPTION} {spec.path} holds a sequence of {too_long[0]} ids, longer than the "
+                             f"{context}-token context: draw windows of it with --windows N")
+        return IdsFromFile(rows, f"{len(rows)} sequence{'s' if len(rows) > 1 else ''} from {spec.path.name}")
+    if len(rows) != 1:
+        raise UsageError(f"--windows draws windows from one stream of ids; {spec.path} holds {len(rows)} sequences")
+    if context is None:
+        raise UsageError("--windows needs the window length: the checkpoint does not say its context, give --context")
+    if len(rows[0]) < context:
+        raise UsageError(f"{OPTION} {spec.path} holds {len(rows[0])} ids, fewer than one {context}-token window")
+    windows, starts = _draw_windows(rows[0], context, spec.windows, spec.seed)
+    shown = ", ".join(map(str, starts[:6])) + (" …" if len(starts) > 6 else "")
+    return IdsFromFile(windows, f"{spec.windows} window{'s' if spec.windows > 1 else ''} of {context} ids from "
+                                f"{spec.path.name} ({len(rows[0])} ids), drawn with --seed {spec.seed} at offsets "
+                                f"{shown}")

@@ -1,0 +1,48 @@
+"""Reading the user's input files: each checked to be a regular file before it is opened.
+
+A FIFO, a device or a socket given where a file is expected would block forever or read
+without end; a directory or a missing path is named. Errors name the option the user gave.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from blocktrace.errors import InputError
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def require_regular(path: Path, option: str) -> int:
+    """The size of the regular file at path; anything else is one error naming the option."""
+    try:
+        mode = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(f"{option} {path}: no such file") from None
+    except OSError as error:
+        raise InputError(f"{option} {path}: cannot read it: {error.strerror or error}") from None
+    for test, kind in _KINDS:
+        if test(mode.st_mode):
+            raise InputError(f"{option} {path} is {kind}: give a regular file")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"{option} {path}: cannot read it: Permission denied")
+    return mode.st_size
+
+
+def read_bytes(path: Path, option: str) -> bytes:
+    require_regular(path, option)
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise InputError(f"{option} {path}: cannot read it: {error.strerror or error}") from None
+
+
+def read_text(path: Path, option: str) -> str:
+    data = read_bytes(path, option)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{option} {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
