@@ -155,7 +155,7 @@ def _unknown_layout(tmp_path) -> Path:
 
 BAD_FILES = {
     "missing": (lambda tmp: tmp / "nope", "does not exist"),
-    "empty directory": (lambda tmp: tmp, "holds no model.safetensors or model.safetensors.index.json"),
+    "empty directory": (lambda tmp: tmp, "holds no model.safetensors, model.safetensors.index.json or PyTorch checkpoint"),
     "random bytes": (lambda tmp: (tmp / "r.safetensors").write_bytes(bytes(range(256)) * 4) and tmp / "r.safetensors",
                      "is not a valid safetensors file"),
     "truncated": (_truncated, "is not a valid safetensors file"),

@@ -188,7 +188,7 @@ def test_run_stack_reports_every_layer_and_steps_on_demand(invoke):
         assert layer["sq_norm_per_d"] == pytest.approx(last["rms"] ** 2)
         var = {s["name"]: s["stats"]["std"] ** 2 for s in layer["steps"]}
         assert layer["attn_share"] == pytest.approx(var["attn"] / var["residual1"])
-    text = invoke("run", "--layers", "3", "--steps").stdout
+    text = invoke("run", "--layers", "3", "--block-steps").stdout
     assert text.count("x_norm1 = LayerNorm(x)") == 3
     assert "x_norm1 = LayerNorm(x)" not in invoke("run", "--layers", "3").stdout
 

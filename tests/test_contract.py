@@ -392,7 +392,7 @@ def test_fifos_and_link_loops_as_weights(invoke, tmp_path):
 
 MODULE = "examples.tutorial_block:healthy"
 REFUSED = [
-    (["run", "--steps"], "--steps"),
+    (["run", "--block-steps"], "--block-steps"),
     (["run", "--batches", "2"], "--batches"),
     (["run", "--fail-on", "warning"], "--fail-on"),
     (["run", "--layer", "1"], "--layer"),
@@ -408,9 +408,9 @@ REFUSED = [
     (["run", "--check", "--values", "2"], "--values"),
     (["run", "--check", "--lang", "zh"], "--lang"),
     (["run", "--check", "--format", "grid"], "--format"),
-    (["run", "--check", "--layers", "2", "--steps"], "--steps"),
+    (["run", "--check", "--layers", "2", "--block-steps"], "--block-steps"),
     (["run", "--weights", str(GPT2), "--token-ids", "1", "--seq-len", "3"], "--seq-len"),
-    (["compare", "--pre-ln", "--post-ln", "--steps"], "--steps"),
+    (["compare", "--pre-ln", "--post-ln", "--block-steps"], "--block-steps"),
     (["compare", "--pre-ln", "--post-ln", "--weights", str(GPT2), "--token-ids", "1", "--seed", "2"], "--seed"),
     (["compare", "--pre-ln", "--post-ln", "--lang", "zh"], "--lang"),
     (["compare", "--pre-ln", "--post-ln", "--plot", "/tmp/never-written.png"], "--plot"),
@@ -426,7 +426,7 @@ def test_options_that_would_be_ignored_are_refused(invoke, args, option, monkeyp
     one_error_line(invoke(*args), 2, option)
 
 
-@pytest.mark.parametrize("option", ["--explain", "--values", "--lang", "--format", "--steps", "--token-index"])
+@pytest.mark.parametrize("option", ["--explain", "--values", "--lang", "--format", "--block-steps", "--token-index"])
 def test_check_has_no_display_options(invoke, option):
     result = invoke("check", option, "2")
     assert result.exit_code == 2 and f"No such option '{option}'" in result.stderr
@@ -455,7 +455,7 @@ HONOURED = [
     (["run"], ["--batch", "2"]), (["run"], ["--seq-len", "3"]), (["run"], ["--lang", "zh"]),
     (["run"], ["--format", "grid"]), (["run"], ["--explain"]), (["run"], ["--values", "2"]),
     (["run", "--values", "2"], ["--token-index", "1"]), (["run"], ["--dtype", "float64"]),
-    (["run"], ["--layers", "2"]), (["run", "--layers", "2"], ["--steps"]), (["run"], ["--grad"]),
+    (["run"], ["--layers", "2"]), (["run", "--layers", "2"], ["--block-steps"]), (["run"], ["--grad"]),
     (["run", "--grad"], ["--batches", "2"]), (["run", "--post-ln", "--explain"], ["--deepnorm"]),
     (["run", "--weights", str(GPT2), "--token-ids", "1", "2"], ["--layer", "1"]),
     (["run", "--module", MODULE], ["--seed", "2"]), (["run", "--module", MODULE], ["--dtype", "float64"]),
@@ -463,8 +463,8 @@ HONOURED = [
     (["check", "--module", "examples.tutorial_block:forgot_residual"], ["--json"]),
     (["compare", "--pre-ln", "--post-ln"], ["--layers", "2"]),
     (["compare", "--gelu", "--swiglu", "--weights", str(GPT2), "--token-ids", "1", "2"], ["--seed", "2"]),
-    (["compare", "--pre-ln", "--post-ln", "--layers", "2"], ["--steps"]),
-    (["compare", "--pre-ln", "--post-ln", "--layers", "2", "--steps"], ["--lang", "zh"]),
+    (["compare", "--pre-ln", "--post-ln", "--layers", "2"], ["--block-steps"]),
+    (["compare", "--pre-ln", "--post-ln", "--layers", "2", "--block-steps"], ["--lang", "zh"]),
 ]
 
 

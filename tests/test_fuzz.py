@@ -67,7 +67,7 @@ VALUE_OPTIONS = {
     "--text": st.sampled_from(["猫 吃 鱼", ""]),
     "--step-names": st.sampled_from(['{"norm1": "ln1"}', "[1]", "{"]),
 }
-FLAG_OPTIONS = ["--post-ln", "--pre-ln", "--deepnorm", "--no-causal", "--no-bias", "--grad", "--steps", "--json",
+FLAG_OPTIONS = ["--post-ln", "--pre-ln", "--deepnorm", "--no-causal", "--no-bias", "--grad", "--block-steps", "--json",
                 "--explain", "--check", "--force"]
 PATH_OPTIONS = ["--weights", "--module", "--save", "--plot", "--input"]
 
@@ -108,7 +108,7 @@ def test_generated_option_combinations_keep_the_contract(workspace, command):
     @given(args=option_lists(workspace))
     def check(args):
         if command == "check":
-            args = [a for a in args if a not in ("--steps", "--explain", "--check")]
+            args = [a for a in args if a not in ("--block-steps", "--explain", "--check")]
         before = digests(workspace)
         result = invoke(command, *args)
         assert_contract(result)
@@ -120,7 +120,7 @@ def test_generated_option_combinations_keep_the_contract(workspace, command):
 @FUZZ
 @given(axis=st.sampled_from([["--pre-ln", "--post-ln"], ["--layernorm", "--rmsnorm"], ["--relu", "--swiglu"],
                              ["--pre-ln"], ["--gelu", "--rmsnorm"]]),
-       extra=st.lists(st.sampled_from(["--layers 2", "--steps", "--json", "--grad", "--lang zh", "--norm rmsnorm",
+       extra=st.lists(st.sampled_from(["--layers 2", "--block-steps", "--json", "--grad", "--lang zh", "--norm rmsnorm",
                                        "--placement post", "--d-model 8", "--heads 3", "--layers 2,3", "--seed 3",
                                        f"--weights {SAMPLES / 'gpt2-tiny'} --token-ids 1 2", "--init xiong"]),
                       max_size=3, unique=True))

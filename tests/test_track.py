@@ -194,7 +194,7 @@ def test_the_progress_bar_goes_to_a_terminals_stderr_only(monkeypatch):
 
 @pytest.mark.parametrize("args, code, message", [
     ([], 2, "give the checkpoints to follow"),
-    ([RUN / "step_0000"], 2, "checkpoints are compared on one input: give --token-ids, --text or --text-file"),
+    ([RUN / "step_0000"], 2, "checkpoints are compared on one input: give --token-ids, --token-ids-file, --text or --text-file"),
     ([RUN / "watch.jsonl", "--text", "x"], 2, "--text gives the input of the checkpoints: applies to checkpoints"),
     ([RUN / "watch.jsonl", "--grad"], 2, "--grad computes the checkpoints' gradients"),
     ([RUN / "watch.jsonl", RUN / "step_0000"], 2, "track reads one timeline, or checkpoints, not both"),
