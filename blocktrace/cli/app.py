@@ -115,4 +115,8 @@ class BlocktraceGroup(click.Group):
 @click.version_option(__version__, "--version", prog_name="blocktrace")
 def cli():
     """See inside a Transformer block: every sub-step (norm1, attn, residual1, norm2, ffn,
-    residual2) traced, with shapes, statistics and attention diagnostics."""
+    residual2) traced, with shapes, statistics and attention diagnostics.
+
+    Exit codes: 0 clean; 1 findings at --fail-on or worse (check, track, run --check) or traces
+    that differ (diff); 2 any error (a bad option, a missing or unreadable file, a model that
+    does not fit)."""

@@ -37,6 +37,9 @@ class ModelInput:
 
 def _traced_range(request: RunRequest, analysis: Analysis, n_layers: int, layer_given: bool) -> range:
     """Every layer by default; --layer K alone: that layer; --layer K --layers N: N layers from K."""
+    from blocktrace.sources.loader import check_layer_index
+
+    check_layer_index(request.layer, n_layers)
     if analysis.stacked:
         count = analysis.depths[0]
         if request.layer + count > n_layers:

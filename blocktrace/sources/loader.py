@@ -18,10 +18,13 @@ from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.families.base import ModelInfo, Reader
 
 
+def check_layer_index(layer: int, n_layers: int) -> None:
+    if not 0 <= layer < n_layers:
+        raise UsageError(f"--layer {layer} is out of range: the checkpoint has {n_layers} layers: 0–{n_layers - 1}")
+
+
 def check_layer(info: ModelInfo, layer: int) -> None:
-    if not 0 <= layer < info.n_layers:
-        raise WeightsError(f"--layer {layer} is out of range: the checkpoint has {info.n_layers} layers: "
-                           f"0–{info.n_layers - 1}")
+    check_layer_index(layer, info.n_layers)
 
 
 def _reader(checkpoint: Checkpoint, base: str, dtype, read_keys: set) -> Reader:
