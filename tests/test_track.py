@@ -205,7 +205,7 @@ def test_the_progress_bar_goes_to_a_terminals_stderr_only(monkeypatch):
     ([SAMPLES / "no-such-run" / "step_*", "--token-ids", "1"], 2, "no checkpoint matches"),
     ([RUN / "watch.jsonl", "--json", "--format", "github"], 2, "--format shapes the tables"),
     ([RUN / "watch.jsonl", "--json", "--brief"], 2, "--brief shortens the tables; --json prints every record whole"),
-    ([RUN / "watch.jsonl", "--log", RUN / "step_0000" / "config.json"], 2, "is not a JSON line (--log takes JSON lines with a \"step\" key)"),
+    ([RUN / "watch.jsonl", "--log", RUN / "step_0000" / "config.json"], 2, "has no log_history list: --log takes JSON lines with a \"step\" key or HF Trainer's trainer_state.json"),
 ])
 def test_bad_track_input_is_one_error_line(args, code, message):
     result = invoke("track", *args)
@@ -231,7 +231,7 @@ def test_a_log_with_no_step_is_refused_and_a_cut_last_line_is_not(tmp_path):
     log = tmp_path / "log.jsonl"
     log.write_text('{"epoch": 1, "loss": 2.0}\n')
     result = invoke("track", RUN / "watch.jsonl", "--log", log)
-    assert result.exit_code == 2 and 'has no line with an integer "step" and one of loss, lr, grad_norm' in result.output
+    assert result.exit_code == 2 and 'has no entry with an integer "step" and one of loss, lr, grad_norm' in result.output
     log.write_text('{"step": 10, "loss": 2.0}\n{"step": 20, "lo')  # the training run was killed mid-write
     report = json.loads(invoke("track", RUN / "watch.jsonl", "--log", log, "--json").output)
     assert [r["log"] for r in report["records"][:3]] == [None, {"loss": 2.0}, None]
@@ -243,3 +243,16 @@ def test_a_timeline_of_another_version_is_refused(tmp_path):
     newer.write_text(line.replace('"version": 1', '"version": 2') + "\n")
     result = invoke("track", newer)
     assert result.exit_code == 2 and "is timeline version 2; this blocktrace reads version 1" in result.output
+
+
+def test_log_reads_hf_trainers_trainer_state_json(tmp_path):
+    state = {"global_step": 50, "log_history": [
+        {"epoch": 0.1, "grad_norm": 0.8, "learning_rate": 0.0005, "loss": 3.25, "step": 10},
+        {"epoch": 0.5, "eval_loss": 3.0, "step": 50},
+        {"epoch": 0.5, "grad_norm": 0.6, "learning_rate": 0.0004, "loss": 2.75, "step": 50}]}
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps(state))
+    report = json.loads(invoke("track", f"{RUN}/step_*", "--text-file", EVAL, "--log", path, "--json").output)
+    by_step = {r["step"]: r["log"] for r in report["records"]}
+    assert by_step[10] == {"loss": 3.25, "lr": 0.0005, "grad_norm": 0.8}
+    assert by_step[50] == {"loss": 2.75, "lr": 0.0004, "grad_norm": 0.6} and by_step[0] is None

@@ -431,3 +431,29 @@ def test_tensor_kinds_name_the_same_roles_in_every_family(family, expected):
     assert {name: tensor_kind(name) for name in expected} == expected
     assert all(tensor_kind(name) in {"attn_qkv", "attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2", "norm"}
                for name in names)
+
+
+def test_step_called_before_backward_warns_once(tmp_path):
+    torch.manual_seed(2)
+    model = NanoGPT().train()
+    watch = Watch(model, tmp_path / "run.jsonl", every=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with pytest.warns(RuntimeWarning, match="no gradients on parameters that require them") as caught:
+        for step in range(3):
+            ids, targets = nano_batch(step)
+            _, loss = model(ids, targets)
+            optimizer.zero_grad()
+            watch.step(loss)  # too early: backward has not run
+            loss.backward()
+            optimizer.step()
+    watch.close()
+    assert sum("no gradients" in str(w.message) for w in caught) == 1
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert all(layer["grad_norm"] is None for r in records for layer in r["layers"])
+
+
+def test_step_called_after_backward_does_not_warn(tmp_path, recwarn):
+    torch.manual_seed(2)
+    model = NanoGPT().train()
+    _train(model, Watch(model, tmp_path / "run.jsonl", every=1), steps=2)
+    assert not [w for w in recwarn if "no gradients" in str(w.message)]

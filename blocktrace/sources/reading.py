@@ -16,33 +16,37 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCH
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
-def require_regular(path: Path, option: str) -> int:
-    """The size of the regular file at path; anything else is one error naming the option."""
+def _named(path: Path, option: str) -> str:
+    return f"{option} {path}" if option else str(path)
+
+
+def require_regular(path: Path, option: str = "") -> int:
+    """The size of the regular file at path; anything else is one error naming the option (if given)."""
     try:
         mode = os.stat(path)
     except FileNotFoundError:
-        raise InputError(f"{option} {path}: no such file") from None
+        raise InputError(f"{_named(path, option)}: no such file") from None
     except OSError as error:
-        raise InputError(f"{option} {path}: cannot read it: {error.strerror or error}") from None
+        raise InputError(f"{_named(path, option)}: cannot read it: {error.strerror or error}") from None
     for test, kind in _KINDS:
         if test(mode.st_mode):
-            raise InputError(f"{option} {path} is {kind}: give a regular file")
+            raise InputError(f"{_named(path, option)} is {kind}: give a regular file")
     if not os.access(path, os.R_OK):
-        raise InputError(f"{option} {path}: cannot read it: Permission denied")
+        raise InputError(f"{_named(path, option)}: cannot read it: Permission denied")
     return mode.st_size
 
 
-def read_bytes(path: Path, option: str) -> bytes:
+def read_bytes(path: Path, option: str = "") -> bytes:
     require_regular(path, option)
     try:
         return Path(path).read_bytes()
     except OSError as error:
-        raise InputError(f"{option} {path}: cannot read it: {error.strerror or error}") from None
+        raise InputError(f"{_named(path, option)}: cannot read it: {error.strerror or error}") from None
 
 
-def read_text(path: Path, option: str) -> str:
+def read_text(path: Path, option: str = "") -> str:
     data = read_bytes(path, option)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise InputError(f"{option} {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise InputError(f"{_named(path, option)} is not UTF-8 text ({error.reason} at byte {error.start})") from None

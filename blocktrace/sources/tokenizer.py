@@ -79,12 +79,9 @@ def mask_token(directory: Path) -> tuple[Optional[int], set]:
 
 def read_text_file(path: Path) -> list[str]:
     """The non-empty lines of a UTF-8 text file: one sequence each."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise InputError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
-    except OSError as error:
-        raise InputError(f"cannot read {path}: {error.strerror or error}") from None
+    from blocktrace.sources.reading import read_text
+
+    text = read_text(Path(path), "--text-file")
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise InputError(f"{path} holds no text: give one sequence per line")

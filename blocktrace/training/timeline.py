@@ -115,10 +115,9 @@ class TimelineWriter:
 def json_lines(path: Path, what: str) -> Iterator[tuple[int, object]]:
     """(line number, value) of a JSON-lines file, blank lines skipped. A last line cut short (a run killed
     mid-write) ends the file; any other line that is not JSON is refused, naming `what` the file should hold."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+    from blocktrace.sources.reading import read_text
+
+    lines = read_text(Path(path)).splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

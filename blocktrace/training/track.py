@@ -171,19 +171,42 @@ def first_sign(records: list[dict], level: Level) -> Optional[dict]:
     return None
 
 
+# HF Trainer's names in trainer_state.json's log_history, as the log's fields.
+TRAINER_STATE_NAMES = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm"}
+
+
+def _log_entries(path: Path) -> Iterator[dict]:
+    """The entries of a training log: JSON lines, or HF Trainer's trainer_state.json (its log_history)."""
+    from blocktrace.sources.configfile import ConfigFile
+
+    if Path(path).suffix == ".json":
+        history = ConfigFile.read(path).raw("log_history")
+        if not isinstance(history, list):
+            raise InputError(f"{path} has no log_history list: --log takes JSON lines with a \"step\" key or HF "
+                             "Trainer's trainer_state.json")
+        for entry in history:
+            if isinstance(entry, dict):
+                yield {TRAINER_STATE_NAMES.get(k, k): v for k, v in entry.items()}
+        return
+    for _, entry in json_lines(path, '--log takes JSON lines with a "step" key, or trainer_state.json'):
+        if isinstance(entry, dict):
+            yield entry
+
+
 def read_log(path: Path) -> dict[int, dict]:
-    """A training log of JSON lines, each with a `step` key: its loss, lr and grad_norm by step (others ignored;
-    lines without a step — headers, evaluation lines — are skipped)."""
+    """A training log, each entry with a `step` key: its loss, lr and grad_norm by step (others ignored;
+    entries without a step — headers, evaluation lines — are skipped)."""
     by_step: dict[int, dict] = {}
-    for _, entry in json_lines(path, '--log takes JSON lines with a "step" key'):
-        step = entry.get("step") if isinstance(entry, dict) else None
+    for entry in _log_entries(path):
+        step = entry.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
             continue
-        values = {key: entry[key] for key in LOG_FIELDS if isinstance(entry.get(key), (int, float))}
+        values = {key: entry[key] for key in LOG_FIELDS
+                  if isinstance(entry.get(key), (int, float)) and not isinstance(entry.get(key), bool)}
         if values:
             by_step.setdefault(step, {}).update(values)
     if not by_step:
-        raise InputError(f"{path} has no line with an integer \"step\" and one of {', '.join(LOG_FIELDS)}")
+        raise InputError(f"{path} has no entry with an integer \"step\" and one of {', '.join(LOG_FIELDS)}")
     return by_step
 
 

@@ -18,6 +18,7 @@ are reduced across ranks and only rank 0 writes.
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -97,6 +98,7 @@ class Watch:
         self.count = start  # the training step of the next forward (a resumed run starts past 0)
         self.snapshots: Optional[list[dict]] = None
         self.armed = None  # the context that measures sdpa attention during a recording forward
+        self.warned_no_gradients = False
         self.captured_loss: Optional[torch.Tensor] = None
         if self.count % every == 0:
             self._arm()
@@ -161,6 +163,7 @@ class Watch:
         traces = [tap.result(self.reducer) for tap in self.taps]
         present = [(index, trace) for index, trace in enumerate(traces) if trace is not None]
         grads = [_grad_norm(block) for block in self.blocks]
+        self._warn_if_called_before_backward(grads)
         weights = [update_ratios(block, self.snapshots[i] if self.snapshots else None)
                    for i, block in enumerate(self.blocks)] if self.track_updates else [None] * len(self.blocks)
         if self.track_updates:
@@ -177,6 +180,16 @@ class Watch:
             self.writer.write(entry)
             self._to_tensorboard(entry)
         return entry
+
+    def _warn_if_called_before_backward(self, grads: list) -> None:
+        """Once: a recording step where no block has a gradient although its parameters require one."""
+        wanted = any(p.requires_grad for block in self.blocks for p in block.parameters())
+        if self.warned_no_gradients or not wanted or any(g is not None for g in grads) or not self.model.training:
+            return
+        self.warned_no_gradients = True
+        warnings.warn(f"blocktrace.Watch: the recording step {self.count} found no gradients on parameters that "
+                      "require them: call watch.step() after loss.backward() and before optimizer.step() and "
+                      "zero_grad() (gradient norms are recorded as null until then)", RuntimeWarning, stacklevel=3)
 
     def _findings(self, traces: list, grads: list) -> list:
         if not traces or not self.checks:
