@@ -185,7 +185,7 @@ def test_plot_writes_a_png_and_never_clobbers(tmp_path):
 def test_the_progress_bar_goes_to_a_terminals_stderr_only(monkeypatch):
     import blocktrace.cli.track as track_cli
 
-    monkeypatch.setattr(track_cli, "progress_wanted", lambda as_json: True)
+    monkeypatch.setattr(track_cli, "progress_wanted", lambda as_json, quiet=False: True)
     result = CliRunner().invoke(cli, ["track", f"{RUN}/step_00[01]*", "--text-file", str(EVAL)])
     assert "tracking" in result.stderr and "tracking" not in result.stdout
     monkeypatch.undo()
@@ -256,3 +256,16 @@ def test_log_reads_hf_trainers_trainer_state_json(tmp_path):
     by_step = {r["step"]: r["log"] for r in report["records"]}
     assert by_step[10] == {"loss": 3.25, "lr": 0.0005, "grad_norm": 0.8}
     assert by_step[50] == {"loss": 2.75, "lr": 0.0004, "grad_norm": 0.6} and by_step[0] is None
+
+
+@pytest.mark.parametrize("args", [["compare", "--pre-ln", "--post-ln", "--layers", "2,3", "--grad"],
+                                  ["check", "--weights", str(SAMPLES / "gpt2-tiny"), "--token-ids", "1", "2"]])
+def test_long_commands_show_progress_on_a_terminal_only(monkeypatch, args):
+    plain = CliRunner().invoke(cli, args)
+    assert plain.stderr == ""  # pytest's streams are no terminal: nothing
+    for module in ("blocktrace.cli.run", "blocktrace.cli.compare"):
+        monkeypatch.setattr(f"{module}.progress_wanted", lambda as_json, quiet: not quiet)  # as on a terminal
+    shown = CliRunner().invoke(cli, args)
+    assert "/" in shown.stderr and ("depth 1/2" in shown.stderr or "layer 1/4" in shown.stderr)
+    assert shown.stdout == plain.stdout
+    assert CliRunner().invoke(cli, [*args, "--quiet"]).stderr == ""

@@ -19,6 +19,7 @@ from blocktrace.cli.options import (
     make_request,
     options,
 )
+from blocktrace.cli.progress import progress_wanted, shown
 from blocktrace.cli.rules import COMPARE_RULES, enforce
 from blocktrace.errors import UsageError
 from blocktrace.vocab import QK_NORM_VALUES, Axis, FFNKind, Lang, Norm, Placement
@@ -96,7 +97,8 @@ def compare(ctx, **params):
 
         require_pyplot()
         check_output_path(params["plot_path"], params["force"])
-    report = pipeline.compare_request(request, analysis, axis.value, values)
+    with shown(progress_wanted(params["as_json"], params["quiet"])):
+        report = pipeline.compare_request(request, analysis, axis.value, values)
     if params["plot_path"] is not None:
         from blocktrace.render.plot import write_plot
 

@@ -136,6 +136,7 @@ DEPTH_OPTIONS = options(
 )
 
 STEPS_OPTION = click.option("--block-steps", "show_steps", is_flag=True, help="With --layers: print every block's six steps (norm1 … residual2).")
+QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress line on stderr (it is shown only on a terminal anyway).")
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema in README) instead of tables.")
 class TableFormat(click.ParamType):
     """One of tabulate's formats, without listing all of them in every --help."""
@@ -170,7 +171,7 @@ PLACEMENT_FLAGS = {"pre_ln": Placement.PRE, "post_ln": Placement.POST, "deepnorm
                    "sandwich": Placement.SANDWICH}
 QK_NORM_OPTION = click.option("--qk-norm", is_flag=True, help="RMSNorm on each head's q and k before RoPE (Qwen3).")
 # What run, check and compare share: the block, its input, where it runs, how many layers.
-SOURCE_OPTIONS = options(BLOCK_OPTIONS, INPUT_OPTIONS, COMPUTE_OPTIONS, DEPTH_OPTIONS)
+SOURCE_OPTIONS = options(BLOCK_OPTIONS, INPUT_OPTIONS, COMPUTE_OPTIONS, DEPTH_OPTIONS, QUIET_OPTION)
 # The wiring of one block (compare sets these per variant through its axis flags instead).
 WIRING_OPTIONS = options(PLACEMENT_OPTIONS, NORM_OPTION, FFN_OPTION, QK_NORM_OPTION)
 DISPLAY_OPTIONS = options(

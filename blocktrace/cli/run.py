@@ -23,6 +23,7 @@ from blocktrace.cli.options import (
     make_analysis,
     make_request,
 )
+from blocktrace.cli.progress import progress_wanted, shown
 from blocktrace.cli.rules import CHECK_RULES, RUN_RULES, enforce
 from blocktrace.errors import FINDINGS_EXIT
 from blocktrace.vocab import FFNKind, Lang, Level, Norm
@@ -95,10 +96,11 @@ def _run(ctx, params: dict, check_only: bool) -> None:
     analysis = make_analysis(params, keep_tensors=save_path is not None, n_values=params.get("n_values"),
                              token_index=params.get("token_index", 0), checks=True, placement=placement)
     _prepare_outputs(params)
-    if check_only and request.weights is not None:
-        report, traces, source = pipeline.check_model_request(request, analysis, layer_given=given(ctx, "layer"))
-    else:
-        report, traces, source = pipeline.run_request(request, analysis)
+    with shown(progress_wanted(params["as_json"], params["quiet"])):
+        if check_only and request.weights is not None:
+            report, traces, source = pipeline.check_model_request(request, analysis, layer_given=given(ctx, "layer"))
+        else:
+            report, traces, source = pipeline.run_request(request, analysis)
     if save_path is not None:
         from blocktrace.sources.tracefile import save_trace
 

@@ -14,6 +14,7 @@ from blocktrace.cli.options import (
     FAIL_ON_OPTION,
     FORMAT_OPTION,
     IDS_FILE_OPTIONS,
+    QUIET_OPTION,
     SEED_OPTION,
     TEXT_FILE_OPTION,
     TEXT_OPTION,
@@ -24,6 +25,7 @@ from blocktrace.cli.options import (
     given,
     ids_file_fields,
 )
+from blocktrace.cli.progress import progress_wanted
 from blocktrace.cli.rules import IDS_FILE_RULES, Excludes, Needs, enforce, is_set
 from blocktrace.errors import FINDINGS_EXIT
 from blocktrace.vocab import Level
@@ -98,11 +100,6 @@ def _checkpoint_records(params: dict, show_progress: bool) -> list[dict]:
         return list(bar)
 
 
-def progress_wanted(as_json: bool) -> bool:
-    """A progress bar on stderr only for a person watching: both streams a terminal, and no --json."""
-    return sys.stderr.isatty() and sys.stdout.isatty() and not as_json
-
-
 def _write_records(records: list[dict], path: Path, force: bool) -> None:
     from blocktrace.files import write_atomically
     from blocktrace.training.timeline import dumps
@@ -132,6 +129,7 @@ def _write_records(records: list[dict], path: Path, force: bool) -> None:
 @click.option("--brief", is_flag=True, help="Print only the one-row-per-step table and the first sign of trouble.")
 @FORMAT_OPTION
 @FAIL_ON_OPTION
+@QUIET_OPTION
 @click.pass_context
 def track(ctx, **params):
     """Follow a model over training: the same input through every checkpoint (directories, files or a
@@ -147,7 +145,7 @@ def track(ctx, **params):
     _prepare_outputs(params)
     log = read_log(params["log_path"]) if params["log_path"] is not None else None
     timeline = _reads_timeline(ctx)
-    show_progress = progress_wanted(params["as_json"])
+    show_progress = progress_wanted(params["as_json"], params["quiet"])
     records = read_timeline(params["sources"][0]) if timeline else _checkpoint_records(params, show_progress)
     if params["out"] is not None:
         _write_records(records, params["out"], params["force"])

@@ -16,6 +16,7 @@ from blocktrace.diagnose.compare import build_variants, describe, difference
 from blocktrace.diagnose.grad import gradient_report, xiong_loss
 from blocktrace.errors import BlocktraceError, UsageError, WeightsError
 from blocktrace.model.stack import build_stack, trace_stack
+from blocktrace.progress import tick
 from blocktrace.render.report import block_report, stack_report, sweep_report
 from blocktrace.request import Analysis, RunRequest
 from blocktrace.sizing import Shape, estimate_bytes, require_fit
@@ -93,7 +94,8 @@ def _gradients(blocks, source: Source, request: RunRequest, batches: int):
 
 def _sweep_rows(source: Source, request: RunRequest, config, depths, batches: int) -> list[dict]:
     rows = []
-    for depth in depths:
+    for done, depth in enumerate(depths):
+        tick("depth", done, len(depths))
         grads = _gradients(make_blocks(source, request, depth, config), source, request, batches)
         rows.append({"depth": depth, "loss": grads.loss, "last_layer": grads.weight_norms[-1]})
     return rows
@@ -194,7 +196,8 @@ def _variants(source: Source, request: RunRequest, axis: str, values: list[str],
 def _compare_sweep(source, request, analysis, axis, values) -> list[dict]:
     rows = {value: [] for value in values}
     configs = {}
-    for depth in analysis.depths:
+    for done, depth in enumerate(analysis.depths):
+        tick("depth", done, len(analysis.depths))
         for variant in _variants(source, request, axis, values, depth):
             grads = _gradients(variant.blocks, source, request, analysis.batches)
             rows[variant.value].append({"depth": depth, "loss": grads.loss, "last_layer": grads.weight_norms[-1]})

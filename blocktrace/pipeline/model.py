@@ -19,6 +19,7 @@ from blocktrace.diagnose.loss import LossReport, cross_entropy, loss_report, mas
 from blocktrace.diagnose.weights import weight_statistics
 from blocktrace.errors import UsageError
 from blocktrace.pipeline.blocks import memory_guard
+from blocktrace.progress import tick
 from blocktrace.request import Analysis, RunRequest
 from blocktrace.sizing import Shape
 from blocktrace.sources.families.base import LossKind, NoLoss
@@ -107,6 +108,7 @@ def _trace_layers(checkpoint, info, config, x, model_input: ModelInput, traced: 
     traces, weights = [], []
     mask = None if model_input.token_mask is None else model_input.token_mask.to(device)
     for layer in range(info.n_layers):
+        tick("layer", layer, info.n_layers)
         block = _load(checkpoint, info, layer, config, dtype, device, request, mask)
         if layer in traced:
             result = trace(block, x, checks=analysis.checks, token_mask=mask)
@@ -117,6 +119,7 @@ def _trace_layers(checkpoint, info, config, x, model_input: ModelInput, traced: 
             with torch.no_grad():
                 x = block(x)
         del block
+    tick("layer", info.n_layers, info.n_layers)
     return traces, weights, x
 
 
