@@ -69,6 +69,18 @@ def check_output_path(path: Path, force: bool) -> None:
         raise OutputError(f"{path} already exists: pass --force to overwrite it")
 
 
+def check_distinct_outputs(outputs: dict) -> None:
+    """Two outputs of one command (option → path) may not name the same file: one would replace the other."""
+    seen: dict = {}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            raise OutputError(f"{seen[key]} and {option} both name {path}: give each output its own file")
+        seen[key] = option
+
+
 def _new_file_mode() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -239,7 +239,7 @@ def test_text_without_the_tokenizers_package_names_the_extra(invoke, monkeypatch
     monkeypatch.setitem(sys.modules, "tokenizers", None)
     result = invoke("run", "--weights", str(SAMPLE), "--text", "猫 吃 鱼")
     assert result.exit_code == 2
-    assert "--text needs the tokenizers package: pip install 'transformer-blocktrace[text]'" in result.stderr
+    assert "--text needs the tokenizers package: pip install -e '.[text]'" in result.stderr
 
 
 def test_bfloat16_checkpoint_is_upcast_unless_dtype_says_otherwise(invoke, tmp_path):

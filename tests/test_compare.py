@@ -266,7 +266,7 @@ def test_plot_without_matplotlib_names_the_extra(invoke, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     result = invoke("run", "--plot", str(tmp_path / "p.png"))
     assert result.exit_code == 2
-    assert result.stderr == "Error: --plot needs matplotlib: pip install 'transformer-blocktrace[plot]'\n"
+    assert result.stderr == "Error: --plot needs matplotlib: pip install -e '.[plot]'\n"
     assert list(tmp_path.iterdir()) == []
 
 

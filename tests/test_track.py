@@ -269,3 +269,30 @@ def test_long_commands_show_progress_on_a_terminal_only(monkeypatch, args):
     assert "/" in shown.stderr and ("depth 1/2" in shown.stderr or "layer 1/4" in shown.stderr)
     assert shown.stdout == plain.stdout
     assert CliRunner().invoke(cli, [*args, "--quiet"]).stderr == ""
+
+
+def test_plots_have_no_empty_panel_log_axes_for_decades_and_a_layer_colour_bar():
+    from blocktrace.render.plot import require_pyplot, track_figure
+
+    plt = require_pyplot()
+    without_grad = json.loads(invoke("track", f"{RUN}/step_*", "--text-file", EVAL, "--json").output)["records"]
+    figure = track_figure(plt, without_grad, None)
+    titles = [axis.get_title() for axis in figure.axes]
+    assert "block gradient norm" not in titles and "layer" in [axis.get_ylabel() for axis in figure.axes]
+    rms = next(axis for axis in figure.axes if axis.get_title() == "residual rms after each block")
+    assert rms.get_yscale() == "log"  # 0.03 at step 0 to hundreds later
+    assert all(axis.lines for axis in figure.axes if axis.get_ylabel() != "layer")
+    plt.close(figure)
+    with_grad = track_figure(plt, read_timeline(RUN / "watch.jsonl"), None)
+    assert "block gradient norm" in [axis.get_title() for axis in with_grad.axes]
+    plt.close(with_grad)
+
+
+def test_a_plots_format_follows_its_suffix_or_is_refused(tmp_path):
+    assert invoke("track", RUN / "watch.jsonl", "--plot", tmp_path / "t.pdf").exit_code == 1
+    assert (tmp_path / "t.pdf").read_bytes()[:5] == b"%PDF-"
+    refused = invoke("track", RUN / "watch.jsonl", "--plot", tmp_path / "t.jpg")
+    assert refused.exit_code == 2 and "the suffix says the format" in refused.output
+    assert not (tmp_path / "t.jpg").exists()
+    same = invoke("run", "--save", tmp_path / "x.png", "--plot", tmp_path / "x.png")
+    assert same.exit_code == 2 and "--save and --plot both name" in same.output and not (tmp_path / "x.png").exists()

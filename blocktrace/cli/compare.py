@@ -95,7 +95,7 @@ def compare(ctx, **params):
         from blocktrace.files import check_output_path
         from blocktrace.render.plot import require_pyplot
 
-        require_pyplot()
+        require_pyplot(params["plot_path"])
         check_output_path(params["plot_path"], params["force"])
     with shown(progress_wanted(params["as_json"], params["quiet"])):
         report = pipeline.compare_request(request, analysis, axis.value, values)

@@ -75,14 +75,15 @@ def check(ctx, **params):
 
 def _prepare_outputs(params: dict) -> None:
     """Everything that can fail about the output files fails here, before the computation."""
-    from blocktrace.files import check_output_path
+    from blocktrace.files import check_distinct_outputs, check_output_path
 
+    check_distinct_outputs({"--save": params.get("save_path"), "--plot": params.get("plot_path")})
     if params.get("save_path") is not None:
         check_output_path(params["save_path"], params["force"])
     if params.get("plot_path") is not None:
         from blocktrace.render.plot import require_pyplot
 
-        require_pyplot()
+        require_pyplot(params["plot_path"])
         check_output_path(params["plot_path"], params["force"])
 
 

@@ -72,15 +72,16 @@ def _sources(ctx: click.Context, sources: tuple[Path, ...]) -> None:
 
 
 def _prepare_outputs(params: dict) -> None:
-    from blocktrace.files import check_output_path
+    from blocktrace.files import check_distinct_outputs, check_output_path
 
+    check_distinct_outputs({"--out": params["out"], "--plot": params["plot_path"]})
     for key in ("out", "plot_path"):
         if params[key] is not None:
             check_output_path(params[key], params["force"])
     if params["plot_path"] is not None:
         from blocktrace.render.plot import require_pyplot
 
-        require_pyplot()
+        require_pyplot(params["plot_path"])
 
 
 def _checkpoint_records(params: dict, show_progress: bool) -> list[dict]:

@@ -1,7 +1,7 @@
 """`--plot PATH.png`: attention heatmaps of one block, per-layer curves of a stack or a compare, or curves
 over training steps (`track`).
 
-matplotlib is an optional extra (`pip install "transformer-blocktrace[plot]"`): the CLI asks
+matplotlib is an optional extra (`pip install -e ".[plot]"` from a checkout): the CLI asks
 for it (`require_pyplot`) before any computation. The PNG is written like every file
 blocktrace writes (blocktrace.files: atomic, no clobbering).
 """
@@ -9,6 +9,7 @@ blocktrace writes (blocktrace.files: atomic, no clobbering).
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -17,11 +18,26 @@ from blocktrace.files import write_atomically
 from blocktrace.vocab import ReportKind
 
 
-def require_pyplot():
+# The file formats --plot writes, by suffix.
+PLOT_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
+
+
+def plot_format(path: Path) -> str:
+    """The format the plot's suffix asks for; any other suffix is refused before work starts."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in PLOT_FORMATS:
+        raise UsageError(f"--plot {path}: the suffix says the format; give one of {', '.join(PLOT_FORMATS)}")
+    return PLOT_FORMATS[suffix]
+
+
+def require_pyplot(path: Optional[Path] = None):
+    """matplotlib, ready to write files; with the plot's path, its format is checked first."""
+    if path is not None:
+        plot_format(path)
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'transformer-blocktrace[plot]'") from None
+        raise UsageError("--plot needs matplotlib: pip install -e '.[plot]'") from None
     matplotlib.use("Agg")  # files only: never open a window
     import matplotlib.pyplot as plt
 
@@ -88,6 +104,7 @@ def _curves(plt, series: list[tuple[str, dict]]):
             axis.plot([l["layer"] for l in report["layers"]], [l[key] for l in report["layers"]], marker="o", label=name)
         axis.set_title(title)
         axis.set_xlabel("layer")
+        axis.legend(fontsize=7)
     if with_grads:
         for name, report in series:
             layers = report["gradients"]["layers"]
@@ -95,7 +112,8 @@ def _curves(plt, series: list[tuple[str, dict]]):
                           marker="o", label=name)
         axes[-1].set_title("‖∂L/∂W2‖ (FFN)")
         axes[-1].set_xlabel("layer")
-    axes[0].legend()
+        axes[-1].legend(fontsize=7)
+        _scale_for(axes[-1], [l["weight_grad_norms"]["ffn_w2"] for _, r in series for l in r["gradients"]["layers"]])
     figure.tight_layout()
     return figure
 
@@ -107,6 +125,7 @@ def _sweep(plt, series: list[tuple[str, dict]]):
     axis.set_xlabel("depth N")
     axis.set_title("‖∂L/∂W2‖ of the last layer")
     axis.legend()
+    _scale_for(axis, [row["last_layer"]["ffn_w2"] for _, report in series for row in report["sweep"]])
     figure.tight_layout()
     return figure
 
@@ -123,18 +142,40 @@ def figure_for(plt, report: dict):
     return _sweep(plt, series) if kind is ReportKind.SWEEP else _curves(plt, series)
 
 
-def _per_layer(axis, records: list[dict], key: str, title: str) -> None:
-    steps = [entry["step"] for entry in records]
+DECADES_FOR_LOG = 2  # values spanning more than 10² are drawn on a log axis: a linear one squashes them flat
+
+
+def _finite(values) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def _scale_for(axis, values) -> None:
+    """A log y axis where positive values span decades, said in the axis label."""
+    shown = _finite(values)
+    if shown and min(shown) > 0 and max(shown) / min(shown) > 10 ** DECADES_FOR_LOG:
+        axis.set_yscale("log")
+        axis.set_ylabel("log scale", fontsize=7)
+
+
+def _layer_series(records: list[dict], key: str) -> list[list]:
     n_layers = max(len(entry["layers"]) for entry in records)
-    for layer in range(n_layers):
-        values = [entry["layers"][layer].get(key) if layer < len(entry["layers"]) else None for entry in records]
-        axis.plot(steps, [float("nan") if v is None else v for v in values], marker=".", label=f"L{layer}")
-    axis.set_title(title)
+    return [[entry["layers"][layer].get(key) if layer < len(entry["layers"]) else None for entry in records]
+            for layer in range(n_layers)]
 
 
-def _largest_updates(axis, records: list[dict]) -> None:
+def _per_layer(axis, steps: list, series: list[list], title: str, colours) -> None:
+    """One line per layer, coloured by depth (the figure's colour bar says which colour is which layer)."""
+    for layer, values in enumerate(series):
+        axis.plot(steps, [float("nan") if v is None else v for v in values], marker=".", color=colours(layer),
+                  label=f"L{layer}")
+    _scale_for(axis, [v for values in series for v in values])
+    axis.set_title(title, fontsize=9)
+
+
+def _largest_updates(axis, records: list[dict]) -> list[float]:
     steps = [entry["step"] for entry in records]
     kinds = sorted({kind for entry in records for layer in entry["layers"] for kind in (layer.get("weights") or {})})
+    shown = []
     for kind in kinds:
         values = []
         for entry in records:
@@ -142,45 +183,76 @@ def _largest_updates(axis, records: list[dict]) -> None:
                       if (layer.get("weights") or {}).get(kind, {}).get("update_ratio") is not None]
             values.append(max(ratios) if ratios else float("nan"))
         axis.plot(steps, values, marker=".", label=kind)
-    axis.set_title("‖ΔW‖/‖W‖ since the previous record (largest layer)")
+        shown += values
+    _scale_for(axis, shown)
+    axis.set_title("‖ΔW‖/‖W‖ since the previous record (largest layer)", fontsize=9)
+    axis.legend(fontsize=7)
+    return shown
+
+
+# Per-layer panels of a track figure: (record key, title). A panel with no value at all is left out.
+LAYER_PANELS = (("rms", "residual rms after each block"), ("max_logit", "largest attention logit"),
+                ("min_entropy", "lowest head entropy (nats)"), ("grad_norm", "block gradient norm"))
+
+
+def _loss_panel(axis, records: list[dict]) -> None:
+    steps = [entry["step"] for entry in records]
+    losses = [e.get("loss") for e in records]
+    axis.plot(steps, [float("nan") if v is None else v for v in losses], marker="o", label="loss on the input")
+    logged = [(e.get("log") or {}).get("loss") for e in records]
+    if any(v is not None for v in logged):
+        axis.plot(steps, [float("nan") if v is None else v for v in logged], marker="x", label="training log")
+    _scale_for(axis, losses + logged)
+    axis.set_title("loss", fontsize=9)
     axis.legend(fontsize=7)
 
 
 def track_figure(plt, records: list[dict], first: Optional[dict]):
-    """Curves over training steps: the loss, per-layer rms, logits and entropy, weight movement; a marker at the
-    first sign of trouble."""
-    figure, axes = plt.subplots(2, 3, figsize=(14, 7.5))
+    """Curves over training steps: the loss, per-layer rms, logits, entropy and gradient norms (layers coloured by
+    depth, with a colour bar), weight movement; a marker at the first sign of trouble. Panels without data are
+    left out, and values spanning decades get a log axis."""
+    from matplotlib import cm, colors
+
     steps = [entry["step"] for entry in records]
-    loss_axis = axes[0][0]
-    loss_axis.plot(steps, [float("nan") if e.get("loss") is None else e["loss"] for e in records], marker="o",
-                   label="loss on the input")
-    if any(entry.get("log") for entry in records):
-        loss_axis.plot(steps, [(e.get("log") or {}).get("loss", float("nan")) for e in records], marker="x",
-                       label="training log")
-    loss_axis.set_title("loss")
-    loss_axis.legend(fontsize=7)
-    _per_layer(axes[0][1], records, "rms", "residual rms after each block")
-    _per_layer(axes[0][2], records, "max_logit", "largest attention logit")
-    _per_layer(axes[1][0], records, "min_entropy", "lowest head entropy (nats)")
-    _per_layer(axes[1][1], records, "grad_norm", "block gradient norm")
-    axes[0][1].legend(fontsize=7)
-    _largest_updates(axes[1][2], records)
-    for axis in (a for row in axes for a in row):
+    layer_panels = [(title, series) for key, title in LAYER_PANELS
+                    for series in [_layer_series(records, key)] if _finite(v for s in series for v in s)]
+    has_updates = any((layer.get("weights") or {}).get(kind, {}).get("update_ratio") is not None
+                      for entry in records for layer in entry["layers"] for kind in (layer.get("weights") or {}))
+    count = 1 + len(layer_panels) + has_updates
+    columns = min(3, count)
+    rows = math.ceil(count / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.7 * columns, 3.8 * rows), squeeze=False)
+    flat = [a for row in axes for a in row]
+    n_layers = max(len(entry["layers"]) for entry in records)
+    scale = colors.Normalize(vmin=0, vmax=max(n_layers - 1, 1))
+    colours = lambda layer: cm.viridis(scale(layer))  # noqa: E731  (one colour per depth)
+    _loss_panel(flat[0], records)
+    for axis, (title, series) in zip(flat[1:], layer_panels):
+        _per_layer(axis, steps, series, title, colours)
+    if has_updates:
+        _largest_updates(flat[1 + len(layer_panels)], records)
+    for axis in flat[count:]:
+        axis.remove()
+    for axis in flat[:count]:
         axis.set_xlabel("training step")
         if first is not None:
             axis.axvline(first["step"], color="red", linestyle="--", linewidth=1)
     if first is not None:
-        loss_axis.annotate(f"first sign: {first['name']}", (first["step"], loss_axis.get_ylim()[1]), color="red",
-                           fontsize=8, ha="left", va="top")
+        flat[0].annotate(f"first sign: {first['name']}", (first["step"], flat[0].get_ylim()[1]), color="red",
+                         fontsize=8, ha="left", va="top")
     figure.tight_layout()
+    if layer_panels:
+        bar = figure.colorbar(cm.ScalarMappable(norm=scale, cmap="viridis"), ax=flat[:count], shrink=0.8)
+        bar.set_label("layer")
+        bar.set_ticks(range(n_layers))
     return figure
 
 
 def save_figure(plt, figure, path: Path, force: bool) -> None:
-    """The figure as a PNG, written atomically (see files.py)."""
+    """The figure in the format its suffix says, written atomically (see files.py)."""
     try:
         buffer = io.BytesIO()
-        figure.savefig(buffer, dpi=100, format="png")
+        figure.savefig(buffer, dpi=100, format=plot_format(path))
     finally:
         plt.close(figure)
     write_atomically(Path(path), lambda handle: handle.write(buffer.getvalue()), force)

@@ -22,7 +22,7 @@ def _load(directory: Path):
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise UsageError("--text needs the tokenizers package: pip install 'transformer-blocktrace[text]' "
+        raise UsageError("--text needs the tokenizers package: pip install -e '.[text]' "
                          "(or pass --token-ids)") from None
     try:
         tokenizer = Tokenizer.from_file(str(path))
