@@ -122,9 +122,9 @@ def randomised(config: GPTConfig, seed: int = 0) -> GPT:
     return model
 
 
-def save_ckpt(model: GPT, path, iter_num: int = 0, compiled_prefix: bool = False) -> None:
+def save_ckpt(model: GPT, path, iter_num: int = 0, compiled_prefix: bool = False, optimizer=None) -> None:
     """What nanoGPT's train.py writes: the state dict, the optimizer, model_args, iter_num, config."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=1e-3)
     state = model.state_dict()
     if compiled_prefix:  # train.py saves the compiled model's state dict: every key under _orig_mod.
         state = {f"_orig_mod.{k}": v for k, v in state.items()}
