@@ -1,4 +1,4 @@
-"""Re-run every `$ blocktrace ...` example in README.md and paste its real output under it;
+"""Re-run every `$ blocktrace ...` example in README.md and docs/*.md and paste its real output under it;
 rewrite the table of health checks from the checks themselves.
 
     python scripts/update_readme_examples.py
@@ -37,15 +37,14 @@ def run_example(command: str) -> str:
 
 
 def main() -> int:
-    readme = ROOT / "README.md"
-    text = readme.read_text(encoding="utf-8")
-
     def paste(match: re.Match) -> str:
         command = match.group(1)
         return f"```console\n$ {command}\n{run_example(command).rstrip()}\n```"
 
-    text = CHECKS_TABLE.sub(lambda m: m.group(1) + checks_table() + m.group(2), text)
-    readme.write_text(EXAMPLE.sub(paste, text), encoding="utf-8")
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        text = CHECKS_TABLE.sub(lambda m: m.group(1) + checks_table() + m.group(2), text)
+        page.write_text(EXAMPLE.sub(paste, text), encoding="utf-8")
     return 0
 
 

@@ -116,8 +116,8 @@ def test_gradient_flags_from_step_gradient_norms():
     assert [(f.name, f.level) for f in _gradient_flags(nan)] == [("gradient_exploding", "error")]
 
 
-def test_every_flag_threshold_and_source_is_in_the_readme():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+def test_every_flag_threshold_and_source_is_in_the_docs():
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "check.md").read_text(encoding="utf-8")
     for check in CHECKS.values():
         assert f"`{check.name}`" in readme, check.name
         assert check.threshold.replace("|", "\\|") in readme, check.name
