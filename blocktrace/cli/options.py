@@ -130,7 +130,7 @@ ATTN_CHUNK_OPTION = click.option("--attn-chunk", type=click.IntRange(min=1), def
 COMPUTE_OPTIONS = options(DTYPE_OPTION, DEVICE_OPTION, ATTN_CHUNK_OPTION)
 
 DEPTH_OPTIONS = options(
-    click.option("--layers", "depths", type=IntegerList("depth", 1, "12 or 6,8,10"), default=None, help="A stack of N blocks (per-layer table), or a list of depths 6,8,10 for a gradient sweep (needs --grad)."),
+    click.option("--layers", "depths", type=IntegerList("depth", 1, "12 or 6,8,10"), default=None, help="How many blocks, in every command: a stack of N (with --weights, the N layers from --layer) with a per-layer table, or several depths 6,8,10 for a gradient sweep (needs --grad)."),
     click.option("--grad", is_flag=True, help="One backward pass: gradient norms at every step and of every weight matrix (loss in README)."),
     click.option("--batches", type=click.IntRange(min=1), default=1, show_default=True, help="With --grad: average the gradient over this many seeded mini-batches before taking norms."),
 )
