@@ -2,7 +2,7 @@
 
     python benchmarks/failures.py            # trains every run, checks every checkpoint, writes FAILURES.md
     python benchmarks/failures.py --only gpt2-healthy gpt2-lr-high
-    python benchmarks/failures.py --sample sample_weights/training   # the small failing run the README tracks
+    python benchmarks/failures.py --sample sample_weights/training   # the small failing run docs/track.md tracks
 
 Character-level language models on Python's own standard-library sources (a local corpus: no
 download), a few minutes on 2 CPU cores. Healthy runs (GPT-2 and Llama layouts, a Post-LN BERT
@@ -70,7 +70,7 @@ RUNS = [
 ]
 CHECKPOINT_STEPS = (0, 10, 25, 50, 75, 100, 150, 200, 250, 300, 350, 400)
 WATCH_EVERY = 10
-# The README's `track` example: the gpt2-lr-high recipe at a size small enough to commit (about 130 KB a checkpoint).
+# docs/track.md's `track` example: the gpt2-lr-high recipe at a size small enough to commit (about 130 KB a checkpoint).
 SAMPLE_RUN = Run("gpt2-lr-high", "gpt2", "learning_rate", lr=1e-1, warmup=0, clip=None, steps=100,
                  options={"d_model": 32, "layers": 2, "heads": 2})
 SAMPLE_STEPS = (0, 10, 25, 50, 100)
@@ -433,7 +433,7 @@ def write_sample(directory: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="run only these runs (by name)")
-    parser.add_argument("--sample", type=Path, help="only train the README's small failing run into this directory")
+    parser.add_argument("--sample", type=Path, help="only train docs/track.md's small failing run into this directory")
     arguments = parser.parse_args()
     if arguments.sample is not None:
         write_sample(arguments.sample)

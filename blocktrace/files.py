@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from blocktrace.errors import BlocktraceError
+from blocktrace.sources.reading import file_kind
 
 Writer = Callable[[BinaryIO], None]
 
@@ -34,12 +35,7 @@ class OutputError(BlocktraceError):
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
+    return "a symbolic link" if stat.S_ISLNK(mode) else file_kind(mode)
 
 
 def _existing(path: Path):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from blocktrace.sources.idsfile import DEFAULT_RAW_DTYPE
 from blocktrace.vocab import Device, DType, Init, Placement
 
 DEFAULT_SEQ_LEN = 5
@@ -27,7 +28,7 @@ class InputSpec:
     text: Optional[str] = None  # --text: the checkpoint's tokenizer
     text_file: Optional[Path] = None  # --text-file: one sequence per line, through the checkpoint's tokenizer
     token_ids_file: Optional[Path] = None  # --token-ids-file: ids as training code keeps them (.npy, .bin, ...)
-    ids_dtype: str = "uint16"  # --ids-dtype: the integers of a raw .bin
+    ids_dtype: str = DEFAULT_RAW_DTYPE  # --ids-dtype: the integers of a raw .bin
     windows: Optional[int] = None  # --windows N: windows drawn from a long stream of ids
     context: Optional[int] = None  # --context: a window's length  [default: the model's positions]
     window_seed: int = 0  # --seed: where the windows are drawn

@@ -16,7 +16,7 @@ SANDWICH_STEPS = ("post_attn_norm", "post_ffn_norm")
 NORM_STEPS = ("norm1", "norm2", *SANDWICH_STEPS)
 # The weight matrices whose gradients are reported, by the names the tables and JSON use.
 WEIGHT_NAMES = ("attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2")
-# The version of every JSON document blocktrace prints (README: Scripting).
+# The version of every JSON document blocktrace prints (docs/tutorial.md: Scripting).
 SCHEMA_VERSION = 1
 
 

@@ -235,7 +235,7 @@ def make_samples(output: Path) -> None:
 
 
 def make_traces(checkpoint_dir: Path, directory: Path) -> None:
-    """Two trace files of gpt2-tiny's layer 1 on 猫 吃 鱼, for the README's `blocktrace diff` example:
+    """Two trace files of gpt2-tiny's layer 1 on 猫 吃 鱼, for the `blocktrace diff` example in docs/check.md:
     the block as it is, and the same block with LayerNorm eps 1e-3 (a "slightly different implementation")."""
     from blocktrace.sources.checkpoint import Checkpoint
     from blocktrace.sources.families import checkpoint_config, model_info

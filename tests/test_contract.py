@@ -1,5 +1,5 @@
 """The bad-input contract: one `Error:` line, exit 2 for a bad option, 1 for a bad file or domain
-error, no traceback, no option accepted and ignored, no file lost (README: Errors)."""
+error, no traceback, no option accepted and ignored, no file lost (docs/reference.md: Errors)."""
 
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ def test_wrapper_prefixes_are_removed_and_said(invoke, tmp_path, prefix, why):
 
 
 def test_lightning_checkpoint_is_read_with_its_hyperparameters_and_step(invoke, tmp_path):
-    lightning = pytest.importorskip("lightning")  # in the test extras; the structure is what Lightning writes
+    import lightning  # in the test extras: a checkpoint Lightning itself writes
 
     class Lit(lightning.LightningModule):
         def __init__(self, n_layer=2, n_head=4, n_embd=32, block_size=64, vocab_size=96, bias=True):
@@ -117,6 +117,25 @@ def test_lightning_checkpoint_is_read_with_its_hyperparameters_and_step(invoke, 
     assert any("'model.'" in note for note in report["notes"])
 
 
+def _save_pytorch_bin(model, folder: Path, shards: int) -> None:
+    """What save_pretrained(safe_serialization=False) wrote before transformers 5 (which writes only safetensors):
+    pytorch_model.bin, or pytorch_model-0000k-of-0000n.bin shards with pytorch_model.bin.index.json."""
+    folder.mkdir()
+    model.config.save_pretrained(folder)
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied: saved once, as HF does
+    if shards == 1:
+        torch.save(state, folder / "pytorch_model.bin")
+        return
+    names = sorted(state)
+    weight_map = {}
+    for index in range(shards):
+        file = f"pytorch_model-{index + 1:05d}-of-{shards:05d}.bin"
+        part = {name: state[name] for name in names[index::shards]}
+        torch.save(part, folder / file)
+        weight_map.update(dict.fromkeys(part, file))
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
 def test_huggingface_sharded_and_pickled_checkpoints_give_hfs_loss(invoke, tmp_path):
     model = make_gpt2(head=True)
     x = torch.tensor([IDS])
@@ -124,8 +143,9 @@ def test_huggingface_sharded_and_pickled_checkpoints_give_hfs_loss(invoke, tmp_p
         expected = model(x, labels=x).loss.item()
     model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
-    model.save_pretrained(tmp_path / "bin", safe_serialization=False)
-    for folder in ("sharded", "bin"):
+    _save_pytorch_bin(model, tmp_path / "bin", shards=1)
+    _save_pytorch_bin(model, tmp_path / "sharded-bin", shards=3)
+    for folder in ("sharded", "bin", "sharded-bin"):
         assert check_json(invoke, "--weights", str(tmp_path / folder))["loss"] == pytest.approx(expected, rel=1e-5)
 
 
@@ -171,3 +191,16 @@ def test_a_torch_file_without_a_state_dict_says_what_it_looked_for(invoke, tmp_p
     torch.save({"epoch": 3, "notes": "x"}, tmp_path / "ckpt.pt")
     result = invoke("run", "--weights", str(tmp_path / "ckpt.pt"), "--token-ids", "1")
     assert result.exit_code == 2 and "holds no state dict" in result.stderr and "'model'" not in result.stderr
+
+
+def test_track_reads_each_torch_file_once_besides_ordering_it(invoke, tmp_path, monkeypatch):
+    import blocktrace.sources.torchfile as torchfile
+
+    for name, step, seed in (("a.pt", 5, 1), ("b.pt", 10, 2), ("c.pt", 15, 3)):
+        save_ckpt(randomised(GPTConfig(n_layer=2), seed=seed), tmp_path / name, iter_num=step)
+    loads = []
+    load = torchfile._load
+    monkeypatch.setattr(torchfile, "_load", lambda path: loads.append(path) or load(path))
+    result = invoke("track", str(tmp_path / "*.pt"), "--token-ids", *map(str, IDS))
+    assert result.exit_code in (0, 1), result.output
+    assert len(loads) == 2 * 3  # once for its stored step (the order), once for the check and ‖ΔW‖

@@ -131,13 +131,15 @@ COMPUTE_OPTIONS = options(DTYPE_OPTION, DEVICE_OPTION, ATTN_CHUNK_OPTION)
 
 DEPTH_OPTIONS = options(
     click.option("--layers", "depths", type=IntegerList("depth", 1, "12 or 6,8,10"), default=None, help="How many blocks, in every command: a stack of N (with --weights, the N layers from --layer) with a per-layer table, or several depths 6,8,10 for a gradient sweep (needs --grad)."),
-    click.option("--grad", is_flag=True, help="One backward pass: gradient norms at every step and of every weight matrix (loss in README)."),
+    click.option("--grad", is_flag=True, help="One backward pass: gradient norms at every step and of every weight matrix (the loss: docs/compare.md)."),
     click.option("--batches", type=click.IntRange(min=1), default=1, show_default=True, help="With --grad: average the gradient over this many seeded mini-batches before taking norms."),
 )
 
 STEPS_OPTION = click.option("--block-steps", "show_steps", is_flag=True, help="With --layers: print every block's six steps (norm1 … residual2).")
 QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress line on stderr (it is shown only on a terminal anyway).")
-JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema in README) instead of tables.")
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema in docs/tutorial.md) instead of tables.")
+
+
 class TableFormat(click.ParamType):
     """One of tabulate's formats, without listing all of them in every --help."""
 

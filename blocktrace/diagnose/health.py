@@ -7,7 +7,7 @@ on both sides: an ERROR means broken or diverging, and a healthy trained model s
 none, nor any WARNING. Signals that trained models show in health — massive activations,
 sharp positional heads, large updates in early layers, dead ReLU units up to the levels
 reported in trained OPT — are INFO: context for a diagnosis, never a verdict on their own.
-README.md lists every check, its threshold, source, level and cause.
+docs/check.md lists every check, its threshold, source, level and cause.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from blocktrace.request import Analysis, RunRequest
 from blocktrace.sizing import Shape
 from blocktrace.sources.families.base import LossKind, NoLoss
 from blocktrace.sources.source import resolve_device, torch_dtype
-from blocktrace.sources.training_step import step_of
+from blocktrace.sources.training_step import step_named
 
 
 @dataclass
@@ -131,8 +131,10 @@ def _gradients(checkpoint, info, config, x0, model_input: ModelInput, head, requ
     return gradient_report(blocks, lambda k: x0, lambda x, k: cross_entropy(head(x), labels), loss_kind=kind)
 
 
-def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bool) -> tuple[dict, list, object]:
-    """`check --weights`: the model's layers (all by default), its loss, gradients with --grad."""
+def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bool,
+                        checkpoint=None) -> tuple[dict, list, object]:
+    """`check --weights`: the model's layers (all by default), its loss, gradients with --grad.
+    `checkpoint`: request.weights already open (track reads each checkpoint once)."""
     from blocktrace.diagnose.health import ModelEvidence, evaluate
     from blocktrace.render.report import model_report
     from blocktrace.sources.checkpoint import Checkpoint
@@ -143,7 +145,7 @@ def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bo
         raise UsageError("checking a checkpoint takes its input as token ids: one of --token-ids, --token-ids-file, "
                          "--text or --text-file")
     dtype, device = torch_dtype(request.dtype), resolve_device(request.device)
-    checkpoint = Checkpoint(request.weights)
+    checkpoint = checkpoint if checkpoint is not None else Checkpoint(request.weights)
     checkpoint.prefetch()  # every layer will be read: let the kernel read the files ahead
     info = model_info(checkpoint)
     overrides = {key: value for key, value in request.config_fields.items() if key in request.explicit}
@@ -180,7 +182,7 @@ def _training_step(request: RunRequest, checkpoint) -> Optional[int]:
     for step in (request.training_step, checkpoint.step):
         if step is not None:
             return step
-    return step_of(checkpoint.path)
+    return step_named(checkpoint.path)  # the file itself was read already: checkpoint.step
 
 
 def _loss(head, spec, x: torch.Tensor, model_input: ModelInput, device) -> LossReport:

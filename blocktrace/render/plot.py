@@ -172,7 +172,7 @@ def _per_layer(axis, steps: list, series: list[list], title: str, colours) -> No
     axis.set_title(title, fontsize=9)
 
 
-def _largest_updates(axis, records: list[dict]) -> list[float]:
+def _largest_updates(axis, records: list[dict]) -> None:
     steps = [entry["step"] for entry in records]
     kinds = sorted({kind for entry in records for layer in entry["layers"] for kind in (layer.get("weights") or {})})
     shown = []
@@ -187,7 +187,6 @@ def _largest_updates(axis, records: list[dict]) -> list[float]:
     _scale_for(axis, shown)
     axis.set_title("‖ΔW‖/‖W‖ since the previous record (largest layer)", fontsize=9)
     axis.legend(fontsize=7)
-    return shown
 
 
 # Per-layer panels of a track figure: (record key, title). A panel with no value at all is left out.

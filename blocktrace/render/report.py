@@ -93,7 +93,7 @@ def findings(flags, trace: Trace, loss: Optional[dict] = None, loss_note: Option
 
 
 def block_report(source, trace: Trace, grads=None, flags=None) -> dict:
-    """One block: the tutorial's six steps, the attention summary (schema in README)."""
+    """One block: the tutorial's six steps, the attention summary (schema in docs/tutorial.md)."""
     steps = [step_dict(i, record) for i, record in enumerate(trace.steps, start=1)]
     return {
         **_header(source, trace.describe()),

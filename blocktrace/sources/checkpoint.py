@@ -19,6 +19,7 @@ import torch
 from blocktrace.errors import WeightsError
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.hf_cache import resolve_weights
+from blocktrace.sources.reading import file_kind
 from blocktrace.sources.torchfile import TORCH_SUFFIXES
 
 PICKLE_SUFFIXES = (".pkl", ".pickle")  # plain pickles: not even the restricted loader is asked
@@ -60,9 +61,7 @@ def _stat(path: Path, role: str = "") -> os.stat_result:
 def _require_regular_file(path: Path, role: str = "") -> None:
     mode = _stat(path, role).st_mode
     if not stat.S_ISREG(mode):
-        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
-            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
-        raise WeightsError(f"{path}{role} is {kind}: a checkpoint must be a regular file "
+        raise WeightsError(f"{path}{role} is {file_kind(mode)}: a checkpoint must be a regular file "
                            "(.safetensors, or a PyTorch .pt/.pth/.bin/.ckpt) or a directory holding one")
     if not os.access(path, os.R_OK):
         raise WeightsError(f"cannot read {path}: Permission denied")

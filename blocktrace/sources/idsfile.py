@@ -15,25 +15,19 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from blocktrace.errors import InputError, UsageError
 from blocktrace.sources.reading import read_bytes, read_text
+
+if TYPE_CHECKING:
+    from blocktrace.request import InputSpec
 
 OPTION = "--token-ids-file"
 # The integer dtypes a raw .bin may hold (numpy names), uint16 first: nanoGPT's and most GPT-2-vocabulary data.
 RAW_DTYPES = ("uint16", "uint32", "int32", "int64", "uint8")
 DEFAULT_RAW_DTYPE = "uint16"
 MAX_WINDOWS = 4096  # more windows than this is a training run, not a check
-
-
-@dataclass(frozen=True)
-class IdsFileSpec:
-    path: Path
-    raw_dtype: str = DEFAULT_RAW_DTYPE
-    windows: Optional[int] = None
-    context: Optional[int] = None
-    seed: int = 0
 
 
 @dataclass
@@ -94,15 +88,15 @@ def _from_text(path: Path):
     return rows
 
 
-def _rows(spec: IdsFileSpec) -> list[list[int]]:
-    suffix = spec.path.suffix.lower()
+def _rows(path: Path, raw_dtype: str) -> list[list[int]]:
+    suffix = path.suffix.lower()
     if suffix == ".npy":
-        return _from_npy(spec.path)
+        return _from_npy(path)
     if suffix == ".bin":
-        return _from_raw(spec.path, spec.raw_dtype)
+        return _from_raw(path, raw_dtype)
     if suffix == ".json":
-        return _from_json(spec.path)
-    return _from_text(spec.path)
+        return _from_json(path)
+    return _from_text(path)
 
 
 def _draw_windows(stream: list[int], context: int, count: int, seed: int) -> tuple[list[list[int]], list[int]]:
@@ -113,26 +107,29 @@ def _draw_windows(stream: list[int], context: int, count: int, seed: int) -> tup
     return [stream[start : start + context] for start in starts], starts
 
 
-def read_token_ids_file(spec: IdsFileSpec, positions: Optional[int]) -> IdsFromFile:
-    rows = _rows(spec)
+def read_token_ids_file(inputs: "InputSpec", positions: Optional[int]) -> IdsFromFile:
+    """The sequences of inputs.token_ids_file (windows of it with inputs.windows), and a note on where they came
+    from."""
+    path = inputs.token_ids_file
+    rows = _rows(path, inputs.ids_dtype)
     total = sum(map(len, rows))
     if total == 0 or not all(rows):
-        raise InputError(f"{OPTION} {spec.path} holds an empty sequence")
-    context = spec.context or positions
-    if spec.windows is None:
+        raise InputError(f"{OPTION} {path} holds an empty sequence")
+    context = inputs.context or positions
+    if inputs.windows is None:
         too_long = [len(row) for row in rows if context is not None and len(row) > context]
         if too_long:
-            raise UsageError(f"{OPTION} {spec.path} holds a sequence of {too_long[0]} ids, longer than the "
+            raise UsageError(f"{OPTION} {path} holds a sequence of {too_long[0]} ids, longer than the "
                              f"{context}-token context: draw windows of it with --windows N")
-        return IdsFromFile(rows, f"{len(rows)} sequence{'s' if len(rows) > 1 else ''} from {spec.path.name}")
+        return IdsFromFile(rows, f"{len(rows)} sequence{'s' if len(rows) > 1 else ''} from {path.name}")
     if len(rows) != 1:
-        raise UsageError(f"--windows draws windows from one stream of ids; {spec.path} holds {len(rows)} sequences")
+        raise UsageError(f"--windows draws windows from one stream of ids; {path} holds {len(rows)} sequences")
     if context is None:
         raise UsageError("--windows needs the window length: the checkpoint does not say its context, give --context")
     if len(rows[0]) < context:
-        raise UsageError(f"{OPTION} {spec.path} holds {len(rows[0])} ids, fewer than one {context}-token window")
-    windows, starts = _draw_windows(rows[0], context, spec.windows, spec.seed)
+        raise UsageError(f"{OPTION} {path} holds {len(rows[0])} ids, fewer than one {context}-token window")
+    windows, starts = _draw_windows(rows[0], context, inputs.windows, inputs.window_seed)
     shown = ", ".join(map(str, starts[:6])) + (" …" if len(starts) > 6 else "")
-    return IdsFromFile(windows, f"{spec.windows} window{'s' if spec.windows > 1 else ''} of {context} ids from "
-                                f"{spec.path.name} ({len(rows[0])} ids), drawn with --seed {spec.seed} at offsets "
+    return IdsFromFile(windows, f"{inputs.windows} window{'s' if inputs.windows > 1 else ''} of {context} ids from "
+                                f"{path.name} ({len(rows[0])} ids), drawn with --seed {inputs.window_seed} at offsets "
                                 f"{shown}")

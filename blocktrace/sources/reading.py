@@ -16,6 +16,13 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCH
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
+def file_kind(mode: int) -> str:
+    """What a stat mode that is not a regular file's is, in words ("a FIFO"); "a regular file" otherwise."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
+
+
 def _named(path: Path, option: str) -> str:
     return f"{option} {path}" if option else str(path)
 
@@ -28,9 +35,8 @@ def require_regular(path: Path, option: str = "") -> int:
         raise InputError(f"{_named(path, option)}: no such file") from None
     except OSError as error:
         raise InputError(f"{_named(path, option)}: cannot read it: {error.strerror or error}") from None
-    for test, kind in _KINDS:
-        if test(mode.st_mode):
-            raise InputError(f"{_named(path, option)} is {kind}: give a regular file")
+    if not stat.S_ISREG(mode.st_mode):
+        raise InputError(f"{_named(path, option)} is {file_kind(mode.st_mode)}: give a regular file")
     if not os.access(path, os.R_OK):
         raise InputError(f"{_named(path, option)}: cannot read it: Permission denied")
     return mode.st_size

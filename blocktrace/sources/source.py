@@ -165,12 +165,11 @@ def token_sequences(directory, inputs, positions: Optional[int]) -> tuple[list[l
     """The token ids the input options give, and a note on where they came from: --token-ids, --token-ids-file,
     --text, or --text-file (one sequence per line; a line longer than the model's positions becomes consecutive
     windows of them)."""
-    from blocktrace.sources.idsfile import IdsFileSpec, read_token_ids_file
+    from blocktrace.sources.idsfile import read_token_ids_file
     from blocktrace.sources.tokenizer import encode_text, read_text_file
 
     if inputs.token_ids_file is not None:
-        spec = IdsFileSpec(inputs.token_ids_file, inputs.ids_dtype, inputs.windows, inputs.context, inputs.window_seed)
-        read = read_token_ids_file(spec, positions)
+        read = read_token_ids_file(inputs, positions)
         return read.sequences, f"token ids: {read.note}"
     if inputs.text_file is not None:
         return [window for line in read_text_file(inputs.text_file)

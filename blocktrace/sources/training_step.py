@@ -29,10 +29,14 @@ def _stored_step(path: Path) -> Optional[int]:
 
 
 def step_of(path: Path) -> Optional[int]:
+    """The step stored in a PyTorch checkpoint file, else as step_named says."""
+    stored = _stored_step(Path(path))
+    return stored if stored is not None else step_named(path)
+
+
+def step_named(path: Path) -> Optional[int]:
+    """The step in trainer_state.json beside the checkpoint, else the one in its name."""
     path = Path(path)
-    stored = _stored_step(path)
-    if stored is not None:
-        return stored
     directory = path if path.is_dir() else path.parent
     state = directory / "trainer_state.json"
     if state.is_file():

@@ -118,22 +118,20 @@ def _block_grad_norms(report: dict, n_layers: int) -> list[Optional[float]]:
     return norms
 
 
-def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, previous: Optional[Path]) -> dict:
-    """One checkpoint as a timeline record: the whole-model check, and its weights against the previous one's."""
+def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, current, before) -> dict:
+    """One checkpoint as a timeline record: the whole-model check, and its weights against the previous one's.
+    `current` and `before` are open Checkpoints (before: None at the first), each opened once for the whole track."""
     from blocktrace.pipeline import check_model_request
-    from blocktrace.sources.checkpoint import Checkpoint
     from blocktrace.sources.families import model_info
 
-    report, traces, _ = check_model_request(dataclasses.replace(request, weights=point.path, training_step=point.step), analysis,
-                                            layer_given=False)
-    current = Checkpoint(point.path)
+    report, traces, _ = check_model_request(dataclasses.replace(request, weights=point.path, training_step=point.step),
+                                            analysis, layer_given=False, checkpoint=current)
     info = model_info(current)
-    before = Checkpoint(previous) if previous is not None else None
     if before is not None:
         earlier = model_info(before)
         if (earlier.family.name, earlier.n_layers) != (info.family.name, info.n_layers):
-            raise InputError(f"{point.path} is a {info.n_layers}-layer {info.family.name} model but {previous} is a "
-                             f"{earlier.n_layers}-layer {earlier.family.name}: track follows one model over training")
+            raise InputError(f"{point.path} is a {info.n_layers}-layer {info.family.name} model but {before.path} is "
+                             f"a {earlier.n_layers}-layer {earlier.family.name}: track follows one model over training")
     moved = weight_movement(current, before, info.layer_prefix(0)[:-2], info.n_layers, info.family.ignored)
     grads = _block_grad_norms(report, len(traces))
     layers = [layer_entry(i, trace, grads[i], moved[i]) for i, trace in enumerate(traces)]
@@ -145,10 +143,13 @@ def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, pre
 
 def track_checkpoints(points: Sequence[Point], request: RunRequest, analysis: Analysis) -> Iterator[dict]:
     """The records of the checkpoints, in step order, one at a time (for a progress bar)."""
+    from blocktrace.sources.checkpoint import Checkpoint
+
     previous = None
     for point in points:
-        yield checkpoint_record(point, request, analysis, previous)
-        previous = point.path
+        current = Checkpoint(point.path)
+        yield checkpoint_record(point, request, analysis, current, previous)
+        previous = current
 
 
 def mark_new_flags(records: list[dict]) -> list[dict]:

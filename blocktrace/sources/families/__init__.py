@@ -73,14 +73,15 @@ def _family_of(checkpoint: Checkpoint, config: Optional[ConfigFile]) -> Family:
     return family
 
 
-def _config(checkpoint: Checkpoint) -> Optional[ConfigFile]:
-    """config.json beside the weights, else the model's arguments a training script stored in the file."""
+def _config(checkpoint: Checkpoint) -> tuple[Optional[ConfigFile], list[str]]:
+    """config.json beside the weights, else the model's arguments a training script stored in the file; and a
+    note saying so when they came from the file."""
     config = checkpoint.read_json("config.json")
-    if config is None and checkpoint.arguments:
-        config = ConfigFile(Path(f"{checkpoint.path}[model arguments]"), checkpoint.arguments)
-        shown = ", ".join(f"{k}={v}" for k, v in sorted(checkpoint.arguments.items())[:8])
-        checkpoint.notes.append(f"the model's arguments read from the checkpoint file ({shown})")
-    return config
+    if config is not None or not checkpoint.arguments:
+        return config, []
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(checkpoint.arguments.items())[:8])
+    return (ConfigFile(Path(f"{checkpoint.path}[model arguments]"), checkpoint.arguments),
+            [f"the model's arguments read from the checkpoint file ({shown})"])
 
 
 def _tie_embedding(checkpoint: Checkpoint, family: Family, prefix: str, config: Optional[ConfigFile]) -> None:
@@ -93,7 +94,7 @@ def _tie_embedding(checkpoint: Checkpoint, family: Family, prefix: str, config: 
 
 
 def model_info(checkpoint: Checkpoint) -> ModelInfo:
-    config = _config(checkpoint)
+    config, config_notes = _config(checkpoint)
     if config is not None:
         refuse_quantised(config)
     family = _family_of(checkpoint, config)
@@ -119,7 +120,7 @@ def model_info(checkpoint: Checkpoint) -> ModelInfo:
             config.integer("block_size")
     if f"{prefix}wpe.weight" in checkpoint and isinstance(family, GPT2):
         positions = checkpoint.shape(f"{prefix}wpe.weight")[0]
-    notes = (*checkpoint.notes, *family.notes(config))
+    notes = (*checkpoint.notes, *config_notes, *family.notes(config))
     return ModelInfo(family, prefix, n_layers, positions, vocab, config, notes)
 
 

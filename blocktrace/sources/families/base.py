@@ -51,15 +51,12 @@ class HeadSpec:
     tied: bool = False  # the projection is the input embedding
 
 
-def head_weight(checkpoint: Checkpoint, info: "ModelInfo", separate: str, tied: str,
-                tie_default: Optional[bool] = None) -> tuple:
+def head_weight(checkpoint: Checkpoint, info: "ModelInfo", separate: str, tied: str) -> tuple:
     """(key, tied) of the output projection: a separate head if the file has one, else the input
     embedding where the model ties them (config.json's tie_word_embeddings, or the family's default)."""
     if separate in checkpoint:
         return separate, False
-    tie = info.family.ties(info.config) if tie_default is None else \
-        info.config.boolean("tie_word_embeddings", tie_default) if info.config is not None else tie_default
-    if tie and tied in checkpoint:
+    if info.family.ties(info.config) and tied in checkpoint:
         return tied, True
     raise NoLoss(f"the checkpoint has no output head ({separate}) and does not tie it to the embedding: no loss")
 

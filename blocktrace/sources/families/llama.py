@@ -85,12 +85,9 @@ class Llama(Family):
                 **linear(read, "mlp.up_proj", "ffn.up", f, d, c.bias),
                 **linear(read, "mlp.down_proj", "ffn.down", d, f, c.bias)}
 
-    tie_default = False  # transformers' default tie_word_embeddings for the family
-
     def head(self, checkpoint, info):
         """The final RMSNorm, then lm_head (or the embedding, where the model ties them)."""
-        weight, tied = head_weight(checkpoint, info, "lm_head.weight", f"{info.prefix}{self.embedding_key}",
-                                   self.tie_default)
+        weight, tied = head_weight(checkpoint, info, "lm_head.weight", f"{info.prefix}{self.embedding_key}")
         config = info.config
         return HeadSpec(LossKind.NEXT_TOKEN, weight, f"{info.prefix}norm.weight", norm=Norm.RMSNORM,
                         eps=config.number("rms_norm_eps", 1e-6, positive=True), norm_offset=self.norm_offset(),

@@ -61,7 +61,7 @@ class GPTNeoX(Family):
 
     def head(self, checkpoint, info):
         """final_layer_norm, then embed_out (GPT-NeoX does not tie it by default)."""
-        weight, tied = head_weight(checkpoint, info, "embed_out.weight", f"{info.prefix}{self.embedding_key}", False)
+        weight, tied = head_weight(checkpoint, info, "embed_out.weight", f"{info.prefix}{self.embedding_key}")
         return HeadSpec(LossKind.NEXT_TOKEN, weight, f"{info.prefix}final_layer_norm.weight",
                         f"{info.prefix}final_layer_norm.bias",
                         eps=info.config.number("layer_norm_eps", 1e-5, positive=True), tied=tied)
