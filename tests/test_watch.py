@@ -13,7 +13,7 @@ import torch
 from helpers import ROOT, NanoGPT, nano_batch
 from torch.nn import functional as F
 
-from blocktrace.errors import UsageError
+from blocktrace.errors import BlocktraceError, UsageError
 from blocktrace.training.timeline import read_timeline
 from blocktrace.training.watch import Watch, find_blocks
 
@@ -457,3 +457,52 @@ def test_step_called_after_backward_does_not_warn(tmp_path, recwarn):
     model = NanoGPT().train()
     _train(model, Watch(model, tmp_path / "run.jsonl", every=1), steps=2)
     assert not [w for w in recwarn if "no gradients" in str(w.message)]
+
+
+def test_a_second_watch_on_one_timeline_is_refused_and_the_first_keeps_writing(tmp_path):
+    path = tmp_path / "run.jsonl"
+    model = NanoGPT()
+    first = Watch(model, path, every=1)
+    with pytest.raises(UsageError, match="being written by another Watch"):
+        Watch(model, path, every=1, overwrite=True)
+    _train(model, first, steps=3)
+    assert [r["step"] for r in read_timeline(path)] == [0, 1, 2]  # all of the first's records, none lost
+    _train(model, Watch(model, path, every=1, start=3, append=True), steps=1)  # closed: the lock is gone
+    assert [r["step"] for r in read_timeline(path)] == [0, 1, 2, 3]
+
+
+def test_a_watch_never_follows_a_symlink_nor_blocks_on_a_fifo(tmp_path):
+    import os
+    import threading
+
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    (tmp_path / "link.jsonl").symlink_to(target)
+    model = NanoGPT()
+    with pytest.raises(BlocktraceError, match="symbolic link"):
+        Watch(model, tmp_path / "link.jsonl", every=1, overwrite=True)
+    assert target.read_text() == "keep me\n"
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    outcome = []
+
+    def attempt():
+        try:
+            Watch(model, tmp_path / "pipe.jsonl", every=1)
+        except BlocktraceError as error:
+            outcome.append(str(error))
+
+    thread = threading.Thread(target=attempt, daemon=True)
+    thread.start()
+    thread.join(timeout=20)
+    assert outcome and "FIFO" in outcome[0]
+
+
+@pytest.mark.parametrize("close_first_opened_first", [True, False])
+def test_two_watches_restore_attention_whatever_order_they_close_in(tmp_path, close_first_opened_first):
+    original = F.scaled_dot_product_attention
+    model = NanoGPT()
+    first, second = Watch(model, tmp_path / "a.jsonl", every=1), Watch(model, tmp_path / "b.jsonl", every=1)
+    assert F.scaled_dot_product_attention is not original  # measured while they are armed
+    for watch in ([first, second] if close_first_opened_first else [second, first]):
+        watch.close()
+    assert F.scaled_dot_product_attention is original

@@ -108,23 +108,45 @@ def _observe(tap: BlockTap, query, key, attn_mask, is_causal: bool, scale: Optio
         accumulator.add(torch.softmax(scores, dim=-1), slice(0, q.shape[-2]))
 
 
-@contextlib.contextmanager
-def attention_through_sdpa():
-    """While active, sdpa calls made inside a tapped block are measured (see the module docstring)."""
-    original = F.scaled_dot_product_attention
+class _SdpaPatch:
+    """The one wrapper around F.scaled_dot_product_attention, shared by every user: installed by the first,
+    removed by the last, whatever order they leave in (two Watches on one model may close in any order)."""
 
-    def measured(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+    def __init__(self):
+        self.users = 0
+        self.original = None
+
+    def measured(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
         tap = _CURRENT[-1] if _CURRENT else None
         if tap is not None and tap.output is None and query.dim() >= 3:  # a recomputed forward is not counted twice
             try:
                 _observe(tap, query, key, attn_mask, is_causal, scale)
             except Exception as error:  # the measurement must never break the training step: say so instead
                 tap.notes.append(f"attention not measured: {type(error).__name__}: {error}")
-        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                        scale=scale, **kwargs)
+        return self.original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                             scale=scale, **kwargs)
 
-    F.scaled_dot_product_attention = measured
+    def enter(self) -> None:
+        if self.users == 0:
+            self.original = F.scaled_dot_product_attention
+            F.scaled_dot_product_attention = self.measured
+        self.users += 1
+
+    def leave(self) -> None:
+        self.users -= 1
+        if self.users == 0:
+            if F.scaled_dot_product_attention == self.measured:  # someone patching on top keeps their patch
+                F.scaled_dot_product_attention = self.original
+
+
+_SDPA = _SdpaPatch()
+
+
+@contextlib.contextmanager
+def attention_through_sdpa():
+    """While active, sdpa calls made inside a tapped block are measured (see the module docstring)."""
+    _SDPA.enter()
     try:
         yield
     finally:
-        F.scaled_dot_product_attention = original
+        _SDPA.leave()

@@ -17,12 +17,16 @@ flushed as soon as it is written, so a run that crashes keeps everything recorde
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import stat
 from pathlib import Path
 from typing import Iterator, Optional
 
 from blocktrace.errors import InputError, UsageError
+from blocktrace.sources.reading import file_kind, read_text
 
 FORMAT, VERSION = "blocktrace.timeline", 1
 
@@ -90,33 +94,75 @@ def dumps(entry: dict) -> str:
 
 class TimelineWriter:
     """Writes records to a JSON-lines file, flushing each one. An existing timeline is never silently mixed
-    with a new run: it is continued only with `append` (a resumed run) and replaced only with `overwrite`."""
+    with a new run: it is continued only with `append` (a resumed run) and replaced only with `overwrite`.
+
+    The file is opened without following a symbolic link and must be a regular file (a FIFO would block the
+    training loop); it is held under an exclusive lock while open, so a second writer — another Watch, in
+    this process or another — is refused instead of interleaving its records with the first one's."""
 
     def __init__(self, path: Path, append: bool = False, overwrite: bool = False):
         self.path = Path(path)
         if append and overwrite:
             raise UsageError("append=True continues the timeline and overwrite=True replaces it: pass one")
-        if not append and not overwrite and self.path.is_file() and self.path.stat().st_size > 0:
-            raise UsageError(f"{self.path} already holds a timeline: pass append=True to continue it (a resumed "
-                             "run) or overwrite=True to start it afresh")
+        descriptor = _open_for_writing(self.path)
         try:
-            self.handle = open(self.path, "a" if append else "w", encoding="utf-8")
-        except OSError as error:
-            raise InputError(f"cannot write {self.path}: {error.strerror or error}") from None
+            _lock(descriptor, self.path)
+            if not append and not overwrite and os.fstat(descriptor).st_size > 0:
+                raise UsageError(f"{self.path} already holds a timeline: pass append=True to continue it (a resumed "
+                                 "run) or overwrite=True to start it afresh")
+            if overwrite:
+                os.ftruncate(descriptor, 0)
+            os.lseek(descriptor, 0, os.SEEK_END)
+            self.handle = os.fdopen(descriptor, "a", encoding="utf-8")
+        except BaseException:
+            os.close(descriptor)
+            raise
 
     def write(self, entry: dict) -> None:
         self.handle.write(dumps(entry) + "\n")
         self.handle.flush()
 
     def close(self) -> None:
-        self.handle.close()
+        self.handle.close()  # closing the descriptor releases the lock
+
+
+def _open_for_writing(path: Path) -> int:
+    """A descriptor of the regular file at path (created if missing), opened without following a link and
+    without blocking on a FIFO."""
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        descriptor = os.open(path, flags, 0o666)
+    except OSError as error:
+        if error.errno == errno.ELOOP or os.path.islink(path):
+            raise InputError(f"cannot write the timeline {path}: it is a symbolic link; give the file itself") from None
+        if error.errno == errno.ENXIO:  # a FIFO with no reader
+            raise InputError(f"cannot write the timeline {path}: it is a FIFO; give a regular file") from None
+        raise InputError(f"cannot write {path}: {error.strerror or error}") from None
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        raise InputError(f"cannot write the timeline {path}: it is {file_kind(mode)}; give a regular file")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(descriptor, True)
+    return descriptor
+
+
+def _lock(descriptor: int, path: Path) -> None:
+    """An exclusive lock for as long as the descriptor is open; refused at once if another writer holds it."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks; one writer per file is then the user's to keep
+        return
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise UsageError(f"{path} is being written by another Watch (in this process or another): give each "
+                         "run its own timeline file") from None
 
 
 def json_lines(path: Path, what: str) -> Iterator[tuple[int, object]]:
     """(line number, value) of a JSON-lines file, blank lines skipped. A last line cut short (a run killed
     mid-write) ends the file; any other line that is not JSON is refused, naming `what` the file should hold."""
-    from blocktrace.sources.reading import read_text
-
     lines = read_text(Path(path)).splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
