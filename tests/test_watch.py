@@ -506,3 +506,31 @@ def test_two_watches_restore_attention_whatever_order_they_close_in(tmp_path, cl
     for watch in ([first, second] if close_first_opened_first else [second, first]):
         watch.close()
     assert F.scaled_dot_product_attention is original
+
+
+@pytest.mark.parametrize("arguments, named", [
+    (lambda m, p: Watch("model", p), "torch.nn.Module"),
+    (lambda m, p: Watch(m, 5), "path must be"),
+    (lambda m, p: Watch(m, p, every=True), "every must be"),
+    (lambda m, p: Watch(m, p, blocks=3), "blocks must be"),
+    (lambda m, p: Watch(m, p, blocks=["transformer.h"]), "blocks must be"),
+    (lambda m, p: Watch(m, p, blocks=[]), "blocks must be"),
+    (lambda m, p: Watch(m, p, optimizer="adam"), "optimizer must be"),
+    (lambda m, p: Watch(m, p, tensorboard=3), "tensorboard must be"),
+    (lambda m, p: Watch(m, p, checks="no"), "checks must be True or False"),
+    (lambda m, p: Watch(m, p, start="3"), "start must be"),
+])
+def test_a_watch_given_wrong_types_says_which_argument(tmp_path, arguments, named):
+    with pytest.raises(UsageError, match=named):
+        arguments(NanoGPT(), tmp_path / "run.jsonl")
+    assert not (tmp_path / "run.jsonl").exists()
+
+
+@pytest.mark.parametrize("loss, lr", [("abc", None), ([1.0], None), (torch.ones(3), None), (None, "x"), (None, [1])])
+def test_watch_step_given_wrong_types_says_which_argument(tmp_path, loss, lr):
+    model = NanoGPT()
+    with Watch(model, tmp_path / "run.jsonl", every=1) as watch:
+        ids, targets = nano_batch(0)
+        model(ids, targets)[1].backward()
+        with pytest.raises(UsageError, match="loss must be" if lr is None else "lr must be"):
+            watch.step(loss, lr=lr)

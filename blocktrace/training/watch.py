@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from os import PathLike
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -57,6 +58,45 @@ def _known(block: nn.Module) -> bool:
         return False
 
 
+def _is_integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_arguments(model, path, every, start, blocks, optimizer, tensorboard, **flags) -> None:
+    """Wrong types are refused with one UsageError naming the argument (never an AttributeError deep inside)."""
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"Watch needs the torch.nn.Module being trained, not {type(model).__name__}")
+    if not isinstance(path, (str, PathLike)):
+        raise UsageError(f"path must be the timeline file's path (a str or Path), not {type(path).__name__}")
+    if not _is_integer(every) or every < 1:
+        raise UsageError(f"every must be a positive integer, not {every!r}")
+    if not _is_integer(start) or start < 0:
+        raise UsageError(f"start must be a training step (an integer ≥ 0), not {start!r}")
+    if not (blocks is None or isinstance(blocks, str) or
+            (isinstance(blocks, (list, tuple, nn.ModuleList)) and blocks and
+             all(isinstance(block, nn.Module) for block in blocks))):
+        raise UsageError("blocks must be None (found by the Watch), the dotted path of the ModuleList holding "
+                         f"them, or a non-empty list of modules; not {blocks!r:.80}")
+    if optimizer is not None and not isinstance(getattr(optimizer, "param_groups", None), list):
+        raise UsageError(f"optimizer must be a torch optimizer (with param_groups), not {type(optimizer).__name__}")
+    if not (tensorboard is None or hasattr(tensorboard, "add_scalar") or isinstance(tensorboard, (str, PathLike))):
+        raise UsageError("tensorboard must be a SummaryWriter (anything with add_scalar) or a log directory, "
+                         f"not {type(tensorboard).__name__}")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise UsageError(f"{name} must be True or False, not {value!r:.80}")
+
+
+def _require_scalar(name: str, value) -> None:
+    """step()'s loss and lr: None, a number or a one-element tensor."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return
+    raise UsageError(f"watch.step(): {name} must be a number or a one-element tensor (or None), not "
+                     f"{type(value).__name__}{' of shape ' + str(list(value.shape)) if isinstance(value, torch.Tensor) else ''}")
+
+
 def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[nn.Module]:
     """The model's Transformer blocks: the ones named (a list, or a dotted path to a ModuleList), else the
     longest ModuleList whose modules blocktrace knows (HF GPT-2 / BERT / Llama-family layers, nanoGPT's Block,
@@ -84,10 +124,8 @@ class Watch:
     def __init__(self, model: nn.Module, path: Union[str, Path], every: int = 50, *, blocks: Blocks = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, tensorboard=None, checks: bool = True,
                  track_updates: bool = True, start: int = 0, append: bool = False, overwrite: bool = False):
-        if not isinstance(every, int) or every < 1:
-            raise UsageError(f"every must be a positive integer, not {every!r}")
-        if not isinstance(start, int) or start < 0:
-            raise UsageError(f"start must be a training step (an integer ≥ 0), not {start!r}")
+        _check_arguments(model, path, every, start, blocks, optimizer, tensorboard,
+                         checks=checks, track_updates=track_updates, append=append, overwrite=overwrite)
         self.model, self.every, self.optimizer = model, every, optimizer
         self.blocks = find_blocks(model, blocks)
         self.taps = [BlockTap(block, checks=checks) for block in self.blocks]
@@ -129,6 +167,8 @@ class Watch:
 
     def step(self, loss: Optional[torch.Tensor] = None, lr: Optional[float] = None) -> Optional[dict]:
         """Call after loss.backward() and before optimizer.step(); returns the record written, if any."""
+        _require_scalar("loss", loss)
+        _require_scalar("lr", lr)
         entry = None
         if self.recording:
             self._disarm()
