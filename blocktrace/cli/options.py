@@ -6,7 +6,6 @@ it excludes) and into `make_request`/`make_analysis` (where its value lands).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import click
 from tabulate import tabulate_formats
 
 from blocktrace.request import Analysis, InputSpec, RunRequest
+from blocktrace.sources.reading import parse_json
 from blocktrace.sources.idsfile import DEFAULT_RAW_DTYPE, MAX_WINDOWS, RAW_DTYPES
 from blocktrace.vocab import Device, DType, FFNKind, Init, Lang, Level, Norm, Placement
 
@@ -72,7 +72,7 @@ class StepNames(click.ParamType):
         if isinstance(value, dict):
             return value
         try:
-            names = json.loads(value)
+            names = parse_json(value)
         except ValueError as error:
             self.fail(f"not valid JSON ({error})", param, ctx)
         if not isinstance(names, dict) or not all(isinstance(v, str) for v in names.values()):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from blocktrace.errors import WeightsError
+from blocktrace.sources.reading import parse_json, read_text
 
 _MISSING = object()
 
@@ -26,14 +27,9 @@ class ConfigFile:
 
     @classmethod
     def read(cls, path: Path) -> "ConfigFile":
+        text = read_text(Path(path))  # a regular file, checked first: a FIFO would block
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise WeightsError(f"{path} is not UTF-8 text") from None
-        except OSError as error:
-            raise WeightsError(f"cannot read {path}: {error.strerror or error}") from None
-        try:
-            data = json.loads(text)
+            data = parse_json(text)
         except ValueError as error:
             raise WeightsError(f"{path} is not valid JSON: {error}") from None
         if not isinstance(data, dict):

@@ -12,13 +12,12 @@ through every checkpoint of a `track`.
 from __future__ import annotations
 
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from blocktrace.errors import InputError, UsageError
-from blocktrace.sources.reading import read_bytes, read_text
+from blocktrace.sources.reading import parse_json, read_bytes, read_text
 
 if TYPE_CHECKING:
     from blocktrace.request import InputSpec
@@ -63,8 +62,8 @@ def _from_raw(path: Path, dtype: str):
 def _from_json(path: Path):
     text = read_text(path, OPTION)
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as error:
+        value = parse_json(text)
+    except ValueError as error:
         raise InputError(f"{OPTION} {path} is not valid JSON: {str(error)[:80]}") from None
     rows = value if isinstance(value, list) and value and all(isinstance(v, list) for v in value) else [value]
     if not all(isinstance(row, list) and row and all(isinstance(i, int) and not isinstance(i, bool) for i in row)

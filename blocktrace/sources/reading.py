@@ -6,11 +6,14 @@ without end; a directory or a missing path is named. Errors name the option the 
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
 
 from blocktrace.errors import InputError
+
+MAX_JSON_DEPTH = 100  # far deeper than any config, trace metadata or timeline record; bounds every recursion after
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
@@ -56,3 +59,26 @@ def read_text(path: Path, option: str = "") -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise InputError(f"{_named(path, option)} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
+def parse_json(text: str) -> object:
+    """json.loads with a nesting limit: ValueError (saying why) for text that is not JSON or nests deeper than
+    MAX_JSON_DEPTH, so a hostile file is refused in one line instead of a RecursionError."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    if _nests_deeper(value, MAX_JSON_DEPTH):
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def _nests_deeper(value: object, limit: int) -> bool:
+    pending = [(value, 1)]  # a loop, not a recursion: the value may be as deep as the parser allowed
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            pending.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False

@@ -16,6 +16,7 @@ import torch
 
 from blocktrace.errors import InputError
 from blocktrace.files import check_output_path, write_atomically
+from blocktrace.sources.reading import parse_json
 
 # safetensors' dtype codes (https://github.com/huggingface/safetensors, format description)
 _DTYPE_CODES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -80,7 +81,7 @@ def open_trace(path: Path):
     if raw is None:
         raise InputError(f"{path} is not a blocktrace trace file (no step_order in its metadata): {hint}")
     try:
-        order = json.loads(raw)
+        order = parse_json(raw)
     except ValueError:
         order = None
     if not isinstance(order, list) or not all(isinstance(name, str) for name in order):

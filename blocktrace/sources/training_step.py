@@ -6,10 +6,11 @@ checkpoint at step 0 has seen no update: whatever is wrong with it is its initia
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Optional
+
+from blocktrace.sources.reading import parse_json
 
 STEP_IN_NAME = re.compile(r"(?:^|[^a-z])(?:step|checkpoint|ckpt|iter|iteration|global_step|epoch)[-_]?(\d+)$",
                           re.IGNORECASE)
@@ -41,8 +42,9 @@ def step_named(path: Path) -> Optional[int]:
     state = directory / "trainer_state.json"
     if state.is_file():
         try:
-            step = json.loads(state.read_text(encoding="utf-8")).get("global_step")
-            if isinstance(step, int) and step >= 0:
+            state_data = parse_json(state.read_text(encoding="utf-8"))
+            step = state_data.get("global_step") if isinstance(state_data, dict) else None
+            if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
                 return step
         except (ValueError, OSError):
             pass

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from blocktrace.errors import InputError, UsageError
-from blocktrace.sources.reading import file_kind, read_text
+from blocktrace.sources.reading import file_kind, parse_json, read_text
+from blocktrace.training.schema import NON_FINITE, SchemaError, checked_record
 
 FORMAT, VERSION = "blocktrace.timeline", 1
 
@@ -70,21 +71,11 @@ def record(step: Optional[int], source: str, layers: list[dict], flags: list[dic
 def _finite(value):
     """JSON has no NaN/Inf: they travel as strings a reader turns back into floats."""
     if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        return NON_FINITE[0] if math.isnan(value) else NON_FINITE[1 if value > 0 else 2]
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_finite(v) for v in value]
-    return value
-
-
-def _restore(value):
-    if value in ("nan", "inf", "-inf"):
-        return float(value)
-    if isinstance(value, dict):
-        return {k: _restore(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_restore(v) for v in value]
     return value
 
 
@@ -168,7 +159,7 @@ def json_lines(path: Path, what: str) -> Iterator[tuple[int, object]]:
         if not line.strip():
             continue
         try:
-            yield number, json.loads(line)
+            yield number, parse_json(line)
         except ValueError:
             if number == len(lines):
                 return
@@ -176,17 +167,25 @@ def json_lines(path: Path, what: str) -> Iterator[tuple[int, object]]:
 
 
 def read_timeline(path: Path) -> list[dict]:
-    """The records of a timeline file, in step order; refuses files that are not timelines."""
-    records = []
+    """The records of a timeline file, in step order. Refuses files that are not timelines, and records that
+    break the schema (training/schema.py) or repeat a step, naming the line."""
+    records, lines = [], {}
     for number, entry in json_lines(path, "a timeline holds one JSON record per line"):
         if not isinstance(entry, dict) or entry.get("format") != FORMAT:
             raise InputError(f"{path}:{number} is not a blocktrace timeline record (written by Watch or "
                              "`blocktrace track --out`)")
         if entry.get("version") != VERSION:
-            raise InputError(f"{path}:{number} is timeline version {entry.get('version')}; this blocktrace reads "
-                             f"version {VERSION}")
-        records.append(_restore(entry))
+            raise InputError(f"{path}:{number} is timeline version {entry.get('version')!r:.20}; this blocktrace "
+                             f"reads version {VERSION}")
+        try:
+            checked = checked_record(entry)
+        except SchemaError as error:
+            raise InputError(f"{path}:{number}: {error} (the timeline format: docs/track.md)") from None
+        if checked["step"] in lines:
+            raise InputError(f"{path}:{number} repeats step {checked['step']} of line {lines[checked['step']]}: "
+                             "two runs were written into one file; give each run its own timeline")
+        lines[checked["step"]] = number
+        records.append(checked)
     if not records:
         raise InputError(f"{path} holds no timeline records")
-    return sorted(records, key=lambda entry: (entry.get("step") is None, entry.get("step") or 0))
-
+    return sorted(records, key=lambda entry: entry["step"])

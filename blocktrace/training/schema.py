@@ -1,0 +1,125 @@
+"""The timeline record's schema, checked field by field as a timeline is read.
+
+A record that does not follow it is refused with its line and the field at fault, so a hand-edited
+or foreign file never reaches the tables as a traceback or, worse, as a plausible row. Numbers that
+JSON cannot hold (NaN, ±Inf) travel as the strings "nan", "inf", "-inf": they are turned back into
+floats only where the schema says a number is, so a path or a note spelled "nan" stays a string.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from blocktrace.vocab import Level
+
+NON_FINITE = ("nan", "inf", "-inf")
+SOURCES = ("watch", "checkpoint")
+RECORD_NUMBERS = ("loss", "lr", "grad_norm")
+LAYER_NUMBERS = ("rms", "median_token_sq_norm_per_d", "max_logit", "min_entropy", "future_weight_sum", "grad_norm")
+LEVELS = tuple(level.value for level in Level)
+
+
+class SchemaError(ValueError):
+    """A field that is not what the schema says; the message names the field."""
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def number(value: Any, field: str):
+    """None, an int or float, or a non-finite number spelled as JSON cannot (→ float)."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, str) and value in NON_FINITE:
+        return float(value)
+    raise SchemaError(f"{field} must be a number or null, not {_shown(value)}")
+
+
+def _text(value: Any, field: str, optional: bool = True):
+    if (value is None and optional) or isinstance(value, str):
+        return value
+    raise SchemaError(f"{field} must be a string{' or null' if optional else ''}, not {_shown(value)}")
+
+
+def _index(value: Any, field: str, optional: bool = False):
+    if (value is None and optional) or (_is_integer(value) and value >= 0):
+        return value
+    raise SchemaError(f"{field} must be an integer ≥ 0{' or null' if optional else ''}, not {_shown(value)}")
+
+
+def _listed(value: Any, field: str, each: Callable[[Any, str], Any], optional: bool = False):
+    if value is None and optional:
+        return None
+    if not isinstance(value, list):
+        raise SchemaError(f"{field} must be a list, not {_shown(value)}")
+    return [each(item, f"{field}[{i}]") for i, item in enumerate(value)]
+
+
+def _mapped(value: Any, field: str, each: Callable[[Any, str], Any], optional: bool = False):
+    if value is None and optional:
+        return None
+    if not isinstance(value, dict):
+        raise SchemaError(f"{field} must be an object, not {_shown(value)}")
+    return {key: each(item, f"{field}.{key}") for key, item in value.items()}
+
+
+def _numbers(value: Any, field: str) -> dict:
+    return _mapped(value, field, number)
+
+
+def _layer(value: Any, field: str) -> dict:
+    layer = _mapped(value, field, lambda item, name: item)
+    layer["layer"] = _index(layer.get("layer"), f"{field}.layer")
+    layer["steps"] = _mapped(layer.get("steps"), f"{field}.steps", _numbers)
+    for key in LAYER_NUMBERS:
+        layer[key] = number(layer.get(key), f"{field}.{key}")
+    layer["entropy_per_head"] = _listed(layer.get("entropy_per_head"), f"{field}.entropy_per_head", number,
+                                        optional=True)
+    layer["weights"] = _mapped(layer.get("weights"), f"{field}.weights", _numbers, optional=True)
+    layer["notes"] = _listed(layer.get("notes", []), f"{field}.notes", _text)
+    return layer
+
+
+def _level(value: Any, field: str) -> str:
+    if value in LEVELS:
+        return value
+    raise SchemaError(f"{field} must be one of {', '.join(LEVELS)}, not {_shown(value)}")
+
+
+def _flag(value: Any, field: str) -> dict:
+    flag = _mapped(value, field, lambda item, name: item)
+    flag["name"] = _text(flag.get("name"), f"{field}.name", optional=False)
+    flag["level"] = _level(flag.get("level"), f"{field}.level")
+    for key in ("cause", "step", "detail"):
+        flag[key] = _text(flag.get(key), f"{field}.{key}")
+    flag["layer"] = _index(flag.get("layer"), f"{field}.layer", optional=True)
+    return flag
+
+
+def _finding(value: Any, field: str) -> dict:
+    finding = _mapped(value, field, lambda item, name: item)
+    finding["cause"] = _text(finding.get("cause"), f"{field}.cause", optional=False)
+    for key in ("evidence", "advice"):
+        finding[key] = _text(finding.get(key), f"{field}.{key}")
+    return finding
+
+
+def checked_record(entry: dict) -> dict:
+    """The record with its numbers restored; SchemaError naming the first field that breaks the schema."""
+    record = dict(entry)
+    if record.get("source") not in SOURCES:
+        raise SchemaError(f"source must be one of {', '.join(SOURCES)}, not {_shown(record.get('source'))}")
+    record["step"] = _index(record.get("step"), "step")
+    record["path"] = _text(record.get("path"), "path")
+    for key in RECORD_NUMBERS:
+        record[key] = number(record.get(key), key)
+    record["layers"] = _listed(record.get("layers"), "layers", _layer)
+    record["flags"] = _listed(record.get("flags", []), "flags", _flag)
+    record["diagnosis"] = _listed(record.get("diagnosis", []), "diagnosis", _finding)
+    return record
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "…"
