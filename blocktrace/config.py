@@ -163,5 +163,10 @@ class BlockConfig:
         return cls(**{key: value for key, value in data.items() if key in known})
 
 
+HINTED_HEADS = 128  # the head counts a divisor hint lists: enough for any real model, bounded for any width
+
+
 def _divisors(n: int) -> str:
-    return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0)
+    """The head counts up to HINTED_HEADS that divide n (bounded: n may be any integer a user typed)."""
+    found = [str(k) for k in range(1, min(n, HINTED_HEADS) + 1) if n % k == 0]
+    return ", ".join(found) + (f" (the divisors up to {HINTED_HEADS})" if n > HINTED_HEADS else "")

@@ -16,6 +16,12 @@ from typing import Optional
 from blocktrace.errors import UsageError
 
 FIT_FRACTION = 0.75  # refuse beyond this share of the available memory: the rest is headroom
+# Sizes past any model blocktrace reads, refused as options: within them memory is estimated, beyond them
+# a run would take hours even where it fits (attention is T², a gradient average is one backward per batch).
+MAX_LAYERS = 1024  # DeepNet's 1,000-layer Transformer is the deepest published
+MAX_TOKENS = 131_072  # the longest context of the families blocktrace reads (Llama-3.1, Qwen2.5: 128k)
+MAX_WIDTH = 1 << 20  # d_model / d_ff: 64× GPT-3's d_model, 16× Llama-3-405B's d_ff
+MAX_BATCHES = 1024  # mini-batches averaged for one gradient
 
 
 @dataclass(frozen=True)

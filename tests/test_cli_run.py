@@ -142,10 +142,10 @@ def test_chinese_headings_and_explanations(invoke):
 
 ERROR_CASES = [
     (["--d-model", "6", "--heads", "4"], 2, "Error: Invalid value for '--heads': d_model 6 is not divisible by heads 4"),
-    (["--d-model", "0"], 2, "Error: Invalid value for '--d-model': 0 is not in the range x>=1."),
-    (["--heads", "-2"], 2, "Error: Invalid value for '--heads': -2 is not in the range x>=1."),
-    (["--d-ff", "0"], 2, "Error: Invalid value for '--d-ff': 0 is not in the range x>=1."),
-    (["--seq-len", "0"], 2, "Error: Invalid value for '--seq-len': 0 is not in the range x>=1."),
+    (["--d-model", "0"], 2, "Error: Invalid value for '--d-model': 0 is not in the range 1<=x<="),
+    (["--heads", "-2"], 2, "Error: Invalid value for '--heads': -2 is not in the range 1<=x<="),
+    (["--d-ff", "0"], 2, "Error: Invalid value for '--d-ff': 0 is not in the range 1<=x<="),
+    (["--seq-len", "0"], 2, "Error: Invalid value for '--seq-len': 0 is not in the range 1<=x<="),
     (["--tokens", ""], 2, "Error: --tokens needs at least one token"),
     (["--tokens"], 2, "Error: Option '--tokens' requires an argument."),
     (["--tokens", "a b", "--seq-len", "3"], 2, "Error: --seq-len 3 contradicts the 2 tokens given"),

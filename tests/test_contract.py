@@ -227,13 +227,30 @@ def test_no_space_left_is_one_error_line(invoke, tmp_path, monkeypatch):
 
 # --- 5. sizes that cannot fit -------------------------------------------------------------------
 
-@pytest.mark.parametrize("args", [["--d-model", "20000", "--heads", "1"], ["--layers", "100000", "--d-model", "512"],
+@pytest.mark.parametrize("args", [["--d-model", "20000", "--heads", "1"], ["--layers", "1000", "--d-model", "4096"],
                                   ["--d-model", "100000", "--seq-len", "100000"]])
 def test_runs_that_cannot_fit_are_refused_with_the_estimate(invoke, monkeypatch, args):
     import blocktrace.sizing
 
     monkeypatch.setattr(blocktrace.sizing, "available_bytes", lambda device: 8 * 2**30)
     one_error_line(invoke("run", *args), 2, "this run needs about", "8.0 GiB is available")
+
+
+@pytest.mark.parametrize("args, option", [
+    (["run", "--layers", "100000"], "--layers"), (["run", "--seq-len", "1000000"], "--seq-len"),
+    (["run", "--d-model", "99999999999999999999999"], "--d-model"),
+    (["compare", "--pre-ln", "--post-ln", "--layers", "6,2000", "--grad"], "--layers"),
+    (["check", "--weights", str(GPT2), "--token-ids", "1", "--grad", "--batches", "1000000000"], "--batches")])
+def test_sizes_past_any_model_are_refused_before_any_work(invoke, args, option):
+    """Each would fit in memory at a small width, and run for hours: refused as options, naming the bound."""
+    one_error_line(invoke(*args), 2, f"Invalid value for '{option}'", "at most" if option == "--layers" else "<=x<=")
+
+
+def test_a_head_hint_for_any_width_is_computed_at_once():
+    from blocktrace.config import BlockConfig
+
+    with pytest.raises(ValueError, match=r"pick heads among 1, 89, 101 \(the divisors up to 128\)"):
+        BlockConfig(d_model=10**22 + 1, n_heads=7)  # 89 · 101 · 1112470797641561909: listing every divisor never ends
 
 
 def test_the_estimate_covers_what_a_run_really_allocates():
@@ -364,6 +381,11 @@ def test_standard_output_that_cannot_be_written():
                                 text=True, cwd=ROOT)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["Error: cannot write to standard output: No space left on device"]
+    closed = subprocess.run(["sh", "-c", f"'{sys.executable}' -m blocktrace run >&-"], stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT)
+    assert closed.returncode == 2
+    assert closed.stderr.strip().splitlines() == ["Error: standard output is closed: redirect it to a file or to "
+                                                  "/dev/null"]
 
 
 # --- 7. errors blamed on the right thing --------------------------------------------------------

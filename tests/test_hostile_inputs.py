@@ -162,3 +162,61 @@ def test_reading_a_timeline_directly_names_the_field(tmp_path, timeline_lines):
     path = _write(tmp_path, [_set(timeline_lines[0], "step", "3")])
     with pytest.raises(InputError, match=r"broken.jsonl:1: step must be an integer ≥ 0, not '3'"):
         read_timeline(path)
+
+
+def _edit_weights(folder, change) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
+def test_a_stray_layer_index_is_refused_before_anything_is_sized(invoke, tmp_path):
+    """h.999999999.… once made inspect allocate a list per missing layer (7.4 GB)."""
+    import resource
+
+    weights = _gpt2_copy(tmp_path)
+    _edit_weights(weights, lambda t: t.update({"h.999999999.ln_1.weight": torch.ones(64)}))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for command in (["inspect", str(weights)], ["check", "--weights", str(weights), "--token-ids", "1"]):
+        one_error_line(invoke(*command), "layer 4 is missing but layer 999999999 is there")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: nothing sized from it
+
+
+def test_integer_weights_are_refused_not_traced_as_floats(invoke, tmp_path):
+    weights = _gpt2_copy(tmp_path)
+    _edit_weights(weights, lambda t: t.update({"h.0.attn.c_attn.weight": t["h.0.attn.c_attn.weight"].to(torch.int8)}))
+    one_error_line(invoke("check", "--weights", str(weights), "--token-ids", "1", "2"),
+                   "h.0.attn.c_attn.weight", "stored as I8", "dequantise")
+    listed = invoke("inspect", str(weights))  # inspect lists what is there, integers too
+    assert listed.exit_code == 0 and "I8" in listed.stdout
+
+
+def test_an_embedding_narrower_than_the_blocks_is_named(invoke, tmp_path):
+    weights = _gpt2_copy(tmp_path)
+    _edit_weights(weights, lambda t: t.update({"wte.weight": t["wte.weight"][:, :32].contiguous()}))
+    for command in ("run", "check"):
+        one_error_line(invoke(command, "--weights", str(weights), "--token-ids", "1", "2"),
+                       "wte.weight has shape [118, 32] but the blocks are 64 wide")
+
+
+def _config(weights, change) -> None:
+    config = json.loads((weights / "config.json").read_text())
+    change(config)
+    (weights / "config.json").write_text(json.dumps(config))
+
+
+def test_a_config_that_contradicts_its_tensors_is_named_not_sized(invoke, tmp_path):
+    """Once: "needs 14210.9 PiB" — the memory estimate believed the config over the tensors."""
+    weights = _gpt2_copy(tmp_path)
+    _config(weights, lambda c: c.update(n_embd=6_400_000))
+    one_error_line(invoke("check", "--weights", str(weights), "--token-ids", "1"),
+                   "n_embd = 6400000 but the weights' d_model is 64", "does not belong to these weights")
+
+
+def test_a_config_without_heads_is_not_called_missing(invoke, tmp_path):
+    weights = _gpt2_copy(tmp_path)
+    _config(weights, lambda c: c.pop("n_head"))
+    one_error_line(invoke("check", "--weights", str(weights), "--token-ids", "1"),
+                   "config.json does not say the number of heads (n_head): pass --heads")

@@ -93,6 +93,9 @@ class BlocktraceGroup(click.Group):
 
     def main(self, args=None, prog_name=None, **extra):
         extra["standalone_mode"] = False
+        if sys.stdout is None:  # started with its standard output closed (`>&-`): nothing could be reported
+            click.echo("Error: standard output is closed: redirect it to a file or to /dev/null", err=True)
+            sys.exit(ERROR_EXIT)
         try:
             result = super().main(args=args, prog_name=prog_name, **extra)
             _flush_stdout()

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Optional
 
 import click
 from tabulate import tabulate_formats
 
 from blocktrace.request import Analysis, InputSpec, RunRequest
+from blocktrace.sizing import MAX_BATCHES, MAX_LAYERS, MAX_TOKENS, MAX_WIDTH
 from blocktrace.sources.reading import parse_json
 from blocktrace.sources.idsfile import DEFAULT_RAW_DTYPE, MAX_WINDOWS, RAW_DTYPES
 from blocktrace.vocab import Device, DType, FFNKind, Init, Lang, Level, Norm, Placement
@@ -29,8 +31,8 @@ class IntegerList(click.ParamType):
 
     name = "N[,N...]"
 
-    def __init__(self, what: str, minimum: int, example: str):
-        self.what, self.minimum, self.example = what, minimum, example
+    def __init__(self, what: str, minimum: int, example: str, maximum: Optional[int] = None):
+        self.what, self.minimum, self.maximum, self.example = what, minimum, maximum, example
 
     def convert(self, value, param, ctx):
         if isinstance(value, tuple):
@@ -42,6 +44,8 @@ class IntegerList(click.ParamType):
                       param, ctx)
         if any(number < self.minimum for number in numbers):
             self.fail(f"{value!r}: every {self.what} must be at least {self.minimum}", param, ctx)
+        if self.maximum is not None and any(number > self.maximum for number in numbers):
+            self.fail(f"{value!r}: every {self.what} must be at most {self.maximum}", param, ctx)
         return numbers
 
 
@@ -94,9 +98,9 @@ def options(*decorators):
 
 SEED_OPTION = click.option("--seed", type=click.IntRange(0, SEED_MAX), default=0, show_default=True, help="Seed of what is drawn at random (a random block's parameters and input; the --windows of a --token-ids-file): same seed, same numbers.")
 BLOCK_OPTIONS = options(
-    click.option("--d-model", type=click.IntRange(min=1), default=16, show_default=True, help="Width of the residual stream."),
-    click.option("--heads", type=click.IntRange(min=1), default=4, show_default=True, help="Attention heads; must divide --d-model."),
-    click.option("--d-ff", type=click.IntRange(min=1), default=None, help="FFN hidden width.  [default: 4 × d-model]"),
+    click.option("--d-model", type=click.IntRange(min=1, max=MAX_WIDTH), default=16, show_default=True, help="Width of the residual stream."),
+    click.option("--heads", type=click.IntRange(min=1, max=MAX_WIDTH), default=4, show_default=True, help="Attention heads; must divide --d-model."),
+    click.option("--d-ff", type=click.IntRange(min=1, max=MAX_WIDTH), default=None, help="FFN hidden width.  [default: 4 × d-model]"),
     click.option("--causal/--no-causal", default=True, show_default=True, help="Mask future tokens before the softmax."),
     click.option("--eps", type=FiniteNumber(positive=True), default=1e-5, show_default=True, help="Norm epsilon."),
     click.option("--bias/--no-bias", default=True, show_default=True, help="Biases on linear layers and LayerNorm."),
@@ -112,11 +116,11 @@ IDS_FILE_OPTIONS = options(
     click.option("--token-ids-file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Token ids from a file, no tokenizer needed: .npy (1-D stream or 2-D rows), .bin (raw integers as nanoGPT's prepare.py writes them), .json (a list, or a list of lists), or text (whitespace-separated ids, a sequence per line)."),
     click.option("--ids-dtype", type=click.Choice(RAW_DTYPES), default=DEFAULT_RAW_DTYPE, show_default=True, help="The integers of a raw .bin --token-ids-file."),
     click.option("--windows", type=click.IntRange(min=1, max=MAX_WINDOWS), default=None, help="Draw this many windows of --context ids from a --token-ids-file stream, at offsets fixed by --seed (as a training loop draws batches)."),
-    click.option("--context", type=click.IntRange(min=1), default=None, help="The length of each --windows window.  [default: the model's positions]"),
+    click.option("--context", type=click.IntRange(min=1, max=MAX_TOKENS), default=None, help="The length of each --windows window.  [default: the model's positions]"),
 )
 INPUT_OPTIONS = options(
     click.option("--tokens", "tokens_text", metavar="TOKEN...", help="Input tokens, e.g. --tokens 猫 吃 鱼 (seeded embedding + sinusoidal positions)."),
-    click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Random input of this many tokens (when no --tokens).  [default: 5]"),
+    click.option("--seq-len", type=click.IntRange(min=1, max=MAX_TOKENS), default=None, help="Random input of this many tokens (when no --tokens).  [default: 5]"),
     click.option("--batch", type=click.IntRange(min=1), default=None, help="Add a batch dimension of this size; without it x is [T, d-model]."),
     click.option("--weights", type=click.Path(path_type=Path), default=None, help="A safetensors checkpoint (GPT-2, BERT, Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma-2, GPT-NeoX, Phi-3): a .safetensors file, a directory with model.safetensors (or a sharded index) and config.json, or a model id already in the local HuggingFace cache (never downloaded)."),
     click.option("--layer", type=click.IntRange(min=0), default=0, show_default=True, help="Which block of --weights to trace (the first, with --layers)."),
@@ -130,9 +134,9 @@ ATTN_CHUNK_OPTION = click.option("--attn-chunk", type=click.IntRange(min=1), def
 COMPUTE_OPTIONS = options(DTYPE_OPTION, DEVICE_OPTION, ATTN_CHUNK_OPTION)
 
 DEPTH_OPTIONS = options(
-    click.option("--layers", "depths", type=IntegerList("depth", 1, "12 or 6,8,10"), default=None, help="How many blocks, in every command: a stack of N (with --weights, the N layers from --layer) with a per-layer table, or several depths 6,8,10 for a gradient sweep (needs --grad)."),
+    click.option("--layers", "depths", type=IntegerList("depth", 1, "12 or 6,8,10", MAX_LAYERS), default=None, help="How many blocks, in every command: a stack of N (with --weights, the N layers from --layer) with a per-layer table, or several depths 6,8,10 for a gradient sweep (needs --grad)."),
     click.option("--grad", is_flag=True, help="One backward pass: gradient norms at every step and of every weight matrix (the loss: docs/compare.md)."),
-    click.option("--batches", type=click.IntRange(min=1), default=1, show_default=True, help="With --grad: average the gradient over this many seeded mini-batches before taking norms."),
+    click.option("--batches", type=click.IntRange(min=1, max=MAX_BATCHES), default=1, show_default=True, help="With --grad: average the gradient over this many seeded mini-batches before taking norms."),
 )
 
 STEPS_OPTION = click.option("--block-steps", "show_steps", is_flag=True, help="With --layers: print every block's six steps (norm1 … residual2).")

@@ -29,6 +29,7 @@ WRAPPER_PREFIXES = {"_orig_mod.": "torch.compile", "module.": "DistributedDataPa
 DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
                torch.bool: "BOOL"}
+INTEGER_DTYPES = ("I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL")  # never read as a float weight
 
 
 def _refuse_pickle(path: Path) -> None:
@@ -290,8 +291,12 @@ class Checkpoint:
 
     def get(self, key: str, dtype: Optional[torch.dtype] = None,
             rows: Union[None, slice, Sequence[int]] = None) -> torch.Tensor:
-        """One tensor, or some of its rows (a slice, or a list of row indices), converted to `dtype`."""
+        """One tensor, or some of its rows (a slice, or a list of row indices), converted to `dtype`. An integer
+        tensor is never read as a float weight: int8/uint8 weights are quantised, meaningless without their scales."""
         file, handle, name = self._located(key)
+        if dtype is not None and dtype.is_floating_point and self.dtype(key) in INTEGER_DTYPES:
+            raise WeightsError(f"{key} in {file} is stored as {self.dtype(key)}: integer (quantised) weights are not "
+                               "read as floats; give the model's float weights (dequantise it first)")
         try:
             if rows is None:
                 tensor = handle.get_tensor(name)

@@ -13,7 +13,7 @@ from blocktrace.sources.families import checkpoint_config, model_info
 
 
 def _tensor_entry(checkpoint: Checkpoint, key: str, name: str) -> dict:
-    tensor = checkpoint.get(key, torch.float32)  # one tensor at a time: memory stays one tensor's size
+    tensor = checkpoint.get(key).float()  # as stored (integers too: inspect lists all); one tensor at a time
     return {"name": name, "shape": list(checkpoint.shape(key)), "dtype": checkpoint.dtype(key),
             "norm": torch.linalg.vector_norm(tensor).item()}
 
@@ -30,7 +30,7 @@ def inspect_checkpoint(path: Path) -> dict:
     others = []
     for key in sorted(checkpoint.keys):
         match = layer_key.match(key)
-        if match:
+        if match and int(match.group(1)) < info.n_layers:  # a tensor of a layer past the last: listed with the rest
             layers[int(match.group(1))].append(_tensor_entry(checkpoint, key, match.group(2)))
         else:
             others.append(_tensor_entry(checkpoint, key, key))

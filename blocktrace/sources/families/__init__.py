@@ -93,6 +93,17 @@ def _tie_embedding(checkpoint: Checkpoint, family: Family, prefix: str, config: 
                                                  "saved once)")
 
 
+def _contiguous(checkpoint: Checkpoint, family: Family, prefix: str, found: set[int]) -> int:
+    """The number of layers, when the layers found are 0..N-1; a gap (a missing layer, or a stray index such as
+    h.999999999) is refused: nothing would be sized from an index no layer fills."""
+    n_layers = len(found)
+    if max(found) != n_layers - 1:
+        missing = min(set(range(n_layers + 1)) - found)
+        raise WeightsError(f"{checkpoint.path}: the layers {prefix}{family.layers_path}.{{k}} must be numbered from 0 "
+                           f"without a gap: layer {missing} is missing but layer {max(found)} is there")
+    return n_layers
+
+
 def model_info(checkpoint: Checkpoint) -> ModelInfo:
     config, config_notes = _config(checkpoint)
     if config is not None:
@@ -104,7 +115,7 @@ def model_info(checkpoint: Checkpoint) -> ModelInfo:
                            f"like its layers ({family.layers_path}.{{k}}.{family.marker})")
     prefix, found = max(layers.items(), key=lambda item: len(item[1]))
     family = family.variant(checkpoint, prefix)
-    n_layers = max(found) + 1
+    n_layers = _contiguous(checkpoint, family, prefix, found)
     declared = None
     if config is not None:
         declared = config.integer("n_layer") if "n_layer" in config else config.integer("num_hidden_layers")
@@ -156,14 +167,35 @@ def checkpoint_config(checkpoint: Checkpoint, info: ModelInfo, overrides: dict) 
                            "weights): add the checkpoint's config.json")
     from_config = {} if info.config is None else \
         {key: value for key, value in family.config_fields(info.config).items() if value is not None}
-    fields = {**family.shape_fields(checkpoint, base), **from_config}
+    shapes = family.shape_fields(checkpoint, base)
+    _config_fits_tensors(info, shapes, from_config)
+    fields = {**shapes, **from_config}
     for name in SIZE_FIELDS:
         _check_conflict(name, fields.get(name), overrides.get(name))
     if fields.get("n_heads") is None:
         if overrides.get("n_heads") is None:
-            raise UsageError(f"{checkpoint.directory} has no config.json: pass --heads "
-                             f"(d_model {fields['d_model']} read from the weights)")
+            where = (f"{info.config.path} does not say the number of heads "
+                     f"({family.config_keys.get('n_heads', 'n_heads')})" if info.config is not None
+                     else f"{checkpoint.directory} has no config.json")
+            raise UsageError(f"{where}: pass --heads (d_model {fields['d_model']} read from the weights)")
         fields["n_heads"] = overrides["n_heads"]
     fields["n_layers"] = info.n_layers
     native = _native_config(fields, set(from_config), info)
+    _embedding_fits(checkpoint, info, native.d_model)
     return native.replace(**{key: value for key, value in overrides.items() if key not in SIZE_FIELDS})
+
+
+def _config_fits_tensors(info: ModelInfo, shapes: dict, from_config: dict) -> None:
+    """config.json's widths must be the tensors' (else the memory estimate and every shape after are fiction)."""
+    for name in ("d_model", "d_ff"):
+        if shapes.get(name) is not None and from_config.get(name) is not None and shapes[name] != from_config[name]:
+            key = info.family.config_keys.get(name, name)
+            raise WeightsError(f"{info.config.path}: {key} = {from_config[name]!r:.30} but the weights' {name} is "
+                               f"{shapes[name]}: this config.json does not belong to these weights")
+
+
+def _embedding_fits(checkpoint: Checkpoint, info: ModelInfo, d_model: int) -> None:
+    embedding = f"{info.prefix}{info.family.embedding_key}"
+    if embedding in checkpoint and tuple(checkpoint.shape(embedding))[1:] != (d_model,):
+        raise WeightsError(f"{checkpoint.path}: the embedding {embedding} has shape {list(checkpoint.shape(embedding))} "
+                           f"but the blocks are {d_model} wide: expected [vocabulary, {d_model}]")
