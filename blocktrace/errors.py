@@ -33,3 +33,8 @@ class InputError(BlocktraceError):
 
 class WeightsError(BlocktraceError):
     """A checkpoint that cannot be read or does not fit the block."""
+
+
+def valid_indices(count: int) -> str:
+    """The valid indices of `count` things, for a message: "0–117", or "none" when there are none."""
+    return f"0–{count - 1}" if count > 0 else "none"

@@ -219,3 +219,12 @@ def test_device_cuda_without_a_gpu_is_a_clear_error_and_auto_falls_back(invoke):
     assert result.exit_code == 2
     assert result.stderr == "Error: --device cuda: no CUDA device is available here (use --device cpu or auto)\n"
     assert invoke("run", "--device", "auto").stdout == invoke("run").stdout
+
+
+def test_escape_sequences_in_tokens_never_reach_the_terminal(invoke):
+    result = invoke("run", "--tokens", "a\x1b[31mred", "猫", "x\u202ey")
+    assert result.exit_code == 0
+    assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
+    assert "tokens: a\\x1b[31mred 猫 x\\u202ey" in result.stdout  # shown, escaped; CJK as it is
+    compared = invoke("compare", "--pre-ln", "--post-ln", "--tokens", "a\x1b[2Jb", "c")
+    assert "\x1b" not in compared.stdout and "a\\x1b[2Jb" in compared.stdout

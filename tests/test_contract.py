@@ -314,6 +314,12 @@ def test_trace_files_whose_step_order_is_not_a_list_of_names(invoke, tmp_path, o
     one_error_line(invoke("diff", str(path), str(path)), 2, "step_order")
 
 
+def test_traces_without_any_step_are_not_within_tolerance(invoke, tmp_path):
+    path = tmp_path / "t.safetensors"
+    save_file({"unrelated": torch.zeros(2)}, str(path), metadata={"step_order": '["norm1", "attn"]'})
+    one_error_line(invoke("diff", str(path), str(path)), 2, "holds a traced step", "nothing to compare")
+
+
 def test_zero_size_and_zero_dim_tensors(invoke, tmp_path):
     target = copy_sample(tmp_path)
     tensors = load_file(str(target / "model.safetensors"))
@@ -436,6 +442,15 @@ REFUSED = [
     (["compare", "--pre-ln", "--post-ln", "--weights", str(GPT2), "--token-ids", "1", "--seed", "2"], "--seed"),
     (["compare", "--pre-ln", "--post-ln", "--lang", "zh"], "--lang"),
     (["compare", "--pre-ln", "--post-ln", "--plot", "/tmp/never-written.png"], "--plot"),
+    (["run", "--force"], "--force lets --save or --plot"),
+    (["compare", "--pre-ln", "--post-ln", "--force"], "--force lets --plot"),
+    (["track", str(SAMPLES / "nanogpt" / "ckpt_0000.pt"), "--token-ids", "1", "--force"], "--force lets --out"),
+    (["run", "--layers", "2", "--block-steps", "--json"], "--block-steps"),
+    (["compare", "--pre-ln", "--post-ln", "--layers", "2", "--block-steps", "--json"], "--block-steps"),
+    (["run", "--tokens", "a", "b", "--grad", "--batches", "2"], "--batches"),
+    (["check", "--weights", str(GPT2), "--token-ids", "1", "2", "--grad", "--batches", "2"], "--batches"),
+    (["run", "--d-model", "4", "--heads", "2", "--d-model", "8"], "--d-model is given twice"),
+    (["inspect", str(GPT2), "--format", "grid", "--format=simple"], "--format is given twice"),
     *[(["run", "--module", MODULE, *extra], extra[0]) for extra in (
         ["--post-ln"], ["--deepnorm"], ["--norm", "rmsnorm"], ["--ffn", "relu"], ["--attn-chunk", "2"],
         ["--init", "xavier"], ["--heads", "2"], ["--no-bias"], ["--eps", "0.001"])],
@@ -577,3 +592,10 @@ def test_module_leaves_sys_path_and_sys_modules_as_they_were(invoke, tmp_path, m
         assert sys.path == path_before and "ub" not in sys.modules
     first, second = (strict_json(r.stdout)["steps"][-1]["stats"]["rms"] for r in outputs)
     assert first != second  # the second directory's own block, not the cached first one
+
+
+def test_a_plot_that_cannot_be_drawn_leaves_no_trace_file_behind(invoke, tmp_path):
+    trace, plot = tmp_path / "a.safetensors", tmp_path / "b.png"
+    one_error_line(invoke("run", "--seq-len", "200", "--save", str(trace), "--plot", str(plot)), 2,
+                   "--plot draws heatmaps for up to 16 tokens")
+    assert not trace.exists() and not plot.exists()

@@ -220,3 +220,19 @@ def test_a_config_without_heads_is_not_called_missing(invoke, tmp_path):
     _config(weights, lambda c: c.pop("n_head"))
     one_error_line(invoke("check", "--weights", str(weights), "--token-ids", "1"),
                    "config.json does not say the number of heads (n_head): pass --heads")
+
+
+def test_a_bad_pad_token_id_is_blamed_on_the_config(invoke, tmp_path):
+    weights = _gpt2_copy(tmp_path)
+    _config(weights, lambda c: c.update(pad_token_id=99999))
+    one_error_line(invoke("check", "--weights", str(weights), "--token-ids", "1 2 3 / 4"),
+                   "config.json: pad_token_id 99999 is outside the vocabulary: 0–117")
+    alone = invoke("check", "--weights", str(weights), "--token-ids", "1", "2", "3")  # nothing to pad: not needed
+    assert alone.exit_code in (0, 1), alone.output
+
+
+def test_a_timeline_is_known_by_its_suffix_in_any_case(invoke, tmp_path, timeline_lines):
+    path = tmp_path / "RUN.JSONL"
+    path.write_text("".join(json.dumps(record) + "\n" for record in timeline_lines))
+    result = invoke("track", str(path))
+    assert result.exit_code in (0, 1) and "2 watch records" in result.stdout, result.output

@@ -128,6 +128,32 @@ def test_bert_masked_lm_loss_equals_huggingface(invoke, tmp_path):
     assert report["loss_detail"]["kind"] == "masked"
 
 
+def test_bert_check_reads_token_types_as_huggingface_does(invoke, tmp_path):
+    """Once: check and track dropped --token-type-ids without a word (run honoured them)."""
+    from blocktrace.diagnose.loss import mask_for_mlm
+
+    saved, _ = make_bert(head=True)
+    saved.save_pretrained(tmp_path)
+    bert_tokenizer(tmp_path / "tokenizer.json", saved.config.vocab_size)
+    ids, types = [2, *IDS, 3], [0] * 4 + [1] * (len(IDS) - 2)
+    report = json.loads(invoke("check", "--weights", str(tmp_path), "--token-ids", *map(str, ids),
+                               "--token-type-ids", *map(str, types), "--json").stdout)
+    masked, labels = mask_for_mlm(torch.tensor([ids]), None, 4, {0, 1, 2, 3, 4})
+    with torch.no_grad():
+        expected = saved(masked, token_type_ids=torch.tensor([types]), labels=labels).loss.item()
+        without = saved(masked, labels=labels).loss.item()
+    assert abs(expected - without) > 1e-3  # the types matter to this model
+    assert report["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("command", ["check", "track"])
+def test_token_types_of_a_model_without_them_are_refused(invoke, tmp_path, command):
+    hf_model("gpt2").save_pretrained(tmp_path)
+    sources = [str(tmp_path), "--steps", "0"] if command == "track" else ["--weights", str(tmp_path)]
+    result = invoke(command, *sources, "--token-ids", "1", "2", "--token-type-ids", "0", "0")
+    assert result.exit_code == 2 and "gpt2 checkpoints have no token types" in result.stderr
+
+
 def test_checkpoints_without_a_head_say_why_there_is_no_loss(invoke, tmp_path):
     saved, _ = make_bert(head=False)
     saved.save_pretrained(tmp_path)

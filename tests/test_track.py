@@ -220,6 +220,18 @@ def test_checkpoints_of_different_models_are_refused(tmp_path):
     assert result.exit_code == 2 and "track follows one model over training" in result.output
 
 
+@pytest.mark.parametrize("change, named", [({"n_embd": 64}, "of different shapes"),
+                                           ({"vocab_size": 99}, "wte.weight of different shapes")])
+def test_checkpoints_of_another_width_or_vocabulary_are_refused(tmp_path, change, named):
+    """Once: "2 checkpoints of a 2-layer gpt2 model" for two models of different widths and vocabularies."""
+    from helpers import make_gpt2
+
+    make_gpt2(head=True).save_pretrained(tmp_path / "step_1")
+    make_gpt2(head=True, **change).save_pretrained(tmp_path / "step_2")
+    result = invoke("track", tmp_path / "step_1", tmp_path / "step_2", "--token-ids", "1 2 3")
+    assert result.exit_code == 2 and named in result.output and "another width or vocabulary" in result.output
+
+
 def test_a_timeline_that_is_not_one_is_refused(tmp_path):
     other = tmp_path / "other.jsonl"
     other.write_text('{"step": 1}\n')

@@ -66,9 +66,31 @@ def join_greedy_options(args: list[str], greedy=GREEDY_OPTIONS) -> list[str]:
     return joined
 
 
+def refuse_repeated(command: click.Command, args: list[str]) -> None:
+    """An option that takes one value, given twice, is refused: click would keep the last and drop the first."""
+    single = {name: option for option in command.params if isinstance(option, click.Option)
+              and not option.multiple and not option.is_flag and option.nargs == 1 for name in option.opts}
+    seen: dict = {}
+    for arg in args:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0] if arg.startswith("--") else arg
+        option = single.get(name)
+        if option is None:
+            continue
+        if option.name in seen:
+            also = f" (also as {seen[option.name]})" if seen[option.name] != name else ""
+            raise click.UsageError(f"{name} is given twice{also}: give it once (only the last would count)")
+        seen[option.name] = name
+
+
 class GreedyCommand(click.Command):
+    """blocktrace's commands: greedy options joined (see join_greedy_options), repeated options refused."""
+
     def parse_args(self, ctx, args):
-        return super().parse_args(ctx, join_greedy_options(list(args)))
+        joined = join_greedy_options(list(args))
+        refuse_repeated(self, joined)
+        return super().parse_args(ctx, joined)
 
 
 def _option_prefix(error: BlocktraceError) -> str:
@@ -90,6 +112,8 @@ def _flush_stdout() -> None:
 
 class BlocktraceGroup(click.Group):
     """Every failure becomes one `Error: ...` line on stderr with the right exit code."""
+
+    command_class = GreedyCommand
 
     def main(self, args=None, prog_name=None, **extra):
         extra["standalone_mode"] = False

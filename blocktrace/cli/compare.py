@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from blocktrace.cli.app import GreedyCommand, cli, emit
+from blocktrace.cli.app import cli, emit
 from blocktrace.cli.options import (
     FORMAT_OPTION,
     JSON_OPTION,
@@ -59,7 +59,7 @@ def choose_axis(ctx: click.Context, params: dict) -> tuple[Axis, list[str]]:
     return axis, values
 
 
-@cli.command(cls=GreedyCommand)
+@cli.command()
 @AXIS_OPTIONS
 @click.option("--norm", type=enum_choice(Norm), default=Norm.LAYERNORM.value, show_default=True, help="The norm of both variants (when the norm is not compared).")
 @click.option("--ffn", type=enum_choice(FFNKind), default=FFNKind.GELU_TANH.value, show_default=True, help="The FFN of both variants (when the FFN is not compared).")

@@ -79,6 +79,13 @@ MODULE_REFUSES = {  # the user's block has its own wiring, sizes and parameters
     "depths": "--layers stacks blocktrace's own blocks", "grad": "--grad works on blocktrace's own blocks",
 }
 
+def force_needs(*outputs: str) -> Needs:
+    """--force does something only with an output file to replace (the command's own output options)."""
+    named = " or ".join(flag(name) for name in outputs)
+    return Needs("force", any_of(*(is_set(name) for name in outputs)),
+                 f"--force lets {named} replace an existing file: add {'one of them' if len(outputs) > 1 else 'it'}")
+
+
 # What --token-ids-file's companions need, in every command that has them.
 IDS_FILE_RULES = [
     Needs("ids_dtype", is_set("token_ids_file"), "--ids-dtype reads a raw .bin --token-ids-file: add one"),
@@ -95,6 +102,11 @@ COMMON_RULES = [
     Excludes("show_steps", depth_list, "--block-steps prints a stack's blocks; a depth list is a gradient sweep"),
     *IDS_FILE_RULES,
     Needs("batches", is_set("grad"), "--batches averages gradients: add --grad"),
+    Excludes("batches", any_of(is_set("weights"), is_set("input_path"), is_set("tokens_text")),
+             "--batches averages the gradient over fresh random mini-batches; the input given (--weights, --input, "
+             "--tokens) is one batch, the same each time: drop --batches"),
+    Excludes("show_steps", is_set("as_json"), "--block-steps prints every block's step table; --json holds every "
+             "block's steps anyway"),
     Needs("layer", is_set("weights"), "--layer picks a block of a checkpoint: add --weights PATH"),
     Needs("token_types_text", any_of(is_set("token_ids_text"), is_set("text")),
           "--token-type-ids go with the tokens of --token-ids or --text"),
@@ -111,6 +123,7 @@ COMMON_RULES = [
 
 RUN_RULES = [
     *COMMON_RULES,
+    force_needs("save_path", "plot_path"),
     Excludes("seed", lambda ctx: bool(ctx.params.get("weights")) and not ctx.params.get("windows"),
              "--seed draws random parameters and input (or --windows); --weights loads the checkpoint's own and its "
              "input comes from --token-ids, --token-ids-file, --text or --input"),
@@ -140,6 +153,7 @@ CHECK_RULES.append(Excludes("depths", depth_list, "--layers: check checks blocks
 
 COMPARE_RULES = [
     *COMMON_RULES,
+    force_needs("plot_path"),
     Excludes("lang", lambda ctx: not ctx.params.get("show_steps"),
              "--lang translates the step tables, which compare shows with --layers N --block-steps"),
     Excludes("plot_path", lambda ctx: not ctx.params.get("depths"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from blocktrace.cli.app import GreedyCommand, cli, emit
+from blocktrace.cli.app import cli, emit
 from blocktrace.cli.options import (
     DISPLAY_OPTIONS,
     FAIL_ON_OPTION,
@@ -29,7 +29,7 @@ from blocktrace.errors import FINDINGS_EXIT
 from blocktrace.vocab import FFNKind, Lang, Level, Norm
 
 
-@cli.command(cls=GreedyCommand)
+@cli.command()
 @WIRING_OPTIONS
 @SOURCE_OPTIONS
 @STEPS_OPTION
@@ -57,7 +57,7 @@ def run(ctx, **params):
     _run(ctx, params, check_only=params["check_only"])
 
 
-@cli.command(cls=GreedyCommand)
+@cli.command()
 @WIRING_OPTIONS
 @SOURCE_OPTIONS
 @JSON_OPTION
@@ -102,14 +102,7 @@ def _run(ctx, params: dict, check_only: bool) -> None:
             report, traces, source = pipeline.check_model_request(request, analysis, layer_given=given(ctx, "layer"))
         else:
             report, traces, source = pipeline.run_request(request, analysis)
-    if save_path is not None:
-        from blocktrace.sources.tracefile import save_trace
-
-        save_trace(traces[0], save_path, source.tokens, force=params["force"])
-    if params.get("plot_path") is not None:
-        from blocktrace.render.plot import write_plot
-
-        write_plot(report, params["plot_path"], params["force"])
+    _write_outputs(params, report, traces, source)
     if check_only:
         _findings(ctx, report, params)
         return
@@ -122,6 +115,24 @@ def _run(ctx, params: dict, check_only: bool) -> None:
 
     emit(render_run(report, lang=Lang(params["lang"]), fmt=params["fmt"], explain=params["explain"],
                     token_index=params["token_index"], steps=params["show_steps"]), nl=False)
+
+
+def _write_outputs(params: dict, report: dict, traces, source) -> None:
+    """--plot is drawn before --save is written, so a plot that cannot be drawn leaves no trace file behind."""
+    plot_path, save_path = params.get("plot_path"), params.get("save_path")
+    plot = None
+    if plot_path is not None:
+        from blocktrace.render.plot import plot_bytes
+
+        plot = plot_bytes(report, plot_path)
+    if save_path is not None:
+        from blocktrace.sources.tracefile import save_trace
+
+        save_trace(traces[0], save_path, source.tokens, force=params["force"])
+    if plot is not None:
+        from blocktrace.render.plot import write_bytes
+
+        write_bytes(plot_path, plot, params["force"])
 
 
 def _findings(ctx, report: dict, params: dict) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from blocktrace.cli.app import GreedyCommand, cli, emit
+from blocktrace.cli.app import cli, emit
 from blocktrace.cli.options import (
     DEVICE_OPTION,
     DTYPE_OPTION,
@@ -26,7 +26,7 @@ from blocktrace.cli.options import (
     ids_file_fields,
 )
 from blocktrace.cli.progress import progress_wanted
-from blocktrace.cli.rules import IDS_FILE_RULES, Excludes, Needs, enforce, is_set
+from blocktrace.cli.rules import IDS_FILE_RULES, Excludes, Needs, enforce, force_needs, is_set
 from blocktrace.errors import FINDINGS_EXIT
 from blocktrace.vocab import Level
 
@@ -36,7 +36,7 @@ INPUT_PARAMS = ("token_ids_text", "text", "text_file", "token_ids_file")
 
 def _reads_timeline(ctx: click.Context) -> bool:
     sources = ctx.params.get("sources") or ()
-    return len(sources) == 1 and sources[0].suffix in TIMELINE_SUFFIXES
+    return len(sources) == 1 and sources[0].suffix.lower() in TIMELINE_SUFFIXES
 
 
 def _checkpoint_only(name: str, what: str) -> Excludes:
@@ -56,6 +56,7 @@ TRACK_RULES = [
     _checkpoint_only("device", "--device:"),
     Excludes("fmt", is_set("as_json"), "--format shapes the tables; --json prints no table"),
     Excludes("brief", is_set("as_json"), "--brief shortens the tables; --json prints every record whole"),
+    force_needs("out", "plot_path"),
 ]
 
 
@@ -63,7 +64,7 @@ def _sources(ctx: click.Context, sources: tuple[Path, ...]) -> None:
     if not sources:
         raise click.UsageError("give the checkpoints to follow (directories, files or a quoted glob such as "
                                "'run/step_*'), or one timeline file written by Watch (run.jsonl)")
-    timelines = [path for path in sources if path.suffix in TIMELINE_SUFFIXES]
+    timelines = [path for path in sources if path.suffix.lower() in TIMELINE_SUFFIXES]
     if timelines and len(sources) > 1:
         raise click.UsageError(f"{timelines[0]} is a timeline: track reads one timeline, or checkpoints, not both")
     if not timelines and not any(given(ctx, name) for name in INPUT_PARAMS):
@@ -110,7 +111,7 @@ def _write_records(records: list[dict], path: Path, force: bool) -> None:
     write_atomically(path, lambda handle: handle.write(text.encode("utf-8")), force)
 
 
-@cli.command(cls=GreedyCommand)
+@cli.command()
 @click.argument("sources", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--steps", type=IntegerList("training step", 0, "0,100,200"), default=None, help="The training step of each checkpoint, in the order given (a glob expands in name order; default: from trainer_state.json or the name: step_400, checkpoint-400, …).")
 @TOKEN_IDS_OPTION

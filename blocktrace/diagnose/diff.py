@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from blocktrace.diagnose.compare import difference
+from blocktrace.errors import InputError
 from blocktrace.sources.tracefile import open_trace
 from blocktrace.vocab import SCHEMA_VERSION, ReportKind
 
@@ -65,6 +66,9 @@ def diff_traces(path_a: Path, path_b: Path, atol: float = 1e-5, rtol: float = 1e
             steps.append({"name": name, "missing_in": "B" if in_a else "A", "within": False})
             continue
         steps.append({"name": name, **compare_step(a.get(name), b.get(name), atol, rtol)})
+    if not steps:
+        raise InputError(f"neither {path_a} nor {path_b} holds a traced step (x, {', '.join(order_a[:3]) or 'norm1'} …): "
+                         "there is nothing to compare; save traces with `blocktrace run --save`")
     first = next((step["name"] for step in steps if not step["within"]), None)
     return {"schema": SCHEMA_VERSION, "kind": ReportKind.DIFF.value, "a": str(path_a), "b": str(path_b), "atol": atol, "rtol": rtol,
             "steps": steps, "first_divergence": first, "diverged": first is not None}

@@ -34,6 +34,7 @@ class ModelInput:
     token_mask: Optional[torch.Tensor]  # [B, T] False at padding
     labels_text: list[str]
     notes: list[str] = field(default_factory=list)
+    token_types: Optional[list[list[int]]] = None  # [B, T] segment ids (BERT), padded with 0; None: none given
 
 
 def _traced_range(request: RunRequest, analysis: Analysis, n_layers: int, layer_given: bool) -> range:
@@ -52,15 +53,18 @@ def _traced_range(request: RunRequest, analysis: Analysis, n_layers: int, layer_
 
 def _model_input(checkpoint, info, request: RunRequest, head_spec) -> ModelInput:
     from blocktrace.sources.inputs import pad_sequences
-    from blocktrace.sources.source import token_sequences
+    from blocktrace.sources.loader import padding_id
+    from blocktrace.sources.source import token_sequences, token_types_of
     from blocktrace.sources.tokenizer import mask_token, token_labels
 
     sequences, ids_note = token_sequences(checkpoint.directory, request.inputs, info.n_positions)
-    pad_id = info.config.integer("pad_token_id", 0, positive=False) if info.config is not None else 0
-    padded, mask = pad_sequences(sequences, pad_id or 0)
+    pad_id = padding_id(info, sequences)
+    padded, mask = pad_sequences(sequences, pad_id)
+    types = token_types_of(request.inputs, sequences)
     ids = torch.tensor(padded)
     labels_text, label_note = token_labels(checkpoint.directory, sequences[0])
-    model_input = ModelInput(ids, None, mask, labels_text, [n for n in (ids_note, label_note) if n])
+    model_input = ModelInput(ids, None, mask, labels_text, [n for n in (ids_note, label_note) if n],
+                             None if types is None else pad_sequences(types, 0)[0])
     if head_spec is None:
         return model_input
     if head_spec.kind is LossKind.MASKED:
@@ -75,10 +79,12 @@ def _model_input(checkpoint, info, request: RunRequest, head_spec) -> ModelInput
     return model_input
 
 
-def _embed(checkpoint, info, ids: torch.Tensor, dtype) -> torch.Tensor:
+def _embed(checkpoint, info, model_input: ModelInput, dtype) -> torch.Tensor:
     from blocktrace.sources.loader import embed_token_ids
 
-    return torch.stack([embed_token_ids(checkpoint, info, row, dtype) for row in ids.tolist()])
+    rows = model_input.ids.tolist()
+    types = model_input.token_types or [None] * len(rows)
+    return torch.stack([embed_token_ids(checkpoint, info, row, dtype, row_types) for row, row_types in zip(rows, types)])
 
 
 def _head(checkpoint, info, dtype):
@@ -160,7 +166,7 @@ def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bo
     # One layer in memory at a time; every layer at once for the backward pass of --grad.
     fits = memory_guard(request, analysis, info.n_layers if analysis.grad else 1)
     fits(config, Shape(*model_input.ids.shape))
-    x0 = _embed(checkpoint, info, model_input.ids, dtype).to(device)
+    x0 = _embed(checkpoint, info, model_input, dtype).to(device)
     traces, weights, x = _trace_layers(checkpoint, info, config, x0, model_input, traced, request, analysis, device,
                                        dtype)
     loss = _loss(head, spec, x, model_input, device)

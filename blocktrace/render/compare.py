@@ -8,6 +8,7 @@ from blocktrace.render.text import (
     _shape,
     config_settings,
     gradients_section,
+    shown_token,
     steps_table,
 )
 from blocktrace.vocab import Lang, ReportKind
@@ -24,7 +25,7 @@ def _title(report: dict) -> str:
         w = report["weights"]
         lines.append(f"weights: {w['path']} ({w['layout']}), from layer {w['layer']} of 0–{w['n_layers'] - 1}")
     if report["tokens"]:
-        lines.append(f"tokens: {' '.join(report['tokens'])}")
+        lines.append(f"tokens: {' '.join(map(shown_token, report['tokens']))}")
     if "input" in variant:
         source = variant["input"]
         lines.append(f"input x: {_shape(source['shape'])} {source['dtype']} ({source['source']})")

@@ -247,17 +247,30 @@ def track_figure(plt, records: list[dict], first: Optional[dict]):
     return figure
 
 
-def save_figure(plt, figure, path: Path, force: bool) -> None:
-    """The figure in the format its suffix says, written atomically (see files.py)."""
+def figure_bytes(plt, figure, path: Path) -> bytes:
+    """The figure encoded in the format its path's suffix says (then closed)."""
     try:
         buffer = io.BytesIO()
         figure.savefig(buffer, dpi=100, format=plot_format(path))
     finally:
         plt.close(figure)
-    write_atomically(Path(path), lambda handle: handle.write(buffer.getvalue()), force)
+    return buffer.getvalue()
+
+
+def save_figure(plt, figure, path: Path, force: bool) -> None:
+    """The figure written atomically (see files.py)."""
+    write_bytes(Path(path), figure_bytes(plt, figure, path), force)
+
+
+def plot_bytes(report: dict, path: Path) -> bytes:
+    """The plot of a report, drawn (and so checked: a heatmap's token limit) before any output is written."""
+    plt = require_pyplot()
+    return figure_bytes(plt, figure_for(plt, report), path)
+
+
+def write_bytes(path: Path, data: bytes, force: bool) -> None:
+    write_atomically(Path(path), lambda handle: handle.write(data), force)
 
 
 def write_plot(report: dict, path: Path, force: bool) -> None:
-    plt = require_pyplot()
-    save_figure(plt, figure_for(plt, report), path, force)
-
+    write_bytes(path, plot_bytes(report, path), force)

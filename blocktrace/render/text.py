@@ -6,6 +6,7 @@ Nothing here prints: functions return strings and the CLI decides where they go.
 from __future__ import annotations
 
 import math
+import unicodedata
 from typing import Optional, Sequence
 
 from tabulate import tabulate
@@ -54,7 +55,7 @@ def _header(report: dict, lang: Lang) -> str:
         lines.append(f"weights: {weights['path']} ({weights['layout']}), "
                      f"layer {weights['layer']} of 0–{weights['n_layers'] - 1}")
     if report["tokens"]:
-        lines.append(f"{words['tokens']}: {' '.join(report['tokens'])}")
+        lines.append(f"{words['tokens']}: {' '.join(map(shown_token, report['tokens']))}")
     source = report.get("input")
     if source:
         lines.append(f"{words['input']}: {_shape(source['shape'])} {source['dtype']} ({source['source']})")
@@ -150,8 +151,23 @@ def explanations(report: dict, lang: Lang) -> str:
     return "\n".join(lines)
 
 
+# Characters a terminal acts on instead of showing: bidirectional overrides reorder what follows them.
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def shown_token(token: str) -> str:
+    """A token as the terminal should show it: control characters (an escape sequence, a newline) and bidi
+    overrides written as escapes, never acted on; everything else — CJK included — as it is."""
+    return "".join(_escaped(c) if unicodedata.category(c) == "Cc" or c in BIDI_CONTROLS else c for c in token)
+
+
+def _escaped(character: str) -> str:
+    code = ord(character)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def token_labels(report: dict) -> list[str]:
-    return report["tokens"] or [f"t{i}" for i in range(report["input"]["shape"][-2])]
+    return [shown_token(token) for token in report["tokens"]] or [f"t{i}" for i in range(report["input"]["shape"][-2])]
 
 
 def render_run(

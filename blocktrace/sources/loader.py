@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from blocktrace.config import BlockConfig
-from blocktrace.errors import UsageError, WeightsError
+from blocktrace.errors import UsageError, WeightsError, valid_indices
 from blocktrace.model.block import TransformerBlock
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.families.base import ModelInfo, Reader
@@ -20,7 +20,8 @@ from blocktrace.sources.families.base import ModelInfo, Reader
 
 def check_layer_index(layer: int, n_layers: int) -> None:
     if not 0 <= layer < n_layers:
-        raise UsageError(f"--layer {layer} is out of range: the checkpoint has {n_layers} layers: 0–{n_layers - 1}")
+        raise UsageError(f"--layer {layer} is out of range: the checkpoint has {n_layers} layers: "
+                         f"{valid_indices(n_layers)}")
 
 
 def check_layer(info: ModelInfo, layer: int) -> None:
@@ -91,10 +92,21 @@ def embed_token_ids(checkpoint: Checkpoint, info: ModelInfo, token_ids: list[int
     bad = [i for i in token_ids if not 0 <= i < info.vocab_size]
     if bad:
         raise UsageError(f"token ids {bad[:10]} are out of range: the vocabulary has {info.vocab_size} ids: "
-                         f"0–{info.vocab_size - 1}")
+                         f"{valid_indices(info.vocab_size)}")
     if info.n_positions is not None and len(token_ids) > info.n_positions:
         raise UsageError(f"{len(token_ids)} tokens exceed the model's {info.n_positions} positions")
     return info.family.embed(checkpoint, info, token_ids, dtype, token_types)
+
+
+def padding_id(info: ModelInfo, sequences: list[list[int]]) -> int:
+    """The id that pads the shorter sequences (config.json's pad_token_id, else 0). Checked against the vocabulary
+    when there is padding to do, so a bad config is blamed on the config and not on the user's ids."""
+    pad_id = (info.config.integer("pad_token_id", 0, positive=False) if info.config is not None else 0) or 0
+    pads = len({len(sequence) for sequence in sequences}) > 1
+    if pads and info.vocab_size is not None and not 0 <= pad_id < info.vocab_size:
+        raise WeightsError(f"{info.config.path}: pad_token_id {pad_id} is outside the vocabulary: "
+                           f"{valid_indices(info.vocab_size)}")
+    return pad_id
 
 
 def _check_token_types(checkpoint: Checkpoint, info: ModelInfo, token_ids: list[int], token_types: list[int]) -> None:
@@ -107,7 +119,7 @@ def _check_token_types(checkpoint: Checkpoint, info: ModelInfo, token_ids: list[
     bad = sorted({t for t in token_types if not 0 <= t < kinds})
     if bad:
         raise UsageError(f"--token-type-ids {bad} are out of range: the checkpoint has {kinds} token types: "
-                         f"0–{kinds - 1}")
+                         f"{valid_indices(kinds)}")
 
 
 def hidden_state_before(checkpoint: Checkpoint, info: ModelInfo, native_config: BlockConfig,

@@ -108,6 +108,7 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
         check_layer,
         embed_token_ids,
         hidden_state_before,
+        padding_id,
     )
     from blocktrace.sources.tokenizer import token_labels
 
@@ -134,11 +135,11 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
         x = _input_file(inputs.input_path, config, inputs.batch, budget, dtype)
         return Source(config, x, None, f"tensor from {inputs.input_path}", **common)
     sequences, ids_note = token_sequences(checkpoint.directory, inputs, info.n_positions)
-    types = _token_types(inputs, sequences)
+    types = token_types_of(inputs, sequences)
     if len(sequences) > 1 and inputs.batch is not None:
         raise UsageError("--batch and several --token-ids sequences both set the batch: use one of them")
-    pad_id = info.config.integer("pad_token_id", 0, positive=False) if info.config is not None else 0
-    padded, mask = pad_sequences(sequences, pad_id or 0)
+    pad_id = padding_id(info, sequences)
+    padded, mask = pad_sequences(sequences, pad_id)
     budget(config, Shape(inputs.batch or len(padded), len(padded[0])))
     padded_types = [None] * len(padded) if types is None else pad_sequences(types, 0)[0]
     x = torch.stack([embed_token_ids(checkpoint, info, ids, dtype, kinds) for ids, kinds in zip(padded, padded_types)])
@@ -179,7 +180,7 @@ def token_sequences(directory, inputs, positions: Optional[int]) -> tuple[list[l
     return parse_token_ids(inputs.token_ids), None
 
 
-def _token_types(inputs, sequences: list[list[int]]) -> Optional[list[list[int]]]:
+def token_types_of(inputs, sequences: list[list[int]]) -> Optional[list[list[int]]]:
     if inputs.token_types is None:
         return None
     types = parse_token_ids(inputs.token_types, "--token-type-ids")

@@ -118,20 +118,33 @@ def _block_grad_norms(report: dict, n_layers: int) -> list[Optional[float]]:
     return norms
 
 
+def _same_model(point: Point, current, info, before) -> None:
+    """Two checkpoints of one model over training: the same family and depth, and every tensor they share of the
+    same shape (a wider model or another vocabulary is another model, whose ‖ΔW‖ would mean nothing)."""
+    from blocktrace.sources.families import model_info
+
+    earlier = model_info(before)
+    if (earlier.family.name, earlier.n_layers) != (info.family.name, info.n_layers):
+        raise InputError(f"{point.path} is a {info.n_layers}-layer {info.family.name} model but {before.path} is "
+                         f"a {earlier.n_layers}-layer {earlier.family.name}: track follows one model over training")
+    for key in current.keys:
+        if key in before and tuple(current.shape(key)) != tuple(before.shape(key)):
+            raise InputError(f"{point.path} and {before.path} hold {key} of different shapes "
+                             f"({list(current.shape(key))} and {list(before.shape(key))}): a model of another width "
+                             "or vocabulary; track follows one model over training")
+
+
 def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, current, before) -> dict:
     """One checkpoint as a timeline record: the whole-model check, and its weights against the previous one's.
     `current` and `before` are open Checkpoints (before: None at the first), each opened once for the whole track."""
     from blocktrace.pipeline import check_model_request
     from blocktrace.sources.families import model_info
 
-    report, traces, _ = check_model_request(dataclasses.replace(request, weights=point.path, training_step=point.step),
-                                            analysis, layer_given=False, checkpoint=current)
     info = model_info(current)
     if before is not None:
-        earlier = model_info(before)
-        if (earlier.family.name, earlier.n_layers) != (info.family.name, info.n_layers):
-            raise InputError(f"{point.path} is a {info.n_layers}-layer {info.family.name} model but {before.path} is "
-                             f"a {earlier.n_layers}-layer {earlier.family.name}: track follows one model over training")
+        _same_model(point, current, info, before)
+    report, traces, _ = check_model_request(dataclasses.replace(request, weights=point.path, training_step=point.step),
+                                            analysis, layer_given=False, checkpoint=current)
     moved = weight_movement(current, before, info.layer_prefix(0)[:-2], info.n_layers, info.family.ignored)
     grads = _block_grad_norms(report, len(traces))
     layers = [layer_entry(i, trace, grads[i], moved[i]) for i, trace in enumerate(traces)]
