@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from click.testing import CliRunner
 from helpers import make_gpt2
+from hypothesis import settings
+
+# Property tests: the same inputs on every CI run (CI is set there, as CI services set it), fresh ones on
+# every local run, so a developer's runs keep searching; no example database either way.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("local", database=None)
+settings.load_profile("ci" if os.environ.get("CI") else "local")
 
 from blocktrace.cli import cli
 

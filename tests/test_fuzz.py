@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from blocktrace.cli import cli
 
-FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=40, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 

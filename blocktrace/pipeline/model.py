@@ -53,11 +53,12 @@ def _traced_range(request: RunRequest, analysis: Analysis, n_layers: int, layer_
 
 def _model_input(checkpoint, info, request: RunRequest, head_spec) -> ModelInput:
     from blocktrace.sources.inputs import pad_sequences
-    from blocktrace.sources.loader import padding_id
+    from blocktrace.sources.loader import check_token_ids, padding_id
     from blocktrace.sources.source import token_sequences, token_types_of
     from blocktrace.sources.tokenizer import mask_token, token_labels
 
     sequences, ids_note = token_sequences(checkpoint.directory, request.inputs, info.n_positions)
+    check_token_ids(info, sequences)
     pad_id = padding_id(info, sequences)
     padded, mask = pad_sequences(sequences, pad_id)
     types = token_types_of(request.inputs, sequences)

@@ -167,7 +167,7 @@ def _escaped(character: str) -> str:
 
 
 def token_labels(report: dict) -> list[str]:
-    return [shown_token(token) for token in report["tokens"]] or [f"t{i}" for i in range(report["input"]["shape"][-2])]
+    return [shown_token(token) for token in report["tokens"] or []] or [f"t{i}" for i in range(report["input"]["shape"][-2])]
 
 
 def render_run(

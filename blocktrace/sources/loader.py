@@ -89,13 +89,20 @@ def embed_token_ids(checkpoint: Checkpoint, info: ModelInfo, token_ids: list[int
     if f"{info.prefix}{info.family.embedding_key}" not in checkpoint:
         raise WeightsError(f"{checkpoint.path} has no embeddings ({info.prefix}{info.family.embedding_key}): "
                            "use --input with a hidden-state tensor instead of token ids")
-    bad = [i for i in token_ids if not 0 <= i < info.vocab_size]
+    check_token_ids(info, [token_ids])
+    return info.family.embed(checkpoint, info, token_ids, dtype, token_types)
+
+
+def check_token_ids(info: ModelInfo, sequences: list[list[int]]) -> None:
+    """Every id inside the vocabulary and every sequence within the model's positions — checked before the ids
+    reach anything (a tokenizer's labels, an embedding row)."""
+    bad = [i for ids in sequences for i in ids if info.vocab_size is not None and not 0 <= i < info.vocab_size]
     if bad:
         raise UsageError(f"token ids {bad[:10]} are out of range: the vocabulary has {info.vocab_size} ids: "
                          f"{valid_indices(info.vocab_size)}")
-    if info.n_positions is not None and len(token_ids) > info.n_positions:
-        raise UsageError(f"{len(token_ids)} tokens exceed the model's {info.n_positions} positions")
-    return info.family.embed(checkpoint, info, token_ids, dtype, token_types)
+    longest = max(map(len, sequences), default=0)
+    if info.n_positions is not None and longest > info.n_positions:
+        raise UsageError(f"{longest} tokens exceed the model's {info.n_positions} positions")
 
 
 def padding_id(info: ModelInfo, sequences: list[list[int]]) -> int:

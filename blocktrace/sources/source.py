@@ -106,6 +106,7 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     from blocktrace.sources.families import SIZE_FIELDS, checkpoint_config, model_info
     from blocktrace.sources.loader import (
         check_layer,
+        check_token_ids,
         embed_token_ids,
         hidden_state_before,
         padding_id,
@@ -135,6 +136,7 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
         x = _input_file(inputs.input_path, config, inputs.batch, budget, dtype)
         return Source(config, x, None, f"tensor from {inputs.input_path}", **common)
     sequences, ids_note = token_sequences(checkpoint.directory, inputs, info.n_positions)
+    check_token_ids(info, sequences)
     types = token_types_of(inputs, sequences)
     if len(sequences) > 1 and inputs.batch is not None:
         raise UsageError("--batch and several --token-ids sequences both set the batch: use one of them")

@@ -8,6 +8,7 @@ floats only where the schema says a number is, so a path or a note spelled "nan"
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
 from blocktrace.vocab import Level
@@ -61,7 +62,12 @@ def _mapped(value: Any, field: str, each: Callable[[Any, str], Any], optional: b
         return None
     if not isinstance(value, dict):
         raise SchemaError(f"{field} must be an object, not {_shown(value)}")
-    return {key: each(item, f"{field}.{key}") for key, item in value.items()}
+    return {key: each(item, f"{field}.{_key(key)}") for key, item in value.items()}
+
+
+def _key(key: str) -> str:
+    """A key as a message may show it: plain names as they are, anything else quoted and escaped."""
+    return key if key.replace("_", "").isalnum() and key.isascii() else json.dumps(key)
 
 
 def _numbers(value: Any, field: str) -> dict:
@@ -121,5 +127,5 @@ def checked_record(entry: dict) -> dict:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
+    text = ascii(value)  # escaped: a value may hold line breaks or terminal escapes
     return text if len(text) <= 40 else text[:37] + "…"
