@@ -42,10 +42,11 @@ class FFNKind(Choice):
     RELU = "relu"
     SWIGLU = "swiglu"  # Shazeer 2020: down(silu(gate(x)) · up(x))
     GEGLU = "geglu"  # Gemma: down(gelu_tanh(gate(x)) · up(x))
+    GEGLU_EXACT = "geglu_exact"  # Gemma-2 with hidden_activation "gelu": down(gelu(gate(x)) · up(x))
 
     @property
     def gated(self) -> bool:
-        return self in (FFNKind.SWIGLU, FFNKind.GEGLU)
+        return self in (FFNKind.SWIGLU, FFNKind.GEGLU, FFNKind.GEGLU_EXACT)
 
 
 class Placement(Choice):

@@ -236,3 +236,11 @@ def test_a_timeline_is_known_by_its_suffix_in_any_case(invoke, tmp_path, timelin
     path.write_text("".join(json.dumps(record) + "\n" for record in timeline_lines))
     result = invoke("track", str(path))
     assert result.exit_code in (0, 1) and "2 watch records" in result.stdout, result.output
+
+
+def test_an_empty_vocabulary_is_said_so(invoke, tmp_path):
+    weights = _gpt2_copy(tmp_path)
+    _edit_weights(weights, lambda t: t.update({"wte.weight": torch.zeros(0, 64)}))
+    result = invoke("check", "--weights", str(weights), "--token-ids", "1")
+    one_error_line(result, "the vocabulary has 0 ids: none")
+    assert "0–-1" not in result.stderr

@@ -83,3 +83,21 @@ def test_batched_input_gives_the_same_rows_as_unbatched():
         assert torch.allclose(batched, F.scaled_dot_product_attention(
             *(attn._split_heads(p(x)) for p in (attn.q_proj, attn.k_proj, attn.v_proj)), is_causal=True
         ).transpose(-3, -2).reshape(3, 5, 8) @ attn.out_proj.weight.T + attn.out_proj.bias, atol=1e-5)
+
+
+def test_rope_frequencies_stay_float32_when_the_block_is_cast_as_huggingface_keeps_them():
+    """Once: `--dtype bfloat16` cast inv_freq too; at T 1024 attention then differed from HF's by 0.71 on 7.5."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from blocktrace.model.block import build_block
+    from blocktrace.vocab import FFNKind, Norm
+
+    config = BlockConfig(d_model=64, n_heads=4, norm=Norm.RMSNORM, ffn=FFNKind.SWIGLU, rope_theta=10000.0, bias=False)
+    rope = build_block(config).to(torch.bfloat16).attn.rope
+    assert rope.inv_freq.dtype == torch.float32
+    hf = LlamaRotaryEmbedding(LlamaConfig(hidden_size=64, num_attention_heads=4, rope_theta=10000.0))
+    positions = torch.arange(2048)[None]
+    expected_cos, expected_sin = hf(torch.zeros(1, 2048, 16, dtype=torch.bfloat16), positions)
+    cos, sin = rope.cos_sin(2048, "cpu", torch.bfloat16)
+    assert torch.equal(cos, expected_cos[0]) and torch.equal(sin, expected_sin[0])

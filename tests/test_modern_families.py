@@ -38,6 +38,10 @@ FAMILIES = {
     "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(num_key_value_heads=2, head_dim=8, sliding_window=4,
                                                          query_pre_attn_scalar=12, attn_logit_softcapping=3.0),
                GEMMA2_PLACES),
+    # HF's Gemma-2 takes "gelu" as the exact GELU (only Gemma-1 rewrites it to tanh) and null as no cap.
+    "gemma2 exact-gelu uncapped": ("Gemma2ForCausalLM", "Gemma2Config", dict(
+        num_key_value_heads=2, head_dim=8, sliding_window=4, query_pre_attn_scalar=12, attn_logit_softcapping=None,
+        hidden_activation="gelu"), GEMMA2_PLACES),
     "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(rope_parameters={"rope_type": "default",
                  "rope_theta": 500.0, "partial_rotary_factor": 0.5}), NEOX_PLACES),
     "gpt_neox sequential": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(use_parallel_residual=False), NEOX_PLACES),
@@ -215,3 +219,38 @@ def test_the_samples_load_in_huggingface_and_match(invoke, tmp_path, sample, loa
     assert (ours["x"] - expected["hidden_states"][1][0]).abs().max() <= 1e-5
     for step in (*places, "residual1"):
         assert (ours[step] - expected[step][0]).abs().max() <= 1e-5, step
+
+
+FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3", "Phi3Config"),
+                  ("gemma", "GemmaConfig"), ("gemma2", "Gemma2Config")]
+
+
+@pytest.mark.parametrize("name, config_class", FAMILY_CONFIGS)
+def test_each_familys_defaults_are_huggingfaces_own(name, config_class):
+    """A key missing from config.json takes the family's HF default (once: Llama's for all, so Phi-3 got eps 1e-6
+    and Mistral no window)."""
+    import transformers
+
+    from blocktrace.sources.families import FAMILIES as READERS
+
+    hf = getattr(transformers, config_class)()
+    family = READERS[name]
+    assert family.defaults
+    for key, value in family.defaults.items():
+        assert getattr(hf, key) == value, (name, key)
+
+
+@pytest.mark.parametrize("name, key, field, expected", [("phi3", "rms_norm_eps", "eps", 1e-5),
+                                                        ("mistral", "sliding_window", "sliding_window", 4096)])
+def test_a_missing_key_takes_the_familys_default_and_says_so(invoke, tmp_path, name, key, field, expected):
+    model, _ = build(name)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop(key)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    checkpoint = Checkpoint(tmp_path)
+    info = model_info(checkpoint)
+    read = checkpoint_config(checkpoint, info, {})
+    layer = load_block(checkpoint, info, 0, read).config
+    assert getattr(read if field == "eps" else layer, field) == expected
+    assert f"config.json has no {key}: {name}'s default {expected} assumed" in " ".join(info.notes)

@@ -113,6 +113,7 @@ _FFNS = {
     "relu": "relu: Linear, max(0, x), Linear: negative pre-activations give exactly 0",
     "swiglu": "swiglu: down(silu(gate(x)) · up(x)): a gated unit with a third matrix, the gate",
     "geglu": "geglu: down(gelu_tanh(gate(x)) · up(x)): Gemma's gated unit",
+    "geglu_exact": "geglu_exact: down(gelu(gate(x)) · up(x)) with the exact GELU: Gemma-2's with hidden_activation gelu",
 }
 
 

@@ -74,11 +74,6 @@ def build_block(config: BlockConfig, seed: int = 0, init: Init = Init.DEFAULT) -
     return block.eval()
 
 
-NORM_NAMES = {Norm.LAYERNORM: "LayerNorm", Norm.RMSNORM: "RMSNorm"}
-FFN_NAMES = {FFNKind.GELU: "FFN_GELU", FFNKind.GELU_TANH: "FFN_GELU_tanh", FFNKind.RELU: "FFN_ReLU",
-             FFNKind.SWIGLU: "SwiGLU"}
-
-
 def execution_order(config: BlockConfig) -> tuple[str, ...]:
     if config.post_norm:
         return ("attn", "residual1", "norm1", "ffn", "residual2", "norm2")
@@ -89,7 +84,7 @@ def execution_order(config: BlockConfig) -> tuple[str, ...]:
 
 NORM_NAMES = {Norm.LAYERNORM: "LayerNorm", Norm.RMSNORM: "RMSNorm"}
 FFN_NAMES = {FFNKind.GELU: "FFN_GELU", FFNKind.GELU_TANH: "FFN_GELU_tanh", FFNKind.RELU: "FFN_ReLU",
-             FFNKind.SWIGLU: "SwiGLU", FFNKind.GEGLU: "GeGLU"}
+             FFNKind.SWIGLU: "SwiGLU", FFNKind.GEGLU: "GeGLU", FFNKind.GEGLU_EXACT: "GeGLU_exact"}
 
 
 def _norm_name(config: BlockConfig) -> str:

@@ -64,6 +64,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", 1.0 / (theta ** (torch.arange(0, dims, 2, dtype=torch.float) / dims)),
                              persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        """Moves follow the block; casts do not: the frequencies stay float32 in a bf16 or fp16 block, as HF
+        keeps them (rounded to bf16, a head of 128 dims turns by up to 1.2 radians too far or too little at
+        position 1000)."""
+        exact = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = exact.to(self.inv_freq.device)
+        return self
+
     def cos_sin(self, t: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(t, device=device, dtype=torch.float) / self.scaling
         angles = positions[:, None] * self.inv_freq.to(device)[None, :]
@@ -222,7 +231,7 @@ def _activation(kind: FFNKind) -> nn.Module:
         return nn.SiLU()
     if kind in (FFNKind.GELU_TANH, FFNKind.GEGLU):
         return nn.GELU(approximate="tanh")
-    return nn.GELU()
+    return nn.GELU()  # exact: GELU, GEGLU_EXACT
 
 
 def make_ffn(config: BlockConfig) -> nn.Module:

@@ -141,10 +141,23 @@ class Family:
         """Fields that differ from layer to layer (which layers use a sliding window)."""
         return {}
 
+    # config.json keys this family reads, with HF's defaults for them (tests check each against HF's config
+    # class): a missing key takes the family's own default, and a note says so.
+    defaults: dict[str, object] = {}
+
+    def setting(self, config: ConfigFile, key: str, kind: str = "number", **checks):
+        """config.json's `key` read as `kind` (a ConfigFile reader); HF's default for this family when the key is
+        missing; None when it is null (HF's "none": no window, no cap)."""
+        if key in config and config.raw(key) is None:
+            return None
+        return getattr(config, kind)(key, self.defaults[key], **checks)
+
     def notes(self, config: Optional[ConfigFile]) -> list[str]:
-        """What the reader should know about how this checkpoint was read."""
-        return [] if config is not None else [f"no config.json: {self.name} defaults assumed where the weights are "
-                                              "silent (norm eps, activation)"]
+        """What the reader should know about how this checkpoint was read: every default assumed."""
+        if config is None:
+            return [f"no config.json: {self.name} defaults assumed where the weights are silent (norm eps, activation)"]
+        return [f"config.json has no {key}: {self.name}'s default {value} assumed (HF's)"
+                for key, value in self.defaults.items() if key not in config]
 
 
 def refuse_quantised(config: ConfigFile) -> None:

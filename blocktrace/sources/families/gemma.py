@@ -20,6 +20,8 @@ GATE_ACTIVATIONS = {"gelu_pytorch_tanh": FFNKind.GEGLU, "gelu_new": FFNKind.GEGL
 class Gemma(Llama):
     name, described, model_types = "gemma", "gemma (Llama keys, (1+w) RMSNorm, GeGLU)", ("gemma",)
     activation_key = "hidden_act"
+    activations = GATE_ACTIVATIONS
+    defaults = {**Llama.defaults, "hidden_act": "gelu_pytorch_tanh"}
     tie_default = True
 
     def norm_offset(self):
@@ -30,11 +32,11 @@ class Gemma(Llama):
         return {**super().config_fields(config), "norm_offset": 1.0}
 
     def activation(self, config):
-        activation = config.string(self.activation_key, "gelu_pytorch_tanh")
-        if activation not in GATE_ACTIVATIONS:
+        activation = self.setting(config, self.activation_key, "string")
+        if activation not in self.activations:
             raise WeightsError(f"{config.path}: {self.activation_key} {activation!r} is not supported for "
-                               f"{self.name}; supported: {', '.join(GATE_ACTIVATIONS)}")
-        return GATE_ACTIVATIONS[activation]
+                               f"{self.name}; supported: {', '.join(self.activations)}")
+        return self.activations[activation]
 
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": config.boolean("attention_bias", False)}
@@ -51,26 +53,31 @@ class Gemma(Llama):
             raise UsageError(f"{self.name} weights need --norm rmsnorm and a gated FFN")
 
 
+# Gemma-2 takes hidden_activation as it is: "gelu" is the exact GELU there (only Gemma-1's config rewrites it).
+GEMMA2_GATE_ACTIVATIONS = {**GATE_ACTIVATIONS, "gelu": FFNKind.GEGLU_EXACT}
+
+
 class Gemma2(Gemma):
     name, described, model_types = "gemma2", "gemma2 (Llama keys, four norms per layer)", ("gemma2",)
     activation_key = "hidden_activation"
+    activations = GEMMA2_GATE_ACTIVATIONS
+    defaults = {"rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+                "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window": 4096}
 
     def config_fields(self, config):
-        scalar = config.number("query_pre_attn_scalar", 256.0, positive=True)
+        scalar = config.number("query_pre_attn_scalar", self.defaults["query_pre_attn_scalar"], positive=True)
         return {**super().config_fields(config), "placement": Placement.SANDWICH, "attn_scale": scalar ** -0.5,
-                "attn_softcap": config.number("attn_logit_softcapping", 50.0, positive=True)}
+                "attn_softcap": self.setting(config, "attn_logit_softcapping", positive=True)}
 
     def logit_softcap(self, config):
-        if "final_logit_softcapping" in config and config.raw("final_logit_softcapping") is None:
-            return None
-        return config.number("final_logit_softcapping", 30.0, positive=True)
+        return self.setting(config, "final_logit_softcapping", positive=True)
 
     def layer_fields(self, config, layer):
         if config is None:
             return {}
         types = config.raw("layer_types")
         sliding = types[layer] == SLIDING if isinstance(types, list) and layer < len(types) else layer % 2 == 0
-        return {"sliding_window": config.integer("sliding_window", 4096) if sliding else None}
+        return {"sliding_window": self.setting(config, "sliding_window", "integer") if sliding else None}
 
     def parameters(self, read, c):
         d = c.d_model

@@ -30,6 +30,7 @@ SLIDING = "sliding_attention"
 
 class Llama(Family):
     name, described, model_types = "llama", "llama (layers.{k}.*, optionally model.)", ("llama",)
+    defaults = {"rms_norm_eps": 1e-6, "hidden_act": "silu"}
     layers_path, marker, prefixes = "layers", "input_layernorm.weight", ("", "model.")
     embedding_key = "embed_tokens.weight"
     ignored = ("self_attn.rotary_emb.inv_freq",)  # a computed buffer some files hold
@@ -42,12 +43,12 @@ class Llama(Family):
     def config_fields(self, config):
         heads = config.integer("num_attention_heads")
         return {"d_model": config.integer("hidden_size"), "n_heads": heads, "d_ff": config.integer("intermediate_size"),
-                "eps": config.number("rms_norm_eps", 1e-6, positive=True), "ffn": self.activation(config),
+                "eps": self.setting(config, "rms_norm_eps", positive=True), "ffn": self.activation(config),
                 "norm": Norm.RMSNORM, "kv_heads": config.integer("num_key_value_heads") or heads,
                 "head_size": config.integer("head_dim"), **self.bias_fields(config), **rope_fields(config)}
 
     def activation(self, config: ConfigFile) -> FFNKind:
-        activation = config.string("hidden_act", "silu")
+        activation = self.setting(config, "hidden_act", "string")
         if activation != "silu":
             raise WeightsError(f"{config.path}: hidden_act {activation!r} is not supported for {self.name} "
                                "(only silu: SwiGLU)")
@@ -90,7 +91,7 @@ class Llama(Family):
         weight, tied = head_weight(checkpoint, info, "lm_head.weight", f"{info.prefix}{self.embedding_key}")
         config = info.config
         return HeadSpec(LossKind.NEXT_TOKEN, weight, f"{info.prefix}norm.weight", norm=Norm.RMSNORM,
-                        eps=config.number("rms_norm_eps", 1e-6, positive=True), norm_offset=self.norm_offset(),
+                        eps=self.setting(config, "rms_norm_eps", positive=True), norm_offset=self.norm_offset(),
                         softcap=self.logit_softcap(config), tied=tied)
 
     def norm_offset(self) -> float:
@@ -106,12 +107,13 @@ class Llama(Family):
 
 class Mistral(Llama):
     name, described, model_types = "mistral", "mistral (Llama keys, sliding window)", ("mistral",)
+    defaults = {**Llama.defaults, "sliding_window": 4096}
 
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": False}
 
     def layer_fields(self, config, layer):
-        return {"sliding_window": config.integer("sliding_window") if config is not None else None}
+        return {"sliding_window": self.setting(config, "sliding_window", "integer") if config is not None else None}
 
 
 def _qwen_window(config: Optional[ConfigFile], layer: int) -> dict:

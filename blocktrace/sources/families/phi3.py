@@ -10,6 +10,7 @@ from blocktrace.sources.families.llama import Llama
 
 class Phi3(Llama):
     name, described, model_types = "phi3", "phi3 (Llama layer names, fused qkv_proj and gate_up_proj)", ("phi3",)
+    defaults = {**Llama.defaults, "rms_norm_eps": 1e-5}
 
     def config_fields(self, config):
         refuse_unless(config, "partial_rotary_factor", (None, 1.0, 1), "rotates part of each head (give it inside "
