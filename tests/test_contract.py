@@ -594,6 +594,34 @@ def test_module_leaves_sys_path_and_sys_modules_as_they_were(invoke, tmp_path, m
     assert first != second  # the second directory's own block, not the cached first one
 
 
+def test_module_keeps_the_packages_of_a_virtual_environment_below_the_working_directory(invoke, tmp_path,
+                                                                                       monkeypatch):
+    """Once: run from a project holding its .venv, --module forgot transformers' own modules (they live below
+    the working directory too) and the next import of them crashed."""
+    packages = tmp_path / ".venv" / "lib" / "site-packages"
+    (packages / "venvpkg").mkdir(parents=True)
+    (packages / "venvpkg" / "__init__.py").write_text("from torch import nn\nmake = lambda: nn.Identity()\n")
+    (tmp_path / "userblock_v.py").write_text(
+        "import torch\nfrom torch import nn\nimport venvpkg\n"
+        "class B(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.ln1, self.ln2 = nn.LayerNorm(16), nn.LayerNorm(16)\n"
+        "        self.attn, self.ffn = nn.Linear(16, 16), nn.Linear(16, 16)\n"
+        "        self.extra = venvpkg.make()\n"
+        "    def forward(self, x):\n"
+        "        x = x + self.attn(self.ln1(x))\n"
+        "        return x + self.ffn(self.ln2(x))\n"
+        "def make():\n"
+        "    return B()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(packages))
+    monkeypatch.delitem(sys.modules, "venvpkg", raising=False)
+    assert invoke("run", "--module", "userblock_v:make", "--json").exit_code == 0
+    assert "venvpkg" in sys.modules and "userblock_v" not in sys.modules
+    sys.modules.pop("venvpkg")
+
+
 def test_a_plot_that_cannot_be_drawn_leaves_no_trace_file_behind(invoke, tmp_path):
     trace, plot = tmp_path / "a.safetensors", tmp_path / "b.png"
     one_error_line(invoke("run", "--seq-len", "200", "--save", str(trace), "--plot", str(plot)), 2,

@@ -117,3 +117,23 @@ def test_padded_batch_of_different_lengths_matches_huggingface_attention_mask(in
     assert report["steps"][-1]["stats"]["std"] == pytest.approx(values.std(), rel=1e-5)
     assert "2 sequences right-padded to 7" in report["input"]["source"]
     assert np.isfinite(report["attention"]["entropy_per_head"]).all()
+
+
+def test_a_roberta_without_config_is_not_passed_off_as_bert(tmp_path):
+    """Keys alone cannot tell RoBERTa from BERT: read without config.json, the note says so; with it, refused."""
+    import json as json_module
+
+    from click.testing import CliRunner
+    from transformers import RobertaConfig, RobertaModel
+
+    from blocktrace.cli import cli
+
+    RobertaModel(RobertaConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64,
+                               vocab_size=60, max_position_embeddings=40)).save_pretrained(tmp_path)
+    run = CliRunner().invoke(cli, ["check", "--weights", str(tmp_path), "--token-ids", "5", "6", "7"])
+    assert run.exit_code == 2 and "model_type 'roberta' is not supported" in run.stderr
+    (tmp_path / "config.json").unlink()
+    read = CliRunner().invoke(cli, ["check", "--weights", str(tmp_path), "--heads", "4", "--token-ids", "5", "6", "7",
+                                    "--json"])
+    notes = json_module.loads(read.stdout)["notes"]
+    assert any("RoBERTa" in note and "add its config.json" in note for note in notes)

@@ -29,9 +29,13 @@ def _parse(spec: str) -> tuple[str, str]:
 
 
 def _forget_modules_from(directory: Path, before: set) -> None:
+    """Forget the modules imported from the working directory itself (the user's, which the next --module may
+    change), never those of a virtual environment that happens to live below it (transformers, torch, …)."""
     for name in set(sys.modules) - before:
         origin = getattr(sys.modules[name], "__file__", None)
-        if origin and Path(origin).resolve().is_relative_to(directory):
+        top = name.split(".")[0]
+        own = directory / top if (directory / top).is_dir() else directory / f"{top}.py"
+        if origin and Path(origin).resolve().is_relative_to(own.resolve()):
             del sys.modules[name]
 
 

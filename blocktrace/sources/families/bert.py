@@ -27,6 +27,13 @@ class BERT(Family):
     config_keys = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "d_ff": "intermediate_size",
                    "eps": "layer_norm_eps"}
 
+    def notes(self, config):
+        if config is not None:
+            return super().notes(config)
+        return [*super().notes(config), "read as BERT from its key names alone: RoBERTa, XLM-R and other encoders "
+                "share them but not BERT's positions (they start at padding_idx + 1); if this is one of them, its "
+                "numbers here are not its own — add its config.json (blocktrace refuses those model types by name)"]
+
     def config_fields(self, config):
         refuse_unless(config, "position_embedding_type", ("absolute",), "uses relative positions")
         refuse_unless(config, "add_cross_attention", (False,), "adds cross-attention to an encoder")
