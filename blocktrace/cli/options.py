@@ -160,7 +160,7 @@ FORMAT_OPTION = click.option("--format", "fmt", type=TableFormat(), default="sim
 LANG_OPTION = click.option("--lang", type=enum_choice(Lang), default=Lang.EN.value, show_default=True, help="Headings and explanations in English or Chinese.")
 PLOT_OPTION = click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG: attention heatmaps, or per-layer curves with --layers (needs the [plot] extra).")
 NORM_OPTION = click.option("--norm", type=enum_choice(Norm), default=Norm.LAYERNORM.value, show_default=True, help="The normalisation of norm1 and norm2: LayerNorm, or RMSNorm (x / sqrt(mean(x²) + eps) · g).")
-FFN_OPTION = click.option("--ffn", type=enum_choice(FFNKind), default=FFNKind.GELU_TANH.value, show_default=True, help="The FFN: gelu (exact), gelu_tanh (GPT-2's tanh approximation), relu, swiglu (Llama: down(silu(gate)·up)) geglu (Gemma: down(gelu_tanh(gate)·up)) or geglu_exact (the same with the exact GELU).")
+FFN_OPTION = click.option("--ffn", type=enum_choice(FFNKind), default=FFNKind.GELU_TANH.value, show_default=True, help="The FFN: gelu (exact), gelu_tanh (GPT-2's tanh approximation), relu, swiglu (Llama: down(silu(gate)·up)), geglu (Gemma: down(gelu_tanh(gate)·up)) or geglu_exact (the same with the exact GELU).")
 FAIL_ON_OPTION = click.option("--fail-on", type=enum_choice(Level), default=Level.ERROR.value, show_default=True, help="The finding level that makes the exit code 1.")
 MODULE_OPTIONS = options(
     click.option("--module", "module_spec", metavar="PKG.MOD:FACTORY", default=None, help="Trace your own block: imports PKG.MOD and calls FACTORY() for an nn.Module. This RUNS YOUR CODE."),
