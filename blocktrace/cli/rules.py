@@ -79,6 +79,7 @@ MODULE_REFUSES = {  # the user's block has its own wiring, sizes and parameters
     "depths": "--layers stacks blocktrace's own blocks", "grad": "--grad works on blocktrace's own blocks",
 }
 
+
 def force_needs(*outputs: str) -> Needs:
     """--force does something only with an output file to replace (the command's own output options)."""
     named = " or ".join(flag(name) for name in outputs)
