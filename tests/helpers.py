@@ -206,3 +206,22 @@ def nano_batch(step: int, vocab: int = 61, batch: int = 3, tokens: int = 12):
     generator = torch.Generator().manual_seed(1000 + step)
     ids = torch.randint(0, vocab, (batch, tokens + 1), generator=generator)
     return ids[:, :-1], ids[:, 1:]
+
+
+def watched_records(path, steps: int = 2, seed: int = 0) -> list[dict]:
+    """The records a real Watch writes to `path` over `steps` SGD steps of NanoGPT, as parsed JSON lines."""
+    import json
+
+    from blocktrace.training.watch import Watch
+
+    torch.manual_seed(seed)
+    model = NanoGPT()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with Watch(model, path, every=1) as watch:
+        for step in range(steps):
+            ids, targets = nano_batch(step)
+            optimizer.zero_grad()
+            model(ids, targets)[1].backward()
+            watch.step()
+            optimizer.step()
+    return [json.loads(line) for line in path.read_text().splitlines()]

@@ -14,14 +14,12 @@ import threading
 
 import click
 import pytest
-import torch
-from helpers import SAMPLES, NanoGPT, nano_batch
+from helpers import SAMPLES, watched_records
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from blocktrace.cli import cli
-from blocktrace.training.watch import Watch
 
 GPT2 = SAMPLES / "gpt2-tiny"
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -42,16 +40,7 @@ def _keeps_the_contract(result) -> None:
 
 @pytest.fixture(scope="module")
 def timeline(tmp_path_factory) -> list[dict]:
-    path = tmp_path_factory.mktemp("fuzz") / "run.jsonl"
-    torch.manual_seed(1)
-    model = NanoGPT()
-    with Watch(model, path, every=1) as watch:
-        for step in range(2):
-            ids, targets = nano_batch(step)
-            model.zero_grad()
-            model(ids, targets)[1].backward()
-            watch.step()
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return watched_records(tmp_path_factory.mktemp("fuzz") / "run.jsonl", seed=1)
 
 
 def _paths(value, prefix=()):

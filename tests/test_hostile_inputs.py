@@ -11,12 +11,11 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, SAMPLES, NanoGPT, nano_batch
+from helpers import ROOT, SAMPLES, watched_records
 
 from blocktrace.errors import InputError
 from blocktrace.sources.reading import MAX_JSON_DEPTH
 from blocktrace.training.timeline import read_timeline
-from blocktrace.training.watch import Watch
 
 GPT2 = SAMPLES / "gpt2-tiny"
 TOO_DEEP = "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)
@@ -34,18 +33,7 @@ def one_error_line(result, *fragments: str) -> None:
 @pytest.fixture(scope="module")
 def timeline_lines(tmp_path_factory) -> list[dict]:
     """The two records of a real Watch's timeline, as parsed JSON."""
-    path = tmp_path_factory.mktemp("watch") / "run.jsonl"
-    torch.manual_seed(0)
-    model = NanoGPT()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-    with Watch(model, path, every=1) as watch:
-        for step in range(2):
-            ids, targets = nano_batch(step)
-            optimizer.zero_grad()
-            model(ids, targets)[1].backward()
-            watch.step()
-            optimizer.step()
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return watched_records(tmp_path_factory.mktemp("watch") / "run.jsonl")
 
 
 def _write(tmp_path, records) -> str:

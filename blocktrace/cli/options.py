@@ -15,8 +15,8 @@ from tabulate import tabulate_formats
 
 from blocktrace.request import Analysis, InputSpec, RunRequest
 from blocktrace.sizing import MAX_BATCHES, MAX_LAYERS, MAX_TOKENS, MAX_WIDTH
-from blocktrace.sources.reading import parse_json
 from blocktrace.sources.idsfile import DEFAULT_RAW_DTYPE, MAX_WINDOWS, RAW_DTYPES
+from blocktrace.sources.reading import parse_json
 from blocktrace.vocab import Device, DType, FFNKind, Init, Lang, Level, Norm, Placement
 
 SEED_MAX = 2**32 - 1  # derived seeds (seed + layer, seed + 10 000) stay far inside torch's range

@@ -34,9 +34,13 @@ TIMELINE_SUFFIXES = (".jsonl", ".ndjson")
 INPUT_PARAMS = ("token_ids_text", "text", "text_file", "token_ids_file")
 
 
+def _is_timeline(path: Path) -> bool:
+    return path.suffix.lower() in TIMELINE_SUFFIXES
+
+
 def _reads_timeline(ctx: click.Context) -> bool:
     sources = ctx.params.get("sources") or ()
-    return len(sources) == 1 and sources[0].suffix.lower() in TIMELINE_SUFFIXES
+    return len(sources) == 1 and _is_timeline(sources[0])
 
 
 def _checkpoint_only(name: str, what: str) -> Excludes:
@@ -64,7 +68,7 @@ def _sources(ctx: click.Context, sources: tuple[Path, ...]) -> None:
     if not sources:
         raise click.UsageError("give the checkpoints to follow (directories, files or a quoted glob such as "
                                "'run/step_*'), or one timeline file written by Watch (run.jsonl)")
-    timelines = [path for path in sources if path.suffix.lower() in TIMELINE_SUFFIXES]
+    timelines = [path for path in sources if _is_timeline(path)]
     if timelines and len(sources) > 1:
         raise click.UsageError(f"{timelines[0]} is a timeline: track reads one timeline, or checkpoints, not both")
     if not timelines and not any(given(ctx, name) for name in INPUT_PARAMS):

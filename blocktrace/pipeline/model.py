@@ -52,20 +52,14 @@ def _traced_range(request: RunRequest, analysis: Analysis, n_layers: int, layer_
 
 
 def _model_input(checkpoint, info, request: RunRequest, head_spec) -> ModelInput:
-    from blocktrace.sources.inputs import pad_sequences
-    from blocktrace.sources.loader import check_token_ids, padding_id
-    from blocktrace.sources.source import token_sequences, token_types_of
+    from blocktrace.sources.source import token_batch, token_sequences
     from blocktrace.sources.tokenizer import mask_token, token_labels
 
     sequences, ids_note = token_sequences(checkpoint.directory, request.inputs, info.n_positions)
-    check_token_ids(info, sequences)
-    pad_id = padding_id(info, sequences)
-    padded, mask = pad_sequences(sequences, pad_id)
-    types = token_types_of(request.inputs, sequences)
+    padded, mask, types = token_batch(info, request.inputs, sequences)
     ids = torch.tensor(padded)
     labels_text, label_note = token_labels(checkpoint.directory, sequences[0])
-    model_input = ModelInput(ids, None, mask, labels_text, [n for n in (ids_note, label_note) if n],
-                             None if types is None else pad_sequences(types, 0)[0])
+    model_input = ModelInput(ids, None, mask, labels_text, [n for n in (ids_note, label_note) if n], types)
     if head_spec is None:
         return model_input
     if head_spec.kind is LossKind.MASKED:
@@ -81,11 +75,9 @@ def _model_input(checkpoint, info, request: RunRequest, head_spec) -> ModelInput
 
 
 def _embed(checkpoint, info, model_input: ModelInput, dtype) -> torch.Tensor:
-    from blocktrace.sources.loader import embed_token_ids
+    from blocktrace.sources.loader import embed_batch
 
-    rows = model_input.ids.tolist()
-    types = model_input.token_types or [None] * len(rows)
-    return torch.stack([embed_token_ids(checkpoint, info, row, dtype, row_types) for row, row_types in zip(rows, types)])
+    return embed_batch(checkpoint, info, model_input.ids.tolist(), dtype, model_input.token_types)
 
 
 def _head(checkpoint, info, dtype):

@@ -93,6 +93,13 @@ def embed_token_ids(checkpoint: Checkpoint, info: ModelInfo, token_ids: list[int
     return info.family.embed(checkpoint, info, token_ids, dtype, token_types)
 
 
+def embed_batch(checkpoint: Checkpoint, info: ModelInfo, rows: list[list[int]], dtype: torch.dtype,
+                types: Optional[list[list[int]]] = None) -> torch.Tensor:
+    """The model's own embedding of a batch of equally long rows of ids (with their token types), `[B, T, d]`."""
+    kinds = types if types is not None else [None] * len(rows)
+    return torch.stack([embed_token_ids(checkpoint, info, ids, dtype, row_types) for ids, row_types in zip(rows, kinds)])
+
+
 def check_token_ids(info: ModelInfo, sequences: list[list[int]]) -> None:
     """Every id inside the vocabulary and every sequence within the model's positions — checked before the ids
     reach anything (a tokenizer's labels, an embedding row)."""

@@ -104,13 +104,7 @@ def _seeded(request: RunRequest, config: BlockConfig, budget: Budget) -> Source:
 def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     from blocktrace.sources.checkpoint import Checkpoint
     from blocktrace.sources.families import SIZE_FIELDS, checkpoint_config, model_info
-    from blocktrace.sources.loader import (
-        check_layer,
-        check_token_ids,
-        embed_token_ids,
-        hidden_state_before,
-        padding_id,
-    )
+    from blocktrace.sources.loader import check_layer, embed_batch, hidden_state_before
     from blocktrace.sources.tokenizer import token_labels
 
     inputs = request.inputs
@@ -136,15 +130,11 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
         x = _input_file(inputs.input_path, config, inputs.batch, budget, dtype)
         return Source(config, x, None, f"tensor from {inputs.input_path}", **common)
     sequences, ids_note = token_sequences(checkpoint.directory, inputs, info.n_positions)
-    check_token_ids(info, sequences)
-    types = token_types_of(inputs, sequences)
     if len(sequences) > 1 and inputs.batch is not None:
         raise UsageError("--batch and several --token-ids sequences both set the batch: use one of them")
-    pad_id = padding_id(info, sequences)
-    padded, mask = pad_sequences(sequences, pad_id)
+    padded, mask, padded_types = token_batch(info, inputs, sequences)
     budget(config, Shape(inputs.batch or len(padded), len(padded[0])))
-    padded_types = [None] * len(padded) if types is None else pad_sequences(types, 0)[0]
-    x = torch.stack([embed_token_ids(checkpoint, info, ids, dtype, kinds) for ids, kinds in zip(padded, padded_types)])
+    x = embed_batch(checkpoint, info, padded, dtype, padded_types)
     x = (x[0] if mask is None else x).to(resolve_device(request.device))  # earlier layers run there too
     device_mask = None if mask is None else mask.to(x.device)
     x = hidden_state_before(checkpoint, info, native, x, request.layer, dtype, key_mask=device_mask)
@@ -182,7 +172,18 @@ def token_sequences(directory, inputs, positions: Optional[int]) -> tuple[list[l
     return parse_token_ids(inputs.token_ids), None
 
 
-def token_types_of(inputs, sequences: list[list[int]]) -> Optional[list[list[int]]]:
+def token_batch(info, inputs, sequences: list[list[int]]):
+    """The sequences as one batch: (ids right-padded with the model's pad id, the padding mask or None, the token
+    types padded with 0 or None). Ids are checked against the vocabulary before anything reads them."""
+    from blocktrace.sources.loader import check_token_ids, padding_id
+
+    check_token_ids(info, sequences)
+    types = _token_types(inputs, sequences)
+    padded, mask = pad_sequences(sequences, padding_id(info, sequences))
+    return padded, mask, None if types is None else pad_sequences(types, 0)[0]
+
+
+def _token_types(inputs, sequences: list[list[int]]) -> Optional[list[list[int]]]:
     if inputs.token_types is None:
         return None
     types = parse_token_ids(inputs.token_types, "--token-type-ids")
