@@ -12,9 +12,9 @@ from enum import Enum
 from typing import Optional
 
 from blocktrace.errors import ConfigError
-from blocktrace.vocab import STEP_NAMES, FFNKind, Norm, Placement
+from blocktrace.vocab import STEP_NAMES, FFNKind, Norm, Placement, RopeKind
 
-__all__ = ["BlockConfig", "STEP_NAMES", "FFNKind", "Norm", "Placement"]
+__all__ = ["BlockConfig", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind"]
 
 
 def _as_enum(enum_cls, value, field_name):
@@ -23,6 +23,70 @@ def _as_enum(enum_cls, value, field_name):
     except ValueError:
         valid = ", ".join(member.value for member in enum_cls)
         raise ConfigError(f"{field_name} must be one of {valid}, not {value!r}", field_name) from None
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE stretched past the context a model was trained on, with HF's parameters for each kind
+    (transformers' modeling_rope_utils; model.rope computes the frequencies from these)."""
+
+    kind: RopeKind
+    factor: float = 1.0
+    # The context the model was trained on: past it the frequencies change (dynamic, longrope); llama3 and yarn
+    # place their frequency bands by it. HF's original_max_position_embeddings (dynamic: max_position_embeddings).
+    original_positions: Optional[int] = None
+    low_freq_factor: float = 1.0  # llama3: wavelengths above original/low are divided by the factor
+    high_freq_factor: float = 4.0  # llama3: wavelengths below original/high are kept
+    beta_fast: float = 32.0  # yarn: rotations within the context above which a frequency is kept
+    beta_slow: float = 1.0  # yarn: rotations below which a frequency is interpolated
+    truncate: bool = True  # yarn: the band's edges rounded to whole dims
+    short_factor: tuple[float, ...] = ()  # longrope: one factor per frequency, within the original context
+    long_factor: tuple[float, ...] = ()  # longrope: the same, past it
+    attention_factor: float = 1.0  # multiplies cos and sin (yarn, longrope): sharper attention over a long context
+
+    def __post_init__(self):
+        set_field = object.__setattr__
+        set_field(self, "kind", _as_enum(RopeKind, self.kind, "rope_scaling.kind"))
+        set_field(self, "short_factor", tuple(self.short_factor))
+        set_field(self, "long_factor", tuple(self.long_factor))
+        if not self.factor > 0 or not self.attention_factor > 0:
+            raise ConfigError(f"rope scaling factors must be positive (factor {self.factor}, attention factor "
+                              f"{self.attention_factor})", "rope_scaling")
+        if self.kind is not RopeKind.LINEAR and not (isinstance(self.original_positions, int)
+                                                     and self.original_positions > 0):
+            raise ConfigError(f"{self.kind} RoPE needs the original context length, a positive integer, not "
+                              f"{self.original_positions!r}", "rope_scaling")
+        if self.kind is RopeKind.LLAMA3 and not self.high_freq_factor > self.low_freq_factor > 0:
+            raise ConfigError(f"llama3 RoPE needs high_freq_factor > low_freq_factor > 0 (got {self.high_freq_factor} "
+                              f"and {self.low_freq_factor})", "rope_scaling")
+
+    def check_dims(self, dims: int) -> None:
+        """What the rotated dims allow: longrope has a factor per frequency, dynamic's exponent is dims/(dims-2)."""
+        if self.kind is RopeKind.LONGROPE and not len(self.short_factor) == len(self.long_factor) == dims // 2:
+            raise ConfigError(f"longrope needs {dims // 2} short and long factors (one per frequency of {dims} "
+                              f"rotated dims), not {len(self.short_factor)} and {len(self.long_factor)}",
+                              "rope_scaling")
+        if self.kind is RopeKind.DYNAMIC and dims <= 2:
+            raise ConfigError("dynamic RoPE needs more than 2 rotated dims (its base grows as ^dims/(dims-2))",
+                              "rope_scaling")
+
+    def __str__(self) -> str:
+        shown = f"{self.kind}" + (f"×{self.factor:g}" if self.kind is not RopeKind.LONGROPE else "")
+        if self.original_positions is not None:
+            shown += f" from {self.original_positions}"
+        return shown + (f" cos·sin×{self.attention_factor:.4g}" if self.attention_factor != 1.0 else "")
+
+    @classmethod
+    def of(cls, value) -> Optional["RopeScaling"]:
+        """A linear factor as older traces store it, a dict as to_dict writes it, or the dataclass itself."""
+        if value is None or isinstance(value, RopeScaling):
+            return value
+        if isinstance(value, dict):
+            known = {field.name for field in dataclasses.fields(cls)}
+            return cls(**{key: item for key, item in value.items() if key in known})
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"rope_scaling must be a positive factor, not {value!r}", "rope_scaling")
+        return None if value == 1 else cls(RopeKind.LINEAR, float(value))
 
 
 @dataclass(frozen=True)
@@ -40,7 +104,7 @@ class BlockConfig:
     kv_heads: Optional[int] = None  # grouped-query attention (Llama): key/value heads; None: n_heads
     head_size: Optional[int] = None  # per-head width when not d_model / n_heads (Llama's head_dim)
     rope_theta: Optional[float] = None  # rotary position embeddings' base (Llama); None: no RoPE
-    rope_scaling: float = 1.0  # linear RoPE scaling: positions are divided by this factor
+    rope_scaling: Optional[RopeScaling] = None  # RoPE stretched past the trained context; None: plain RoPE
     rotary_fraction: float = 1.0  # share of each head's dims that RoPE rotates (GPT-NeoX's rotary_pct)
     attn_bias: Optional[bool] = None  # biases of q, k, v and the output projection; None: as `bias`
     qkv_bias: Optional[bool] = None  # biases of q, k and v only (Qwen2); None: as attn_bias
@@ -56,6 +120,7 @@ class BlockConfig:
         set_field(self, "norm", _as_enum(Norm, self.norm, "norm"))
         set_field(self, "ffn", _as_enum(FFNKind, self.ffn, "ffn"))
         set_field(self, "placement", _as_enum(Placement, self.placement, "placement"))
+        set_field(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
         if self.d_ff is None and isinstance(self.d_model, int):
             set_field(self, "d_ff", 4 * self.d_model)
         self.validate()
@@ -92,6 +157,8 @@ class BlockConfig:
         if not 0 < self.rotary_fraction <= 1 or (self.rope_theta is not None and self.rotary_dims % 2):
             raise ConfigError(f"rotary_fraction {self.rotary_fraction} must rotate an even number of each head's "
                               f"{self.head_dim} dims", "rotary_fraction")
+        if self.rope_theta is not None and self.rope_scaling is not None:
+            self.rope_scaling.check_dims(self.rotary_dims)
         for name in ("attn_scale", "attn_softcap"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -151,16 +218,20 @@ class BlockConfig:
 
     def to_dict(self) -> dict:
         """Plain JSON-ready values (enums as their strings)."""
-        return {
-            field.name: (value.value if isinstance(value, Enum) else value)
-            for field in dataclasses.fields(self)
-            for value in [getattr(self, field.name)]
-        }
+        return {field.name: _plain(getattr(self, field.name)) for field in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "BlockConfig":
         known = {field.name for field in dataclasses.fields(cls)}
         return cls(**{key: value for key, value in data.items() if key in known})
+
+
+def _plain(value):
+    if isinstance(value, Enum):
+        return value.value
+    if dataclasses.is_dataclass(value):
+        return {field.name: _plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    return list(value) if isinstance(value, tuple) else value
 
 
 HINTED_HEADS = 128  # the head counts a divisor hint lists: enough for any real model, bounded for any width

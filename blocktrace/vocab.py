@@ -49,6 +49,16 @@ class FFNKind(Choice):
         return self in (FFNKind.SWIGLU, FFNKind.GEGLU, FFNKind.GEGLU_EXACT)
 
 
+class RopeKind(Choice):
+    """How RoPE's frequencies are stretched past the context a model was trained on (HF's rope_type)."""
+
+    LINEAR = "linear"  # positions divided by the factor (Chen et al. 2023, position interpolation)
+    DYNAMIC = "dynamic"  # NTK-aware: the base grows with the length, only past max_position_embeddings
+    YARN = "yarn"  # Peng et al. 2023: low frequencies interpolated, high ones kept, cos/sin scaled
+    LONGROPE = "longrope"  # Ding et al. 2024 (Phi-3): a factor per frequency, short or long by length
+    LLAMA3 = "llama3"  # Llama 3.1: low frequencies divided by the factor, a smooth band between
+
+
 class Placement(Choice):
     PRE = "pre"  # GPT-2, Llama: x + f(norm(x))
     POST = "post"  # original Transformer, BERT: norm(x + f(x))

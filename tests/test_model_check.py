@@ -23,6 +23,15 @@ def hf_model(name: str):
         return make_gpt2(head=True)
     if name == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, num_key_value_heads=2))
+    elif name == "gemma3":  # one global layer between sliding ones, its RoPE scaled; a final softcap
+        model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+            **small, num_key_value_heads=2, head_dim=8, sliding_window=4, sliding_window_pattern=2,
+            final_logit_softcapping=5.0, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                       "original_max_position_embeddings": 4}))
+    elif name == "llama3 rope":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, rope_parameters={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 4, "rope_theta": 500.0}))
     elif name == "gemma2":
         model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
             **small, num_key_value_heads=2, head_dim=8, sliding_window=4, final_logit_softcapping=5.0))
@@ -56,7 +65,7 @@ def our_layer_gradients(report: dict) -> list[float]:
             for layer in report["gradients"]["layers"]]
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gpt_neox"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gemma3", "llama3 rope", "gpt_neox"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from blocktrace.config import BlockConfig
+from blocktrace.model.rope import RotaryEmbedding
 from blocktrace.vocab import FFNKind, Norm
 
 
@@ -51,40 +52,6 @@ def make_norm(config: BlockConfig) -> nn.Module:
 
 # Query rows per chunk are chosen so one chunk's scores stay under this many bytes.
 ATTENTION_CHUNK_BYTES = 256 * 2**20
-
-
-class RotaryEmbedding(nn.Module):
-    """RoPE (Su et al. 2021) in HF Llama's convention: the two halves of the rotated dims are
-    turned by angle position · θ^(-2i/dims); `scaling` divides the positions (linear scaling).
-    `dims` may be fewer than the head's (partial rotary, GPT-NeoX): the rest pass unchanged."""
-
-    def __init__(self, dims: int, theta: float, scaling: float = 1.0):
-        super().__init__()
-        self.dims, self.scaling = dims, scaling
-        self.register_buffer("inv_freq", 1.0 / (theta ** (torch.arange(0, dims, 2, dtype=torch.float) / dims)),
-                             persistent=False)
-
-    def _apply(self, fn, recurse=True):
-        """Moves follow the block; casts do not: the frequencies stay float32 in a bf16 or fp16 block, as HF
-        keeps them (rounded to bf16, a head of 128 dims turns by up to 1.2 radians too far or too little at
-        position 1000)."""
-        exact = self.inv_freq
-        super()._apply(fn, recurse)
-        self.inv_freq = exact.to(self.inv_freq.device)
-        return self
-
-    def cos_sin(self, t: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(t, device=device, dtype=torch.float) / self.scaling
-        angles = positions[:, None] * self.inv_freq.to(device)[None, :]
-        both = torch.cat((angles, angles), dim=-1)  # [T, dims]
-        return both.cos().to(dtype), both.sin().to(dtype)
-
-    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        turned, passed = x[..., : self.dims], x[..., self.dims:]
-        half = self.dims // 2
-        rotated_half = torch.cat((-turned[..., half:], turned[..., :half]), dim=-1)
-        turned = turned * cos + rotated_half * sin
-        return turned if passed.shape[-1] == 0 else torch.cat((turned, passed), dim=-1)
 
 
 class MultiHeadAttention(nn.Module):

@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 
 from tabulate import tabulate
 
+from blocktrace.config import RopeScaling
 from blocktrace.render.words import HEADINGS, explanation
 from blocktrace.tracing.recorder import PREVIEW_MAX_TOKENS
 from blocktrace.tracing.stats import STAT_NAMES
@@ -30,16 +31,22 @@ def _stat_cells(stats: dict) -> list:
 
 CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placement", "causal")
 # Shown too where they differ from BlockConfig's defaults: what makes a modern family's block its own.
-CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rotary_fraction", "qkv_bias", "qk_norm", "norm_offset",
+CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "qkv_bias", "qk_norm", "norm_offset",
                  "attn_scale", "attn_softcap", "sliding_window", "parallel_residual")
 _DEFAULTS = {"rotary_fraction": 1.0, "qk_norm": False, "norm_offset": 0.0, "parallel_residual": False}
+
+
+def _setting(key: str, value) -> str:
+    if key == "rope_scaling":
+        return f"'{RopeScaling.of(value)}'"
+    return f"{value:.4g}" if isinstance(value, float) else f"{value}"
 
 
 def config_settings(config: dict, skip: str = "") -> str:
     """key=value for the settings a reader needs: the core ones, and every other that is not a default."""
     shown = [f"{key}={config[key]}" for key in CONFIG_SHOWN if key in config and key != skip]
-    shown += [f"{key}={config[key]:.4g}" if isinstance(config[key], float) else f"{key}={config[key]}"
-              for key in CONFIG_EXTRAS if key != skip and config.get(key) not in (None, _DEFAULTS.get(key))]
+    shown += [f"{key}={_setting(key, config[key])}" for key in CONFIG_EXTRAS
+              if key != skip and config.get(key) not in (None, _DEFAULTS.get(key))]
     return " ".join(shown)
 
 

@@ -45,7 +45,7 @@ class ConfigFile:
     def raw(self, key: str, default: Any = None) -> Any:
         return self.data.get(key, default)
 
-    def _bad(self, key: str, expected: str, value: Any) -> WeightsError:
+    def bad(self, key: str, expected: str, value: Any) -> WeightsError:
         return WeightsError(f"{self.path}: {key} must be {expected}, not {json.dumps(value)[:60]}")
 
     def integer(self, key: str, default: Any = None, *, positive: bool = True) -> Optional[int]:
@@ -53,7 +53,7 @@ class ConfigFile:
         if value is _MISSING or value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int) or (positive and value <= 0):
-            raise self._bad(key, "a positive integer" if positive else "an integer", value)
+            raise self.bad(key, "a positive integer" if positive else "an integer", value)
         return value
 
     def number(self, key: str, default: Any = None, *, positive: bool = False) -> Optional[float]:
@@ -62,7 +62,7 @@ class ConfigFile:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                 or (positive and value <= 0):
-            raise self._bad(key, "a positive number" if positive else "a finite number", value)
+            raise self.bad(key, "a positive number" if positive else "a finite number", value)
         return float(value)
 
     def _of_type(self, key: str, default: Any, kind: type, words: str):
@@ -70,7 +70,7 @@ class ConfigFile:
         if value is _MISSING or value is None:
             return default
         if not isinstance(value, kind):
-            raise self._bad(key, words, value)
+            raise self.bad(key, words, value)
         return value
 
     def string(self, key: str, default: Any = None) -> Optional[str]:
@@ -85,8 +85,16 @@ class ConfigFile:
         if value is None:
             return ConfigFile(self.path, {})
         if not isinstance(value, dict):
-            raise self._bad(key, "a JSON object", value)
+            raise self.bad(key, "a JSON object", value)
         return _Nested(self.path, value, key)
+
+    def merged(self, *keys: str) -> "ConfigFile":
+        """Several nested objects read as one, the later keys' values first (errors name the last key present)."""
+        data: dict = {}
+        for key in keys:
+            data.update(self.mapping(key).data)
+        present = [key for key in keys if self.raw(key) is not None] or keys
+        return _Nested(self.path, data, present[-1])
 
 
 class _Nested(ConfigFile):
@@ -96,5 +104,5 @@ class _Nested(ConfigFile):
         super().__init__(path, data)
         self.prefix = prefix
 
-    def _bad(self, key: str, expected: str, value: Any) -> WeightsError:
-        return super()._bad(f"{self.prefix}.{key}", expected, value)
+    def bad(self, key: str, expected: str, value: Any) -> WeightsError:
+        return super().bad(f"{self.prefix}.{key}", expected, value)

@@ -76,7 +76,7 @@ def _materialise_buffers(block: TransformerBlock) -> None:
     """Buffers computed, not loaded (RoPE's inverse frequencies), rebuilt off the meta device."""
     rope = block.attn.rope
     if rope is not None:
-        from blocktrace.model.layers import RotaryEmbedding
+        from blocktrace.model.rope import RotaryEmbedding
 
         block.attn.rope = RotaryEmbedding(block.config.rotary_dims, block.config.rope_theta, block.config.rope_scaling)
 
@@ -108,7 +108,7 @@ def check_token_ids(info: ModelInfo, sequences: list[list[int]]) -> None:
         raise UsageError(f"token ids {bad[:10]} are out of range: the vocabulary has {info.vocab_size} ids: "
                          f"{valid_indices(info.vocab_size)}")
     longest = max(map(len, sequences), default=0)
-    if info.n_positions is not None and longest > info.n_positions:
+    if info.family.learned_positions and info.n_positions is not None and longest > info.n_positions:
         raise UsageError(f"{longest} tokens exceed the model's {info.n_positions} positions")
 
 

@@ -100,9 +100,12 @@ def _position_embeddings(block: nn.Module, config, x: torch.Tensor, positions: t
         found = ", ".join(c.__name__ for c in classes) or "none"
         raise InputError(f"cannot call {type(block).__name__} the way its model does: it needs rotary "
                          f"position_embeddings and its module has {found} rotary classes; pass forward_kwargs")
+    extra = {}
+    if "layer_type" in inspect.signature(classes[0].forward).parameters:  # Gemma-3: RoPE per layer type
+        extra["layer_type"] = getattr(_attention_module(block), "layer_type", None)
     try:
         rotary = classes[0](config).to(x.device)
-        return rotary(x, positions)
+        return rotary(x, positions, **extra)
     except Exception as error:
         raise InputError(f"cannot build the rotary embeddings of {type(block).__name__} from its config: "
                          f"{type(error).__name__}: {error}") from None

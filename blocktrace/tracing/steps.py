@@ -123,8 +123,8 @@ KNOWN_LAYOUTS = {
                     "GemmaDecoderLayer")},
     "Phi3DecoderLayer": _hf("Phi3DecoderLayer", Placement.PRE, _LLAMA_NAMES, norm=Norm.RMSNORM,
                             hidden="mlp.activation_fn"),
-    "Gemma2DecoderLayer": _hf("Gemma2DecoderLayer", Placement.SANDWICH, {}, specs=_GEMMA2_SPECS, norm=Norm.RMSNORM,
-                              hidden="mlp.act_fn"),
+    **{name: _hf(name, Placement.SANDWICH, {}, specs=_GEMMA2_SPECS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
+       for name in ("Gemma2DecoderLayer", "Gemma3DecoderLayer")},
     "GPTNeoXLayer": _hf("GPTNeoXLayer", Placement.PRE, _NEOX_NAMES, hidden="mlp.act"),
     "GPTNeoXLayer (parallel residual)": _hf("GPTNeoXLayer (parallel residual)", Placement.PRE, {},
                                             specs=_NEOX_PARALLEL_SPECS, hidden="mlp.act",

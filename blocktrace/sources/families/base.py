@@ -9,17 +9,18 @@ holds more than blocktrace computes is refused, never traced as if it did not.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
-from blocktrace.config import BlockConfig
+from blocktrace.config import BlockConfig, RopeScaling
 from blocktrace.errors import WeightsError
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.vocab import Choice, FFNKind, Norm
+from blocktrace.vocab import Choice, FFNKind, Norm, RopeKind
 
 Reader = Callable[..., torch.Tensor]  # (name or names inside the layer, expected shape) -> tensor
 
@@ -118,6 +119,9 @@ class Family:
         raise NotImplementedError
 
     token_types = False  # whether the embeddings add a token type (segment) row: BERT
+    # A table of learned positions (GPT-2, BERT) ends at n_positions; RoPE has no such end: past the trained context
+    # it extrapolates, or its scaling (dynamic, longrope) takes over, as in HF.
+    learned_positions = False
 
     def embed(self, checkpoint: Checkpoint, info: ModelInfo, ids: list[int], dtype,
               token_types: Optional[list[int]] = None) -> torch.Tensor:
@@ -205,20 +209,84 @@ def refuse_unless(config: ConfigFile, key: str, allowed: tuple, why: str) -> Non
 
 
 def rope_fields(config: ConfigFile, *, theta_key: str = "rope_theta", fraction_key: str = "partial_rotary_factor",
-                default_fraction: float = 1.0) -> dict:
-    """RoPE's theta, linear scaling and rotated share of each head, from rope_parameters
-    (transformers 5) or the older top-level keys (rope_theta, rope_scaling; GPT-NeoX's
-    rotary_emb_base and rotary_pct). Other RoPE types are refused by name."""
-    parameters = config.mapping("rope_parameters")
-    scaling = config.mapping("rope_scaling")
-    theta = parameters.number("rope_theta", None, positive=True) or config.number(theta_key, 10000.0, positive=True)
+                default_fraction: float = 1.0, parameters: Optional[ConfigFile] = None,
+                original_default: Optional[int] = None, default_theta: float = 10000.0) -> dict:
+    """RoPE's theta, scaling and rotated share of each head, from rope_parameters (transformers 5;
+    `parameters`: one layer type's, where they differ by layer) or the older top-level keys
+    (rope_theta, rope_scaling; GPT-NeoX's rotary_emb_base and rotary_pct)."""
+    if parameters is None:  # transformers 5 folds an old file's rope_scaling into rope_parameters
+        parameters = config.merged("rope_scaling", "rope_parameters")
+    theta = parameters.number("rope_theta", None, positive=True) or config.number(theta_key, default_theta, positive=True)
     fraction = parameters.number("partial_rotary_factor", None, positive=True) \
         or config.number(fraction_key, default_fraction, positive=True)
-    kind = parameters.string("rope_type") or scaling.string("rope_type") or scaling.string("type") or "default"
+    return {"rope_theta": theta, "rope_scaling": rope_scaling(config, parameters, original_default),
+            "rotary_fraction": fraction}
+
+
+def rope_scaling(config: ConfigFile, parameters: ConfigFile, original_default: Optional[int]) -> Optional[RopeScaling]:
+    """The RoPE type's parameters, read and defaulted as transformers' modeling_rope_utils reads them."""
+    kind = parameters.string("rope_type") or parameters.string("type") or "default"
     if kind == "default":
-        factor = 1.0
-    elif kind == "linear":
-        factor = parameters.number("factor", None, positive=True) or scaling.number("factor", 1.0, positive=True)
-    else:
-        raise WeightsError(f"{config.path}: rope type {kind!r} is not supported; supported: default, linear")
-    return {"rope_theta": theta, "rope_scaling": factor, "rotary_fraction": fraction}
+        return None
+    if kind not in RopeKind.values():
+        raise WeightsError(f"{config.path}: rope type {kind!r} is not supported; supported: default, "
+                           f"{', '.join(RopeKind.values())}")
+    kind = RopeKind(kind)
+    maximum = config.integer("max_position_embeddings")
+    if kind is RopeKind.LINEAR:
+        return RopeScaling(kind, _required(parameters, "factor"))
+    if kind is RopeKind.DYNAMIC:  # HF grows the base past max_position_embeddings, not the original context
+        return RopeScaling(kind, _required(parameters, "factor"), original_positions=_required_maximum(config, maximum))
+    # HF gives a top-level original_max_position_embeddings (Phi-3's) priority over rope_parameters'.
+    original = config.integer("original_max_position_embeddings") or \
+        parameters.integer("original_max_position_embeddings") or original_default or \
+        _required_maximum(config, maximum)
+    if kind is RopeKind.LLAMA3:
+        return RopeScaling(kind, _required(parameters, "factor"), original, _required(parameters, "low_freq_factor"),
+                           _required(parameters, "high_freq_factor"))
+    if kind is RopeKind.YARN:
+        factor = _required(parameters, "factor")
+        return RopeScaling(kind, factor, original, beta_fast=parameters.number("beta_fast", None) or 32.0,
+                           beta_slow=parameters.number("beta_slow", None) or 1.0,
+                           truncate=parameters.boolean("truncate", True),
+                           attention_factor=_yarn_attention_factor(parameters, factor))
+    factor = parameters.number("factor", None, positive=True) or _required_maximum(config, maximum) / original
+    attention = parameters.number("attention_factor", None, positive=True)  # longrope's, as HF (Phi-3) defaults it
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeScaling(kind, factor, original, short_factor=_factors(parameters, "short_factor"),
+                       long_factor=_factors(parameters, "long_factor"), attention_factor=attention)
+
+
+def _yarn_attention_factor(parameters: ConfigFile, factor: float) -> float:
+    """YaRN's cos/sin scale: given, or 0.1·ln(factor) + 1 (the paper's), or DeepSeek's ratio of two mscales."""
+    given = parameters.number("attention_factor", None, positive=True)
+    if given is not None:
+        return given
+
+    def mscale(weight: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * weight * math.log(factor) + 1.0
+
+    top, bottom = parameters.number("mscale", None), parameters.number("mscale_all_dim", None)
+    return float(mscale(top) / mscale(bottom)) if top and bottom else mscale(1.0)
+
+
+def _required(parameters: ConfigFile, key: str) -> float:
+    value = parameters.number(key, None, positive=True)
+    if value is None:
+        raise parameters.bad(key, "a positive number (this rope type needs it)", None)
+    return value
+
+
+def _required_maximum(config: ConfigFile, maximum: Optional[int]) -> int:
+    if maximum is None:
+        raise WeightsError(f"{config.path}: this rope type needs max_position_embeddings (the context it scales from)")
+    return maximum
+
+
+def _factors(parameters: ConfigFile, key: str) -> tuple[float, ...]:
+    values = parameters.raw(key)
+    if not isinstance(values, list) or not values or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in values):
+        raise parameters.bad(key, "a list of positive numbers (longrope's factor per frequency)", values)
+    return tuple(float(v) for v in values)

@@ -24,6 +24,7 @@ class BERT(Family):
     name, described, model_types = "bert", "bert (encoder.layer.{k}.*, optionally bert.)", ("bert",)
     layers_path, marker, prefixes = "encoder.layer", "attention.self.query.weight", ("", "bert.")
     embedding_key = "embeddings.word_embeddings.weight"
+    learned_positions = True
     config_keys = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "d_ff": "intermediate_size",
                    "eps": "layer_norm_eps"}
 

@@ -10,6 +10,8 @@ layer by default).
 from __future__ import annotations
 
 from blocktrace.errors import UsageError, WeightsError
+from blocktrace.sources.configfile import ConfigFile
+from blocktrace.sources.families.base import rope_fields
 from blocktrace.sources.families.llama import SLIDING, Llama, refuse_bidirectional
 from blocktrace.vocab import FFNKind, Norm, Placement
 
@@ -72,11 +74,15 @@ class Gemma2(Gemma):
     def logit_softcap(self, config):
         return self.setting(config, "final_logit_softcapping", positive=True)
 
+    def sliding(self, config: ConfigFile, layer: int) -> bool:
+        """Whether layer_types marks the layer sliding (without them: every other layer, from the first)."""
+        types = config.raw("layer_types")
+        return types[layer] == SLIDING if isinstance(types, list) and layer < len(types) else layer % 2 == 0
+
     def layer_fields(self, config, layer):
         if config is None:
             return {}
-        types = config.raw("layer_types")
-        sliding = types[layer] == SLIDING if isinstance(types, list) and layer < len(types) else layer % 2 == 0
+        sliding = self.sliding(config, layer)
         return {"sliding_window": self.setting(config, "sliding_window", "integer") if sliding else None}
 
     def parameters(self, read, c):
@@ -90,3 +96,53 @@ class Gemma2(Gemma):
         super().check(config)
         if not config.sandwich:
             raise UsageError("gemma2 weights hold four norms per layer: they need the sandwich wiring")
+
+
+FULL = "full_attention"
+
+
+class Gemma3(Gemma2):
+    """Gemma-3's text model: Gemma-2's four norms, plus (1 + w) RMSNorm on each head's q and k
+    before RoPE, and RoPE of its own per layer type: the sliding layers turn at
+    rope_local_base_freq (10k) unscaled, the global ones at rope_theta (1M) with the file's
+    scaling. Five sliding layers to one global by default (sliding_window_pattern 6)."""
+
+    name, described, model_types = "gemma3", "gemma3 (text; Gemma-2's keys, QK-norm, RoPE per layer type)", \
+        ("gemma3_text",)
+    defaults = {**Gemma2.defaults, "attn_logit_softcapping": None, "final_logit_softcapping": None,
+                "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "sliding_window_pattern": 6}
+
+    def config_fields(self, config):
+        return {**super().config_fields(config), "qk_norm": True, "attn_softcap": None, **self.rope(config, FULL)}
+
+    def sliding(self, config, layer):
+        types = config.raw("layer_types")
+        if isinstance(types, list) and layer < len(types):
+            return types[layer] == SLIDING
+        return bool((layer + 1) % self.setting(config, "sliding_window_pattern", "integer"))
+
+    def layer_fields(self, config, layer):
+        if config is None:
+            return {}
+        return {**super().layer_fields(config, layer), **self.rope(config, SLIDING if self.sliding(config, layer)
+                                                                   else FULL)}
+
+    def rope(self, config: ConfigFile, layer_type: str) -> dict:
+        """rope_parameters by layer type (transformers 5), or the older keys: rope_theta with rope_scaling for
+        the global layers, rope_local_base_freq for the sliding ones."""
+        nested = config.mapping("rope_parameters")
+        if layer_type in nested:
+            parameters = nested.mapping(layer_type)
+        else:
+            parameters = config.mapping("rope_scaling") if layer_type == FULL else ConfigFile(config.path, {})
+        theta_key = "rope_theta" if layer_type == FULL else "rope_local_base_freq"
+        return rope_fields(config, parameters=parameters, theta_key=theta_key, default_theta=self.defaults[theta_key])
+
+    def notes(self, config):
+        notes = super().notes(config)
+        if config is not None and config.raw("rope_parameters") is not None:  # its thetas are there, not at the top
+            notes = [note for note in notes if "rope_theta" not in note and "rope_local_base_freq" not in note]
+        if config is not None and config.raw("attn_logit_softcapping") is not None:
+            notes.append(f"attn_logit_softcapping {config.raw('attn_logit_softcapping')} is not applied: HF's "
+                         "Gemma-3 attention never passes it on, and blocktrace computes what HF does")
+        return notes

@@ -28,6 +28,7 @@ class GPT2(Family):
     layers_path, marker, prefixes, embedding_key = "h", "ln_1.weight", ("", "transformer."), "wte.weight"
     ignored = ("attn.bias", "attn.masked_bias")  # causal-mask buffers of old files
     tie_default = True
+    learned_positions = True
     config_keys = {"d_model": "n_embd", "n_heads": "n_head", "d_ff": "n_inner", "eps": "layer_norm_epsilon"}
 
     def config_fields(self, config):
