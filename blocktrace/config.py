@@ -108,8 +108,10 @@ class BlockConfig:
     rotary_fraction: float = 1.0  # share of each head's dims that RoPE rotates (GPT-NeoX's rotary_pct)
     attn_bias: Optional[bool] = None  # biases of q, k, v and the output projection; None: as `bias`
     qkv_bias: Optional[bool] = None  # biases of q, k and v only (Qwen2); None: as attn_bias
-    qk_norm: bool = False  # RMSNorm on each head's q and k before RoPE (Qwen3, OLMo-2-style QK-norm)
+    qk_norm: bool = False  # RMSNorm on each head's q and k before RoPE (Qwen3)
+    qk_norm_whole: bool = False  # QK-norm over all heads' q (and all k) at once, before the split into heads (OLMo-2)
     norm_offset: float = 0.0  # RMSNorm gain is (offset + w), computed in float32 (Gemma: 1)
+    norm_gain_float32: bool = False  # RMSNorm multiplies its gain in float32, then casts (OLMo-2); else after (Llama)
     attn_scale: Optional[float] = None  # multiplies q·k; None: 1/√head_dim (Gemma-2: query_pre_attn_scalar^-½)
     attn_softcap: Optional[float] = None  # logits become cap·tanh(s/cap) before the mask (Gemma-2)
     sliding_window: Optional[int] = None  # a query sees only the last W keys (itself included)
@@ -149,6 +151,8 @@ class BlockConfig:
         if self.norm_offset and self.norm is not Norm.RMSNORM:
             raise ConfigError("a norm gain of (offset + w), Gemma's, is RMSNorm's: a LayerNorm would not share it",
                               "norm")
+        if self.qk_norm_whole and not self.qk_norm:
+            raise ConfigError("qk_norm_whole says how QK-norm spans the heads: it needs qk_norm", "qk_norm_whole")
         if self.parallel_residual and self.placement is not Placement.PRE:
             raise ConfigError("a parallel residual reads both branches from the stream before the norms: it needs "
                               "Pre-LN wiring", "placement")

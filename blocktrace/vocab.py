@@ -64,6 +64,7 @@ class Placement(Choice):
     POST = "post"  # original Transformer, BERT: norm(x + f(x))
     DEEPNORM = "deepnorm"  # Wang et al. 2022: norm(α·x + f(x)), α = (2N)^¼ for N decoder blocks
     SANDWICH = "sandwich"  # Peri-LN, Gemma-2: x + norm_out(f(norm_in(x)))
+    REORDERED = "reordered"  # OLMo-2 (Swin v2's res-post-norm): x + norm(f(x)), the norm on each update only
 
     @property
     def norm_after_add(self) -> bool:

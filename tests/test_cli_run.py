@@ -140,6 +140,26 @@ def test_chinese_headings_and_explanations(invoke):
     assert "Adds the original x, not x_norm1" in english
 
 
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize("wiring, says", [
+    (["--pre-ln"], {"residual1": "x_norm1"}), (["--post-ln"], {"norm1": "x + attn_out"}),
+    (["--deepnorm"], {"residual1": "α·x"}),
+    # Once: --sandwich --explain was a KeyError traceback (no sentence for post_attn_norm).
+    (["--sandwich"], {"post_attn_norm": "attn_out", "residual1": "attn_normed"}),
+    (["--reordered"], {"norm1": "attn_out", "residual1": "attn_normed", "ffn": "x1"}),
+])
+def test_every_wiring_explains_each_of_its_steps(invoke, lang, wiring, says):
+    result = invoke("run", "--d-model", "8", "--heads", "2", "--norm", "rmsnorm", *wiring, "--explain", "--lang", lang)
+    assert result.exit_code == 0, result.output
+    why = [line for line in result.stdout.splitlines() if re.match(r"^\d+ \w+: ", line)]
+    steps = [line.split()[1].rstrip(":") for line in why]
+    assert steps == [step["name"] for step in json.loads(invoke(
+        "run", "--d-model", "8", "--heads", "2", "--norm", "rmsnorm", *wiring, "--json").stdout)["steps"]]
+    sentences = {line.split(": ", 1)[0].split()[1]: line.split(": ", 1)[1] for line in why}
+    for step, word in says.items():
+        assert word in sentences[step], (step, sentences[step])
+
+
 ERROR_CASES = [
     (["--d-model", "6", "--heads", "4"], 2, "Error: Invalid value for '--heads': d_model 6 is not divisible by heads 4"),
     (["--d-model", "0"], 2, "Error: Invalid value for '--d-model': 0 is not in the range 1<=x<="),

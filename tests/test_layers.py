@@ -101,3 +101,23 @@ def test_rope_frequencies_stay_float32_when_the_block_is_cast_as_huggingface_kee
     expected_cos, expected_sin = hf(torch.zeros(1, 2048, 16, dtype=torch.bfloat16), positions)
     cos, sin = rope.cos_sin(2048, "cpu", torch.bfloat16)
     assert torch.equal(cos, expected_cos[0]) and torch.equal(sin, expected_sin[0])
+
+
+def test_rmsnorm_multiplies_its_gain_where_each_family_does_in_bfloat16():
+    """Llama casts the normalised value before the gain, OLMo-2 multiplies in float32 and casts after: in bf16 the
+    two differ, and each of blocktrace's norms equals its family's bit for bit."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
+
+    from blocktrace.model.layers import RMSNorm
+
+    x = (torch.randn(64, 256, generator=torch.Generator().manual_seed(3)) * 30).to(torch.bfloat16)
+    gain = (torch.rand(256, generator=torch.Generator().manual_seed(4)) * 3).to(torch.bfloat16)
+    results = {}
+    for name, ours, theirs in (("llama", RMSNorm(256, 1e-6), LlamaRMSNorm(256, 1e-6)),
+                               ("olmo2", RMSNorm(256, 1e-6, gain_float32=True), Olmo2RMSNorm(256, 1e-6))):
+        for norm in (ours, theirs):
+            norm.to(torch.bfloat16).weight.data.copy_(gain)
+        results[name] = ours(x)
+        assert torch.equal(results[name], theirs(x)), name
+    assert not torch.equal(results["llama"], results["olmo2"])

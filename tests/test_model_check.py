@@ -28,6 +28,8 @@ def hf_model(name: str):
             **small, num_key_value_heads=2, head_dim=8, sliding_window=4, sliding_window_pattern=2,
             final_logit_softcapping=5.0, rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                        "original_max_position_embeddings": 4}))
+    elif name == "olmo2":
+        model = transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**small, num_key_value_heads=2))
     elif name == "llama3 rope":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, rope_parameters={
             "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -65,7 +67,7 @@ def our_layer_gradients(report: dict) -> list[float]:
             for layer in report["gradients"]["layers"]]
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gemma3", "llama3 rope", "gpt_neox"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gemma3", "olmo2", "llama3 rope", "gpt_neox"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

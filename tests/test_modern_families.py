@@ -25,6 +25,9 @@ GEMMA2_PLACES = {"norm1": ("input_layernorm", "out"), "attn": ("self_attn", "out
                  "attn_weights": ("self_attn", "weights"), "post_attn_norm": ("post_attention_layernorm", "out"),
                  "residual1": ("pre_feedforward_layernorm", "in"), "norm2": ("pre_feedforward_layernorm", "out"),
                  "ffn": ("mlp", "out"), "post_ffn_norm": ("post_feedforward_layernorm", "out"), "residual2": ("", "out")}
+OLMO2_PLACES = {"attn": ("self_attn", "out"), "attn_weights": ("self_attn", "weights"),
+                "norm1": ("post_attention_layernorm", "out"), "residual1": ("mlp", "in"), "ffn": ("mlp", "out"),
+                "norm2": ("post_feedforward_layernorm", "out"), "residual2": ("", "out")}
 NEOX_PLACES = {"norm1": ("input_layernorm", "out"), "attn": ("attention", "out"),
                "attn_weights": ("attention", "weights"), "norm2": ("post_attention_layernorm", "out"),
                "ffn": ("mlp", "out"), "residual2": ("", "out")}
@@ -53,6 +56,7 @@ FAMILIES = {
         layer_types=["full_attention", "sliding_attention", "full_attention"],
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}), GEMMA2_PLACES),
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(num_key_value_heads=2), OLMO2_PLACES),
     # RoPE scaled past the trained context, in the families that ship it; 9 tokens pass each original context.
     "llama rope-llama3": ("LlamaForCausalLM", "LlamaConfig", dict(num_key_value_heads=2, rope_parameters={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -181,9 +185,9 @@ def test_a_checkpoint_read_as_llama_is_refused_by_its_tensors(tmp_path, name, le
 
 
 def test_unknown_model_types_and_llama_keys_without_config_are_refused(invoke, tmp_path):
-    target = _retyped(tmp_path / "olmo", "qwen3", "olmo2")
+    target = _retyped(tmp_path / "olmoe", "qwen3", "olmoe")
     result = invoke("run", "--weights", str(target), "--token-ids", "1", "2")
-    assert result.exit_code == 2 and "model_type 'olmo2' is not supported" in result.stderr
+    assert result.exit_code == 2 and "model_type 'olmoe' is not supported" in result.stderr
     bare = tmp_path / "bare"
     model, _ = build("mistral")
     model.save_pretrained(bare)
@@ -241,7 +245,7 @@ def test_the_samples_load_in_huggingface_and_match(invoke, tmp_path, sample, loa
 
 
 FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3", "Phi3Config"),
-                  ("gemma", "GemmaConfig"), ("gemma2", "Gemma2Config"), ("gemma3", "Gemma3TextConfig")]
+                  ("gemma", "GemmaConfig"), ("gemma2", "Gemma2Config"), ("gemma3", "Gemma3TextConfig"), ("olmo2", "Olmo2Config")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],

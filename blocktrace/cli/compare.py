@@ -26,7 +26,7 @@ from blocktrace.vocab import QK_NORM_VALUES, Axis, FFNKind, Lang, Norm, Placemen
 
 AXIS_FLAGS = {
     Axis.PLACEMENT: [("--pre-ln", Placement.PRE), ("--post-ln", Placement.POST), ("--deepnorm", Placement.DEEPNORM),
-                     ("--sandwich", Placement.SANDWICH)],
+                     ("--sandwich", Placement.SANDWICH), ("--reordered", Placement.REORDERED)],
     Axis.NORM: [("--layernorm", Norm.LAYERNORM), ("--rmsnorm", Norm.RMSNORM)],
     Axis.FFN: [("--gelu", FFNKind.GELU), ("--gelu-tanh", FFNKind.GELU_TANH), ("--relu", FFNKind.RELU),
                ("--swiglu", FFNKind.SWIGLU), ("--geglu", FFNKind.GEGLU)],

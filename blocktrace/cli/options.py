@@ -172,9 +172,10 @@ PLACEMENT_OPTIONS = options(
     click.option("--post-ln", "post_ln", is_flag=True, help="Norm after each residual add (original Transformer, BERT)."),
     click.option("--deepnorm", "deepnorm", is_flag=True, help="Post-LN with the stream scaled by α = (2N)^¼ (Wang et al. 2022)."),
     click.option("--sandwich", "sandwich", is_flag=True, help="A norm before and after each sublayer (Peri-LN, Gemma-2)."),
+    click.option("--reordered", "reordered", is_flag=True, help="A norm after each sublayer, before its residual add: x + norm(f(x)) (OLMo-2)."),
 )
 PLACEMENT_FLAGS = {"pre_ln": Placement.PRE, "post_ln": Placement.POST, "deepnorm": Placement.DEEPNORM,
-                   "sandwich": Placement.SANDWICH}
+                   "sandwich": Placement.SANDWICH, "reordered": Placement.REORDERED}
 QK_NORM_OPTION = click.option("--qk-norm", is_flag=True, help="RMSNorm on each head's q and k before RoPE (Qwen3).")
 # What run, check and compare share: the block, its input, where it runs, how many layers.
 SOURCE_OPTIONS = options(BLOCK_OPTIONS, INPUT_OPTIONS, COMPUTE_OPTIONS, DEPTH_OPTIONS, QUIET_OPTION)

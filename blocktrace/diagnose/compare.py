@@ -96,6 +96,8 @@ _WHERE = {
                 "weights scaled by β at init), so each update is small against the stream",
     "sandwich": "sandwich (Peri-LN, Gemma-2): a norm before and after each sublayer; the stream carries x plus "
                 "normalised updates, so each update has a bounded size while the stream itself is never rescaled",
+    "reordered": "reordered (OLMo-2): a norm after each sublayer, before its add; the sublayers read the raw stream "
+                 "and the stream carries x plus normalised updates",
 }
 _QK_NORMS = {
     "off": "qk_norm off: q·k grows with the size of q and k, and so can the attention logits",

@@ -1,9 +1,10 @@
-"""The Transformer block: six named step modules wired Pre-LN, Post-LN, DeepNorm or sandwich.
+"""The Transformer block: six named step modules wired Pre-LN, Post-LN, DeepNorm, sandwich or reordered.
 
 Each step is a submodule, the two residual additions included, so that a plain
 `register_forward_hook` sees every value the tutorials' six-step table lists. Sandwich
-wiring (Peri-LN, Gemma-2) adds two steps, the norms after each sublayer; a parallel
-residual (GPT-NeoX) feeds both sublayers from the same stream.
+wiring (Peri-LN, Gemma-2) adds two steps, the norms after each sublayer; reordered wiring
+(OLMo-2) keeps only those: norm1 and norm2 normalise each sublayer's output before its add. A
+parallel residual (GPT-NeoX) feeds both sublayers from the same stream.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class TransformerBlock(nn.Module):
         if config.post_norm:
             x1 = self.norm1(self.residual1(x, self.attn(x)))
             return self.norm2(self.residual2(x1, self.ffn(x1)))
+        if config.placement is Placement.REORDERED:
+            x1 = self.residual1(x, self.norm1(self.attn(x)))
+            return self.residual2(x1, self.norm2(self.ffn(x1)))
         if config.sandwich:
             x1 = self.residual1(x, self.post_attn_norm(self.attn(self.norm1(x))))
             return self.residual2(x1, self.post_ffn_norm(self.ffn(self.norm2(x1))))
@@ -79,6 +83,8 @@ def execution_order(config: BlockConfig) -> tuple[str, ...]:
         return ("attn", "residual1", "norm1", "ffn", "residual2", "norm2")
     if config.sandwich:
         return ("norm1", "attn", "post_attn_norm", "residual1", "norm2", "ffn", "post_ffn_norm", "residual2")
+    if config.placement is Placement.REORDERED:
+        return ("attn", "norm1", "residual1", "ffn", "norm2", "residual2")
     return STEP_NAMES
 
 
@@ -114,6 +120,15 @@ def step_operations(config: BlockConfig) -> dict[str, str]:
             "norm2": f"x_norm2 = {norm}(x1)",
             "ffn": f"ffn_out = {ffn}(x_norm2)",
             "post_ffn_norm": f"ffn_normed = {norm}(ffn_out)",
+            "residual2": "x2 = x1 + ffn_normed",
+        }
+    if config.placement is Placement.REORDERED:
+        return {
+            "attn": "attn_out = MultiHeadAttention(x)",
+            "norm1": f"attn_normed = {norm}(attn_out)",
+            "residual1": "x1 = x + attn_normed",
+            "ffn": f"ffn_out = {ffn}(x1)",
+            "norm2": f"ffn_normed = {norm}(ffn_out)",
             "residual2": "x2 = x1 + ffn_normed",
         }
     if config.parallel_residual:

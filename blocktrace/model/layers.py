@@ -27,26 +27,27 @@ class RMSNorm(nn.Module):
     """x / sqrt(mean(x²) + eps) · g (Zhang & Sennrich 2019; eps inside the root, as HF Llama).
 
     With `offset` (Gemma: 1) the gain is (offset + g) and, as Gemma computes it, the product is
-    taken in float32 before the cast back; without, the normalised value is cast first (Llama).
+    taken in float32 before the cast back, as OLMo-2's is too (`gain_float32`); otherwise the
+    normalised value is cast first (Llama).
     """
 
-    def __init__(self, d_model: int, eps: float, offset: float = 0.0):
+    def __init__(self, d_model: int, eps: float, offset: float = 0.0, gain_float32: bool = False):
         super().__init__()
-        self.eps, self.offset = eps, offset
+        self.eps, self.offset, self.gain_float32 = eps, offset, gain_float32 or bool(offset)
         self.weight = nn.Parameter(torch.zeros(d_model) if offset else torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 at least: half-precision squares overflow at |x| > 256.
         x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.offset:
+        if self.gain_float32:
             return (normed * (self.offset + self.weight.to(normed.dtype))).to(x.dtype)
         return self.weight * normed.to(x.dtype)
 
 
 def make_norm(config: BlockConfig) -> nn.Module:
     if config.norm is Norm.RMSNORM:
-        return RMSNorm(config.d_model, config.eps, config.norm_offset)
+        return RMSNorm(config.d_model, config.eps, config.norm_offset, config.norm_gain_float32)
     return nn.LayerNorm(config.d_model, eps=config.eps, bias=config.bias)
 
 
@@ -77,8 +78,10 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=qkv_bias)  # fewer heads under grouped-query attention
         self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=qkv_bias)
         self.out_proj = nn.Linear(self.n_heads * hd, d, bias=config.attention_bias)
-        self.q_norm = RMSNorm(hd, config.eps, config.norm_offset) if config.qk_norm else None
-        self.k_norm = RMSNorm(hd, config.eps, config.norm_offset) if config.qk_norm else None
+        self.qk_norm_whole = config.qk_norm_whole  # OLMo-2: one norm over all heads, before the split
+        widths = (self.n_heads * hd, self.n_kv_heads * hd) if config.qk_norm_whole else (hd, hd)
+        self.q_norm, self.k_norm = (RMSNorm(width, config.eps, config.norm_offset, config.norm_gain_float32)
+                                    if config.qk_norm else None for width in widths)
         self.rope = None
         if config.rope_theta is not None:
             self.rope = RotaryEmbedding(config.rotary_dims, config.rope_theta, config.rope_scaling)
@@ -133,12 +136,15 @@ class MultiHeadAttention(nn.Module):
         return torch.matmul(weights, v)  # [..., H, rows, hd]
 
     def _heads(self, x: torch.Tensor, which: str, heads: int, rotation) -> torch.Tensor:
-        """q or k: projected, split into heads, then QK-norm and RoPE where the block has them."""
-        value = self._split_heads(getattr(self, f"{which}_proj")(x), heads)
+        """q or k: projected, split into heads, then QK-norm and RoPE where the block has them (a QK-norm over all
+        heads reads the projection before the split)."""
+        projected = getattr(self, f"{which}_proj")(x)
+        value = self._split_heads(projected, heads)
         if hasattr(self, which):
             value = getattr(self, which)(value)
         if self.q_norm is not None:
-            value = getattr(self, f"{which}_norm")(value)
+            norm = getattr(self, f"{which}_norm")
+            value = self._split_heads(norm(projected), heads) if self.qk_norm_whole else norm(value)
         if rotation is not None:
             value = getattr(self, f"{which}_rope")(self.rope.rotate(value, *rotation))
         return value

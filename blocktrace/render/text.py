@@ -31,9 +31,11 @@ def _stat_cells(stats: dict) -> list:
 
 CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placement", "causal")
 # Shown too where they differ from BlockConfig's defaults: what makes a modern family's block its own.
-CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "qkv_bias", "qk_norm", "norm_offset",
-                 "attn_scale", "attn_softcap", "sliding_window", "parallel_residual")
-_DEFAULTS = {"rotary_fraction": 1.0, "qk_norm": False, "norm_offset": 0.0, "parallel_residual": False}
+CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "qkv_bias", "qk_norm",
+                 "qk_norm_whole", "norm_offset", "norm_gain_float32", "attn_scale", "attn_softcap", "sliding_window",
+                 "parallel_residual")
+_DEFAULTS = {"rotary_fraction": 1.0, "qk_norm": False, "qk_norm_whole": False, "norm_offset": 0.0,
+             "norm_gain_float32": False, "parallel_residual": False}
 
 
 def _setting(key: str, value) -> str:

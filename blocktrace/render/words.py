@@ -95,9 +95,47 @@ _DEEPNORM = {
 }
 
 
+_SANDWICH = {
+    Lang.EN: {
+        "post_attn_norm": "Normalises attn_out itself: the update the stream receives has a bounded size.",
+        "residual1": "Adds attn_normed to the raw x: the stream itself is never rescaled.",
+        "post_ffn_norm": "Normalises ffn_out before it is added, as post_attn_norm did for attention.",
+        "residual2": "Adds ffn_normed to x1: the second residual path; the output keeps the input's shape.",
+    },
+    Lang.ZH: {
+        "post_attn_norm": "对 attn_out 本身做归一化：残差流收到的更新大小有界。",
+        "residual1": "把 attn_normed 加到原始的 x 上：残差流本身从不被重新缩放。",
+        "post_ffn_norm": "在相加之前对 ffn_out 做归一化，和 post_attn_norm 对注意力做的一样。",
+        "residual2": "把 ffn_normed 加到 x1 上：第二条残差路径；输出形状和输入一致。",
+    },
+}
+
+_REORDERED = {
+    Lang.EN: {
+        "attn": "Attention reads the raw stream x directly (the norm comes after it, not before).",
+        "norm1": "Normalises attn_out, attention's output: the update is rescaled, never the stream.",
+        "residual1": "Adds attn_normed to the raw x: the stream itself is never normalised.",
+        "ffn": "Works on every token of x1, the raw stream, on its own: widen to d_ff, nonlinearity, project back.",
+        "norm2": "Normalises ffn_out before it is added, as norm1 did for attention.",
+        "residual2": "Adds ffn_normed to x1: the second residual path; the output keeps the input's shape.",
+    },
+    Lang.ZH: {
+        "attn": "注意力直接读取原始的 x（归一化在它之后，不在之前）。",
+        "norm1": "对 attn_out（注意力的输出）做归一化：被缩放的是更新，不是残差流。",
+        "residual1": "把 attn_normed 加到原始的 x 上：残差流本身从不被归一化。",
+        "ffn": "对 x1（原始的残差流）的每个 token 单独加工：升维到 d_ff，非线性，再降回。",
+        "norm2": "在相加之前对 ffn_out 做归一化，和 norm1 对注意力做的一样。",
+        "residual2": "把 ffn_normed 加到 x1 上：第二条残差路径；输出形状和输入一致。",
+    },
+}
+# Sentences that differ from the base table of a wiring (DeepNorm: Post-LN with α-scaled adds).
+_OVERRIDES = {Placement.DEEPNORM: _DEEPNORM, Placement.SANDWICH: _SANDWICH}
+
+
 def explanation(lang: Lang, placement: Placement, step: str) -> str:
-    """One sentence on what `step` does under this wiring (DeepNorm: Post-LN with α-scaled adds)."""
-    if placement is Placement.DEEPNORM and step in _DEEPNORM[lang]:
-        return _DEEPNORM[lang][step]
-    table = _POST if placement.norm_after_add else _PRE
+    """One sentence on what `step` does under this wiring."""
+    overrides = _OVERRIDES.get(placement, {}).get(lang, {})
+    if step in overrides:
+        return overrides[step]
+    table = _REORDERED if placement is Placement.REORDERED else _POST if placement.norm_after_add else _PRE
     return table[lang][step]

@@ -27,6 +27,7 @@ RESIDUAL_SOURCES = {
     Placement.POST: _POST_SOURCES,
     Placement.DEEPNORM: _POST_SOURCES,  # α·stream + update
     Placement.SANDWICH: {"residual1": ("x", "post_attn_norm"), "residual2": ("residual1", "post_ffn_norm")},
+    Placement.REORDERED: {"residual1": ("x", "norm1"), "residual2": ("residual1", "norm2")},
 }
 
 
@@ -74,6 +75,8 @@ def recover_specs(names: dict[str, str], placement: Placement) -> tuple[StepSpec
     if placement.norm_after_add:
         specs += [StepSpec("residual1", names["norm1"], Capture.INPUT),
                   StepSpec("residual2", names["norm2"], Capture.INPUT)]
+    elif placement is Placement.REORDERED:  # x1 = x + norm1(attn(x)) is what the FFN reads
+        specs += [StepSpec("residual1", names["ffn"], Capture.INPUT), StepSpec("residual2", "")]
     else:
         specs += [StepSpec("residual1", names["norm2"], Capture.INPUT), StepSpec("residual2", "")]
     return tuple(specs)
@@ -102,6 +105,10 @@ _GEMMA2_SPECS = (  # four norms: before and after each sublayer
     StepSpec("norm2", "pre_feedforward_layernorm"), StepSpec("ffn", "mlp"),
     StepSpec("post_ffn_norm", "post_feedforward_layernorm"), StepSpec("residual2", ""),
 )
+_OLMO2_SPECS = (  # the norms after the sublayers; the FFN reads x1 = x + norm1(attn(x))
+    StepSpec("attn", "self_attn"), StepSpec("norm1", "post_attention_layernorm"), StepSpec("residual1", "mlp", Capture.INPUT),
+    StepSpec("ffn", "mlp"), StepSpec("norm2", "post_feedforward_layernorm"), StepSpec("residual2", ""),
+)
 _NEOX_NAMES = {"norm1": "input_layernorm", "attn": "attention", "norm2": "post_attention_layernorm", "ffn": "mlp"}
 _NEOX_PARALLEL_SPECS = (  # x + attn(ln1(x)) + mlp(ln2(x)) in one sum: residual1 is blocktrace's x + attn_out
     StepSpec("norm1", "input_layernorm"), StepSpec("attn", "attention"), StepSpec("norm2", "post_attention_layernorm"),
@@ -125,6 +132,8 @@ KNOWN_LAYOUTS = {
                             hidden="mlp.activation_fn"),
     **{name: _hf(name, Placement.SANDWICH, {}, specs=_GEMMA2_SPECS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
        for name in ("Gemma2DecoderLayer", "Gemma3DecoderLayer")},
+    "Olmo2DecoderLayer": _hf("Olmo2DecoderLayer", Placement.REORDERED, {}, specs=_OLMO2_SPECS, norm=Norm.RMSNORM,
+                             hidden="mlp.act_fn"),
     "GPTNeoXLayer": _hf("GPTNeoXLayer", Placement.PRE, _NEOX_NAMES, hidden="mlp.act"),
     "GPTNeoXLayer (parallel residual)": _hf("GPTNeoXLayer (parallel residual)", Placement.PRE, {},
                                             specs=_NEOX_PARALLEL_SPECS, hidden="mlp.act",

@@ -74,9 +74,9 @@ class Llama(Family):
                  **linear(read, "self_attn.k_proj", "attn.k_proj", kv, d, c.projection_bias),
                  **linear(read, "self_attn.v_proj", "attn.v_proj", kv, d, c.projection_bias),
                  **linear(read, "self_attn.o_proj", "attn.out_proj", d, q, c.attention_bias)}
-        if c.qk_norm:
-            state["attn.q_norm.weight"] = read("self_attn.q_norm.weight", (hd,))
-            state["attn.k_norm.weight"] = read("self_attn.k_norm.weight", (hd,))
+        if c.qk_norm:  # per head (Qwen3), or across all heads (OLMo-2)
+            state["attn.q_norm.weight"] = read("self_attn.q_norm.weight", (q if c.qk_norm_whole else hd,))
+            state["attn.k_norm.weight"] = read("self_attn.k_norm.weight", (kv if c.qk_norm_whole else hd,))
         return state
 
     @staticmethod

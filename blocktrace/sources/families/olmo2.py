@@ -1,0 +1,41 @@
+"""OLMo-2 (Llama's key names, its own wiring): the norms sit after the sublayers, before each
+residual add — x + norm(attn(x)), then x1 + norm(mlp(x1)), "reordered norm" in the OLMo-2
+paper — so a layer has `post_attention_layernorm` and `post_feedforward_layernorm` and no
+`input_layernorm`; QK-norm is one RMSNorm over all heads' q (and one over all k), applied to
+the projection before it is split into heads; RMSNorm multiplies its gain in float32."""
+
+from __future__ import annotations
+
+from blocktrace.errors import UsageError
+from blocktrace.sources.families.base import size
+from blocktrace.sources.families.llama import Llama
+from blocktrace.vocab import FFNKind, Norm, Placement
+
+
+class OLMo2(Llama):
+    name, described, model_types = "olmo2", "olmo2 (Llama keys, norms after each sublayer, QK-norm)", ("olmo2",)
+    defaults = {"rms_norm_eps": 1e-5, "hidden_act": "silu"}
+    marker = "post_feedforward_layernorm.weight"  # no input_layernorm: the norms follow the sublayers
+
+    def config_fields(self, config):
+        return {**super().config_fields(config), "placement": Placement.REORDERED, "qk_norm": True,
+                "qk_norm_whole": True, "norm_gain_float32": True}
+
+    def bias_fields(self, config):
+        return {"bias": False, "attn_bias": config.boolean("attention_bias", False)}
+
+    def shape_fields(self, checkpoint, base):
+        return {"d_model": size(checkpoint, base + "post_attention_layernorm.weight", 0),
+                "d_ff": size(checkpoint, base + "mlp.gate_proj.weight", 0), "ffn": FFNKind.SWIGLU,
+                "norm": Norm.RMSNORM}
+
+    def parameters(self, read, c):
+        d = c.d_model
+        return {**self.attention(read, c), "norm1.weight": read("post_attention_layernorm.weight", (d,)),
+                **self.mlp(read, c), "norm2.weight": read("post_feedforward_layernorm.weight", (d,))}
+
+    def check(self, config):
+        if config.ffn is not FFNKind.SWIGLU or config.norm is not Norm.RMSNORM or \
+                config.placement is not Placement.REORDERED or not config.qk_norm_whole:
+            raise UsageError("olmo2 weights need --norm rmsnorm, --ffn swiglu, the reordered wiring (a norm after "
+                             "each sublayer) and its QK-norm over all heads")
