@@ -116,6 +116,12 @@ class BlockConfig:
     attn_softcap: Optional[float] = None  # logits become cap·tanh(s/cap) before the mask (Gemma-2)
     sliding_window: Optional[int] = None  # a query sees only the last W keys (itself included)
     parallel_residual: bool = False  # GPT-NeoX: x + attn(norm1(x)) + ffn(norm2(x)), both from x
+    # A mixture of experts in place of the FFN (Mixtral, Qwen-MoE, OLMoE): a router sends each token to its top
+    # `experts_per_token` of `n_experts` gated FFNs, each d_ff wide, and sums their outputs by the router's weights.
+    n_experts: Optional[int] = None  # None: one FFN
+    experts_per_token: int = 2
+    renormalise_top_k: bool = True  # the chosen experts' probabilities rescaled to sum to 1 (Qwen's norm_topk_prob)
+    shared_expert_d_ff: Optional[int] = None  # Qwen2-MoE: an expert every token passes, gated by sigmoid(w·x)
 
     def __post_init__(self):
         set_field = object.__setattr__  # frozen: normalise fields once, here
@@ -148,6 +154,7 @@ class BlockConfig:
         if not self.eps > 0:
             raise ConfigError(f"eps must be positive, not {self.eps!r}", "eps")
         self._validate_attention()
+        self._validate_experts()
         if self.norm_offset and self.norm is not Norm.RMSNORM:
             raise ConfigError("a norm gain of (offset + w), Gemma's, is RMSNorm's: a LayerNorm would not share it",
                               "norm")
@@ -171,6 +178,22 @@ class BlockConfig:
                                                 or not self.causal):
             raise ConfigError(f"sliding_window {self.sliding_window!r} needs a positive width and causal attention",
                               "sliding_window")
+
+    def _validate_experts(self) -> None:
+        if self.n_experts is None:
+            if self.shared_expert_d_ff is not None:
+                raise ConfigError("a shared expert belongs to a mixture of experts: set n_experts", "n_experts")
+            return
+        for name in ("n_experts", "experts_per_token", "shared_expert_d_ff"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"{name} must be a positive integer, not {value!r}", name)
+        if self.experts_per_token > self.n_experts:
+            raise ConfigError(f"each token cannot go to {self.experts_per_token} of {self.n_experts} experts",
+                              "experts_per_token")
+        if not self.ffn.gated:
+            raise ConfigError("blocktrace's experts are gated FFNs (SwiGLU, as Mixtral's, Qwen's and OLMoE's): "
+                              f"--ffn {self.ffn} has no gate", "ffn")
 
     @property
     def head_dim(self) -> int:

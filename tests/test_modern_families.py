@@ -57,6 +57,17 @@ FAMILIES = {
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}), GEMMA2_PLACES),
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(num_key_value_heads=2), OLMO2_PLACES),
+    # Mixtures of experts: 4 experts, top-2; Qwen2-MoE with its shared expert and a dense layer between sparse ones.
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", dict(num_key_value_heads=2, num_local_experts=4,
+                                                           num_experts_per_tok=2), LLAMA_PLACES),
+    "qwen2_moe": ("Qwen2MoeForCausalLM", "Qwen2MoeConfig", dict(
+        num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+        shared_expert_intermediate_size=40, mlp_only_layers=[1]), LLAMA_PLACES),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(
+        num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+        norm_topk_prob=True), LLAMA_PLACES),
+    "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                                      pad_token_id=0, eos_token_id=1), LLAMA_PLACES),
     # RoPE scaled past the trained context, in the families that ship it; 9 tokens pass each original context.
     "llama rope-llama3": ("LlamaForCausalLM", "LlamaConfig", dict(num_key_value_heads=2, rope_parameters={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -185,9 +196,9 @@ def test_a_checkpoint_read_as_llama_is_refused_by_its_tensors(tmp_path, name, le
 
 
 def test_unknown_model_types_and_llama_keys_without_config_are_refused(invoke, tmp_path):
-    target = _retyped(tmp_path / "olmoe", "qwen3", "olmoe")
+    target = _retyped(tmp_path / "deepseek", "qwen3", "deepseek_v3")
     result = invoke("run", "--weights", str(target), "--token-ids", "1", "2")
-    assert result.exit_code == 2 and "model_type 'olmoe' is not supported" in result.stderr
+    assert result.exit_code == 2 and "model_type 'deepseek_v3' is not supported" in result.stderr
     bare = tmp_path / "bare"
     model, _ = build("mistral")
     model.save_pretrained(bare)
@@ -245,7 +256,9 @@ def test_the_samples_load_in_huggingface_and_match(invoke, tmp_path, sample, loa
 
 
 FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3", "Phi3Config"),
-                  ("gemma", "GemmaConfig"), ("gemma2", "Gemma2Config"), ("gemma3", "Gemma3TextConfig"), ("olmo2", "Olmo2Config")]
+                  ("gemma", "GemmaConfig"), ("gemma2", "Gemma2Config"), ("gemma3", "Gemma3TextConfig"), ("olmo2", "Olmo2Config"),
+                  ("mixtral", "MixtralConfig"), ("qwen2_moe", "Qwen2MoeConfig"), ("qwen3_moe", "Qwen3MoeConfig"),
+                  ("olmoe", "OlmoeConfig")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],

@@ -59,6 +59,9 @@ ADVICE = {
     Cause.RESIDUAL: "add the un-normalised stream: x = x + sublayer(norm(x)) in Pre-LN, not norm(x) + sublayer(...)",
     Cause.NORM: "make the norm normalise each token over its last dimension, and keep it in the forward path",
     Cause.DATA: "check the input data: NaN or Inf reach the model before its first step",
+    Cause.ROUTING: "train the router with the load-balance loss (Switch/Mixtral: router_aux_loss_coef 0.01 × E·Σ f·P; "
+                   "in HF set output_router_logits) and the router z-loss (ST-MoE: 1e-3 × mean logsumexp²), give the "
+                   "router a lower learning rate, and keep its logits and softmax in float32",
 }
 
 

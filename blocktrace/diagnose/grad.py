@@ -27,10 +27,14 @@ VOCAB = 256  # classes of the random readout
 
 
 def weight_matrices(block) -> dict[str, torch.Tensor]:
-    """The matrices whose gradients are reported, by the names the tables use."""
+    """The matrices whose gradients are reported, by the names the tables use. A mixture of experts has no one
+    W1 and W2: its experts' gradients are among the parameters' (parameter_norms), its FFN columns are left out."""
     attn, ffn = block.attn, block.ffn
-    w1, w2 = (ffn.up, ffn.down) if hasattr(ffn, "down") else (ffn.fc, ffn.proj)
-    matrices = (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj, w1, w2)
+    matrices = [attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj]
+    if hasattr(ffn, "down"):
+        matrices += [ffn.up, ffn.down]
+    elif hasattr(ffn, "fc"):
+        matrices += [ffn.fc, ffn.proj]
     return {name: linear.weight for name, linear in zip(WEIGHT_NAMES, matrices)}
 
 

@@ -32,6 +32,7 @@ class Cause(Choice):
     RESIDUAL = "residual"
     NORM = "norm"
     DATA = "data"
+    ROUTING = "routing"  # a mixture of experts' router: collapsed, starving experts, or logits grown too large
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ FLOAT16_MAX = 65504.0
 LOSS_MARGIN = 0.5  # nats above log V: worse than predicting every token equally likely
 LOG_Z_ERROR = 1e3
 GRADIENT_RATIO = 1e3
+COLLAPSE_WARNING, COLLAPSE_ERROR = 0.5, 0.9  # share of the way from a balanced router (k) to all tokens on k (E)
+MIN_SLOTS_PER_EXPERT = 12  # below this many token slots per expert, an unbalanced or empty expert can be chance
+ROUTER_LOGIT_WARNING = 64.0  # bf16 rounds a logit this large to a step of 0.5
 
 CHECKS = {check.name: check for check in [
     Check("non_finite", "any NaN or Inf in a step's output", "IEEE 754; the first step in execution order is the origin",
@@ -137,6 +141,21 @@ CHECKS = {check.name: check for check in [
           "IEEE 754 half precision; Micikevicius et al. 2018, Mixed Precision Training (float32 master weights)",
           "Adam divides by √v + eps: with eps 0, an element whose gradients have all been 0 gets 0/0 = NaN at "
           "the next update", Cause.PRECISION),
+    Check("router_collapse", "the load-balance loss E·Σ f·P has gone ≥ 50% (warning), ≥ 90% (error) of the way "
+          "from a balanced router (k) to every token on the same k experts (E), over ≥ 12 token slots per expert",
+          "Fedus et al. 2022 (Switch Transformer) and Jiang et al. 2024 (Mixtral): f = share of tokens sent to an "
+          "expert, P = its mean router probability, as HF's load_balancing_loss_func computes it",
+          "the router sends most tokens to a few experts: the others barely train and the layer's capacity is "
+          "wasted", Cause.ROUTING),
+    Check("dead_experts", "an expert that receives no token although ≥ 12 token slots per expert were routed "
+          "(under a balanced router the chance of that is below e^-12 per expert)",
+          "Fedus et al. 2022; Shazeer et al. 2017 (load balancing)",
+          "some experts receive no token at all: they get no gradient and stay untrained", Cause.ROUTING),
+    Check("router_logit_growth", "largest |router logit| > 64 (≈ 1 at initialisation)",
+          "Zoph et al. 2022 (ST-MoE): the router z-loss keeps router logits small because bf16 roundoff in large "
+          "logits changes the routing; at 64 bf16's step is 0.5, so near-tied experts' probabilities are off by "
+          "up to e^0.25 ≈ 1.28×",
+          "the router's logits have grown so large that rounding decides between experts", Cause.ROUTING),
     Check("gradient_vanishing", "the first layer's mean step gradient < 1e-3 × the last layer's (with --grad)",
           "Xiong et al. 2020; Liu et al. 2020", "gradients shrink towards the input: early layers barely learn",
           Cause.WARMUP),
@@ -293,6 +312,29 @@ def _attention_flags(attention, layer) -> list[Flag]:
     return flags
 
 
+def _routing_flags(routing, layer) -> list[Flag]:
+    """A mixture of experts' router: collapsed onto a few experts, experts that got no token, logits grown large."""
+    if routing is None:
+        return []
+    flags, k, experts = [], routing.per_token, routing.experts
+    enough = routing.tokens * k >= MIN_SLOTS_PER_EXPERT * experts
+    collapse = (routing.balance_loss - k) / (experts - k) if experts > k else 0.0
+    if enough and collapse >= COLLAPSE_WARNING:
+        level = Level.ERROR if collapse >= COLLAPSE_ERROR else Level.WARNING
+        busiest = max(routing.load)
+        flags.append(flag("router_collapse", level, "ffn", layer, routing.balance_loss,
+                          f"load-balance loss {routing.balance_loss:.3g} (balanced {k}, collapsed {experts}); the "
+                          f"busiest expert takes {busiest:.0%} of the token slots (uniform {1 / experts:.0%})"))
+    if enough and routing.dead:
+        flags.append(flag("dead_experts", Level.WARNING, "ffn", layer, len(routing.dead),
+                          f"{len(routing.dead)} of {experts} experts received no token of {routing.tokens}: "
+                          f"experts {', '.join(map(str, routing.dead[:10]))}"))
+    if routing.max_logit > ROUTER_LOGIT_WARNING:
+        flags.append(flag("router_logit_growth", Level.WARNING, "ffn", layer, routing.max_logit,
+                          f"largest |router logit| {routing.max_logit:.4g}, router z-loss {routing.z_loss:.4g}"))
+    return flags
+
+
 def _stream_flags(traces, first_layer: int) -> list[Flag]:
     """Growth of the median token's ‖x‖²/d across the traced layers, against Xiong et al.'s bound."""
     sizes = [(first_layer + i, (t.steps[-1].probe or {}).get("token_sq_median")) for i, t in enumerate(traces)]
@@ -373,6 +415,8 @@ def evaluate(traces: list, gradients=None, evidence: Optional[ModelEvidence] = N
             if record.name == "attn":
                 flags += _leak_flags(trace, record, layer)
                 flags += _attention_flags(trace.attention, layer)
+            if record.name == "ffn":
+                flags += _routing_flags(trace.routing, layer)
     flags += _stream_flags(traces, evidence.first_layer) if stacked else []
     flags += _weight_flags(evidence.weights, evidence.first_layer)
     flags += _loss_flags(evidence.loss)

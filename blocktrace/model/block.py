@@ -14,6 +14,7 @@ from torch import nn
 
 from blocktrace.config import STEP_NAMES, BlockConfig
 from blocktrace.model.layers import MultiHeadAttention, make_ffn, make_norm
+from blocktrace.model.moe import MixtureOfExperts
 from blocktrace.vocab import FFNKind, Init, Norm, Placement
 
 
@@ -36,7 +37,7 @@ class TransformerBlock(nn.Module):
         self.attn = MultiHeadAttention(config)
         self.residual1 = Residual(config.residual_scale)
         self.norm2 = make_norm(config)
-        self.ffn = make_ffn(config)
+        self.ffn = MixtureOfExperts(config) if config.n_experts else make_ffn(config)
         self.residual2 = Residual(config.residual_scale)
         if config.sandwich:
             self.post_attn_norm, self.post_ffn_norm = make_norm(config), make_norm(config)
@@ -98,9 +99,31 @@ def _norm_name(config: BlockConfig) -> str:
     return f"{name}[{config.norm_offset:g}+w]" if config.norm_offset else name  # Gemma's gain is (1 + w)
 
 
+def _ffn_name(config: BlockConfig) -> str:
+    if config.n_experts is None:
+        return FFN_NAMES[config.ffn]
+    shared = " + shared" if config.shared_expert_d_ff is not None else ""
+    return f"MoE[top-{config.experts_per_token} of {config.n_experts} {FFN_NAMES[config.ffn]}{shared}]"
+
+
+def substep_operations(config: BlockConfig) -> dict[str, str]:
+    """The traced sub-steps inside attn and ffn, as formulas."""
+    scope = "over all heads" if config.qk_norm_whole else "per head"
+    renormalised = ", renormalised" if config.renormalise_top_k else ""
+    return {
+        "attn.q": "q = heads(q_proj(x_in))", "attn.k": "k = heads(k_proj(x_in))",
+        "attn.q_norm": f"q = RMSNorm(q) {scope}", "attn.k_norm": f"k = RMSNorm(k) {scope}",
+        "attn.q_rope": "q_rope = RoPE(q, positions)", "attn.k_rope": "k_rope = RoPE(k, positions)",
+        "ffn.router_logits": "logits = router(x_in)  (one per expert)",
+        "ffn.router_probs": f"p = softmax(logits), top-{config.experts_per_token} kept{renormalised}",
+        "ffn.routed": "Σ over its top-k experts: p_e · expert_e(x_in)",
+        "ffn.shared": "sigmoid(gate(x_in)) · shared_expert(x_in)",
+    }
+
+
 def step_operations(config: BlockConfig) -> dict[str, str]:
     """Each step as a formula, with the tutorial's variable names (x_norm1, attn_out, x1, ...)."""
-    norm, ffn = _norm_name(config), FFN_NAMES[config.ffn]
+    norm, ffn = _norm_name(config), _ffn_name(config)
     if config.post_norm:
         alpha = "" if config.residual_scale == 1.0 else f"{config.residual_scale:.4g}·"
         return {

@@ -92,6 +92,13 @@ def findings(flags, trace: Trace, loss: Optional[dict] = None, loss_note: Option
             "loss": None if loss is None else loss.get("value"), "loss_note": loss_note}
 
 
+def substeps_dict(trace: Trace) -> dict:
+    """The traced sub-steps inside attn (q and k) and inside ffn (a mixture of experts' router), and the routing."""
+    inside = {step: [record for record in trace.substeps if record.name.startswith(f"{step}.")] for step in ("attn", "ffn")}
+    return {f"{step}_substeps": [step_dict(i, record) for i, record in enumerate(records, start=1)] or None
+            for step, records in inside.items()} | {"routing": trace.routing.to_dict() if trace.routing else None}
+
+
 def block_report(source, trace: Trace, grads=None, flags=None) -> dict:
     """One block: the tutorial's six steps, the attention summary (schema in docs/tutorial.md)."""
     steps = [step_dict(i, record) for i, record in enumerate(trace.steps, start=1)]
@@ -102,7 +109,7 @@ def block_report(source, trace: Trace, grads=None, flags=None) -> dict:
         "steps": _with_flags(steps, flags),
         "attention": attention_dict(trace),
         "measured": measured_dict(trace),
-        "attn_substeps": [step_dict(i, record) for i, record in enumerate(trace.substeps, start=1)] or None,
+        **substeps_dict(trace),
         "gradients": gradients_dict(grads),
         "flags": flags_dict(flags),
         **findings(flags, trace, loss_note=BLOCK_LOSS_NOTE),

@@ -33,7 +33,8 @@ CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placemen
 # Shown too where they differ from BlockConfig's defaults: what makes a modern family's block its own.
 CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "qkv_bias", "qk_norm",
                  "qk_norm_whole", "norm_offset", "norm_gain_float32", "attn_scale", "attn_softcap", "sliding_window",
-                 "parallel_residual")
+                 "parallel_residual", "n_experts", "experts_per_token", "renormalise_top_k", "shared_expert_d_ff")
+MOE_EXTRAS = ("experts_per_token", "renormalise_top_k")  # said only of a mixture of experts
 _DEFAULTS = {"rotary_fraction": 1.0, "qk_norm": False, "qk_norm_whole": False, "norm_offset": 0.0,
              "norm_gain_float32": False, "parallel_residual": False}
 
@@ -48,7 +49,8 @@ def config_settings(config: dict, skip: str = "") -> str:
     """key=value for the settings a reader needs: the core ones, and every other that is not a default."""
     shown = [f"{key}={config[key]}" for key in CONFIG_SHOWN if key in config and key != skip]
     shown += [f"{key}={_setting(key, config[key])}" for key in CONFIG_EXTRAS
-              if key != skip and config.get(key) not in (None, _DEFAULTS.get(key))]
+              if key != skip and config.get(key) not in (None, _DEFAULTS.get(key))
+              and (key not in MOE_EXTRAS or config.get("n_experts") is not None)]
     return " ".join(shown)
 
 
@@ -153,6 +155,19 @@ def _substeps_title(entries: list) -> str:
     return f"inside attn: q and k {', then '.join(stages)}"
 
 
+def routing_lines(routing: dict) -> str:
+    """What the router did: each expert's share of the token slots, its entropy and the two router losses."""
+    k, experts = routing["per_token"], routing["experts"]
+    shares = " ".join(f"{share:.2f}" for share in routing["load"])
+    dead = routing["dead_experts"]
+    return "\n".join([
+        f"routing: {routing['tokens']} tokens, each to {k} of {experts} experts; share of the token slots by expert "
+        f"(uniform {1 / experts:.2f}): {shares}" + (f"; no token: experts {', '.join(map(str, dead))}" if dead else ""),
+        f"router entropy {routing['entropy']:.3f} (uniform {routing['uniform_entropy']:.3f}), load-balance loss "
+        f"{routing['balance_loss']:.3f} ({k} balanced, {experts} all on {k}), z-loss {routing['z_loss']:.3g}, "
+        f"largest |logit| {routing['max_logit']:.3g}"])
+
+
 def explanations(report: dict, lang: Lang) -> str:
     placement = Placement(report["config"]["placement"])
     lines = [f"{HEADINGS[lang]['why']}:"]
@@ -198,6 +213,9 @@ def render_run(
     parts = [_header(report, lang), steps_table([report["input"], *report["steps"]], lang, fmt)]
     if report.get("attn_substeps"):
         parts.append(_substeps_title(report["attn_substeps"]) + "\n" + steps_table(report["attn_substeps"], lang, fmt))
+    if report.get("ffn_substeps"):
+        parts.append("inside ffn: the router, then the experts it chose\n"
+                     + steps_table(report["ffn_substeps"], lang, fmt) + "\n" + routing_lines(report["routing"]))
     if explain:
         parts.append(explanations(report, lang))
     if "values" in report["input"]:
@@ -294,7 +312,7 @@ def gradients_section(gradients: dict, fmt: str) -> str:
     layers = gradients["layers"]
     step_names = list(layers[0]["step_grad_norms"])
     step_rows = [[layer["layer"], *(layer["step_grad_norms"][n] for n in step_names)] for layer in layers]
-    weight_rows = [[layer["layer"], *(layer["weight_grad_norms"][n] for n in WEIGHT_NAMES)] for layer in layers]
+    weight_rows = [[layer["layer"], *(layer["weight_grad_norms"].get(n, "—") for n in WEIGHT_NAMES)] for layer in layers]
     batches = gradients["batches"]
     lines = [
         f"gradients (loss {gradients['loss']:.4f}: cross-entropy of a seeded random readout against "

@@ -62,11 +62,12 @@ def hf_causal(block: nn.Module) -> Optional[bool]:
 
 def _sliding_window(block: nn.Module, config) -> Optional[int]:
     """The window of this layer: its attention's own `sliding_window` where it keeps one (Qwen,
-    Gemma-2), else the config's (Mistral, Phi-3 apply it to every layer)."""
+    Gemma-2), else the config's (Mistral, Phi-3 apply it to every layer). 0 is no window (Qwen2-MoE's
+    config writes 0 when use_sliding_window is off)."""
     attention = _attention_module(block)
     if attention is not None and hasattr(attention, "sliding_window"):
-        return attention.sliding_window
-    return getattr(config, "sliding_window", None)
+        return attention.sliding_window or None
+    return getattr(config, "sliding_window", None) or None
 
 
 def additive_mask(batch: int, tokens: int, dtype: torch.dtype, device, causal: bool, window: Optional[int],

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from blocktrace.tracing.probes import ProbeContext, ffn_probe, step_probe
+from blocktrace.tracing.routing import routing_moments
 from blocktrace.tracing.stats import (
     attention_chunk_stats,
     tensor_moments,
@@ -149,6 +150,8 @@ class Recorder:
         self.input: Optional[Pending] = None  # the block input, once start() has seen it
         self.derived = {name: (stream, update) for name, stream, update in layout.derived}
         self.held: dict[str, torch.Tensor] = {}  # step values the derived steps still need
+        self.router_logits: Optional[torch.Tensor] = None
+        self.routing: Optional[torch.Tensor] = None  # a mixture of experts' routing moments (tracing.routing)
 
     def start(self, x: torch.Tensor) -> Pending:
         """The block input, as the pseudo-step `x`."""
@@ -203,6 +206,7 @@ class Recorder:
                     hook = _guarded(lambda m, args, out, name=spec.name: self.record(name, out, args))
                     self.handles.append(module.register_forward_hook(hook))
             self.handles += self._attention_hooks()
+            self.handles += self._routing_hooks()
             if self.probes is not None and self.layout.hidden:
                 hidden = resolve(self.block, StepSpec("ffn", self.layout.hidden))
                 hook = _guarded(lambda m, a, out: ffn_probe(self.probes, out))
@@ -216,6 +220,22 @@ class Recorder:
             handle.remove()
         self.handles = []
 
+    def _routing_hooks(self) -> list:
+        """A mixture of experts' router: its logits, then from its probabilities what it did with the tokens."""
+        ffn = getattr(self.block, "ffn", None) if self.own else None
+        if not hasattr(ffn, "router_probs"):
+            return []
+
+        def on_logits(module, inputs, logits):
+            self.router_logits = logits.detach()
+
+        def on_probs(module, inputs, probs):
+            if self.routing is None:  # a block called twice is traced at its first call
+                self.routing = routing_moments(self.router_logits, probs.detach(), ffn.k, self.token_mask)
+
+        return [ffn.router_logits.register_forward_hook(_guarded(on_logits)),
+                ffn.router_probs.register_forward_hook(_guarded(on_probs))]
+
     def _attention_hooks(self) -> list:
         if self.own:  # our attention exposes its scores and weights through hook points
             attention = self.block.attn
@@ -223,9 +243,10 @@ class Recorder:
             def on_scores(module, inputs, scores):
                 self.attention.scores = scores.detach()
 
-            inside = [getattr(attention, name).register_forward_hook(_guarded(
-                lambda m, i, out, name=name: self.substeps.append(self.observe(f"attn.{name}", out))))
-                for name in attention.substeps]
+            inside = [getattr(module, name).register_forward_hook(_guarded(
+                lambda m, i, out, name=f"{step}.{name}": self.substeps.append(self.observe(name, out))))
+                for step, module in (("attn", attention), ("ffn", self.block.ffn))
+                for name in getattr(module, "substeps", ())]
             return [*inside, attention.scores.register_forward_hook(_guarded(on_scores)),
                     attention.weights.register_forward_hook(_guarded(
                         lambda m, i, weights: self.attention.add(weights, attention.rows)))]

@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from blocktrace.config import BlockConfig
+from blocktrace.tracing.routing import RoutingSummary
 from blocktrace.tracing.stats import STAT_NAMES
 from blocktrace.vocab import Placement
 
@@ -78,6 +79,7 @@ class Trace:
     notes: list[str] = field(default_factory=list)  # what could not be seen, and why
     substeps: list[StepRecord] = field(default_factory=list)  # inside attn: q and k around QK-norm and RoPE
     expected_causal: Optional[bool] = None  # what the block is meant to be (its layout or config); None: unknown
+    routing: Optional[RoutingSummary] = None  # a mixture of experts' router: what it did with the tokens
 
     def step(self, name: str) -> StepRecord:
         for record in self.steps:

@@ -128,6 +128,9 @@ KNOWN_LAYOUTS = {
     **{name: _hf(name, Placement.PRE, _LLAMA_NAMES, norm=Norm.RMSNORM, hidden="mlp.act_fn")
        for name in ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer",
                     "GemmaDecoderLayer")},
+    # Mixtures of experts: the FFN step is the whole sparse block (router, experts, shared expert).
+    **{name: _hf(name, Placement.PRE, _LLAMA_NAMES, norm=Norm.RMSNORM)
+       for name in ("MixtralDecoderLayer", "Qwen2MoeDecoderLayer", "Qwen3MoeDecoderLayer", "OlmoeDecoderLayer")},
     "Phi3DecoderLayer": _hf("Phi3DecoderLayer", Placement.PRE, _LLAMA_NAMES, norm=Norm.RMSNORM,
                             hidden="mlp.activation_fn"),
     **{name: _hf(name, Placement.SANDWICH, {}, specs=_GEMMA2_SPECS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
@@ -185,7 +188,8 @@ def own_layout(block) -> Layout:
     """The layout of blocktrace's own TransformerBlock: every step is a module of its own."""
     config = block.config
     specs = tuple(StepSpec(name, name) for name in block.step_modules())
-    return Layout("blocktrace TransformerBlock", config.placement, config.causal, specs, config.norm, "ffn.hidden")
+    hidden = None if config.n_experts else "ffn.hidden"  # dead units are judged expert by expert: not yet
+    return Layout("blocktrace TransformerBlock", config.placement, config.causal, specs, config.norm, hidden)
 
 
 def resolve(block: nn.Module, spec: StepSpec) -> nn.Module:

@@ -26,16 +26,10 @@ from blocktrace.tracing.calling import (
 )
 from blocktrace.tracing.recorder import HookFailure, Recorder, first_tensor
 from blocktrace.tracing.records import AttentionSummary, Stats, StepRecord, Trace
+from blocktrace.tracing.routing import RoutingSummary
 from blocktrace.tracing.stats import stats_from_moments, uniform_entropy
 from blocktrace.tracing.steps import Layout, own_layout, resolve, user_layout
 from blocktrace.vocab import NORM_STEPS, SANDWICH_STEPS, STEP_NAMES, Placement
-
-SUBSTEP_OPERATIONS = {
-    "attn.q": "q = heads(q_proj(x_in))", "attn.k": "k = heads(k_proj(x_in))",
-    "attn.q_norm": "q = RMSNorm(q) per head", "attn.k_norm": "k = RMSNorm(k) per head",
-    "attn.q_rope": "q_rope = RoPE(q, positions)", "attn.k_rope": "k_rope = RoPE(k, positions)",
-}
-
 
 def is_own_block(block: nn.Module) -> bool:
     """blocktrace's own TransformerBlock (six step modules and a BlockConfig)."""
@@ -161,9 +155,9 @@ def _forward(block: nn.Module, x: torch.Tensor, kwargs: dict, own: bool) -> torc
 
 def _operations(block, layout: Layout, own: bool) -> dict[str, str]:
     if own:
-        from blocktrace.model.block import step_operations
+        from blocktrace.model.block import step_operations, substep_operations
 
-        return {"x": "input", **step_operations(block.config)}
+        return {"x": "input", **step_operations(block.config), **substep_operations(block.config)}
     derived = {name: f"x1 = {stream} + {update}_out, summed by blocktrace (the block adds both branches at once)"
                for name, stream, update in layout.derived}
     return {"x": "input", **{spec.name: spec.describe() for spec in layout.specs}, **derived}
@@ -181,7 +175,7 @@ def assemble(block, layout: Layout, own: bool, recorder: Recorder, output, behav
     # One device-to-host copy for every number of the trace.
     stats_rows = [stats_from_moments(row) for row in moments.tolist()]
     samples = [p.sample.double().tolist() if p.sample is not None else None for p in pending]
-    operations = {**_operations(block, layout, own), **SUBSTEP_OPERATIONS}
+    operations = _operations(block, layout, own)
     records = [
         StepRecord(p.name, operations[p.name], p.shape, p.dtype, Stats.from_values(row), p.tensor, sample,
                    _python_probe({**p.probe, **behaviour.get(p.name, {})}))
@@ -213,8 +207,11 @@ def assemble(block, layout: Layout, own: bool, recorder: Recorder, output, behav
         notes.append(f"hooks that never fired: {', '.join(missing)} (a fast path may skip submodule hooks)")
     config = block.config if own else None
     n_steps = 1 + len(recorder.steps)
+    routing = None
+    if recorder.routing is not None:  # one more transfer, for a mixture of experts only
+        routing = RoutingSummary.of(recorder.routing.tolist(), block.ffn.k)
     return Trace(config, records[0], records[1:n_steps], summary, output, layout.name, layout.placement, missing,
-                 notes, records[n_steps:], layout.causal)
+                 notes, records[n_steps:], layout.causal, routing)
 
 
 def _window(block, own: bool) -> Optional[int]:

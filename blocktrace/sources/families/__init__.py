@@ -20,6 +20,7 @@ from blocktrace.sources.families.bert import BERT
 from blocktrace.sources.families.gemma import Gemma, Gemma2, Gemma3
 from blocktrace.sources.families.gpt2 import GPT2, NanoGPT
 from blocktrace.sources.families.llama import Llama, Mistral, Qwen2, Qwen3
+from blocktrace.sources.families.moe import OLMoE, Mixtral, Qwen2MoE, Qwen3MoE
 from blocktrace.sources.families.neox import GPTNeoX
 from blocktrace.sources.families.olmo2 import OLMo2
 from blocktrace.sources.families.phi3 import Phi3
@@ -27,7 +28,8 @@ from blocktrace.sources.families.phi3 import Phi3
 __all__ = ["FAMILIES", "Family", "ModelInfo", "SIZE_FIELDS", "checkpoint_config", "model_info"]
 
 FAMILIES = {family.name: family for family in (GPT2(), NanoGPT(), BERT(), Llama(), Mistral(), Qwen2(), Qwen3(), Gemma(),
-                                                Gemma2(), Gemma3(), GPTNeoX(), Phi3(), OLMo2())}
+                                                Gemma2(), Gemma3(), GPTNeoX(), Phi3(), OLMo2(), Mixtral(),
+                                                Qwen2MoE(), Qwen3MoE(), OLMoE())}
 # Without config.json only these are told apart by their keys (Llama's keys are shared: see llama.py).
 KEYED_FAMILIES = ("gpt2", "bert", "llama", "gpt_neox")
 BY_MODEL_TYPE = {model_type: family for family in FAMILIES.values() for model_type in family.model_types}

@@ -116,7 +116,7 @@ class Mistral(Llama):
         return {"sliding_window": self.setting(config, "sliding_window", "integer") if config is not None else None}
 
 
-def _qwen_window(config: Optional[ConfigFile], layer: int) -> dict:
+def qwen_window(config: Optional[ConfigFile], layer: int) -> dict:
     """Qwen's sliding window applies where use_sliding_window is on, to the layers layer_types (or,
     without them, max_window_layers) marks as sliding — as transformers' Qwen2Config does."""
     if config is None or not config.boolean("use_sliding_window", False):
@@ -137,7 +137,7 @@ class Qwen2(Llama):
         return {"bias": False, "attn_bias": False, "qkv_bias": True}
 
     def layer_fields(self, config, layer):
-        return _qwen_window(config, layer)
+        return qwen_window(config, layer)
 
 
 class Qwen3(Qwen2):

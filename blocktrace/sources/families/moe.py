@@ -1,0 +1,169 @@
+"""Mixture-of-experts families (Llama's attention keys; the FFN is a router and its experts):
+
+- Mixtral: `block_sparse_moe.gate` and `block_sparse_moe.experts.{e}.w1/w3/w2` (gate, up, down);
+  top-2 of 8 by default, the chosen probabilities always renormalised; Mistral's attention.
+- Qwen2-MoE: `mlp.gate`, `mlp.experts.{e}.gate_proj/up_proj/down_proj`, plus a shared expert
+  (`mlp.shared_expert`) gated by sigmoid(`mlp.shared_expert_gate`·x); q/k/v biases; layers that
+  `mlp_only_layers` or `decoder_sparse_step` leave dense have one FFN of `intermediate_size`.
+- Qwen3-MoE: Qwen3's attention (QK-norm per head), Qwen2-MoE's experts without a shared one.
+- OLMoE: OLMo's QK-norm over all heads, Pre-LN, `mlp.experts`; `clip_qkv` is refused.
+
+Renormalising the top-k probabilities follows `norm_topk_prob` (Qwen, OLMoE; HF's default:
+false). HF's loss adds router_aux_loss_coef × the load-balance loss when `output_router_logits`
+is set; blocktrace's loss is the language-model loss, and each layer's load-balance loss is
+reported with its routing (a note says so).
+"""
+
+from __future__ import annotations
+
+from blocktrace.errors import WeightsError
+from blocktrace.sources.configfile import ConfigFile
+from blocktrace.sources.families.base import linear, refuse_unless, size
+from blocktrace.sources.families.llama import Llama, Mistral, Qwen2, Qwen3, qwen_window
+from blocktrace.vocab import FFNKind, Norm
+
+
+class MixtureFamily:
+    """What the MoE families share: reading the router and the experts, and which layers are sparse."""
+
+    moe_path = "mlp"  # where the router and experts live inside a layer
+    expert_names = ("gate_proj", "up_proj", "down_proj")  # each expert's gate, up and down projections
+    expert_width_key = "moe_intermediate_size"
+    defaults: dict
+
+    def moe_fields(self, config: ConfigFile) -> dict:
+        return {"n_experts": self.expert_count(config), "d_ff": self.setting(config, self.expert_width_key, "integer"),
+                "experts_per_token": self.setting(config, "num_experts_per_tok", "integer"),
+                "renormalise_top_k": self.setting(config, "norm_topk_prob", "boolean")}
+
+    @staticmethod
+    def expert_count(config: ConfigFile) -> int:
+        """num_experts or num_local_experts: HF's configs take either name (one is an alias of the other)."""
+        count = config.integer("num_experts") or config.integer("num_local_experts")
+        if count is None:
+            raise WeightsError(f"{config.path} does not say how many experts a layer has (num_experts or "
+                               "num_local_experts)")
+        return count
+
+    def sparse(self, config: ConfigFile, layer: int) -> bool:
+        """Qwen's rule: a layer is sparse unless mlp_only_layers lists it or decoder_sparse_step skips it."""
+        dense = config.raw("mlp_only_layers") or []
+        step = config.integer("decoder_sparse_step", 1)
+        return layer not in dense and (layer + 1) % step == 0
+
+    def dense_fields(self, config: ConfigFile, layer: int) -> dict:
+        if config is None or self.sparse(config, layer):
+            return {}
+        return {"n_experts": None, "shared_expert_d_ff": None, "d_ff": config.integer("intermediate_size")}
+
+    def expert_parameters(self, read, c) -> dict:
+        if c.n_experts is None:  # a dense layer of a mostly sparse model
+            return Llama.mlp(read, c)
+        d, f = c.d_model, c.d_ff
+        gate, up, down = self.expert_names
+        state = {"ffn.router.weight": read(f"{self.moe_path}.gate.weight", (c.n_experts, d))}
+        for e in range(c.n_experts):
+            source = f"{self.moe_path}.experts.{e}"
+            state.update({**linear(read, f"{source}.{gate}", f"ffn.experts.{e}.gate", f, d, False),
+                          **linear(read, f"{source}.{up}", f"ffn.experts.{e}.up", f, d, False),
+                          **linear(read, f"{source}.{down}", f"ffn.experts.{e}.down", d, f, False)})
+        return state
+
+    def shape_fields(self, checkpoint, base):
+        return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0), "ffn": FFNKind.SWIGLU,
+                "norm": Norm.RMSNORM}
+
+    def notes(self, config):
+        notes = super().notes(config)
+        if config is not None and config.boolean("output_router_logits", False):
+            notes.append("output_router_logits is set: HF adds router_aux_loss_coef × the load-balance loss to its "
+                         "loss; blocktrace's loss is the language-model loss alone, and each layer's load-balance "
+                         "loss is in its routing")
+        return notes
+
+
+class Mixtral(MixtureFamily, Mistral):
+    name, described, model_types = "mixtral", "mixtral (Llama keys, block_sparse_moe experts)", ("mixtral",)
+    defaults = {**Llama.defaults, "rms_norm_eps": 1e-5, "sliding_window": None, "num_experts_per_tok": 2,
+                "intermediate_size": 14336}
+    moe_path, expert_names = "block_sparse_moe", ("w1", "w3", "w2")
+    expert_width_key = "intermediate_size"
+
+    def moe_fields(self, config):  # Mixtral always renormalises its top-k (it has no norm_topk_prob)
+        return {"n_experts": self.expert_count(config), "d_ff": self.setting(config, "intermediate_size", "integer"),
+                "experts_per_token": self.setting(config, "num_experts_per_tok", "integer"), "renormalise_top_k": True}
+
+    def config_fields(self, config):
+        return {**super().config_fields(config), **self.moe_fields(config)}
+
+    def layer_fields(self, config, layer):
+        window = self.setting(config, "sliding_window", "integer") if config is not None else None
+        return {"sliding_window": window}
+
+    def parameters(self, read, c):
+        d = c.d_model
+        return {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
+                "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.expert_parameters(read, c)}
+
+
+class Qwen2MoE(MixtureFamily, Qwen2):
+    name, described, model_types = "qwen2_moe", "qwen2_moe (Llama keys, experts and a shared expert)", ("qwen2_moe",)
+    defaults = {**Llama.defaults, "qkv_bias": True, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                "norm_topk_prob": False}
+
+    def config_fields(self, config):
+        return {**super().config_fields(config), **self.moe_fields(config),
+                "shared_expert_d_ff": config.integer("shared_expert_intermediate_size")}
+
+    def bias_fields(self, config):
+        return {"bias": False, "attn_bias": False, "qkv_bias": self.setting(config, "qkv_bias", "boolean")}
+
+    def layer_fields(self, config, layer):
+        return {**qwen_window(config, layer), **self.dense_fields(config, layer)}
+
+    def parameters(self, read, c):
+        d = c.d_model
+        state = {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
+                 "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.expert_parameters(read, c)}
+        if c.shared_expert_d_ff is not None:
+            f = c.shared_expert_d_ff
+            state.update({**linear(read, "mlp.shared_expert.gate_proj", "ffn.shared_expert.gate", f, d, False),
+                          **linear(read, "mlp.shared_expert.up_proj", "ffn.shared_expert.up", f, d, False),
+                          **linear(read, "mlp.shared_expert.down_proj", "ffn.shared_expert.down", d, f, False),
+                          "ffn.shared_gate.weight": read("mlp.shared_expert_gate.weight", (1, d))})
+        return state
+
+
+class Qwen3MoE(MixtureFamily, Qwen3):
+    name, described, model_types = "qwen3_moe", "qwen3_moe (Qwen3 keys, experts)", ("qwen3_moe",)
+    defaults = {**Llama.defaults, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": False}
+
+    def config_fields(self, config):
+        return {**super().config_fields(config), **self.moe_fields(config)}
+
+    def layer_fields(self, config, layer):
+        return {**qwen_window(config, layer), **self.dense_fields(config, layer)}
+
+    def parameters(self, read, c):
+        d = c.d_model
+        return {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
+                "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.expert_parameters(read, c)}
+
+
+class OLMoE(MixtureFamily, Llama):
+    name, described, model_types = "olmoe", "olmoe (Llama keys, QK-norm over all heads, experts)", ("olmoe",)
+    defaults = {"rms_norm_eps": 1e-5, "hidden_act": "silu", "num_experts_per_tok": 8, "intermediate_size": 2048,
+                "norm_topk_prob": False}
+    expert_width_key = "intermediate_size"
+
+    def config_fields(self, config):
+        refuse_unless(config, "clip_qkv", (None,), "clamps q, k and v")
+        return {**super().config_fields(config), **self.moe_fields(config), "qk_norm": True, "qk_norm_whole": True}
+
+    def bias_fields(self, config):
+        return {"bias": False, "attn_bias": config.boolean("attention_bias", False)}
+
+    def parameters(self, read, c):
+        d = c.d_model
+        return {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
+                "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.expert_parameters(read, c)}

@@ -1,0 +1,70 @@
+"""What a mixture of experts' router did with the tokens of one call: each expert's share, the
+router's entropy, the load-balance loss and the router z-loss.
+
+Computed on the router's own device and kept there; `RoutingSummary.of` reads them to the host
+in one transfer. Padding tokens (the token mask) are left out, as in every other statistic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+def routing_moments(logits: torch.Tensor, probs: torch.Tensor, k: int,
+                    token_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[tokens, entropy, load-balance loss, z-loss, largest |logit|, load_0 … load_E-1, importance_0 …] as one
+    float64 vector on the router's device (load: token slots per expert; importance: mean probability)."""
+    experts = probs.shape[-1]
+    if token_mask is not None and probs.dim() == 3:
+        logits, probs = logits[token_mask.to(probs.device)], probs[token_mask.to(probs.device)]
+    logits, probs = logits.reshape(-1, experts).float(), probs.reshape(-1, experts).float()
+    tokens = probs.shape[0]
+    chosen = torch.topk(probs, k, dim=-1).indices  # the experts the tokens went to (the same topk as the layer's)
+    dispatched = torch.nn.functional.one_hot(chosen, experts).float()  # [N, k, E]
+    importance = probs.mean(0) if tokens else probs.new_zeros(experts)
+    # Mixtral's / Switch Transformer's load-balance loss as HF computes it: E · Σ_slot Σ_e f_slot,e · P_e
+    balance = experts * (dispatched.mean(0) * importance[None]).sum() if tokens else probs.new_zeros(())
+    entropy = -(probs * torch.log(probs.clamp_min(torch.finfo(torch.float32).tiny))).sum(-1).mean()
+    z_loss = torch.logsumexp(logits, dim=-1).pow(2).mean()  # ST-MoE (Zoph et al. 2022)
+    largest = logits.abs().max() if tokens else logits.new_zeros(())
+    head = torch.stack([torch.tensor(float(tokens), device=probs.device), entropy, balance, z_loss, largest])
+    return torch.cat([head, dispatched.sum((0, 1)), importance]).double()
+
+
+@dataclass(frozen=True)
+class RoutingSummary:
+    experts: int
+    per_token: int  # k
+    tokens: int
+    load: list[float]  # share of the token slots (tokens × k) each expert received
+    importance: list[float]  # mean router probability of each expert
+    entropy: float  # mean over tokens of the router's entropy, nats
+    balance_loss: float  # E · Σ f·P (HF's load_balancing_loss_func): k when balanced, E when all go to k experts
+    z_loss: float  # mean over tokens of logsumexp(logits)²
+    max_logit: float
+
+    @classmethod
+    def of(cls, values: list[float], k: int) -> "RoutingSummary":
+        experts = (len(values) - 5) // 2
+        tokens = int(values[0])
+        slots = max(1, tokens * k)
+        return cls(experts, k, tokens, [count / slots for count in values[5:5 + experts]],
+                   values[5 + experts:], values[1], values[2], values[3], values[4])
+
+    @property
+    def uniform_entropy(self) -> float:
+        return math.log(self.experts)
+
+    @property
+    def dead(self) -> list[int]:
+        return [expert for expert, share in enumerate(self.load) if share == 0]
+
+    def to_dict(self) -> dict:
+        return {"experts": self.experts, "per_token": self.per_token, "tokens": self.tokens, "load": self.load,
+                "importance": self.importance, "entropy": self.entropy, "uniform_entropy": self.uniform_entropy,
+                "balance_loss": self.balance_loss, "z_loss": self.z_loss, "max_logit": self.max_logit,
+                "dead_experts": self.dead}

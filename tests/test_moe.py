@@ -1,0 +1,137 @@
+"""A mixture of experts' ffn opened: the router's logits and probabilities, the routed sum and
+the shared expert, each against HF's own; the routing statistics against HF's load-balance loss
+and a naive count; the routing findings on both sides."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import randomise_hf
+
+from blocktrace.config import BlockConfig
+from blocktrace.diagnose.health import evaluate
+from blocktrace.model.block import build_block
+from blocktrace.sources.checkpoint import Checkpoint
+from blocktrace.sources.families import checkpoint_config, model_info
+from blocktrace.sources.loader import embed_token_ids, hidden_state_before, load_block
+from blocktrace.tracing.tracer import trace
+
+IDS = [3, 14, 15, 92, 65, 35, 8, 42, 7, 11, 13, 17, 19, 23, 29, 31]
+SMALL = dict(hidden_size=32, num_attention_heads=4, intermediate_size=48, num_hidden_layers=2, vocab_size=101,
+             max_position_embeddings=64, num_key_value_heads=2, attn_implementation="eager")
+
+
+@pytest.fixture(scope="module")
+def qwen2_moe(tmp_path_factory):
+    import transformers
+
+    config = transformers.Qwen2MoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                         shared_expert_intermediate_size=40)
+    model = transformers.Qwen2MoeForCausalLM(config).eval()
+    randomise_hf(model, seed=11)
+    directory = tmp_path_factory.mktemp("qwen2_moe")
+    model.save_pretrained(directory)
+    return model, directory
+
+
+def traced_layer(directory, layer: int):
+    checkpoint = Checkpoint(directory)
+    info = model_info(checkpoint)
+    config = checkpoint_config(checkpoint, info, {})
+    x = hidden_state_before(checkpoint, info, config, embed_token_ids(checkpoint, info, IDS), layer)
+    return trace(load_block(checkpoint, info, layer, config), x, keep_tensors=True, checks=True)
+
+
+def test_router_substeps_and_routing_equal_huggingfaces(qwen2_moe):
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    model, directory = qwen2_moe
+    with torch.no_grad():
+        output = model(torch.tensor([IDS]), output_router_logits=True)
+    for layer in range(2):
+        traced = traced_layer(directory, layer)
+        tensors = traced.tensors()
+        hf_logits = output.router_logits[layer]
+        assert (tensors["ffn.router_logits"].reshape(hf_logits.shape) - hf_logits).abs().max() <= 1e-5
+        probs = torch.softmax(hf_logits.float(), dim=-1)
+        assert (tensors["ffn.router_probs"].reshape(probs.shape) - probs).abs().max() <= 1e-6
+        routing = traced.routing
+        hf_balance = load_balancing_loss_func((hf_logits,), 4, 2).item()
+        assert routing.balance_loss == pytest.approx(hf_balance, rel=1e-5)
+        counts = [0] * 4  # a naive count of the experts each token went to
+        for row in probs.tolist():
+            for expert in sorted(range(4), key=lambda e: -row[e])[:2]:
+                counts[expert] += 1
+        assert routing.load == pytest.approx([c / (2 * len(IDS)) for c in counts])
+        assert routing.tokens == len(IDS) and routing.dead == [e for e in range(4) if counts[e] == 0]
+        lse = torch.logsumexp(hf_logits.float(), -1)
+        assert routing.z_loss == pytest.approx(lse.pow(2).mean().item(), rel=1e-5)
+
+
+def test_the_shared_expert_and_the_routed_sum_add_up_to_the_ffn_step(qwen2_moe):
+    _, directory = qwen2_moe
+    tensors = traced_layer(directory, 0).tensors()
+    assert torch.allclose(tensors["ffn.routed"] + tensors["ffn.shared"], tensors["ffn"], atol=1e-6)
+
+
+def moe_block(**changes):
+    config = BlockConfig(d_model=16, n_heads=2, d_ff=24, ffn="swiglu", norm="rmsnorm", bias=False, n_experts=8,
+                         experts_per_token=2, **changes)
+    return build_block(config, seed=4)
+
+
+def routing_flags(block, tokens: int = 64, shift: float = 0.0) -> list[tuple[str, str]]:
+    x = torch.randn(1, tokens, 16, generator=torch.Generator().manual_seed(9))
+    x[..., 0] += shift
+    return [(f.name, f.level.value) for f in evaluate([trace(block, x, checks=True)]) if f.cause.value == "routing"]
+
+
+def test_a_healthy_router_raises_nothing_and_a_collapsed_one_is_caught():
+    assert routing_flags(moe_block()) == []
+    collapsed = moe_block()
+    with torch.no_grad():  # every token's first feature is large, and only experts 0 and 1 read it
+        collapsed.ffn.router.weight.zero_()
+        collapsed.ffn.router.weight[:2, 0] = 5.0
+    found = routing_flags(collapsed, shift=20.0)
+    assert ("router_collapse", "error") in found and ("dead_experts", "warning") in found
+
+
+def test_too_few_tokens_never_call_an_expert_dead():
+    """4 tokens × 2 slots over 8 experts: an expert without a token is chance, not a finding."""
+    assert routing_flags(moe_block(), tokens=4) == []
+
+
+def test_router_logits_past_bf16s_half_step_are_caught():
+    block = moe_block()
+    with torch.no_grad():
+        block.ffn.router.weight.mul_(500.0)
+    assert ("router_logit_growth", "warning") in routing_flags(block)
+
+
+def test_the_table_and_the_json_show_the_router_and_the_routing(invoke, qwen2_moe):
+    _, directory = qwen2_moe
+    ids = list(map(str, IDS))
+    text = invoke("run", "--weights", str(directory), "--token-ids", *ids).stdout
+    assert "inside ffn: the router, then the experts it chose" in text
+    assert "ffn.router_probs" in text and "ffn.shared" in text and "MoE[top-2 of 4 SwiGLU + shared]" in text
+    assert "routing: 16 tokens, each to 2 of 4 experts" in text and "load-balance loss" in text
+    report = json.loads(invoke("run", "--weights", str(directory), "--token-ids", *ids, "--json").stdout)
+    assert [s["name"] for s in report["ffn_substeps"]] == ["ffn.router_logits", "ffn.router_probs", "ffn.routed",
+                                                           "ffn.shared"]
+    assert report["routing"]["experts"] == 4 and sum(report["routing"]["load"]) == pytest.approx(1.0)
+    assert report["config"]["n_experts"] == 4 and report["config"]["shared_expert_d_ff"] == 40
+
+
+def test_a_dense_layer_of_a_sparse_model_has_one_ffn(tmp_path):
+    import transformers
+
+    config = transformers.Qwen3MoeConfig(**{**SMALL, "num_hidden_layers": 3}, num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=24, mlp_only_layers=[1])
+    transformers.Qwen3MoeForCausalLM(config).save_pretrained(tmp_path)
+    checkpoint = Checkpoint(tmp_path)
+    info = model_info(checkpoint)
+    blocks = [load_block(checkpoint, info, layer, checkpoint_config(checkpoint, info, {})) for layer in range(3)]
+    assert [block.config.n_experts for block in blocks] == [4, None, 4]
+    assert blocks[1].config.d_ff == 48
