@@ -6,9 +6,11 @@
 
 Character-level language models on Python's own standard-library sources (a local corpus: no
 download), a few minutes on 2 CPU cores. Healthy runs (GPT-2 and Llama layouts, a Post-LN BERT
-decoder with warm-up) and failing runs with one known cause each: learning rate too high
-without warm-up, a bad initialisation scale, a deep Post-LN model without warm-up, float16
-overflow, a missing causal mask, a residual adding the normed tensor, dead ReLU units. Every
+decoder with warm-up, a Mixtral-style mixture of experts with its load-balance loss) and failing
+runs with one known cause each: learning rate too high without warm-up, a bad initialisation
+scale, a deep Post-LN model without warm-up, float16 overflow, a missing causal mask, a residual
+adding the normed tensor, dead ReLU units, a router that collapses (no load-balance loss, router
+learning rate 100×). Every
 checkpoint is checked with `blocktrace check` (the model's own loss, --grad) — or, for the bugs
 that live in code, `check --module` on the run's block — and FAILURES.md reports, per run: the
 step at which `check` first errs, the step at which the loss curve shows the failure, whether
@@ -59,6 +61,7 @@ RUNS = [
     Run("llama-healthy", "llama", None),
     Run("bert-postln-healthy", "bert", None, lr=5e-4, warmup=100, options={"layers": 12}),
     Run("nano-healthy", "nano", None),
+    Run("mixtral-healthy", "mixtral", None),  # with Mixtral's load-balance loss (router_aux_loss_coef 0.01)
     Run("gpt2-lr-high", "gpt2", "learning_rate", lr=1e-1, warmup=0, clip=None),
     Run("llama-lr-high", "llama", "learning_rate", lr=1e-1, warmup=0, clip=None),
     Run("gpt2-bad-init", "gpt2", "initialisation", options={"init_std": 1.0}),
@@ -67,6 +70,8 @@ RUNS = [
     Run("nano-no-causal-mask", "nano", "mask", options={"causal": False}),
     Run("nano-residual-normed", "nano", "residual", options={"residual_normed": True}),
     Run("gpt2-dead-relu", "gpt2", "architecture", options={"activation": "relu", "fc_bias": -1.5}),
+    # no load-balance loss, and the router at 100× the learning rate: it collapses onto a few experts
+    Run("mixtral-router-lr-high", "mixtral", "routing", options={"balance": False, "router_lr_scale": 100.0}),
 ]
 CHECKPOINT_STEPS = (0, 10, 25, 50, 75, 100, 150, 200, 250, 300, 350, 400)
 WATCH_EVERY = 10
@@ -130,6 +135,13 @@ def build(run: Run, vocab: int):
                                          activation_function=options.get("activation", "gelu_new"), bos_token_id=0,
                                          eos_token_id=0, **common)
         model = transformers.GPT2LMHeadModel(config)
+    elif run.model == "mixtral":  # 8 experts of about half Llama's width (88: HF's grouped_mm wants 16-byte strides), top-2; the load-balance loss unless told not
+        config = transformers.MixtralConfig(hidden_size=D_MODEL, num_attention_heads=N_HEAD, num_key_value_heads=2,
+                                            num_hidden_layers=N_LAYER, intermediate_size=88, num_local_experts=8,
+                                            num_experts_per_tok=2, max_position_embeddings=CONTEXT,
+                                            output_router_logits=options.get("balance", True),
+                                            router_aux_loss_coef=0.01, bos_token_id=0, eos_token_id=0, **common)
+        model = transformers.MixtralForCausalLM(config)
     elif run.model == "llama":
         config = transformers.LlamaConfig(hidden_size=D_MODEL, num_attention_heads=N_HEAD, num_key_value_heads=2,
                                           num_hidden_layers=N_LAYER, intermediate_size=172,
@@ -174,6 +186,18 @@ def learning_rate(run: Run, step: int) -> float:
     return run.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def parameter_groups(model, run: Run) -> list[dict]:
+    """Weight decay on matrices only; a mixture of experts' routers at router_lr_scale × the learning rate."""
+    scale = run.options.get("router_lr_scale", 1.0)
+    named = list(model.named_parameters())
+    router = [p for n, p in named if ".block_sparse_moe.gate." in n or ".mlp.gate.weight" in n]
+    ids = {id(p) for p in router}
+    decay = [p for n, p in named if p.dim() >= 2 and id(p) not in ids]
+    rest = [p for n, p in named if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.1, "scale": 1.0}, {"params": rest, "weight_decay": 0.0, "scale": 1.0}]
+    return groups + ([{"params": router, "weight_decay": 0.1, "scale": scale}] if router else [])
+
+
 def watch_in(directory: Path):
     """A Watch every WATCH_EVERY steps, writing directory/watch.jsonl (a fresh file for each training)."""
     from blocktrace import Watch
@@ -191,10 +215,7 @@ def train(run: Run, train_ids, vocab: list[str], directory: Path, watch_factory=
     if run.options.get("dtype") == "float16":
         model = model.half()
     model.train()
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                                  lr=run.lr, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(parameter_groups(model, run), lr=run.lr, betas=(0.9, 0.95))
     watch = watch_factory(model, optimizer) if watch_factory else None
     generator = torch.Generator().manual_seed(1)
     log = []
@@ -204,7 +225,7 @@ def train(run: Run, train_ids, vocab: list[str], directory: Path, watch_factory=
         if step == run.steps:
             break
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(run, step)
+            group["lr"] = learning_rate(run, step) * group["scale"]
         ids = batch(train_ids, generator)
         loss = model(ids, labels=ids).loss
         loss.backward()

@@ -85,7 +85,8 @@ def moe_block(**changes):
 def routing_flags(block, tokens: int = 64, shift: float = 0.0) -> list[tuple[str, str]]:
     x = torch.randn(1, tokens, 16, generator=torch.Generator().manual_seed(9))
     x[..., 0] += shift
-    return [(f.name, f.level.value) for f in evaluate([trace(block, x, checks=True)]) if f.cause.value == "routing"]
+    return [(f.name, f.level.value) for f in evaluate([trace(block, x, checks=True)]) if f.cause.value == "routing"
+            and f.level.value != "info"]
 
 
 def test_a_healthy_router_raises_nothing_and_a_collapsed_one_is_caught():
@@ -94,8 +95,11 @@ def test_a_healthy_router_raises_nothing_and_a_collapsed_one_is_caught():
     with torch.no_grad():  # every token's first feature is large, and only experts 0 and 1 read it
         collapsed.ffn.router.weight.zero_()
         collapsed.ffn.router.weight[:2, 0] = 5.0
-    found = routing_flags(collapsed, shift=20.0)
-    assert ("router_collapse", "error") in found and ("dead_experts", "warning") in found
+    assert routing_flags(collapsed, shift=20.0) == [("router_collapse", "error")]
+    x = torch.randn(1, 64, 16, generator=torch.Generator().manual_seed(9))
+    x[..., 0] += 20.0
+    context = [f.name for f in evaluate([trace(collapsed, x, checks=True)]) if f.level.value == "info"]
+    assert "dead_experts" in context  # six experts without a token: said, as context
 
 
 def test_too_few_tokens_never_call_an_expert_dead():
@@ -135,3 +139,45 @@ def test_a_dense_layer_of_a_sparse_model_has_one_ffn(tmp_path):
     blocks = [load_block(checkpoint, info, layer, checkpoint_config(checkpoint, info, {})) for layer in range(3)]
     assert [block.config.n_experts for block in blocks] == [4, None, 4]
     assert blocks[1].config.d_ff == 48
+
+
+def test_an_hf_moe_layer_traced_bare_reports_hfs_routing(qwen2_moe):
+    """HF's own layer, its router hooked: the same load-balance loss as HF computes for that layer."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    model, _ = qwen2_moe
+    with torch.no_grad():
+        output = model(torch.tensor([IDS]), output_router_logits=True, output_hidden_states=True)
+    traced = trace(model.model.layers[1], output.hidden_states[1], checks=True)
+    expected = load_balancing_loss_func((output.router_logits[1],), 4, 2).item()
+    assert traced.routing.balance_loss == pytest.approx(expected, rel=1e-5) and traced.routing.tokens == len(IDS)
+
+
+def test_a_watch_records_each_layers_routing_and_track_shows_it_over_training(invoke, tmp_path):
+    """A tiny Mixtral trained a few steps with a Watch in its loop: expert load and router entropy per layer and
+    record, read back through the timeline schema and shown by track."""
+    import transformers
+
+    from blocktrace.training.timeline import read_timeline
+    from blocktrace.training.watch import Watch
+
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        **SMALL, num_local_experts=4, num_experts_per_tok=2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(1))
+    with Watch(model, tmp_path / "run.jsonl", every=2) as watch:
+        for _ in range(5):
+            optimizer.zero_grad()
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+    records = list(read_timeline(tmp_path / "run.jsonl"))
+    assert [r["step"] for r in records] == [0, 2, 4]
+    for record in records:
+        for layer in record["layers"]:
+            routing = layer["routing"]
+            assert routing["experts"] == 4 and routing["tokens"] == 48 and sum(routing["load"]) == pytest.approx(1)
+    text = invoke("track", str(tmp_path / "run.jsonl")).stdout
+    assert "router load-balance loss, per layer" in text and "busiest expert's share of the token slots" in text

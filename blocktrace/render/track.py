@@ -20,7 +20,16 @@ LAYER_QUANTITIES = (
     ("largest attention logit", lambda layer: layer.get("max_logit"), True),
     ("lowest head entropy (nats)", lambda layer: layer.get("min_entropy"), False),
     ("gradient norm of the block's parameters", lambda layer: layer.get("grad_norm"), True),
+    # A mixture of experts' router (k when balanced, E when every token goes to the same k experts)
+    ("router load-balance loss", lambda layer: (layer.get("routing") or {}).get("balance_loss"), True),
+    ("busiest expert's share of the token slots", lambda layer: _busiest(layer), True),
+    ("router entropy (nats)", lambda layer: (layer.get("routing") or {}).get("entropy"), False),
 )
+
+
+def _busiest(layer: dict) -> Optional[float]:
+    load = (layer.get("routing") or {}).get("load")
+    return max(load) if load else None
 
 
 def _cell(value, spec: str = ".4g") -> str:

@@ -152,6 +152,7 @@ class Recorder:
         self.held: dict[str, torch.Tensor] = {}  # step values the derived steps still need
         self.router_logits: Optional[torch.Tensor] = None
         self.routing: Optional[torch.Tensor] = None  # a mixture of experts' routing moments (tracing.routing)
+        self.routing_k = 0  # the experts each token goes to
 
     def start(self, x: torch.Tensor) -> Pending:
         """The block input, as the pseudo-step `x`."""
@@ -221,8 +222,10 @@ class Recorder:
         self.handles = []
 
     def _routing_hooks(self) -> list:
-        """A mixture of experts' router: its logits, then from its probabilities what it did with the tokens."""
-        ffn = getattr(self.block, "ffn", None) if self.own else None
+        """A mixture of experts' router: from its logits and probabilities, what it did with the tokens."""
+        if not self.own:
+            return self._hf_router_hooks()
+        ffn = getattr(self.block, "ffn", None)
         if not hasattr(ffn, "router_probs"):
             return []
 
@@ -230,11 +233,30 @@ class Recorder:
             self.router_logits = logits.detach()
 
         def on_probs(module, inputs, probs):
-            if self.routing is None:  # a block called twice is traced at its first call
-                self.routing = routing_moments(self.router_logits, probs.detach(), ffn.k, self.token_mask)
+            self._route(self.router_logits, probs.detach(), ffn.k)
 
         return [ffn.router_logits.register_forward_hook(_guarded(on_logits)),
                 ffn.router_probs.register_forward_hook(_guarded(on_probs))]
+
+    def _hf_router_hooks(self) -> list:
+        """HF's routers return (logits, weights, experts) and keep their top_k; their probabilities are the
+        softmax of the logits in float32, as they compute them."""
+        if self.layout.router is None:
+            return []
+        router = resolve(self.block, StepSpec("ffn", self.layout.router))
+
+        def on_output(module, inputs, output):
+            logits = first_tensor(output).detach()
+            shape = (*self.input.shape[:-1], logits.shape[-1]) if self.input is not None else logits.shape
+            logits = logits.reshape(shape)
+            self._route(logits, torch.softmax(logits.float(), dim=-1), module.top_k)
+
+        return [router.register_forward_hook(_guarded(on_output))]
+
+    def _route(self, logits: torch.Tensor, probs: torch.Tensor, k: int) -> None:
+        if self.routing is None:  # a block called twice is traced at its first call
+            self.routing = routing_moments(logits, probs, k, self.token_mask)
+            self.routing_k = k
 
     def _attention_hooks(self) -> list:
         if self.own:  # our attention exposes its scores and weights through hook points

@@ -55,6 +55,7 @@ class Layout:
     batched: bool = False  # the block wants [B, T, d] (HF layers, nanoGPT): [T, d] input gets a batch of one
     # Steps the block never materialises, summed by blocktrace from two it does: (name, stream, update).
     derived: tuple[tuple[str, str, str], ...] = ()
+    router: Optional[str] = None  # a mixture of experts' router module (HF's TopKRouter: logits first, top_k)
 
     def spec(self, name: str) -> Optional[StepSpec]:
         return next((spec for spec in self.specs if spec.name == name), None)
@@ -83,9 +84,9 @@ def recover_specs(names: dict[str, str], placement: Placement) -> tuple[StepSpec
 
 
 def _layout(name, placement, causal, names, norm=Norm.LAYERNORM, hidden=None, specs=None, weights=None,
-            batched=False, derived=()) -> Layout:
+            batched=False, derived=(), router=None) -> Layout:
     return Layout(name, placement, causal, specs or recover_specs(names, placement), norm, hidden, weights, batched,
-                  derived)
+                  derived, router)
 
 
 _GPT2_NAMES = {"norm1": "ln_1", "attn": "attn", "norm2": "ln_2", "ffn": "mlp"}
@@ -129,7 +130,7 @@ KNOWN_LAYOUTS = {
        for name in ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer",
                     "GemmaDecoderLayer")},
     # Mixtures of experts: the FFN step is the whole sparse block (router, experts, shared expert).
-    **{name: _hf(name, Placement.PRE, _LLAMA_NAMES, norm=Norm.RMSNORM)
+    **{name: _hf(name, Placement.PRE, _LLAMA_NAMES, norm=Norm.RMSNORM, router="mlp.gate")
        for name in ("MixtralDecoderLayer", "Qwen2MoeDecoderLayer", "Qwen3MoeDecoderLayer", "OlmoeDecoderLayer")},
     "Phi3DecoderLayer": _hf("Phi3DecoderLayer", Placement.PRE, _LLAMA_NAMES, norm=Norm.RMSNORM,
                             hidden="mlp.activation_fn"),

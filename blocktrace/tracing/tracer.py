@@ -209,7 +209,7 @@ def assemble(block, layout: Layout, own: bool, recorder: Recorder, output, behav
     n_steps = 1 + len(recorder.steps)
     routing = None
     if recorder.routing is not None:  # one more transfer, for a mixture of experts only
-        routing = RoutingSummary.of(recorder.routing.tolist(), block.ffn.k)
+        routing = RoutingSummary.of(recorder.routing.tolist(), recorder.routing_k)
     return Trace(config, records[0], records[1:n_steps], summary, output, layout.name, layout.placement, missing,
                  notes, records[n_steps:], layout.causal, routing)
 

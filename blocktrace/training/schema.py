@@ -18,6 +18,8 @@ SOURCES = ("watch", "checkpoint")
 RECORD_NUMBERS = ("loss", "lr", "grad_norm")
 LAYER_NUMBERS = ("rms", "median_token_sq_norm_per_d", "max_logit", "min_entropy", "future_weight_sum", "grad_norm")
 LEVELS = tuple(level.value for level in Level)
+ROUTING_NUMBERS = ("entropy", "uniform_entropy", "balance_loss", "z_loss", "max_logit")
+ROUTING_COUNTS = ("experts", "per_token", "tokens")
 
 
 class SchemaError(ValueError):
@@ -84,7 +86,22 @@ def _layer(value: Any, field: str) -> dict:
                                         optional=True)
     layer["weights"] = _mapped(layer.get("weights"), f"{field}.weights", _numbers, optional=True)
     layer["notes"] = _listed(layer.get("notes", []), f"{field}.notes", _text)
+    if layer.get("routing") is not None:
+        layer["routing"] = _routing(layer["routing"], f"{field}.routing")
     return layer
+
+
+def _routing(value: Any, field: str) -> dict:
+    """A mixture of experts' routing (tracing.routing.RoutingSummary.to_dict)."""
+    routing = _mapped(value, field, lambda item, name: item)
+    for key in ROUTING_COUNTS:
+        routing[key] = _index(routing.get(key), f"{field}.{key}")
+    for key in ROUTING_NUMBERS:
+        routing[key] = number(routing.get(key), f"{field}.{key}")
+    for key in ("load", "importance"):
+        routing[key] = _listed(routing.get(key), f"{field}.{key}", number)
+    routing["dead_experts"] = _listed(routing.get("dead_experts", []), f"{field}.dead_experts", _index)
+    return routing
 
 
 def _level(value: Any, field: str) -> str:

@@ -7,7 +7,8 @@ A timeline is JSON lines, one record per moment of training, each self-describin
      "layers": [{"layer": 0, "steps": {"norm1": {mean, std, min, max, rms, absmax, nan, inf}, ...},
                  "rms": …, "median_token_sq_norm_per_d": …, "max_logit": …, "min_entropy": …,
                  "entropy_per_head": […], "future_weight_sum": …, "grad_norm": …,
-                 "weights": {"attn_q": {"norm": …, "update_ratio": …}, ...}, "notes": [...]}, ...],
+                 "weights": {"attn_q": {"norm": …, "update_ratio": …}, ...}, "notes": [...],
+                 "routing": {"load": […], "entropy": …, "balance_loss": …, …} (a mixture of experts only)}, ...],
      "flags": [{"name", "level", "cause", "layer", "step", "detail"}, ...], "diagnosis": [{"cause", "evidence", "advice"}, ...]}
 
 `update_ratio` is ‖ΔW‖/‖W‖ since the previous record (null in the first). A watch's records
@@ -48,6 +49,7 @@ def layer_entry(layer: int, trace, grad_norm: Optional[float] = None, weights: O
         "grad_norm": grad_norm,
         "weights": weights,
         "notes": list(trace.notes),
+        **({"routing": trace.routing.to_dict()} if trace.routing is not None else {}),
     }
 
 
