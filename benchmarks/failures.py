@@ -79,6 +79,11 @@ WATCH_EVERY = 10
 SAMPLE_RUN = Run("gpt2-lr-high", "gpt2", "learning_rate", lr=1e-1, warmup=0, clip=None, steps=100,
                  options={"d_model": 32, "layers": 2, "heads": 2})
 SAMPLE_STEPS = (0, 10, 25, 50, 100)
+# README's mixture-of-experts example: the router-collapse recipe, small (4 experts of 32, 2 layers, d_model 32).
+MOE_SAMPLE_RUN = Run("mixtral-router-lr-high", "mixtral", "routing", steps=60,
+                     options={"balance": False, "router_lr_scale": 100.0, "d_model": 32, "layers": 2, "heads": 2,
+                              "d_ff": 32, "experts": 4})
+MOE_SAMPLE_STEPS = (0, 20, 60)
 
 
 # --- corpus -------------------------------------------------------------------------------------
@@ -136,8 +141,11 @@ def build(run: Run, vocab: int):
                                          eos_token_id=0, **common)
         model = transformers.GPT2LMHeadModel(config)
     elif run.model == "mixtral":  # 8 experts of about half Llama's width (88: HF's grouped_mm wants 16-byte strides), top-2; the load-balance loss unless told not
-        config = transformers.MixtralConfig(hidden_size=D_MODEL, num_attention_heads=N_HEAD, num_key_value_heads=2,
-                                            num_hidden_layers=N_LAYER, intermediate_size=88, num_local_experts=8,
+        config = transformers.MixtralConfig(hidden_size=options.get("d_model", D_MODEL),
+                                            num_attention_heads=options.get("heads", N_HEAD), num_key_value_heads=2,
+                                            num_hidden_layers=options.get("layers", N_LAYER),
+                                            intermediate_size=options.get("d_ff", 88),
+                                            num_local_experts=options.get("experts", 8),
                                             num_experts_per_tok=2, max_position_embeddings=CONTEXT,
                                             output_router_logits=options.get("balance", True),
                                             router_aux_loss_coef=0.01, bos_token_id=0, eos_token_id=0, **common)
@@ -442,19 +450,22 @@ def report(outcomes: list[Outcome]) -> str:
 
 
 def write_sample(directory: Path) -> None:
-    """SAMPLE_RUN's checkpoints, training log and watch timeline, and a few validation lines to track them on."""
+    """SAMPLE_RUN's and MOE_SAMPLE_RUN's checkpoints, training logs and watch timelines, and a few validation lines
+    to track them on."""
     train_ids, val_ids, vocab = corpus()
     target = directory / SAMPLE_RUN.name
     train(SAMPLE_RUN, train_ids, vocab, target, watch_in(target), checkpoint_steps=SAMPLE_STEPS)
+    moe = directory / MOE_SAMPLE_RUN.name
+    train(MOE_SAMPLE_RUN, train_ids, vocab, moe, watch_in(moe), checkpoint_steps=MOE_SAMPLE_STEPS)
     lines = "".join(vocab[i] if i else "?" for i in val_ids[:4000].tolist()).splitlines()
     (directory / "eval.txt").write_text("\n".join([line for line in lines if len(line) > 40][:8]) + "\n")
-    print(f"wrote {target} and {directory / 'eval.txt'}", file=sys.stderr)
+    print(f"wrote {target}, {moe} and {directory / 'eval.txt'}", file=sys.stderr)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="run only these runs (by name)")
-    parser.add_argument("--sample", type=Path, help="only train docs/track.md's small failing run into this directory")
+    parser.add_argument("--sample", type=Path, help="only train the small failing runs docs/track.md and README track into this directory")
     arguments = parser.parse_args()
     if arguments.sample is not None:
         write_sample(arguments.sample)

@@ -181,3 +181,14 @@ def test_a_watch_records_each_layers_routing_and_track_shows_it_over_training(in
             assert routing["experts"] == 4 and routing["tokens"] == 48 and sum(routing["load"]) == pytest.approx(1)
     text = invoke("track", str(tmp_path / "run.jsonl")).stdout
     assert "router load-balance loss, per layer" in text and "busiest expert's share of the token slots" in text
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("mlp.gate.weight", "router"), ("block_sparse_moe.gate.weight", "router"), ("ffn.router.weight", "router"),
+    ("mlp.shared_expert_gate.weight", "router"), ("ffn.gate.weight", "ffn_w1"), ("mlp.gate_proj.weight", "ffn_w1"),
+    ("mlp.experts.3.gate_proj.weight", "ffn_w1"), ("block_sparse_moe.experts.0.w2.weight", "ffn_w2"),
+])
+def test_a_router_is_a_kind_of_its_own_not_an_ffn_gate(name, kind):
+    from blocktrace.diagnose.weights import tensor_kind
+
+    assert tensor_kind(name) == kind

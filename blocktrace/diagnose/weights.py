@@ -2,7 +2,7 @@
 weights moved between two moments of training (‖ΔW‖/‖W‖), by kind of tensor.
 
 Kinds are the roles every family shares — attn_q, attn_k, attn_v, attn_o (or attn_qkv where q,
-k and v are fused), ffn_w1, ffn_w2, norm — read off the parameter names, so a GPT-2 block, a
+k and v are fused), ffn_w1, ffn_w2, norm, and a mixture of experts' router — read off the parameter names, so a GPT-2 block, a
 Llama layer and blocktrace's own block line up in one table.
 """
 
@@ -15,6 +15,9 @@ import torch
 from torch import nn
 
 KIND_RULES = (  # (pattern on the parameter name, kind); the first match wins
+    # a mixture of experts' router (HF's mlp.gate / block_sparse_moe.gate, blocktrace's ffn.router) and Qwen's
+    # shared-expert gate, before the SwiGLU gates they would otherwise be taken for
+    (r"(mlp\.gate\.|block_sparse_moe\.gate\.|ffn\.router\.|shared_expert_gate|ffn\.shared_gate)", "router"),
     (r"(c_attn|query_key_value|qkv_proj|in_proj)", "attn_qkv"),
     (r"(q_proj|\.query|attn\.q\b)", "attn_q"), (r"(k_proj|\.key|attn\.k\b)", "attn_k"),
     (r"(v_proj|\.value|attn\.v\b)", "attn_v"),

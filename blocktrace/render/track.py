@@ -13,18 +13,21 @@ from tabulate import tabulate
 
 from blocktrace.vocab import Level
 
-KIND_ORDER = ("attn_qkv", "attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2", "norm")
+KIND_ORDER = ("attn_qkv", "attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2", "router", "norm")
 # Per-layer quantities: (title, what a layer entry holds, whether the worst is the largest)
 LAYER_QUANTITIES = (
     ("residual stream rms after the block", lambda layer: layer.get("rms"), True),
     ("largest attention logit", lambda layer: layer.get("max_logit"), True),
     ("lowest head entropy (nats)", lambda layer: layer.get("min_entropy"), False),
     ("gradient norm of the block's parameters", lambda layer: layer.get("grad_norm"), True),
-    # A mixture of experts' router (k when balanced, E when every token goes to the same k experts)
+)
+# A mixture of experts' router (the load-balance loss is k when balanced, E when every token goes to the same k)
+ROUTING_QUANTITIES = (
     ("router load-balance loss", lambda layer: (layer.get("routing") or {}).get("balance_loss"), True),
     ("busiest expert's share of the token slots", lambda layer: _busiest(layer), True),
     ("router entropy (nats)", lambda layer: (layer.get("routing") or {}).get("entropy"), False),
 )
+ROUTING_HEADERS = ("max balance loss", "busiest expert", "min router entropy")
 
 
 def _busiest(layer: dict) -> Optional[float]:
@@ -65,12 +68,17 @@ def _new_findings(entry: dict) -> str:
     return ", ".join(names[:NEW_FINDINGS_SHOWN]) + (f" (+{more} more)" if more > 0 else "")
 
 
+def _routed(records: list[dict]) -> bool:
+    return any(layer.get("routing") for entry in records for layer in entry["layers"])
+
+
 def summary_table(records: list[dict], fmt: str) -> str:
-    with_log = any(entry.get("log") for entry in records)
+    with_log, routed = any(entry.get("log") for entry in records), _routed(records)
     headers = ["step", "loss"]
     if with_log:
         headers += ["log loss", "log lr", "log grad norm"]
-    headers += ["max rms", "max logit", "min entropy", "‖ΔW‖/‖W‖ (largest)", "new findings"]
+    headers += ["max rms", "max logit", "min entropy", *(ROUTING_HEADERS if routed else ()), "‖ΔW‖/‖W‖ (largest)",
+                "new findings"]
     rows = []
     for entry in records:
         layers = entry["layers"]
@@ -78,7 +86,8 @@ def summary_table(records: list[dict], fmt: str) -> str:
         if with_log:
             log = entry.get("log") or {}
             row += [_cell(log.get("loss"), ".4f"), _cell(log.get("lr"), ".3g"), _cell(log.get("grad_norm"), ".4g")]
-        row += [_worst(layers, quantity, largest) for _, quantity, largest in LAYER_QUANTITIES[:3]]
+        shown = LAYER_QUANTITIES[:3] + (ROUTING_QUANTITIES if routed else ())
+        row += [_worst(layers, quantity, largest) for _, quantity, largest in shown]
         row += [_largest_update(layers), _new_findings(entry)]
         rows.append(row)
     return tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
@@ -88,7 +97,7 @@ def _layer_tables(records: list[dict], fmt: str) -> list[str]:
     n_layers = max(len(entry["layers"]) for entry in records)
     headers = ["step", *(f"L{k}" for k in range(n_layers))]
     sections = []
-    for title, read, _ in LAYER_QUANTITIES:
+    for title, read, _ in LAYER_QUANTITIES + ROUTING_QUANTITIES:
         rows = [[entry["step"], *(_cell(read(layer)) for layer in entry["layers"])] for entry in records]
         if any(cell != "—" for row in rows for cell in row[1:]):
             sections += [f"{title}, per layer", tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True), ""]
