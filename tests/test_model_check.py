@@ -37,6 +37,13 @@ def hf_model(name: str):
         model = transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
             **small, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
             shared_expert_intermediate_size=40, decoder_sparse_step=2))
+    elif name == "qwen3_moe":  # top-k renormalised (norm_topk_prob)
+        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+            **small, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+            norm_topk_prob=True))
+    elif name == "olmoe":
+        model = transformers.OlmoeForCausalLM(transformers.OlmoeConfig(
+            **small, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, pad_token_id=0, eos_token_id=1))
     elif name == "llama3 rope":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, rope_parameters={
             "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -74,8 +81,8 @@ def our_layer_gradients(report: dict) -> list[float]:
             for layer in report["gradients"]["layers"]]
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gemma3", "olmo2", "mixtral", "qwen2_moe", "llama3 rope",
-                                  "gpt_neox"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gemma3", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe",
+                                  "olmoe", "llama3 rope", "gpt_neox"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

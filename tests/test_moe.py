@@ -128,6 +128,17 @@ def test_the_table_and_the_json_show_the_router_and_the_routing(invoke, qwen2_mo
     assert report["config"]["n_experts"] == 4 and report["config"]["shared_expert_d_ff"] == 40
 
 
+def test_save_keeps_the_router_and_expert_substeps(invoke, qwen2_moe, tmp_path):
+    from safetensors.torch import load_file
+
+    _, directory = qwen2_moe
+    path = tmp_path / "moe.safetensors"
+    assert invoke("run", "--weights", str(directory), "--token-ids", *map(str, IDS), "--save", str(path)).exit_code == 0
+    saved = load_file(str(path))
+    assert torch.allclose(saved["ffn.routed"] + saved["ffn.shared"], saved["ffn"], atol=1e-6)
+    assert saved["ffn.router_probs"].shape == (len(IDS), 4)
+
+
 def test_a_dense_layer_of_a_sparse_model_has_one_ffn(tmp_path):
     import transformers
 
