@@ -73,6 +73,12 @@ class MixtureFamily:
         return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0), "ffn": FFNKind.SWIGLU,
                 "norm": Norm.RMSNORM}
 
+    def parameters(self, read, c):
+        """Llama's Pre-RMSNorm layer with the router and experts in place of the MLP."""
+        d = c.d_model
+        return {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
+                "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.expert_parameters(read, c)}
+
     def notes(self, config):
         notes = super().notes(config)
         if config is not None and config.boolean("output_router_logits", False):
@@ -100,11 +106,6 @@ class Mixtral(MixtureFamily, Mistral):
         window = self.setting(config, "sliding_window", "integer") if config is not None else None
         return {"sliding_window": window}
 
-    def parameters(self, read, c):
-        d = c.d_model
-        return {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
-                "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.expert_parameters(read, c)}
-
 
 class Qwen2MoE(MixtureFamily, Qwen2):
     name, described, model_types = "qwen2_moe", "qwen2_moe (Llama keys, experts and a shared expert)", ("qwen2_moe",)
@@ -122,9 +123,7 @@ class Qwen2MoE(MixtureFamily, Qwen2):
         return {**qwen_window(config, layer), **self.dense_fields(config, layer)}
 
     def parameters(self, read, c):
-        d = c.d_model
-        state = {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
-                 "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.expert_parameters(read, c)}
+        d, state = c.d_model, super().parameters(read, c)
         if c.shared_expert_d_ff is not None:
             f = c.shared_expert_d_ff
             state.update({**linear(read, "mlp.shared_expert.gate_proj", "ffn.shared_expert.gate", f, d, False),
@@ -144,11 +143,6 @@ class Qwen3MoE(MixtureFamily, Qwen3):
     def layer_fields(self, config, layer):
         return {**qwen_window(config, layer), **self.dense_fields(config, layer)}
 
-    def parameters(self, read, c):
-        d = c.d_model
-        return {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
-                "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.expert_parameters(read, c)}
-
 
 class OLMoE(MixtureFamily, Llama):
     name, described, model_types = "olmoe", "olmoe (Llama keys, QK-norm over all heads, experts)", ("olmoe",)
@@ -162,8 +156,3 @@ class OLMoE(MixtureFamily, Llama):
 
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": config.boolean("attention_bias", False)}
-
-    def parameters(self, read, c):
-        d = c.d_model
-        return {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
-                "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.expert_parameters(read, c)}
