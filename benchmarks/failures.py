@@ -140,7 +140,9 @@ def build(run: Run, vocab: int):
                                          activation_function=options.get("activation", "gelu_new"), bos_token_id=0,
                                          eos_token_id=0, **common)
         model = transformers.GPT2LMHeadModel(config)
-    elif run.model == "mixtral":  # 8 experts of about half Llama's width (88: HF's grouped_mm wants 16-byte strides), top-2; the load-balance loss unless told not
+    elif run.model == "mixtral":
+        # 8 experts of about half Llama's width (88: HF's grouped_mm wants 16-byte strides), top-2, and the
+        # load-balance loss unless told not
         config = transformers.MixtralConfig(hidden_size=options.get("d_model", D_MODEL),
                                             num_attention_heads=options.get("heads", N_HEAD), num_key_value_heads=2,
                                             num_hidden_layers=options.get("layers", N_LAYER),
@@ -465,7 +467,8 @@ def write_sample(directory: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="run only these runs (by name)")
-    parser.add_argument("--sample", type=Path, help="only train the small failing runs docs/track.md and README track into this directory")
+    parser.add_argument("--sample", type=Path,
+                        help="only train the small failing runs docs/track.md and README track into this directory")
     arguments = parser.parse_args()
     if arguments.sample is not None:
         write_sample(arguments.sample)

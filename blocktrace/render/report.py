@@ -94,7 +94,8 @@ def findings(flags, trace: Trace, loss: Optional[dict] = None, loss_note: Option
 
 def substeps_dict(trace: Trace) -> dict:
     """The traced sub-steps inside attn (q and k) and inside ffn (a mixture of experts' router), and the routing."""
-    inside = {step: [record for record in trace.substeps if record.name.startswith(f"{step}.")] for step in ("attn", "ffn")}
+    inside = {step: [record for record in trace.substeps if record.name.startswith(f"{step}.")]
+              for step in ("attn", "ffn")}
     return {f"{step}_substeps": [step_dict(i, record) for i, record in enumerate(records, start=1)] or None
             for step, records in inside.items()} | {"routing": trace.routing.to_dict() if trace.routing else None}
 

@@ -31,6 +31,7 @@ from blocktrace.tracing.stats import stats_from_moments, uniform_entropy
 from blocktrace.tracing.steps import Layout, own_layout, resolve, user_layout
 from blocktrace.vocab import NORM_STEPS, SANDWICH_STEPS, STEP_NAMES, Placement
 
+
 def is_own_block(block: nn.Module) -> bool:
     """blocktrace's own TransformerBlock (six step modules and a BlockConfig)."""
     return hasattr(block, "step_modules") and isinstance(getattr(block, "config", None), BlockConfig)
