@@ -34,6 +34,26 @@ BLOCKS = textwrap.dedent('''
                                           intermediate_size=32)
         return LlamaDecoderLayer(config, layer_idx=0)
 
+    def qwen3():  # its q_norm (head_dim 8 wide) comes before its input norm (16 wide) among its modules
+        torch.manual_seed(0)
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+        config = transformers.Qwen3Config(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                          intermediate_size=32)
+        return Qwen3DecoderLayer(config, layer_idx=0)
+
+    def olmo2():
+        torch.manual_seed(0)
+        from transformers.models.olmo2.modeling_olmo2 import Olmo2DecoderLayer
+        config = transformers.Olmo2Config(hidden_size=16, num_attention_heads=4, intermediate_size=32)
+        return Olmo2DecoderLayer(config, layer_idx=0)
+
+    def mixtral():
+        torch.manual_seed(0)
+        from transformers.models.mixtral.modeling_mixtral import MixtralDecoderLayer
+        config = transformers.MixtralConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2,
+                                            intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)
+        return MixtralDecoderLayer(config, layer_idx=0)
+
     class CausalSelfAttention(nn.Module):  # nanoGPT's
         def __init__(self, causal=True):
             super().__init__()
@@ -99,6 +119,16 @@ def test_hf_and_user_blocks_run_and_check_cleanly(invoke, blocks, factory, extra
     assert {s["dtype"] for s in report["steps"]} == {"float64" if "float64" in extra else "float32"}
     check = invoke("check", "--module", f"hfblocks:{factory}", "--seq-len", "6", *extra)
     assert check.exit_code == 0, check.output
+
+
+@pytest.mark.parametrize("factory", ["qwen3", "olmo2", "mixtral"])
+def test_the_newer_hf_layers_run_through_module_at_their_own_width(invoke, blocks, factory):
+    """Once: Qwen3's width was read off q_norm (its head size), so --module never worked with it."""
+    report = json.loads(invoke("run", "--module", f"hfblocks:{factory}", "--seq-len", "5", "--json").stdout)
+    assert report["input"]["shape"][-2:] == [5, 16] and report["block_shape_preserved"]
+    assert [s["name"] for s in report["steps"]][-1] == "residual2"
+    if factory == "mixtral":
+        assert report["routing"]["experts"] == 4 and report["routing"]["tokens"] == 5
 
 
 def test_a_gpt2_block_gets_its_causal_mask(invoke, blocks):

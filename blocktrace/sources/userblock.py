@@ -75,8 +75,10 @@ def _call_factory(spec: str, module_name: str, factory_name: str):
 
 
 def block_width(block: torch.nn.Module) -> Optional[int]:
-    """d_model read off the block's first norm (its normalized shape or 1-D gain)."""
-    for module in block.modules():
+    """d_model read off the block's outermost norm (its normalized shape or 1-D gain): a norm inside the
+    attention (Qwen3's q_norm, a head wide) can come first among the modules, never nearer the block."""
+    by_depth = sorted(block.named_modules(), key=lambda item: item[0].count(".") if item[0] else -1)
+    for _, module in by_depth:
         shape = getattr(module, "normalized_shape", None)
         if shape:
             return int(shape[-1])
