@@ -131,6 +131,23 @@ def test_the_newer_hf_layers_run_through_module_at_their_own_width(invoke, block
         assert report["routing"]["experts"] == 4 and report["routing"]["tokens"] == 5
 
 
+def test_module_takes_a_python_file_by_its_path(invoke, blocks, tmp_path, monkeypatch):
+    """Once refused: --module path/to/file.py:factory, with the file's sibling imports found beside it."""
+    (blocks / "helper_width.py").write_text("WIDTH = 16\n")
+    (blocks / "my_block.py").write_text(BLOCKS + "\nfrom helper_width import WIDTH\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for path in (str(blocks / "my_block.py"), "../my_block.py"):
+        result = invoke("run", "--module", f"{path}:nano", "--seq-len", "4", "--json")
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["input"]["shape"][-2:] == [4, 16]
+    missing = invoke("run", "--module", "nowhere.py:nano")
+    assert missing.exit_code == 2 and "nowhere.py is not a file" in missing.stderr
+    import sys
+    assert not [name for name in sys.modules if name.startswith("blocktrace_user_block_")]
+
+
 def test_a_gpt2_block_gets_its_causal_mask(invoke, blocks):
     report = json.loads(invoke("run", "--module", "hfblocks:gpt2", "--seq-len", "6", "--json").stdout)
     assert report["attention"]["future_weight_sum"] == 0.0

@@ -163,7 +163,7 @@ NORM_OPTION = click.option("--norm", type=enum_choice(Norm), default=Norm.LAYERN
 FFN_OPTION = click.option("--ffn", type=enum_choice(FFNKind), default=FFNKind.GELU_TANH.value, show_default=True, help="The FFN: gelu (exact), gelu_tanh (GPT-2's tanh approximation), relu, swiglu (Llama: down(silu(gate)·up)), geglu (Gemma: down(gelu_tanh(gate)·up)) or geglu_exact (the same with the exact GELU).")
 FAIL_ON_OPTION = click.option("--fail-on", type=enum_choice(Level), default=Level.ERROR.value, show_default=True, help="The finding level that makes the exit code 1.")
 MODULE_OPTIONS = options(
-    click.option("--module", "module_spec", metavar="PKG.MOD:FACTORY", default=None, help="Trace your own block: imports PKG.MOD and calls FACTORY() for an nn.Module. This RUNS YOUR CODE."),
+    click.option("--module", "module_spec", metavar="PKG.MOD:FACTORY", default=None, help="Trace your own block: imports PKG.MOD (or a file, path/to/file.py:FACTORY) and calls FACTORY() for an nn.Module. This RUNS YOUR CODE."),
     click.option("--step-names", type=StepNames(), default=None, help='With --module, for a block of unknown layout: its submodules, e.g. \'{"norm1": "ln_1", "attn": "attn", "norm2": "ln_2", "ffn": "mlp"}\'.'),
 )
 SAVE_OPTION = click.option("--save", "save_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write every step's tensor to this .safetensors file (one block).")

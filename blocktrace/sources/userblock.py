@@ -1,4 +1,4 @@
-"""The user's own block, from `--module package.module:factory`.
+"""The user's own block, from `--module package.module:factory` or `--module path/to/file.py:factory`.
 
 Importing it RUNS THE USER'S CODE, by design: that is how a user's block gets traced. The
 working directory is searched too, for that one import only; afterwards sys.path is as it
@@ -9,6 +9,7 @@ was and the modules imported from the working directory are forgotten, so a late
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -19,13 +20,33 @@ import torch
 from blocktrace.errors import InputError, UsageError
 
 
+FORMS = "package.module:factory or path/to/file.py:factory"
+FILE_MODULE_PREFIX = "blocktrace_user_block_"  # a .py file's module name: forgotten afterwards like the others
+
+
 def _parse(spec: str) -> tuple[str, str]:
-    module_name, _, factory_name = spec.partition(":")
+    module_name, _, factory_name = spec.rpartition(":")
+    if module_name.endswith(".py") and factory_name.isidentifier():
+        return module_name, factory_name
     parts = module_name.split(".")
     if not module_name or not factory_name or not all(p.isidentifier() for p in parts) \
             or not factory_name.isidentifier():
-        raise UsageError(f"--module takes package.module:factory, not {spec!r}")
+        raise UsageError(f"--module takes {FORMS}, not {spec!r}")
     return module_name, factory_name
+
+
+def _import(spec: str, module_name: str):
+    """A module by its dotted name, or a .py file by its path (under a name of its own, so it shadows nothing)."""
+    if not module_name.endswith(".py"):
+        return importlib.import_module(module_name)
+    path = Path(module_name)
+    if not path.is_file():
+        raise InputError(f"--module {spec}: {module_name} is not a file; --module takes {FORMS}")
+    loaded = importlib.util.spec_from_file_location(f"{FILE_MODULE_PREFIX}{path.stem}", path)
+    module = importlib.util.module_from_spec(loaded)
+    sys.modules[loaded.name] = module
+    loaded.loader.exec_module(module)
+    return module
 
 
 def _forget_modules_from(directory: Path, before: set) -> None:
@@ -35,14 +56,15 @@ def _forget_modules_from(directory: Path, before: set) -> None:
         origin = getattr(sys.modules[name], "__file__", None)
         top = name.split(".")[0]
         own = directory / top if (directory / top).is_dir() else directory / f"{top}.py"
-        if origin and Path(origin).resolve().is_relative_to(own.resolve()):
+        if name.startswith(FILE_MODULE_PREFIX) or (origin and Path(origin).resolve().is_relative_to(own.resolve())):
             del sys.modules[name]
 
 
 def load_user_block(spec: str) -> torch.nn.Module:
     """Import `package.module:factory` (from the working directory too) and call the factory."""
     module_name, factory_name = _parse(spec)
-    directory = Path(os.getcwd()).resolve()
+    # A file's own directory is searched (its sibling imports), else the working directory.
+    directory = (Path(module_name).parent if module_name.endswith(".py") else Path(os.getcwd())).resolve()
     before = set(sys.modules)
     inserted = str(directory) not in sys.path
     if inserted:
@@ -60,7 +82,9 @@ def load_user_block(spec: str) -> torch.nn.Module:
 
 def _call_factory(spec: str, module_name: str, factory_name: str):
     try:
-        module = importlib.import_module(module_name)
+        module = _import(spec, module_name)
+    except InputError:
+        raise
     except BaseException as error:  # the user's module failed to import (SystemExit included): one line
         if isinstance(error, KeyboardInterrupt):
             raise
