@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from helpers import capture, randomise_hf
 
 from blocktrace.errors import WeightsError
@@ -84,13 +85,17 @@ FAMILIES = {
 }
 
 
-def build(name: str):
+def build(name: str, randomised: bool = True):
+    """The family's HF model: every parameter randomised large (weights std 0.15, norm gains 1 ± 0.3, biases), or
+    as HF initialises it (std 0.02, gains 1)."""
     import transformers
 
     model_class, config_class, extra, places = FAMILIES[name]
     config = getattr(transformers, config_class)(**{**SMALL, **extra})
+    torch.manual_seed(sum(map(ord, name)))
     model = getattr(transformers, model_class)(config).eval()
-    randomise_hf(model, seed=sum(map(ord, name)))
+    if randomised:
+        randomise_hf(model, seed=sum(map(ord, name)))
     return model, places
 
 
@@ -129,6 +134,25 @@ def test_every_step_matches_huggingface(family, layer):
     for step in (*places, "residual1"):
         delta = (traced[step] - expected[step][0]).abs().max().item()
         assert delta <= 1e-5, f"{name} layer {layer} {step}: max |Δ| {delta}"
+
+
+NEWER = ["gemma3", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama rope-llama3", "llama rope-dynamic",
+         "qwen2 rope-yarn", "phi3 rope-longrope"]
+
+
+@pytest.mark.parametrize("name", NEWER)
+def test_at_huggingfaces_own_initialisation_too(name, tmp_path):
+    """The small-weight side: the model as HF initialises it, its last layer, every step."""
+    model, places = build(name, randomised=False)
+    model.save_pretrained(tmp_path)
+    expected = reference(model, places, 2, IDS)
+    checkpoint = Checkpoint(tmp_path)
+    info = model_info(checkpoint)
+    block = load_block(checkpoint, info, 2, checkpoint_config(checkpoint, info, {}))
+    traced = trace(block, expected["hidden_states"][2][0], keep_tensors=True).tensors()
+    for step in (*places, "residual1"):
+        delta = (traced[step] - expected[step][0]).abs().max().item()
+        assert delta <= 1e-5, f"{name} {step}: max |Δ| {delta}"
 
 
 def test_token_ids_give_the_input_huggingface_feeds_each_block(family):
