@@ -66,6 +66,7 @@ def test_router_substeps_and_routing_equal_huggingfaces(qwen2_moe):
                 counts[expert] += 1
         assert routing.load == pytest.approx([c / (2 * len(IDS)) for c in counts])
         assert routing.tokens == len(IDS) and routing.dead == [e for e in range(4) if counts[e] == 0]
+        assert routing.chosen == torch.topk(probs, 2, dim=-1).indices.tolist()  # each token's experts, as HF's
         lse = torch.logsumexp(hf_logits.float(), -1)
         assert routing.z_loss == pytest.approx(lse.pow(2).mean().item(), rel=1e-5)
 
@@ -121,6 +122,7 @@ def test_the_table_and_the_json_show_the_router_and_the_routing(invoke, qwen2_mo
     assert "inside ffn: the router, then the experts it chose" in text
     assert "ffn.router_probs" in text and "ffn.shared" in text and "MoE[top-2 of 4 SwiGLU + shared]" in text
     assert "routing: 16 tokens, each to 2 of 4 experts" in text and "load-balance loss" in text
+    assert "experts chosen, most probable first: " in text
     report = json.loads(invoke("run", "--weights", str(directory), "--token-ids", *ids, "--json").stdout)
     assert [s["name"] for s in report["ffn_substeps"]] == ["ffn.router_logits", "ffn.router_probs", "ffn.routed",
                                                            "ffn.shared"]

@@ -155,7 +155,7 @@ def _substeps_title(entries: list) -> str:
     return f"inside attn: q and k {', then '.join(stages)}"
 
 
-def routing_lines(routing: dict) -> str:
+def routing_lines(routing: dict, labels: Sequence[str]) -> str:
     """What the router did: each expert's share of the token slots, its entropy and the two router losses."""
     k, experts = routing["per_token"], routing["experts"]
     shares = " ".join(f"{share:.2f}" for share in routing["load"])
@@ -165,7 +165,10 @@ def routing_lines(routing: dict) -> str:
         f"(uniform {1 / experts:.2f}): {shares}" + (f"; no token: experts {', '.join(map(str, dead))}" if dead else ""),
         f"router entropy {routing['entropy']:.3f} (uniform {routing['uniform_entropy']:.3f}), load-balance loss "
         f"{routing['balance_loss']:.3f} ({k} balanced, {experts} all on {k}), z-loss {routing['z_loss']:.3g}, "
-        f"largest |logit| {routing['max_logit']:.3g}"])
+        f"largest |logit| {routing['max_logit']:.3g}",
+        *(["experts chosen, most probable first: " + "  ".join(
+            f"{label}→{','.join(map(str, row))}" for label, row in zip(labels, routing["chosen"]))]
+          if routing.get("chosen") else [])])
 
 
 def explanations(report: dict, lang: Lang) -> str:
@@ -215,7 +218,7 @@ def render_run(
         parts.append(_substeps_title(report["attn_substeps"]) + "\n" + steps_table(report["attn_substeps"], lang, fmt))
     if report.get("ffn_substeps"):
         parts.append("inside ffn: the router, then the experts it chose\n"
-                     + steps_table(report["ffn_substeps"], lang, fmt) + "\n" + routing_lines(report["routing"]))
+                     + steps_table(report["ffn_substeps"], lang, fmt) + "\n" + routing_lines(report["routing"], labels))
     if explain:
         parts.append(explanations(report, lang))
     if "values" in report["input"]:

@@ -255,7 +255,7 @@ class Recorder:
 
     def _route(self, logits: torch.Tensor, probs: torch.Tensor, k: int) -> None:
         if self.routing is None:  # a block called twice is traced at its first call
-            self.routing = routing_moments(logits, probs, k, self.token_mask)
+            self.routing = routing_moments(logits, probs, k, self.token_mask, PREVIEW_MAX_TOKENS)
             self.routing_k = k
 
     def _attention_hooks(self) -> list:

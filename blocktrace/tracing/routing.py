@@ -14,11 +14,18 @@ from typing import Optional
 import torch
 
 
+HEAD = 6  # tokens, entropy, load-balance loss, z-loss, largest |logit|, tokens previewed
+
+
 def routing_moments(logits: torch.Tensor, probs: torch.Tensor, k: int,
-                    token_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """[tokens, entropy, load-balance loss, z-loss, largest |logit|, load_0 … load_E-1, importance_0 …] as one
-    float64 vector on the router's device (load: token slots per expert; importance: mean probability)."""
+                    token_mask: Optional[torch.Tensor] = None, preview: int = 0) -> torch.Tensor:
+    """[tokens, entropy, load-balance loss, z-loss, largest |logit|, P, load_0 … load_E-1, importance_0 …, then the
+    k experts each of the first sequence's first P tokens went to] as one float64 vector on the router's device
+    (load: token slots per expert; importance: mean probability; P = its length when ≤ `preview`, else 0)."""
     experts = probs.shape[-1]
+    first = probs.reshape(-1, probs.shape[-2], experts)[0]  # the first sequence, [T, E]
+    shown = first.shape[0] if first.shape[0] <= preview else 0
+    chosen_first = torch.topk(first[:shown].float(), k, dim=-1).indices.reshape(-1)
     if token_mask is not None and probs.dim() == 3:
         logits, probs = logits[token_mask.to(probs.device)], probs[token_mask.to(probs.device)]
     logits, probs = logits.reshape(-1, experts).float(), probs.reshape(-1, experts).float()
@@ -31,8 +38,9 @@ def routing_moments(logits: torch.Tensor, probs: torch.Tensor, k: int,
     entropy = -(probs * torch.log(probs.clamp_min(torch.finfo(torch.float32).tiny))).sum(-1).mean()
     z_loss = torch.logsumexp(logits, dim=-1).pow(2).mean()  # ST-MoE (Zoph et al. 2022)
     largest = logits.abs().max() if tokens else logits.new_zeros(())
-    head = torch.stack([torch.tensor(float(tokens), device=probs.device), entropy, balance, z_loss, largest])
-    return torch.cat([head, dispatched.sum((0, 1)), importance]).double()
+    counts = torch.tensor([float(tokens), float(shown)], device=probs.device)
+    head = torch.stack([counts[0], entropy, balance, z_loss, largest, counts[1]])
+    return torch.cat([head, dispatched.sum((0, 1)), importance, chosen_first.to(head.dtype)]).double()
 
 
 @dataclass(frozen=True)
@@ -46,14 +54,18 @@ class RoutingSummary:
     balance_loss: float  # E · Σ f·P (HF's load_balancing_loss_func): k when balanced, E when all go to k experts
     z_loss: float  # mean over tokens of logsumexp(logits)²
     max_logit: float
+    chosen: Optional[list[list[int]]] = None  # the experts each token of a short first sequence went to
 
     @classmethod
     def of(cls, values: list[float], k: int) -> "RoutingSummary":
-        experts = (len(values) - 5) // 2
-        tokens = int(values[0])
-        slots = max(1, tokens * k)
-        return cls(experts, k, tokens, [count / slots for count in values[5:5 + experts]],
-                   values[5 + experts:], values[1], values[2], values[3], values[4])
+        shown = int(values[5])
+        experts = (len(values) - HEAD - shown * k) // 2
+        tokens, slots = int(values[0]), max(1, int(values[0]) * k)
+        load = [count / slots for count in values[HEAD:HEAD + experts]]
+        importance = values[HEAD + experts:HEAD + 2 * experts]
+        flat = [int(e) for e in values[HEAD + 2 * experts:]]
+        chosen = [flat[i * k:(i + 1) * k] for i in range(shown)] if shown else None
+        return cls(experts, k, tokens, load, importance, values[1], values[2], values[3], values[4], chosen)
 
     @property
     def uniform_entropy(self) -> float:
@@ -67,4 +79,4 @@ class RoutingSummary:
         return {"experts": self.experts, "per_token": self.per_token, "tokens": self.tokens, "load": self.load,
                 "importance": self.importance, "entropy": self.entropy, "uniform_entropy": self.uniform_entropy,
                 "balance_loss": self.balance_loss, "z_loss": self.z_loss, "max_logit": self.max_logit,
-                "dead_experts": self.dead}
+                "dead_experts": self.dead, "chosen": self.chosen}

@@ -101,6 +101,8 @@ def _routing(value: Any, field: str) -> dict:
     for key in ("load", "importance"):
         routing[key] = _listed(routing.get(key), f"{field}.{key}", number)
     routing["dead_experts"] = _listed(routing.get("dead_experts", []), f"{field}.dead_experts", _index)
+    routing["chosen"] = _listed(routing.get("chosen"), f"{field}.chosen",
+                                lambda row, name: _listed(row, name, _index), optional=True)
     return routing
 
 
