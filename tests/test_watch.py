@@ -108,6 +108,23 @@ def test_a_recorded_step_holds_the_statistics_of_the_batch_training_ran(tmp_path
     assert entry["lr"] is None and entry["source"] == "watch"
 
 
+def test_a_tensor_zeroed_between_records_is_the_largest_change_not_a_blank(tmp_path):
+    """Once: ‖ΔW‖ was divided by the new norm, so a zeroed tensor showed "—" and another kind looked largest."""
+    torch.manual_seed(1)
+    model = NanoGPT()
+
+    def zero_at_the_recorded_step(step, m, ids):
+        if step == 6:
+            with torch.no_grad():
+                for parameter in m.h[1].mlp[2].parameters():
+                    parameter.zero_()
+
+    _train(model, Watch(model, tmp_path / "run.jsonl", every=3), steps=7, before_forward=zero_at_the_recorded_step)
+    weights = read_timeline(tmp_path / "run.jsonl")[2]["layers"][1]["weights"]
+    assert weights["ffn_w2"]["update_ratio"] == pytest.approx(1.0) and weights["ffn_w2"]["norm"] == 0.0
+    assert max(weights, key=lambda kind: weights[kind]["update_ratio"]) == "ffn_w2"
+
+
 def test_update_ratio_is_the_parameters_own_relative_change(tmp_path):
     torch.manual_seed(1)
     model = NanoGPT()
@@ -124,7 +141,7 @@ def test_update_ratio_is_the_parameters_own_relative_change(tmp_path):
             new = torch.cat([p.flatten() for n in names for p in now.get_submodule(n).parameters()]).double()
             old = torch.cat([p.flatten() for n in names for p in before.get_submodule(n).parameters()]).double()
             got = records[2]["layers"][layer]["weights"][kind]
-            assert got["update_ratio"] == pytest.approx(((new - old).norm() / new.norm()).item(), rel=1e-6), kind
+            assert got["update_ratio"] == pytest.approx(((new - old).norm() / old.norm()).item(), rel=1e-6), kind
             assert got["norm"] == pytest.approx(new.norm().item(), rel=1e-6)
 
 

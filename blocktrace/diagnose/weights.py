@@ -60,19 +60,38 @@ def snapshot(block: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().to("cpu", copy=True) for name, p in block.named_parameters()}
 
 
+class Movement:
+    """Per kind of tensor: ‖W‖ now and the relative update ‖W − W_previous‖ / ‖W_previous‖, summed tensor by tensor
+    in float64. Divided by the size the weights had, so a tensor zeroed since the previous moment shows 1, the
+    largest change, never a blank (None only without a comparable previous tensor, or where it was all zeros)."""
+
+    def __init__(self):
+        self.sums: dict[str, list] = {}  # kind -> [‖W‖², ‖ΔW‖², ‖W_previous‖², comparable]
+
+    @staticmethod
+    def _square(tensor: torch.Tensor) -> float:
+        return float(torch.linalg.vector_norm(tensor)) ** 2
+
+    def add(self, kind: str, now: torch.Tensor, previous: Optional[torch.Tensor]) -> None:
+        entry = self.sums.setdefault(kind, [0.0, 0.0, 0.0, True])
+        entry[0] += self._square(now)
+        if previous is not None and tuple(previous.shape) == tuple(now.shape):
+            entry[1] += self._square(now - previous.to(now.dtype))
+            entry[2] += self._square(previous)
+        else:
+            entry[3] = False
+
+    def result(self) -> dict[str, dict]:
+        return {kind: {"norm": norm ** 0.5,
+                       "update_ratio": (delta / before) ** 0.5 if comparable and before > 0 else None}
+                for kind, (norm, delta, before, comparable) in self.sums.items()}
+
+
 @torch.no_grad()
 def update_ratios(block: nn.Module, previous: Optional[dict[str, torch.Tensor]]) -> dict[str, dict]:
-    """Per kind of tensor: ‖W‖ now, and ‖W − W_previous‖ / ‖W‖ (None without a previous snapshot)."""
-    sums: dict[str, list[float]] = {}
+    """A block's parameters against a snapshot of them (see Movement)."""
+    movement = Movement()
     for name, parameter in block.named_parameters():
-        kind = tensor_kind(name)
         now = parameter.detach().to("cpu", torch.float64)
-        entry = sums.setdefault(kind, [0.0, 0.0, previous is not None])
-        entry[0] += float(now.pow(2).sum())
-        if previous is not None and name in previous:
-            entry[1] += float((now - previous[name].to(torch.float64)).pow(2).sum())
-        else:
-            entry[2] = False
-    return {kind: {"norm": norm ** 0.5, "update_ratio": (delta ** 0.5 / norm ** 0.5 if norm > 0 else None)
-                   if comparable else None}
-            for kind, (norm, delta, comparable) in sums.items()}
+        movement.add(tensor_kind(name), now, previous.get(name) if previous is not None else None)
+    return movement.result()

@@ -11,7 +11,8 @@ A timeline is JSON lines, one record per moment of training, each self-describin
                  "routing": {"load": […], "entropy": …, "balance_loss": …, …} (a mixture of experts only)}, ...],
      "flags": [{"name", "level", "cause", "layer", "step", "detail"}, ...], "diagnosis": [{"cause", "evidence", "advice"}, ...]}
 
-`update_ratio` is ‖ΔW‖/‖W‖ since the previous record (null in the first). A watch's records
+`update_ratio` is ‖ΔW‖/‖W‖ since the previous record, W the weights as they were then (null in the first;
+a tensor zeroed since shows 1). A watch's records
 also say how many processes' batches their statistics cover (`ranks`, see training/distributed.py). Every record is
 flushed as soon as it is written, so a run that crashes keeps everything recorded before.
 """

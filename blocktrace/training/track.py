@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from blocktrace.diagnose.weights import tensor_kind
+from blocktrace.diagnose.weights import Movement, tensor_kind
 from blocktrace.errors import InputError, UsageError
 from blocktrace.request import Analysis, RunRequest
 from blocktrace.sources.training_step import step_of
@@ -86,25 +86,20 @@ def _layer_of(key: str, prefix: str) -> Optional[int]:
 
 
 def weight_movement(current, previous, layers_prefix: str, n_layers: int, ignored: tuple = ()) -> list[dict]:
-    """Per layer, per tensor kind: ‖W‖ now and ‖W − W_previous‖/‖W‖ (None without a comparable previous tensor).
-    One tensor of each checkpoint in memory at a time; norms in float32, summed over tensors in float64."""
+    """Per layer, per tensor kind: ‖W‖ now and ‖W − W_previous‖/‖W_previous‖ (diagnose.weights.Movement). One
+    tensor of each checkpoint in memory at a time, read in float32."""
     import torch
 
-    sums: list[dict[str, list]] = [{} for _ in range(n_layers)]
+    layers = [Movement() for _ in range(n_layers)]
     for key in current.keys:
         layer = _layer_of(key, layers_prefix)
         if layer is None or layer >= n_layers or key[len(layers_prefix):].split(".", 1)[1] in ignored:
             continue  # not a layer's tensor, or a buffer (a stored causal mask), not a weight
         now = current.get(key, torch.float32)
-        entry = sums[layer].setdefault(tensor_kind(key[len(layers_prefix):].split(".", 1)[1]), [0.0, 0.0, True])
-        entry[0] += float(torch.linalg.vector_norm(now)) ** 2
-        if previous is not None and key in previous and tuple(previous.shape(key)) == tuple(now.shape):
-            entry[1] += float(torch.linalg.vector_norm(now - previous.get(key, torch.float32))) ** 2
-        else:
-            entry[2] = False
-    return [{kind: {"norm": math.sqrt(norm),
-                    "update_ratio": math.sqrt(delta) / math.sqrt(norm) if comparable and norm > 0 else None}
-             for kind, (norm, delta, comparable) in layer.items()} for layer in sums]
+        before = previous.get(key, torch.float32) if previous is not None and key in previous \
+            and tuple(previous.shape(key)) == tuple(now.shape) else None
+        layers[layer].add(tensor_kind(key[len(layers_prefix):].split(".", 1)[1]), now, before)
+    return [movement.result() for movement in layers]
 
 
 def _block_grad_norms(report: dict, n_layers: int) -> list[Optional[float]]:
