@@ -308,3 +308,21 @@ def test_a_plots_format_follows_its_suffix_or_is_refused(tmp_path):
     assert not (tmp_path / "t.jpg").exists()
     same = invoke("run", "--save", tmp_path / "x.png", "--plot", tmp_path / "x.png")
     assert same.exit_code == 2 and "--save and --plot both name" in same.output and not (tmp_path / "x.png").exists()
+
+
+def test_the_first_sign_and_the_diagnosis_name_the_same_cause(tmp_path):
+    """Once: "most likely at step 0: initialisation", then "first sign of trouble: step 0 … (likely cause:
+    learning rate)" — at step 0 no update has happened, so every finding's cause is the initialisation."""
+    from safetensors.torch import load_file, save_file
+
+    for step in (0, 10):
+        target = tmp_path / f"step_{step:04d}"
+        shutil.copytree(RUN / f"step_{step:04d}", target)
+        tensors = load_file(target / "model.safetensors")
+        save_file({k: v * 100 if ".attn.c_attn.weight" in k else v for k, v in tensors.items()},
+                  target / "model.safetensors",
+                  metadata={"format": "pt"})
+    text = invoke("track", f"{tmp_path}/step_*", "--text-file", EVAL).stdout
+    most_likely = next(line for line in text.splitlines() if line.startswith("most likely at step 0"))
+    first = next(line for line in text.splitlines() if line.startswith("first sign of trouble: step 0"))
+    assert "initialisation" in most_likely and "likely cause: initialisation" in first, text

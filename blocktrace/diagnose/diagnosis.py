@@ -10,6 +10,7 @@ float16 overflow) outrank everything. Advice never suggests what the model alrea
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -41,6 +42,14 @@ def _cause_of(finding: Flag, context: Context) -> Cause:
     if finding.cause is Cause.LEARNING_RATE and context.post_norm:
         return Cause.WARMUP  # a diverging Post-LN model: the warm-up comes first (Xiong et al. 2020)
     return finding.cause
+
+
+def in_context(flags: Optional[list[Flag]], context: Context) -> Optional[list[Flag]]:
+    """Each finding with the cause the diagnosis gives it in this context (at step 0 the initialisation, in a
+    Post-LN model the warm-up), so a finding's cause and the diagnosis never disagree."""
+    if flags is None:
+        return None
+    return [dataclasses.replace(finding, cause=_cause_of(finding, context)) for finding in flags]
 
 
 ADVICE = {

@@ -102,6 +102,9 @@ def substeps_dict(trace: Trace) -> dict:
 
 def block_report(source, trace: Trace, grads=None, flags=None) -> dict:
     """One block: the tutorial's six steps, the attention summary (schema in docs/tutorial.md)."""
+    from blocktrace.diagnose.diagnosis import in_context
+
+    flags = in_context(flags, _context(trace))
     steps = [step_dict(i, record) for i, record in enumerate(trace.steps, start=1)]
     return {
         **_header(source, trace.describe()),
@@ -122,6 +125,9 @@ def block_report(source, trace: Trace, grads=None, flags=None) -> dict:
 
 def stack_report(source, traces: list[Trace], grads=None, flags=None) -> dict:
     """N blocks: per layer the stream's size, the branch shares and the steps."""
+    from blocktrace.diagnose.diagnosis import in_context
+
+    flags = in_context(flags, _context(traces[0]))
     from blocktrace.model.stack import summarise
 
     layers = []
@@ -170,6 +176,10 @@ def _layer_entry(layer: int, trace: Trace, flags, weights: Optional[dict]) -> di
 def model_report(checkpoint, info, config, traces: list[Trace], model_input, loss, grads, flags, evidence,
                  path: str) -> dict:
     """A checkpoint as a whole model: its traced layers, its loss, its gradients, the findings."""
+    from blocktrace.diagnose.diagnosis import Context, diagnose, in_context
+
+    context = Context(post_norm=config.post_norm, activation=config.ffn.value, step=evidence.step)
+    flags = in_context(flags, context)
     first = evidence.first_layer
     weights = evidence.weights or [None] * len(traces)
     ids = model_input.ids
@@ -188,9 +198,6 @@ def model_report(checkpoint, info, config, traces: list[Trace], model_input, los
         "notes": [*info.notes, *model_input.notes],
     }
     if flags is not None:
-        from blocktrace.diagnose.diagnosis import Context, diagnose
-
-        context = Context(post_norm=config.post_norm, activation=config.ffn.value, step=evidence.step)
         report.update({"flags": flags_dict(flags), "diagnosis": diagnose(flags, context)})
     report.update({"loss": loss.value, "loss_note": loss.note})
     return report

@@ -26,7 +26,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import nn
 
-from blocktrace.diagnose.diagnosis import Context, diagnose
+from blocktrace.diagnose.diagnosis import Context, diagnose, in_context
 from blocktrace.diagnose.grad import GradientReport
 from blocktrace.diagnose.health import ModelEvidence, evaluate
 from blocktrace.diagnose.weights import snapshot, update_ratios, weight_statistics
@@ -210,10 +210,11 @@ class Watch:
             self.snapshots = [snapshot(block) for block in self.blocks]
         loss_value = self.reducer.mean(float(loss.detach())) if isinstance(loss, torch.Tensor) else (
             self.reducer.mean(float(loss)) if loss is not None else None)
-        flags = self._findings([t for _, t in present], grads)
         context = Context(post_norm=any(t.placement.norm_after_add for _, t in present), step=self.count)
+        flags = in_context(self._findings([t for _, t in present], grads), context)
         entry = record(self.count, "watch", [layer_entry(i, t, grads[i], weights[i]) for i, t in present],
-                       flag_entries([f.to_dict() for f in flags]), diagnose(flags, context), loss=loss_value, lr=self._learning_rate(lr),
+                       flag_entries([f.to_dict() for f in flags]), diagnose(flags, context), loss=loss_value,
+                       lr=self._learning_rate(lr),
                        grad_norm=_grad_norm(self.model),
                        extra={"ranks": self.reducer.world_size})
         if self.writer is not None:
