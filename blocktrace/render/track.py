@@ -21,18 +21,20 @@ LAYER_QUANTITIES = (
     ("lowest head entropy (nats)", lambda layer: layer.get("min_entropy"), False),
     ("gradient norm of the block's parameters", lambda layer: layer.get("grad_norm"), True),
 )
-# A mixture of experts' router (the load-balance loss is k when balanced, E when every token goes to the same k)
-ROUTING_QUANTITIES = (
-    ("router load-balance loss", lambda layer: (layer.get("routing") or {}).get("balance_loss"), True),
-    ("busiest expert's share of the token slots", lambda layer: _busiest(layer), True),
-    ("router entropy (nats)", lambda layer: (layer.get("routing") or {}).get("entropy"), False),
-)
-ROUTING_HEADERS = ("max balance loss", "busiest expert", "min router entropy")
 
 
 def _busiest(layer: dict) -> Optional[float]:
     load = (layer.get("routing") or {}).get("load")
     return max(load) if load else None
+
+
+# A mixture of experts' router (the load-balance loss is k when balanced, E when every token goes to the same k)
+ROUTING_QUANTITIES = (
+    ("router load-balance loss", lambda layer: (layer.get("routing") or {}).get("balance_loss"), True),
+    ("busiest expert's share of the token slots", _busiest, True),
+    ("router entropy (nats)", lambda layer: (layer.get("routing") or {}).get("entropy"), False),
+)
+ROUTING_HEADERS = ("max balance loss", "busiest expert", "min router entropy")
 
 
 def _cell(value, spec: str = ".4g") -> str:

@@ -160,8 +160,13 @@ class Family:
         """What the reader should know about how this checkpoint was read: every default assumed."""
         if config is None:
             return [f"no config.json: {self.name} defaults assumed where the weights are silent (norm eps, activation)"]
-        return [f"config.json has no {key}: {self.name}'s default {value} assumed (HF's)"
-                for key, value in self.defaults.items() if key not in config]
+        return [f"config.json has no {key}: {self.name}'s default {self.defaults[key]} assumed (HF's)"
+                for key in self.top_level_defaults(config) if key not in config]
+
+    def top_level_defaults(self, config: ConfigFile):
+        """The keys of `defaults` this config.json would hold at its top level (all of them, but where a family
+        nests some elsewhere)."""
+        return self.defaults
 
 
 def refuse_quantised(config: ConfigFile) -> None:

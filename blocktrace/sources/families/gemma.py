@@ -138,10 +138,13 @@ class Gemma3(Gemma2):
         theta_key = "rope_theta" if layer_type == FULL else "rope_local_base_freq"
         return rope_fields(config, parameters=parameters, theta_key=theta_key, default_theta=self.defaults[theta_key])
 
+    def top_level_defaults(self, config):
+        if config.raw("rope_parameters") is None:
+            return self.defaults
+        return [key for key in self.defaults if key not in ("rope_theta", "rope_local_base_freq")]  # nested there
+
     def notes(self, config):
         notes = super().notes(config)
-        if config is not None and config.raw("rope_parameters") is not None:  # its thetas are there, not at the top
-            notes = [note for note in notes if "rope_theta" not in note and "rope_local_base_freq" not in note]
         if config is not None and config.raw("attn_logit_softcapping") is not None:
             notes.append(f"attn_logit_softcapping {config.raw('attn_logit_softcapping')} is not applied: HF's "
                          "Gemma-3 attention never passes it on, and blocktrace computes what HF does")

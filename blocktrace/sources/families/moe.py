@@ -29,12 +29,13 @@ class MixtureFamily:
     moe_path = "mlp"  # where the router and experts live inside a layer
     expert_names = ("gate_proj", "up_proj", "down_proj")  # each expert's gate, up and down projections
     expert_width_key = "moe_intermediate_size"
+    always_renormalise = False  # Mixtral has no norm_topk_prob: it always renormalises
     defaults: dict
 
     def moe_fields(self, config: ConfigFile) -> dict:
         return {"n_experts": self.expert_count(config), "d_ff": self.setting(config, self.expert_width_key, "integer"),
                 "experts_per_token": self.setting(config, "num_experts_per_tok", "integer"),
-                "renormalise_top_k": self.setting(config, "norm_topk_prob", "boolean")}
+                "renormalise_top_k": self.always_renormalise or self.setting(config, "norm_topk_prob", "boolean")}
 
     @staticmethod
     def expert_count(config: ConfigFile) -> int:
@@ -93,11 +94,7 @@ class Mixtral(MixtureFamily, Mistral):
     defaults = {**Llama.defaults, "rms_norm_eps": 1e-5, "sliding_window": None, "num_experts_per_tok": 2,
                 "intermediate_size": 14336}
     moe_path, expert_names = "block_sparse_moe", ("w1", "w3", "w2")
-    expert_width_key = "intermediate_size"
-
-    def moe_fields(self, config):  # Mixtral always renormalises its top-k (it has no norm_topk_prob)
-        return {"n_experts": self.expert_count(config), "d_ff": self.setting(config, "intermediate_size", "integer"),
-                "experts_per_token": self.setting(config, "num_experts_per_tok", "integer"), "renormalise_top_k": True}
+    expert_width_key, always_renormalise = "intermediate_size", True
 
     def config_fields(self, config):
         return {**super().config_fields(config), **self.moe_fields(config)}
