@@ -103,20 +103,23 @@ def test_the_table_ends_with_the_first_sign_of_trouble():
     assert result.exit_code == 1
     lines = result.output.splitlines()
     assert lines[0] == "5 checkpoints of a 2-layer gpt2 model, the same 471 tokens through each (steps 0–100)"
-    assert lines[-1].startswith("first sign of trouble: step 10, layer 0, ")
+    assert lines[-2].startswith("first sign of trouble: step 10, layer 0, ")
+    assert lines[-1].startswith("still there at the last step (100): ")
     assert any(line.startswith("most likely at step 10: learning rate") for line in lines)
     assert result.stderr_bytes in (None, b"")  # not a terminal: no progress bar
 
 
-def test_a_healthy_series_exits_0_and_identical_weights_did_not_move():
+def test_a_healthy_checkpoint_exits_0_and_identical_weights_five_steps_apart_are_an_optimizer_that_never_stepped():
     start = RUN / "step_0000"  # the initialisation: healthy
+    alone = invoke("track", start, "--steps", "0", "--text-file", EVAL)
+    assert alone.exit_code == 0, alone.output
+    assert alone.output.splitlines()[-1] == "no finding at error level or worse over 1 record (steps 0–0)"
     result = invoke("track", start, start, "--steps", "0,5", "--text-file", EVAL, "--json")
-    assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    assert report["first_flag"] is None
     assert all(w["update_ratio"] == 0.0 for layer in report["records"][1]["layers"] for w in layer["weights"].values())
-    text = invoke("track", start, start, "--steps", "0,5", "--text-file", EVAL)
-    assert text.output.splitlines()[-1] == "no finding at error level or worse over 2 records (steps 0–5)"
+    assert result.exit_code == 1
+    assert (report["first_flag"]["step"], report["first_flag"]["name"], report["first_flag"]["cause"]) == \
+        (5, "no_update", "optimizer")
 
 
 def test_checkpoints_are_ordered_by_step_not_by_argument(tmp_path):
@@ -142,7 +145,8 @@ def test_a_watch_timeline_is_tracked_as_checkpoints_are():
     text = invoke("track", RUN / "watch.jsonl").output
     assert text.startswith("10 watch records, 2 blocks (steps 0–90)")
     brief = invoke("track", RUN / "watch.jsonl", "--brief").output.splitlines()
-    assert len(brief) == 2 + 2 + 10 + 1 + 3  # header, blank, table head, 10 rows, blank, diagnosis, advice, first sign
+    # header, blank, table head, 10 rows, blank, diagnosis, advice, first sign, still there
+    assert len(brief) == 2 + 2 + 10 + 1 + 4
     assert brief[-1] == text.splitlines()[-1] and "per layer" not in "".join(brief)
 
 

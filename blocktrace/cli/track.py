@@ -131,7 +131,7 @@ def _write_records(records: list[dict], path: Path, force: bool) -> None:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the checkpoints' records as a timeline (JSON lines, the format Watch writes).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG of curves over steps, marking the first sign of trouble (needs the [plot] extra).")
 @force_option("--out / --plot")
-@click.option("--json", "as_json", is_flag=True, help='Print {"records": [...], "first_flag": ...} instead of tables.')
+@click.option("--json", "as_json", is_flag=True, help='Print {"records": [...], "first_flag": ..., "last_flags": ...} instead of tables.')
 @click.option("--brief", is_flag=True, help="Print only the one-row-per-step table and the first sign of trouble.")
 @FORMAT_OPTION
 @FAIL_ON_OPTION
@@ -144,7 +144,7 @@ def track(ctx, **params):
     ‖ΔW‖/‖W‖ against the previous checkpoint by tensor kind, the findings first raised; then the
     first sign of trouble. Exit 1 when a finding reaches --fail-on."""
     from blocktrace.training.timeline import read_timeline
-    from blocktrace.training.track import attach_log, first_sign, mark_new_flags, read_log
+    from blocktrace.training.track import attach_log, first_sign, judged, last_sign, mark_new_flags, read_log
 
     enforce(ctx, TRACK_RULES)
     _sources(ctx, params["sources"])
@@ -152,14 +152,14 @@ def track(ctx, **params):
     log = read_log(params["log_path"]) if params["log_path"] is not None else None
     timeline = _reads_timeline(ctx)
     show_progress = progress_wanted(params["as_json"], params["quiet"])
-    records = read_timeline(params["sources"][0]) if timeline else _checkpoint_records(params, show_progress)
+    records = judged(read_timeline(params["sources"][0]) if timeline else _checkpoint_records(params, show_progress))
     if params["out"] is not None:
         _write_records(records, params["out"], params["force"])
     mark_new_flags(records)
     if log is not None:
         attach_log(records, log)
     level = Level(params["fail_on"])
-    first = first_sign(records, level)
+    first, last = first_sign(records, level), last_sign(records, level)
     if params["plot_path"] is not None:
         from blocktrace.render.plot import require_pyplot, save_figure, track_figure
 
@@ -168,10 +168,10 @@ def track(ctx, **params):
     if params["as_json"]:
         from blocktrace.render.jsonout import dumps
 
-        emit(dumps({"records": records, "first_flag": first}))
+        emit(dumps({"records": records, "first_flag": first, "last_flags": last}))
     else:
         from blocktrace.render.track import render_track
 
-        emit(render_track(records, first, level, "timeline" if timeline else "checkpoints", params["fmt"],
+        emit(render_track(records, first, last, level, "timeline" if timeline else "checkpoints", params["fmt"],
                           brief=params["brief"]), nl=False)
     ctx.exit(FINDINGS_EXIT if first is not None else 0)

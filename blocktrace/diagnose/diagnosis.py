@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from blocktrace.diagnose.health import Cause, Flag
+from blocktrace.diagnose.health import CHECKS, Cause, Flag
 from blocktrace.vocab import Level
 
 WEIGHT = {Level.ERROR: 10, Level.WARNING: 3, Level.INFO: 0}
@@ -67,14 +67,26 @@ ADVICE = {
                 "mask of -inf above the diagonal)",
     Cause.RESIDUAL: "add the un-normalised stream: x = x + sublayer(norm(x)) in Pre-LN, not norm(x) + sublayer(...)",
     Cause.NORM: "make the norm normalise each token over its last dimension, and keep it in the forward path",
-    Cause.DATA: "check the input data: NaN or Inf reach the model before its first step",
+    Cause.DATA: "check the data pipeline: what reaches the model (NaN or Inf, a batch repeated, targets equal to the "
+                "inputs instead of shifted by one)",
+    Cause.OPTIMIZER: "check the optimizer: that optimizer.step() runs after backward(), that it holds every parameter "
+                     "of the model, its eps and betas (Adam: 1e-8, 0.9/0.95–0.999) and its weight decay (≈ 0.1, off "
+                     "the norms' gains)",
+    Cause.GRADIENT_FLOW: "find where the layer is cut from the loss: a .detach() or torch.no_grad() in the forward, "
+                         "requires_grad=False set by mistake, or a hook that zeroes its gradient",
+    Cause.WEIGHTS: "find the code that writes the weights outside the optimizer (loading, surgery, a hook, an "
+                   "in-place op on a parameter) and reload the last good checkpoint",
     Cause.ROUTING: "train the router with the load-balance loss (Switch/Mixtral: router_aux_loss_coef 0.01 × E·Σ f·P; "
                    "in HF set output_router_logits) and the router z-loss (ST-MoE: 1e-3 × mean logsumexp²), give the "
                    "router a lower learning rate, and keep its logits and softmax in float32",
 }
 
 
-def _advice(cause: Cause, context: Context) -> str:
+def _advice(cause: Cause, context: Context, findings: list[Flag]) -> str:
+    """The cause's advice — or its leading finding's own, where that check says better what to do."""
+    leading = next((f for f in findings if not CHECKS[f.name].symptom), findings[0])
+    if CHECKS[leading.name].advice is not None:
+        return CHECKS[leading.name].advice
     advice = ADVICE[cause]
     if cause is Cause.WARMUP and not context.post_norm:
         advice = "add a learning-rate warm-up over the first few hundred steps, and lower the peak learning rate"
@@ -107,18 +119,29 @@ def _ranges(numbers: list[int]) -> str:
     return ", ".join(spans)
 
 
+def _score(cause: Cause, findings: list[Flag]) -> int:
+    score = sum(WEIGHT[f.level] for f in {f.name: f for f in findings}.values())
+    score += DEFINITE_BONUS if cause in DEFINITE else 0
+    return score + (SCALE_BONUS if any(f.name == "weight_scale" for f in findings) else 0)
+
+
 def diagnose(flags: list[Flag], context: Context = Context()) -> list[dict]:
-    """Causes ranked most likely first, each with its evidence and advice; empty when nothing is wrong."""
+    """Causes ranked most likely first, each with its evidence and advice; empty when nothing is wrong. Symptoms
+    (a loss above uniform, a spike) join the most likely cause the other findings point to; alone, their own."""
+    serious = [f for f in flags if f.level is not Level.INFO]
     grouped: dict[Cause, list[Flag]] = {}
-    for finding in flags:
-        if finding.level is not Level.INFO:
+    for finding in serious:
+        if not CHECKS[finding.name].symptom:
             grouped.setdefault(_cause_of(finding, context), []).append(finding)
-    scored = []
-    for cause, findings in grouped.items():
-        score = sum(WEIGHT[f.level] for f in {f.name: f for f in findings}.values())
-        score += DEFINITE_BONUS if cause in DEFINITE else 0
-        score += SCALE_BONUS if any(f.name == "weight_scale" for f in findings) else 0
-        scored.append((score, cause, findings))
-    scored.sort(key=lambda item: (-item[0], item[1].value))
-    return [{"cause": cause.value, "score": score, "evidence": _evidence(findings), "advice": _advice(cause, context)}
+    symptoms = [f for f in serious if CHECKS[f.name].symptom]
+    if grouped and symptoms:
+        top = min(grouped, key=lambda cause: (-_score(cause, grouped[cause]), cause.value))
+        grouped[top] += symptoms
+    else:
+        for finding in symptoms:
+            grouped.setdefault(_cause_of(finding, context), []).append(finding)
+    scored = sorted(((_score(cause, findings), cause, findings) for cause, findings in grouped.items()),
+                    key=lambda item: (-item[0], item[1].value))
+    return [{"cause": cause.value, "score": score, "evidence": _evidence(findings),
+             "advice": _advice(cause, context, findings)}
             for score, cause, findings in scored]

@@ -33,6 +33,9 @@ class Cause(Choice):
     NORM = "norm"
     DATA = "data"
     ROUTING = "routing"  # a mixture of experts' router: collapsed, starving experts, or logits grown too large
+    OPTIMIZER = "optimizer"  # the optimizer misconfigured: not stepping, its updates vanishing, decay too strong
+    GRADIENT_FLOW = "gradient_flow"  # parameters that require a gradient and never receive one (a detached graph)
+    WEIGHTS = "weights"  # tensors corrupted or zeroed outside the optimizer (a loading or code bug)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,10 @@ class Check:
     source: str
     meaning: str
     cause: Cause
+    # a symptom (the loss, an update spike) says that training fails, not why: the diagnosis files it under the
+    # cause the other findings point to, and under its own only when nothing else was found
+    symptom: bool = False
+    advice: Optional[str] = None  # when this finding leads its cause, advice that fits it better than the cause's
 
 
 # Thresholds, each defined once and cited in CHECKS.
@@ -62,6 +69,19 @@ GRADIENT_RATIO = 1e3
 COLLAPSE_WARNING, COLLAPSE_ERROR = 0.5, 0.9  # share of the way from a balanced router (k) to all tokens on k (E)
 MIN_SLOTS_PER_EXPERT = 12  # below this many token slots per expert, an unbalanced or empty expert can be chance
 ROUTER_LOGIT_WARNING = 64.0  # bf16 rounds a logit this large to a step of 0.5
+# Over training (diagnose/dynamics.py); the healthy-run measurements are benchmarks/FAILURES.md's calibration half.
+FROZEN_FRACTION = 0.02  # a layer moving less than this share of the median layer's per-step ‖ΔW‖/‖W‖
+STILL = 1e-9  # per-step ‖ΔW‖/‖W‖ below this is no movement at all (float32 rounding of an unchanged tensor is 0)
+TINY_UPDATE = 1e-5  # per-step ‖ΔW‖/‖W‖ of the median matrix: healthy calibration runs stay ≥ 10× above
+TINY_LR = 1e-6  # a learning rate this small explains tiny updates by itself
+SPIKE_FACTOR = 10.0  # a record's ‖ΔW‖/‖W‖ per unit of learning rate against its median over the previous records
+LR_JUMP = 10.0  # a learning rate against the largest one recorded before
+MIN_HISTORY = 3  # records before a trend is judged
+NORM_COLLAPSE = 0.25  # a tensor kind's ‖W‖ against its first record: healthy calibration runs stay ≥ 0.9
+LOSS_SPIKE_SIGMAS, LOSS_SPIKE_WINDOW, LOSS_SPIKE_FLOOR = 6.0, 16, 0.25  # σ over the previous records, nats at least
+STUCK_STEPS = 100  # steps after which a loss still at log V means nothing is learned
+STUCK_MARGIN = 0.1  # nats below log V
+LEAK_LOSS = 0.05  # nats per token: no language model predicts text this well; the answer is in the input
 
 CHECKS = {check.name: check for check in [
     Check("non_finite", "any NaN or Inf in a step's output", "IEEE 754; the first step in execution order is the origin",
@@ -131,7 +151,8 @@ CHECKS = {check.name: check for check in [
           "the weights are far larger than any usual initialisation", Cause.INITIALISATION),
     Check("loss_above_uniform", "the model's loss > log V + 0.5 nats (V: the vocabulary)",
           "definition: log V is the loss of predicting every token equally likely",
-          "the model predicts worse than an untrained uniform guess: its training failed", Cause.LEARNING_RATE),
+          "the model predicts worse than an untrained uniform guess: its training failed", Cause.LEARNING_RATE,
+          symptom=True),
     Check("output_logit_drift", "the mean log Z = log Σ exp(logits) of the predictions beyond ±1000",
           "Wortsman et al. 2023 (output-logit divergence; z-loss 1e-4·log²Z)",
           "the output logits' normaliser has drifted far from 0: the output layer is diverging",
@@ -157,6 +178,64 @@ CHECKS = {check.name: check for check in [
           "logits changes the routing; at 64 bf16's step is 0.5, so near-tied experts' probabilities are off by "
           "up to e^0.25 ≈ 1.28×",
           "the router's logits have grown so large that rounding decides between experts", Cause.ROUTING),
+    Check("no_gradient", "a layer whose parameters require a gradient gets none (grad null) or exactly 0 while "
+          "other layers get one (a Watch)", "invariant: every trainable parameter on the loss's graph gets a "
+          "gradient", "the layer is cut off from the loss: a .detach(), a no_grad block, or a gradient hook zeroes "
+          "it; it never learns", Cause.GRADIENT_FLOW),
+    Check("layer_frozen", f"a layer's largest per-step ‖ΔW‖/‖W‖ < {FROZEN_FRACTION:g} × the median layer's between "
+          "two records (info when its parameters do not require a gradient)",
+          "healthy-run measurement: layers of one model move within 10× of each other (benchmarks/FAILURES.md)",
+          "the layer's weights do not move while the others train: frozen by mistake or cut off from the loss",
+          Cause.GRADIENT_FLOW),
+    Check("no_update", f"no layer's weights move (per-step ‖ΔW‖/‖W‖ < {STILL:g}) between two records while the "
+          "learning rate is above 0", "invariant: an optimizer step with lr > 0 and a gradient moves the weights",
+          "the optimizer changes nothing: optimizer.step() is not called, or it holds other parameters than the "
+          "model's", Cause.OPTIMIZER),
+    Check("updates_tiny", f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g} (learning_rate when the "
+          f"learning rate is below {TINY_LR:g}, else optimizer)",
+          "healthy-run measurement: the calibration runs' median matrix moves ≥ 1e-4 of its norm per step "
+          "(benchmarks/FAILURES.md)", "the weights barely move: nothing is learned", Cause.OPTIMIZER,
+          advice="make the updates reach the weights: check the optimizer's learning rate, eps (Adam's 1e-8) and "
+                 "betas, and that every parameter is in a param group"),
+    Check("update_spike", f"a record's median ‖ΔW‖/‖W‖ per unit of learning rate > {SPIKE_FACTOR:g} × its median "
+          f"over the previous records (at least {MIN_HISTORY})",
+          "Kingma & Ba 2015: Adam's update per element is bounded by about the learning rate, so per unit of "
+          "learning rate it stays steady; Marin #1368: update-norm spikes precede loss spikes", "one update was far larger than the ones before: a spike that can "
+          "throw the model off", Cause.LEARNING_RATE, symptom=True),
+    Check("lr_jump", f"the learning rate > {LR_JUMP:g} × the largest recorded before (after {MIN_HISTORY - 1} "
+          "records)", "invariant: warm-up and decay schedules change the learning rate smoothly",
+          "the learning rate jumped: a scheduler bug, a resumed run with the wrong state, or a unit slip",
+          Cause.LEARNING_RATE,
+          advice="fix the learning-rate schedule: warm-up and decay change it gradually (check the scheduler's "
+                 "state when resuming, and the units of the peak)"),
+    Check("weight_norm_collapse", f"a tensor kind's ‖W‖ < {NORM_COLLAPSE:g} × its first record's",
+          "healthy-run measurement: no kind of the calibration runs fell below 0.9× (benchmarks/FAILURES.md)",
+          "the weights shrink towards 0: weight decay too strong or applied to the norms' gains",
+          Cause.OPTIMIZER,
+          advice="lower the weight decay and keep it off the norms' gains and the biases (param groups with "
+                 "weight_decay 0)"),
+    Check("weights_zeroed", "a tensor kind's ‖W‖ is 0 where it was above 0 at the record before",
+          "invariant: no optimizer step zeroes a tensor", "a tensor was set to 0 outside the optimizer: a bug in "
+          "loading, surgery or a hook", Cause.WEIGHTS),
+    Check("loss_spike", f"the loss > mean + {LOSS_SPIKE_SIGMAS:g}σ of the previous {LOSS_SPIKE_WINDOW} records "
+          f"(at least 8) and > mean + {LOSS_SPIKE_FLOOR:g} nats",
+          "OLMo-core's stability monitor (a spike is > 6σ above the last 128 values), on the recorded steps",
+          "the loss jumped well beyond its recent noise", Cause.LEARNING_RATE, symptom=True),
+    Check("loss_stuck", f"after {STUCK_STEPS} steps the loss is still above log V − {STUCK_MARGIN:g} (V: the "
+          "vocabulary)", "definition: log V is the loss of predicting every token equally likely",
+          "the model has learned nothing in a hundred steps", Cause.OPTIMIZER, symptom=True),
+    Check("loss_near_zero", f"the training loss < {LEAK_LOSS:g} nats per token after step 0",
+          "healthy-run measurement: language models stay far above (benchmarks/FAILURES.md: ≥ 1 nat on "
+          "characters)", "the model predicts its targets almost perfectly: they leak into its input (labels "
+          "equal to the inputs, no shift) or it memorises one repeated batch", Cause.DATA),
+    Check("repeated_batch", "the recorded batch equals the one recorded before (a Watch)",
+          "invariant: a data loader over a corpus gives other batches at other steps",
+          "the model sees the same batch again and again: a loader that restarts or a fixed batch", Cause.DATA),
+    Check("labels_are_inputs", "the targets passed to the model equal its input ids, in a model that does not "
+          "shift them itself (a Watch; HF models shift labels inside and are exempt)",
+          "definition of next-token prediction: the target of position t is the token at t + 1",
+          "each position is trained to predict its own token, which it sees: the labels were not shifted",
+          Cause.DATA),
     Check("gradient_vanishing", "the first layer's mean step gradient < 1e-3 × the last layer's (with --grad)",
           "Xiong et al. 2020; Liu et al. 2020", "gradients shrink towards the input: early layers barely learn",
           Cause.WARMUP),
@@ -175,6 +254,17 @@ class Flag:
     value: float
     detail: str
     cause: Cause = Cause.LEARNING_RATE
+
+    @staticmethod
+    def readable(entry: dict) -> bool:
+        """Whether a timeline's finding names a check (and a cause) this blocktrace knows."""
+        return entry.get("name") in CHECKS and entry.get("cause") in (None, *Cause.values())
+
+    @classmethod
+    def from_entry(cls, entry: dict) -> "Flag":
+        """A finding as a timeline holds it (its value is not kept there: NaN)."""
+        return cls(entry["name"], Level(entry["level"]), entry.get("step"), entry.get("layer"), float("nan"),
+                   entry.get("detail") or "", Cause(entry["cause"]) if entry.get("cause") else CHECKS[entry["name"]].cause)
 
     def to_dict(self) -> dict:
         check = CHECKS[self.name]

@@ -142,6 +142,16 @@ def first_sign_line(first: Optional[dict], records: list[dict], level: Level) ->
     return f"first sign of trouble: step {first['step']}{where}, {first['name']}{cause}: {first['detail']}"
 
 
+def last_sign_line(first: Optional[dict], last: Optional[dict], records: list[dict]) -> Optional[str]:
+    """Whether the trouble is still there at the last record (None when there was none)."""
+    if first is None:
+        return None
+    step = records[-1]["step"]
+    if last is None:
+        return f"at the last step ({step}) no such finding remains: check that the loss recovered as well"
+    return f"still there at the last step ({step}): {', '.join(last['names'])}"
+
+
 def _header(records: list[dict], source: str) -> str:
     first = records[0]
     layers = len(first["layers"])
@@ -152,8 +162,8 @@ def _header(records: list[dict], source: str) -> str:
             f"through each (steps {records[0]['step']}–{records[-1]['step']})")
 
 
-def render_track(records: list[dict], first: Optional[dict], level: Level, source: str, fmt: str = "simple",
-                 brief: bool = False) -> str:
+def render_track(records: list[dict], first: Optional[dict], last: Optional[dict], level: Level, source: str,
+                 fmt: str = "simple", brief: bool = False) -> str:
     lines = [_header(records, source), "", summary_table(records, fmt), ""]
     if not brief:
         lines += _layer_tables(records, fmt)
@@ -166,4 +176,5 @@ def render_track(records: list[dict], first: Optional[dict], level: Level, sourc
             if top.get("advice"):
                 lines.append(f"advice: {top['advice']}")
     lines.append(first_sign_line(first, records, level))
+    lines += [line for line in [last_sign_line(first, last, records)] if line]
     return "\n".join(lines) + "\n"

@@ -88,7 +88,23 @@ def _layer(value: Any, field: str) -> dict:
     layer["notes"] = _listed(layer.get("notes", []), f"{field}.notes", _text)
     if layer.get("routing") is not None:
         layer["routing"] = _routing(layer["routing"], f"{field}.routing")
+    if "trainable" in layer:
+        layer["trainable"] = _boolean(layer["trainable"], f"{field}.trainable")
     return layer
+
+
+def _boolean(value: Any, field: str):
+    if value is None or isinstance(value, bool):
+        return value
+    raise SchemaError(f"{field} must be true, false or null, not {_shown(value)}")
+
+
+def _data(value: Any, field: str) -> dict:
+    """What a Watch saw of the batch (training/watch.Batch.report)."""
+    data = _mapped(value, field, lambda item, name: item)
+    for key in ("repeated", "labels_are_inputs"):
+        data[key] = _boolean(data.get(key), f"{field}.{key}")
+    return data
 
 
 def _routing(value: Any, field: str) -> dict:
@@ -142,6 +158,10 @@ def checked_record(entry: dict) -> dict:
     record["layers"] = _listed(record.get("layers"), "layers", _layer)
     record["flags"] = _listed(record.get("flags", []), "flags", _flag)
     record["diagnosis"] = _listed(record.get("diagnosis", []), "diagnosis", _finding)
+    if "vocab" in record:
+        record["vocab"] = _index(record["vocab"], "vocab", optional=True)
+    if record.get("data") is not None:
+        record["data"] = _data(record["data"], "data")
     return record
 
 

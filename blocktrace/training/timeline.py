@@ -63,12 +63,17 @@ def flag_entries(flags: list[dict]) -> list[dict]:
     return [{key: finding[key] for key in FLAG_KEYS} for finding in flags]
 
 
+def diagnosis_entries(diagnosis: list[dict]) -> list[dict]:
+    """A diagnosis (diagnose.diagnosis.diagnose) in the timeline's form."""
+    return [{"cause": d["cause"], "evidence": d["evidence"], "advice": d.get("advice")} for d in diagnosis]
+
+
 def record(step: Optional[int], source: str, layers: list[dict], flags: list[dict], diagnosis: list[dict], *,
            loss: Optional[float] = None, lr: Optional[float] = None, grad_norm: Optional[float] = None,
            path: Optional[str] = None, extra: Optional[dict] = None) -> dict:
     return {"format": FORMAT, "version": VERSION, "source": source, "step": step, "path": path, "loss": loss,
             "lr": lr, "grad_norm": grad_norm, "layers": layers, "flags": flags,
-            "diagnosis": [{"cause": d["cause"], "evidence": d["evidence"], "advice": d.get("advice")} for d in diagnosis], **(extra or {})}
+            "diagnosis": diagnosis_entries(diagnosis), **(extra or {})}
 
 
 def _finite(value):

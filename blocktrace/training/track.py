@@ -170,13 +170,42 @@ def mark_new_flags(records: list[dict]) -> list[dict]:
     return records
 
 
+def judged(records: list[dict]) -> list[dict]:
+    """Each record with the findings over training (diagnose/dynamics.py) judged against the records before it,
+    and its diagnosis made again over all its findings where some were added (a Watch's records hold them
+    already; checkpoints and older timelines gain them here)."""
+    from blocktrace.diagnose.diagnosis import Context, diagnose, in_context
+    from blocktrace.diagnose.dynamics import judge
+    from blocktrace.diagnose.health import Flag
+    from blocktrace.training.timeline import diagnosis_entries
+
+    for index, entry in enumerate(records):
+        context = Context(step=entry["step"])
+        added = in_context(judge(records[:index], entry), context)
+        if added:
+            held = [Flag.from_entry(finding) for finding in entry.get("flags") or [] if Flag.readable(finding)]
+            entry["flags"] = (entry.get("flags") or []) + flag_entries([f.to_dict() for f in added])
+            entry["diagnosis"] = diagnosis_entries(diagnose(held + added, context))
+    return records
+
+
+def _serious(entry: dict, level: Level) -> list[dict]:
+    return [f for f in entry.get("flags") or [] if Level(f["level"]).reaches(level)]
+
+
+def last_sign(records: list[dict], level: Level) -> Optional[dict]:
+    """The findings at `level` or above still raised at the last record (whether the trouble is still there)."""
+    last = records[-1]
+    findings = _serious(last, level)
+    return {"step": last["step"], "names": sorted({f["name"] for f in findings})} if findings else None
+
+
 def first_sign(records: list[dict], level: Level) -> Optional[dict]:
     """The first finding at `level` or above, over the records in step order: where trouble shows first."""
     for entry in records:
-        for finding in entry.get("flags") or []:
-            if Level(finding["level"]).reaches(level):
-                return {"step": entry["step"], "layer": finding.get("layer"), "name": finding["name"],
-                        "level": finding["level"], "cause": finding.get("cause"), "detail": finding.get("detail")}
+        for finding in _serious(entry, level)[:1]:
+            return {"step": entry["step"], "layer": finding.get("layer"), "name": finding["name"],
+                    "level": finding["level"], "cause": finding.get("cause"), "detail": finding.get("detail")}
     return None
 
 

@@ -17,6 +17,7 @@ are reduced across ranks and only rank 0 writes.
 
 from __future__ import annotations
 
+import collections
 import math
 import warnings
 from os import PathLike
@@ -27,13 +28,14 @@ import torch
 from torch import nn
 
 from blocktrace.diagnose.diagnosis import Context, diagnose, in_context
+from blocktrace.diagnose.dynamics import judge
 from blocktrace.diagnose.grad import GradientReport
 from blocktrace.diagnose.health import ModelEvidence, evaluate
 from blocktrace.diagnose.weights import snapshot, update_ratios, weight_statistics
 from blocktrace.errors import UsageError
 from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
 from blocktrace.training.distributed import Reducer
-from blocktrace.training.timeline import TimelineWriter, flag_entries, layer_entry, record
+from blocktrace.training.timeline import TimelineWriter, diagnosis_entries, flag_entries, layer_entry, record
 
 Blocks = Union[None, str, Sequence[nn.Module]]
 
@@ -138,6 +140,10 @@ class Watch:
         self.armed = None  # the context that measures sdpa attention during a recording forward
         self.warned_no_gradients = False
         self.captured_loss: Optional[torch.Tensor] = None
+        self.batch = Batch(_shifts_labels(_unwrap(model)))
+        # the records before, for the dynamics (diagnose/dynamics.py): the first (trends start there) and the last few
+        self.first_record: Optional[dict] = None
+        self.recent: collections.deque = collections.deque(maxlen=HISTORY)
         if self.count % every == 0:
             self._arm()
 
@@ -149,7 +155,7 @@ class Watch:
         """Attach everything for the next forward: it belongs to a recording step."""
         for tap in self.taps:
             tap.attach()
-        self.loss_hook = self.model.register_forward_hook(self._capture_loss)
+        self.loss_hook = self.model.register_forward_hook(self._capture_loss, with_kwargs=True)
         self.armed = attention_through_sdpa()
         self.armed.__enter__()
 
@@ -160,10 +166,11 @@ class Watch:
         self.armed.__exit__(None, None, None)
         self.armed = None
 
-    def _capture_loss(self, module, args, output):
+    def _capture_loss(self, module, args, kwargs, output):
         loss = getattr(output, "loss", None)
         if isinstance(loss, torch.Tensor) and self.captured_loss is None:
             self.captured_loss = loss.detach()
+        self.batch.see(args, kwargs, output)
 
     def step(self, loss: Optional[torch.Tensor] = None, lr: Optional[float] = None) -> Optional[dict]:
         """Call after loss.backward() and before optimizer.step(); returns the record written, if any."""
@@ -210,17 +217,29 @@ class Watch:
             self.snapshots = [snapshot(block) for block in self.blocks]
         loss_value = self.reducer.mean(float(loss.detach())) if isinstance(loss, torch.Tensor) else (
             self.reducer.mean(float(loss)) if loss is not None else None)
-        context = Context(post_norm=any(t.placement.norm_after_add for _, t in present), step=self.count)
-        flags = in_context(self._findings([t for _, t in present], grads), context)
-        entry = record(self.count, "watch", [layer_entry(i, t, grads[i], weights[i]) for i, t in present],
-                       flag_entries([f.to_dict() for f in flags]), diagnose(flags, context), loss=loss_value,
-                       lr=self._learning_rate(lr),
+        layers = [dict(layer_entry(i, t, grads[i], weights[i]), trainable=_trainable(self.blocks[i]))
+                  for i, t in present]
+        entry = record(self.count, "watch", layers, [], [], loss=loss_value, lr=self._learning_rate(lr),
                        grad_norm=_grad_norm(self.model),
-                       extra={"ranks": self.reducer.world_size})
+                       extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab, "data": self.batch.report()})
+        context = Context(post_norm=any(t.placement.norm_after_add for _, t in present), step=self.count)
+        findings = self._findings([t for _, t in present], grads)
+        if self.checks:
+            findings += judge(([self.first_record] if self.first_record else []) + list(self.recent), entry)
+        flags = in_context(findings, context)
+        entry["flags"] = flag_entries([f.to_dict() for f in flags])
+        entry["diagnosis"] = diagnosis_entries(diagnose(flags, context))
+        self._remember(entry)
         if self.writer is not None:
             self.writer.write(entry)
             self._to_tensorboard(entry)
         return entry
+
+    def _remember(self, entry: dict) -> None:
+        if self.first_record is None:
+            self.first_record = entry
+        else:
+            self.recent.append(entry)
 
     def _warn_if_called_before_backward(self, grads: list) -> None:
         """Once: a recording step where no block has a gradient although its parameters require one."""
@@ -276,6 +295,56 @@ def optimizer_settings(optimizer) -> list[dict]:
             settings.append({"dtype": str(dtype).replace("torch.", ""), "eps": float(eps),
                              "eps_in_dtype": float(torch.tensor(eps, dtype=dtype))})
     return settings
+
+
+HISTORY = 17  # records kept for the dynamics: the loss-spike window (16 before) and the record before
+
+
+def _trainable(block: nn.Module) -> bool:
+    """Whether any of the block's parameters requires a gradient (a block frozen on purpose is not judged)."""
+    return any(p.requires_grad for p in block.parameters())
+
+
+def _shifts_labels(model: nn.Module) -> bool:
+    """HF models take labels equal to the inputs and shift them inside; a hand-written model takes shifted targets."""
+    return type(model).__module__.startswith("transformers.")
+
+
+class Batch:
+    """What a recording forward was given: its input ids (kept, on their device, until the next record, to tell a
+    repeated batch), whether its targets equal its inputs, and the vocabulary its logits span."""
+
+    def __init__(self, shifts_labels: bool):
+        self.shifts_labels = shifts_labels
+        self.previous: Optional[torch.Tensor] = None
+        self.ids: Optional[torch.Tensor] = None
+        self.targets: Optional[torch.Tensor] = None
+        self.vocab: Optional[int] = None
+
+    def see(self, args, kwargs, output) -> None:
+        if self.ids is not None:
+            return  # the first forward of the step is the training batch
+        tensors = [*args, *kwargs.values()]
+        integers = [t for t in tensors if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dim() == 2]
+        ids = kwargs.get("input_ids", integers[0] if integers else None)
+        if ids is None:
+            return
+        self.ids = ids.detach()
+        labels = kwargs.get("labels", kwargs.get("targets"))
+        self.targets = labels if isinstance(labels, torch.Tensor) else (integers[1] if len(integers) > 1 else None)
+        logits = getattr(output, "logits", output[0] if isinstance(output, (tuple, list)) and output else output)
+        if isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.is_floating_point():
+            self.vocab = int(logits.shape[-1])
+
+    def report(self) -> Optional[dict]:
+        """{"repeated", "labels_are_inputs"} of the batch seen (None when no ids were seen); then forget it."""
+        if self.ids is None:
+            return None
+        same = lambda a, b: a is not None and a.shape == b.shape and bool(torch.equal(a, b))  # noqa: E731
+        found = {"repeated": same(self.previous, self.ids),
+                 "labels_are_inputs": not self.shifts_labels and same(self.targets, self.ids)}
+        self.previous, self.ids, self.targets = self.ids, None, None
+        return found
 
 
 def _grad_norm(block: nn.Module) -> Optional[float]:

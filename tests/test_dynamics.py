@@ -1,0 +1,254 @@
+"""Training judged over time (diagnose/dynamics.py): hand-built records whose verdict follows from the definitions,
+and real training loops with the bug each check names — the Watch and `track` reaching the same cause."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+from helpers import NanoGPT, nano_batch
+
+from blocktrace import Watch
+from blocktrace.cli import cli
+from blocktrace.diagnose.dynamics import judge
+from blocktrace.training.timeline import read_timeline
+
+
+def _layer(index, ratio=None, norm=1.0, grad=0.5, trainable=None, kinds=("attn_qkv", "ffn_w1")):
+    entry = {"layer": index, "grad_norm": grad,
+             "weights": {kind: {"norm": norm, "update_ratio": ratio} for kind in kinds}}
+    if trainable is not None:
+        entry["trainable"] = trainable
+    return entry
+
+
+def _record(step, layers, loss=None, lr=None, source="checkpoint", **extra):
+    return {"step": step, "source": source, "loss": loss, "lr": lr, "layers": layers, "flags": [], **extra}
+
+
+def _names(flags):
+    return sorted((f.name, f.layer) for f in flags)
+
+
+def _moving(step, ratios, lr=1e-3, **kwargs):
+    """A record whose layer k moved ratios[k] of its norm since the record before."""
+    return _record(step, [_layer(k, r, **kwargs) for k, r in enumerate(ratios)], lr=lr)
+
+
+# --- gradients and movement ---------------------------------------------------------------------------------------
+
+def test_a_trainable_layer_without_a_gradient_is_cut_from_the_loss():
+    layers = [_layer(0, grad=0.5, trainable=True), _layer(1, grad=None, trainable=True),
+              _layer(2, grad=0.0, trainable=True), _layer(3, grad=None, trainable=False)]
+    flags = judge([], _record(10, layers, source="watch"))
+    assert _names(flags) == [("no_gradient", 1), ("no_gradient", 2)]  # layer 3 is frozen on purpose
+    assert {f.cause.value for f in flags} == {"gradient_flow"}
+
+
+def test_no_gradient_anywhere_is_left_to_the_watchs_warning():
+    layers = [_layer(0, grad=None, trainable=True), _layer(1, grad=None, trainable=True)]
+    assert judge([], _record(10, layers, source="watch")) == []
+
+
+def test_a_layer_that_stands_still_while_the_others_move_is_frozen():
+    flags = judge([_moving(0, [None] * 3)], _moving(10, [0.02, 0.0, 0.03]))
+    assert _names(flags) == [("layer_frozen", 1)]
+    assert flags[0].level.value == "error" and flags[0].cause.value == "gradient_flow"
+
+
+def test_a_layer_frozen_on_purpose_is_only_information():
+    flags = judge([_moving(0, [None] * 2)], _moving(10, [0.0, 0.03], trainable=False))
+    assert [(f.name, f.level.value) for f in flags] == [("layer_frozen", "info")]
+
+
+def test_nothing_moving_at_all_is_the_optimizer_not_stepping():
+    flags = judge([_moving(0, [None] * 2)], _moving(10, [0.0, 0.0]))
+    assert _names(flags) == [("no_update", None)] and flags[0].cause.value == "optimizer"
+    assert judge([_moving(0, [None] * 2, lr=0.0)], _moving(10, [0.0, 0.0], lr=0.0)) == []  # lr 0: a choice
+
+
+def test_tiny_updates_blame_the_learning_rate_only_when_it_is_tiny():
+    at_normal_lr = judge([_moving(0, [None] * 2)], _moving(10, [1e-5, 2e-5]))  # 1e-6 per step
+    assert _names(at_normal_lr) == [("updates_tiny", None)] and at_normal_lr[0].cause.value == "optimizer"
+    at_tiny_lr = judge([_moving(0, [None] * 2, lr=1e-8)], _moving(10, [1e-5, 2e-5], lr=1e-8))
+    assert at_tiny_lr[0].cause.value == "learning_rate"
+    assert judge([_moving(0, [None] * 2)], _moving(10, [0.01, 0.02])) == []
+
+
+def test_an_update_ten_times_its_usual_size_per_unit_of_learning_rate_is_a_spike():
+    history = [_moving(10 * k, [0.01, 0.01]) for k in range(5)]
+    assert judge(history, _moving(50, [0.015, 0.015])) == []
+    assert _names(judge(history, _moving(50, [0.2, 0.2]))) == [("update_spike", None)]
+    # twice the learning rate, twice the update: no spike
+    assert judge(history, _moving(50, [0.02, 0.02], lr=2e-3)) == []
+
+
+def test_a_learning_rate_ten_times_any_before_is_a_jump_but_warm_up_is_not():
+    history = [_moving(10 * k, [0.01, 0.01], lr=1e-3) for k in range(3)]
+    flags = judge(history, _moving(30, [0.01, 0.01], lr=0.086))
+    assert ("lr_jump", None) in _names(flags) and flags[0].cause.value == "learning_rate"
+    warmup = [_moving(0, [None] * 2, lr=0.0), _moving(10, [0.01, 0.01], lr=2e-4)]
+    assert judge(warmup, _moving(20, [0.01, 0.01], lr=4e-4)) == []
+
+
+def test_zeroed_weights_and_collapsing_norms():
+    first = _moving(0, [None] * 3, norm=2.0)
+    before = _moving(10, [0.01] * 3, norm=2.0)
+    zeroed = _record(20, [_layer(0, 1.0, norm=0.0), _layer(1, 0.01, norm=2.0), _layer(2, 0.01, norm=2.0)], lr=1e-3)
+    assert _names(judge([first, before], zeroed)) == [("weights_zeroed", 0)]
+    shrunk = _record(20, [_layer(0, 0.01, norm=0.4), _layer(1, 0.01, norm=1.9), _layer(2, 0.01, norm=2.0)],
+                     lr=1e-3)  # layer 0: 0.2× its first norm
+    flags = judge([first, before], shrunk)
+    assert _names(flags) == [("weight_norm_collapse", 0)] and flags[0].cause.value == "optimizer"
+
+
+# --- the loss and the data ----------------------------------------------------------------------------------------
+
+def test_the_loss_against_uniform_guessing():
+    vocab = 100  # log V = 4.605
+    assert _names(judge([], _record(10, [], loss=5.2, vocab=vocab))) == [("loss_above_uniform", None)]
+    assert _names(judge([], _record(150, [], loss=4.6, vocab=vocab))) == [("loss_stuck", None)]
+    assert judge([], _record(50, [], loss=4.6, vocab=vocab)) == []  # too early to say
+    assert judge([], _record(150, [], loss=4.4, vocab=vocab)) == []
+
+
+def test_a_loss_near_zero_is_a_leak():
+    flags = judge([], _record(20, [], loss=0.01))
+    assert _names(flags) == [("loss_near_zero", None)] and flags[0].cause.value == "data"
+    assert judge([], _record(0, [], loss=0.01)) == []  # step 0 says nothing of training
+
+
+def test_a_loss_spike_is_six_sigmas_above_the_recent_records():
+    history = [_record(10 * k, [], loss=2.0 + 0.01 * (k % 3)) for k in range(10)]
+    assert _names(judge(history, _record(100, [], loss=3.0))) == [("loss_spike", None)]
+    assert judge(history, _record(100, [], loss=2.05)) == []
+    assert judge(history[:5], _record(50, [], loss=3.0)) == []  # fewer than 8 records: no spread to judge by
+
+
+def test_the_batch_a_watch_saw():
+    flags = judge([], _record(10, [], source="watch", data={"repeated": True, "labels_are_inputs": True}))
+    assert _names(flags) == [("labels_are_inputs", None), ("repeated_batch", None)]
+    assert {f.cause.value for f in flags} == {"data"}
+
+
+def test_findings_a_record_holds_already_are_not_repeated():
+    entry = _record(20, [], loss=0.01, flags=[])
+    entry["flags"] = [{"name": "loss_near_zero", "layer": None}]
+    assert judge([], entry) == []
+
+
+# --- real training loops ------------------------------------------------------------------------------------------
+
+def _nanogpt(seed=5):
+    torch.manual_seed(seed)
+    model = NanoGPT()
+    with torch.no_grad():
+        model.wte.weight.normal_(0.0, 0.02)  # nanoGPT's init (PyTorch's N(0, 1) tied head is worse than uniform)
+    return model
+
+
+def _train(model, watch, steps, lr=3e-3, batch=nano_batch, targets_of=None, lr_at=None):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    for step in range(steps):
+        ids, targets = batch(step)
+        if targets_of is not None:
+            targets = targets_of(ids, targets)
+        if lr_at is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step)
+        _, loss = model(ids, targets)
+        optimizer.zero_grad()
+        loss.backward()
+        watch.step(loss, lr=optimizer.param_groups[0]["lr"])
+        optimizer.step()
+    watch.close()
+
+
+def _top(entry):
+    return entry["diagnosis"][0]["cause"] if entry["diagnosis"] else None
+
+
+def test_a_gradient_cut_inside_the_residual_stream_is_gradient_flow_not_the_learning_rate(tmp_path):
+    model = _nanogpt()
+    model.h[1].register_forward_pre_hook(lambda module, args: (args[0].detach(),))  # the bug: block 0 cut off
+    _train(model, Watch(model, tmp_path / "run.jsonl", every=5), steps=11)
+    records = read_timeline(tmp_path / "run.jsonl")
+    flags = [(f["name"], f["layer"]) for f in records[0]["flags"] if f["level"] == "error"]
+    assert ("no_gradient", 0) in flags
+    assert all(_top(entry) == "gradient_flow" for entry in records)
+    assert "detach" in records[0]["diagnosis"][0]["advice"]
+
+
+def test_targets_equal_to_the_inputs_in_a_hand_written_model(tmp_path):
+    model = _nanogpt()
+    _train(model, Watch(model, tmp_path / "run.jsonl", every=5), steps=6, targets_of=lambda ids, targets: ids)
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert records[0]["data"] == {"repeated": False, "labels_are_inputs": True}
+    assert _top(records[0]) == "data"
+
+
+def test_a_hugging_face_model_given_labels_equal_to_its_inputs_is_right(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_embd=16, n_head=2, n_layer=2, n_positions=32, vocab_size=61))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, tmp_path / "run.jsonl", every=1) as watch:
+        for step in range(2):
+            ids, _ = nano_batch(step)
+            model(ids, labels=ids).loss.backward()
+            watch.step()
+            optimizer.step()
+            optimizer.zero_grad()
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert [r["data"] for r in records] == [{"repeated": False, "labels_are_inputs": False}] * 2
+    assert records[0]["vocab"] == 61
+
+
+def test_the_same_batch_again(tmp_path):
+    model = _nanogpt()
+    _train(model, Watch(model, tmp_path / "run.jsonl", every=5), steps=6, batch=lambda step: nano_batch(0))
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert [r["data"]["repeated"] for r in records] == [False, True]
+    assert ("repeated_batch", None) in [(f["name"], f["layer"]) for f in records[1]["flags"]]
+
+
+def test_a_learning_rate_that_jumps_for_one_step(tmp_path):
+    model = _nanogpt()
+    _train(model, Watch(model, tmp_path / "run.jsonl", every=5), steps=21, lr_at=lambda step: 0.3 if step == 20 else 3e-3)
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert [f["name"] for f in records[-1]["flags"] if f["level"] == "error"] == ["lr_jump"]
+    assert all(f["level"] == "info" for r in records[:-1] for f in r["flags"])
+
+
+def test_the_watch_judges_the_loss_against_its_vocabulary(tmp_path):
+    torch.manual_seed(5)
+    model = NanoGPT()  # PyTorch's N(0, 1) embedding as the head: loss far above log V at step 0
+    _train(model, Watch(model, tmp_path / "run.jsonl", every=5), steps=1)
+    entry = read_timeline(tmp_path / "run.jsonl")[0]
+    assert entry["vocab"] == 61 and entry["loss"] > math.log(61) + 0.5
+    assert [(f["name"], f["cause"]) for f in entry["flags"] if f["level"] == "error"] == \
+        [("loss_above_uniform", "initialisation")]
+
+
+def test_track_judges_a_timeline_written_without_the_dynamics(tmp_path):
+    """An older Watch's timeline (no dynamics findings): track raises them itself, with one diagnosis."""
+    model = _nanogpt()
+    model.h[1].register_forward_pre_hook(lambda module, args: (args[0].detach(),))
+    _train(model, Watch(model, tmp_path / "run.jsonl", every=5), steps=11)
+    lines = []
+    for entry in read_timeline(tmp_path / "run.jsonl"):
+        entry.update(flags=[], diagnosis=[])
+        lines.append(json.dumps(entry))
+    (tmp_path / "old.jsonl").write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(cli, ["track", str(tmp_path / "old.jsonl"), "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    assert report["first_flag"]["name"] == "no_gradient" and report["first_flag"]["cause"] == "gradient_flow"
+    assert report["last_flags"]["names"] == ["layer_frozen", "no_gradient"]  # its weights stand still too
+    assert report["records"][0]["diagnosis"][0]["cause"] == "gradient_flow"
+    text = CliRunner().invoke(cli, ["track", str(tmp_path / "old.jsonl"), "--brief"]).output
+    assert "still there at the last step (10): layer_frozen, no_gradient" in text
