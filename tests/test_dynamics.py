@@ -252,3 +252,54 @@ def test_track_judges_a_timeline_written_without_the_dynamics(tmp_path):
     assert report["records"][0]["diagnosis"][0]["cause"] == "gradient_flow"
     text = CliRunner().invoke(cli, ["track", str(tmp_path / "old.jsonl"), "--brief"]).output
     assert "still there at the last step (10): layer_frozen, no_gradient" in text
+
+
+# --- a run against a healthy one ----------------------------------------------------------------------------------
+
+def _seeded_run(path, seed, data_offset=0, cut_from=None, steps=31):
+    """NanoGPT trained with a Watch every 5 steps; from step `cut_from` on, block 0 is cut from the loss."""
+    model = _nanogpt(seed)
+    cut = {"on": False}
+    model.h[1].register_forward_pre_hook(lambda module, args: (args[0].detach(),) if cut["on"] else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    with Watch(model, path, every=5) as watch:
+        for step in range(steps):
+            cut["on"] = cut_from is not None and step >= cut_from
+            ids, targets = nano_batch(step + data_offset)
+            _, loss = model(ids, targets)
+            optimizer.zero_grad()
+            loss.backward()
+            watch.step(loss, lr=3e-3)
+            optimizer.step()
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("against")
+    return {"healthy": _seeded_run(folder / "healthy.jsonl", seed=1),
+            "other_seed": _seeded_run(folder / "seed2.jsonl", seed=2, data_offset=500),
+            "buggy": _seeded_run(folder / "buggy.jsonl", seed=1, cut_from=20)}
+
+
+def test_two_seeds_of_one_recipe_do_not_part(runs):
+    result = CliRunner().invoke(cli, ["track", str(runs["other_seed"]), "--against", str(runs["healthy"]), "--json"])
+    assert result.exit_code == 0, result.output
+    against = json.loads(result.output)["against"]
+    assert against["matched"] == 7 and against["first_parted"] is None
+    assert all(not step["parted"] for step in against["steps"])
+
+
+def test_a_run_parts_from_its_healthy_twin_at_the_step_and_layer_of_its_bug(runs):
+    result = CliRunner().invoke(cli, ["track", str(runs["buggy"]), "--against", str(runs["healthy"]), "--json"])
+    assert result.exit_code == 1
+    first = json.loads(result.output)["against"]["first_parted"]
+    assert (first["step"], first["layer"], first["quantity"]) == (20, 0, "grad_norm")
+    assert first["run"] is None and first["reference"] > 0
+    text = CliRunner().invoke(cli, ["track", str(runs["buggy"]), "--against", str(runs["healthy"]), "--brief"]).output
+    assert "the runs part at step 20: L0 grad_norm — vs " in text
+
+
+def test_against_compares_like_with_like(runs):
+    result = CliRunner().invoke(cli, ["track", str(runs["healthy"]), "--against", "sample_weights/gpt2-tiny"])
+    assert result.exit_code == 2 and "compare like with like" in result.output

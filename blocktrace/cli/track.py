@@ -106,6 +106,24 @@ def _checkpoint_records(params: dict, show_progress: bool) -> list[dict]:
         return list(bar)
 
 
+def _reference_records(params: dict, show_progress: bool) -> list[dict]:
+    """The healthy run --against names: a timeline when the run is one, else checkpoints traced on the same input."""
+    from blocktrace.errors import InputError
+    from blocktrace.training.timeline import read_timeline
+
+    path = params["against"]
+    reads_timeline = _is_timeline(params["sources"][0])
+    if reads_timeline != _is_timeline(path):
+        raise click.UsageError(f"--against {path}: compare like with like — a timeline against a timeline, checkpoints "
+                               "against checkpoints (traced on the same input)")
+    if reads_timeline:
+        return read_timeline(path)
+    records = _checkpoint_records({**params, "sources": (path,), "steps": None}, show_progress)
+    if not records:
+        raise InputError(f"--against {path} holds no checkpoint")
+    return records
+
+
 def _write_records(records: list[dict], path: Path, force: bool) -> None:
     from blocktrace.files import write_atomically
     from blocktrace.training.timeline import dumps
@@ -128,6 +146,7 @@ def _write_records(records: list[dict], path: Path, force: bool) -> None:
 @DTYPE_OPTION
 @DEVICE_OPTION
 @click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="A training log of JSON lines with a \"step\" key: its loss, lr and grad_norm beside each row.")
+@click.option("--against", type=click.Path(path_type=Path), default=None, help="A healthy run to compare with, step by step: a timeline (when RUN is one), or its checkpoints (a directory of step_* checkpoints or a quoted glob) traced on the same input. Reports where the runs part beyond what a different seed explains; exit 1 when they do.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the checkpoints' records as a timeline (JSON lines, the format Watch writes).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG of curves over steps, marking the first sign of trouble (needs the [plot] extra).")
 @force_option("--out / --plot")
@@ -160,6 +179,18 @@ def track(ctx, **params):
         attach_log(records, log)
     level = Level(params["fail_on"])
     first, last = first_sign(records, level), last_sign(records, level)
+    comparison = None
+    if params["against"] is not None:
+        from blocktrace.training.against import compare_runs
+
+        reference = _reference_records(params, show_progress)
+        comparison = compare_runs(records, reference)
+        if not comparison["matched"]:
+            from blocktrace.errors import InputError
+
+            raise InputError(f"--against {params['against']}: no step in common with the run (the run's steps "
+                             f"{records[0]['step']}–{records[-1]['step']}, the reference's {reference[0]['step']}–"
+                             f"{reference[-1]['step']}): record both at the same steps")
     if params["plot_path"] is not None:
         from blocktrace.render.plot import require_pyplot, save_figure, track_figure
 
@@ -168,10 +199,16 @@ def track(ctx, **params):
     if params["as_json"]:
         from blocktrace.render.jsonout import dumps
 
-        emit(dumps({"records": records, "first_flag": first, "last_flags": last}))
+        emit(dumps({"records": records, "first_flag": first, "last_flags": last,
+                    **({"against": comparison} if comparison is not None else {})}))
     else:
         from blocktrace.render.track import render_track
 
         emit(render_track(records, first, last, level, "timeline" if timeline else "checkpoints", params["fmt"],
                           brief=params["brief"]), nl=False)
-    ctx.exit(FINDINGS_EXIT if first is not None else 0)
+        if comparison is not None:
+            from blocktrace.render.track import render_against
+
+            emit("\n" + render_against(comparison, params["against"], params["fmt"]), nl=False)
+    parted = comparison is not None and comparison["first_parted"] is not None
+    ctx.exit(FINDINGS_EXIT if first is not None or parted else 0)

@@ -178,3 +178,34 @@ def render_track(records: list[dict], first: Optional[dict], last: Optional[dict
     lines.append(first_sign_line(first, records, level))
     lines += [line for line in [last_sign_line(first, last, records)] if line]
     return "\n".join(lines) + "\n"
+
+
+def _parted_cell(parted: dict) -> str:
+    where = f"L{parted['layer']} " if parted["layer"] is not None else ""
+    if parted["quantity"] == "loss":
+        return f"loss {_cell(parted['run'], '.4f')} vs {_cell(parted['reference'], '.4f')}"
+    factor = "missing" if parted["factor"] == float("inf") else f"{parted['factor']:.3g}×"
+    return f"{where}{parted['quantity']} {_cell(parted['run'], '.3g')} vs {_cell(parted['reference'], '.3g')} ({factor})"
+
+
+PARTED_SHOWN = 3  # per row; --json has them all
+
+
+def render_against(comparison: dict, reference, fmt: str = "simple") -> str:
+    """The run against a healthy one: per matched step the loss of each and what parted them; then where they part."""
+    rows = []
+    for step in comparison["steps"]:
+        parted = [_parted_cell(p) for p in step["parted"]]
+        more = len(parted) - PARTED_SHOWN
+        rows.append([step["step"], _cell(step["loss"], ".4f"), _cell(step["reference_loss"], ".4f"),
+                     "; ".join(parted[:PARTED_SHOWN]) + (f" (+{more} more)" if more > 0 else "") or "-"])
+    lines = [f"against {reference}: {comparison['matched']} steps matched (a seed explains ×{comparison['seed_factor']:g} "
+             f"per layer and {comparison['seed_loss']:g} nats of loss)", "",
+             tabulate(rows, headers=["step", "loss", "reference loss", "parted beyond a seed"], tablefmt=fmt,
+                      disable_numparse=True), ""]
+    first = comparison["first_parted"]
+    if first is None:
+        lines.append(f"the runs do not part beyond what a different seed explains over {comparison['matched']} steps")
+    else:
+        lines.append(f"the runs part at step {first['step']}: {_parted_cell(first)}")
+    return "\n".join(lines) + "\n"
