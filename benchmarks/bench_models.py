@@ -21,37 +21,65 @@ D_MODEL, N_HEAD, N_LAYER, CONTEXT = 64, 4, 4, 128
 
 
 class Attention(nn.Module):  # nanoGPT's CausalSelfAttention
-    def __init__(self, d: int, heads: int, causal: bool):
+    def __init__(self, d: int, heads: int, causal: bool, mask_off_by_one: bool = False):
         super().__init__()
         self.c_attn, self.c_proj, self.heads, self.causal = nn.Linear(d, 3 * d), nn.Linear(d, d), heads, causal
+        self.mask_off_by_one = mask_off_by_one
 
     def forward(self, x):
         b, t, c = x.shape
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.c_attn(x).split(c, 2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        if self.mask_off_by_one:  # the bug: tril(…, diagonal=1) lets each token see the next one
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril(diagonal=1)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
 
 
-class Block(nn.Module):  # nanoGPT's Block, with the bug under test switched on
-    def __init__(self, d: int, heads: int, causal: bool = True, residual_normed: bool = False):
+class SequenceNorm(nn.Module):
+    """The bug: a LayerNorm over the sequence instead of the features (normalises each feature across tokens)."""
+
+    def __init__(self, d: int):
         super().__init__()
-        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(d), Attention(d, heads, causal), nn.LayerNorm(d)
+        self.weight, self.bias = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+
+    def forward(self, x):
+        centred = x - x.mean(dim=1, keepdim=True)
+        return centred / (centred.pow(2).mean(dim=1, keepdim=True) + 1e-5).sqrt() * self.weight + self.bias
+
+
+NORMS = {"layernorm": nn.LayerNorm, "identity": lambda d: nn.Identity(), "sequence": SequenceNorm}
+
+
+class Block(nn.Module):  # nanoGPT's Block, with the bug under test switched on
+    def __init__(self, d: int, heads: int, causal: bool = True, residual_normed: bool = False,
+                 mask_off_by_one: bool = False, norm: str = "layernorm", ffn_residual: bool = True):
+        super().__init__()
+        self.ln_1, self.ln_2 = NORMS[norm](d), NORMS[norm](d)
+        self.attn = Attention(d, heads, causal, mask_off_by_one)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-        self.residual_normed = residual_normed
+        self.residual_normed, self.ffn_residual = residual_normed, ffn_residual
 
     def forward(self, x):
         normed = self.ln_1(x)
         x = (normed if self.residual_normed else x) + self.attn(normed)  # the bug: normed + attn(normed)
         normed = self.ln_2(x)
+        if not self.ffn_residual:  # the bug: the FFN's output replaces the stream
+            return self.mlp(normed)
         return (normed if self.residual_normed else x) + self.mlp(normed)
 
 
+BLOCK_OPTIONS = ("causal", "residual_normed", "mask_off_by_one", "norm", "ffn_residual")
+
+
 class NanoGPT(nn.Module):
-    def __init__(self, vocab: int, causal: bool = True, residual_normed: bool = False):
+    def __init__(self, vocab: int, shift: bool = True, **block_options):
         super().__init__()
-        self.options = {"vocab": vocab, "causal": causal, "residual_normed": residual_normed}
+        self.options = {"vocab": vocab, **block_options}
+        self.shift = shift  # False, the bug: position t is trained to predict its own token
         self.wte, self.wpe = nn.Embedding(vocab, D_MODEL), nn.Embedding(CONTEXT, D_MODEL)
-        self.h = nn.ModuleList(Block(D_MODEL, N_HEAD, causal, residual_normed) for _ in range(N_LAYER))
+        self.h = nn.ModuleList(Block(D_MODEL, N_HEAD, **block_options) for _ in range(N_LAYER))
         self.ln_f = nn.LayerNorm(D_MODEL)
         self.apply(_init)
 
@@ -62,7 +90,9 @@ class NanoGPT(nn.Module):
         logits = self.ln_f(x) @ self.wte.weight.T
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+            shift = 1 if self.shift else 0
+            loss = F.cross_entropy(logits[:, : logits.shape[1] - shift].reshape(-1, logits.shape[-1]),
+                                   labels[:, shift:].reshape(-1))
         return type("Output", (), {"loss": loss, "logits": logits})()
 
     def save(self, directory: Path) -> None:
@@ -86,7 +116,7 @@ def block() -> nn.Module:
 
     directory = Path(os.environ["BLOCKTRACE_BENCH_CHECKPOINT"])
     options = json.loads((directory / "nano.json").read_text())
-    layer = Block(D_MODEL, N_HEAD, options["causal"], options["residual_normed"])
+    layer = Block(D_MODEL, N_HEAD, **{k: v for k, v in options.items() if k in BLOCK_OPTIONS})
     state = load_file(str(directory / "model.safetensors"))
     layer.load_state_dict({k[len("h.0."):]: v for k, v in state.items() if k.startswith("h.0.")})
     return layer.eval()

@@ -44,36 +44,80 @@ CORPUS_CHARS, MIN_CHAR_COUNT = 3_000_000, 50
 LOSS_MARGIN, LOSS_WINDOW = 0.5, 10  # the loss curve shows a failure: its 10-step mean 0.5 nats above a reference
 
 
+CALIBRATION, HELD_OUT = "calibration", "held-out"
+
+
 @dataclass(frozen=True)
 class Run:
     name: str
-    model: str  # gpt2, llama, bert (a causal Post-LN decoder), nano (nanoGPT-style, the code bugs)
+    model: str  # gpt2, llama, bert (a causal Post-LN decoder), mixtral, nano (nanoGPT-style, the code bugs)
     expected: Optional[str]  # the known cause; None: a healthy run
+    half: str = CALIBRATION  # thresholds are set on the calibration half only; FAILURES.md reports both
     lr: float = 1e-3
     warmup: int = 50
     clip: Optional[float] = 1.0
-    steps: int = 400
+    steps: int = 200
     options: dict = field(default_factory=dict)
 
 
+H = HELD_OUT
+# Split up front: every cause has runs in both halves where it has two; the held-out half was never looked at while
+# choosing a threshold.
 RUNS = [
+    # healthy recipes: other optimizers, learning rates, widths, depths, batch sizes, Post-LN, a mixture of experts
     Run("gpt2-healthy", "gpt2", None),
-    Run("llama-healthy", "llama", None),
+    Run("gpt2-healthy-seed1", "gpt2", None, H, options={"seed": 1, "data_seed": 11}),
+    Run("llama-healthy", "llama", None, H),
     Run("bert-postln-healthy", "bert", None, lr=5e-4, warmup=100, options={"layers": 12}),
-    Run("nano-healthy", "nano", None),
+    Run("nano-healthy", "nano", None, H),
     Run("mixtral-healthy", "mixtral", None),  # with Mixtral's load-balance loss (router_aux_loss_coef 0.01)
+    Run("gpt2-sgd-healthy", "gpt2", None, lr=0.3, warmup=20, options={"optimizer": "sgd"}),
+    Run("llama-wide-batch4-healthy", "llama", None, H, lr=5e-4, options={"d_model": 128, "batch": 4,
+                                                                         "weight_decay": 0.0}),
+    Run("gpt2-deep-healthy", "gpt2", None, H, lr=3e-4, options={"layers": 8}),
+    Run("gpt2-lr3e-3-healthy", "gpt2", None, lr=3e-3, warmup=100),
+    # learning rate
     Run("gpt2-lr-high", "gpt2", "learning_rate", lr=1e-1, warmup=0, clip=None),
-    Run("llama-lr-high", "llama", "learning_rate", lr=1e-1, warmup=0, clip=None),
+    Run("llama-lr-high", "llama", "learning_rate", H, lr=1e-1, warmup=0, clip=None),
+    Run("gpt2-lr-jump", "gpt2", "learning_rate", H, clip=None, options={"lr_spike": (105, 100.0)}),
+    # initialisation
     Run("gpt2-bad-init", "gpt2", "initialisation", options={"init_std": 1.0}),
+    Run("llama-bad-init", "llama", "initialisation", H, options={"init_std": 0.5}),
+    # warm-up (Post-LN)
     Run("bert-postln-no-warmup", "bert", "warmup", lr=5e-3, warmup=0, clip=None, options={"layers": 12}),
+    Run("bert-postln6-no-warmup", "bert", "warmup", H, lr=1e-2, warmup=0, clip=None, options={"layers": 6}),
+    # precision
     Run("gpt2-fp16", "gpt2", "precision", lr=1e-2, warmup=0, clip=None, steps=100, options={"dtype": "float16"}),
+    Run("llama-fp16", "llama", "precision", H, steps=100, options={"dtype": "float16"}),
+    # mask (code bugs)
     Run("nano-no-causal-mask", "nano", "mask", options={"causal": False}),
+    Run("nano-mask-off-by-one", "nano", "mask", H, options={"mask_off_by_one": True}),
+    # residual (code bugs)
     Run("nano-residual-normed", "nano", "residual", options={"residual_normed": True}),
+    Run("nano-ffn-no-residual", "nano", "residual", H, options={"ffn_residual": False}),
+    # norm (code bugs)
+    Run("nano-norm-identity", "nano", "norm", options={"norm": "identity"}),
+    Run("nano-norm-over-sequence", "nano", "norm", H, options={"norm": "sequence"}),
+    # architecture
     Run("gpt2-dead-relu", "gpt2", "architecture", options={"activation": "relu", "fc_bias": -1.5}),
-    # no load-balance loss, and the router at 100× the learning rate: it collapses onto a few experts
+    Run("gpt2-dead-relu-strong", "gpt2", "architecture", H, options={"activation": "relu", "fc_bias": -3.0}),
+    # data pipeline
+    Run("nano-labels-unshifted", "nano", "data", options={"shift": False}),
+    Run("gpt2-repeated-batch", "gpt2", "data", H, options={"repeat_batch": True}),
+    # gradient flow (training-loop bugs)
+    Run("gpt2-detached-stream", "gpt2", "gradient_flow", options={"detach_before": 2}),
+    Run("llama-zeroed-gradients", "llama", "gradient_flow", H, options={"zero_grad_layers": (1, 2)}),
+    # optimizer
+    Run("gpt2-blocks-not-in-optimizer", "gpt2", "optimizer", options={"optimize_blocks": False}),
+    Run("llama-adam-eps-huge", "llama", "optimizer", H, options={"eps": 1.0}),
+    Run("gpt2-weight-decay-huge", "gpt2", "optimizer", H, options={"weight_decay": 30.0, "decay_all": True}),
+    # weights corrupted outside the optimizer
+    Run("gpt2-zeroed-attention-out", "gpt2", "weights", options={"zero_at": (100, "transformer.h.1.attn.c_proj.weight")}),
+    Run("llama-zeroed-mlp-down", "llama", "weights", H, options={"zero_at": (100, "model.layers.2.mlp.down_proj.weight")}),
+    # routing: no load-balance loss, and the router at 100× the learning rate: it collapses onto a few experts
     Run("mixtral-router-lr-high", "mixtral", "routing", options={"balance": False, "router_lr_scale": 100.0}),
 ]
-CHECKPOINT_STEPS = (0, 10, 25, 50, 75, 100, 150, 200, 250, 300, 350, 400)
+CHECKPOINT_STEPS = (0, 10, 25, 50, 75, 100, 150, 200)
 WATCH_EVERY = 10
 # docs/track.md's `track` example: the gpt2-lr-high recipe at a size small enough to commit (about 130 KB a checkpoint).
 SAMPLE_RUN = Run("gpt2-lr-high", "gpt2", "learning_rate", lr=1e-1, warmup=0, clip=None, steps=100,
@@ -129,10 +173,12 @@ def build(run: Run, vocab: int):
     import transformers
     from bench_models import D_MODEL, N_HEAD, N_LAYER, NanoGPT
 
-    torch.manual_seed(0)
     options = run.options
+    torch.manual_seed(options.get("seed", 0))
     if run.model == "nano":
-        return NanoGPT(vocab, causal=options.get("causal", True), residual_normed=options.get("residual_normed", False))
+        from bench_models import BLOCK_OPTIONS
+
+        return NanoGPT(vocab, shift=options.get("shift", True), **{k: v for k, v in options.items() if k in BLOCK_OPTIONS})
     common = dict(vocab_size=vocab, attn_implementation="sdpa")  # HF's default: what a Watch sees in most models
     if run.model == "gpt2":
         config = transformers.GPT2Config(n_embd=options.get("d_model", D_MODEL), n_head=options.get("heads", N_HEAD),
@@ -153,8 +199,9 @@ def build(run: Run, vocab: int):
                                             router_aux_loss_coef=0.01, bos_token_id=0, eos_token_id=0, **common)
         model = transformers.MixtralForCausalLM(config)
     elif run.model == "llama":
-        config = transformers.LlamaConfig(hidden_size=D_MODEL, num_attention_heads=N_HEAD, num_key_value_heads=2,
-                                          num_hidden_layers=N_LAYER, intermediate_size=172,
+        width = options.get("d_model", D_MODEL)
+        config = transformers.LlamaConfig(hidden_size=width, num_attention_heads=N_HEAD, num_key_value_heads=2,
+                                          num_hidden_layers=N_LAYER, intermediate_size=172 * width // D_MODEL,
                                           max_position_embeddings=CONTEXT, bos_token_id=0, eos_token_id=0, **common)
         model = transformers.LlamaForCausalLM(config)
     else:
@@ -196,16 +243,50 @@ def learning_rate(run: Run, step: int) -> float:
     return run.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def _blocks(model):
+    from blocktrace.training.watch import find_blocks
+
+    return find_blocks(model)
+
+
 def parameter_groups(model, run: Run) -> list[dict]:
-    """Weight decay on matrices only; a mixture of experts' routers at router_lr_scale × the learning rate."""
-    scale = run.options.get("router_lr_scale", 1.0)
+    """Weight decay on matrices only (on everything with decay_all, the bug); a mixture of experts' routers at
+    router_lr_scale × the learning rate; without the blocks when optimize_blocks is False (the bug)."""
+    options = run.options
+    scale, decay_rate = options.get("router_lr_scale", 1.0), options.get("weight_decay", 0.1)
     named = list(model.named_parameters())
+    if not options.get("optimize_blocks", True):
+        inside = {id(p) for block in _blocks(model) for p in block.parameters()}
+        named = [(n, p) for n, p in named if id(p) not in inside]
     router = [p for n, p in named if ".block_sparse_moe.gate." in n or ".mlp.gate.weight" in n]
     ids = {id(p) for p in router}
-    decay = [p for n, p in named if p.dim() >= 2 and id(p) not in ids]
-    rest = [p for n, p in named if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": 0.1, "scale": 1.0}, {"params": rest, "weight_decay": 0.0, "scale": 1.0}]
-    return groups + ([{"params": router, "weight_decay": 0.1, "scale": scale}] if router else [])
+    decay = [p for n, p in named if (p.dim() >= 2 or options.get("decay_all")) and id(p) not in ids]
+    rest = [p for n, p in named if p.dim() < 2 and not options.get("decay_all")]
+    groups = [{"params": decay, "weight_decay": decay_rate, "scale": 1.0},
+              {"params": rest, "weight_decay": 0.0, "scale": 1.0}]
+    return groups + ([{"params": router, "weight_decay": decay_rate, "scale": scale}] if router else [])
+
+
+def optimizer_for(model, run: Run):
+    groups = parameter_groups(model, run)
+    if run.options.get("optimizer") == "sgd":
+        return torch.optim.SGD(groups, lr=run.lr, momentum=0.9)
+    return torch.optim.AdamW(groups, lr=run.lr, betas=(0.9, 0.95), eps=run.options.get("eps", 1e-8))
+
+
+def install_bugs(model, run: Run) -> None:
+    """The training-loop bugs that live outside the model's code: a stream detached before a block, gradients
+    zeroed by hooks."""
+    blocks, options = _blocks(model), run.options
+    if "detach_before" in options:
+        def detach(module, args, kwargs):
+            if args:
+                return (args[0].detach(), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": kwargs["hidden_states"].detach()}
+        blocks[options["detach_before"]].register_forward_pre_hook(detach, with_kwargs=True)
+    for layer in options.get("zero_grad_layers", ()):
+        for parameter in blocks[layer].parameters():
+            parameter.register_hook(torch.zeros_like)
 
 
 def watch_in(directory: Path):
@@ -218,6 +299,11 @@ def watch_in(directory: Path):
     return make
 
 
+def learning_rate_at(run: Run, step: int) -> float:
+    spike = run.options.get("lr_spike")
+    return learning_rate(run, step) * (spike[1] if spike and step == spike[0] else 1.0)
+
+
 def train(run: Run, train_ids, vocab: list[str], directory: Path, watch_factory=None,
           checkpoint_steps=CHECKPOINT_STEPS) -> list[dict]:
     """Train `run`, saving a checkpoint at every checkpoint step; returns the log (one dict per step)."""
@@ -225,9 +311,12 @@ def train(run: Run, train_ids, vocab: list[str], directory: Path, watch_factory=
     if run.options.get("dtype") == "float16":
         model = model.half()
     model.train()
-    optimizer = torch.optim.AdamW(parameter_groups(model, run), lr=run.lr, betas=(0.9, 0.95))
+    install_bugs(model, run)
+    optimizer = optimizer_for(model, run)
     watch = watch_factory(model, optimizer) if watch_factory else None
-    generator = torch.Generator().manual_seed(1)
+    generator = torch.Generator().manual_seed(run.options.get("data_seed", 1))
+    size = run.options.get("batch", BATCH)
+    first = batch(train_ids, generator, size)
     log = []
     for step in range(run.steps + 1):
         if step in checkpoint_steps:
@@ -235,8 +324,11 @@ def train(run: Run, train_ids, vocab: list[str], directory: Path, watch_factory=
         if step == run.steps:
             break
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(run, step) * group["scale"]
-        ids = batch(train_ids, generator)
+            group["lr"] = learning_rate_at(run, step) * group["scale"]
+        if "zero_at" in run.options and step == run.options["zero_at"][0]:
+            with torch.no_grad():
+                model.get_parameter(run.options["zero_at"][1]).zero_()
+        ids = first if run.options.get("repeat_batch") or step == 0 else batch(train_ids, generator, size)
         loss = model(ids, labels=ids).loss
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), run.clip if run.clip else float("inf"))
@@ -274,6 +366,35 @@ def loss_failure_step(log: list[dict], healthy: Optional[list[dict]] = None) -> 
     return None
 
 
+# --- baselines: the loss-spike detectors of large training codebases, on the per-step training loss ---------------
+
+def olmo_spike_step(log: list[dict], sigmas: float = 6.0, window: int = 128, minimum: int = 10) -> Optional[int]:
+    """OLMo-core's stability monitor: the first step whose loss is > 6σ above the mean of the last 128 losses."""
+    losses = [entry["loss"] for entry in log]
+    for step, loss in enumerate(losses):
+        recent = [x for x in losses[max(0, step - window) : step] if math.isfinite(x)]
+        if not math.isfinite(loss):
+            return step
+        if len(recent) >= minimum:
+            mean = sum(recent) / len(recent)
+            spread = (sum((x - mean) ** 2 for x in recent) / len(recent)) ** 0.5
+            if loss > mean + sigmas * spread:
+                return step
+    return None
+
+
+def foundry_spike_step(log: list[dict], factor: float = 2.0, patience: int = 5, window: int = 100) -> Optional[int]:
+    """llm-foundry's KillLossSpike: the step ending the first 5 steps in a row whose loss is ≥ 2× the running mean."""
+    losses, streak = [entry["loss"] for entry in log], 0
+    for step, loss in enumerate(losses):
+        recent = [x for x in losses[max(0, step - window) : step] if math.isfinite(x)]
+        high = not math.isfinite(loss) or (len(recent) >= patience and loss >= factor * sum(recent) / len(recent))
+        streak = streak + 1 if high else 0
+        if streak >= patience:
+            return step
+    return None
+
+
 # --- checking -----------------------------------------------------------------------------------
 
 def eval_arguments(val_ids: torch.Tensor) -> list[str]:
@@ -284,78 +405,100 @@ def eval_arguments(val_ids: torch.Tensor) -> list[str]:
     return ["--token-ids", *words]
 
 
-def check(run: Run, checkpoint: Path, eval_args: list[str]) -> dict:
+def _invoke(args: list[str]) -> tuple[int, dict]:
     from click.testing import CliRunner
 
     from blocktrace.cli import cli
 
-    if run.model == "nano":
-        os.environ["BLOCKTRACE_BENCH_CHECKPOINT"] = str(checkpoint)
-        args = ["check", "--module", "bench_models:block", "--seq-len", "64", "--json"]
-    else:
-        args = ["check", "--weights", str(checkpoint), *eval_args, "--grad", "--json"]
-    started = time.perf_counter()
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
-    report = json.loads(result.stdout)
-    return {"exit": result.exit_code, "seconds": time.perf_counter() - started, "loss": report.get("loss"),
-            "flags": [(f["name"], f["level"], f["layer"]) for f in report.get("flags") or []],
-            "diagnosis": [d["cause"] for d in report.get("diagnosis") or []]}
+    return result.exit_code, json.loads(result.stdout)
 
 
-def watch_findings(path: Path) -> list[tuple[int, str, Optional[int], str]]:
-    """(step, finding, layer, level) of every ERROR and WARNING the watch recorded."""
-    from blocktrace.training.timeline import read_timeline
+def _summary(entry: dict, exit_code: Optional[int] = None) -> dict:
+    return {"exit": exit_code, "loss": entry.get("loss"),
+            "flags": [(f["name"], f["level"], f.get("layer")) for f in entry.get("flags") or []],
+            "diagnosis": [d["cause"] for d in entry.get("diagnosis") or []]}
 
-    return [(entry["step"], f["name"], f["layer"], f["level"]) for entry in read_timeline(path)
-            for f in entry["flags"] if f["level"] in ("error", "warning")]
+
+def check_checkpoints(run: Run, directory: Path, eval_args: list[str]) -> dict[int, dict]:
+    """Per checkpoint step: its findings and diagnosis — `track` over the checkpoints (every check, and the dynamics
+    between checkpoints), or for the bugs in code `check --module` on each checkpoint's first block."""
+    steps = [step for step in CHECKPOINT_STEPS if step <= run.steps]
+    if run.model == "nano":
+        found = {}
+        for step in steps:
+            os.environ["BLOCKTRACE_BENCH_CHECKPOINT"] = str(directory / f"step_{step:04d}")
+            code, report = _invoke(["check", "--module", "bench_models:block", "--seq-len", "64", "--json"])
+            found[step] = _summary(report, code)
+        return found
+    _, report = _invoke(["track", *(str(directory / f"step_{step:04d}") for step in steps), *eval_args, "--grad",
+                         "--json"])
+    return {entry["step"]: _summary(entry) for entry in report["records"]}
+
+
+def check_watch(directory: Path) -> dict[int, dict]:
+    """Per watch record: its findings and diagnosis, as `track` judges the Watch's timeline."""
+    _, report = _invoke(["track", str(directory / "watch.jsonl"), "--json"])
+    return {entry["step"]: _summary(entry) for entry in report["records"]}
+
+
+def _first_error(records: dict[int, dict]) -> Optional[int]:
+    return next((step for step, c in sorted(records.items()) if any(f[1] == "error" for f in c["flags"])), None)
+
+
+def _alarms(records: dict[int, dict], where: str) -> list[str]:
+    return [f"{where} step {step}: {name} ({level}, layer {layer})" for step, c in sorted(records.items())
+            for name, level, layer in c["flags"] if level in ("error", "warning")]
 
 
 @dataclass
 class Outcome:
     run: Run
     loss_failure: Optional[int]
-    checks: dict  # step -> check result
+    checks: dict  # checkpoint step -> findings
+    watch: dict  # watch record step -> findings
     train_seconds: float
-    watch: list = field(default_factory=list)  # (step, finding, layer, level) of every ERROR and WARNING
-
-    @property
-    def watch_errors(self) -> list:
-        return [finding for finding in self.watch if finding[3] == "error"]
-
-    @property
-    def watch_first_error(self) -> Optional[int]:
-        return self.watch_errors[0][0] if self.watch_errors else None
-
-    @property
-    def warned_in_time(self) -> bool:
-        """The watch erred no later than the loss showed the failure (and at all, if the loss never did)."""
-        first = self.watch_first_error
-        return first is not None and (self.loss_failure is None or first <= self.loss_failure)
+    baselines: dict  # detector name -> first step it fires (None: never)
 
     @property
     def first_error(self) -> Optional[int]:
-        return next((step for step, c in sorted(self.checks.items()) if any(f[1] == "error" for f in c["flags"])),
-                    None)
+        """The first step at which blocktrace errs: at a watch record or a checkpoint, whichever comes first."""
+        steps = [s for s in (_first_error(self.watch), _first_error(self.checks)) if s is not None]
+        return min(steps) if steps else None
 
     @property
     def top_cause(self) -> Optional[str]:
         first = self.first_error
-        return None if first is None else (self.checks[first]["diagnosis"] or [None])[0]
+        if first is None:
+            return None
+        for records in (self.watch, self.checks):  # the watch's record first where both err at that step
+            found = records.get(first)
+            if found and any(f[1] == "error" for f in found["flags"]):
+                return (found["diagnosis"] or [None])[0]
+        return None
+
+    @property
+    def in_time(self) -> bool:
+        """Caught no later than the loss curve shows the failure (and at all, where the loss never shows it)."""
+        first = self.first_error
+        return first is not None and (self.loss_failure is None or first <= self.loss_failure)
 
     @property
     def false_alarms(self) -> list[str]:
         if self.run.expected is not None:
             return []
-        return [f"step {step}: {name} ({level}, layer {layer})" for step, c in sorted(self.checks.items())
-                for name, level, layer in c["flags"] if level in ("error", "warning")]
+        return _alarms(self.checks, "checkpoint") + _alarms(self.watch, "watch")
 
     @property
-    def exit_codes_right(self) -> bool:
-        codes = [c["exit"] for step, c in sorted(self.checks.items())]
+    def exit_codes_right(self) -> Optional[bool]:
+        """`check --module`'s exit codes (nano runs): 0 on every healthy checkpoint, 1 from the first error on."""
+        codes = {step: c["exit"] for step, c in self.checks.items() if c["exit"] is not None}
+        if not codes:
+            return None
         if self.run.expected is None:
-            return all(code == 0 for code in codes)
-        first = self.first_error
-        return first is not None and all(c["exit"] == 1 for s, c in self.checks.items() if s >= first)
+            return all(code == 0 for code in codes.values())
+        first = _first_error(self.checks)
+        return first is not None and all(code == 1 for step, code in codes.items() if step >= first)
 
 
 def benchmark(runs: list[Run]) -> list[Outcome]:
@@ -368,15 +511,15 @@ def benchmark(runs: list[Run]) -> list[Outcome]:
         started = time.perf_counter()
         log = train(run, train_ids, vocab, directory, watch_in(directory))
         seconds = time.perf_counter() - started
-        if run.expected is None:
+        if run.expected is None and run.model not in healthy_logs:
             healthy_logs[run.model] = log
-        checks = {step: check(run, directory / f"step_{step:04d}", eval_args)
-                  for step in CHECKPOINT_STEPS if step <= run.steps}
-        outcomes.append(Outcome(run, loss_failure_step(log, healthy_logs.get(run.model)), checks, seconds,
-                                watch_findings(directory / "watch.jsonl")))
-        print(f"{run.name}: trained in {seconds:.0f} s; first error at {outcomes[-1].first_error}, "
-              f"watch at {outcomes[-1].watch_first_error}, loss shows it at {outcomes[-1].loss_failure}, "
-              f"top cause {outcomes[-1].top_cause}", file=sys.stderr)
+        outcome = Outcome(run, loss_failure_step(log, healthy_logs.get(run.model) if run.expected else None),
+                          check_checkpoints(run, directory, eval_args), check_watch(directory), seconds,
+                          {"olmo": olmo_spike_step(log), "foundry": foundry_spike_step(log)})
+        outcomes.append(outcome)
+        print(f"{run.name}: trained in {seconds:.0f} s; first error at {outcome.first_error}, loss shows it at "
+              f"{outcome.loss_failure}, top cause {outcome.top_cause}, false alarms {len(outcome.false_alarms)}",
+              file=sys.stderr)
     return outcomes
 
 
@@ -386,68 +529,87 @@ def _step(value: Optional[int]) -> str:
     return "never" if value is None else str(value)
 
 
-def report(outcomes: list[Outcome]) -> str:
-    failing = [o for o in outcomes if o.run.expected is not None]
-    healthy = [o for o in outcomes if o.run.expected is None]
-    caught = [o for o in failing if o.first_error is not None]
-    right = [o for o in failing if o.top_cause == o.run.expected]
+def _lead(outcome: Outcome, detector: str) -> str:
+    """How many steps before the baseline detector blocktrace erred (negative: after it)."""
+    theirs, ours = outcome.baselines[detector], outcome.first_error
+    if ours is None:
+        return "missed" if theirs is not None else "both missed"
+    return "only blocktrace" if theirs is None else f"{theirs - ours:+d}"
+
+
+def _half_lines(outcomes: list[Outcome], half: str) -> list[str]:
+    mine = [o for o in outcomes if o.run.half == half]
+    failing = [o for o in mine if o.run.expected is not None]
+    healthy = [o for o in mine if o.run.expected is None]
     alarms = [alarm for o in healthy for alarm in o.false_alarms]
+    causes = sorted({o.run.expected for o in failing})
+    baseline = {name: sum(o.baselines[name] is not None and (o.loss_failure is None or o.baselines[name] <=
+                                                             o.loss_failure) for o in failing)
+                for name in ("olmo", "foundry")}
+    return [f"### {half} half: {len(failing)} failing runs ({len(causes)} causes), {len(healthy)} healthy", "",
+            f"- caught in time: {sum(o.in_time for o in failing)} of {len(failing)} (target ≥ 90%)",
+            f"- top cause right at the first error: {sum(o.top_cause == o.run.expected for o in failing)} of "
+            f"{len(failing)} (target ≥ 80%)",
+            f"- false ERROR/WARNING on healthy runs: {len(alarms)} over "
+            f"{sum(len(o.checks) + len(o.watch) for o in healthy)} checkpoint checks and watch records (target 0)",
+            f"- the baselines caught in time: OLMo-core's 6σ/128 {baseline['olmo']} of {len(failing)}, llm-foundry's "
+            f"2×/5 {baseline['foundry']} of {len(failing)}", ""]
+
+
+def report(outcomes: list[Outcome]) -> str:
     facts = machine_facts()
     lines = [
         "# Failure benchmark", "",
         f"Written by `python benchmarks/failures.py` on {facts['date']}: {facts['cpu']}, {facts['threads']} torch "
         f"threads, Python {facts['python']}, torch {facts['torch']}. Character-level models (d_model 64, 4 heads; "
-        f"4 layers, 12 for the BERT decoders) on {CORPUS_CHARS:,} characters of Python's standard library, batches "
-        f"of {BATCH}×{CONTEXT} tokens, AdamW (β 0.9/0.95, weight decay 0.1), warm-up then cosine decay. "
-        f"Checkpoints at steps {', '.join(map(str, CHECKPOINT_STEPS))}; each checked with `blocktrace check "
-        f"--weights CHECKPOINT --token-ids <{EVAL_SEQUENCES} validation sequences of {CONTEXT}> --grad` (the model's "
-        "own loss), or, for the bugs that live in code, `blocktrace check --module bench_models:block` on the "
-        "run's first block. The loss curve shows a failure at the first step where the 10-step mean training loss "
-        f"is {LOSS_MARGIN} nats above its lowest 10-step mean so far, or {LOSS_MARGIN} nats above the healthy run's "
-        "of the same model at the same step, or is NaN.", "",
-        f"- failing runs caught: {len(caught)} of {len(failing)} (target: all)",
-        f"- top cause right at the first error: {len(right)} of {len(failing)} (target: ≥ 90%)",
-        f"- false ERROR/WARNING on healthy runs: {len(alarms)} over {sum(len(o.checks) for o in healthy)} checks "
-        "(target: 0)",
-        f"- `check` exit codes as they should be (0 on every healthy checkpoint, 1 from the first error on): "
-        f"{sum(o.exit_codes_right for o in outcomes)} of {len(outcomes)} runs", "",
-        "| run | known cause | `check` first errs at step | loss curve shows it at step | top cause at the first "
-        "error | right | train s |",
-        "|---|---|---|---|---|---|---|",
+        f"4 layers unless said) on {CORPUS_CHARS:,} characters of Python's standard library, batches of "
+        f"{BATCH}×{CONTEXT} tokens, AdamW (β 0.9/0.95, weight decay 0.1) unless said, warm-up then cosine decay. "
+        f"Every run trains with `Watch(model, 'watch.jsonl', every={WATCH_EVERY}, optimizer=…)` in its loop, and saves "
+        f"checkpoints at steps {', '.join(map(str, CHECKPOINT_STEPS))}. blocktrace's verdict at a step is the Watch's "
+        "record there as `blocktrace track watch.jsonl` judges it, and the checkpoint there as `blocktrace track "
+        f"CHECKPOINTS --token-ids <{EVAL_SEQUENCES} validation sequences of {CONTEXT}> --grad` judges it (the model's "
+        "own loss, every check, the dynamics between checkpoints) — or, for the bugs that live in code, `blocktrace "
+        "check --module bench_models:block` on its first block.", "",
+        "**Caught in time** means an ERROR no later than the loss curve shows the failure (or at all, where it never "
+        f"does). The loss curve shows a failure at the first step where the {LOSS_WINDOW}-step mean training loss is "
+        f"{LOSS_MARGIN} nats above its lowest {LOSS_WINDOW}-step mean so far, or {LOSS_MARGIN} nats above the first "
+        "healthy run's of the same model at the same step, or is NaN. **Top cause** is the diagnosis' first cause at "
+        "that first error.", "",
+        "**The split**: runs are assigned to a calibration half and a held-out half in `RUNS`, before any threshold "
+        "of the dynamics (diagnose/dynamics.py) was set. Thresholds were set looking at the calibration half only.",
+        "", *_half_lines(outcomes, CALIBRATION), *_half_lines(outcomes, HELD_OUT),
+        "| run | half | known cause | first error at step | loss curve shows it | top cause at the first error | "
+        "right | OLMo 6σ | foundry 2× | lead over OLMo / foundry | train s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         expected = o.run.expected or "healthy"
         verdict = ("yes" if o.top_cause == o.run.expected else "no") if o.run.expected else \
             ("no alarm" if not o.false_alarms else f"{len(o.false_alarms)} false alarms")
-        lines.append(f"| {o.run.name} | {expected} | {_step(o.first_error)} | {_step(o.loss_failure)} | "
-                     f"{o.top_cause or '-'} | {verdict} | {o.train_seconds:.0f} |")
-    lines += ["", "## Early warning: the Watch inside the training loop", "",
-              f"Every run above trained with `Watch(model, 'watch.jsonl', every={WATCH_EVERY})` in its loop (records "
-              f"at steps 0, {WATCH_EVERY}, {2 * WATCH_EVERY}, …, each on that step's own training batch). Target: "
-              "the watch raises an ERROR no later than the loss curve shows the failure, and never on a healthy run.",
-              "", f"- failing runs warned in time: {sum(o.warned_in_time for o in failing)} of {len(failing)}",
-              f"- ERRORs and WARNINGs on healthy runs: {sum(len(o.watch) for o in healthy)} over "
-              f"{sum(-(-o.run.steps // WATCH_EVERY) for o in healthy)} records", "",
-              "| run | watch first ERROR at step | finding (layer) | loss curve shows it at step | in time |",
-              "|---|---|---|---|---|"]
+        lead = f"{_lead(o, 'olmo')} / {_lead(o, 'foundry')}" if o.run.expected else "-"
+        lines.append(f"| {o.run.name} | {o.run.half} | {expected} | {_step(o.first_error)} | {_step(o.loss_failure)} | "
+                     f"{o.top_cause or '-'} | {verdict} | {_step(o.baselines['olmo'])} | "
+                     f"{_step(o.baselines['foundry'])} | {lead} | {o.train_seconds:.0f} |")
+    codes = [o for o in outcomes if o.exit_codes_right is not None]
+    lines += ["", f"`check --module` exit codes as they should be (0 on every healthy checkpoint, 1 from the first error "
+              f"on): {sum(bool(o.exit_codes_right) for o in codes)} of {len(codes)} code-bug runs.", "",
+              "## Findings per record", ""]
     for o in outcomes:
-        first = o.watch_errors[0] if o.watch_errors else None
-        finding = f"{first[1]} ({first[2]})" if first else "-"
-        verdict = ("yes" if o.warned_in_time else "no") if o.run.expected else \
-            ("no alarm" if not o.watch else f"{len(o.watch)} false ERRORs/WARNINGs")
-        lines.append(f"| {o.run.name} | {_step(o.watch_first_error)} | {finding} | {_step(o.loss_failure)} | {verdict} |")
-    lines += ["", "## Findings per checkpoint", ""]
-    for o in outcomes:
-        lines += [f"### {o.run.name}", "", "| step | loss | exit | errors and warnings | diagnosis |",
+        lines += [f"### {o.run.name}", "", "| step | source | loss | errors and warnings | diagnosis |",
                   "|---|---|---|---|---|"]
-        for step, c in sorted(o.checks.items()):
-            shown = sorted({f"{name} ({level})" for name, level, _ in c["flags"] if level != "info"})
-            loss = "-" if c["loss"] is None else f"{c['loss']:.3f}"
-            lines.append(f"| {step} | {loss} | {c['exit']} | {', '.join(shown) or '-'} | "
-                         f"{', '.join(c['diagnosis'][:2]) or '-'} |")
+        for source, records in (("watch", o.watch), ("checkpoint", o.checks)):
+            for step, c in sorted(records.items()):
+                shown = sorted({f"{name} ({level})" for name, level, _ in c["flags"] if level != "info"})
+                if source == "watch" and not shown:
+                    continue  # quiet watch records are left out: 20 per run
+                loss = "-" if c["loss"] is None else f"{c['loss']:.3f}"
+                lines.append(f"| {step} | {source} | {loss} | {', '.join(shown) or '-'} | "
+                             f"{', '.join(c['diagnosis'][:2]) or '-'} |")
         lines.append("")
+    alarms = [alarm for o in outcomes for alarm in o.false_alarms]
     if alarms:
-        lines += ["## False alarms", "", *[f"- {alarm}" for alarm in alarms], ""]
+        lines += ["## False alarms", "", *[f"- {o.run.name} ({o.run.half}): {alarm}" for o in outcomes
+                                            for alarm in o.false_alarms], ""]
     return "\n".join(lines)
 
 

@@ -32,6 +32,8 @@ from blocktrace.diagnose.health import (
     STUCK_STEPS,
     TINY_LR,
     TINY_UPDATE,
+    SHRINK_PER_STEP,
+    ADAM_TINY,
     FROZEN_FRACTION,
     Cause,
     Flag,
@@ -112,7 +114,8 @@ def _movement_flags(before: dict, entry: dict) -> list[Flag]:
                   + ("" if trainable.get(layer, True) else " (its parameters do not require a gradient)"))
              for layer, moved in largest.items() if moved < FROZEN_FRACTION * typical]
     median = statistics.median(r for values in per_layer.values() for r in values)
-    if median < TINY_UPDATE:
+    adam = "adam" in str(entry.get("optimizer") or "").lower()
+    if median < TINY_UPDATE or (adam and lr and median < ADAM_TINY * lr):
         cause = Cause.LEARNING_RATE if lr is not None and lr < TINY_LR else Cause.OPTIMIZER
         flags.append(flag("updates_tiny", Level.ERROR, None, None, median,
                           f"the median matrix moves {median:.3g} of its norm per step"
@@ -147,10 +150,11 @@ def _weight_flags(first: dict, before: dict, entry: dict) -> list[Flag]:
     """Tensors zeroed since the record before; tensor kinds whose norm collapsed since the first record."""
     now, previous, start = _norms(entry), _norms(before), _norms(first)
     flags, seen = [], set()
+    gap = max(1, entry["step"] - before["step"])
     for (layer, kind), norm in now.items():
-        if layer not in seen and norm == 0 and previous.get((layer, kind), 0) > 0:
-            flags.append(flag("weights_zeroed", Level.ERROR, None, layer, 0.0,
-                              f"{kind}: ‖W‖ 0, {previous[(layer, kind)]:.3g} at step {before['step']}"))
+        if layer not in seen and norm < SHRINK_PER_STEP ** gap * previous.get((layer, kind), 0):
+            flags.append(flag("weights_zeroed", Level.ERROR, None, layer, norm,
+                              f"{kind}: ‖W‖ {norm:.3g}, {previous[(layer, kind)]:.3g} at step {before['step']}"))
             seen.add(layer)
     for (layer, kind), norm in now.items():
         origin = start.get((layer, kind), 0)
@@ -190,7 +194,7 @@ def _data_flags(entry: dict) -> list[Flag]:
         flags.append(flag("repeated_batch", Level.ERROR, None, None, 1.0,
                           "this step's batch equals the batch of the record before"))
     if data.get("labels_are_inputs"):
-        flags.append(flag("labels_are_inputs", Level.ERROR, None, None, 1.0,
+        flags.append(flag("labels_are_inputs", Level.INFO, None, None, 1.0,
                           "the targets passed to the model are its input ids, unshifted"))
     return flags
 

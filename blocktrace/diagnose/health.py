@@ -74,6 +74,8 @@ FROZEN_FRACTION = 0.02  # a layer moving less than this share of the median laye
 STILL = 1e-9  # per-step ‖ΔW‖/‖W‖ below this is no movement at all (float32 rounding of an unchanged tensor is 0)
 TINY_UPDATE = 1e-5  # per-step ‖ΔW‖/‖W‖ of the median matrix: healthy calibration runs stay ≥ 10× above
 TINY_LR = 1e-6  # a learning rate this small explains tiny updates by itself
+ADAM_TINY = 0.5  # Adam's per-step ‖ΔW‖/‖W‖ per unit of learning rate: ≈ |m̂/√v̂| / std(W), ≥ 1 for usual weights
+SHRINK_PER_STEP = 0.9  # a tensor kind's ‖W‖ losing > 10% per step between two records (AdamW's decay: lr·λ ≈ 1e-4)
 SPIKE_FACTOR = 10.0  # a record's ‖ΔW‖/‖W‖ per unit of learning rate against its median over the previous records
 LR_JUMP = 10.0  # a learning rate against the largest one recorded before
 MIN_HISTORY = 3  # records before a trend is judged
@@ -191,10 +193,13 @@ CHECKS = {check.name: check for check in [
           "learning rate is above 0", "invariant: an optimizer step with lr > 0 and a gradient moves the weights",
           "the optimizer changes nothing: optimizer.step() is not called, or it holds other parameters than the "
           "model's", Cause.OPTIMIZER),
-    Check("updates_tiny", f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g} (learning_rate when the "
-          f"learning rate is below {TINY_LR:g}, else optimizer)",
-          "healthy-run measurement: the calibration runs' median matrix moves ≥ 1e-4 of its norm per step "
-          "(benchmarks/FAILURES.md)", "the weights barely move: nothing is learned", Cause.OPTIMIZER,
+    Check("updates_tiny", f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g}, or, under an Adam-family "
+          f"optimizer (a Watch given optimizer=), < {ADAM_TINY:g} × the learning rate (learning_rate when the learning "
+          f"rate is below {TINY_LR:g}, else optimizer)",
+          "Kingma & Ba 2015: Adam moves each weight by about lr·|m̂/√v̂| with |m̂/√v̂| ≈ 0.1–1, so ‖ΔW‖/‖W‖ per unit "
+          "of learning rate is about that over the weights' std (≈ 10 at std 0.02); healthy-run measurement "
+          "(benchmarks/FAILURES.md, calibration half)", "the weights barely move: nothing is learned",
+          Cause.OPTIMIZER,
           advice="make the updates reach the weights: check the optimizer's learning rate, eps (Adam's 1e-8) and "
                  "betas, and that every parameter is in a param group"),
     Check("update_spike", f"a record's median ‖ΔW‖/‖W‖ per unit of learning rate > {SPIKE_FACTOR:g} × its median "
@@ -214,8 +219,9 @@ CHECKS = {check.name: check for check in [
           Cause.OPTIMIZER,
           advice="lower the weight decay and keep it off the norms' gains and the biases (param groups with "
                  "weight_decay 0)"),
-    Check("weights_zeroed", "a tensor kind's ‖W‖ is 0 where it was above 0 at the record before",
-          "invariant: no optimizer step zeroes a tensor", "a tensor was set to 0 outside the optimizer: a bug in "
+    Check("weights_zeroed", f"a tensor kind's ‖W‖ shrank by more than {1 - SHRINK_PER_STEP:.0%} per step since the "
+          "record before", "invariant: no optimizer step zeroes a tensor; AdamW's decay shrinks it by lr·λ ≈ 1e-4 "
+          "per step", "a tensor was set to 0 outside the optimizer: a bug in "
           "loading, surgery or a hook", Cause.WEIGHTS),
     Check("loss_spike", f"the loss > mean + {LOSS_SPIKE_SIGMAS:g}σ of the previous {LOSS_SPIKE_WINDOW} records "
           f"(at least 8) and > mean + {LOSS_SPIKE_FLOOR:g} nats",
@@ -231,11 +237,11 @@ CHECKS = {check.name: check for check in [
     Check("repeated_batch", "the recorded batch equals the one recorded before (a Watch)",
           "invariant: a data loader over a corpus gives other batches at other steps",
           "the model sees the same batch again and again: a loader that restarts or a fixed batch", Cause.DATA),
-    Check("labels_are_inputs", "the targets passed to the model equal its input ids, in a model that does not "
-          "shift them itself (a Watch; HF models shift labels inside and are exempt)",
-          "definition of next-token prediction: the target of position t is the token at t + 1",
-          "each position is trained to predict its own token, which it sees: the labels were not shifted",
-          Cause.DATA),
+    Check("labels_are_inputs", "the targets passed to the model equal its input ids (info, a Watch: right for a model "
+          "that shifts them inside, as HF's do — those are not reported — a leak for one that does not, which "
+          "loss_near_zero then shows)", "definition of next-token prediction: the target of position t is the "
+          "token at t + 1", "the targets are the inputs unshifted: unless the model shifts them, each position "
+          "learns to copy its own token", Cause.DATA),
     Check("gradient_vanishing", "the first layer's mean step gradient < 1e-3 × the last layer's (with --grad)",
           "Xiong et al. 2020; Liu et al. 2020", "gradients shrink towards the input: early layers barely learn",
           Cause.WARMUP),

@@ -158,6 +158,8 @@ def checked_record(entry: dict) -> dict:
     record["layers"] = _listed(record.get("layers"), "layers", _layer)
     record["flags"] = _listed(record.get("flags", []), "flags", _flag)
     record["diagnosis"] = _listed(record.get("diagnosis", []), "diagnosis", _finding)
+    if "optimizer" in record:
+        record["optimizer"] = _text(record["optimizer"], "optimizer")
     if "vocab" in record:
         record["vocab"] = _index(record["vocab"], "vocab", optional=True)
     if record.get("data") is not None:

@@ -221,7 +221,8 @@ class Watch:
                   for i, t in present]
         entry = record(self.count, "watch", layers, [], [], loss=loss_value, lr=self._learning_rate(lr),
                        grad_norm=_grad_norm(self.model),
-                       extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab, "data": self.batch.report()})
+                       extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab, "data": self.batch.report(),
+                              "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None})
         context = Context(post_norm=any(t.placement.norm_after_add for _, t in present), step=self.count)
         findings = self._findings([t for _, t in present], grads)
         if self.checks:
