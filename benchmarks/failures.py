@@ -128,6 +128,12 @@ MOE_SAMPLE_RUN = Run("mixtral-router-lr-high", "mixtral", "routing", steps=60,
                      options={"balance": False, "router_lr_scale": 100.0, "d_model": 32, "layers": 2, "heads": 2,
                               "d_ff": 32, "experts": 4})
 MOE_SAMPLE_STEPS = (0, 20, 60)
+# README's `track --against` example: a small healthy run and its twin, the same seed and batches, whose block 0 is
+# cut from the loss from step 50 on (a .detach() before block 1). Their timelines only.
+TWIN = {"d_model": 32, "layers": 2, "heads": 2}
+PAIR_RUNS = (Run("gpt2-twin-healthy", "gpt2", None, steps=100, options=TWIN),
+             Run("gpt2-twin-detached", "gpt2", "gradient_flow", steps=100,
+                 options={**TWIN, "detach_before": 1, "bug_from": 50}))
 
 
 # --- corpus -------------------------------------------------------------------------------------
@@ -274,12 +280,14 @@ def optimizer_for(model, run: Run):
     return torch.optim.AdamW(groups, lr=run.lr, betas=(0.9, 0.95), eps=run.options.get("eps", 1e-8))
 
 
-def install_bugs(model, run: Run) -> None:
-    """The training-loop bugs that live outside the model's code: a stream detached before a block, gradients
-    zeroed by hooks."""
-    blocks, options = _blocks(model), run.options
+def install_bugs(model, run: Run) -> dict:
+    """The training-loop bugs that live outside the model's code: a stream detached before a block (from step
+    bug_from on), gradients zeroed by hooks. Returns the clock the training loop sets to the current step."""
+    blocks, options, clock = _blocks(model), run.options, {"step": 0}
     if "detach_before" in options:
         def detach(module, args, kwargs):
+            if clock["step"] < options.get("bug_from", 0):
+                return None
             if args:
                 return (args[0].detach(), *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": kwargs["hidden_states"].detach()}
@@ -287,6 +295,7 @@ def install_bugs(model, run: Run) -> None:
     for layer in options.get("zero_grad_layers", ()):
         for parameter in blocks[layer].parameters():
             parameter.register_hook(torch.zeros_like)
+    return clock
 
 
 def watch_in(directory: Path):
@@ -311,7 +320,7 @@ def train(run: Run, train_ids, vocab: list[str], directory: Path, watch_factory=
     if run.options.get("dtype") == "float16":
         model = model.half()
     model.train()
-    install_bugs(model, run)
+    clock = install_bugs(model, run)
     optimizer = optimizer_for(model, run)
     watch = watch_factory(model, optimizer) if watch_factory else None
     generator = torch.Generator().manual_seed(run.options.get("data_seed", 1))
@@ -323,6 +332,7 @@ def train(run: Run, train_ids, vocab: list[str], directory: Path, watch_factory=
             save(model, directory / f"step_{step:04d}", vocab)
         if step == run.steps:
             break
+        clock["step"] = step
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(run, step) * group["scale"]
         if "zero_at" in run.options and step == run.options["zero_at"][0]:
@@ -556,6 +566,73 @@ def _half_lines(outcomes: list[Outcome], half: str) -> list[str]:
             f"2×/5 {baseline['foundry']} of {len(failing)}", ""]
 
 
+SEED_PAIR = ("gpt2-healthy", "gpt2-healthy-seed1")
+
+
+def seed_lines(outcomes: list[Outcome]) -> list[str]:
+    """How far two seeds of one recipe are apart on what `track --against` compares (its ×4 and 0.3 nats)."""
+    from blocktrace.training.against import LAYER_QUANTITIES, SEED_FACTOR, SEED_LOSS, _factor, compare_runs
+    from blocktrace.training.timeline import read_timeline
+
+    names = {o.run.name for o in outcomes}
+    if not set(SEED_PAIR) <= names:
+        return []
+    run, reference = (read_timeline(WORK / name / "watch.jsonl") for name in SEED_PAIR)
+    by_step = {entry["step"]: entry for entry in reference}
+    worst = {name: 1.0 for name, _, _ in LAYER_QUANTITIES}
+    loss = 0.0
+    for entry in run:
+        other = by_step[entry["step"]]
+        loss = max(loss, abs(entry["loss"] - other["loss"]))
+        for mine, theirs in zip(entry["layers"], other["layers"]):
+            for name, read, floor in LAYER_QUANTITIES:
+                factor = _factor(read(mine), read(theirs), floor)
+                worst[name] = max(worst[name], factor or 1.0)
+    parted = compare_runs(run, reference)["first_parted"]
+    return ["## Two seeds: what `track --against` allows", "",
+            f"`{SEED_PAIR[1]}` is `{SEED_PAIR[0]}` with another seed for its weights and its batches. Over their "
+            f"{len(run)} watch records, the largest factor between them per layer: "
+            + ", ".join(f"{name} ×{value:.3g}" for name, value in worst.items())
+            + f"; the largest loss difference {loss:.3g} nats. `track --against` allows ×{SEED_FACTOR:g} and "
+            f"{SEED_LOSS:g} nats: {'they do not part' if parted is None else 'they part at step ' + str(parted['step'])}.",
+            ""]
+
+
+def _healthy_measurements(outcomes: list[Outcome], half: str) -> list[str]:
+    """What the thresholds of the dynamics are set against: the healthy runs' own extremes (calibration half)."""
+    import statistics
+
+    from blocktrace.diagnose.dynamics import _interval_lr, _norms, _per_step_ratios
+    from blocktrace.training.timeline import read_timeline
+
+    tiny, per_lr, shrink, spread, lowest = [], [], [], [], []
+    for o in outcomes:
+        if o.run.expected is not None or o.run.half != half:
+            continue
+        records = read_timeline(WORK / o.run.name / "watch.jsonl")
+        lowest.append(min(r["loss"] for r in records))
+        for before, entry in zip(records, records[1:]):
+            layers = _per_step_ratios(before, entry)
+            if not layers:
+                continue
+            median = statistics.median(r for values in layers.values() for r in values)
+            tiny.append(median)
+            lr = _interval_lr(before, entry)
+            if lr and "adam" in str(entry.get("optimizer")).lower():
+                per_lr.append(median / lr)
+            largest = [max(values) for values in layers.values()]
+            spread.append(min(largest) / statistics.median(largest))
+            first, now = _norms(records[0]), _norms(entry)
+            shrink += [now[key] / first[key] for key in now if first.get(key)]
+    if not tiny:
+        return []
+    return [f"Healthy runs of the {half} half, over their watch records: the median matrix's per-step ‖ΔW‖/‖W‖ "
+            f"≥ {min(tiny):.3g} (updates_tiny: 1e-5); under AdamW ≥ {min(per_lr):.3g} × the learning rate "
+            f"(updates_tiny: 0.5); the slowest layer ≥ {min(spread):.3g} × the median layer (layer_frozen: 0.02); "
+            f"every tensor kind's norm ≥ {min(shrink):.3g} × its first (weight_norm_collapse: 0.25); the lowest "
+            f"training loss {min(lowest):.3g} nats (loss_near_zero: 0.05).", ""]
+
+
 def report(outcomes: list[Outcome]) -> str:
     facts = machine_facts()
     lines = [
@@ -577,7 +654,8 @@ def report(outcomes: list[Outcome]) -> str:
         "that first error.", "",
         "**The split**: runs are assigned to a calibration half and a held-out half in `RUNS`, before any threshold "
         "of the dynamics (diagnose/dynamics.py) was set. Thresholds were set looking at the calibration half only.",
-        "", *_half_lines(outcomes, CALIBRATION), *_half_lines(outcomes, HELD_OUT),
+        "", *_half_lines(outcomes, CALIBRATION), *_healthy_measurements(outcomes, CALIBRATION),
+        *_half_lines(outcomes, HELD_OUT), *_healthy_measurements(outcomes, HELD_OUT),
         "| run | half | known cause | first error at step | loss curve shows it | top cause at the first error | "
         "right | OLMo 6σ | foundry 2× | lead over OLMo / foundry | train s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -590,6 +668,7 @@ def report(outcomes: list[Outcome]) -> str:
         lines.append(f"| {o.run.name} | {o.run.half} | {expected} | {_step(o.first_error)} | {_step(o.loss_failure)} | "
                      f"{o.top_cause or '-'} | {verdict} | {_step(o.baselines['olmo'])} | "
                      f"{_step(o.baselines['foundry'])} | {lead} | {o.train_seconds:.0f} |")
+    lines += ["", *seed_lines(outcomes)]
     codes = [o for o in outcomes if o.exit_codes_right is not None]
     lines += ["", f"`check --module` exit codes as they should be (0 on every healthy checkpoint, 1 from the first error "
               f"on): {sum(bool(o.exit_codes_right) for o in codes)} of {len(codes)} code-bug runs.", "",
@@ -621,9 +700,11 @@ def write_sample(directory: Path) -> None:
     train(SAMPLE_RUN, train_ids, vocab, target, watch_in(target), checkpoint_steps=SAMPLE_STEPS)
     moe = directory / MOE_SAMPLE_RUN.name
     train(MOE_SAMPLE_RUN, train_ids, vocab, moe, watch_in(moe), checkpoint_steps=MOE_SAMPLE_STEPS)
+    for run in PAIR_RUNS:
+        train(run, train_ids, vocab, directory / run.name, watch_in(directory / run.name), checkpoint_steps=())
     lines = "".join(vocab[i] if i else "?" for i in val_ids[:4000].tolist()).splitlines()
     (directory / "eval.txt").write_text("\n".join([line for line in lines if len(line) > 40][:8]) + "\n")
-    print(f"wrote {target}, {moe} and {directory / 'eval.txt'}", file=sys.stderr)
+    print(f"wrote {target}, {moe}, the twin runs and {directory / 'eval.txt'}", file=sys.stderr)
 
 
 def main() -> int:
