@@ -229,6 +229,18 @@ def test_the_same_batch_again(tmp_path):
     assert ("repeated_batch", None) in [(f["name"], f["layer"]) for f in records[1]["flags"]]
 
 
+def test_a_batch_refilled_in_place_is_not_the_same_batch_again(tmp_path):
+    buffer = nano_batch(0)[0].clone()
+
+    def refilled(step):
+        ids, targets = nano_batch(step)
+        buffer.copy_(ids)  # one preallocated tensor, new contents each step
+        return buffer, targets
+    model = _nanogpt()
+    _train(model, Watch(model, tmp_path / "run.jsonl", every=5), steps=6, batch=refilled)
+    assert [r["data"]["repeated"] for r in read_timeline(tmp_path / "run.jsonl")] == [False, False]
+
+
 def test_a_learning_rate_that_jumps_for_one_step(tmp_path):
     model = _nanogpt()
     _train(model, Watch(model, tmp_path / "run.jsonl", every=5), steps=21, lr_at=lambda step: 0.3 if step == 20 else 3e-3)

@@ -344,7 +344,8 @@ class Batch:
         same = lambda a, b: a is not None and a.shape == b.shape and bool(torch.equal(a, b))  # noqa: E731
         found = {"repeated": same(self.previous, self.ids),
                  "labels_are_inputs": not self.shifts_labels and same(self.targets, self.ids)}
-        self.previous, self.ids, self.targets = self.ids, None, None
+        # a copy: a loop that refills one buffer in place would otherwise compare the batch with itself
+        self.previous, self.ids, self.targets = self.ids.clone(), None, None
         return found
 
 
