@@ -22,6 +22,7 @@ first raises an ERROR against the step at which the loss curve shows the failure
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -71,7 +72,9 @@ RUNS = [
     Run("bert-postln-healthy", "bert", None, lr=5e-4, warmup=100, options={"layers": 12}),
     Run("nano-healthy", "nano", None, H),
     Run("mixtral-healthy", "mixtral", None),  # with Mixtral's load-balance loss (router_aux_loss_coef 0.01)
-    Run("gpt2-sgd-healthy", "gpt2", None, lr=0.3, warmup=20, options={"optimizer": "sgd"}),
+    # SGD's weight decay is coupled (added to the gradient): 0.1, as AdamW takes, shrank the weights 5× in 50 steps at
+    # lr 0.3 and the Watch said weight_norm_collapse; SGD recipes decay by 5e-4
+    Run("gpt2-sgd-healthy", "gpt2", None, lr=0.1, warmup=20, options={"optimizer": "sgd", "weight_decay": 5e-4}),
     Run("llama-wide-batch4-healthy", "llama", None, H, lr=5e-4, options={"d_model": 128, "batch": 4,
                                                                          "weight_decay": 0.0}),
     Run("gpt2-deep-healthy", "gpt2", None, H, lr=3e-4, options={"layers": 8}),
@@ -511,16 +514,51 @@ class Outcome:
         return first is not None and all(code == 1 for step, code in codes.items() if step >= first)
 
 
-def benchmark(runs: list[Run]) -> list[Outcome]:
+def _fingerprint(run: Run) -> str:
+    """What a run's training depends on: its recipe and the code that records and judges it (a change to either
+    trains it again)."""
+    import hashlib
+
+    import blocktrace
+
+    package = Path(blocktrace.__file__).parent
+    digest = hashlib.sha256(repr(run).encode())
+    for path in sorted([*package.glob("diagnose/*.py"), *package.glob("training/*.py"), *package.glob("tracing/*.py"),
+                        HERE / "bench_models.py"]):
+        digest.update(path.read_bytes())
+    for function in TRAINING_CODE:
+        digest.update(inspect.getsource(function).encode())
+    return digest.hexdigest()
+
+
+def trained(run: Run, train_ids, vocab: list[str], directory: Path, fresh: bool) -> tuple[list[dict], float]:
+    """The run's training log and seconds: trained now, or kept from an earlier benchmark whose recipe and code were
+    the same (`--fresh` trains every run again)."""
+    stamp = directory / "trained.json"
+    fingerprint = _fingerprint(run)
+    if not fresh and stamp.exists():
+        kept = json.loads(stamp.read_text())
+        if kept["fingerprint"] == fingerprint:
+            return [json.loads(line) for line in (directory / "log.jsonl").read_text().splitlines()], kept["seconds"]
+    started = time.perf_counter()
+    log = train(run, train_ids, vocab, directory, watch_in(directory))
+    seconds = time.perf_counter() - started
+    stamp.write_text(json.dumps({"fingerprint": fingerprint, "seconds": seconds}))
+    return log, seconds
+
+
+TRAINING_CODE = (corpus, batch, build, _initialise, parameter_groups, optimizer_for, install_bugs, learning_rate,
+                 learning_rate_at, train)
+
+
+def benchmark(runs: list[Run], fresh: bool = False) -> list[Outcome]:
     os.chdir(HERE)  # --module bench_models:block resolves from here
     train_ids, val_ids, vocab = corpus()
     eval_args = eval_arguments(val_ids)
     outcomes, healthy_logs = [], {}
     for run in runs:
         directory = WORK / run.name
-        started = time.perf_counter()
-        log = train(run, train_ids, vocab, directory, watch_in(directory))
-        seconds = time.perf_counter() - started
+        log, seconds = trained(run, train_ids, vocab, directory, fresh)
         if run.expected is None and run.model not in healthy_logs:
             healthy_logs[run.model] = log
         outcome = Outcome(run, loss_failure_step(log, healthy_logs.get(run.model) if run.expected else None),
@@ -712,13 +750,15 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="run only these runs (by name)")
     parser.add_argument("--sample", type=Path,
                         help="only train the small failing runs docs/track.md and README track into this directory")
+    parser.add_argument("--fresh", action="store_true", help="train every run again, even one kept from an earlier "
+                        "benchmark of the same recipe and code")
     arguments = parser.parse_args()
     if arguments.sample is not None:
         write_sample(arguments.sample)
         return 0
     runs = [r for r in RUNS if not arguments.only or r.name in arguments.only]
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    outcomes = benchmark(runs)
+    outcomes = benchmark(runs, arguments.fresh)
     text = report(outcomes)
     target = HERE / ("FAILURES.md" if not arguments.only else "FAILURES.partial.md")
     target.write_text(text + "\n", encoding="utf-8")
