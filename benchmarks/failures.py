@@ -424,6 +424,8 @@ def _invoke(args: list[str]) -> tuple[int, dict]:
     from blocktrace.cli import cli
 
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    if result.exit_code == 2:  # refused: nothing checked (counted as not caught), the error kept for the report
+        return result.exit_code, {"flags": [], "diagnosis": [], "error": result.output.strip()}
     return result.exit_code, json.loads(result.stdout)
 
 
