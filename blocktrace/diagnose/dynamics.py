@@ -18,6 +18,8 @@ import statistics
 from typing import Optional, Sequence
 
 from blocktrace.diagnose.health import (
+    ADAM_TINY,
+    FROZEN_FRACTION,
     LEAK_LOSS,
     LOSS_MARGIN,
     LOSS_SPIKE_FLOOR,
@@ -26,15 +28,13 @@ from blocktrace.diagnose.health import (
     LR_JUMP,
     MIN_HISTORY,
     NORM_COLLAPSE,
+    SHRINK_PER_STEP,
     SPIKE_FACTOR,
     STILL,
     STUCK_MARGIN,
     STUCK_STEPS,
     TINY_LR,
     TINY_UPDATE,
-    SHRINK_PER_STEP,
-    ADAM_TINY,
-    FROZEN_FRACTION,
     Cause,
     Flag,
     flag,
@@ -128,11 +128,12 @@ def _spike_flags(history: Sequence[dict], entry: dict) -> list[Flag]:
     flags = []
     window = list(history[-LOSS_SPIKE_WINDOW:])
     earlier = [u for a, b in zip(window, window[1:]) for u in [_median_update(a, b)] if u]
-    now = _median_update(history[-1], entry) if history else None
+    now = _median_update(history[-1], entry)
     if now is not None and len(earlier) >= MIN_HISTORY and now > SPIKE_FACTOR * statistics.median(earlier):
-        flags.append(flag("update_spike", Level.ERROR, None, None, now / statistics.median(earlier),
-                          f"‖ΔW‖/‖W‖ per unit of learning rate {now / statistics.median(earlier):.3g}× its median "
-                          f"over the previous {len(earlier)} intervals"))
+        factor = now / statistics.median(earlier)
+        flags.append(flag("update_spike", Level.ERROR, None, None, factor,
+                          f"‖ΔW‖/‖W‖ per unit of learning rate {factor:.3g}× its median over the previous "
+                          f"{len(earlier)} intervals"))
     rates = [r["lr"] for r in history if _finite(r.get("lr"))]
     lr = entry.get("lr")
     if _finite(lr) and len(rates) >= MIN_HISTORY - 1 and max(rates) > 0 and lr > LR_JUMP * max(rates):

@@ -202,11 +202,12 @@ def last_sign(records: list[dict], level: Level) -> Optional[dict]:
 
 def first_sign(records: list[dict], level: Level) -> Optional[dict]:
     """The first finding at `level` or above, over the records in step order: where trouble shows first."""
-    for entry in records:
-        for finding in _serious(entry, level)[:1]:
-            return {"step": entry["step"], "layer": finding.get("layer"), "name": finding["name"],
-                    "level": finding["level"], "cause": finding.get("cause"), "detail": finding.get("detail")}
-    return None
+    found = next(((entry, findings[0]) for entry in records for findings in [_serious(entry, level)] if findings), None)
+    if found is None:
+        return None
+    entry, finding = found
+    return {"step": entry["step"], "layer": finding.get("layer"), "name": finding["name"], "level": finding["level"],
+            "cause": finding.get("cause"), "detail": finding.get("detail")}
 
 
 # HF Trainer's names in trainer_state.json's log_history, as the log's fields.
