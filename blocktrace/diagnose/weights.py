@@ -41,57 +41,93 @@ def _fan_in(module: nn.Module, weight: torch.Tensor) -> int:
 
 
 @torch.no_grad()
-def weight_statistics(block: nn.Module) -> dict[str, dict]:
-    """Per linear map of the block: std, Frobenius norm and fan-in (std·√fan_in ≈ 0.5–1.5 at the usual inits)."""
-    stats = {}
+def weight_moments(block: nn.Module) -> dict[str, dict]:
+    """Per linear map of the block: Σw and Σw² as float64 device scalars, the count and the fan-in (read with
+    weight_summary once on the host; exact for a weight sharded across ranks, whose sums cover every shard)."""
+    moments = {}
     for module_name, module in block.named_modules():
         weight = getattr(module, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or isinstance(module, nn.Embedding):
             continue
-        values = weight.detach().float()
-        std, norm = torch.stack([values.std(), torch.linalg.vector_norm(values)]).tolist()  # one copy to Python
-        stats[f"{module_name}.weight"] = {"std": std, "norm": norm, "fan_in": _fan_in(module, weight)}
-    return stats
+        values = weight.detach()
+        moments[f"{module_name}.weight"] = {"sum": values.sum(dtype=torch.float64), "squares": _square(values),
+                                            "count": values.numel(), "fan_in": _fan_in(module, weight)}
+    return moments
+
+
+def weight_summary(moments: dict[str, dict]) -> dict[str, dict]:
+    """weight_moments on the host -> per weight its std (unbiased, as torch.std), Frobenius norm and fan-in
+    (std·√fan_in ≈ 0.5–1.5 at the usual inits)."""
+    summary = {}
+    for name, m in moments.items():
+        n = m["count"]
+        variance = (m["squares"] - m["sum"] ** 2 / n) / max(n - 1, 1)
+        summary[name] = {"std": max(variance, 0.0) ** 0.5, "norm": m["squares"] ** 0.5, "fan_in": m["fan_in"]}
+    return summary
+
+
+def weight_statistics(block: nn.Module) -> dict[str, dict]:
+    """weight_summary of the block's weights, in one copy to the host."""
+    from blocktrace.host import to_host
+
+    return weight_summary(to_host(weight_moments(block)))
+
+
+def _wide(tensor: torch.Tensor) -> torch.Tensor:
+    """Half-precision values in float32, where differences of nearby weights are exact."""
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
+def _square(tensor: torch.Tensor) -> torch.Tensor:
+    """‖t‖², accumulated in float64, as a device scalar."""
+    return torch.linalg.vector_norm(tensor, dtype=torch.float64).square()
 
 
 @torch.no_grad()
 def snapshot(block: nn.Module) -> dict[str, torch.Tensor]:
-    """A copy of the block's parameters, to measure how far they move (on the CPU: it waits for the next record)."""
-    return {name: p.detach().to("cpu", copy=True) for name, p in block.named_parameters()}
+    """A copy of the block's parameters where they live (the device; a sharded parameter's shard), to measure
+    how far they move by the next record: the weights never travel to the host."""
+    return {name: p.detach().clone() for name, p in block.named_parameters()}
 
 
 class Movement:
     """Per kind of tensor: ‖W‖ now and the relative update ‖W − W_previous‖ / ‖W_previous‖, summed tensor by tensor
-    in float64. Divided by the size the weights had, so a tensor zeroed since the previous moment shows 1, the
-    largest change, never a blank (None only without a comparable previous tensor, or where it was all zeros)."""
+    in float64 on the tensors' device. Divided by the size the weights had, so a tensor zeroed since the previous
+    moment shows 1, the largest change, never a blank (None only without a comparable previous tensor, or where
+    it was all zeros). `values()` is what the host needs; `result` reads it there."""
 
     def __init__(self):
-        self.sums: dict[str, list] = {}  # kind -> [‖W‖², ‖ΔW‖², ‖W_previous‖², comparable]
-
-    @staticmethod
-    def _square(tensor: torch.Tensor) -> float:
-        return float(torch.linalg.vector_norm(tensor)) ** 2
+        self.sums: dict[str, list] = {}  # kind -> [‖W‖², ‖ΔW‖², ‖W_previous‖²] as device scalars
+        self.comparable: dict[str, bool] = {}
 
     def add(self, kind: str, now: torch.Tensor, previous: Optional[torch.Tensor]) -> None:
-        entry = self.sums.setdefault(kind, [0.0, 0.0, 0.0, True])
-        entry[0] += self._square(now)
+        entry = self.sums.setdefault(kind, [0.0, 0.0, 0.0])
+        self.comparable.setdefault(kind, True)
+        entry[0] = entry[0] + _square(now)
         if previous is not None and tuple(previous.shape) == tuple(now.shape):
-            entry[1] += self._square(now - previous.to(now.dtype))
-            entry[2] += self._square(previous)
+            entry[1] = entry[1] + _square(_wide(now) - _wide(previous.to(now.dtype)))
+            entry[2] = entry[2] + _square(previous)
         else:
-            entry[3] = False
+            self.comparable[kind] = False
 
-    def result(self) -> dict[str, dict]:
+    def values(self) -> dict[str, list]:
+        return dict(self.sums)
+
+    def result(self, values: Optional[dict[str, list]] = None) -> dict[str, dict]:
+        """{kind: {norm, update_ratio}} from `values()` on the host (read here, in one copy, when not given)."""
+        if values is None:
+            from blocktrace.host import to_host
+
+            values = to_host(self.values())
         return {kind: {"norm": norm ** 0.5,
-                       "update_ratio": (delta / before) ** 0.5 if comparable and before > 0 else None}
-                for kind, (norm, delta, before, comparable) in self.sums.items()}
+                       "update_ratio": (delta / before) ** 0.5 if self.comparable[kind] and before > 0 else None}
+                for kind, (norm, delta, before) in values.items()}
 
 
 @torch.no_grad()
-def update_ratios(block: nn.Module, previous: Optional[dict[str, torch.Tensor]]) -> dict[str, dict]:
-    """A block's parameters against a snapshot of them (see Movement)."""
-    movement = Movement()
+def movement(block: nn.Module, previous: Optional[dict[str, torch.Tensor]]) -> Movement:
+    """A block's parameters against a snapshot of them (see Movement), on their device."""
+    moved = Movement()
     for name, parameter in block.named_parameters():
-        now = parameter.detach().to("cpu", torch.float64)
-        movement.add(tensor_kind(name), now, previous.get(name) if previous is not None else None)
-    return movement.result()
+        moved.add(tensor_kind(name), parameter.detach(), previous.get(name) if previous is not None else None)
+    return moved

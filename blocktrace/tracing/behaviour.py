@@ -8,11 +8,14 @@
   the difference of two outputs, so gains near zero in some dimensions (trained LayerNorms have
   them) and the norm's bias change nothing.
 
-Both use a few extra calls on small inputs after the traced forward (checks=True only).
+Both use a few extra calls on small inputs after the traced forward (checks=True only). They
+return measurements as device tensors; what they mean (a kind of norm, causal or not) is decided
+once the trace has copied them to the host (`probe`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -31,7 +34,7 @@ class NormKind(Choice):
 
 
 @dataclass(frozen=True)
-class NormBehaviour:
+class NormBehaviour:  # what a NormMeasurement means
     kind: NormKind
     scale_error: float  # relative change of the output when each token is rescaled (0 for a norm)
     shift_error: float  # ... when a constant is added to each token (0 for LayerNorm)
@@ -42,9 +45,9 @@ class NormBehaviour:
                 "gain_rms": self.gain_rms}
 
 
-def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+def _relative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     scale = b.double().pow(2).mean().sqrt().clamp_min(1e-30)
-    return float((a.double() - b.double()).pow(2).mean().sqrt() / scale)
+    return (a.double() - b.double()).pow(2).mean().sqrt() / scale
 
 
 def _tolerance(dtype: torch.dtype) -> float:
@@ -58,51 +61,85 @@ def _reference(x: torch.Tensor, centre: bool) -> torch.Tensor:
     return x / x.pow(2).mean(-1, keepdim=True).sqrt()
 
 
+@dataclass(frozen=True)
+class NormMeasurement:
+    """A norm's outputs on the probe inputs, reduced to three device scalars until the trace's copy."""
+
+    scale_error: torch.Tensor
+    shift_error: torch.Tensor
+    gains: tuple[torch.Tensor, torch.Tensor]  # the effective gain if the norm centres (LayerNorm), if not (RMSNorm)
+    tolerance: float
+
+    def values(self) -> dict:
+        return {"scale_error": self.scale_error, "shift_error": self.shift_error, "gains": list(self.gains)}
+
+    def probe(self, values: dict) -> dict:
+        """The behaviour, from `values()` on the host."""
+        scale_error, shift_error = values["scale_error"], values["shift_error"]
+        if scale_error > self.tolerance:
+            return NormBehaviour(NormKind.NONE, scale_error, shift_error, None).to_probe()
+        centres = shift_error <= self.tolerance
+        kind = NormKind.LAYERNORM if centres else NormKind.RMSNORM
+        return NormBehaviour(kind, scale_error, shift_error, values["gains"][0 if centres else 1]).to_probe()
+
+
+@functools.lru_cache(maxsize=8)
+def _norm_inputs(width: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The probe tokens, their rescaling and shift, and other tokens: made once per width, dtype and device
+    (a watch measures every norm at every record; a copy to the device each time would wait for the queue)."""
+    generator = torch.Generator().manual_seed(PROBE_SEED)
+    x = torch.randn(1, PROBE_TOKENS, width, generator=generator) * 2 + 0.5
+    other = torch.randn(1, PROBE_TOKENS, width, generator=generator) * 2 - 0.5
+    scale = torch.empty(1, PROBE_TOKENS, 1).uniform_(0.5, 4.0, generator=generator)
+    shift = torch.randn(1, PROBE_TOKENS, 1, generator=generator) * 3
+    return tuple(value.to(device, dtype) for value in (x, other, scale, shift))
+
+
 @torch.no_grad()
-def measure_norm(module: nn.Module, width: int) -> Optional[NormBehaviour]:
+def measure_norm(module: nn.Module, width: int) -> Optional[NormMeasurement]:
     """How `module` treats tokens of `width` features; None when it cannot be called on them."""
     parameter = next(module.parameters(), None)
     dtype = parameter.dtype if parameter is not None and parameter.is_floating_point() else torch.float32
     device = parameter.device if parameter is not None else torch.device("cpu")
-    generator = torch.Generator().manual_seed(PROBE_SEED)
-    x = (torch.randn(1, PROBE_TOKENS, width, generator=generator) * 2 + 0.5).to(device, dtype)
-    other = (torch.randn(1, PROBE_TOKENS, width, generator=generator) * 2 - 0.5).to(device, dtype)
-    scale = torch.empty(1, PROBE_TOKENS, 1).uniform_(0.5, 4.0, generator=generator).to(device, dtype)
-    shift = (torch.randn(1, PROBE_TOKENS, 1, generator=generator) * 3).to(device, dtype)
+    x, other, scale, shift = _norm_inputs(width, dtype, device)
     try:
         y, y_scaled, y_shifted, y_other = (module(value) for value in (x, x * scale, x + shift, other))
     except Exception:  # not a plain [.., d] -> [.., d] module: the behaviour cannot be measured
         return None
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
         return None
-    tolerance = _tolerance(dtype)
-    scale_error, shift_error = _relative(y_scaled, y), _relative(y_shifted, y)
-    if scale_error > tolerance:
-        return NormBehaviour(NormKind.NONE, scale_error, shift_error, None)
-    centres = shift_error <= tolerance
-    kind = NormKind.LAYERNORM if centres else NormKind.RMSNORM
-    delta_in = _reference(x, centres) - _reference(other, centres)
-    gain = (y.double() - y_other.double()).pow(2).mean().sqrt() / delta_in.pow(2).mean().sqrt().clamp_min(1e-30)
-    return NormBehaviour(kind, scale_error, shift_error, float(gain))
+    delta_out = (y.double() - y_other.double()).pow(2).mean().sqrt()
+    gains = tuple(delta_out / (_reference(x, centre) - _reference(other, centre)).pow(2).mean().sqrt().clamp_min(1e-30)
+                  for centre in (True, False))
+    return NormMeasurement(_relative(y_scaled, y), _relative(y_shifted, y), gains, _tolerance(dtype))
 
 
 @dataclass(frozen=True)
-class CausalBehaviour:
-    causal: Optional[bool]  # None: fewer than two tokens, nothing to measure
-    leak: float  # largest relative change of an earlier output when the last token is perturbed
+class CausalMeasurement:
+    """How far earlier outputs moved when the last token changed, a device scalar until the trace's copy."""
+
+    leak: Optional[torch.Tensor]  # None: fewer than two tokens, nothing to measure
+    tolerance: float
+
+    def values(self) -> dict:
+        return {"leak": self.leak}
+
+    def probe(self, values: dict) -> dict:
+        leak = values["leak"]
+        return {"causal_measured": None if leak is None else leak <= self.tolerance,
+                "causal_leak": 0.0 if leak is None else leak}
 
 
 @torch.no_grad()
 def measure_causality(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
-                      output: torch.Tensor) -> CausalBehaviour:
+                      output: torch.Tensor) -> CausalMeasurement:
     """Perturb the last token of x; compare the outputs at every earlier position with `output`."""
+    tolerance = _tolerance(x.dtype) * 1e-2
     if x.shape[-2] < 2:
-        return CausalBehaviour(None, 0.0)
+        return CausalMeasurement(None, tolerance)
     generator = torch.Generator().manual_seed(PROBE_SEED)
     noise = torch.randn(x.shape[:-2] + x.shape[-1:], generator=generator).to(x.device, x.dtype)
     perturbed = x.clone()
     perturbed[..., -1, :] += noise * x.float().pow(2).mean().sqrt().clamp_min(1.0).to(x.dtype)
     moved = forward(perturbed)
-    earlier, before = moved[..., :-1, :], output[..., :-1, :]
-    leak = _relative(earlier, before) if before.numel() else 0.0
-    return CausalBehaviour(leak <= _tolerance(x.dtype) * 1e-2, leak)
+    return CausalMeasurement(_relative(moved[..., :-1, :], output[..., :-1, :]), tolerance)

@@ -46,7 +46,7 @@ def _hf_config(block: nn.Module):
     return None
 
 
-def _attention_module(block: nn.Module) -> Optional[nn.Module]:
+def attention_module(block: nn.Module) -> Optional[nn.Module]:
     for name in ("self_attn", "attn", "attention"):
         module = getattr(block, name, None)
         if module is not None:
@@ -55,7 +55,7 @@ def _attention_module(block: nn.Module) -> Optional[nn.Module]:
 
 
 def hf_causal(block: nn.Module) -> Optional[bool]:
-    attention = _attention_module(block)
+    attention = attention_module(block)
     causal = getattr(attention, "is_causal", None)
     return bool(causal) if causal is not None else None
 
@@ -64,7 +64,7 @@ def _sliding_window(block: nn.Module, config) -> Optional[int]:
     """The window of this layer: its attention's own `sliding_window` where it keeps one (Qwen,
     Gemma-2), else the config's (Mistral, Phi-3 apply it to every layer). 0 is no window (Qwen2-MoE's
     config writes 0 when use_sliding_window is off)."""
-    attention = _attention_module(block)
+    attention = attention_module(block)
     if attention is not None and hasattr(attention, "sliding_window"):
         return attention.sliding_window or None
     return getattr(config, "sliding_window", None) or None
@@ -103,7 +103,7 @@ def _position_embeddings(block: nn.Module, config, x: torch.Tensor, positions: t
                          f"position_embeddings and its module has {found} rotary classes; pass forward_kwargs")
     extra = {}
     if "layer_type" in inspect.signature(classes[0].forward).parameters:  # Gemma-3: RoPE per layer type
-        extra["layer_type"] = getattr(_attention_module(block), "layer_type", None)
+        extra["layer_type"] = getattr(attention_module(block), "layer_type", None)
     try:
         rotary = classes[0](config).to(x.device)
         return rotary(x, positions, **extra)

@@ -1,9 +1,11 @@
 """Measurements the health checks need, taken inside the trace's hooks (checks=True only).
 
 Each probe reads what it needs from an explicit ProbeContext — the block, its layout, the
-residual scale, the padding mask — and returns small tensors or numbers. Nothing here keeps
-a full activation beyond the few step outputs the residual check compares (x, attn,
-residual1 or norm1, ffn), each released as soon as it has been compared.
+residual scale, the padding mask — and returns small device tensors or numbers: nothing here
+reads a value on the host (the trace copies every probe at once, see blocktrace.host). What is
+worth measuring only in rare cases — the median |x| behind a massive activation, the flat
+region of a mostly dead FFN — is measured after that copy, from the values the trace holds
+(`massive_median`, `flat_fraction`), in a second copy that a healthy trace never makes.
 """
 
 from __future__ import annotations
@@ -47,10 +49,7 @@ class ProbeContext:
     def sources(self) -> dict:
         return RESIDUAL_SOURCES[self.layout.placement]
 
-    def real_tokens(self, value: torch.Tensor) -> torch.Tensor:
-        from blocktrace.tracing.recorder import real_tokens
-
-        return real_tokens(value, self.token_mask)
+    ffn_hidden: Optional[torch.Tensor] = None  # the FFN's hidden values, held for flat_fraction
 
 
 def _user_activation(block, layout: Layout) -> FFNKind:
@@ -87,51 +86,69 @@ def residual_probe(context: ProbeContext, name: str, value: torch.Tensor) -> dic
     return probe
 
 
-def _median_token_size(value: torch.Tensor) -> torch.Tensor:
-    """The median over tokens of ‖x‖²/d: the stream's size, blind to a few sink tokens with huge norms."""
-    norms = torch.linalg.vector_norm(value.detach().float(), dim=-1).flatten()
-    return norms.median().square() / value.shape[-1]
+def _at_real_tokens(value: torch.Tensor, token_mask: Optional[torch.Tensor], fill: float) -> torch.Tensor:
+    """`value` with `fill` at padded tokens (a boolean index would need the host to learn its size)."""
+    if token_mask is None or value.dim() < 2 or tuple(value.shape[:2]) != tuple(token_mask.shape):
+        return value
+    real = token_mask.to(value.device).reshape(*token_mask.shape, *([1] * (value.dim() - 2)))
+    return value.masked_fill(~real, fill)
 
 
-def massive_probe(value: torch.Tensor, moments: torch.Tensor) -> dict:
-    """max |x| against the median |x|; the maximum comes from the step's moments, so the
-    median (a sort) is paid only when some |x| exceeds MASSIVE_ABS."""
-    low, high = float(moments[3]), float(moments[4])
-    largest = max(abs(low), abs(high))
-    if not largest > MASSIVE_ABS:
-        return {}
-    return {"massive_ratio": largest / max(float(value.detach().abs().flatten().median()), 1e-30)}
+def _median_token_size(value: torch.Tensor, token_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """The median over real tokens of ‖x‖²/d: the stream's size, blind to a few sink tokens with huge norms."""
+    norms = torch.linalg.vector_norm(value.detach().float(), dim=-1)
+    return _at_real_tokens(norms, token_mask, float("nan")).flatten().nanmedian().square() / value.shape[-1]
+
+
+def massive_median(value: torch.Tensor, token_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """The median |x| at real tokens: what max |x| is compared with once it exceeds MASSIVE_ABS (a sort, paid
+    only then)."""
+    return _at_real_tokens(value.detach().abs().float(), token_mask, float("nan")).flatten().nanmedian()
 
 
 DEAD_WORTH_A_LOOK = 0.5  # the flat-region fraction (info) is measured only past this dead fraction
+GATED_ACTIVE = 1e-6  # a gated unit's output counts as active above this size
 
 
 def ffn_probe(context: ProbeContext, output) -> None:
-    """Dead units (never active for any token) and, where many are, activations in the flat region."""
-    hidden = output[0] if isinstance(output, (tuple, list)) else output
-    flat = context.real_tokens(hidden.detach())
-    flat = flat.reshape(-1, flat.shape[-1])
+    """Each hidden unit's largest activation over the real tokens (its dead fraction follows, once every rank's
+    largest is known), and the hidden values, held for the flat-region fraction."""
+    hidden = (output[0] if isinstance(output, (tuple, list)) else output).detach()
     gated = context.activation.gated  # gated: signed output, active when not ~0; else active when positive
-    peak = flat.abs().amax(dim=0) if gated else flat.amax(dim=0)  # one pass: a unit's largest value
-    dead = (peak <= (1e-6 if gated else 0.0)).float().mean().item()
-    context.ffn_activity = {"dead_fraction": dead, "units": flat.shape[-1], "tokens": flat.shape[0],
-                            "flat_fraction": _flat_fraction(flat, gated) if dead > DEAD_WORTH_A_LOOK else 0.0}
+    size = hidden.abs() if gated else hidden
+    peak = _at_real_tokens(size, context.token_mask, 0.0 if gated else -float("inf"))
+    peak = peak.reshape(-1, peak.shape[-1]).amax(dim=0)  # one pass: a unit's largest value
+    applies = context.token_mask is not None and tuple(hidden.shape[:2]) == tuple(context.token_mask.shape)
+    tokens = context.token_mask.sum() if applies else hidden.reshape(-1, hidden.shape[-1]).shape[0]
+    context.ffn_activity = {"unit_peak": peak, "gated": gated, "units": hidden.shape[-1], "tokens": tokens}
+    context.ffn_hidden = hidden
 
 
-def _flat_fraction(flat: torch.Tensor, gated: bool) -> float:
-    """Share of activations where the nonlinearity has ~zero slope (~0 output on the negative side)."""
-    region = flat.abs() <= 1e-6 if gated else (flat <= 0) & (flat > -1e-3)
-    return region.float().mean().item()
+def dead_fraction(activity: dict, reducer=None) -> dict:
+    """The probe of the ffn step: units never active for any token (of any rank, with a reducer)."""
+    peak = activity["unit_peak"] if reducer is None else reducer.largest(activity["unit_peak"])
+    dead = (peak <= (GATED_ACTIVE if activity["gated"] else 0.0)).float().mean()
+    return {"dead_fraction": dead, "units": activity["units"], "tokens": activity["tokens"], "gated": activity["gated"]}
 
 
-def step_probe(context: ProbeContext, name: str, value: torch.Tensor, moments: torch.Tensor) -> dict:
-    """Everything the health checks need from one step; `moments` are its tensor_moments."""
+def flat_fraction(hidden: torch.Tensor, gated: bool, token_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Share of activations at real tokens where the nonlinearity has ~zero slope (~0 output on the negative
+    side)."""
+    region = hidden.abs() <= GATED_ACTIVE if gated else (hidden <= 0) & (hidden > -1e-3)
+    real = _at_real_tokens(torch.ones_like(hidden[..., :1], dtype=torch.bool), token_mask, False)
+    return (region & real).sum(dtype=torch.float64) / (real.sum(dtype=torch.float64) * hidden.shape[-1]).clamp_min(1)
+
+
+RESIDUAL_STEPS = ("residual1", "residual2")  # where the stream and an update are added: residual and massive probes
+
+
+def step_probe(context: ProbeContext, name: str, value: torch.Tensor) -> dict:
+    """Everything the health checks need from one step, as device tensors (massive_median follows if needed)."""
     probe = {}
     if name == context.final_step:
-        probe["token_sq_median"] = _median_token_size(context.real_tokens(value))
-    if name in ("residual1", "residual2"):
+        probe["token_sq_median"] = _median_token_size(value, context.token_mask)
+    if name in RESIDUAL_STEPS:
         probe.update(residual_probe(context, name, value))
-        probe.update(massive_probe(context.real_tokens(value), moments))
     if name == "ffn" and context.ffn_activity:
         probe.update(context.ffn_activity)
     needed = {source for sources in context.sources.values() for source in sources}

@@ -1,8 +1,8 @@
 """The hooks of a trace: what each step produced, measured inside the forward pass.
 
 A Recorder attaches forward hooks to a block's step modules (and its attention), measures
-each value as it passes — statistics as small tensors, copied to Python once at the end —
-and detaches. It does not call the block: `tracer.trace` does, once; a training watch can
+each value as it passes — statistics as small device tensors, nothing read on the host until
+the trace copies them all at once (tracing.assembly) — and detaches. It does not call the block: `tracer.trace` does, once; a training watch can
 attach it around a forward that training runs anyway.
 
 A hook that fails raises HookFailure, so that a bug in blocktrace is never reported as the
@@ -52,15 +52,18 @@ def _guarded(hook):
 
 @dataclass
 class Pending:
-    """What a hook saw, still as tensors: copied to Python once, after the forward."""
+    """What a hook saw, still as device tensors: copied to Python once, after the forward."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
-    stats: torch.Tensor
-    tensor: Optional[torch.Tensor]
+    stats: torch.Tensor  # tensor_moments
+    tensor: Optional[torch.Tensor]  # the value itself, when the caller keeps tensors
     sample: Optional[torch.Tensor]
     probe: dict = field(default_factory=dict)
+    # The value and its inputs (references, no copies), held until the trace is copied: should the value prove
+    # not finite, its NaN and Inf are counted then, without a host read per step on the healthy path.
+    held: dict = field(default_factory=dict)
 
 
 def first_tensor(value) -> Optional[torch.Tensor]:
@@ -69,13 +72,6 @@ def first_tensor(value) -> Optional[torch.Tensor]:
     if isinstance(value, (tuple, list)):
         return next((v for v in value if isinstance(v, torch.Tensor)), None)
     return None
-
-
-def real_tokens(value: torch.Tensor, token_mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """The values at real (not padding) tokens, when the batch is padded."""
-    if token_mask is None or value.dim() < 3 or tuple(value.shape[:2]) != tuple(token_mask.shape):
-        return value
-    return value[token_mask.to(value.device)]
 
 
 class AttentionAccumulator:
@@ -105,9 +101,7 @@ class AttentionAccumulator:
         if not self.chunks:
             return {}
         lead, t = self.shape_lead
-        device = self.chunks[0]["entropy_sum"].device
-        summed = {key: torch.stack([torch.as_tensor(c[key], dtype=torch.float64, device=device)
-                                    for c in self.chunks]).sum(0)
+        summed = {key: torch.stack([c[key].double() for c in self.chunks]).sum(0)
                   for key in ("entropy_sum", "future_weight_sum", "first_sum", "self_sum", "previous_sum", "rows",
                               "previous_rows")}
         logits = [c["max_logit"] for c in self.chunks if c["max_logit"] is not None]
@@ -178,14 +172,14 @@ class Recorder:
         if self.sample_size and value.numel():
             row = value.reshape(-1, value.shape[-2], value.shape[-1])[0, self.sample_token]
             sample = row[: self.sample_size].clone()
-        moments, finite = tensor_moments(real_tokens(value, self.token_mask))
-        pending = Pending(name, tuple(value.shape), str(value.dtype).replace("torch.", ""), moments,
-                          value if self.keep_tensors else None, sample)
-        if not finite:  # cheap, and only here: which inputs were still finite?
-            pending.probe["inputs_finite"] = [bool(torch.isfinite(t).all()) for t in inputs
-                                              if isinstance(t, torch.Tensor)]
+        held = {"value": value, "inputs": [t.detach() for t in inputs if isinstance(t, torch.Tensor)]}
+        pending = Pending(name, tuple(value.shape), str(value.dtype).replace("torch.", ""),
+                          tensor_moments(value, self.token_mask), value if self.keep_tensors else None, sample,
+                          held=held)
         if self.probes is not None:
-            pending.probe.update(step_probe(self.probes, name, value, moments))
+            pending.probe.update(step_probe(self.probes, name, value))
+            if name == "ffn" and self.probes.ffn_hidden is not None:
+                held["hidden"], self.probes.ffn_hidden = self.probes.ffn_hidden, None
         return pending
 
     def record(self, name: str, value, inputs=()) -> None:

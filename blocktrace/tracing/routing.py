@@ -1,8 +1,8 @@
 """What a mixture of experts' router did with the tokens of one call: each expert's share, the
 router's entropy, the load-balance loss and the router z-loss.
 
-Computed on the router's own device and kept there; `RoutingSummary.of` reads them to the host
-in one transfer. Padding tokens (the token mask) are left out, as in every other statistic.
+Computed on the router's own device and kept there (padding is weighted out, never indexed out:
+an index's size would need a read on the host); the trace copies them with everything else. Padding tokens (the token mask) are left out, as in every other statistic.
 """
 
 from __future__ import annotations
@@ -26,21 +26,24 @@ def routing_moments(logits: torch.Tensor, probs: torch.Tensor, k: int,
     first = probs.reshape(-1, probs.shape[-2], experts)[0]  # the first sequence, [T, E]
     shown = first.shape[0] if first.shape[0] <= preview else 0
     chosen_first = torch.topk(first[:shown].float(), k, dim=-1).indices.reshape(-1)
-    if token_mask is not None and probs.dim() == 3:
-        logits, probs = logits[token_mask.to(probs.device)], probs[token_mask.to(probs.device)]
     logits, probs = logits.reshape(-1, experts).float(), probs.reshape(-1, experts).float()
-    tokens = probs.shape[0]
+    real = torch.ones(probs.shape[0], dtype=torch.float32, device=probs.device)
+    if token_mask is not None and token_mask.numel() == probs.shape[0]:
+        real = token_mask.reshape(-1).to(probs.device, torch.float32)  # weights, not an index: no host read
+    tokens = real.sum()
+    per_token = 1 / tokens.clamp_min(1)
     chosen = torch.topk(probs, k, dim=-1).indices  # the experts the tokens went to (the same topk as the layer's)
-    dispatched = torch.nn.functional.one_hot(chosen, experts).float()  # [N, k, E]
-    importance = probs.mean(0) if tokens else probs.new_zeros(experts)
+    # [k, E]: the real tokens each expert got in each slot (a scatter: one_hot checks its input on the host)
+    slots = torch.zeros(k, experts, device=probs.device).scatter_add_(1, chosen.T, real[None].expand(k, -1))
+    importance = (probs * real[:, None]).sum(0) * per_token
     # Mixtral's / Switch Transformer's load-balance loss as HF computes it: E · Σ_slot Σ_e f_slot,e · P_e
-    balance = experts * (dispatched.mean(0) * importance[None]).sum() if tokens else probs.new_zeros(())
-    entropy = -(probs * torch.log(probs.clamp_min(torch.finfo(torch.float32).tiny))).sum(-1).mean()
-    z_loss = torch.logsumexp(logits, dim=-1).pow(2).mean()  # ST-MoE (Zoph et al. 2022)
-    largest = logits.abs().max() if tokens else logits.new_zeros(())
-    counts = torch.tensor([float(tokens), float(shown)], device=probs.device)
-    head = torch.stack([counts[0], entropy, balance, z_loss, largest, counts[1]])
-    return torch.cat([head, dispatched.sum((0, 1)), importance, chosen_first.to(head.dtype)]).double()
+    balance = experts * (slots * per_token * importance[None]).sum()
+    entropy = (-(probs * torch.log(probs.clamp_min(torch.finfo(torch.float32).tiny))).sum(-1) * real).sum() * per_token
+    z_loss = (torch.logsumexp(logits, dim=-1).pow(2) * real).sum() * per_token  # ST-MoE (Zoph et al. 2022)
+    largest = (logits.abs().amax(-1) * real).amax() if probs.shape[0] else logits.new_zeros(())
+    head = torch.stack([tokens, entropy, balance, z_loss, largest,
+                        torch.full((), float(shown), device=probs.device)])
+    return torch.cat([head, slots.sum(0), importance, chosen_first.to(head.dtype)]).double()
 
 
 @dataclass(frozen=True)

@@ -15,30 +15,58 @@ import torch
 STAT_NAMES = ("mean", "std", "min", "max", "rms", "absmax", "nan", "inf")
 
 
-def tensor_moments(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """[n, Σx, Σx², min, max, #NaN, #Inf] of all elements as one float64 tensor, and whether all
-    elements are finite.
+def _token_mask(t: torch.Tensor, token_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The mask as [B, T, 1] on t's device when it applies to t ([B, T, ...] values of a padded batch), else None."""
+    if token_mask is None or t.dim() < 3 or tuple(t.shape[:2]) != tuple(token_mask.shape):
+        return None
+    return token_mask.to(t.device).reshape(*token_mask.shape, *([1] * (t.dim() - 2)))
 
-    Three cheap passes — sum, dot(x, x), aminmax — instead of a Welford var_mean. NaN and
-    Inf are counted only when min + max is not finite (the one host check per step): that
-    saves two full passes on every healthy step.
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return t if t.is_floating_point() and t.dtype not in (torch.float16, torch.bfloat16) else t.float()
+
+
+def tensor_moments(t: torch.Tensor, token_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[n, Σx, Σx², min, max] of the elements at real tokens (all of them without a mask), as one float64
+    tensor on t's device: three cheap passes — sum, dot(x, x), aminmax — and no read on the host.
+
+    NaN and Inf are not counted here: min + max is not finite exactly when some are, and the trace counts
+    them then (nonfinite_counts), in its second transfer, which a healthy trace never makes.
     """
-    flat = t.detach().reshape(-1)
-    if not flat.is_floating_point() or flat.dtype in (torch.float16, torch.bfloat16):
-        flat = flat.float()  # half-precision sums overflow and lose digits
-    raw = torch.stack([flat.sum(), torch.dot(flat, flat), *torch.aminmax(flat)])
-    finite = math.isfinite(float(raw[2] + raw[3]))
-    if finite:
-        counts = torch.zeros(2, dtype=raw.dtype, device=raw.device)
-    else:
-        counts = torch.stack([torch.count_nonzero(torch.isnan(flat)), torch.count_nonzero(torch.isinf(flat))])
-    n = torch.tensor([float(flat.numel())], dtype=torch.float64, device=raw.device)
-    return torch.cat([n, raw.double(), counts.double()]), finite
+    real = _token_mask(t, token_mask)
+    flat = _wide(t)
+    if real is None:
+        flat = flat.reshape(-1)
+        raw = torch.stack([flat.sum(), torch.dot(flat, flat), *torch.aminmax(flat)])
+        n = torch.full((1,), float(flat.numel()), dtype=torch.float64, device=raw.device)
+        return torch.cat([n, raw.double()])
+    zeroed = torch.where(real, flat, 0).reshape(-1)  # no boolean indexing: its size would need a host read
+    raw = torch.stack([zeroed.sum(), torch.dot(zeroed, zeroed), flat.masked_fill(~real, float("inf")).amin(),
+                       flat.masked_fill(~real, -float("inf")).amax()])
+    n = real.sum(dtype=torch.float64) * (flat.numel() // real.numel())
+    return torch.cat([n.reshape(1), raw.double()])
 
 
-def stats_from_moments(moments: list[float]) -> list[float]:
-    """[mean, std, min, max, rms, max|x|, #NaN, #Inf] from tensor_moments; population std."""
-    n, total, squares, low, high, nan, inf = moments
+def nonfinite_counts(t: torch.Tensor, token_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[#NaN, #Inf] at real tokens, on t's device."""
+    real = _token_mask(t, token_mask)
+    nan, inf = torch.isnan(t.detach()), torch.isinf(t.detach())
+    if real is not None:
+        nan, inf = nan & real, inf & real
+    return torch.stack([nan.sum(), inf.sum()])
+
+
+def finite(moments: list[float]) -> bool:
+    """Whether every element was finite, from tensor_moments on the host."""
+    return math.isfinite(moments[3] + moments[4])
+
+
+def stats_from_moments(moments: list[float], counts: Optional[list[float]] = None) -> list[float]:
+    """[mean, std, min, max, rms, max|x|, #NaN, #Inf] from tensor_moments and nonfinite_counts (None: all
+    finite); population std."""
+    n, total, squares, low, high = moments
+    nan, inf = counts if counts is not None else (0, 0)
     mean, mean_square = total / n, squares / n
     variance = max(mean_square - mean * mean, 0.0) if math.isfinite(mean_square) else mean_square
     return [mean, math.sqrt(variance) if variance == variance else variance, low, high,
@@ -48,27 +76,17 @@ def stats_from_moments(moments: list[float]) -> list[float]:
 
 def tensor_stats(t: torch.Tensor) -> list[float]:
     """The statistics of one tensor, as Python floats in STAT_NAMES order."""
-    return stats_from_moments(tensor_moments(t)[0].tolist())
+    from blocktrace.host import to_host
+
+    moments, counts = to_host((tensor_moments(t), nonfinite_counts(t)))
+    return stats_from_moments(moments, counts if not finite(moments) else None)
 
 
-# Below this, a diagonal weight may have lost digits to underflow: such rows use their maximum.
-_TINY_WEIGHT = 1e-30
-
-
-def _log_normaliser(w: torch.Tensor, s: torch.Tensor, rows: slice, row_max_score: torch.Tensor) -> torch.Tensor:
-    """lse = log Σ_j exp(s_j) per row, from the softmax output: lse = s_j − log p_j for any j.
-
-    The diagonal j = i is always a valid key (causal or not) and costs no pass over the
-    T² values; the few rows whose diagonal weight is tiny (collapsed onto another key) use
-    their largest weight instead, which is ≥ 1/T.
-    """
-    diagonal_w = torch.diagonal(w, offset=rows.start, dim1=-2, dim2=-1)
-    diagonal_s = torch.diagonal(s, offset=rows.start, dim1=-2, dim2=-1)
-    lse = diagonal_s - torch.log(diagonal_w)
-    tiny = diagonal_w < _TINY_WEIGHT
-    if bool(tiny.any()):
-        lse = torch.where(tiny, row_max_score - torch.log(w.amax(dim=-1)), lse)
-    return lse
+def _log_normaliser(w: torch.Tensor, row_max: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
+    """lse = log Σ_j exp(s_j) per row, from the softmax output: lse = s_j − log p_j for any j. Taken at the
+    key with the largest score, whose weight is the row's largest (≥ 1/T, never lost to underflow); it costs
+    a gather of one weight per row, not a pass over the T² values."""
+    return row_max - torch.log(torch.gather(w, -1, argmax.unsqueeze(-1)).squeeze(-1))
 
 
 @functools.lru_cache(maxsize=4)
@@ -86,21 +104,27 @@ def uniform_entropy(t: int, causal: bool, window: Optional[int] = None) -> float
     return sum(math.log(min(i + 1, window or t)) for i in range(t)) / t
 
 
+def _count(value: int, device: torch.device) -> torch.Tensor:
+    """A count as a float64 device scalar, by a fill: a copy to the device from pageable host memory would
+    wait for the queue first."""
+    return torch.full((), float(value), dtype=torch.float64, device=device)
+
+
 def _positional_sums(w: torch.Tensor, rows: slice, real: Optional[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Per head, the weight summed over the chunk's rows on the first key, on the query's own key and on the
     key just before it: the signatures of a sink head, a self head and a previous-token head."""
     first = w[..., 0]  # [N, H, rows]
     own = torch.diagonal(w, offset=rows.start, dim1=-2, dim2=-1)  # [N, H, rows]
     previous = torch.diagonal(w, offset=rows.start - 1, dim1=-2, dim2=-1)  # rows whose query is ≥ 1
-    has_previous = torch.arange(rows.start, rows.stop, device=w.device) >= 1
+    with_previous = rows.stop - max(rows.start, 1)  # the chunk's queries that have a key before them
     if real is not None:
         first, own = first * real, own * real
         previous = previous * real[..., -previous.shape[-1]:] if previous.shape[-1] else previous
-        has_previous = has_previous & real.any(dim=(0, 1))
+        previous_rows = real[..., real.shape[-1] - max(with_previous, 0):].sum(dtype=torch.float64)
+    else:
+        previous_rows = _count(w.shape[0] * max(with_previous, 0), w.device)
     return {"first_sum": first.double().sum(dim=(0, 2)), "self_sum": own.double().sum(dim=(0, 2)),
-            "previous_sum": previous.double().sum(dim=(0, 2)),
-            "previous_rows": (real[..., has_previous].sum() if real is not None
-                              else w.shape[0] * int(has_previous.sum()))}
+            "previous_sum": previous.double().sum(dim=(0, 2)), "previous_rows": previous_rows}
 
 
 def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: slice,
@@ -116,8 +140,8 @@ def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: sli
     w, s = weights.detach(), scores.detach()
     n_heads, t = w.shape[-3], w.shape[-1]
     w, s = w.reshape(-1, n_heads, w.shape[-2], t), s.reshape(-1, n_heads, s.shape[-2], t)
-    row_max_score = s.amax(dim=-1)
-    lse = _log_normaliser(w, s, rows, row_max_score)
+    row_max_score, argmax = s.max(dim=-1)
+    lse = _log_normaliser(w, row_max_score, argmax)
     expected_score = torch.einsum("nhij,nhij->nhi", w, s)
     row_entropy = (lse - expected_score).double()  # [N, H, rows]
     future_mask = _future_mask(w.shape[-2], t, rows.start, w.dtype, w.device)
@@ -126,13 +150,13 @@ def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: sli
         future = (w.reshape(-1, future_mask.numel()) @ future_mask.reshape(-1)).double().sum()
         return {"entropy_sum": row_entropy.sum(dim=(0, 2)), "future_weight_sum": future,
                 "max_weight": row_max_weight.amax().double(), "max_logit": row_max_score.amax().double(),
-                "rows": w.shape[0] * w.shape[-2], **_positional_sums(w, rows, None)}
+                "rows": _count(w.shape[0] * w.shape[-2], w.device), **_positional_sums(w, rows, None)}
     real = query_mask[:, None, rows].to(w.device)  # [N, 1, rows]: padded queries count for nothing
     future_rows = torch.einsum("nhij,ij->nhi", w, future_mask).double()
     return {"entropy_sum": (row_entropy * real).sum(dim=(0, 2)), "future_weight_sum": (future_rows * real).sum(),
             "max_weight": row_max_weight.masked_fill(~real, 0).amax().double(),
             "max_logit": row_max_score.masked_fill(~real, torch.finfo(s.dtype).min).amax().double(),
-            "rows": int(query_mask.sum()), **_positional_sums(w, rows, real)}
+            "rows": real.sum(dtype=torch.float64), **_positional_sums(w, rows, real)}
 
 
 def weights_only_stats(weights: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -148,7 +172,7 @@ def weights_only_stats(weights: torch.Tensor) -> dict[str, torch.Tensor]:
     future_mask = _future_mask(w.shape[-2], t, 0, w.dtype, w.device)
     future = (w.reshape(-1, future_mask.numel()) @ future_mask.reshape(-1)).double().sum()
     return {"entropy_sum": entropy, "future_weight_sum": future, "max_weight": w.amax().double(),
-            "max_logit": None, "rows": w.shape[0] * w.shape[-2], **_positional_sums(w, slice(0, w.shape[-2]), None)}
+            "max_logit": None, "rows": _count(w.shape[0] * w.shape[-2], w.device), **_positional_sums(w, slice(0, w.shape[-2]), None)}
 
 
 def attention_stats(weights: torch.Tensor, scores: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -23,7 +23,8 @@ from torch.nn import functional as F
 
 from blocktrace.tracing.recorder import Recorder, first_tensor
 from blocktrace.tracing.steps import detect_layout, own_layout
-from blocktrace.tracing.tracer import assemble, is_own_block, measured_norms
+from blocktrace.tracing.assembly import Collected
+from blocktrace.tracing.tracer import is_own_block, measured_norms
 
 _CURRENT: list["BlockTap"] = []  # the tapped block whose forward is running (a stack: blocks may nest)
 
@@ -67,17 +68,17 @@ class BlockTap:
         if self.output is None:
             self.output = first_tensor(output).detach()
 
-    def result(self, reducer=None):
-        """The Trace of what the block did, or None if it did not run while tapped."""
+    def result(self, reducer=None) -> Optional[Collected]:
+        """What the block did, still on the device (tracing.assembly.finish makes it a Trace), or None if it did
+        not run while tapped."""
         if self.recorder is None or self.recorder.input is None or self.output is None:
             return None
         behaviour = measured_norms(self.block, self.layout, self.output.shape[-1]) if self.checks else {}
-        traced = assemble(self.block, self.layout, self.own, self.recorder, self.output, behaviour, reducer)
-        traced.notes += self.notes
-        if traced.attention is not None and traced.attention.max_logit is None:
-            traced.notes.append("largest attention logit not visible: the attention returns its weights, not its "
-                                "scores (HF's eager attention); with sdpa attention the watch measures it")
-        return traced
+        notes = list(self.notes)
+        if self.recorder.attention.chunks and all(c["max_logit"] is None for c in self.recorder.attention.chunks):
+            notes.append("largest attention logit not visible: the attention returns its weights, not its "
+                         "scores (HF's eager attention); with sdpa attention the watch measures it")
+        return Collected(self.block, self.layout, self.own, self.recorder, self.output, behaviour, reducer, notes)
 
 
 def _masked_scores(scores: torch.Tensor, mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:

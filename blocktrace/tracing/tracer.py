@@ -24,12 +24,11 @@ from blocktrace.tracing.calling import (
     huggingface_call,
     is_huggingface,
 )
+from blocktrace.tracing.assembly import Collected, finish
 from blocktrace.tracing.recorder import HookFailure, Recorder, first_tensor
-from blocktrace.tracing.records import AttentionSummary, Stats, StepRecord, Trace
-from blocktrace.tracing.routing import RoutingSummary
-from blocktrace.tracing.stats import stats_from_moments, uniform_entropy
+from blocktrace.tracing.records import Trace
 from blocktrace.tracing.steps import Layout, own_layout, resolve, user_layout
-from blocktrace.vocab import NORM_STEPS, SANDWICH_STEPS, STEP_NAMES, Placement
+from blocktrace.vocab import NORM_STEPS, Placement
 
 
 def is_own_block(block: nn.Module) -> bool:
@@ -96,8 +95,7 @@ def trace(
             block.attn.query_chunk = saved_chunk
         recorder.detach()
     behaviour = _behaviour(block, layout, own, x, call, output) if checks else {}
-    traced = assemble(block, layout, own, recorder, output, behaviour)
-    traced.notes[:0] = call.notes
+    (traced,), _ = finish([Collected(block, layout, own, recorder, output, behaviour, notes=call.notes)])
     return traced
 
 
@@ -115,25 +113,24 @@ def _call(block, layout: Layout, own: bool, x, forward_kwargs: Optional[dict], t
 
 
 def measured_norms(block, layout: Layout, width: int) -> dict:
-    """The measured kind and gain of every norm step, by step name (see tracing.behaviour)."""
+    """How every norm step behaves, by step name (tracing.behaviour: measured on the device, read with the trace)."""
     measured = {}
     for spec in layout.specs:
         if spec.name in NORM_STEPS:
             norm = measure_norm(resolve(block, spec), width)
             if norm is not None:
-                measured[spec.name] = norm.to_probe()
+                measured[spec.name] = norm
     return measured
 
 
 def _behaviour(block, layout: Layout, own: bool, x, call: Call, output) -> dict:
-    """Measured causality (a user's block) and the measured kind of every norm, by step name."""
+    """Measured causality (a user's block) and the behaviour of every norm, by step name."""
     measured = measured_norms(block, layout, x.shape[-1])
     if not own:
         def forward(value):
             with eager_attention(call):
                 return _forward(block, value, call.kwargs, own)
-        causality = measure_causality(forward, x, output)
-        measured["attn"] = {"causal_measured": causality.causal, "causal_leak": causality.leak}
+        measured["attn"] = measure_causality(forward, x, output)
     return measured
 
 
@@ -152,79 +149,3 @@ def _forward(block: nn.Module, x: torch.Tensor, kwargs: dict, own: bool) -> torc
         raise InputError(f"the block's forward returned {type(result).__name__}; blocktrace needs the output "
                          "hidden states: a tensor, or a tuple whose first item is that tensor")
     return output
-
-
-def _operations(block, layout: Layout, own: bool) -> dict[str, str]:
-    if own:
-        from blocktrace.model.block import step_operations, substep_operations
-
-        return {"x": "input", **step_operations(block.config), **substep_operations(block.config)}
-    derived = {name: f"x1 = {stream} + {update}_out, summed by blocktrace (the block adds both branches at once)"
-               for name, stream, update in layout.derived}
-    return {"x": "input", **{spec.name: spec.describe() for spec in layout.specs}, **derived}
-
-
-def assemble(block, layout: Layout, own: bool, recorder: Recorder, output, behaviour: dict,
-             reducer=None) -> Trace:
-    """What the recorder saw of one call of the block, as a Trace (one copy of every number to Python).
-    A reducer (a distributed watch) turns this rank's sums, minima and maxima into all ranks' first."""
-    pending = [recorder.input, *recorder.steps, *recorder.substeps]
-    attention = recorder.attention.result(reducer)
-    moments = torch.stack([p.stats for p in pending])
-    if reducer is not None:
-        moments = reducer.moments(moments)
-    # One device-to-host copy for every number of the trace.
-    stats_rows = [stats_from_moments(row) for row in moments.tolist()]
-    samples = [p.sample.double().tolist() if p.sample is not None else None for p in pending]
-    operations = _operations(block, layout, own)
-    records = [
-        StepRecord(p.name, operations[p.name], p.shape, p.dtype, Stats.from_values(row), p.tensor, sample,
-                   _python_probe({**p.probe, **behaviour.get(p.name, {})}))
-        for p, row, sample in zip(pending, stats_rows, samples)
-    ]
-    summary, notes = None, []
-    if attention:
-        preview = attention.get("preview")
-        summary = AttentionSummary(
-            shape=attention["shape"],
-            causal=layout.causal,
-            future_weight_sum=attention["future_weight_sum"].item(),
-            entropy_per_head=attention["entropy_per_head"].tolist(),
-            max_weight=attention["max_weight"].item(),
-            max_logit=attention["max_logit"].item() if attention["max_logit"] is not None else None,
-            preview=preview.double().tolist() if preview is not None else None,
-            tensor=attention.get("tensor"),
-            uniform_entropy=uniform_entropy(attention["shape"][-1], bool(layout.causal), _window(block, own)),
-            first_weight=attention["first_weight"].tolist(), self_weight=attention["self_weight"].tolist(),
-            previous_weight=attention["previous_weight"].tolist(),
-        )
-    else:
-        notes.append(f"attention weights are not visible: {layout.attention_path or 'the attention'} returns none "
-                     "(a fused kernel such as scaled_dot_product_attention, or weights not requested)")
-    fired = {p.name for p in recorder.steps}
-    expected = {spec.name for spec in layout.specs}
-    missing = [name for name in (*STEP_NAMES, *SANDWICH_STEPS) if name in expected and name not in fired]
-    if missing:
-        notes.append(f"hooks that never fired: {', '.join(missing)} (a fast path may skip submodule hooks)")
-    config = block.config if own else None
-    n_steps = 1 + len(recorder.steps)
-    routing = None
-    if recorder.routing is not None:  # one more transfer, for a mixture of experts only
-        routing = RoutingSummary.of(recorder.routing.tolist(), recorder.routing_k)
-    return Trace(config, records[0], records[1:n_steps], summary, output, layout.name, layout.placement, missing,
-                 notes, records[n_steps:], layout.causal, routing)
-
-
-def _window(block, own: bool) -> Optional[int]:
-    if own:
-        return block.config.sliding_window
-    from blocktrace.tracing.calling import _attention_module
-
-    window = getattr(_attention_module(block), "sliding_window", None)
-    return window if isinstance(window, int) else None
-
-
-def _python_probe(probe: dict) -> Optional[dict]:
-    if not probe:
-        return None
-    return {key: value.item() if isinstance(value, torch.Tensor) else value for key, value in probe.items()}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-SUMMED_MOMENTS, MIN_MOMENT, MAX_MOMENT = [0, 1, 2, 5, 6], 3, 4  # columns of tensor_moments' output
+SUMMED_MOMENTS, MIN_MOMENT, MAX_MOMENT = [0, 1, 2], 3, 4  # columns of tensor_moments' output
 
 
 class Reducer:
@@ -32,7 +32,7 @@ class Reducer:
         return tensor
 
     def moments(self, stacked: torch.Tensor) -> torch.Tensor:
-        """[steps, 7] moments of this rank's batch -> those of every rank's batch together."""
+        """[steps, 5] moments of this rank's batch -> those of every rank's batch together."""
         if not self.active:
             return stacked
         ops = self.dist.ReduceOp
@@ -48,8 +48,8 @@ class Reducer:
     def largest(self, tensor: torch.Tensor) -> torch.Tensor:
         return self._all_reduce(tensor.clone(), self.dist.ReduceOp.MAX) if self.active else tensor
 
-    def mean(self, value: float) -> float:
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        """The mean over the ranks of a device scalar (the loss), still on the device."""
         if not self.active:
             return value
-        total = self._all_reduce(torch.tensor([value], dtype=torch.float64), self.dist.ReduceOp.SUM)
-        return float(total) / self.dist.get_world_size()
+        return self._all_reduce(value.clone(), self.dist.ReduceOp.SUM) / self.world_size

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import math
+import struct
 import warnings
 from os import PathLike
 from pathlib import Path
@@ -31,8 +32,9 @@ from blocktrace.diagnose.diagnosis import Context, diagnose, in_context
 from blocktrace.diagnose.dynamics import judge
 from blocktrace.diagnose.grad import GradientReport
 from blocktrace.diagnose.health import ModelEvidence, evaluate
-from blocktrace.diagnose.weights import snapshot, update_ratios, weight_statistics
+from blocktrace.diagnose.weights import movement, snapshot, weight_moments, weight_summary
 from blocktrace.errors import UsageError
+from blocktrace.tracing.assembly import finish
 from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
 from blocktrace.training.distributed import Reducer
 from blocktrace.training.timeline import TimelineWriter, diagnosis_entries, flag_entries, layer_entry, record
@@ -207,24 +209,28 @@ class Watch:
         return None
 
     def _record(self, loss, lr) -> Optional[dict]:
-        traces = [tap.result(self.reducer) for tap in self.taps]
-        present = [(index, trace) for index, trace in enumerate(traces) if trace is not None]
+        """Everything measured on the device, read on the host in one copy (tracing.assembly.finish), then judged."""
+        collected = [(index, tap.result(self.reducer)) for index, tap in enumerate(self.taps)]
+        present = [(index, c) for index, c in collected if c is not None]
         grads = [_grad_norm(block) for block in self.blocks]
         self._warn_if_called_before_backward(grads)
-        weights = [update_ratios(block, self.snapshots[i] if self.snapshots else None)
-                   for i, block in enumerate(self.blocks)] if self.track_updates else [None] * len(self.blocks)
+        moved = [movement(block, self.snapshots[i] if self.snapshots else None)
+                 for i, block in enumerate(self.blocks)] if self.track_updates else []
         if self.track_updates:
             self.snapshots = [snapshot(block) for block in self.blocks]
-        loss_value = self.reducer.mean(float(loss.detach())) if isinstance(loss, torch.Tensor) else (
-            self.reducer.mean(float(loss)) if loss is not None else None)
-        layers = [dict(layer_entry(i, t, grads[i], weights[i]), trainable=_trainable(self.blocks[i]))
-                  for i, t in present]
-        entry = record(self.count, "watch", layers, [], [], loss=loss_value, lr=self._learning_rate(lr),
-                       grad_norm=_grad_norm(self.model),
-                       extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab, "data": self.batch.report(),
+        measured = {"grads": grads, "model_grad": _grad_norm(self.model), "moved": [m.values() for m in moved], "loss": self._loss(loss),
+                    "weights": [weight_moments(block) for block in self.blocks] if self.checks else None,
+                    "data": self.batch.report()}
+        traces, host = finish([c for _, c in present], measured)
+        weights = [m.result(values) for m, values in zip(moved, host["moved"])] or [None] * len(self.blocks)
+        layers = [dict(layer_entry(index, t, host["grads"][index], weights[index]),
+                       trainable=_trainable(self.blocks[index])) for (index, _), t in zip(present, traces)]
+        entry = record(self.count, "watch", layers, [], [], loss=host["loss"], lr=self._learning_rate(lr),
+                       grad_norm=host["model_grad"],
+                       extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab, "data": host["data"],
                               "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None})
-        context = Context(post_norm=any(t.placement.norm_after_add for _, t in present), step=self.count)
-        findings = self._findings([t for _, t in present], grads)
+        context = Context(post_norm=any(t.placement.norm_after_add for t in traces), step=self.count)
+        findings = self._findings(traces, host["grads"], host["weights"])
         if self.checks:
             findings += judge(([self.first_record] if self.first_record else []) + list(self.recent), entry)
         flags = in_context(findings, context)
@@ -235,6 +241,14 @@ class Watch:
             self.writer.write(entry)
             self._to_tensorboard(entry)
         return entry
+
+    def _loss(self, loss) -> Optional[torch.Tensor]:
+        """The loss as a device scalar, averaged over the ranks."""
+        if loss is None:
+            return None
+        if not isinstance(loss, torch.Tensor):
+            loss = torch.full((), float(loss), dtype=torch.float64, device=_device(self.blocks[0]))
+        return self.reducer.mean(loss.detach().reshape(()).double())
 
     def _remember(self, entry: dict) -> None:
         if self.first_record is None:
@@ -252,12 +266,12 @@ class Watch:
                       "require them: call watch.step() after loss.backward() and before optimizer.step() and "
                       "zero_grad() (gradient norms are recorded as null until then)", RuntimeWarning, stacklevel=3)
 
-    def _findings(self, traces: list, grads: list) -> list:
+    def _findings(self, traces: list, grads: list, weights: Optional[list]) -> list:
         if not traces or not self.checks:
             return []
         gradients = GradientReport(loss=float("nan"), batches=1, step_norms=[{"parameters": g} for g in grads
                                                                              if g is not None], weight_norms=[])
-        evidence = ModelEvidence(weights=[weight_statistics(block) for block in self.blocks], n_layers=len(traces),
+        evidence = ModelEvidence(weights=[weight_summary(w) for w in weights], n_layers=len(traces),
                                  step=self.count, stored_dtype=_stored_dtype(self.blocks[0]),
                                  optimizer=optimizer_settings(self.optimizer))
         return evaluate(traces, gradients, evidence)
@@ -294,8 +308,25 @@ def optimizer_settings(optimizer) -> list[dict]:
             continue
         for dtype in {p.dtype for p in group["params"] if p.is_floating_point()}:
             settings.append({"dtype": str(dtype).replace("torch.", ""), "eps": float(eps),
-                             "eps_in_dtype": float(torch.tensor(eps, dtype=dtype))})
+                             "eps_in_dtype": rounded_to(float(eps), dtype)})
     return settings
+
+
+def rounded_to(value: float, dtype: torch.dtype) -> float:
+    """`value` as `dtype` stores it, computed on the host (a tensor's .item() would count as a read)."""
+    if dtype not in (torch.float16, torch.float32, torch.bfloat16):
+        return value
+    try:
+        if dtype == torch.float16:
+            return struct.unpack("e", struct.pack("e", value))[0]
+        single = struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:  # past the format's largest value
+        return math.copysign(math.inf, value)
+    if dtype == torch.float32 or not math.isfinite(single):
+        return single
+    bits = struct.unpack("I", struct.pack("f", single))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # to the nearest bfloat16, ties to even
+    return struct.unpack("f", struct.pack("I", bits))[0]
 
 
 HISTORY = 17  # records kept for the dynamics: the loss-spike window (16 before) and the record before
@@ -338,20 +369,42 @@ class Batch:
             self.vocab = int(logits.shape[-1])
 
     def report(self) -> Optional[dict]:
-        """{"repeated", "labels_are_inputs"} of the batch seen (None when no ids were seen); then forget it."""
+        """{"repeated", "labels_are_inputs"} of the batch seen, as device booleans (None when no ids were seen);
+        then forget it."""
         if self.ids is None:
             return None
-        same = lambda a, b: a is not None and a.shape == b.shape and bool(torch.equal(a, b))  # noqa: E731
-        found = {"repeated": same(self.previous, self.ids),
-                 "labels_are_inputs": not self.shifts_labels and same(self.targets, self.ids)}
+        found = {"repeated": _same(self.previous, self.ids),
+                 "labels_are_inputs": not self.shifts_labels and _same(self.targets, self.ids)}
         # a copy: a loop that refills one buffer in place would otherwise compare the batch with itself
         self.previous, self.ids, self.targets = self.ids.clone(), None, None
         return found
 
 
-def _grad_norm(block: nn.Module) -> Optional[float]:
-    squares = [p.grad.detach().float().pow(2).sum() for p in block.parameters() if p.grad is not None]
-    return math.sqrt(float(torch.stack(squares).sum())) if squares else None
+def _same(a: Optional[torch.Tensor], b: torch.Tensor):
+    """Whether two id tensors are equal: False, or a device boolean (torch.equal would wait for the device)."""
+    if a is None or a.shape != b.shape or a.device != b.device:
+        return False
+    return (a == b).all()
+
+
+def _grad_norm(module: nn.Module) -> Optional[torch.Tensor]:
+    """‖g‖ over the module's gradients as a float64 device scalar (None when none has one): one fused norm per
+    device and dtype, no read on the host. A sharded gradient's norm covers every shard (its DTensor reduces)."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for parameter in module.parameters():
+        if parameter.grad is not None:
+            grad = parameter.grad.detach()
+            groups.setdefault((grad.device, grad.dtype), []).append(grad)
+    if not groups:
+        return None
+    norms = [norm.double() for grads in groups.values() for norm in torch._foreach_norm(grads)]
+    device = norms[0].device
+    return torch.linalg.vector_norm(torch.stack([norm.to(device) for norm in norms]))
+
+
+def _device(block: nn.Module) -> torch.device:
+    parameter = next(block.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
 
 
 def _tensorboard(target):

@@ -1,0 +1,166 @@
+"""From what the hooks saw to a Trace, with the host reading the device once.
+
+The hooks leave device tensors (tracing.recorder). `Collected` holds one block's, and `finish`
+turns any number of them — one block for `trace`, every block of a model for a training watch,
+plus whatever else the caller measured — into Traces with at most two copies to the host:
+
+1. every statistic, probe, sample and attention summary of every block, in one copy;
+2. only if the first copy shows a reason: NaN and Inf counts of steps that are not finite, the
+   median |x| behind a massive activation, the flat region of a mostly dead FFN — measured from
+   the values the trace held — in a second copy. A healthy trace makes no second copy.
+
+A reducer (a distributed watch) turns this rank's sums, minima and maxima into all ranks' on the
+device, before the copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from blocktrace.host import to_host
+from blocktrace.tracing.probes import (
+    DEAD_WORTH_A_LOOK,
+    MASSIVE_ABS,
+    RESIDUAL_STEPS,
+    dead_fraction,
+    flat_fraction,
+    massive_median,
+)
+from blocktrace.tracing.records import AttentionSummary, Stats, StepRecord, Trace
+from blocktrace.tracing.routing import RoutingSummary
+from blocktrace.tracing.stats import finite, nonfinite_counts, stats_from_moments, uniform_entropy
+from blocktrace.tracing.steps import Layout
+from blocktrace.vocab import SANDWICH_STEPS, STEP_NAMES
+
+TINY = 1e-30  # a median this small counts as this (a ratio to it stays finite)
+
+
+class Collected:
+    """One block's trace between its forward and the copy to the host."""
+
+    def __init__(self, block, layout: Layout, own: bool, recorder, output: torch.Tensor, behaviour: dict,
+                 reducer=None, notes: Optional[list[str]] = None):
+        self.block, self.layout, self.own, self.recorder = block, layout, own, recorder
+        self.output, self.behaviour, self.reducer = output, behaviour, reducer
+        self.notes = list(notes or [])
+        self.pending = [recorder.input, *recorder.steps, *recorder.substeps]
+        self.attention = recorder.attention.result(reducer)
+
+    def device_values(self) -> dict:
+        """Everything the first copy brings: a tree of device tensors."""
+        moments = torch.stack([p.stats for p in self.pending])
+        if self.reducer is not None:
+            moments = self.reducer.moments(moments)
+        probes = []
+        for p in self.pending:
+            probe = dict(p.probe)
+            if "unit_peak" in probe:
+                probe = {**{k: v for k, v in probe.items() if k != "unit_peak"}, **dead_fraction(probe, self.reducer)}
+            probes.append(probe)
+        attention = {key: value for key, value in self.attention.items() if key not in ("tensor", "shape")}
+        return {"moments": moments, "samples": [p.sample for p in self.pending], "probes": probes,
+                "attention": attention, "routing": self.recorder.routing,
+                "behaviour": {name: measured.values() for name, measured in self.behaviour.items()}}
+
+    def followups(self, first: dict) -> dict:
+        """What the first copy shows is worth measuring, as device tensors (usually nothing)."""
+        later: dict[int, dict] = {}
+        mask = self.recorder.token_mask
+        for index, (p, row) in enumerate(zip(self.pending, first["moments"])):
+            found = {}
+            if not finite(row):
+                counts = nonfinite_counts(p.held["value"], mask)
+                found["counts"] = self.reducer.summed(counts) if self.reducer is not None else counts
+                found["inputs_finite"] = [torch.isfinite(t).all() for t in p.held["inputs"]]
+            largest = max(abs(row[3]), abs(row[4]))
+            if self.recorder.probes is not None and p.name in RESIDUAL_STEPS and largest > MASSIVE_ABS:
+                found["massive_median"] = massive_median(p.held["value"], mask)
+            dead = first["probes"][index].get("dead_fraction")
+            if dead is not None and dead > DEAD_WORTH_A_LOOK and "hidden" in p.held:
+                found["flat_fraction"] = flat_fraction(p.held["hidden"], first["probes"][index]["gated"], mask)
+            if found:
+                later[index] = found
+        return later
+
+    def build(self, first: dict, later: dict) -> Trace:
+        operations = _operations(self.block, self.layout, self.own)
+        records = []
+        for index, (p, row, sample, probe) in enumerate(zip(self.pending, first["moments"], first["samples"],
+                                                            first["probes"])):
+            found = later.get(index, {})
+            stats = stats_from_moments(row, found.get("counts"))
+            probe = {**_probe(probe, row, found), **self._behaviour(p.name, first["behaviour"])}
+            records.append(StepRecord(p.name, operations[p.name], p.shape, p.dtype, Stats.from_values(stats),
+                                      p.tensor, sample, probe or None))
+        summary, notes = self._attention(first["attention"]), list(self.notes)
+        if summary is None:
+            notes.append(f"attention weights are not visible: {self.layout.attention_path or 'the attention'} "
+                         "returns none (a fused kernel such as scaled_dot_product_attention, or weights not requested)")
+        fired = {p.name for p in self.recorder.steps}
+        expected = {spec.name for spec in self.layout.specs}
+        missing = [name for name in (*STEP_NAMES, *SANDWICH_STEPS) if name in expected and name not in fired]
+        if missing:
+            notes.append(f"hooks that never fired: {', '.join(missing)} (a fast path may skip submodule hooks)")
+        routing = RoutingSummary.of(first["routing"], self.recorder.routing_k) if first["routing"] is not None else None
+        n_steps = 1 + len(self.recorder.steps)
+        self.pending = []  # what was held for the followups goes now
+        return Trace(self.block.config if self.own else None, records[0], records[1:n_steps], summary, self.output,
+                     self.layout.name, self.layout.placement, missing, notes, records[n_steps:], self.layout.causal,
+                     routing)
+
+    def _behaviour(self, name: str, values: dict) -> dict:
+        measured = self.behaviour.get(name)
+        return measured.probe(values[name]) if measured is not None else {}
+
+    def _attention(self, values: dict) -> Optional[AttentionSummary]:
+        if not self.attention:
+            return None
+        shape = self.attention["shape"]
+        return AttentionSummary(
+            shape=shape, causal=self.layout.causal, future_weight_sum=values["future_weight_sum"],
+            entropy_per_head=values["entropy_per_head"], max_weight=values["max_weight"],
+            max_logit=values["max_logit"], preview=values.get("preview"), tensor=self.attention.get("tensor"),
+            uniform_entropy=uniform_entropy(shape[-1], bool(self.layout.causal), _window(self.block, self.own)),
+            first_weight=values["first_weight"], self_weight=values["self_weight"],
+            previous_weight=values["previous_weight"])
+
+
+def _probe(probe: dict, moments: list[float], found: dict) -> dict:
+    """A step's probe on the host: the followups' findings in, the fields only they needed out."""
+    probe = {key: value for key, value in probe.items() if key != "gated"}
+    if "inputs_finite" in found:
+        probe["inputs_finite"] = found["inputs_finite"]
+    if "massive_median" in found:
+        probe["massive_ratio"] = max(abs(moments[3]), abs(moments[4])) / max(found["massive_median"], TINY)
+    if "dead_fraction" in probe:
+        probe["flat_fraction"] = found.get("flat_fraction", 0.0)
+    return probe
+
+
+def finish(collected: list[Collected], extra: Any = None) -> tuple[list[Trace], Any]:
+    """The Traces of `collected`, and `extra` (any tree of device tensors the caller measured beside them) on
+    the host: one copy, and a second only when the first shows something worth measuring."""
+    first = to_host({"traces": [c.device_values() for c in collected], "extra": extra})
+    later = to_host([c.followups(values) for c, values in zip(collected, first["traces"])])
+    return [c.build(values, found) for c, values, found in zip(collected, first["traces"], later)], first["extra"]
+
+
+def _operations(block, layout: Layout, own: bool) -> dict[str, str]:
+    if own:
+        from blocktrace.model.block import step_operations, substep_operations
+
+        return {"x": "input", **step_operations(block.config), **substep_operations(block.config)}
+    derived = {name: f"x1 = {stream} + {update}_out, summed by blocktrace (the block adds both branches at once)"
+               for name, stream, update in layout.derived}
+    return {"x": "input", **{spec.name: spec.describe() for spec in layout.specs}, **derived}
+
+
+def _window(block, own: bool) -> Optional[int]:
+    if own:
+        return block.config.sliding_window
+    from blocktrace.tracing.calling import attention_module
+
+    window = getattr(attention_module(block), "sliding_window", None)
+    return window if isinstance(window, int) else None
