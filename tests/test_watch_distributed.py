@@ -1,5 +1,6 @@
 """Watch under torch.distributed: two gloo processes on CPU record what one process records on the
-concatenated batch."""
+concatenated batch, under DDP (every rank holds every weight) and under FSDP2 (each rank holds a shard of
+each weight: norms, updates and gradient norms must cover every shard)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,19 @@ from blocktrace import Watch
 dist.init_process_group("gloo")
 rank, size = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(NanoGPT())
+model = NanoGPT()
+model.h[1].ln_2 = torch.nn.Linear(16, 16)  # a "norm" that does not normalise: the check must see it on every setup
+if {wrapper!r} == "ddp":
+    model = torch.nn.parallel.DistributedDataParallel(model)
+else:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (size,))
+    for block in model.h:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    from torch.distributed.tensor import DTensor
+    assert all(isinstance(p, DTensor) and p.to_local().numel() < p.numel() for p in model.h.parameters())
 optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
 watch = Watch(model, {path!r}, every={every})
 share = {batch} // size
@@ -50,6 +63,7 @@ def _free_port() -> int:
 def _single_process(path):
     torch.manual_seed(0)
     model = NanoGPT()
+    model.h[1].ln_2 = torch.nn.Linear(16, 16)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     watch = Watch(model, path, every=EVERY)
     for step in range(STEPS):
@@ -63,10 +77,11 @@ def _single_process(path):
     return read_timeline(path)
 
 
-def test_two_ranks_record_what_one_process_records_on_the_whole_batch(tmp_path):
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_two_ranks_record_what_one_process_records_on_the_whole_batch(tmp_path, wrapper):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT.format(tests=str(ROOT / "tests"), path=str(tmp_path / "ddp.jsonl"), every=EVERY,
-                                         batch=BATCH, steps=STEPS))
+                                         batch=BATCH, steps=STEPS, wrapper=wrapper))
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
            "OMP_NUM_THREADS": "1"}
     ranks = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(rank)}, cwd=tmp_path,
@@ -90,4 +105,12 @@ def test_two_ranks_record_what_one_process_records_on_the_whole_batch(tmp_path):
                 assert layer_ddp["weights"][kind]["norm"] == pytest.approx(weights["norm"], rel=1e-5)
                 if weights["update_ratio"] is not None:
                     assert layer_ddp["weights"][kind]["update_ratio"] == pytest.approx(weights["update_ratio"], rel=1e-3)
+        assert _errors(ddp) == _errors(one)
+        assert ("norm_not_normalising", 1, "norm2") in _errors(ddp)
     assert distributed[0]["ranks"] == 2 and single[0]["ranks"] == 1
+    assert all("rank 0's share of the batch (estimates)" in " ".join(layer["notes"]) for layer in distributed[0]["layers"])
+    assert not any("estimates" in " ".join(layer["notes"]) for layer in single[0]["layers"])
+
+
+def _errors(record: dict) -> set:
+    return {(f["name"], f["layer"], f["step"]) for f in record["flags"] if f["level"] == "error"}

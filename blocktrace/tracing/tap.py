@@ -73,12 +73,30 @@ class BlockTap:
         not run while tapped."""
         if self.recorder is None or self.recorder.input is None or self.output is None:
             return None
-        behaviour = measured_norms(self.block, self.layout, self.output.shape[-1]) if self.checks else {}
+        behaviour = {}
+        if self.checks:
+            with _whole(self.block):
+                behaviour = measured_norms(self.block, self.layout, self.output.shape[-1])
         notes = list(self.notes)
         if self.recorder.attention.chunks and all(c["max_logit"] is None for c in self.recorder.attention.chunks):
             notes.append("largest attention logit not visible: the attention returns its weights, not its "
                          "scores (HF's eager attention); with sdpa attention the watch measures it")
         return Collected(self.block, self.layout, self.own, self.recorder, self.output, behaviour, reducer, notes)
+
+
+@contextlib.contextmanager
+def _whole(block: nn.Module):
+    """The block with whole weights while its norms are measured: a block sharded by FSDP2 holds only its rank's
+    shards between forwards, so it gathers them (every rank records, so every rank gathers) and drops them after."""
+    gather, drop = getattr(block, "unshard", None), getattr(block, "reshard", None)
+    if not (callable(gather) and callable(drop)):
+        yield
+        return
+    gather()
+    try:
+        yield
+    finally:
+        drop()
 
 
 def _masked_scores(scores: torch.Tensor, mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:

@@ -1,20 +1,24 @@
-"""Statistics of a watch under torch.distributed: reduced across ranks, as if one process had seen
-the concatenated batch.
+"""Statistics of a watch under torch.distributed (DDP, or FSDP2's fully_shard): reduced across ranks, as
+if one process had seen the concatenated batch.
 
 Every statistic blocktrace records is a sum, a count, a minimum or a maximum at heart — the
-moments [n, Σx, Σx², min, max, #NaN, #Inf], the attention's entropy sums and row counts, the
-largest logit — so an all-reduce of each by its own operation gives exactly the numbers of the
-whole batch. Gradients need nothing: DDP has averaged them already. Only rank 0 writes.
+moments [n, Σx, Σx², min, max], NaN and Inf counts, the attention's entropy sums and row counts,
+the largest logit, each FFN unit's largest activation (so the dead-unit fraction is exact) — so an
+all-reduce of each by its own operation, on the device, gives exactly the numbers of the whole
+batch. Gradients need nothing: DDP has averaged them already. Weights and gradients that FSDP2
+shards are DTensors: their norms and sums cover every shard (blocktrace.host gathers the results).
+Only rank 0 writes.
 
-The health checks' probes that are no sum — the median token size, dead FFN units, the residual
-identity — are estimates from a sample of tokens by nature; under DDP they read rank 0's share
-of the batch, and each record says how many ranks its statistics cover (`ranks`).
+What is no sum — the median token size, the median |x| behind a massive activation, the flat
+region of a dead FFN, the residual identity — is read from each rank's own share of the batch, and
+rank 0's is written: ESTIMATED names them, and each record's layers say so in their notes.
 """
 
 from __future__ import annotations
 
 import torch
 
+ESTIMATED = ("median token size", "massive-activation ratio", "dead FFN's flat-region share", "residual identity")
 SUMMED_MOMENTS, MIN_MOMENT, MAX_MOMENT = [0, 1, 2], 3, 4  # columns of tensor_moments' output
 
 
@@ -26,6 +30,13 @@ class Reducer:
         self.active = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self.is_writer = not self.active or dist.get_rank() == 0
         self.world_size = dist.get_world_size() if self.active else 1
+
+    def note(self) -> list[str]:
+        """What a layer's record says under more than one rank."""
+        if not self.active:
+            return []
+        return [f"every statistic covers the {self.world_size} ranks' batches, except the {', '.join(ESTIMATED)}: "
+                "rank 0's share of the batch (estimates)"]
 
     def _all_reduce(self, tensor: torch.Tensor, op) -> torch.Tensor:
         self.dist.all_reduce(tensor, op=op)

@@ -11,8 +11,10 @@ anyway (no second forward): the six steps' statistics of every block on that ste
 attention logit maximum and entropy per head, per-block gradient norms, ‖ΔW‖/‖W‖ per tensor kind
 since the last record, the loss and the learning rate, and the findings with a diagnosis — one
 JSON line per record (training/timeline.py), flushed. Hooks are attached only for the forward of a
-recording step: between records the watch costs nothing. Under torch.distributed the statistics
-are reduced across ranks and only rank 0 writes.
+recording step: between records the watch costs nothing. Everything is measured on the device and
+read on the host in one copy per record, whatever the depth (tracing.assembly). Under
+torch.distributed (DDP or FSDP2) the statistics are reduced across ranks (training/distributed.py)
+and only rank 0 writes.
 """
 
 from __future__ import annotations
@@ -223,6 +225,8 @@ class Watch:
                     "data": self.batch.report()}
         traces, host = finish([c for _, c in present], measured)
         weights = [m.result(values) for m, values in zip(moved, host["moved"])] or [None] * len(self.blocks)
+        for t in traces:
+            t.notes += self.reducer.note()
         layers = [dict(layer_entry(index, t, host["grads"][index], weights[index]),
                        trainable=_trainable(self.blocks[index])) for (index, _), t in zip(present, traces)]
         entry = record(self.count, "watch", layers, [], [], loss=host["loss"], lr=self._learning_rate(lr),
