@@ -2,8 +2,9 @@
 
 A Recorder attaches forward hooks to a block's step modules (and its attention), measures
 each value as it passes — statistics as small device tensors, nothing read on the host until
-the trace copies them all at once (tracing.assembly) — and detaches. It does not call the block: `tracer.trace` does, once; a training watch can
-attach it around a forward that training runs anyway.
+the trace copies them all at once (tracing.assembly) — and detaches. It does not call the
+block: `tracer.trace` does, once; a training watch can attach it around a forward that
+training runs anyway.
 
 A hook that fails raises HookFailure, so that a bug in blocktrace is never reported as the
 user's forward raising.

@@ -4,7 +4,8 @@ Works on blocktrace's own TransformerBlock and on any nn.Module block: a known l
 (HF GPT2Block, BertLayer, LlamaDecoderLayer, nanoGPT's Block, the tutorials' ln1/attn/ln2/ffn)
 or steps the caller names (see tracing.steps). Hooks are registered for one call only and
 removed in `finally`, also when the forward raises. Statistics are computed inside the
-hooks, so no full activation outlives its step unless the caller asks to keep tensors.
+hooks, on the device; the step outputs are held (references, not copies) until the trace's one
+copy to the host — a non-finite step's NaN and Inf are counted from them then — and dropped.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import nn
 
 from blocktrace.config import BlockConfig
 from blocktrace.errors import InputError
+from blocktrace.tracing.assembly import Collected, finish
 from blocktrace.tracing.behaviour import measure_causality, measure_norm
 from blocktrace.tracing.calling import (
     Call,
@@ -24,7 +26,6 @@ from blocktrace.tracing.calling import (
     huggingface_call,
     is_huggingface,
 )
-from blocktrace.tracing.assembly import Collected, finish
 from blocktrace.tracing.recorder import HookFailure, Recorder, first_tensor
 from blocktrace.tracing.records import Trace
 from blocktrace.tracing.steps import Layout, own_layout, resolve, user_layout
