@@ -42,15 +42,15 @@ def _fan_in(module: nn.Module, weight: torch.Tensor) -> int:
 
 @torch.no_grad()
 def weight_moments(block: nn.Module) -> dict[str, dict]:
-    """Per linear map of the block: Σw and Σw² as float64 device scalars, the count and the fan-in (read with
+    """Per linear map of the block: Σw and Σw² as device scalars (summed in float32 at least), the count and the fan-in (read with
     weight_summary once on the host; exact for a weight sharded across ranks, whose sums cover every shard)."""
     moments = {}
     for module_name, module in block.named_modules():
         weight = getattr(module, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or isinstance(module, nn.Embedding):
             continue
-        values = weight.detach()
-        moments[f"{module_name}.weight"] = {"sum": values.sum(dtype=torch.float64), "squares": _square(values),
+        values = _wide(weight.detach())
+        moments[f"{module_name}.weight"] = {"sum": values.sum().double(), "squares": _square(values),
                                             "count": values.numel(), "fan_in": _fan_in(module, weight)}
     return moments
 
@@ -79,8 +79,10 @@ def _wide(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _square(tensor: torch.Tensor) -> torch.Tensor:
-    """‖t‖², accumulated in float64, as a device scalar."""
-    return torch.linalg.vector_norm(tensor, dtype=torch.float64).square()
+    """‖t‖² as a float64 device scalar. The norm itself runs in the tensor's (widened) dtype: asked for float64,
+    torch would first copy the whole tensor to float64 (a checkpoint's largest weight, twice over, at every
+    checkpoint `track` reads)."""
+    return torch.linalg.vector_norm(_wide(tensor)).double().square()
 
 
 @torch.no_grad()

@@ -105,7 +105,9 @@ class Collected:
             notes.append(f"hooks that never fired: {', '.join(missing)} (a fast path may skip submodule hooks)")
         routing = RoutingSummary.of(first["routing"], self.recorder.routing_k) if first["routing"] is not None else None
         n_steps = 1 + len(self.recorder.steps)
-        self.pending = []  # what was held for the followups goes now
+        for p in self.pending:
+            p.held.clear()  # what was held for the followups goes now, whoever still holds the recorder
+        self.pending = []
         return Trace(self.block.config if self.own else None, records[0], records[1:n_steps], summary, self.output,
                      self.layout.name, self.layout.placement, missing, notes, records[n_steps:], self.layout.causal,
                      routing)
