@@ -82,11 +82,23 @@ def tensor_stats(t: torch.Tensor) -> list[float]:
     return stats_from_moments(moments, counts if not finite(moments) else None)
 
 
-def _log_normaliser(w: torch.Tensor, row_max: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
-    """lse = log Σ_j exp(s_j) per row, from the softmax output: lse = s_j − log p_j for any j. Taken at the
-    key with the largest score, whose weight is the row's largest (≥ 1/T, never lost to underflow); it costs
-    a gather of one weight per row, not a pass over the T² values."""
-    return row_max - torch.log(torch.gather(w, -1, argmax.unsqueeze(-1)).squeeze(-1))
+# Below this, a diagonal weight may have lost digits to underflow: such rows use their maximum.
+_TINY_WEIGHT = 1e-30
+
+
+def _log_normaliser(w: torch.Tensor, s: torch.Tensor, rows: slice, row_max_score: torch.Tensor) -> torch.Tensor:
+    """lse = log Σ_j exp(s_j) per row, from the softmax output: lse = s_j − log p_j for any j.
+
+    The diagonal j = i is always a valid key (causal or not) and costs no pass over the T² values;
+    rows whose diagonal weight is tiny (collapsed onto another key) use their largest weight instead,
+    which is ≥ 1/T. Both are computed and chosen on the device (a test of "any row tiny?" would make
+    the host wait); the row maxima cost one pass over the weights, as cheap as the score maxima (a
+    `max` with indices costs five times that on a CPU).
+    """
+    diagonal_w = torch.diagonal(w, offset=rows.start, dim1=-2, dim2=-1)
+    diagonal_s = torch.diagonal(s, offset=rows.start, dim1=-2, dim2=-1)
+    tiny = diagonal_w < _TINY_WEIGHT
+    return torch.where(tiny, row_max_score - torch.log(w.amax(dim=-1)), diagonal_s - torch.log(diagonal_w))
 
 
 @functools.lru_cache(maxsize=4)
@@ -140,8 +152,8 @@ def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: sli
     w, s = weights.detach(), scores.detach()
     n_heads, t = w.shape[-3], w.shape[-1]
     w, s = w.reshape(-1, n_heads, w.shape[-2], t), s.reshape(-1, n_heads, s.shape[-2], t)
-    row_max_score, argmax = s.max(dim=-1)
-    lse = _log_normaliser(w, row_max_score, argmax)
+    row_max_score = s.amax(dim=-1)
+    lse = _log_normaliser(w, s, rows, row_max_score)
     expected_score = torch.einsum("nhij,nhij->nhi", w, s)
     row_entropy = (lse - expected_score).double()  # [N, H, rows]
     future_mask = _future_mask(w.shape[-2], t, rows.start, w.dtype, w.device)
