@@ -9,7 +9,9 @@ from helpers import SAMPLES
 
 from blocktrace.config import BlockConfig
 from blocktrace.diagnose.compare import build_variants, difference
-from blocktrace.model.stack import build_stack, summarise, trace_stack
+from blocktrace.model.stack import build_stack
+from blocktrace.tracing.stack import summarise, trace_stack
+from blocktrace.vocab import Axis
 
 XIONG = dict(d_model=128, n_heads=1, d_ff=128, ffn="relu")  # Xiong et al. 2020's setting, with --init xiong
 
@@ -41,7 +43,7 @@ def _parameters(variant):
 @pytest.mark.parametrize("axis, values", [("placement", ["pre", "post"]), ("norm", ["layernorm", "rmsnorm"]),
                                           ("ffn", ["gelu", "swiglu"]), ("ffn", ["relu", "gelu_tanh"])])
 def test_variants_share_their_parameters(axis, values):
-    a, b = build_variants(BlockConfig(d_model=8, n_heads=2), axis, values, n_layers=3, seed=4)
+    a, b = build_variants(BlockConfig(d_model=8, n_heads=2), Axis(axis), values, n_layers=3, seed=4)
     pa, pb = _parameters(a), _parameters(b)
     alias = {"ffn.up.": "ffn.fc.", "ffn.down.": "ffn.proj."}
     shared = 0
@@ -66,7 +68,7 @@ def test_compare_on_checkpoint_weights_uses_the_checkpoint_parameters():
     info = model_info(checkpoint)
     native = checkpoint_config(checkpoint, info, {})
     source = [load_block(checkpoint, info, 2, native)]
-    pre, post = build_variants(native, "placement", ["pre", "post"], n_layers=1, seed=0, source=source)
+    pre, post = build_variants(native, Axis.PLACEMENT, ["pre", "post"], n_layers=1, seed=0, source=source)
     for name, parameter in source[0].named_parameters():
         assert torch.equal(dict(post.blocks[0].named_parameters())[name], parameter)
         assert torch.equal(dict(pre.blocks[0].named_parameters())[name], parameter)
@@ -94,7 +96,7 @@ def test_difference_matches_numpy():
 
 def test_compare_output_difference_is_that_of_the_two_variants_run_apart(invoke):
     report = _json(invoke, "compare", "--layernorm", "--rmsnorm", "--seq-len", "4")
-    a, b = build_variants(BlockConfig(), "norm", ["layernorm", "rmsnorm"], n_layers=1, seed=0)
+    a, b = build_variants(BlockConfig(), Axis.NORM, ["layernorm", "rmsnorm"], n_layers=1, seed=0)
     from blocktrace.sources.inputs import random_input
 
     x = random_input(4, 16, 0, None)
@@ -164,7 +166,7 @@ def test_gradient_sweep_follows_xiong_theorem_1(invoke):
 
 
 def test_deepnorm_scales_the_stream_by_alpha_and_the_init_by_beta():
-    post, deep = build_variants(BlockConfig(d_model=8, n_heads=2), "placement", ["post", "deepnorm"],
+    post, deep = build_variants(BlockConfig(d_model=8, n_heads=2), Axis.PLACEMENT, ["post", "deepnorm"],
                                 n_layers=6, seed=1)
     alpha, beta = (2 * 6) ** 0.25, (8 * 6) ** -0.25
     for name in ("ffn.fc.weight", "ffn.proj.weight", "attn.v_proj.weight", "attn.out_proj.weight"):

@@ -16,7 +16,8 @@ from blocktrace.config import BlockConfig
 from blocktrace.diagnose.diagnosis import Context, diagnose
 from blocktrace.diagnose.health import evaluate
 from blocktrace.model.block import build_block
-from blocktrace.model.stack import build_stack, trace_stack
+from blocktrace.model.stack import build_stack
+from blocktrace.tracing.stack import trace_stack
 from blocktrace.tracing.stats import uniform_entropy
 from blocktrace.tracing.tracer import trace
 

@@ -180,10 +180,10 @@ def test_a_hand_written_rmsnorm_is_measured_as_rmsnorm(blocks):
         sys.modules.pop("hfblocks", None)
     traced = trace(block, torch.randn(1, 6, 16), checks=True)
     for step in ("norm1", "norm2"):
-        assert traced.step(step).probe["norm_kind"].value == "rmsnorm"
+        assert traced.step(step).probe.norm.kind.value == "rmsnorm"
     layernormed = trace(torch.nn.Identity(), torch.randn(6, 16), checks=True,
                         steps={"norm1": "", "attn": "", "norm2": "", "ffn": ""})
-    assert layernormed.step("norm1").probe["norm_kind"].value == "none"
+    assert layernormed.step("norm1").probe.norm.kind.value == "none"
 
 
 def test_a_failure_inside_blocktrace_is_not_blamed_on_the_users_forward(invoke, blocks, monkeypatch):

@@ -180,7 +180,7 @@ def test_the_hf_layer_traced_bare_equals_itself_inside_its_model(family):
             delta = (ours[step].reshape(expected[step].shape) - expected[step]).abs().max().item()
             assert delta <= 1e-5, f"{name} {step}: max |Δ| {delta}"
         assert traced.expected_causal is True and traced.attention.future_weight_sum == 0.0
-        assert traced.step("attn").probe["causal_measured"] is True
+        assert traced.step("attn").probe.causal.causal is True
 
 
 def test_qk_norm_is_a_traced_substep(tmp_path):

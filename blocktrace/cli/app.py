@@ -39,6 +39,16 @@ def emit(text: str, nl: bool = True) -> None:
         raise StdoutError(f"cannot write to standard output: {error.strerror or error}") from None
 
 
+def show(report, as_json: bool, text) -> None:
+    """The one output stage: the report as one strict JSON document, or the tables `text()` renders from it."""
+    if as_json:
+        from blocktrace.render.jsonout import dumps
+
+        emit(dumps(report))
+    else:
+        emit(text(), nl=False)
+
+
 def _is_option_like(arg: str) -> bool:
     if not arg.startswith("-") or arg == "-":
         return False

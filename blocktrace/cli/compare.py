@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from blocktrace.cli.app import cli, emit
+from blocktrace.cli.app import cli, show
 from blocktrace.cli.options import (
     FORMAT_OPTION,
     JSON_OPTION,
@@ -98,16 +98,12 @@ def compare(ctx, **params):
         require_pyplot(params["plot_path"])
         check_output_path(params["plot_path"], params["force"])
     with shown(progress_wanted(params["as_json"], params["quiet"])):
-        report = pipeline.compare_request(request, analysis, axis.value, values)
+        report = pipeline.compare_request(request, analysis, axis, values)
     if params["plot_path"] is not None:
         from blocktrace.render.plot import write_plot
 
         write_plot(report, params["plot_path"], params["force"])
-    if params["as_json"]:
-        from blocktrace.render.jsonout import dumps
-
-        emit(dumps(report))
-        return
     from blocktrace.render.compare import render_compare
 
-    emit(render_compare(report, fmt=params["fmt"], lang=Lang(params["lang"]), steps=params["show_steps"]), nl=False)
+    show(report, params["as_json"], lambda: render_compare(report, fmt=params["fmt"], lang=Lang(params["lang"]),
+                                                            steps=params["show_steps"]))

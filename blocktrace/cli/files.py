@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from blocktrace.cli.app import cli, emit
-from blocktrace.cli.options import FORMAT_OPTION, FiniteNumber
+from blocktrace.cli.app import cli, show
+from blocktrace.cli.options import FORMAT_OPTION, JSON_OPTION, FiniteNumber
 from blocktrace.cli.rules import Excludes, enforce, is_set
 
 OUTPUT_RULES = [Excludes("fmt", is_set("as_json"), "--format shapes the tables; --json prints no table")]
@@ -19,7 +19,7 @@ OUTPUT_RULES = [Excludes("fmt", is_set("as_json"), "--format shapes the tables; 
 @click.option("--atol", type=FiniteNumber(positive=False), default=1e-5, show_default=True, help="Absolute tolerance (a finite number ≥ 0).")
 @click.option("--rtol", type=FiniteNumber(positive=False), default=1e-4, show_default=True, help="Relative tolerance (a finite number ≥ 0).")
 @FORMAT_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of a table.")
+@JSON_OPTION
 @click.pass_context
 def diff(ctx, trace_a, trace_b, atol, rtol, fmt, as_json):
     """Compare two trace files (from --save) step by step: max |Δ|, relative error, cosine
@@ -28,21 +28,16 @@ def diff(ctx, trace_a, trace_b, atol, rtol, fmt, as_json):
 
     enforce(ctx, OUTPUT_RULES)
     report = diff_traces(trace_a, trace_b, atol, rtol)
-    if as_json:
-        from blocktrace.render.jsonout import dumps
+    from blocktrace.render.diff import render_diff
 
-        emit(dumps(report))
-    else:
-        from blocktrace.render.diff import render_diff
-
-        emit(render_diff(report, fmt), nl=False)
+    show(report, as_json, lambda: render_diff(report, fmt))
     ctx.exit(1 if report["diverged"] else 0)
 
 
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @FORMAT_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@JSON_OPTION
 @click.pass_context
 def inspect(ctx, path, fmt, as_json):
     """Show a checkpoint's layout, config and per-layer tensors (names, shapes, dtypes, norms)."""
@@ -50,11 +45,6 @@ def inspect(ctx, path, fmt, as_json):
 
     enforce(ctx, OUTPUT_RULES)
     report = inspect_checkpoint(path)
-    if as_json:
-        from blocktrace.render.jsonout import dumps
+    from blocktrace.render.inspect import render_inspection
 
-        emit(dumps(report))
-    else:
-        from blocktrace.render.inspect import render_inspection
-
-        emit(render_inspection(report, fmt), nl=False)
+    show(report, as_json, lambda: render_inspection(report, fmt))

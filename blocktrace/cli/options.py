@@ -141,7 +141,7 @@ DEPTH_OPTIONS = options(
 
 STEPS_OPTION = click.option("--block-steps", "show_steps", is_flag=True, help="With --layers: print every block's six steps (norm1 … residual2).")
 QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress line on stderr (it is shown only on a terminal anyway).")
-JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema in docs/tutorial.md) instead of tables.")
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JSON document (its fields in the command's page under docs/) instead of tables.")
 
 
 class TableFormat(click.ParamType):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from blocktrace.cli.app import cli, emit
+from blocktrace.cli.app import cli, show
 from blocktrace.cli.options import (
     DISPLAY_OPTIONS,
     FAIL_ON_OPTION,
@@ -106,15 +106,11 @@ def _run(ctx, params: dict, check_only: bool) -> None:
     if check_only:
         _findings(ctx, report, params)
         return
-    if params["as_json"]:
-        from blocktrace.render.jsonout import dumps
-
-        emit(dumps(report))
-        return
     from blocktrace.render.text import render_run
 
-    emit(render_run(report, lang=Lang(params["lang"]), fmt=params["fmt"], explain=params["explain"],
-                    token_index=params["token_index"], steps=params["show_steps"]), nl=False)
+    show(report, params["as_json"], lambda: render_run(report, lang=Lang(params["lang"]), fmt=params["fmt"],
+                                                        explain=params["explain"], token_index=params["token_index"],
+                                                        steps=params["show_steps"]))
 
 
 def _write_outputs(params: dict, report: dict, traces, source) -> None:
@@ -139,11 +135,6 @@ def _findings(ctx, report: dict, params: dict) -> None:
     from blocktrace.render.text import render_findings
 
     fail_on = Level(params["fail_on"])
-    if params["as_json"]:
-        from blocktrace.render.jsonout import dumps
-
-        emit(dumps(report))
-    else:
-        emit(render_findings(report, fail_on), nl=False)
+    show(report, params["as_json"], lambda: render_findings(report, fail_on))
     levels = [Level(flag["level"]) for flag in report.get("flags") or []]
     ctx.exit(FINDINGS_EXIT if any(level.reaches(fail_on) for level in levels) else 0)

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import click
 
-from blocktrace.cli.app import cli, emit
+from blocktrace.cli.app import cli, show
 from blocktrace.cli.options import (
     DEVICE_OPTION,
     DTYPE_OPTION,
     FAIL_ON_OPTION,
     FORMAT_OPTION,
     IDS_FILE_OPTIONS,
+    JSON_OPTION,
     QUIET_OPTION,
     SEED_OPTION,
     TEXT_FILE_OPTION,
@@ -150,7 +151,7 @@ def _write_records(records: list[dict], path: Path, force: bool) -> None:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the checkpoints' records as a timeline (JSON lines, the format Watch writes).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG of curves over steps, marking the first sign of trouble (needs the [plot] extra).")
 @force_option("--out / --plot")
-@click.option("--json", "as_json", is_flag=True, help='Print {"records": [...], "first_flag": ..., "last_flags": ...} instead of tables.')
+@JSON_OPTION
 @click.option("--brief", is_flag=True, help="Print only the one-row-per-step table and the first sign of trouble.")
 @FORMAT_OPTION
 @FAIL_ON_OPTION
@@ -196,19 +197,12 @@ def track(ctx, **params):
 
         plt = require_pyplot()
         save_figure(plt, track_figure(plt, records, first), params["plot_path"], params["force"])
-    if params["as_json"]:
-        from blocktrace.render.jsonout import dumps
+    from blocktrace.render.track import render_against, render_track
 
-        emit(dumps({"records": records, "first_flag": first, "last_flags": last,
-                    **({"against": comparison} if comparison is not None else {})}))
-    else:
-        from blocktrace.render.track import render_track
-
-        emit(render_track(records, first, last, level, "timeline" if timeline else "checkpoints", params["fmt"],
-                          brief=params["brief"]), nl=False)
-        if comparison is not None:
-            from blocktrace.render.track import render_against
-
-            emit("\n" + render_against(comparison, params["against"], params["fmt"]), nl=False)
+    report = {"records": records, "first_flag": first, "last_flags": last,
+              **({"against": comparison} if comparison is not None else {})}
+    show(report, params["as_json"], lambda: render_track(
+        records, first, last, level, "timeline" if timeline else "checkpoints", params["fmt"], brief=params["brief"])
+        + ("" if comparison is None else "\n" + render_against(comparison, params["against"], params["fmt"])))
     parted = comparison is not None and comparison["first_parted"] is not None
     ctx.exit(FINDINGS_EXIT if first is not None or parted else 0)

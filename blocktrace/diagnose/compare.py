@@ -17,7 +17,7 @@ from torch import nn
 from blocktrace.config import BlockConfig
 from blocktrace.model.init import apply_deepnorm_beta
 from blocktrace.model.stack import build_stack
-from blocktrace.vocab import Axis, Init, Placement
+from blocktrace.vocab import Axis, Init, Placement, ReportKind
 
 # The same role under another name: an MLP's first and last linear layers are SwiGLU's up and down.
 ALIASES = {"ffn.up.": "ffn.fc.", "ffn.down.": "ffn.proj."}
@@ -55,7 +55,7 @@ class Variant:
     unshared: list[str] = field(default_factory=list)
 
 
-def build_variants(base: BlockConfig, axis: str, values: list[str], *, n_layers: int, seed: int,
+def build_variants(base: BlockConfig, axis: Axis, values: list[str], *, n_layers: int, seed: int,
                    init: Init = Init.DEFAULT, source: Optional[list] = None) -> list[Variant]:
     """Both variants, filled from `source` blocks (default: a seeded stack of the base config)."""
     if source is None:
@@ -63,7 +63,7 @@ def build_variants(base: BlockConfig, axis: str, values: list[str], *, n_layers:
         source = build_stack(plain, n_layers, seed, init)
     variants = []
     for value in values:
-        config = base.replace(**{axis: field_value(axis, value)}, n_layers=n_layers)
+        config = base.replace(**{axis.value: field_value(axis, value)}, n_layers=n_layers)
         blocks = build_stack(config, n_layers, seed, init)
         unshared = []
         for block, origin in zip(blocks, source):
@@ -74,9 +74,9 @@ def build_variants(base: BlockConfig, axis: str, values: list[str], *, n_layers:
     return variants
 
 
-def field_value(axis: str, value: str):
+def field_value(axis: Axis, value: str):
     """The BlockConfig value of an axis value as compare names it."""
-    return value == "on" if axis == Axis.QK_NORM.value else value
+    return value == "on" if axis is Axis.QK_NORM else value
 
 
 def difference(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -120,14 +120,14 @@ _FFNS = {
 
 
 def _output_rms(report: dict) -> float:
-    if report["kind"] == "block":
+    if report["kind"] == ReportKind.BLOCK.value:
         return report["steps"][-1]["stats"]["rms"]
     return report["layers"][-1]["rms"]
 
 
-def describe(axis: str, entries: list[dict], differences: Optional[dict]) -> list[str]:
+def describe(axis: Axis, entries: list[dict], differences: Optional[dict]) -> list[str]:
     """A few sentences on what differs between the variants, with the measured numbers."""
-    texts = {"placement": _WHERE, "norm": _NORMS, "ffn": _FFNS, "qk_norm": _QK_NORMS}[axis]
+    texts = {Axis.PLACEMENT: _WHERE, Axis.NORM: _NORMS, Axis.FFN: _FFNS, Axis.QK_NORM: _QK_NORMS}[axis]
     notes = [texts[entry["value"]] + "." for entry in entries]
     if differences is not None:
         sizes = ", ".join(f"{e['value']} {_output_rms(e['report']):.4f}" for e in entries)

@@ -44,6 +44,31 @@ def _cause_of(finding: Flag, context: Context) -> Cause:
     return finding.cause
 
 
+@dataclass(frozen=True)
+class Findings:
+    """What the one diagnosis stage concludes: every finding with the cause this context gives it, and the causes
+    ranked. `check`, `run`, `track` and the Watch all get theirs from `conclude`, so the same evidence gets the
+    same cause and the same advice everywhere; the renderers only show it."""
+
+    flags: list[Flag]
+    diagnosis: list[dict]
+
+
+def conclude(flags: Optional[list[Flag]], context: Context) -> Optional["Findings"]:
+    """The diagnosis stage: None when no checks ran."""
+    if flags is None:
+        return None
+    placed = in_context(flags, context)
+    return Findings(placed, diagnose(placed, context))
+
+
+def block_context(trace, step: Optional[int] = None) -> Context:
+    """The context of findings about a traced block: its wiring and FFN, and the training step when known."""
+    config = trace.config
+    return Context(post_norm=trace.placement.norm_after_add, activation=config.ffn.value if config else None,
+                   step=step)
+
+
 def in_context(flags: Optional[list[Flag]], context: Context) -> Optional[list[Flag]]:
     """Each finding with the cause the diagnosis gives it in this context (at step 0 the initialisation, in a
     Post-LN model the warm-up), so a finding's cause and the diagnosis never disagree."""
@@ -103,12 +128,12 @@ def _evidence(findings: list[Flag]) -> str:
     parts = []
     for name, hits in by_name.items():
         layers = sorted({f.layer for f in hits if f.layer is not None})
-        where = f" at layer{'s' if len(layers) > 1 else ''} {_ranges(layers)}" if layers else ""
+        where = f" at layer{'s' if len(layers) > 1 else ''} {layer_ranges(layers)}" if layers else ""
         parts.append(f"{name}{where} ({hits[0].detail})")
     return "; ".join(parts)
 
 
-def _ranges(numbers: list[int]) -> str:
+def layer_ranges(numbers: list[int]) -> str:
     spans, start = [], None
     for index, number in enumerate(numbers):
         if start is None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from blocktrace.tracing.behaviour import NormKind
+from blocktrace.tracing.records import Probe
 from blocktrace.vocab import Choice, Level
 
 
@@ -300,10 +301,10 @@ def flag(name: str, level: Level, step, layer, value: float, detail: str, cause:
 
 def _step_flags(record, layer, stored_dtype: str) -> list[Flag]:
     flags = []
-    probe = record.probe or {}
+    probe = record.probe
     stats = record.stats
     if stats.nan or stats.inf:
-        finite_inputs = probe.get("inputs_finite")
+        finite_inputs = probe.inputs_finite
         detail = f"{stats.nan} NaN, {stats.inf} Inf" + (f"; inputs finite: {finite_inputs}"
                                                       if finite_inputs is not None else "")
         cause = Cause.PRECISION if stored_dtype in ("F16", "BF16") else None
@@ -317,60 +318,62 @@ def _step_flags(record, layer, stored_dtype: str) -> list[Flag]:
     return flags
 
 
-def _norm_flags(record, layer, probe: dict) -> list[Flag]:
-    if "norm_kind" not in probe:
+def _norm_flags(record, layer, probe: Probe) -> list[Flag]:
+    norm = probe.norm
+    if norm is None:
         return []
-    if probe["norm_kind"] is NormKind.NONE:
-        return [flag("norm_not_normalising", Level.ERROR, record.name, layer, probe["scale_error"],
-                     f"rescaling each token changed the output by {probe['scale_error']:.3g} (relative rms)")]
-    gain = probe.get("gain_rms")
+    if norm.kind is NormKind.NONE:
+        return [flag("norm_not_normalising", Level.ERROR, record.name, layer, norm.scale_error,
+                     f"rescaling each token changed the output by {norm.scale_error:.3g} (relative rms)")]
+    gain = norm.gain_rms
     if gain is not None and not 0.1 <= gain <= 10:
         return [flag("norm_gain_extreme", Level.INFO, record.name, layer, gain, f"rms of the effective gain {gain:.3g}")]
     return []
 
 
-def _residual_flags(record, layer, probe: dict) -> list[Flag]:
+def _residual_flags(record, layer, probe: Probe) -> list[Flag]:
     flags = []
-    if probe.get("residual_mismatch", 0) > RESIDUAL_MISMATCH:
-        flags.append(flag("residual_not_added", Level.ERROR, record.name, layer, probe["residual_mismatch"],
-                          f"‖output − (α·stream + update)‖ / ‖output‖ = {probe['residual_mismatch']:.3g}"))
-    ratio = probe.get("update_ratio")
+    if (probe.residual_mismatch or 0) > RESIDUAL_MISMATCH:
+        flags.append(flag("residual_not_added", Level.ERROR, record.name, layer, probe.residual_mismatch,
+                          f"‖output − (α·stream + update)‖ / ‖output‖ = {probe.residual_mismatch:.3g}"))
+    ratio = probe.update_ratio
     if ratio is not None and ratio < UPDATE_SMALL:
         flags.append(flag("update_too_small", Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}"))
     elif ratio is not None and ratio > UPDATE_LARGE:
         flags.append(flag("update_too_large", Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}"))
-    if (probe.get("massive_ratio") or 0) > MASSIVE_RATIO:
+    if (probe.massive_ratio or 0) > MASSIVE_RATIO:
         flags.append(flag("massive_activation", Level.INFO, record.name, layer, record.stats.absmax,
-                          f"max |x| {record.stats.absmax:.4g} = {probe['massive_ratio']:.4g} × median |x|"))
+                          f"max |x| {record.stats.absmax:.4g} = {probe.massive_ratio:.4g} × median |x|"))
     return flags
 
 
-def _ffn_flags(record, layer, probe: dict) -> list[Flag]:
-    if "dead_fraction" not in probe or probe["tokens"] < DEAD_MIN_TOKENS:
+def _ffn_flags(record, layer, probe: Probe) -> list[Flag]:
+    ffn = probe.ffn
+    if ffn is None or ffn.tokens < DEAD_MIN_TOKENS:
         return []
-    flags, dead = [], probe["dead_fraction"]
+    flags, dead = [], ffn.dead_fraction
     if dead > DEAD_INFO:
         level = Level.ERROR if dead > DEAD_ERROR else Level.INFO
         flags.append(flag("ffn_dead_units", level, record.name, layer, dead,
-                          f"{dead:.1%} of {probe['units']} hidden units never active over {probe['tokens']} tokens"))
-    if probe["flat_fraction"] > 0.9:
-        flags.append(flag("ffn_saturated", Level.INFO, record.name, layer, probe["flat_fraction"],
-                          f"{probe['flat_fraction']:.1%} of hidden activations in the flat region"))
+                          f"{dead:.1%} of {ffn.units} hidden units never active over {ffn.tokens} tokens"))
+    if ffn.flat_fraction > 0.9:
+        flags.append(flag("ffn_saturated", Level.INFO, record.name, layer, ffn.flat_fraction,
+                          f"{ffn.flat_fraction:.1%} of hidden activations in the flat region"))
     return flags
 
 
 def _leak_flags(trace, record, layer) -> list[Flag]:
     """A causal block whose attention weighs later tokens, or whose earlier outputs move when the last
     token changes (measured by perturbation: a user's block is judged by what it does)."""
-    attention, probe = trace.attention, record.probe or {}
+    attention, causal = trace.attention, record.probe.causal
     if not trace.expected_causal:
         return []
     if attention is not None and attention.future_weight_sum > 1e-6:
         return [flag("causal_leak", Level.ERROR, "attn", layer, attention.future_weight_sum,
                      f"future_weight_sum={attention.future_weight_sum:.4g} with a causal mask")]
-    if probe.get("causal_measured") is False:
-        return [flag("causal_leak", Level.ERROR, "attn", layer, probe["causal_leak"],
-                     f"perturbing the last token moved earlier outputs by {probe['causal_leak']:.3g} (relative rms)")]
+    if causal is not None and causal.causal is False:
+        return [flag("causal_leak", Level.ERROR, "attn", layer, causal.leak,
+                     f"perturbing the last token moved earlier outputs by {causal.leak:.3g} (relative rms)")]
     return []
 
 
@@ -434,7 +437,7 @@ def _routing_flags(routing, layer) -> list[Flag]:
 
 def _stream_flags(traces, first_layer: int) -> list[Flag]:
     """Growth of the median token's ‖x‖²/d across the traced layers, against Xiong et al.'s bound."""
-    sizes = [(first_layer + i, (t.steps[-1].probe or {}).get("token_sq_median")) for i, t in enumerate(traces)]
+    sizes = [(first_layer + i, t.steps[-1].probe.token_sq_median) for i, t in enumerate(traces)]
     sizes = [(layer, size) for layer, size in sizes if size is not None and math.isfinite(size) and size > 0]
     if len(sizes) < 2:
         return []

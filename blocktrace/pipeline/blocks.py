@@ -15,7 +15,7 @@ from blocktrace.config import BlockConfig
 from blocktrace.diagnose.compare import build_variants, describe, difference
 from blocktrace.diagnose.grad import gradient_report, xiong_loss
 from blocktrace.errors import BlocktraceError, UsageError, WeightsError
-from blocktrace.model.stack import build_stack, trace_stack
+from blocktrace.model.stack import build_stack
 from blocktrace.progress import tick
 from blocktrace.render.report import block_report, stack_report, sweep_report
 from blocktrace.request import Analysis, RunRequest
@@ -28,7 +28,8 @@ from blocktrace.sources.source import (
     torch_dtype,
     user_block_source,
 )
-from blocktrace.vocab import SCHEMA_VERSION, ReportKind
+from blocktrace.tracing.stack import trace_stack
+from blocktrace.vocab import SCHEMA_VERSION, Axis, ReportKind
 
 
 def memory_guard(request: RunRequest, analysis: Analysis, n_layers: int):
@@ -112,14 +113,15 @@ def run_blocks(blocks, source: Source, request: RunRequest, analysis: Analysis) 
     """Trace the blocks; returns the report and the traces (for --save)."""
     traces = _out_of_memory_is_an_error(lambda: _traced(blocks, source, analysis, request))
     grads = _gradients(blocks, source, request, analysis.batches) if analysis.grad else None
-    flags = None
+    found = None
     if analysis.checks:
+        from blocktrace.diagnose.diagnosis import block_context, conclude
         from blocktrace.diagnose.health import evaluate
 
-        flags = evaluate(traces, grads)
+        found = conclude(evaluate(traces, grads), block_context(traces[0]))
     if len(traces) == 1 and not analysis.stacked:
-        return block_report(source, traces[0], grads, flags), traces
-    return stack_report(source, traces, grads, flags), traces
+        return block_report(source, traces[0], grads, found), traces
+    return stack_report(source, traces, grads, found), traces
 
 
 def _out_of_memory_is_an_error(compute):
@@ -180,7 +182,7 @@ def _differences(traces_a: list, traces_b: list) -> dict:
     return result
 
 
-def _variants(source: Source, request: RunRequest, axis: str, values: list[str], depth: int):
+def _variants(source: Source, request: RunRequest, axis: Axis, values: list[str], depth: int):
     """Both variants at this depth, filled from the same source parameters, on the input's device."""
     origin = make_blocks(source, request, depth, source.native) if source.checkpoint is not None else None
     variants = build_variants(source.config, axis, values, n_layers=depth, seed=request.seed,
@@ -207,7 +209,7 @@ def _compare_sweep(source, request, analysis, axis, values) -> list[dict]:
              "report": sweep_report(source, configs[value].config, rows[value])} for value in values]
 
 
-def compare_request(request: RunRequest, analysis: Analysis, axis: str, values: list[str]) -> dict:
+def compare_request(request: RunRequest, analysis: Analysis, axis: Axis, values: list[str]) -> dict:
     source = prepare_source(request, memory_guard(request, analysis, 3 * max(analysis.depths)))  # source + 2 variants
     differences = None
     if len(analysis.depths) > 1:
@@ -222,7 +224,7 @@ def compare_request(request: RunRequest, analysis: Analysis, axis: str, values: 
                             "unshared_parameters": variant.unshared, "report": report})
         differences = _differences(*all_traces)
     return {
-        "schema": SCHEMA_VERSION, "kind": ReportKind.COMPARE.value, "axis": axis, "values": values,
+        "schema": SCHEMA_VERSION, "kind": ReportKind.COMPARE.value, "axis": axis.value, "values": values,
         "seed": source.seed, "weights": source.weights, "tokens": source.tokens,
         "variants": entries, "differences": differences,
         "notes": describe(axis, entries, differences),

@@ -134,6 +134,7 @@ def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bo
                         checkpoint=None) -> tuple[dict, list, object]:
     """`check --weights`: the model's layers (all by default), its loss, gradients with --grad.
     `checkpoint`: request.weights already open (track reads each checkpoint once)."""
+    from blocktrace.diagnose.diagnosis import Context, conclude
     from blocktrace.diagnose.health import ModelEvidence, evaluate
     from blocktrace.render.report import model_report
     from blocktrace.sources.checkpoint import Checkpoint
@@ -170,8 +171,9 @@ def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bo
     evidence = ModelEvidence(loss=loss, weights=weights, first_layer=traced.start, n_layers=info.n_layers,
                              stored_dtype=_stored_dtype(checkpoint, info), config=config,
                              step=_training_step(request, checkpoint))
-    flags = evaluate(traces, grads, evidence) if analysis.checks else None
-    report = model_report(checkpoint, info, config, traces, model_input, loss, grads, flags, evidence,
+    context = Context(post_norm=config.post_norm, activation=config.ffn.value, step=evidence.step)
+    found = conclude(evaluate(traces, grads, evidence), context) if analysis.checks else None
+    report = model_report(checkpoint, info, config, traces, model_input, loss, grads, found, evidence,
                           str(request.weights))
     return report, traces, None
 

@@ -34,12 +34,11 @@ def attention_dict(trace: Trace) -> Optional[dict]:
 
 def measured_dict(trace: Trace) -> Optional[dict]:
     """What the checks measured of the block: its causality (a user's block) and each norm's kind."""
-    probes = {step.name: step.probe or {} for step in trace.steps}
-    norms = {name: probe["norm_kind"].value for name, probe in probes.items() if "norm_kind" in probe}
-    attention = probes.get("attn", {})
-    if not norms and "causal_measured" not in attention:
+    norms = {step.name: step.probe.norm.kind.value for step in trace.steps if step.probe.norm is not None}
+    causal = next((step.probe.causal for step in trace.steps if step.probe.causal is not None), None)
+    if not norms and causal is None:
         return None
-    return {"causal": attention.get("causal_measured"), "causal_leak": attention.get("causal_leak"), "norms": norms}
+    return {"causal": causal.causal if causal else None, "causal_leak": causal.leak if causal else None, "norms": norms}
 
 
 def gradients_dict(grads) -> Optional[dict]:
@@ -74,22 +73,17 @@ BLOCK_LOSS_NOTE = ("a block alone has no model loss: check a checkpoint (--weigh
                    "--grad here uses the seeded readout of Xiong et al. 2020")
 
 
-def _context(trace: Trace):
-    from blocktrace.diagnose.diagnosis import Context
-
-    config = trace.config
-    activation = config.ffn.value if config is not None else None
-    return Context(post_norm=trace.placement.norm_after_add, activation=activation)
-
-
-def findings(flags, trace: Trace, loss: Optional[dict] = None, loss_note: Optional[str] = None) -> dict:
-    """The keys every checked report has: flags, the ranked diagnosis, and the model's loss (or why none)."""
-    if flags is None:
+def findings(found, loss: Optional[dict] = None, loss_note: Optional[str] = None) -> dict:
+    """The keys every checked report has: flags, the ranked diagnosis (diagnose.diagnosis.conclude), and the
+    model's loss (or why none)."""
+    if found is None:
         return {}
-    from blocktrace.diagnose.diagnosis import diagnose
-
-    return {"flags": flags_dict(flags), "diagnosis": diagnose(flags, _context(trace)),
+    return {"flags": flags_dict(found.flags), "diagnosis": found.diagnosis,
             "loss": None if loss is None else loss.get("value"), "loss_note": loss_note}
+
+
+def _flags(found) -> Optional[list]:
+    return None if found is None else found.flags
 
 
 def substeps_dict(trace: Trace) -> dict:
@@ -100,11 +94,9 @@ def substeps_dict(trace: Trace) -> dict:
             for step, records in inside.items()} | {"routing": trace.routing.to_dict() if trace.routing else None}
 
 
-def block_report(source, trace: Trace, grads=None, flags=None) -> dict:
+def block_report(source, trace: Trace, grads=None, found=None) -> dict:
     """One block: the tutorial's six steps, the attention summary (schema in docs/tutorial.md)."""
-    from blocktrace.diagnose.diagnosis import in_context
-
-    flags = in_context(flags, _context(trace))
+    flags = _flags(found)
     steps = [step_dict(i, record) for i, record in enumerate(trace.steps, start=1)]
     return {
         **_header(source, trace.describe()),
@@ -116,20 +108,18 @@ def block_report(source, trace: Trace, grads=None, flags=None) -> dict:
         **substeps_dict(trace),
         "gradients": gradients_dict(grads),
         "flags": flags_dict(flags),
-        **findings(flags, trace, loss_note=BLOCK_LOSS_NOTE),
+        **findings(found, loss_note=BLOCK_LOSS_NOTE),
         "notes": [*trace.notes, *source.notes],
         "output_shape": list(trace.output.shape),
         "block_shape_preserved": trace.shape_preserved,
     }
 
 
-def stack_report(source, traces: list[Trace], grads=None, flags=None) -> dict:
+def stack_report(source, traces: list[Trace], grads=None, found=None) -> dict:
     """N blocks: per layer the stream's size, the branch shares and the steps."""
-    from blocktrace.diagnose.diagnosis import in_context
+    from blocktrace.tracing.stack import summarise
 
-    flags = in_context(flags, _context(traces[0]))
-    from blocktrace.model.stack import summarise
-
+    flags = _flags(found)
     layers = []
     for index, trace in enumerate(traces):
         summary = summarise(index, trace)
@@ -148,7 +138,7 @@ def stack_report(source, traces: list[Trace], grads=None, flags=None) -> dict:
         "layers": layers,
         "gradients": gradients_dict(grads),
         "flags": flags_dict(flags),
-        **findings(flags, first, loss_note=BLOCK_LOSS_NOTE),
+        **findings(found, loss_note=BLOCK_LOSS_NOTE),
         "output_shape": list(last.output.shape),
         "block_shape_preserved": tuple(last.output.shape) == first.input.shape,
     }
@@ -160,11 +150,11 @@ def sweep_report(source, config, rows: list[dict]) -> dict:
 
 
 def _layer_entry(layer: int, trace: Trace, flags, weights: Optional[dict]) -> dict:
-    from blocktrace.model.stack import summarise
+    from blocktrace.tracing.stack import summarise
 
     summary = summarise(layer, trace)
     attention = trace.attention
-    size = (trace.steps[-1].probe or {}).get("token_sq_median")
+    size = trace.steps[-1].probe.token_sq_median
     return {"layer": layer, "rms": summary.rms, "sq_norm_per_d": summary.sq_norm_per_d,
             "median_token_sq_norm_per_d": size, "attn_share": summary.attn_share, "ffn_share": summary.ffn_share,
             "max_logit": attention.max_logit if attention else None,
@@ -173,13 +163,10 @@ def _layer_entry(layer: int, trace: Trace, flags, weights: Optional[dict]) -> di
             "attention": attention_dict(trace), "weights": weights}
 
 
-def model_report(checkpoint, info, config, traces: list[Trace], model_input, loss, grads, flags, evidence,
+def model_report(checkpoint, info, config, traces: list[Trace], model_input, loss, grads, found, evidence,
                  path: str) -> dict:
     """A checkpoint as a whole model: its traced layers, its loss, its gradients, the findings."""
-    from blocktrace.diagnose.diagnosis import Context, diagnose, in_context
-
-    context = Context(post_norm=config.post_norm, activation=config.ffn.value, step=evidence.step)
-    flags = in_context(flags, context)
+    flags = _flags(found)
     first = evidence.first_layer
     weights = evidence.weights or [None] * len(traces)
     ids = model_input.ids
@@ -197,7 +184,7 @@ def model_report(checkpoint, info, config, traces: list[Trace], model_input, los
         "step": evidence.step,
         "notes": [*info.notes, *model_input.notes],
     }
-    if flags is not None:
-        report.update({"flags": flags_dict(flags), "diagnosis": diagnose(flags, context)})
+    if found is not None:
+        report.update({"flags": flags_dict(found.flags), "diagnosis": found.diagnosis})
     report.update({"loss": loss.value, "loss_note": loss.note})
     return report

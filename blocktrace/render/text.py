@@ -235,14 +235,10 @@ def render_run(
     return "\n\n".join(parts) + "\n"
 
 
-def _ranges(numbers: list[int]) -> str:
-    from blocktrace.diagnose.diagnosis import _ranges as ranges
-
-    return ranges(numbers)
-
-
 def _findings_table(shown: list[dict]) -> str:
     """One row per kind of finding: where it hit (layers, steps) and its worst instance."""
+    from blocktrace.diagnose.diagnosis import layer_ranges
+
     kinds: dict[str, list[dict]] = {}
     for finding in shown:
         kinds.setdefault(finding["name"], []).append(finding)
@@ -250,7 +246,7 @@ def _findings_table(shown: list[dict]) -> str:
     for name, hits in kinds.items():
         layers = sorted({f["layer"] for f in hits if f["layer"] is not None})
         steps = ", ".join(dict.fromkeys(f["step"] for f in hits if f["step"]))
-        rows.append([hits[0]["level"].upper(), name, hits[0]["cause"], _ranges(layers) or "-", steps or "-",
+        rows.append([hits[0]["level"].upper(), name, hits[0]["cause"], layer_ranges(layers) or "-", steps or "-",
                      len(hits), hits[0]["detail"]])
     return tabulate(rows, headers=["level", "finding", "cause", "layers", "steps", "times", "first"],
                     disable_numparse=True)

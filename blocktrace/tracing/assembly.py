@@ -28,7 +28,7 @@ from blocktrace.tracing.probes import (
     flat_fraction,
     massive_median,
 )
-from blocktrace.tracing.records import AttentionSummary, Stats, StepRecord, Trace
+from blocktrace.tracing.records import AttentionSummary, FFNActivity, Probe, Stats, StepRecord, Trace
 from blocktrace.tracing.routing import RoutingSummary
 from blocktrace.tracing.stats import finite, nonfinite_counts, stats_from_moments, uniform_entropy
 from blocktrace.tracing.steps import Layout
@@ -91,9 +91,9 @@ class Collected:
                                                             first["probes"])):
             found = later.get(index, {})
             stats = stats_from_moments(row, found.get("counts"))
-            probe = {**_probe(probe, row, found), **self._behaviour(p.name, first["behaviour"])}
+            probe = _probe(probe, row, found, self._behaviour(p.name, first["behaviour"]))
             records.append(StepRecord(p.name, operations[p.name], p.shape, p.dtype, Stats.from_values(stats),
-                                      p.tensor, sample, probe or None))
+                                      p.tensor, sample, probe))
         summary, notes = self._attention(first["attention"]), list(self.notes)
         if summary is None:
             notes.append(f"attention weights are not visible: {self.layout.attention_path or 'the attention'} "
@@ -129,16 +129,17 @@ class Collected:
             previous_weight=values["previous_weight"])
 
 
-def _probe(probe: dict, moments: list[float], found: dict) -> dict:
-    """A step's probe on the host: the followups' findings in, the fields only they needed out."""
-    probe = {key: value for key, value in probe.items() if key != "gated"}
-    if "inputs_finite" in found:
-        probe["inputs_finite"] = found["inputs_finite"]
+def _probe(values: dict, moments: list[float], found: dict, measured: dict) -> Probe:
+    """A step's Probe: the first copy's values, the followups' findings and the measured behaviour."""
+    ffn = None
+    if "dead_fraction" in values:
+        ffn = FFNActivity(values["dead_fraction"], found.get("flat_fraction", 0.0), values["units"], int(values["tokens"]))
+    massive = None
     if "massive_median" in found:
-        probe["massive_ratio"] = max(abs(moments[3]), abs(moments[4])) / max(found["massive_median"], TINY)
-    if "dead_fraction" in probe:
-        probe["flat_fraction"] = found.get("flat_fraction", 0.0)
-    return probe
+        massive = max(abs(moments[3]), abs(moments[4])) / max(found["massive_median"], TINY)
+    return Probe(token_sq_median=values.get("token_sq_median"), residual_mismatch=values.get("residual_mismatch"),
+                 update_ratio=values.get("update_ratio"), massive_ratio=massive,
+                 inputs_finite=found.get("inputs_finite"), ffn=ffn, **measured)
 
 
 def finish(collected: list[Collected], extra: Any = None) -> tuple[list[Trace], Any]:

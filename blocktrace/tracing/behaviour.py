@@ -40,9 +40,11 @@ class NormBehaviour:  # what a NormMeasurement means
     shift_error: float  # ... when a constant is added to each token (0 for LayerNorm)
     gain_rms: Optional[float]  # rms of the effective per-dimension gain
 
-    def to_probe(self) -> dict:
-        return {"norm_kind": self.kind, "scale_error": self.scale_error, "shift_error": self.shift_error,
-                "gain_rms": self.gain_rms}
+
+@dataclass(frozen=True)
+class CausalBehaviour:  # what a CausalMeasurement means
+    causal: Optional[bool]  # None: fewer than two tokens, nothing to measure
+    leak: float  # largest relative change of an earlier output when the last token is perturbed
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -74,13 +76,13 @@ class NormMeasurement:
         return {"scale_error": self.scale_error, "shift_error": self.shift_error, "gains": list(self.gains)}
 
     def probe(self, values: dict) -> dict:
-        """The behaviour, from `values()` on the host."""
+        """The behaviour, from `values()` on the host, as the step's Probe field."""
         scale_error, shift_error = values["scale_error"], values["shift_error"]
         if scale_error > self.tolerance:
-            return NormBehaviour(NormKind.NONE, scale_error, shift_error, None).to_probe()
+            return {"norm": NormBehaviour(NormKind.NONE, scale_error, shift_error, None)}
         centres = shift_error <= self.tolerance
         kind = NormKind.LAYERNORM if centres else NormKind.RMSNORM
-        return NormBehaviour(kind, scale_error, shift_error, values["gains"][0 if centres else 1]).to_probe()
+        return {"norm": NormBehaviour(kind, scale_error, shift_error, values["gains"][0 if centres else 1])}
 
 
 @functools.lru_cache(maxsize=8)
@@ -125,9 +127,10 @@ class CausalMeasurement:
         return {"leak": self.leak}
 
     def probe(self, values: dict) -> dict:
+        """The behaviour, from `values()` on the host, as the step's Probe field."""
         leak = values["leak"]
-        return {"causal_measured": None if leak is None else leak <= self.tolerance,
-                "causal_leak": 0.0 if leak is None else leak}
+        return {"causal": CausalBehaviour(None if leak is None else leak <= self.tolerance,
+                                          0.0 if leak is None else leak)}
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from blocktrace.config import BlockConfig
+from blocktrace.tracing.behaviour import CausalBehaviour, NormBehaviour
 from blocktrace.tracing.routing import RoutingSummary
 from blocktrace.tracing.stats import STAT_NAMES
 from blocktrace.vocab import Placement
@@ -37,6 +38,30 @@ class Stats:
         return {name: getattr(self, name) for name in STAT_NAMES}
 
 
+@dataclass(frozen=True)
+class FFNActivity:
+    """The FFN's hidden units over the traced tokens."""
+
+    dead_fraction: float  # units never active for any token
+    flat_fraction: float  # activations where the nonlinearity is flat (measured past half the units dead, else 0)
+    units: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the health checks measured at one step (a trace with checks); None where it does not apply."""
+
+    token_sq_median: Optional[float] = None  # the block's output: the median over tokens of ‖x‖²/d
+    residual_mismatch: Optional[float] = None  # residual steps: ‖output − (α·stream + update)‖ / ‖output‖
+    update_ratio: Optional[float] = None  # residual steps: ‖update‖ / ‖stream‖
+    massive_ratio: Optional[float] = None  # residual steps whose max |x| exceeds 100: max |x| / median |x|
+    inputs_finite: Optional[list[bool]] = None  # a step that is not finite: which of its inputs were
+    ffn: Optional[FFNActivity] = None  # the ffn step
+    norm: Optional[NormBehaviour] = None  # norm steps: what the norm measurably does
+    causal: Optional[CausalBehaviour] = None  # the attn step of a user's block: measured by perturbation
+
+
 @dataclass
 class StepRecord:
     name: str
@@ -46,7 +71,7 @@ class StepRecord:
     stats: Stats
     tensor: Optional[torch.Tensor] = None  # only when the trace keeps tensors
     sample: Optional[list[float]] = None  # the first values of one token's vector
-    probe: Optional[dict] = None  # health-check measurements (checks=True)
+    probe: Probe = field(default_factory=Probe)  # health-check measurements (checks=True; else empty)
 
 
 @dataclass

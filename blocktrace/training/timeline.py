@@ -42,7 +42,7 @@ def layer_entry(layer: int, trace, grad_norm: Optional[float] = None, weights: O
         "layer": layer,
         "steps": {record.name: record.stats.to_dict() for record in trace.steps},
         "rms": output.stats.rms,
-        "median_token_sq_norm_per_d": (output.probe or {}).get("token_sq_median"),
+        "median_token_sq_norm_per_d": output.probe.token_sq_median,
         "max_logit": attention.max_logit if attention else None,
         "min_entropy": min(attention.entropy_per_head) if attention and attention.entropy_per_head else None,
         "entropy_per_head": attention.entropy_per_head if attention else None,

@@ -174,18 +174,18 @@ def judged(records: list[dict]) -> list[dict]:
     """Each record with the findings over training (diagnose/dynamics.py) judged against the records before it,
     and its diagnosis made again over all its findings where some were added (a Watch's records hold them
     already; checkpoints and older timelines gain them here)."""
-    from blocktrace.diagnose.diagnosis import Context, diagnose, in_context
+    from blocktrace.diagnose.diagnosis import Context, conclude
     from blocktrace.diagnose.dynamics import judge
     from blocktrace.diagnose.health import Flag
     from blocktrace.training.timeline import diagnosis_entries
 
     for index, entry in enumerate(records):
-        context = Context(step=entry["step"])
-        added = in_context(judge(records[:index], entry), context)
+        added = judge(records[:index], entry)
         if added:
             held = [Flag.from_entry(finding) for finding in entry.get("flags") or [] if Flag.readable(finding)]
-            entry["flags"] = (entry.get("flags") or []) + flag_entries([f.to_dict() for f in added])
-            entry["diagnosis"] = diagnosis_entries(diagnose(held + added, context))
+            found = conclude(held + added, Context(step=entry["step"]))
+            entry["flags"] = (entry.get("flags") or []) + flag_entries([f.to_dict() for f in found.flags[len(held):]])
+            entry["diagnosis"] = diagnosis_entries(found.diagnosis)
     return records
 
 

@@ -30,7 +30,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import nn
 
-from blocktrace.diagnose.diagnosis import Context, diagnose, in_context
+from blocktrace.diagnose.diagnosis import Context, conclude
 from blocktrace.diagnose.dynamics import judge
 from blocktrace.diagnose.grad import GradientReport
 from blocktrace.diagnose.health import ModelEvidence, evaluate
@@ -237,9 +237,9 @@ class Watch:
         findings = self._findings(traces, host["grads"], host["weights"])
         if self.checks:
             findings += judge(([self.first_record] if self.first_record else []) + list(self.recent), entry)
-        flags = in_context(findings, context)
-        entry["flags"] = flag_entries([f.to_dict() for f in flags])
-        entry["diagnosis"] = diagnosis_entries(diagnose(flags, context))
+        found = conclude(findings, context)
+        entry["flags"] = flag_entries([f.to_dict() for f in found.flags])
+        entry["diagnosis"] = diagnosis_entries(found.diagnosis)
         self._remember(entry)
         if self.writer is not None:
             self.writer.write(entry)
