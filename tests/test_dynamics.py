@@ -144,6 +144,18 @@ def test_the_batch_a_watch_saw():
     assert {f.cause.value for f in flags} == {"data"}
 
 
+def test_targets_equal_to_the_inputs_are_an_error_once_the_loss_shows_the_copy():
+    """Unshifted targets are right for a model that shifts inside, a leak for one that does not: the loss tells
+    them apart (a copying model falls far below what language allows, one that shifts stays above)."""
+    leak = {"repeated": False, "labels_are_inputs": True}
+    copying = judge([], _record(200, [], source="watch", loss=0.3, data=leak))
+    assert [(f.name, f.level.value, f.cause.value) for f in copying] == [("labels_are_inputs", "error", "data")]
+    shifting = judge([], _record(200, [], source="watch", loss=2.5, data=leak))
+    assert [(f.name, f.level.value) for f in shifting] == [("labels_are_inputs", "info")]
+    fine = judge([], _record(200, [], source="watch", loss=0.3, data={"repeated": False, "labels_are_inputs": False}))
+    assert fine == []
+
+
 def test_findings_a_record_holds_already_are_not_repeated():
     entry = _record(20, [], loss=0.01, flags=[])
     entry["flags"] = [{"name": "loss_near_zero", "layer": None}]

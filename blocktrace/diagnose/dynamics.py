@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 from blocktrace.diagnose.health import (
     ADAM_TINY,
     FROZEN_FRACTION,
+    LABEL_COPY_LOSS,
     LEAK_LOSS,
     LOSS_MARGIN,
     LOSS_SPIKE_FLOOR,
@@ -189,14 +190,16 @@ def _loss_flags(history: Sequence[dict], entry: dict) -> list[Flag]:
 
 
 def _data_flags(entry: dict) -> list[Flag]:
-    data = entry.get("data") or {}
+    data, loss = entry.get("data") or {}, entry.get("loss")
     flags = []
     if data.get("repeated"):
         flags.append(flag("repeated_batch", Level.ERROR, None, None, 1.0,
                           "this step's batch equals the batch of the record before"))
     if data.get("labels_are_inputs"):
-        flags.append(flag("labels_are_inputs", Level.INFO, None, None, 1.0,
-                          "the targets passed to the model are its input ids, unshifted"))
+        copying = _finite(loss) and loss < LABEL_COPY_LOSS
+        flags.append(flag("labels_are_inputs", Level.ERROR if copying else Level.INFO, None, None, 1.0,
+                          "the targets passed to the model are its input ids, unshifted" +
+                          (f", and the loss is {loss:.3g} nats per token: the model copies them" if copying else "")))
     return flags
 
 
