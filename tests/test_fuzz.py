@@ -187,3 +187,51 @@ def test_corrupted_tokenizer_json_keeps_the_contract(tmp_path_factory, content):
     path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
     for args in (["--text", "猫 吃 鱼"], ["--token-ids", "1", "2"]):
         assert_contract(invoke("run", "--weights", str(target), *args))
+
+
+@st.composite
+def valid_run_arguments(draw, command: str) -> list[str]:
+    """Options of `run`/`check` on a random block that go together (cli/rules.py), with values that are valid:
+    each example must reach the pipeline and finish (exit 0, or 1 for findings), never stop at parsing."""
+    d_model = draw(st.sampled_from([4, 8, 12]))
+    args = ["--d-model", str(d_model), "--heads", str(draw(st.sampled_from([h for h in (1, 2, 4) if d_model % h == 0])))]
+    tokens = draw(st.sampled_from([["--seq-len", "1"], ["--seq-len", "5"], ["--tokens", "猫", "吃", "鱼"]]))
+    args += tokens
+    n_tokens = 3 if tokens[0] == "--tokens" else int(tokens[1])
+    for option, values in {"--batch": ["1", "2"], "--seed": ["0", "7"], "--init": ["default", "xavier", "xiong"],
+                           "--norm": ["layernorm", "rmsnorm"], "--ffn": ["gelu", "gelu_tanh", "relu", "swiglu"],
+                           "--eps": ["1e-5", "0.5"], "--attn-chunk": ["1", "2"], "--dtype": ["float32", "float64"]}.items():
+        if draw(st.booleans()):
+            args += [option, draw(st.sampled_from(values))]
+    args += draw(st.sampled_from([[], ["--pre-ln"], ["--post-ln"], ["--deepnorm"]]))
+    args += [flag for flag in ("--no-causal", "--no-bias") if draw(st.booleans())]
+    depth = draw(st.sampled_from([None, 2, 3]))
+    if depth is not None:
+        args += ["--layers", str(depth)]
+    if draw(st.booleans()):
+        args += ["--grad"] + (["--batches", "2"] if tokens[0] == "--seq-len" and draw(st.booleans()) else [])
+    checking = command == "check" or draw(st.booleans())
+    output = draw(st.sampled_from(["json", "text"]))
+    if output == "json":
+        args.append("--json")
+    elif not checking:  # check and run --check print only the findings: no table to shape
+        args += ["--format", draw(st.sampled_from(["simple", "github", "grid"])),
+                 "--lang", draw(st.sampled_from(["en", "zh"]))]
+        args += ["--block-steps"] if depth is not None and draw(st.booleans()) else []
+        args += ["--explain"] if draw(st.booleans()) else []
+        if depth is None and draw(st.booleans()):
+            args += ["--values", "2", "--token-index", str(draw(st.integers(-n_tokens, n_tokens - 1)))]
+    if command == "run" and checking:
+        args += ["--check", "--fail-on", draw(st.sampled_from(["warning", "error"]))]
+    return args
+
+
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_valid_option_combinations_reach_the_pipeline_and_finish(command):
+    @FUZZ
+    @given(args=valid_run_arguments(command))
+    def check(args):
+        result = invoke(command, *args)
+        assert result.exit_code in (0, 1), (args, result.output)
+        assert result.exit_code == 0 or command == "check" or "--check" in args, (args, result.output)
+    check()
