@@ -212,6 +212,25 @@ class Watch:
 
     def _record(self, loss, lr) -> Optional[dict]:
         """Everything measured on the device, read on the host in one copy (tracing.assembly.finish), then judged."""
+        present, moved, traces, host = self._measure(loss)
+        weights = [m.result(values) for m, values in zip(moved, host["moved"])] or [None] * len(self.blocks)
+        for t in traces:
+            t.notes += self.reducer.note()
+        layers = [dict(layer_entry(index, t, host["grads"][index], weights[index]),
+                       trainable=_trainable(self.blocks[index])) for index, t in zip(present, traces)]
+        entry = record(self.count, "watch", layers, [], [], loss=host["loss"], lr=self._learning_rate(lr),
+                       grad_norm=host["model_grad"],
+                       extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab, "data": host["data"],
+                              "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None})
+        self._judge(entry, traces, host)
+        self._remember(entry)
+        if self.writer is not None:
+            self.writer.write(entry)
+            self._to_tensorboard(entry)
+        return entry
+
+    def _measure(self, loss) -> tuple[list[int], list, list, dict]:
+        """The blocks that ran, their movements, their Traces and the rest of what was measured, on the host."""
         collected = [(index, tap.result(self.reducer)) for index, tap in enumerate(self.taps)]
         present = [(index, c) for index, c in collected if c is not None]
         grads = [_grad_norm(block) for block in self.blocks]
@@ -220,19 +239,14 @@ class Watch:
                  for i, block in enumerate(self.blocks)] if self.track_updates else []
         if self.track_updates:
             self.snapshots = [snapshot(block) for block in self.blocks]
-        measured = {"grads": grads, "model_grad": _grad_norm(self.model), "moved": [m.values() for m in moved], "loss": self._loss(loss),
-                    "weights": [weight_moments(block) for block in self.blocks] if self.checks else None,
-                    "data": self.batch.report()}
+        measured = {"grads": grads, "model_grad": _grad_norm(self.model), "moved": [m.values() for m in moved],
+                    "loss": self._loss(loss), "data": self.batch.report(),
+                    "weights": [weight_moments(block) for block in self.blocks] if self.checks else None}
         traces, host = finish([c for _, c in present], measured)
-        weights = [m.result(values) for m, values in zip(moved, host["moved"])] or [None] * len(self.blocks)
-        for t in traces:
-            t.notes += self.reducer.note()
-        layers = [dict(layer_entry(index, t, host["grads"][index], weights[index]),
-                       trainable=_trainable(self.blocks[index])) for (index, _), t in zip(present, traces)]
-        entry = record(self.count, "watch", layers, [], [], loss=host["loss"], lr=self._learning_rate(lr),
-                       grad_norm=host["model_grad"],
-                       extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab, "data": host["data"],
-                              "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None})
+        return [index for index, _ in present], moved, traces, host
+
+    def _judge(self, entry: dict, traces: list, host: dict) -> None:
+        """The record's findings — the blocks' checks and the dynamics against the records before — concluded."""
         context = Context(post_norm=any(t.placement.norm_after_add for t in traces), step=self.count)
         findings = self._findings(traces, host["grads"], host["weights"])
         if self.checks:
@@ -240,11 +254,6 @@ class Watch:
         found = conclude(findings, context)
         entry["flags"] = flag_entries([f.to_dict() for f in found.flags])
         entry["diagnosis"] = diagnosis_entries(found.diagnosis)
-        self._remember(entry)
-        if self.writer is not None:
-            self.writer.write(entry)
-            self._to_tensorboard(entry)
-        return entry
 
     def _loss(self, loss) -> Optional[torch.Tensor]:
         """The loss as a device scalar, averaged over the ranks."""
