@@ -173,7 +173,8 @@ def report(rows: list[dict], watch: dict) -> list[str]:
     lines += ["", f"Host reads per recording step (profiler): {watched['reads']}", "",
               "## Tracing one block", "",
               "| block | dtype | untraced ms | HF sdpa ms | bare ms (× sdpa) | checks ms (× sdpa) | target × sdpa "
-              "(bare / checks) | host reads (bare / checks) | max |traced − untraced| |", "|---|---|---|---|---|---|---|---|---|"]
+              "(bare / checks) | host reads (bare / checks) | max |traced − untraced| |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         ms, sdpa = row["ms"], row["ms"]["hf_sdpa"]
         lines.append(f"| {row['size']} | {row['dtype']} | {ms['untraced'] * 1e3:.2f} | {sdpa * 1e3:.2f} | "
@@ -193,7 +194,8 @@ def main() -> None:
     device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else facts["cpu"]
     lines = ["# blocktrace on a GPU", "",
              f"Written by `python benchmarks/bench_gpu.py` on {facts['date']}: {device}, torch {torch.__version__}; "
-             f"medians of {ROUNDS} interleaved rounds.", "", f"## The Watch in a training loop: {'a toy GPT-2, B 2 × T 64' if SMALL else 'GPT-2 small, B 8 × T 1024'}",
+             f"medians of {ROUNDS} interleaved rounds.", "",
+             f"## The Watch in a training loop: {'a toy GPT-2, B 2 × T 64' if SMALL else 'GPT-2 small, B 8 × T 1024'}",
              "", *report(tracing_rows(), watch_row())]
     text = "\n".join(lines) + "\n"
     print(text)
