@@ -173,7 +173,7 @@ def report(rows: list[dict], watch: dict) -> list[str]:
     lines += ["", f"Host reads per recording step (profiler): {watched['reads']}", "",
               "## Tracing one block", "",
               "| block | dtype | untraced ms | HF sdpa ms | bare ms (× sdpa) | checks ms (× sdpa) | target × sdpa "
-              "(bare / checks) | host reads (bare / checks) | max |traced − untraced| |",
+              "(bare / checks) | host reads (bare / checks) | max abs(traced − untraced) |",
               "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         ms, sdpa = row["ms"], row["ms"]["hf_sdpa"]
