@@ -1,0 +1,54 @@
+"""Tracing cost of two source trees on this machine, at the same hour: one block's traced / untraced ratio.
+
+    python benchmarks/ab_trace.py TREE [ROUNDS] [--xl]
+
+TREE is a checkout of blocktrace (e.g. `git worktree add /tmp/old <commit>`, then `/tmp/old`, and `.` for this
+one); run it once per tree, alternating, and compare the ratios printed. RESULTS.md's figures are from one run on
+one day; a shared machine's speed moves between days, so a before/after claim needs both trees measured side by
+side. GPT-2 small (or XL with --xl), T 1024, batch 1, float32: blocktrace's own block untraced, `trace` bare and
+with checks, each once per round, rounds interleaved, medians.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    tree = Path(sys.argv[1]).resolve()
+    rounds = int(next((a for a in sys.argv[2:] if a.isdigit()), 16))
+    d_model, heads = (1600, 25) if "--xl" in sys.argv else (768, 12)
+    sys.path.insert(0, str(tree))
+    import torch
+
+    from blocktrace.config import BlockConfig
+    from blocktrace.model.block import TransformerBlock
+    from blocktrace.tracing.tracer import trace
+
+    torch.manual_seed(0)
+    block = TransformerBlock(BlockConfig(d_model=d_model, n_heads=heads)).eval()
+    x = torch.randn(1, 1024, d_model)
+
+    def untraced():
+        with torch.no_grad():
+            block(x)
+
+    cases = {"untraced": untraced, "bare": lambda: trace(block, x), "checks": lambda: trace(block, x, checks=True)}
+    for run in cases.values():
+        run(), run()
+    times: dict = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, run in cases.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    print(f"{tree}: bare {medians['bare'] / medians['untraced']:.3f}, checks {medians['checks'] / medians['untraced']:.3f} "
+          f"× untraced ({medians['untraced'] * 1e3:.1f} ms untraced, {rounds} rounds)")
+
+
+if __name__ == "__main__":
+    main()
