@@ -11,10 +11,11 @@ with checks, each once per round, rounds interleaved, medians.
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import interleaved  # noqa: E402
 
 
 def main() -> None:
@@ -37,15 +38,7 @@ def main() -> None:
             block(x)
 
     cases = {"untraced": untraced, "bare": lambda: trace(block, x), "checks": lambda: trace(block, x, checks=True)}
-    for run in cases.values():
-        run(), run()
-    times: dict = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, run in cases.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    medians = {name: statistics.median(values) for name, values in times.items()}
+    medians = interleaved(cases, rounds)
     print(f"{tree}: bare {medians['bare'] / medians['untraced']:.3f}, checks {medians['checks'] / medians['untraced']:.3f} "
           f"× untraced ({medians['untraced'] * 1e3:.1f} ms untraced, {rounds} rounds)")
 

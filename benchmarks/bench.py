@@ -19,7 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import DATA, machine_facts  # noqa: E402
+from common import DATA, interleaved, machine_facts  # noqa: E402
 
 ROUNDS, WARMUP = 15, 2
 SIZES = {"GPT-2 small": (768, 12), "GPT-2 XL": (1600, 25)}
@@ -139,16 +139,7 @@ def _namespace(directory: Path, d_model: int, n_head: int, tokens: int) -> dict:
 def time_cases(directory: Path, d_model: int, n_head: int) -> dict[str, float]:
     namespace = _namespace(directory, d_model, n_head, TOKENS)
     cases = {label: namespace[name] for label, name in CASES.items() if namespace["available"](name)}
-    for _ in range(WARMUP):
-        for run in cases.values():
-            run()
-    samples = {label: [] for label in cases}
-    for _ in range(ROUNDS):
-        for label, run in cases.items():
-            start = time.perf_counter()
-            run()
-            samples[label].append(time.perf_counter() - start)
-    return {label: statistics.median(values) for label, values in samples.items()}
+    return interleaved(cases, ROUNDS, WARMUP)
 
 
 MEMORY_PROBE = """
@@ -275,14 +266,8 @@ def whole_model_section() -> tuple[list[str], float]:
 
     cases = {"HuggingFace GPT2LMHeadModel forward with labels (eager attention)": hf_forward,
              "blocktrace check --weights: 12 layers traced and checked, the model's loss": check}
-    losses = {label: run() for label, run in cases.items()}
-    samples = {label: [] for label in cases}
-    for _ in range(WHOLE_MODEL_ROUNDS):
-        for label, run in cases.items():
-            start = time.perf_counter()
-            run()
-            samples[label].append(time.perf_counter() - start)
-    medians = {label: statistics.median(values) for label, values in samples.items()}
+    losses = {label: run() for label, run in cases.items()}  # the first call of each warms it up
+    medians = interleaved(cases, WHOLE_MODEL_ROUNDS, warmup=0)
     base = medians[next(iter(cases))]
     ratio = list(medians.values())[1] / base
     lines = [f"### A whole GPT-2-small-shaped model: 12 layers, T {WHOLE_MODEL_TOKENS}, float32", "",

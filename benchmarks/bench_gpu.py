@@ -23,7 +23,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import DATA, machine_facts  # noqa: E402
+from common import DATA, interleaved, machine_facts  # noqa: E402
 
 SMALL = "--small" in sys.argv
 DEVICE = "cpu" if SMALL else "cuda"
@@ -37,22 +37,6 @@ SIZES = {"toy": (64, 4, 2, 64)} if SMALL else {"GPT-2 small": (768, 12, 8, 1024)
 def synchronise() -> None:
     if DEVICE == "cuda":
         torch.cuda.synchronize()
-
-
-def interleaved(cases: dict, rounds: int = ROUNDS, warmup: int = 2) -> dict:
-    """Each case once per round, rounds interleaved; the median seconds per case."""
-    for run in cases.values():
-        for _ in range(warmup):
-            run()
-    times: dict = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, run in cases.items():
-            synchronise()
-            start = time.perf_counter()
-            run()
-            synchronise()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def host_reads(action) -> int:
@@ -109,7 +93,8 @@ def tracing_rows() -> list[dict]:
                     hf(x)
 
             times = interleaved({"untraced": untraced, "bare": lambda: trace(own, x),
-                                 "checks": lambda: trace(own, x, checks=True), "hf_sdpa": sdpa})
+                                 "checks": lambda: trace(own, x, checks=True), "hf_sdpa": sdpa}, ROUNDS,
+                                synchronise=synchronise)
             rows.append({"size": label, "dtype": str(dtype).replace("torch.", ""), "ms": times, "difference": difference,
                          "reads": {"bare": host_reads(lambda: trace(own, x)),
                                    "checks": host_reads(lambda: trace(own, x, checks=True))}})

@@ -1,15 +1,33 @@
-"""Shared benchmark helpers: a GPT-2-shaped checkpoint, machine facts, and peak-memory probes."""
+"""Shared benchmark helpers: a GPT-2-shaped checkpoint, machine facts, interleaved timing, and peak-memory probes."""
 
 from __future__ import annotations
 
 import json
 import platform
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "_data"  # ignored by git: files are rebuilt on demand
+
+
+def interleaved(cases: dict, rounds: int, warmup: int = 2, synchronise=lambda: None) -> dict[str, float]:
+    """Each case once per round, rounds interleaved (so machine noise hits every case alike), after `warmup`
+    rounds; the median seconds per case. `synchronise` waits for a device's queue around each call."""
+    for _ in range(warmup):
+        for run in cases.values():
+            run()
+    times: dict = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, run in cases.items():
+            synchronise()
+            start = time.perf_counter()
+            run()
+            synchronise()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def machine_facts() -> dict:

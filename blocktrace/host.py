@@ -65,7 +65,7 @@ def to_host(tree) -> Any:
     values: list = [None] * len(leaves)
     for indices in by_device.values():
         flat = torch.cat([leaves[i].reshape(-1).to(torch.float64) for i in indices])
-        copied = flat.cpu().tolist() if flat.device.type != "cpu" else flat.tolist()
+        copied = flat.tolist()  # the one device-to-host copy
         start = 0
         for i in indices:
             size = leaves[i].numel()

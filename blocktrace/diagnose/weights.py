@@ -14,6 +14,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from blocktrace.tracing.stats import widened
+
 KIND_RULES = (  # (pattern on the parameter name, kind); the first match wins
     # a mixture of experts' router (HF's mlp.gate / block_sparse_moe.gate, blocktrace's ffn.router) and Qwen's
     # shared-expert gate, before the SwiGLU gates they would otherwise be taken for
@@ -49,7 +51,7 @@ def weight_moments(block: nn.Module) -> dict[str, dict]:
         weight = getattr(module, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or isinstance(module, nn.Embedding):
             continue
-        values = _wide(weight.detach())
+        values = widened(weight)
         moments[f"{module_name}.weight"] = {"sum": values.sum().double(), "squares": _square(values),
                                             "count": values.numel(), "fan_in": _fan_in(module, weight)}
     return moments
@@ -73,16 +75,11 @@ def weight_statistics(block: nn.Module) -> dict[str, dict]:
     return weight_summary(to_host(weight_moments(block)))
 
 
-def _wide(tensor: torch.Tensor) -> torch.Tensor:
-    """Half-precision values in float32, where differences of nearby weights are exact."""
-    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
-
-
 def _square(tensor: torch.Tensor) -> torch.Tensor:
     """‖t‖² as a float64 device scalar. The norm itself runs in the tensor's (widened) dtype: asked for float64,
     torch would first copy the whole tensor to float64 (a checkpoint's largest weight, twice over, at every
     checkpoint `track` reads)."""
-    return torch.linalg.vector_norm(_wide(tensor)).double().square()
+    return torch.linalg.vector_norm(widened(tensor)).double().square()
 
 
 @torch.no_grad()
@@ -107,7 +104,7 @@ class Movement:
         self.comparable.setdefault(kind, True)
         entry[0] = entry[0] + _square(now)
         if previous is not None and tuple(previous.shape) == tuple(now.shape):
-            entry[1] = entry[1] + _square(_wide(now) - _wide(previous.to(now.dtype)))
+            entry[1] = entry[1] + _square(widened(now) - widened(previous.to(now.dtype)))
             entry[2] = entry[2] + _square(previous)
         else:
             self.comparable[kind] = False

@@ -30,7 +30,13 @@ from blocktrace.tracing.probes import (
 )
 from blocktrace.tracing.records import AttentionSummary, FFNActivity, Probe, Stats, StepRecord, Trace
 from blocktrace.tracing.routing import RoutingSummary
-from blocktrace.tracing.stats import finite, nonfinite_counts, stats_from_moments, uniform_entropy
+from blocktrace.tracing.stats import (
+    finite,
+    largest_magnitude,
+    nonfinite_counts,
+    stats_from_moments,
+    uniform_entropy,
+)
 from blocktrace.tracing.steps import Layout
 from blocktrace.vocab import SANDWICH_STEPS, STEP_NAMES
 
@@ -53,12 +59,10 @@ class Collected:
         moments = torch.stack([p.stats for p in self.pending])
         if self.reducer is not None:
             moments = self.reducer.moments(moments)
-        probes = []
-        for p in self.pending:
-            probe = dict(p.probe)
+        probes = [dict(p.probe) for p in self.pending]
+        for probe in probes:
             if "unit_peak" in probe:
-                probe = {**{k: v for k, v in probe.items() if k != "unit_peak"}, **dead_fraction(probe, self.reducer)}
-            probes.append(probe)
+                probe["dead_fraction"] = dead_fraction(probe.pop("unit_peak"), probe["gated"], self.reducer)
         attention = {key: value for key, value in self.attention.items() if key not in ("tensor", "shape")}
         return {"moments": moments, "samples": [p.sample for p in self.pending], "probes": probes,
                 "attention": attention, "routing": self.recorder.routing,
@@ -74,8 +78,8 @@ class Collected:
                 counts = nonfinite_counts(p.held["value"], mask)
                 found["counts"] = self.reducer.summed(counts) if self.reducer is not None else counts
                 found["inputs_finite"] = [torch.isfinite(t).all() for t in p.held["inputs"]]
-            largest = max(abs(row[3]), abs(row[4]))
-            if self.recorder.probes is not None and p.name in RESIDUAL_STEPS and largest > MASSIVE_ABS:
+            massive = largest_magnitude(row) > MASSIVE_ABS
+            if self.recorder.probes is not None and p.name in RESIDUAL_STEPS and massive:
                 found["massive_median"] = massive_median(p.held["value"], mask)
             dead = first["probes"][index].get("dead_fraction")
             if dead is not None and dead > DEAD_WORTH_A_LOOK and "hidden" in p.held:
@@ -136,7 +140,7 @@ def _probe(values: dict, moments: list[float], found: dict, measured: dict) -> P
         ffn = FFNActivity(values["dead_fraction"], found.get("flat_fraction", 0.0), values["units"], int(values["tokens"]))
     massive = None
     if "massive_median" in found:
-        massive = max(abs(moments[3]), abs(moments[4])) / max(found["massive_median"], TINY)
+        massive = largest_magnitude(moments) / max(found["massive_median"], TINY)
     return Probe(token_sq_median=values.get("token_sq_median"), residual_mismatch=values.get("residual_mismatch"),
                  update_ratio=values.get("update_ratio"), massive_ratio=massive,
                  inputs_finite=found.get("inputs_finite"), ffn=ffn, **measured)

@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from blocktrace.tracing.stats import real_token_mask
 from blocktrace.tracing.steps import RESIDUAL_SOURCES, Layout, StepSpec, resolve
 from blocktrace.vocab import FFNKind
 
@@ -87,11 +88,9 @@ def residual_probe(context: ProbeContext, name: str, value: torch.Tensor) -> dic
 
 
 def _at_real_tokens(value: torch.Tensor, token_mask: Optional[torch.Tensor], fill: float) -> torch.Tensor:
-    """`value` with `fill` at padded tokens (a boolean index would need the host to learn its size)."""
-    if token_mask is None or value.dim() < 2 or tuple(value.shape[:2]) != tuple(token_mask.shape):
-        return value
-    real = token_mask.to(value.device).reshape(*token_mask.shape, *([1] * (value.dim() - 2)))
-    return value.masked_fill(~real, fill)
+    """`value` with `fill` at padded tokens."""
+    real = real_token_mask(value, token_mask)
+    return value if real is None else value.masked_fill(~real, fill)
 
 
 def _median_token_size(value: torch.Tensor, token_mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -118,17 +117,16 @@ def ffn_probe(context: ProbeContext, output) -> None:
     size = hidden.abs() if gated else hidden
     peak = _at_real_tokens(size, context.token_mask, 0.0 if gated else -float("inf"))
     peak = peak.reshape(-1, peak.shape[-1]).amax(dim=0)  # one pass: a unit's largest value
-    applies = context.token_mask is not None and tuple(hidden.shape[:2]) == tuple(context.token_mask.shape)
-    tokens = context.token_mask.sum() if applies else hidden.reshape(-1, hidden.shape[-1]).shape[0]
+    real = real_token_mask(hidden, context.token_mask)
+    tokens = real.sum() if real is not None else hidden.reshape(-1, hidden.shape[-1]).shape[0]
     context.ffn_activity = {"unit_peak": peak, "gated": gated, "units": hidden.shape[-1], "tokens": tokens}
     context.ffn_hidden = hidden
 
 
-def dead_fraction(activity: dict, reducer=None) -> dict:
-    """The probe of the ffn step: units never active for any token (of any rank, with a reducer)."""
-    peak = activity["unit_peak"] if reducer is None else reducer.largest(activity["unit_peak"])
-    dead = (peak <= (GATED_ACTIVE if activity["gated"] else 0.0)).float().mean()
-    return {"dead_fraction": dead, "units": activity["units"], "tokens": activity["tokens"], "gated": activity["gated"]}
+def dead_fraction(unit_peak: torch.Tensor, gated: bool, reducer=None) -> torch.Tensor:
+    """The share of units never active for any token (of any rank, with a reducer), from ffn_probe's unit peaks."""
+    peak = unit_peak if reducer is None else reducer.largest(unit_peak)
+    return (peak <= (GATED_ACTIVE if gated else 0.0)).float().mean()
 
 
 def flat_fraction(hidden: torch.Tensor, gated: bool, token_mask: Optional[torch.Tensor]) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """What a mixture of experts' router did with the tokens of one call: each expert's share, the
 router's entropy, the load-balance loss and the router z-loss.
 
-Computed on the router's own device and kept there (padding is weighted out, never indexed out:
-an index's size would need a read on the host); the trace copies them with everything else. Padding tokens (the token mask) are left out, as in every other statistic.
+Computed on the router's own device and kept there; the trace copies them with everything else.
+Padding tokens (the token mask) are left out, as in every other statistic: weighted out, never
+indexed out (an index's size would need a read on the host).
 """
 
 from __future__ import annotations

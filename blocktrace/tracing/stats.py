@@ -15,16 +15,25 @@ import torch
 STAT_NAMES = ("mean", "std", "min", "max", "rms", "absmax", "nan", "inf")
 
 
-def _token_mask(t: torch.Tensor, token_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The mask as [B, T, 1] on t's device when it applies to t ([B, T, ...] values of a padded batch), else None."""
-    if token_mask is None or t.dim() < 3 or tuple(t.shape[:2]) != tuple(token_mask.shape):
+def real_token_mask(t: torch.Tensor, token_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The mask broadcast to t ([B, T, 1, …] on t's device) when it applies to t ([B, T, …] values of a padded
+    batch), else None. Padding is left out by weighting or filling, never by a boolean index: an index's size
+    would need a read on the host."""
+    if token_mask is None or t.dim() < 2 or tuple(t.shape[:2]) != tuple(token_mask.shape):
         return None
     return token_mask.to(t.device).reshape(*token_mask.shape, *([1] * (t.dim() - 2)))
 
 
-def _wide(t: torch.Tensor) -> torch.Tensor:
+def widened(t: torch.Tensor) -> torch.Tensor:
+    """t detached, in float32 when it is half precision or not floating (half-precision sums overflow and lose
+    digits; differences of nearby half-precision values are exact in float32)."""
     t = t.detach()
     return t if t.is_floating_point() and t.dtype not in (torch.float16, torch.bfloat16) else t.float()
+
+
+def largest_magnitude(moments: list[float]) -> float:
+    """max |x| from tensor_moments on the host."""
+    return max(abs(moments[3]), abs(moments[4]))
 
 
 def tensor_moments(t: torch.Tensor, token_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -34,8 +43,8 @@ def tensor_moments(t: torch.Tensor, token_mask: Optional[torch.Tensor] = None) -
     NaN and Inf are not counted here: min + max is not finite exactly when some are, and the trace counts
     them then (nonfinite_counts), in its second transfer, which a healthy trace never makes.
     """
-    real = _token_mask(t, token_mask)
-    flat = _wide(t)
+    real = real_token_mask(t, token_mask)
+    flat = widened(t)
     if real is None:
         flat = flat.reshape(-1)
         raw = torch.stack([flat.sum(), torch.dot(flat, flat), *torch.aminmax(flat)])
@@ -50,7 +59,7 @@ def tensor_moments(t: torch.Tensor, token_mask: Optional[torch.Tensor] = None) -
 
 def nonfinite_counts(t: torch.Tensor, token_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """[#NaN, #Inf] at real tokens, on t's device."""
-    real = _token_mask(t, token_mask)
+    real = real_token_mask(t, token_mask)
     nan, inf = torch.isnan(t.detach()), torch.isinf(t.detach())
     if real is not None:
         nan, inf = nan & real, inf & real
@@ -71,7 +80,7 @@ def stats_from_moments(moments: list[float], counts: Optional[list[float]] = Non
     variance = max(mean_square - mean * mean, 0.0) if math.isfinite(mean_square) else mean_square
     return [mean, math.sqrt(variance) if variance == variance else variance, low, high,
             math.sqrt(mean_square) if mean_square == mean_square else mean_square,
-            max(abs(low), abs(high)), nan, inf]
+            largest_magnitude(moments), nan, inf]
 
 
 def tensor_stats(t: torch.Tensor) -> list[float]:
