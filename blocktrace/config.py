@@ -13,6 +13,7 @@ from typing import Optional
 
 from blocktrace.errors import ConfigError
 from blocktrace.vocab import STEP_NAMES, FFNKind, Norm, Placement, RopeKind
+from blocktrace.wiring import Wiring, wiring_of
 
 __all__ = ["BlockConfig", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind"]
 
@@ -222,13 +223,18 @@ class BlockConfig:
         return self.attn_scale if self.attn_scale is not None else self.head_dim ** -0.5
 
     @property
+    def wiring(self) -> Wiring:
+        """Which step reads which (blocktrace.wiring)."""
+        return wiring_of(self.placement, self.parallel_residual)
+
+    @property
     def sandwich(self) -> bool:
         return self.placement is Placement.SANDWICH
 
     @property
     def post_norm(self) -> bool:
-        """Post-LN and DeepNorm normalise after each residual add; Pre-LN before each sublayer."""
-        return self.placement.norm_after_add
+        """Post-LN and DeepNorm normalise the stream after each residual add; the others never do."""
+        return self.wiring.stream_normalised
 
     @property
     def residual_scale(self) -> float:

@@ -65,11 +65,7 @@ class Placement(Choice):
     DEEPNORM = "deepnorm"  # Wang et al. 2022: norm(α·x + f(x)), α = (2N)^¼ for N decoder blocks
     SANDWICH = "sandwich"  # Peri-LN, Gemma-2: x + norm_out(f(norm_in(x)))
     REORDERED = "reordered"  # OLMo-2 (Swin v2's res-post-norm): x + norm(f(x)), the norm on each update only
-
-    @property
-    def norm_after_add(self) -> bool:
-        """Post-LN and DeepNorm normalise after each residual add; Pre-LN before each sublayer."""
-        return self in (Placement.POST, Placement.DEEPNORM)
+    # Which step reads which under each placement: blocktrace.wiring.
 
 
 class Init(Choice):

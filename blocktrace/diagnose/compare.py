@@ -18,6 +18,7 @@ from blocktrace.config import BlockConfig
 from blocktrace.model.init import apply_deepnorm_beta
 from blocktrace.model.stack import build_stack
 from blocktrace.vocab import Axis, Init, Placement, ReportKind
+from blocktrace.wiring import WIRINGS
 
 # The same role under another name: an MLP's first and last linear layers are SwiGLU's up and down.
 ALIASES = {"ffn.up.": "ffn.fc.", "ffn.down.": "ffn.proj."}
@@ -87,18 +88,7 @@ def difference(a: torch.Tensor, b: torch.Tensor) -> dict:
     return {"max_abs_diff": (a - b).abs().max().item(), "cosine": cosine}
 
 
-_WHERE = {
-    "pre": "pre: the norm sits before each sublayer and the residual stream carries x plus every update "
-           "unnormalised, so its scale can grow from block to block",
-    "post": "post: the norm sits after each residual add, so the stream is rescaled to unit size per token "
-            "after every sublayer",
-    "deepnorm": "deepnorm: post-LN with the stream multiplied by α before each add (and the FFN, V and O "
-                "weights scaled by β at init), so each update is small against the stream",
-    "sandwich": "sandwich (Peri-LN, Gemma-2): a norm before and after each sublayer; the stream carries x plus "
-                "normalised updates, so each update has a bounded size while the stream itself is never rescaled",
-    "reordered": "reordered (OLMo-2): a norm after each sublayer, before its add; the sublayers read the raw stream "
-                 "and the stream carries x plus normalised updates",
-}
+_WHERE = {placement.value: wiring.summary for placement, wiring in WIRINGS.items()}
 _QK_NORMS = {
     "off": "qk_norm off: q·k grows with the size of q and k, and so can the attention logits",
     "on": "qk_norm on: each head's q and k are RMS-normalised before RoPE (Qwen3, Dehghani et al. 2023), which "

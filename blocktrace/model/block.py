@@ -1,10 +1,8 @@
-"""The Transformer block: six named step modules wired Pre-LN, Post-LN, DeepNorm, sandwich or reordered.
+"""The Transformer block: its steps built and run from the wiring table (blocktrace.wiring).
 
 Each step is a submodule, the two residual additions included, so that a plain
-`register_forward_hook` sees every value the tutorials' six-step table lists. Sandwich
-wiring (Peri-LN, Gemma-2) adds two steps, the norms after each sublayer; reordered wiring
-(OLMo-2) keeps only those: norm1 and norm2 normalise each sublayer's output before its add. A
-parallel residual (GPT-NeoX) feeds both sublayers from the same stream.
+`register_forward_hook` sees every value the tutorials' six-step table lists; which step reads
+which (Pre-LN, Post-LN, DeepNorm, sandwich, reordered, a parallel residual) is the wiring's.
 """
 
 from __future__ import annotations
@@ -15,7 +13,8 @@ from torch import nn
 from blocktrace.config import STEP_NAMES, BlockConfig
 from blocktrace.model.layers import MultiHeadAttention, make_ffn, make_norm
 from blocktrace.model.moe import MixtureOfExperts
-from blocktrace.vocab import FFNKind, Init, Norm, Placement
+from blocktrace.vocab import SANDWICH_STEPS, FFNKind, Init, Norm, Placement
+from blocktrace.wiring import INPUT, Kind
 
 
 class Residual(nn.Module):
@@ -30,35 +29,40 @@ class Residual(nn.Module):
 
 
 class TransformerBlock(nn.Module):
+    """The steps of `config.wiring`, each a submodule, run in its order."""
+
     def __init__(self, config: BlockConfig):
         super().__init__()
         self.config = config
-        self.norm1 = make_norm(config)
-        self.attn = MultiHeadAttention(config)
-        self.residual1 = Residual(config.residual_scale)
-        self.norm2 = make_norm(config)
-        self.ffn = MixtureOfExperts(config) if config.n_experts else make_ffn(config)
-        self.residual2 = Residual(config.residual_scale)
-        if config.sandwich:
-            self.post_attn_norm, self.post_ffn_norm = make_norm(config), make_norm(config)
+        self.wiring = config.wiring
+        # Built in the tutorials' order (sandwich norms last), whatever the execution order: a seed draws the same
+        # parameters for the same step under every wiring, so compare's variants share them.
+        present = set(self.wiring.order)
+        for name in (*STEP_NAMES, *SANDWICH_STEPS):
+            if name in present:
+                self.add_module(name, _make_step(self.wiring.step(name).kind, config))
+        self._released = self.wiring.last_reads()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, d] or [B, T, d]
-        config = self.config
-        if config.post_norm:
-            x1 = self.norm1(self.residual1(x, self.attn(x)))
-            return self.norm2(self.residual2(x1, self.ffn(x1)))
-        if config.placement is Placement.REORDERED:
-            x1 = self.residual1(x, self.norm1(self.attn(x)))
-            return self.residual2(x1, self.norm2(self.ffn(x1)))
-        if config.sandwich:
-            x1 = self.residual1(x, self.post_attn_norm(self.attn(self.norm1(x))))
-            return self.residual2(x1, self.post_ffn_norm(self.ffn(self.norm2(x1))))
-        x1 = self.residual1(x, self.attn(self.norm1(x)))
-        ffn_input = x if config.parallel_residual else x1  # parallel: both sublayers read x
-        return self.residual2(x1, self.ffn(self.norm2(ffn_input)))
+        values = {INPUT: x}
+        for step, released in zip(self.wiring.steps, self._released):
+            values[step.name] = self._modules[step.name](*(values[source] for source in step.reads))
+            for name in released:  # dropped as soon as no later step reads it, as a written-out forward would
+                del values[name]
+        return values[self.wiring.output]
 
     def step_modules(self) -> dict[str, nn.Module]:
         return {name: getattr(self, name) for name in execution_order(self.config)}
+
+
+def _make_step(kind: Kind, config: BlockConfig) -> nn.Module:
+    if kind is Kind.NORM:
+        return make_norm(config)
+    if kind is Kind.ATTENTION:
+        return MultiHeadAttention(config)
+    if kind is Kind.FFN:
+        return MixtureOfExperts(config) if config.n_experts else make_ffn(config)
+    return Residual(config.residual_scale)
 
 
 def build_block(config: BlockConfig, seed: int = 0, init: Init = Init.DEFAULT) -> TransformerBlock:
@@ -80,13 +84,7 @@ def build_block(config: BlockConfig, seed: int = 0, init: Init = Init.DEFAULT) -
 
 
 def execution_order(config: BlockConfig) -> tuple[str, ...]:
-    if config.post_norm:
-        return ("attn", "residual1", "norm1", "ffn", "residual2", "norm2")
-    if config.sandwich:
-        return ("norm1", "attn", "post_attn_norm", "residual1", "norm2", "ffn", "post_ffn_norm", "residual2")
-    if config.placement is Placement.REORDERED:
-        return ("attn", "norm1", "residual1", "ffn", "norm2", "residual2")
-    return STEP_NAMES
+    return config.wiring.order
 
 
 NORM_NAMES = {Norm.LAYERNORM: "LayerNorm", Norm.RMSNORM: "RMSNorm"}
@@ -123,51 +121,15 @@ def substep_operations(config: BlockConfig) -> dict[str, str]:
 
 def step_operations(config: BlockConfig) -> dict[str, str]:
     """Each step as a formula, with the tutorial's variable names (x_norm1, attn_out, x1, ...)."""
-    norm, ffn = _norm_name(config), _ffn_name(config)
-    if config.post_norm:
-        alpha = "" if config.residual_scale == 1.0 else f"{config.residual_scale:.4g}·"
-        return {
-            "attn": "attn_out = MultiHeadAttention(x)",
-            "residual1": f"r1 = {alpha}x + attn_out",
-            "norm1": f"x1 = {norm}(r1)",
-            "ffn": f"ffn_out = {ffn}(x1)",
-            "residual2": f"r2 = {alpha}x1 + ffn_out",
-            "norm2": f"x2 = {norm}(r2)",
-        }
-    if config.sandwich:
-        return {
-            "norm1": f"x_norm1 = {norm}(x)",
-            "attn": "attn_out = MultiHeadAttention(x_norm1)",
-            "post_attn_norm": f"attn_normed = {norm}(attn_out)",
-            "residual1": "x1 = x + attn_normed",
-            "norm2": f"x_norm2 = {norm}(x1)",
-            "ffn": f"ffn_out = {ffn}(x_norm2)",
-            "post_ffn_norm": f"ffn_normed = {norm}(ffn_out)",
-            "residual2": "x2 = x1 + ffn_normed",
-        }
-    if config.placement is Placement.REORDERED:
-        return {
-            "attn": "attn_out = MultiHeadAttention(x)",
-            "norm1": f"attn_normed = {norm}(attn_out)",
-            "residual1": "x1 = x + attn_normed",
-            "ffn": f"ffn_out = {ffn}(x1)",
-            "norm2": f"ffn_normed = {norm}(ffn_out)",
-            "residual2": "x2 = x1 + ffn_normed",
-        }
-    if config.parallel_residual:
-        return {
-            "norm1": f"x_norm1 = {norm}(x)",
-            "attn": "attn_out = MultiHeadAttention(x_norm1)",
-            "residual1": "x1 = x + attn_out",
-            "norm2": f"x_norm2 = {norm}(x)  (parallel: reads x, not x1)",
-            "ffn": f"ffn_out = {ffn}(x_norm2)",
-            "residual2": "x2 = x1 + ffn_out  (= x + attn_out + ffn_out)",
-        }
-    return {
-        "norm1": f"x_norm1 = {norm}(x)",
-        "attn": "attn_out = MultiHeadAttention(x_norm1)",
-        "residual1": "x1 = x + attn_out",
-        "norm2": f"x_norm2 = {norm}(x1)",
-        "ffn": f"ffn_out = {ffn}(x_norm2)",
-        "residual2": "x2 = x1 + ffn_out",
-    }
+    wiring = config.wiring
+    alpha = "" if config.residual_scale == 1.0 else f"{config.residual_scale:.4g}·"
+    functions = {Kind.NORM: _norm_name(config), Kind.ATTENTION: "MultiHeadAttention", Kind.FFN: _ffn_name(config)}
+    formulas = {}
+    for step in wiring.steps:
+        values = [wiring.value_of(source) for source in step.reads]
+        if step.kind is Kind.RESIDUAL:
+            formula = f"{step.value} = {alpha}{values[0]} + {values[1]}"
+        else:
+            formula = f"{step.value} = {functions[step.kind]}({values[0]})"
+        formulas[step.name] = f"{formula}  {step.note}" if step.note else formula
+    return formulas

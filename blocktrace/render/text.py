@@ -16,6 +16,7 @@ from blocktrace.render.words import HEADINGS, explanation
 from blocktrace.tracing.recorder import PREVIEW_MAX_TOKENS
 from blocktrace.tracing.stats import STAT_NAMES
 from blocktrace.vocab import WEIGHT_NAMES, Lang, Level, Placement, ReportKind
+from blocktrace.wiring import wiring_of
 
 STAT_HEADINGS = ("mean", "std", "min", "max", "rms", "max|x|", "nan/inf")
 HEATMAP_RAMP = " .:-=+*#%@"  # ASCII only: block characters are double width in some CJK terminals
@@ -172,9 +173,10 @@ def routing_lines(routing: dict, labels: Sequence[str]) -> str:
 
 
 def explanations(report: dict, lang: Lang) -> str:
-    placement = Placement(report["config"]["placement"])
+    config = report["config"]
+    wiring = wiring_of(Placement(config["placement"]), config.get("parallel_residual", False))
     lines = [f"{HEADINGS[lang]['why']}:"]
-    lines += [f"{e['index']} {e['name']}: {explanation(lang, placement, e['name'])}" for e in report["steps"]]
+    lines += [f"{e['index']} {e['name']}: {explanation(lang, wiring, e['name'])}" for e in report["steps"]]
     return "\n".join(lines)
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from blocktrace.vocab import Lang, Placement
+from blocktrace.vocab import Lang
+from blocktrace.wiring import DEEPNORM, PARALLEL, POST, PRE, REORDERED, SANDWICH, Wiring
 
 HEADINGS = {
     Lang.EN: {
@@ -128,14 +129,28 @@ _REORDERED = {
         "residual2": "把 ffn_normed 加到 x1 上：第二条残差路径；输出形状和输入一致。",
     },
 }
-# Sentences that differ from the base table of a wiring (DeepNorm: Post-LN with α-scaled adds).
-_OVERRIDES = {Placement.DEEPNORM: _DEEPNORM, Placement.SANDWICH: _SANDWICH}
+_PARALLEL = {
+    Lang.EN: {
+        "norm2": "Normalises x, the block's input, not x1: the FFN runs beside attention, not after it.",
+        "residual2": "Adds ffn_out to x1, so the output is x + attn_out + ffn_out: both updates from the same x.",
+    },
+    Lang.ZH: {
+        "norm2": "对 block 的输入 x（不是 x1）做归一化：FFN 与注意力并行，而不是在它之后。",
+        "residual2": "把 ffn_out 加到 x1 上，输出是 x + attn_out + ffn_out：两个更新都来自同一个 x。",
+    },
+}
 
 
-def explanation(lang: Lang, placement: Placement, step: str) -> str:
+def _over(base: dict, changes: dict) -> dict:
+    return {lang: {**base[lang], **changes[lang]} for lang in base}
+
+
+# Every wiring's sentences, by its name (blocktrace.wiring): DeepNorm is Post-LN with α-scaled adds, sandwich and a
+# parallel residual are Pre-LN with a few steps told differently.
+SENTENCES = {PRE.name: _PRE, PARALLEL.name: _over(_PRE, _PARALLEL), POST.name: _POST,
+             DEEPNORM.name: _over(_POST, _DEEPNORM), SANDWICH.name: _over(_PRE, _SANDWICH), REORDERED.name: _REORDERED}
+
+
+def explanation(lang: Lang, wiring: Wiring, step: str) -> str:
     """One sentence on what `step` does under this wiring."""
-    overrides = _OVERRIDES.get(placement, {}).get(lang, {})
-    if step in overrides:
-        return overrides[step]
-    table = _REORDERED if placement is Placement.REORDERED else _POST if placement.norm_after_add else _PRE
-    return table[lang][step]
+    return SENTENCES[wiring.name][lang][step]

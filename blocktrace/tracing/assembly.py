@@ -159,8 +159,9 @@ def _operations(block, layout: Layout, own: bool) -> dict[str, str]:
         from blocktrace.model.block import step_operations, substep_operations
 
         return {"x": "input", **step_operations(block.config), **substep_operations(block.config)}
-    derived = {name: f"x1 = {stream} + {update}_out, summed by blocktrace (the block adds both branches at once)"
-               for name, stream, update in layout.derived}
+    wiring = layout.wiring
+    derived = {name: f"{wiring.value_of(name)} = {wiring.value_of(stream)} + {wiring.value_of(update)}, summed by "
+                     "blocktrace (the block adds both branches at once)" for name, stream, update in layout.derived}
     return {"x": "input", **{spec.name: spec.describe() for spec in layout.specs}, **derived}
 
 

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from blocktrace.tracing.stats import real_token_mask
-from blocktrace.tracing.steps import RESIDUAL_SOURCES, Layout, StepSpec, resolve
+from blocktrace.tracing.steps import Layout, StepSpec, resolve
 from blocktrace.vocab import FFNKind
 
 MASSIVE_ABS = 100.0  # Sun et al. 2024: massive activations exceed 100 in magnitude
@@ -44,11 +44,11 @@ class ProbeContext:
     @property
     def final_step(self) -> str:
         """The step whose output is the block's output."""
-        return "norm2" if self.layout.placement.norm_after_add else "residual2"
+        return self.layout.wiring.output
 
     @property
     def sources(self) -> dict:
-        return RESIDUAL_SOURCES[self.layout.placement]
+        return self.layout.wiring.residual_sources
 
     ffn_hidden: Optional[torch.Tensor] = None  # the FFN's hidden values, held for flat_fraction
 

@@ -8,6 +8,8 @@ their own. A model_type blocktrace does not implement is refused by name.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from pathlib import Path
 from typing import Optional
 
@@ -15,21 +17,29 @@ from blocktrace.config import BlockConfig
 from blocktrace.errors import ConfigError, UsageError, WeightsError
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import Family, ModelInfo, refuse_quantised
-from blocktrace.sources.families.bert import BERT
-from blocktrace.sources.families.gemma import Gemma, Gemma2, Gemma3
-from blocktrace.sources.families.gpt2 import GPT2, NanoGPT
-from blocktrace.sources.families.llama import Llama, Mistral, Qwen2, Qwen3
-from blocktrace.sources.families.moe import OLMoE, Mixtral, Qwen2MoE, Qwen3MoE
-from blocktrace.sources.families.neox import GPTNeoX
-from blocktrace.sources.families.olmo2 import OLMo2
-from blocktrace.sources.families.phi3 import Phi3
+from blocktrace.sources.families.base import Family, HFLayer, ModelInfo, refuse_quantised
+from blocktrace.sources.families.gpt2 import GPT2
 
-__all__ = ["FAMILIES", "Family", "ModelInfo", "SIZE_FIELDS", "checkpoint_config", "model_info"]
+__all__ = ["FAMILIES", "HF_LAYERS", "Family", "HFLayer", "ModelInfo", "SIZE_FIELDS", "checkpoint_config", "model_info"]
 
-FAMILIES = {family.name: family for family in (GPT2(), NanoGPT(), BERT(), Llama(), Mistral(), Qwen2(), Qwen3(), Gemma(),
-                                                Gemma2(), Gemma3(), GPTNeoX(), Phi3(), OLMo2(), Mixtral(),
-                                                Qwen2MoE(), Qwen3MoE(), OLMoE())}
+
+def _declared_families() -> list[Family]:
+    """One of each Family class that names itself, from every module of this package: a family added in a file of
+    its own is found without a line anywhere else."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    found, pending = [], [Family]
+    while pending:
+        cls = pending.pop()
+        pending += cls.__subclasses__()
+        if "name" in vars(cls) and cls.__module__.startswith(f"{__name__}."):
+            found.append(cls())
+    return sorted(found, key=lambda family: family.name)
+
+
+FAMILIES = {family.name: family for family in _declared_families()}
+# HF's decoder layer class name -> how it names its steps, as each family declares it.
+HF_LAYERS = {name: family.hf_layer for family in FAMILIES.values() for name in family.hf_classes}
 # Without config.json only these are told apart by their keys (Llama's keys are shared: see llama.py).
 KEYED_FAMILIES = ("gpt2", "bert", "llama", "gpt_neox")
 BY_MODEL_TYPE = {model_type: family for family in FAMILIES.values() for model_type in family.model_types}

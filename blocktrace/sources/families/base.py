@@ -21,6 +21,7 @@ from blocktrace.errors import WeightsError
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.vocab import Choice, FFNKind, Norm, RopeKind
+from blocktrace.wiring import PRE, Wiring
 
 Reader = Callable[..., torch.Tensor]  # (name or names inside the layer, expected shape) -> tensor
 
@@ -63,6 +64,20 @@ def head_weight(checkpoint: Checkpoint, info: "ModelInfo", separate: str, tied: 
 
 
 @dataclass(frozen=True)
+class HFLayer:
+    """How HuggingFace's decoder layer of a family names its steps, for tracing that layer as it is (--module,
+    the Watch, HF's own models): tracing.steps reads these, so a family declares its layer here and nowhere else."""
+
+    steps: dict[str, str]  # step name -> submodule path: every sublayer and norm of the wiring; the sums are found
+    wiring: Wiring = PRE
+    norm: Norm = Norm.LAYERNORM
+    hidden: Optional[str] = None  # the FFN activation module, for the dead-unit checks
+    weights: Optional[str] = None  # the module whose output tuple holds the attention weights, when not attn's
+    router: Optional[str] = None  # a mixture of experts' router (HF's TopKRouter: logits first, top_k)
+    parallel_flag: Optional[str] = None  # the layer's attribute that, when true, makes its residual parallel
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """What a checkpoint says about the whole model, beyond one block's config."""
 
@@ -102,6 +117,8 @@ class Family:
     tie_default = False  # transformers' default tie_word_embeddings for the family
     # config.json keys behind each BlockConfig field, so a bad value is reported as the file's key
     config_keys: dict[str, str] = {}
+    hf_classes: tuple[str, ...] = ()  # the class names of HF's decoder layer for this family
+    hf_layer: Optional[HFLayer] = None  # how that layer names its steps
 
     @property
     def pattern(self) -> re.Pattern:

@@ -9,6 +9,7 @@ from blocktrace.errors import UsageError
 from blocktrace.sources.families.base import (
     Family,
     HeadSpec,
+    HFLayer,
     LossKind,
     NoLoss,
     Reader,
@@ -18,10 +19,15 @@ from blocktrace.sources.families.base import (
     size,
 )
 from blocktrace.vocab import FFNKind, Norm, Placement
+from blocktrace.wiring import POST
 
 
 class BERT(Family):
     name, described, model_types = "bert", "bert (encoder.layer.{k}.*, optionally bert.)", ("bert",)
+    hf_classes = ("BertLayer",)
+    hf_layer = HFLayer({"attn": "attention.output.dense", "norm1": "attention.output.LayerNorm",
+                        "ffn": "output.dense", "norm2": "output.LayerNorm"}, POST,  # output.dense: W2, after W1 + GELU
+                       hidden="intermediate.intermediate_act_fn", weights="attention.self")
     layers_path, marker, prefixes = "encoder.layer", "attention.self.query.weight", ("", "bert.")
     embedding_key = "embeddings.word_embeddings.weight"
     learned_positions = True

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from blocktrace.errors import UsageError, WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import rope_fields
+from blocktrace.sources.families.base import HFLayer, rope_fields
 from blocktrace.sources.families.llama import SLIDING, Llama, refuse_bidirectional
 from blocktrace.vocab import FFNKind, Norm, Placement
+from blocktrace.wiring import SANDWICH
 
 # HF reads Gemma's legacy hidden_act "gelu" as the tanh approximation it was meant to be.
 GATE_ACTIVATIONS = {"gelu_pytorch_tanh": FFNKind.GEGLU, "gelu_new": FFNKind.GEGLU, "gelu": FFNKind.GEGLU}
@@ -21,6 +22,7 @@ GATE_ACTIVATIONS = {"gelu_pytorch_tanh": FFNKind.GEGLU, "gelu_new": FFNKind.GEGL
 
 class Gemma(Llama):
     name, described, model_types = "gemma", "gemma (Llama keys, (1+w) RMSNorm, GeGLU)", ("gemma",)
+    hf_classes = ("GemmaDecoderLayer",)
     activation_key = "hidden_act"
     activations = GATE_ACTIVATIONS
     defaults = {**Llama.defaults, "hidden_act": "gelu_pytorch_tanh"}
@@ -61,6 +63,10 @@ GEMMA2_GATE_ACTIVATIONS = {**GATE_ACTIVATIONS, "gelu": FFNKind.GEGLU_EXACT}
 
 class Gemma2(Gemma):
     name, described, model_types = "gemma2", "gemma2 (Llama keys, four norms per layer)", ("gemma2",)
+    hf_classes = ("Gemma2DecoderLayer",)
+    hf_layer = HFLayer({"norm1": "input_layernorm", "attn": "self_attn", "post_attn_norm": "post_attention_layernorm",
+                        "norm2": "pre_feedforward_layernorm", "ffn": "mlp",
+                        "post_ffn_norm": "post_feedforward_layernorm"}, SANDWICH, Norm.RMSNORM, hidden="mlp.act_fn")
     activation_key = "hidden_activation"
     activations = GEMMA2_GATE_ACTIVATIONS
     defaults = {"rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
@@ -109,6 +115,7 @@ class Gemma3(Gemma2):
 
     name, described, model_types = "gemma3", "gemma3 (text; Gemma-2's keys, QK-norm, RoPE per layer type)", \
         ("gemma3_text",)
+    hf_classes = ("Gemma3DecoderLayer",)
     defaults = {**Gemma2.defaults, "attn_logit_softcapping": None, "final_logit_softcapping": None,
                 "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "sliding_window_pattern": 6}
 

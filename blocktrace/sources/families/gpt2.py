@@ -13,6 +13,7 @@ from blocktrace.errors import UsageError
 from blocktrace.sources.families.base import (
     Family,
     HeadSpec,
+    HFLayer,
     LossKind,
     activation,
     head_weight,
@@ -22,9 +23,12 @@ from blocktrace.sources.families.base import (
 )
 from blocktrace.vocab import FFNKind, Norm
 
+GPT2_STEPS = {"norm1": "ln_1", "attn": "attn", "norm2": "ln_2", "ffn": "mlp"}  # GPT2Block's and nanoGPT's Block's
+
 
 class GPT2(Family):
     name, described, model_types = "gpt2", "gpt2 (h.{k}.* or transformer.h.{k}.*)", ("gpt2",)
+    hf_classes, hf_layer = ("GPT2Block",), HFLayer(GPT2_STEPS, hidden="mlp.act")
     layers_path, marker, prefixes, embedding_key = "h", "ln_1.weight", ("", "transformer."), "wte.weight"
     ignored = ("attn.bias", "attn.masked_bias")  # causal-mask buffers of old files
     tie_default = True
@@ -87,6 +91,7 @@ class NanoGPT(GPT2):
     `[out, in]`, biases optional (nanoGPT's `bias=False`), and nn.GELU() — the exact GELU, not GPT-2's tanh form."""
 
     name, described, model_types = "nanogpt", "nanoGPT (transformer.h.{k}.*, nn.Linear weights [out, in])", ()
+    hf_classes = ()  # nanoGPT's Block is told by its submodule names (tracing.steps.NAMED_LAYOUTS)
 
     def variant(self, checkpoint, prefix):
         return self

@@ -17,6 +17,7 @@ from blocktrace.sources.families.base import (
     Family,
     HeadSpec,
     LossKind,
+    HFLayer,
     head_weight,
     linear,
     refuse_unless,
@@ -26,10 +27,13 @@ from blocktrace.sources.families.base import (
 from blocktrace.vocab import FFNKind, Norm
 
 SLIDING = "sliding_attention"
+LLAMA_STEPS = {"norm1": "input_layernorm", "attn": "self_attn", "norm2": "post_attention_layernorm", "ffn": "mlp"}
 
 
 class Llama(Family):
     name, described, model_types = "llama", "llama (layers.{k}.*, optionally model.)", ("llama",)
+    hf_classes = ("LlamaDecoderLayer",)
+    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
     defaults = {"rms_norm_eps": 1e-6, "hidden_act": "silu"}
     layers_path, marker, prefixes = "layers", "input_layernorm.weight", ("", "model.")
     embedding_key = "embed_tokens.weight"
@@ -107,6 +111,7 @@ class Llama(Family):
 
 class Mistral(Llama):
     name, described, model_types = "mistral", "mistral (Llama keys, sliding window)", ("mistral",)
+    hf_classes = ("MistralDecoderLayer",)
     defaults = {**Llama.defaults, "sliding_window": 4096}
 
     def bias_fields(self, config):
@@ -132,6 +137,7 @@ def qwen_window(config: Optional[ConfigFile], layer: int) -> dict:
 
 class Qwen2(Llama):
     name, described, model_types = "qwen2", "qwen2 (Llama keys, q/k/v biases)", ("qwen2",)
+    hf_classes = ("Qwen2DecoderLayer",)
 
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": False, "qkv_bias": True}
@@ -142,6 +148,7 @@ class Qwen2(Llama):
 
 class Qwen3(Qwen2):
     name, described, model_types = "qwen3", "qwen3 (Llama keys, QK-norm)", ("qwen3",)
+    hf_classes = ("Qwen3DecoderLayer",)
 
     def config_fields(self, config):
         return {**super().config_fields(config), "qk_norm": True}

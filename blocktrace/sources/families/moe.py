@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from blocktrace.errors import WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import linear, refuse_unless, size
-from blocktrace.sources.families.llama import Llama, Mistral, Qwen2, Qwen3, qwen_window
+from blocktrace.sources.families.base import HFLayer, linear, refuse_unless, size
+from blocktrace.sources.families.llama import LLAMA_STEPS, Llama, Mistral, Qwen2, Qwen3, qwen_window
 from blocktrace.vocab import FFNKind, Norm
 
 
@@ -30,6 +30,8 @@ class MixtureFamily:
     expert_names = ("gate_proj", "up_proj", "down_proj")  # each expert's gate, up and down projections
     expert_width_key = "moe_intermediate_size"
     always_renormalise = False  # Mixtral has no norm_topk_prob: it always renormalises
+    # The FFN step is the whole sparse block: router, experts, shared expert.
+    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, router="mlp.gate")
     defaults: dict
 
     def moe_fields(self, config: ConfigFile) -> dict:
@@ -91,6 +93,7 @@ class MixtureFamily:
 
 class Mixtral(MixtureFamily, Mistral):
     name, described, model_types = "mixtral", "mixtral (Llama keys, block_sparse_moe experts)", ("mixtral",)
+    hf_classes = ("MixtralDecoderLayer",)
     defaults = {**Llama.defaults, "rms_norm_eps": 1e-5, "sliding_window": None, "num_experts_per_tok": 2,
                 "intermediate_size": 14336}
     moe_path, expert_names = "block_sparse_moe", ("w1", "w3", "w2")
@@ -106,6 +109,7 @@ class Mixtral(MixtureFamily, Mistral):
 
 class Qwen2MoE(MixtureFamily, Qwen2):
     name, described, model_types = "qwen2_moe", "qwen2_moe (Llama keys, experts and a shared expert)", ("qwen2_moe",)
+    hf_classes = ("Qwen2MoeDecoderLayer",)
     defaults = {**Llama.defaults, "qkv_bias": True, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
                 "norm_topk_prob": False}
 
@@ -132,6 +136,7 @@ class Qwen2MoE(MixtureFamily, Qwen2):
 
 class Qwen3MoE(MixtureFamily, Qwen3):
     name, described, model_types = "qwen3_moe", "qwen3_moe (Qwen3 keys, experts)", ("qwen3_moe",)
+    hf_classes = ("Qwen3MoeDecoderLayer",)
     defaults = {**Llama.defaults, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": False}
 
     def config_fields(self, config):
@@ -143,6 +148,7 @@ class Qwen3MoE(MixtureFamily, Qwen3):
 
 class OLMoE(MixtureFamily, Llama):
     name, described, model_types = "olmoe", "olmoe (Llama keys, QK-norm over all heads, experts)", ("olmoe",)
+    hf_classes = ("OlmoeDecoderLayer",)
     defaults = {"rms_norm_eps": 1e-5, "hidden_act": "silu", "num_experts_per_tok": 8, "intermediate_size": 2048,
                 "norm_topk_prob": False}
     expert_width_key = "intermediate_size"

@@ -12,6 +12,7 @@ from blocktrace.errors import UsageError
 from blocktrace.sources.families.base import (
     Family,
     HeadSpec,
+    HFLayer,
     LossKind,
     activation,
     head_weight,
@@ -24,6 +25,9 @@ from blocktrace.vocab import Norm, Placement
 
 class GPTNeoX(Family):
     name, described, model_types = "gpt_neox", "gpt_neox (layers.{k}.attention.query_key_value.*)", ("gpt_neox",)
+    hf_classes = ("GPTNeoXLayer",)
+    hf_layer = HFLayer({"norm1": "input_layernorm", "attn": "attention", "norm2": "post_attention_layernorm",
+                        "ffn": "mlp"}, hidden="mlp.act", parallel_flag="use_parallel_residual")
     layers_path, marker, prefixes = "layers", "attention.query_key_value.weight", ("", "gpt_neox.")
     embedding_key = "embed_in.weight"
     ignored = ("attention.bias", "attention.masked_bias", "attention.rotary_emb.inv_freq")  # buffers of old files

@@ -7,13 +7,17 @@ the projection before it is split into heads; RMSNorm multiplies its gain in flo
 from __future__ import annotations
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import size
+from blocktrace.sources.families.base import HFLayer, size
 from blocktrace.sources.families.llama import Llama
 from blocktrace.vocab import FFNKind, Norm, Placement
+from blocktrace.wiring import REORDERED
 
 
 class OLMo2(Llama):
     name, described, model_types = "olmo2", "olmo2 (Llama keys, norms after each sublayer, QK-norm)", ("olmo2",)
+    hf_classes = ("Olmo2DecoderLayer",)  # the norms follow the sublayers; the FFN reads x1 = x + norm1(attn(x))
+    hf_layer = HFLayer({"attn": "self_attn", "norm1": "post_attention_layernorm", "ffn": "mlp",
+                        "norm2": "post_feedforward_layernorm"}, REORDERED, Norm.RMSNORM, hidden="mlp.act_fn")
     defaults = {"rms_norm_eps": 1e-5, "hidden_act": "silu"}
     marker = "post_feedforward_layernorm.weight"  # no input_layernorm: the norms follow the sublayers
 

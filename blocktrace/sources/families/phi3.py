@@ -4,12 +4,15 @@
 
 from __future__ import annotations
 
-from blocktrace.sources.families.base import linear, refuse_unless
-from blocktrace.sources.families.llama import Llama
+from blocktrace.sources.families.base import HFLayer, linear, refuse_unless
+from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
+from blocktrace.vocab import Norm
 
 
 class Phi3(Llama):
     name, described, model_types = "phi3", "phi3 (Llama layer names, fused qkv_proj and gate_up_proj)", ("phi3",)
+    hf_classes = ("Phi3DecoderLayer",)
+    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.activation_fn")
     defaults = {**Llama.defaults, "rms_norm_eps": 1e-5}
 
     def config_fields(self, config):
