@@ -63,3 +63,22 @@ def test_every_step_of_every_wiring_is_explained_in_both_languages_and_parallel_
     # Once the parallel block borrowed Pre-LN's sentence, "Normalises x1 again", for a norm that reads x.
     assert "x1" not in explanation(Lang.EN, PARALLEL, "norm2").split(",")[0]
     assert explanation(Lang.EN, PARALLEL, "norm2") != explanation(Lang.EN, WIRINGS[PARALLEL.placement], "norm2")
+
+
+@pytest.mark.parametrize("placement", ["pre", "sandwich", "reordered"])
+def test_a_layers_update_share_is_that_of_the_update_its_sum_adds(placement):
+    """Once attn_share was Var[attn_out] / Var[x1] under every wiring; sandwich and reordered add a normed update."""
+    from blocktrace.tracing.stack import summarise
+    from blocktrace.tracing.tracer import trace
+
+    block = build_block(BlockConfig(d_model=16, n_heads=4, placement=placement), seed=1)
+    x = torch.randn(9, 16, generator=torch.Generator().manual_seed(4)) * 3
+    traced = trace(block, x, keep_tensors=True)
+    t = traced.tensors()
+    added = {"pre": ("attn", "ffn"), "sandwich": ("post_attn_norm", "post_ffn_norm"), "reordered": ("norm1", "norm2")}
+    attn_update, ffn_update = added[placement]
+    summary = summarise(0, traced)
+    assert summary.attn_share == pytest.approx(float(t[attn_update].double().std() / t["residual1"].double().std()) ** 2,
+                                               rel=1e-4)
+    assert summary.ffn_share == pytest.approx(float(t[ffn_update].double().std() / t["residual2"].double().std()) ** 2,
+                                              rel=1e-4)

@@ -23,7 +23,6 @@ from blocktrace.host import to_host
 from blocktrace.tracing.probes import (
     DEAD_WORTH_A_LOOK,
     MASSIVE_ABS,
-    RESIDUAL_STEPS,
     dead_fraction,
     flat_fraction,
     massive_median,
@@ -79,7 +78,7 @@ class Collected:
                 found["counts"] = self.reducer.summed(counts) if self.reducer is not None else counts
                 found["inputs_finite"] = [torch.isfinite(t).all() for t in p.held["inputs"]]
             massive = largest_magnitude(row) > MASSIVE_ABS
-            if self.recorder.probes is not None and p.name in RESIDUAL_STEPS and massive:
+            if self.recorder.probes is not None and p.name in self.layout.wiring.residual_sources and massive:
                 found["massive_median"] = massive_median(p.held["value"], mask)
             dead = first["probes"][index].get("dead_fraction")
             if dead is not None and dead > DEAD_WORTH_A_LOOK and "hidden" in p.held:

@@ -137,15 +137,12 @@ def flat_fraction(hidden: torch.Tensor, gated: bool, token_mask: Optional[torch.
     return (region & real).sum(dtype=torch.float64) / (real.sum(dtype=torch.float64) * hidden.shape[-1]).clamp_min(1)
 
 
-RESIDUAL_STEPS = ("residual1", "residual2")  # where the stream and an update are added: residual and massive probes
-
-
 def step_probe(context: ProbeContext, name: str, value: torch.Tensor) -> dict:
     """Everything the health checks need from one step, as device tensors (massive_median follows if needed)."""
     probe = {}
     if name == context.final_step:
         probe["token_sq_median"] = _median_token_size(value, context.token_mask)
-    if name in RESIDUAL_STEPS:
+    if name in context.sources:  # a residual sum: where the stream and an update are added
         probe.update(residual_probe(context, name, value))
     if name == "ffn" and context.ffn_activity:
         probe.update(context.ffn_activity)

@@ -14,6 +14,7 @@ import torch
 
 from blocktrace.tracing.records import Trace
 from blocktrace.tracing.tracer import trace
+from blocktrace.wiring import wiring_of
 
 
 @dataclass
@@ -21,19 +22,20 @@ class LayerSummary:
     layer: int
     rms: float  # of the block's output (the residual stream after it)
     sq_norm_per_d: float  # ‖x‖²/d averaged over tokens = mean of x² = rms²
-    attn_share: float  # Var[attn_out] / Var[x + attn_out]
-    ffn_share: float  # Var[ffn_out] / Var[x1 + ffn_out]
+    attn_share: float  # Var[attention's update] / Var[residual1] (the update: attn_out, or its norm's output)
+    ffn_share: float  # Var[the FFN's update] / Var[residual2]
 
 
-def _share(trace_: Trace, branch: str, total: str) -> float:
+def _share(trace_: Trace, total: str) -> float:
+    """Var of the update a residual sum adds, over Var of the sum (the update as the wiring adds it)."""
+    _, update = wiring_of(trace_.placement).residual_sources[total]
     var_total = trace_.step(total).stats.std ** 2
-    return trace_.step(branch).stats.std ** 2 / var_total if var_total > 0 else float("nan")
+    return trace_.step(update).stats.std ** 2 / var_total if var_total > 0 else float("nan")
 
 
 def summarise(index: int, trace_: Trace) -> LayerSummary:
     out = trace_.steps[-1].stats  # the last step in execution order is the block output
-    return LayerSummary(index, out.rms, out.rms**2, _share(trace_, "attn", "residual1"),
-                        _share(trace_, "ffn", "residual2"))
+    return LayerSummary(index, out.rms, out.rms**2, _share(trace_, "residual1"), _share(trace_, "residual2"))
 
 
 def trace_stack(blocks: list[torch.nn.Module], x: torch.Tensor, **trace_options) -> list[Trace]:
