@@ -51,6 +51,9 @@ def hf_model(name: str):
     elif name == "gemma2":
         model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
             **small, num_key_value_heads=2, head_dim=8, sliding_window=4, final_logit_softcapping=5.0))
+    elif name == "starcoder2":  # LayerNorm with shifts, biases everywhere, a window over every layer, tied head
+        model = transformers.Starcoder2ForCausalLM(transformers.Starcoder2Config(
+            **small, num_key_value_heads=2, sliding_window=4))
     else:
         model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**small))
     randomise_hf(model, seed=7)
@@ -82,7 +85,7 @@ def our_layer_gradients(report: dict) -> list[float]:
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gemma3", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe",
-                                  "olmoe", "llama3 rope", "gpt_neox"])
+                                  "olmoe", "llama3 rope", "gpt_neox", "starcoder2"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

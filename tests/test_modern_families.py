@@ -58,6 +58,10 @@ FAMILIES = {
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}), GEMMA2_PLACES),
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(num_key_value_heads=2), OLMO2_PLACES),
+    # StarCoder2: Llama's key names on a LayerNorm block with biases and a two-matrix tanh-GELU MLP, every layer
+    # windowed; the family added in one file (sources/families/starcoder2.py) and these rows.
+    "starcoder2": ("Starcoder2ForCausalLM", "Starcoder2Config", dict(num_key_value_heads=2, sliding_window=4),
+                   LLAMA_PLACES),
     # Mixtures of experts: 4 experts, top-2; Qwen2-MoE with its shared expert and a dense layer between sparse ones.
     "mixtral": ("MixtralForCausalLM", "MixtralConfig", dict(num_key_value_heads=2, num_local_experts=4,
                                                            num_experts_per_tok=2), LLAMA_PLACES),
@@ -136,7 +140,7 @@ def test_every_step_matches_huggingface(family, layer):
         assert delta <= 1e-5, f"{name} layer {layer} {step}: max |Δ| {delta}"
 
 
-NEWER = ["gemma3", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama rope-llama3", "llama rope-dynamic",
+NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama rope-llama3", "llama rope-dynamic",
          "qwen2 rope-yarn", "phi3 rope-longrope"]
 
 
@@ -282,7 +286,7 @@ def test_the_samples_load_in_huggingface_and_match(invoke, tmp_path, sample, loa
 FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3", "Phi3Config"),
                   ("gemma", "GemmaConfig"), ("gemma2", "Gemma2Config"), ("gemma3", "Gemma3TextConfig"), ("olmo2", "Olmo2Config"),
                   ("mixtral", "MixtralConfig"), ("qwen2_moe", "Qwen2MoeConfig"), ("qwen3_moe", "Qwen3MoeConfig"),
-                  ("olmoe", "OlmoeConfig")]
+                  ("olmoe", "OlmoeConfig"), ("starcoder2", "Starcoder2Config")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],
