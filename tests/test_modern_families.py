@@ -236,13 +236,15 @@ def test_unknown_model_types_and_llama_keys_without_config_are_refused(invoke, t
         in result.stderr
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"quantization_config": {"quant_method": "gptq"}}, "quantised weights are not supported"),
-    ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, "rope type 'proportional' is not supported"),
-    ({"use_bidirectional_attention": True}, "use_bidirectional_attention = True"),
+@pytest.mark.parametrize("name, change, message", [
+    ("gemma", {"quantization_config": {"quant_method": "gptq"}}, "quantised weights are not supported"),
+    ("gemma", {"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}},
+     "rope type 'proportional' is not supported"),
+    ("gemma", {"use_bidirectional_attention": True}, "use_bidirectional_attention = True"),
+    ("starcoder2", {"use_bias": False}, "use_bias = False drops the linear biases but keeps LayerNorm's shift"),
 ])
-def test_config_fields_blocktrace_does_not_implement_are_refused(invoke, tmp_path, change, message):
-    model, _ = build("gemma")
+def test_config_fields_blocktrace_does_not_implement_are_refused(invoke, tmp_path, name, change, message):
+    model, _ = build(name)
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     config.update(change)
