@@ -387,7 +387,15 @@ def test_standard_output_that_cannot_be_written():
                                 text=True, cwd=ROOT)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["Error: cannot write to standard output: No space left on device"]
-    closed = subprocess.run(["sh", "-c", f"'{sys.executable}' -m blocktrace run >&-"], stderr=subprocess.PIPE,
+    for args in (["--help"], ["--version"], []):  # click writes these itself, before any command runs
+        with open("/dev/full", "w") as full:
+            result = subprocess.run([sys.executable, "-m", "blocktrace", *args], stdout=full, stderr=subprocess.PIPE,
+                                    text=True, cwd=ROOT)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.strip().splitlines() == ["Error: cannot write to standard output: No space left on "
+                                                      "device"], (args, result.stderr)
+    # Closed from the start: refused before anything is imported, whatever the command.
+    closed = subprocess.run(["sh", "-c", f"'{sys.executable}' -m blocktrace --version >&-"], stderr=subprocess.PIPE,
                             text=True, cwd=ROOT)
     assert closed.returncode == 2
     assert closed.stderr.strip().splitlines() == ["Error: standard output is closed: redirect it to a file or to "

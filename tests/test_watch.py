@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
+import os
+import signal
 
 import pytest
 import torch
-from helpers import ROOT, NanoGPT, nano_batch
+from helpers import NanoGPT, nano_batch
 from torch.nn import functional as F
 
 from blocktrace.errors import BlocktraceError, UsageError
@@ -196,27 +196,29 @@ def test_a_healthy_run_raises_no_errors(tmp_path):
 
 
 def test_a_crashed_run_keeps_every_record_written_before(tmp_path):
+    """A training process killed outright (SIGKILL: no handler, no flush) after its records: a forked child, which
+    shares this process's imported torch, trains and kills itself."""
     path = tmp_path / "run.jsonl"
-    script = f"""
-import os, signal, sys, torch
-sys.path.insert(0, {str(ROOT / 'tests')!r})
-from helpers import NanoGPT, nano_batch
-from blocktrace import Watch
-torch.manual_seed(0)
-model = NanoGPT()
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-watch = Watch(model, {str(path)!r}, every=2)
-for step in range(5):
-    ids, targets = nano_batch(step)
-    _, loss = model(ids, targets)
-    loss.backward()
-    watch.step(loss)
-    optimizer.step()
-    optimizer.zero_grad()
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == -9, result.stderr
+    child = os.fork()
+    if child == 0:
+        try:
+            torch.set_num_threads(1)  # as DataLoader workers do: a forked child does not reuse the parent's pool
+            torch.manual_seed(0)
+            model = NanoGPT()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            watch = Watch(model, path, every=2)
+            for step in range(5):
+                ids, targets = nano_batch(step)
+                _, loss = model(ids, targets)
+                loss.backward()
+                watch.step(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(1)  # never back into pytest from the child
+    _, status = os.waitpid(child, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
     assert [r["step"] for r in read_timeline(path)] == [0, 2, 4]
     with open(path, "a") as handle:  # killed in the middle of a line: the lines before still stand
         handle.write(json.dumps({"format": "blocktrace.timeline"})[:12])

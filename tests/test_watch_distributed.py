@@ -18,6 +18,7 @@ from blocktrace.training.watch import Watch
 
 STEPS, EVERY, BATCH = 3, 2, 4
 
+# Both wrappers in one pair of processes: each process pays for importing torch once.
 RANK_SCRIPT = """
 import sys, torch, torch.distributed as dist
 sys.path.insert(0, {tests!r})
@@ -25,31 +26,32 @@ from helpers import NanoGPT, nano_batch
 from blocktrace import Watch
 dist.init_process_group("gloo")
 rank, size = dist.get_rank(), dist.get_world_size()
-torch.manual_seed(0)
-model = NanoGPT()
-model.h[1].ln_2 = torch.nn.Linear(16, 16)  # a "norm" that does not normalise: the check must see it on every setup
-if {wrapper!r} == "ddp":
-    model = torch.nn.parallel.DistributedDataParallel(model)
-else:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    mesh = init_device_mesh("cpu", (size,))
-    for block in model.h:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    from torch.distributed.tensor import DTensor
-    assert all(isinstance(p, DTensor) and p.to_local().numel() < p.numel() for p in model.h.parameters())
-optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-watch = Watch(model, {path!r}, every={every})
-share = {batch} // size
-for step in range({steps}):
-    ids, targets = nano_batch(step, batch={batch})
-    _, loss = model(ids[rank * share:(rank + 1) * share], targets[rank * share:(rank + 1) * share])
-    optimizer.zero_grad()
-    loss.backward()
-    watch.step(loss)
-    optimizer.step()
-watch.close()
+for wrapper in ("ddp", "fsdp2"):
+    torch.manual_seed(0)
+    model = NanoGPT()
+    model.h[1].ln_2 = torch.nn.Linear(16, 16)  # a "norm" that does not normalise: the check must see it everywhere
+    if wrapper == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (size,))
+        for block in model.h:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        from torch.distributed.tensor import DTensor
+        assert all(isinstance(p, DTensor) and p.to_local().numel() < p.numel() for p in model.h.parameters())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    watch = Watch(model, f"{directory}/{{wrapper}}.jsonl", every={every})
+    share = {batch} // size
+    for step in range({steps}):
+        ids, targets = nano_batch(step, batch={batch})
+        _, loss = model(ids[rank * share:(rank + 1) * share], targets[rank * share:(rank + 1) * share])
+        optimizer.zero_grad()
+        loss.backward()
+        watch.step(loss)
+        optimizer.step()
+    watch.close()
 dist.destroy_process_group()
 """
 
@@ -77,19 +79,27 @@ def _single_process(path):
     return read_timeline(path)
 
 
-@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
-def test_two_ranks_record_what_one_process_records_on_the_whole_batch(tmp_path, wrapper):
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT.format(tests=str(ROOT / "tests"), path=str(tmp_path / "ddp.jsonl"), every=EVERY,
-                                         batch=BATCH, steps=STEPS, wrapper=wrapper))
+@pytest.fixture(scope="module")
+def timelines(tmp_path_factory) -> dict:
+    """Two gloo ranks under DDP and then FSDP2, and one process on the whole batch: their timelines."""
+    directory = tmp_path_factory.mktemp("distributed")
+    script = directory / "rank.py"
+    script.write_text(RANK_SCRIPT.format(tests=str(ROOT / "tests"), directory=str(directory), every=EVERY,
+                                         batch=BATCH, steps=STEPS))
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
            "OMP_NUM_THREADS": "1"}
-    ranks = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(rank)}, cwd=tmp_path,
+    ranks = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(rank)}, cwd=directory,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     for rank in ranks:
         _, stderr = rank.communicate(timeout=120)
         assert rank.returncode == 0, stderr
-    distributed, single = read_timeline(tmp_path / "ddp.jsonl"), _single_process(tmp_path / "one.jsonl")
+    return {"ddp": read_timeline(directory / "ddp.jsonl"), "fsdp2": read_timeline(directory / "fsdp2.jsonl"),
+            "one": _single_process(directory / "one.jsonl")}
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_two_ranks_record_what_one_process_records_on_the_whole_batch(timelines, wrapper):
+    distributed, single = timelines[wrapper], timelines["one"]
     assert [r["step"] for r in distributed] == [r["step"] for r in single] == [0, 2]
     for ddp, one in zip(distributed, single):
         assert ddp["loss"] == pytest.approx(one["loss"], rel=1e-5)

@@ -94,7 +94,30 @@ def refuse_repeated(command: click.Command, args: list[str]) -> None:
         seen[option.name] = name
 
 
-class GreedyCommand(click.Command):
+def _print_help(ctx: click.Context, param, value) -> None:
+    """--help through `emit`: click's own callback writes past the error boundary (a full disk gave a traceback)."""
+    if value and not ctx.resilient_parsing:
+        emit(ctx.get_help())
+        ctx.exit()
+
+
+def _print_version(ctx: click.Context, param, value) -> None:
+    if value and not ctx.resilient_parsing:
+        emit(f"blocktrace, version {__version__}")
+        ctx.exit()
+
+
+class HelpThroughEmit:
+    """Mixed into the command classes: their --help is written as every other output is."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.callback = _print_help
+        return option
+
+
+class GreedyCommand(HelpThroughEmit, click.Command):
     """blocktrace's commands: greedy options joined (see join_greedy_options), repeated options refused."""
 
     def parse_args(self, ctx, args):
@@ -120,7 +143,7 @@ def _flush_stdout() -> None:
         raise StdoutError(f"cannot write to standard output: {error.strerror or error}") from None
 
 
-class BlocktraceGroup(click.Group):
+class BlocktraceGroup(HelpThroughEmit, click.Group):
     """Every failure becomes one `Error: ...` line on stderr with the right exit code."""
 
     command_class = GreedyCommand
@@ -131,11 +154,12 @@ class BlocktraceGroup(click.Group):
             click.echo("Error: standard output is closed: redirect it to a file or to /dev/null", err=True)
             sys.exit(ERROR_EXIT)
         try:
-            result = super().main(args=args, prog_name=prog_name, **extra)
+            try:
+                result = super().main(args=args, prog_name=prog_name, **extra)
+            except NO_ARGS_IS_HELP as error:  # plain `blocktrace`: the help, exit 0
+                emit(error.ctx.get_help())
+                result = 0
             _flush_stdout()
-        except NO_ARGS_IS_HELP as error:  # plain `blocktrace`: the help, exit 0
-            click.echo(error.ctx.get_help())
-            sys.exit(0)
         except click.ClickException as error:  # usage and file errors alike
             click.echo(f"Error: {error.format_message()}", err=True)
             sys.exit(ERROR_EXIT)
@@ -149,7 +173,8 @@ class BlocktraceGroup(click.Group):
 
 
 @click.group(cls=BlocktraceGroup, context_settings=CONTEXT)
-@click.version_option(__version__, "--version", prog_name="blocktrace")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version and exit.")
 def cli():
     """See inside a Transformer block: every sub-step (norm1, attn, residual1, norm2, ffn,
     residual2) traced, with shapes, statistics and attention diagnostics.
