@@ -154,7 +154,7 @@ def test_branch_share_follows_liu_et_al():
     assert all(p < q for p, q in zip(pre[1:], post[1:]))
 
 
-XIONG_SWEEP = ("blocktrace compare --pre-ln --post-ln --layers 6,8,10,12,14 --grad --batches 8 --init xiong --heads 1 "
+XIONG_SWEEP = ("blocktrace compare --pre-ln --post-ln --layers 6,8,10,12,14 --grad --batches 4 --init xiong --heads 1 "
                "--d-model 128 --d-ff 128 --ffn relu --batch 8 --seq-len 32")
 
 
