@@ -104,7 +104,8 @@ def test_extreme_norm_gain():
 
 
 def test_gradient_flags_from_step_gradient_norms():
-    from blocktrace.diagnose.health import _gradient_flags
+    def _gradient_flags(report):
+        return evaluate([], gradients=report)
 
     report = GradientReport(loss=1.0, batches=1,
                             step_norms=[{"attn": 1e-5, "ffn": 3e-5}, {"attn": 1.0, "ffn": 2.0}], weight_norms=[])
@@ -216,3 +217,22 @@ def test_stack_table_shows_each_layers_flags(invoke):
     for layer, name in fired:
         row = next(line for line in text.splitlines() if line.split() and line.split()[0] == str(layer))
         assert name in row
+
+
+def test_a_check_is_one_entry_its_function_is_asked_in_its_scope():
+    """Adding a check is one decorated function in diagnose/health.py (plus its docs line): evaluate asks it, its
+    findings carry its entry's cause and threshold, and the diagnosis reads it like any other."""
+    from blocktrace.diagnose.health import Cause, Level, Scope, check, flag
+
+    @check(Scope.STEP, "test_only_wide_output", "any step wider than 3", "this test", "a test's check", Cause.DATA)
+    def _wide(record, layer, evidence):
+        return [flag("test_only_wide_output", Level.WARNING, record.name, layer, record.shape[-1], "wide")] \
+            if record.shape[-1] > 3 else []
+
+    try:
+        flags = evaluate([trace(build_block(BlockConfig(d_model=4, n_heads=2)), torch.randn(3, 4), checks=True)])
+        found = [f for f in flags if f.name == "test_only_wide_output"]
+        assert [f.step for f in found] == ["norm1", "attn", "residual1", "norm2", "ffn", "residual2"]
+        assert found[0].cause is Cause.DATA and found[0].to_dict()["threshold"] == "any step wider than 3"
+    finally:
+        del CHECKS["test_only_wide_output"]

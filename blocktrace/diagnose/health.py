@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from blocktrace.tracing.behaviour import NormKind
-from blocktrace.tracing.records import Probe
 from blocktrace.vocab import Choice, Level
 
 
@@ -39,6 +38,18 @@ class Cause(Choice):
     WEIGHTS = "weights"  # tensors corrupted or zeroed outside the optimizer (a loading or code bug)
 
 
+class Scope(Choice):
+    """What a check reads, and so when `evaluate` asks it (each check's function takes that evidence)."""
+
+    STEP = "step"  # detect(record, layer, evidence): every traced step
+    ATTENTION = "attention"  # detect(trace, layer): a traced layer's attention step
+    ROUTING = "routing"  # detect(routing, layer): a mixture of experts' router, at the ffn step
+    STACK = "stack"  # detect(traces, first_layer): the traced layers together
+    MODEL = "model"  # detect(evidence): the loss, the weights, the optimizer's settings
+    GRADIENTS = "gradients"  # detect(gradients, first_layer): --grad's step gradients
+    TRAINING = "training"  # records over training time: judged by diagnose.dynamics.judge
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -50,6 +61,8 @@ class Check:
     # cause the other findings point to, and under its own only when nothing else was found
     symptom: bool = False
     advice: Optional[str] = None  # when this finding leads its cause, advice that fits it better than the cause's
+    scope: Scope = Scope.TRAINING  # what it reads, and so when it is asked
+    detect: Optional[Callable[..., list]] = None  # the function that raises it; None: dynamics.judge does
 
 
 # Thresholds, each defined once and cited in CHECKS.
@@ -90,170 +103,20 @@ LEAK_LOSS = 0.05  # nats per token: no language model predicts text this well; t
 # runs' lowest training loss was 2.39 (2.14 on the held-out half).
 LABEL_COPY_LOSS = 0.5
 
-CHECKS = {check.name: check for check in [
-    Check("non_finite", "any NaN or Inf in a step's output", "IEEE 754; the first step in execution order is the origin",
-          "this step produced NaN/Inf; if its inputs were finite, the fault is inside this step", Cause.LEARNING_RATE),
-    Check("precision_overflow", "a float16 checkpoint whose activations exceed float16's largest value, 65504",
-          "IEEE 754 half precision", "in float16 these values become Inf: the training run overflowed",
-          Cause.PRECISION),
-    Check("norm_not_normalising", "rescaling each token by its own factor in [0.5, 4] changes the norm's output by "
-          "more than 1% (relative rms): measured on the module, whatever its class",
-          "definition of LayerNorm / RMSNorm: both are invariant to rescaling a token (Ba et al. 2016; "
-          "Zhang & Sennrich 2019)",
-          "the norm step does not normalise each token: it is missing, replaced, or applied over the wrong axis",
-          Cause.NORM),
-    Check("norm_gain_extreme", "rms of the effective gain (g, or 1 + w for Gemma) < 0.1 or > 10, measured on the "
-          "module (info: trained models have such gains)", "rule of thumb: gains start at 1",
-          "the norm's learned gain has drifted far from 1, rescaling everything downstream", Cause.LEARNING_RATE),
-    Check("causal_leak", "future_weight_sum > 1e-6 in a causal block, or an earlier output moving by more than 1e-4 "
-          "(relative) when the last token is perturbed", "definition of causal attention",
-          "tokens attend to later tokens although the block is causal: the mask is missing or misaligned",
-          Cause.MASK),
-    Check("residual_not_added", "‖output − (α·stream + update)‖ > 1e-3 · ‖output‖ at a residual step",
-          "definition of the residual connection (He et al. 2016)",
-          "the residual step does not return stream + update: the skip connection is missing or adds the wrong "
-          "tensor", Cause.RESIDUAL),
-    Check("attention_logit_growth", "largest pre-softmax logit > 100 (warning), > 1e4 (error)",
-          "Wortsman et al. 2023, Small-scale proxies for large-scale Transformer training instabilities "
-          "(≈ 4–5 at init; runs with logits above 1e4 diverged)",
-          "attention logits have grown large, so the softmax is saturated and its gradient vanishes",
-          Cause.LEARNING_RATE),
-    Check("attention_entropy_collapse", "at least half of a layer's heads below 0.1 × the entropy of uniform "
-          "attention, not explained by a positional pattern, with a logit above 100",
-          "Zhai et al. 2023, Stabilizing Transformer Training by Preventing Attention Entropy Collapse",
-          "most heads put all their weight on one key while the logits grow: collapse preceded divergence in "
-          "their runs", Cause.LEARNING_RATE),
-    Check("attention_sharp_head", "a head below 0.1 × the entropy of uniform attention (info)",
-          "Zhai et al. 2023: a single sharp head (previous-token, first-token sink) is a learned feature",
-          "the head attends to one key; with ≥ 50% of its weight on the first key, itself or the previous token "
-          "it is a positional head", Cause.LEARNING_RATE),
-    Check("attention_uniform", "a head's mean entropy ≥ 0.98 × that of uniform attention (info, T ≥ 4)",
-          "Zhai et al. 2023 (the opposite end); uniform = the mean of log(i+1) per query when causal",
-          "the head attends uniformly: it carries no positional or content preference (normal at initialisation)",
-          Cause.INITIALISATION),
-    Check("ffn_dead_units", "fraction of FFN hidden units never active over ≥ 64 tokens > 0.95 (error); > 0.7 "
-          "(info: seen in healthy trained OPT layers)",
-          "Voita et al. 2023, Neurons in Large Language Models: Dead, N-gram, Positional (> 70% dead in trained "
-          "OPT layers)", "almost every FFN unit outputs nothing for every token: they get no gradient and are "
-          "wasted", Cause.ARCHITECTURE),
-    Check("ffn_saturated", "fraction of FFN hidden activations in the flat region > 0.9 (info)",
-          "activation-function definitions (ReLU ≤ 0; GELU/SiLU pre-activation < -4)",
-          "almost every hidden activation sits where the activation has ~zero slope", Cause.ARCHITECTURE),
-    Check("update_too_small", "‖update‖ / ‖stream‖ < 1e-3 at a sublayer (info)",
-          "Liu et al. 2020 (Admin): branch/stream balance", "the sublayer barely changes the stream",
-          Cause.INITIALISATION),
-    Check("update_too_large", "‖update‖ / ‖stream‖ > 10 at a sublayer (info: the first layers of trained models)",
-          "Liu et al. 2020 (Admin)", "the sublayer's update swamps the stream it is added to", Cause.INITIALISATION),
-    Check("massive_activation", "|x| > 100 and > 1000 × the median |x| of the hidden state (info)",
-          "Sun et al. 2024, Massive Activations in Large Language Models",
-          "a few features are orders of magnitude above the rest (normal in trained LLMs)", Cause.ARCHITECTURE),
-    Check("residual_explosion", "the median token's ‖x‖²/d grows past 100 × Xiong et al.'s bound (1 + 3l/2, "
-          "relative to the first layer's output) across the layers",
-          "Xiong et al. 2020, Lemma 2 (Pre-LN ‖x_l‖²/d ≤ 1 + 3l/2 at init); Wortsman et al. 2023",
-          "the residual stream grows by orders of magnitude from layer to layer: the model is diverging",
-          Cause.LEARNING_RATE),
-    Check("weight_scale", "the median matrix of a layer has std·√fan_in > 10 (a linear map amplifying its input "
-          "tenfold; ≈ 0.5–1.5 at the usual inits: N(0, 0.02), Xavier, 1/√d)",
-          "Glorot & Bengio 2010; Radford et al. 2019 (GPT-2: N(0, 0.02))",
-          "the weights are far larger than any usual initialisation", Cause.INITIALISATION),
-    Check("loss_above_uniform", "the model's loss > log V + 0.5 nats (V: the vocabulary)",
-          "definition: log V is the loss of predicting every token equally likely",
-          "the model predicts worse than an untrained uniform guess: its training failed", Cause.LEARNING_RATE,
-          symptom=True),
-    Check("output_logit_drift", "the mean log Z = log Σ exp(logits) of the predictions beyond ±1000",
-          "Wortsman et al. 2023 (output-logit divergence; z-loss 1e-4·log²Z)",
-          "the output logits' normaliser has drifted far from 0: the output layer is diverging",
-          Cause.LEARNING_RATE),
-    Check("optimizer_eps_underflow", "an optimizer's eps rounds to 0 in the dtype of the parameters it updates "
-          "(Adam's default 1e-8 is 0 in float16, whose smallest positive value is 6e-8; watch with optimizer=)",
-          "IEEE 754 half precision; Micikevicius et al. 2018, Mixed Precision Training (float32 master weights)",
-          "Adam divides by √v + eps: with eps 0, an element whose gradients have all been 0 gets 0/0 = NaN at "
-          "the next update", Cause.PRECISION),
-    Check("router_collapse", "the load-balance loss E·Σ f·P has gone ≥ 50% (warning), ≥ 90% (error) of the way "
-          "from a balanced router (k) to every token on the same k experts (E), over ≥ 12 token slots per expert",
-          "Fedus et al. 2022 (Switch Transformer) and Jiang et al. 2024 (Mixtral): f = share of tokens sent to an "
-          "expert, P = its mean router probability, as HF's load_balancing_loss_func computes it",
-          "the router sends most tokens to a few experts: the others barely train and the layer's capacity is "
-          "wasted", Cause.ROUTING),
-    Check("dead_experts", "an expert that receives no token although ≥ 12 token slots per expert were routed (info: "
-          "a healthy tiny Mixtral trained with the load-balance loss left up to 4 of 8 experts of a layer without a "
-          "token of a 2048-token batch, its router near uniform; router_collapse is the verdict)",
-          "Fedus et al. 2022; Shazeer et al. 2017 (load balancing); benchmarks/FAILURES.md (mixtral-healthy)",
-          "some experts receive no token of this batch: they get no gradient from it", Cause.ROUTING),
-    Check("router_logit_growth", "largest |router logit| > 64 (≈ 1 at initialisation)",
-          "Zoph et al. 2022 (ST-MoE): the router z-loss keeps router logits small because bf16 roundoff in large "
-          "logits changes the routing; at 64 bf16's step is 0.5, so near-tied experts' probabilities are off by "
-          "up to e^0.25 ≈ 1.28×",
-          "the router's logits have grown so large that rounding decides between experts", Cause.ROUTING),
-    Check("no_gradient", "a layer whose parameters require a gradient gets none (grad null) or exactly 0 while "
-          "other layers get one (a Watch)", "invariant: every trainable parameter on the loss's graph gets a "
-          "gradient", "the layer is cut off from the loss: a .detach(), a no_grad block, or a gradient hook zeroes "
-          "it; it never learns", Cause.GRADIENT_FLOW),
-    Check("layer_frozen", f"a layer's largest per-step ‖ΔW‖/‖W‖ < {FROZEN_FRACTION:g} × the median layer's between "
-          "two records (info when its parameters do not require a gradient)",
-          "healthy-run measurement: layers of one model move within 10× of each other (benchmarks/FAILURES.md)",
-          "the layer's weights do not move while the others train: frozen by mistake or cut off from the loss",
-          Cause.GRADIENT_FLOW),
-    Check("no_update", f"no layer's weights move (per-step ‖ΔW‖/‖W‖ < {STILL:g}) between two records while the "
-          "learning rate is above 0", "invariant: an optimizer step with lr > 0 and a gradient moves the weights",
-          "the optimizer changes nothing: optimizer.step() is not called, or it holds other parameters than the "
-          "model's", Cause.OPTIMIZER),
-    Check("updates_tiny", f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g}, or, under an Adam-family "
-          f"optimizer (a Watch given optimizer=), < {ADAM_TINY:g} × the learning rate (learning_rate when the learning "
-          f"rate is below {TINY_LR:g}, else optimizer)",
-          "Kingma & Ba 2015: Adam moves each weight by about lr·|m̂/√v̂| with |m̂/√v̂| ≈ 0.1–1, so ‖ΔW‖/‖W‖ per unit "
-          "of learning rate is about that over the weights' std (≈ 10 at std 0.02); healthy-run measurement "
-          "(benchmarks/FAILURES.md, calibration half)", "the weights barely move: nothing is learned",
-          Cause.OPTIMIZER,
-          advice="make the updates reach the weights: check the optimizer's learning rate, eps (Adam's 1e-8) and "
-                 "betas, and that every parameter is in a param group"),
-    Check("update_spike", f"a record's median ‖ΔW‖/‖W‖ per unit of learning rate > {SPIKE_FACTOR:g} × its median "
-          f"over the previous records (at least {MIN_HISTORY})",
-          "Kingma & Ba 2015: Adam's update per element is bounded by about the learning rate, so per unit of "
-          "learning rate it stays steady; Marin #1368: update-norm spikes precede loss spikes", "one update was far larger than the ones before: a spike that can "
-          "throw the model off", Cause.LEARNING_RATE, symptom=True),
-    Check("lr_jump", f"the learning rate > {LR_JUMP:g} × the largest recorded before (after {MIN_HISTORY - 1} "
-          "records)", "invariant: warm-up and decay schedules change the learning rate smoothly",
-          "the learning rate jumped: a scheduler bug, a resumed run with the wrong state, or a unit slip",
-          Cause.LEARNING_RATE,
-          advice="fix the learning-rate schedule: warm-up and decay change it gradually (check the scheduler's "
-                 "state when resuming, and the units of the peak)"),
-    Check("weight_norm_collapse", f"a tensor kind's ‖W‖ < {NORM_COLLAPSE:g} × its first record's",
-          "healthy-run measurement: no kind of the calibration runs fell below 0.9× (benchmarks/FAILURES.md)",
-          "the weights shrink towards 0: weight decay too strong or applied to the norms' gains",
-          Cause.OPTIMIZER,
-          advice="lower the weight decay and keep it off the norms' gains and the biases (param groups with "
-                 "weight_decay 0)"),
-    Check("weights_zeroed", f"a tensor kind's ‖W‖ shrank by more than {1 - SHRINK_PER_STEP:.0%} per step since the "
-          "record before", "invariant: no optimizer step zeroes a tensor; AdamW's decay shrinks it by lr·λ ≈ 1e-4 "
-          "per step", "a tensor was set to 0 outside the optimizer: a bug in "
-          "loading, surgery or a hook", Cause.WEIGHTS),
-    Check("loss_spike", f"the loss > mean + {LOSS_SPIKE_SIGMAS:g}σ of the previous {LOSS_SPIKE_WINDOW} records "
-          f"(at least 8) and > mean + {LOSS_SPIKE_FLOOR:g} nats",
-          "OLMo-core's stability monitor (a spike is > 6σ above the last 128 values), on the recorded steps",
-          "the loss jumped well beyond its recent noise", Cause.LEARNING_RATE, symptom=True),
-    Check("loss_stuck", f"after {STUCK_STEPS} steps the loss is still above log V − {STUCK_MARGIN:g} (V: the "
-          "vocabulary)", "definition: log V is the loss of predicting every token equally likely",
-          "the model has learned nothing in a hundred steps", Cause.OPTIMIZER, symptom=True),
-    Check("loss_near_zero", f"the training loss < {LEAK_LOSS:g} nats per token after step 0",
-          "healthy-run measurement: language models stay far above (benchmarks/FAILURES.md: ≥ 1 nat on "
-          "characters)", "the model predicts its targets almost perfectly: they leak into its input (labels "
-          "equal to the inputs, no shift) or it memorises one repeated batch", Cause.DATA),
-    Check("repeated_batch", "the recorded batch equals the one recorded before (a Watch)",
-          "invariant: a data loader over a corpus gives other batches at other steps",
-          "the model sees the same batch again and again: a loader that restarts or a fixed batch", Cause.DATA),
-    Check("labels_are_inputs", "the targets passed to the model equal its input ids (a Watch; HF's models, which "
-          f"shift them inside, are not reported): info, an error once the loss is below {LABEL_COPY_LOSS:g} nats "
-          "per token", "definition of next-token prediction: the target of position t is the token at t + 1; the "
-          "loss level from the calibration half of the failure benchmark", "the targets are the inputs unshifted: "
-          "unless the model shifts them, each position learns to copy its own token", Cause.DATA),
-    Check("gradient_vanishing", "the first layer's mean step gradient < 1e-3 × the last layer's (with --grad)",
-          "Xiong et al. 2020; Liu et al. 2020", "gradients shrink towards the input: early layers barely learn",
-          Cause.WARMUP),
-    Check("gradient_exploding", "the first layer's mean step gradient > 1e3 × the last layer's, or any non-finite "
-          "gradient (with --grad)", "Xiong et al. 2020 (Post-LN gradients at initialisation)",
-          "gradients grow towards the input: training steps will be unstable", Cause.LEARNING_RATE),
-]}
+CHECKS: dict[str, "Check"] = {}
+
+
+def check(scope: Scope, *entry, **extra):
+    """A check is one entry: its name, threshold, source, meaning and cause, on the function that raises it."""
+    def register(detect: Callable[..., list]) -> Callable[..., list]:
+        CHECKS[entry[0]] = Check(*entry, **extra, scope=scope, detect=detect)
+        return detect
+    return register
+
+
+def judged_over_training(*entry, **extra) -> None:
+    """A check of diagnose.dynamics, whose rules compare records of one run (entry here, rule there)."""
+    CHECKS[entry[0]] = Check(*entry, **extra, scope=Scope.TRAINING)
 
 
 @dataclass(frozen=True)
@@ -303,73 +166,64 @@ def flag(name: str, level: Level, step, layer, value: float, detail: str, cause:
     return Flag(name, level, step, layer, value, detail, cause or CHECKS[name].cause)
 
 
-def _step_flags(record, layer, stored_dtype: str) -> list[Flag]:
-    flags = []
-    probe = record.probe
+# --- what a traced step shows ----------------------------------------------------------------------
+
+@check(Scope.STEP, "non_finite", "any NaN or Inf in a step's output", "IEEE 754; the first step in execution order is the origin",
+       "this step produced NaN/Inf; if its inputs were finite, the fault is inside this step", Cause.LEARNING_RATE)
+def _non_finite(record, layer, evidence) -> list[Flag]:
+    stats, finite_inputs = record.stats, record.probe.inputs_finite
+    if not (stats.nan or stats.inf):
+        return []
+    detail = f"{stats.nan} NaN, {stats.inf} Inf" + (f"; inputs finite: {finite_inputs}"
+                                                  if finite_inputs is not None else "")
+    cause = Cause.PRECISION if evidence.stored_dtype in ("F16", "BF16") else None
+    return [flag("non_finite", Level.ERROR, record.name, layer, stats.nan + stats.inf, detail, cause)]
+
+
+@check(Scope.STEP, "precision_overflow", "a float16 checkpoint whose activations exceed float16's largest value, 65504",
+       "IEEE 754 half precision", "in float16 these values become Inf: the training run overflowed",
+       Cause.PRECISION)
+def _precision_overflow(record, layer, evidence) -> list[Flag]:
     stats = record.stats
-    if stats.nan or stats.inf:
-        finite_inputs = probe.inputs_finite
-        detail = f"{stats.nan} NaN, {stats.inf} Inf" + (f"; inputs finite: {finite_inputs}"
-                                                      if finite_inputs is not None else "")
-        cause = Cause.PRECISION if stored_dtype in ("F16", "BF16") else None
-        flags.append(flag("non_finite", Level.ERROR, record.name, layer, stats.nan + stats.inf, detail, cause))
-    elif stored_dtype == "F16" and stats.absmax > FLOAT16_MAX:
-        flags.append(flag("precision_overflow", Level.ERROR, record.name, layer, stats.absmax,
-                          f"max |x| {stats.absmax:.4g} > {FLOAT16_MAX:g} in a float16 checkpoint"))
-    flags += _norm_flags(record, layer, probe)
-    flags += _residual_flags(record, layer, probe)
-    flags += _ffn_flags(record, layer, probe)
-    return flags
+    if stats.nan or stats.inf or evidence.stored_dtype != "F16" or not stats.absmax > FLOAT16_MAX:
+        return []  # a non-finite step is non_finite's
+    return [flag("precision_overflow", Level.ERROR, record.name, layer, stats.absmax,
+                 f"max |x| {stats.absmax:.4g} > {FLOAT16_MAX:g} in a float16 checkpoint")]
 
 
-def _norm_flags(record, layer, probe: Probe) -> list[Flag]:
-    norm = probe.norm
-    if norm is None:
+@check(Scope.STEP, "norm_not_normalising", "rescaling each token by its own factor in [0.5, 4] changes the norm's output by "
+       "more than 1% (relative rms): measured on the module, whatever its class",
+       "definition of LayerNorm / RMSNorm: both are invariant to rescaling a token (Ba et al. 2016; "
+       "Zhang & Sennrich 2019)",
+       "the norm step does not normalise each token: it is missing, replaced, or applied over the wrong axis",
+       Cause.NORM)
+def _norm_not_normalising(record, layer, evidence) -> list[Flag]:
+    norm = record.probe.norm
+    if norm is None or norm.kind is not NormKind.NONE:
         return []
-    if norm.kind is NormKind.NONE:
-        return [flag("norm_not_normalising", Level.ERROR, record.name, layer, norm.scale_error,
-                     f"rescaling each token changed the output by {norm.scale_error:.3g} (relative rms)")]
-    gain = norm.gain_rms
-    if gain is not None and not 0.1 <= gain <= 10:
-        return [flag("norm_gain_extreme", Level.INFO, record.name, layer, gain, f"rms of the effective gain {gain:.3g}")]
-    return []
+    return [flag("norm_not_normalising", Level.ERROR, record.name, layer, norm.scale_error,
+                 f"rescaling each token changed the output by {norm.scale_error:.3g} (relative rms)")]
 
 
-def _residual_flags(record, layer, probe: Probe) -> list[Flag]:
-    flags = []
-    if (probe.residual_mismatch or 0) > RESIDUAL_MISMATCH:
-        flags.append(flag("residual_not_added", Level.ERROR, record.name, layer, probe.residual_mismatch,
-                          f"‖output − (α·stream + update)‖ / ‖output‖ = {probe.residual_mismatch:.3g}"))
-    ratio = probe.update_ratio
-    if ratio is not None and ratio < UPDATE_SMALL:
-        flags.append(flag("update_too_small", Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}"))
-    elif ratio is not None and ratio > UPDATE_LARGE:
-        flags.append(flag("update_too_large", Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}"))
-    if (probe.massive_ratio or 0) > MASSIVE_RATIO:
-        flags.append(flag("massive_activation", Level.INFO, record.name, layer, record.stats.absmax,
-                          f"max |x| {record.stats.absmax:.4g} = {probe.massive_ratio:.4g} × median |x|"))
-    return flags
-
-
-def _ffn_flags(record, layer, probe: Probe) -> list[Flag]:
-    ffn = probe.ffn
-    if ffn is None or ffn.tokens < DEAD_MIN_TOKENS:
+@check(Scope.STEP, "norm_gain_extreme", "rms of the effective gain (g, or 1 + w for Gemma) < 0.1 or > 10, measured on the "
+       "module (info: trained models have such gains)", "rule of thumb: gains start at 1",
+       "the norm's learned gain has drifted far from 1, rescaling everything downstream", Cause.LEARNING_RATE)
+def _norm_gain_extreme(record, layer, evidence) -> list[Flag]:
+    norm = record.probe.norm
+    if norm is None or norm.kind is NormKind.NONE or norm.gain_rms is None or 0.1 <= norm.gain_rms <= 10:
         return []
-    flags, dead = [], ffn.dead_fraction
-    if dead > DEAD_INFO:
-        level = Level.ERROR if dead > DEAD_ERROR else Level.INFO
-        flags.append(flag("ffn_dead_units", level, record.name, layer, dead,
-                          f"{dead:.1%} of {ffn.units} hidden units never active over {ffn.tokens} tokens"))
-    if ffn.flat_fraction > 0.9:
-        flags.append(flag("ffn_saturated", Level.INFO, record.name, layer, ffn.flat_fraction,
-                          f"{ffn.flat_fraction:.1%} of hidden activations in the flat region"))
-    return flags
+    return [flag("norm_gain_extreme", Level.INFO, record.name, layer, norm.gain_rms,
+                 f"rms of the effective gain {norm.gain_rms:.3g}")]
 
 
-def _leak_flags(trace, record, layer) -> list[Flag]:
+@check(Scope.ATTENTION, "causal_leak", "future_weight_sum > 1e-6 in a causal block, or an earlier output moving by more than 1e-4 "
+       "(relative) when the last token is perturbed", "definition of causal attention",
+       "tokens attend to later tokens although the block is causal: the mask is missing or misaligned",
+       Cause.MASK)
+def _causal_leak(trace, layer) -> list[Flag]:
     """A causal block whose attention weighs later tokens, or whose earlier outputs move when the last
     token changes (measured by perturbation: a user's block is judged by what it does)."""
-    attention, causal = trace.attention, record.probe.causal
+    attention, causal = trace.attention, trace.step("attn").probe.causal
     if not trace.expected_causal:
         return []
     if attention is not None and attention.future_weight_sum > 1e-6:
@@ -381,6 +235,38 @@ def _leak_flags(trace, record, layer) -> list[Flag]:
     return []
 
 
+@check(Scope.STEP, "residual_not_added", "‖output − (α·stream + update)‖ > 1e-3 · ‖output‖ at a residual step",
+       "definition of the residual connection (He et al. 2016)",
+       "the residual step does not return stream + update: the skip connection is missing or adds the wrong "
+       "tensor", Cause.RESIDUAL)
+def _residual_not_added(record, layer, evidence) -> list[Flag]:
+    mismatch = record.probe.residual_mismatch
+    if not (mismatch or 0) > RESIDUAL_MISMATCH:
+        return []
+    return [flag("residual_not_added", Level.ERROR, record.name, layer, mismatch,
+                 f"‖output − (α·stream + update)‖ / ‖output‖ = {mismatch:.3g}")]
+
+
+def _judged_attention(trace):
+    """The attention summary when there is enough of it to judge (T ≥ 4 keys), else None."""
+    attention = trace.attention
+    return attention if attention is not None and attention.shape[-1] >= 4 else None
+
+
+@check(Scope.ATTENTION, "attention_logit_growth", "largest pre-softmax logit > 100 (warning), > 1e4 (error)",
+       "Wortsman et al. 2023, Small-scale proxies for large-scale Transformer training instabilities "
+       "(≈ 4–5 at init; runs with logits above 1e4 diverged)",
+       "attention logits have grown large, so the softmax is saturated and its gradient vanishes",
+       Cause.LEARNING_RATE)
+def _attention_logit_growth(trace, layer) -> list[Flag]:
+    attention = _judged_attention(trace)
+    logit = attention.max_logit if attention is not None else None
+    if logit is None or not logit > LOGIT_WARNING:
+        return []
+    level = Level.ERROR if logit > LOGIT_ERROR else Level.WARNING
+    return [flag("attention_logit_growth", level, "attn", layer, logit, f"largest pre-softmax logit {logit:.4g}")]
+
+
 def _positional(attention, head: int) -> Optional[str]:
     for name, weights in (("first-token", attention.first_weight), ("self", attention.self_weight),
                           ("previous-token", attention.previous_weight)):
@@ -389,57 +275,125 @@ def _positional(attention, head: int) -> Optional[str]:
     return None
 
 
-def _attention_flags(attention, layer) -> list[Flag]:
-    if attention is None or attention.shape[-1] < 4:
+def _sharp_heads(attention) -> list[int]:
+    return [head for head, h in enumerate(attention.entropy_per_head) if h < SHARP_ENTROPY * attention.uniform_entropy]
+
+
+@check(Scope.ATTENTION, "attention_entropy_collapse", "at least half of a layer's heads below 0.1 × the entropy of uniform "
+       "attention, not explained by a positional pattern, with a logit above 100",
+       "Zhai et al. 2023, Stabilizing Transformer Training by Preventing Attention Entropy Collapse",
+       "most heads put all their weight on one key while the logits grow: collapse preceded divergence in "
+       "their runs", Cause.LEARNING_RATE)
+def _attention_entropy_collapse(trace, layer) -> list[Flag]:
+    attention = _judged_attention(trace)
+    if attention is None or attention.max_logit is None or not attention.max_logit > LOGIT_WARNING:
         return []
-    flags, uniform = [], attention.uniform_entropy
-    logit = attention.max_logit
-    if logit is not None and logit > LOGIT_WARNING:
-        level = Level.ERROR if logit > LOGIT_ERROR else Level.WARNING
-        flags.append(flag("attention_logit_growth", level, "attn", layer, logit, f"largest pre-softmax logit {logit:.4g}"))
-    sharp = [head for head, h in enumerate(attention.entropy_per_head) if h < SHARP_ENTROPY * uniform]
-    unexplained = [head for head in sharp if _positional(attention, head) is None]
+    unexplained = [head for head in _sharp_heads(attention) if _positional(attention, head) is None]
     heads = len(attention.entropy_per_head)
-    if 2 * len(unexplained) >= heads and logit is not None and logit > LOGIT_WARNING:
-        flags.append(flag("attention_entropy_collapse", Level.ERROR, "attn", layer, len(unexplained) / heads,
-                          f"{len(unexplained)} of {heads} heads near zero entropy (uniform {uniform:.3f}), "
-                          f"largest logit {logit:.4g}"))
-    for head in sharp:
-        kind = _positional(attention, head) or "content"
-        flags.append(flag("attention_sharp_head", Level.INFO, "attn", layer, attention.entropy_per_head[head],
-                          f"head {head}: entropy {attention.entropy_per_head[head]:.3g} (uniform {uniform:.3f}), "
-                          f"{kind} head"))
-    for head, entropy in enumerate(attention.entropy_per_head):
-        if entropy >= 0.98 * uniform:
-            flags.append(flag("attention_uniform", Level.INFO, "attn", layer, entropy,
-                              f"head {head}: entropy {entropy:.4f} of uniform {uniform:.4f}"))
-    return flags
-
-
-def _routing_flags(routing, layer) -> list[Flag]:
-    """A mixture of experts' router: collapsed onto a few experts, experts that got no token, logits grown large."""
-    if routing is None:
+    if 2 * len(unexplained) < heads:
         return []
-    flags, k, experts = [], routing.per_token, routing.experts
-    enough = routing.tokens * k >= MIN_SLOTS_PER_EXPERT * experts
-    collapse = (routing.balance_loss - k) / (experts - k) if experts > k else 0.0
-    if enough and collapse >= COLLAPSE_WARNING:
-        level = Level.ERROR if collapse >= COLLAPSE_ERROR else Level.WARNING
-        busiest = max(routing.load)
-        flags.append(flag("router_collapse", level, "ffn", layer, routing.balance_loss,
-                          f"load-balance loss {routing.balance_loss:.3g} (balanced {k}, collapsed {experts}); the "
-                          f"busiest expert takes {busiest:.0%} of the token slots (uniform {1 / experts:.0%})"))
-    if enough and routing.dead:
-        flags.append(flag("dead_experts", Level.INFO, "ffn", layer, len(routing.dead),
-                          f"{len(routing.dead)} of {experts} experts received no token of {routing.tokens}: "
-                          f"experts {', '.join(map(str, routing.dead[:10]))}"))
-    if routing.max_logit > ROUTER_LOGIT_WARNING:
-        flags.append(flag("router_logit_growth", Level.WARNING, "ffn", layer, routing.max_logit,
-                          f"largest |router logit| {routing.max_logit:.4g}, router z-loss {routing.z_loss:.4g}"))
-    return flags
+    return [flag("attention_entropy_collapse", Level.ERROR, "attn", layer, len(unexplained) / heads,
+                 f"{len(unexplained)} of {heads} heads near zero entropy (uniform {attention.uniform_entropy:.3f}), "
+                 f"largest logit {attention.max_logit:.4g}")]
 
 
-def _stream_flags(traces, first_layer: int) -> list[Flag]:
+@check(Scope.ATTENTION, "attention_sharp_head", "a head below 0.1 × the entropy of uniform attention (info)",
+       "Zhai et al. 2023: a single sharp head (previous-token, first-token sink) is a learned feature",
+       "the head attends to one key; with ≥ 50% of its weight on the first key, itself or the previous token "
+       "it is a positional head", Cause.LEARNING_RATE)
+def _attention_sharp_head(trace, layer) -> list[Flag]:
+    attention = _judged_attention(trace)
+    if attention is None:
+        return []
+    return [flag("attention_sharp_head", Level.INFO, "attn", layer, attention.entropy_per_head[head],
+                 f"head {head}: entropy {attention.entropy_per_head[head]:.3g} (uniform "
+                 f"{attention.uniform_entropy:.3f}), {_positional(attention, head) or 'content'} head")
+            for head in _sharp_heads(attention)]
+
+
+@check(Scope.ATTENTION, "attention_uniform", "a head's mean entropy ≥ 0.98 × that of uniform attention (info, T ≥ 4)",
+       "Zhai et al. 2023 (the opposite end); uniform = the mean of log(i+1) per query when causal",
+       "the head attends uniformly: it carries no positional or content preference (normal at initialisation)",
+       Cause.INITIALISATION)
+def _attention_uniform(trace, layer) -> list[Flag]:
+    attention = _judged_attention(trace)
+    if attention is None:
+        return []
+    uniform = attention.uniform_entropy
+    return [flag("attention_uniform", Level.INFO, "attn", layer, entropy,
+                 f"head {head}: entropy {entropy:.4f} of uniform {uniform:.4f}")
+            for head, entropy in enumerate(attention.entropy_per_head) if entropy >= 0.98 * uniform]
+
+
+def _judged_ffn(record):
+    """The FFN's activity when enough tokens passed to judge its units (DEAD_MIN_TOKENS), else None."""
+    ffn = record.probe.ffn
+    return ffn if ffn is not None and ffn.tokens >= DEAD_MIN_TOKENS else None
+
+
+@check(Scope.STEP, "ffn_dead_units", "fraction of FFN hidden units never active over ≥ 64 tokens > 0.95 (error); > 0.7 "
+       "(info: seen in healthy trained OPT layers)",
+       "Voita et al. 2023, Neurons in Large Language Models: Dead, N-gram, Positional (> 70% dead in trained "
+       "OPT layers)", "almost every FFN unit outputs nothing for every token: they get no gradient and are "
+       "wasted", Cause.ARCHITECTURE)
+def _ffn_dead_units(record, layer, evidence) -> list[Flag]:
+    ffn = _judged_ffn(record)
+    if ffn is None or not ffn.dead_fraction > DEAD_INFO:
+        return []
+    level = Level.ERROR if ffn.dead_fraction > DEAD_ERROR else Level.INFO
+    return [flag("ffn_dead_units", level, record.name, layer, ffn.dead_fraction,
+                 f"{ffn.dead_fraction:.1%} of {ffn.units} hidden units never active over {ffn.tokens} tokens")]
+
+
+@check(Scope.STEP, "ffn_saturated", "fraction of FFN hidden activations in the flat region > 0.9 (info)",
+       "activation-function definitions (ReLU ≤ 0; GELU/SiLU pre-activation < -4)",
+       "almost every hidden activation sits where the activation has ~zero slope", Cause.ARCHITECTURE)
+def _ffn_saturated(record, layer, evidence) -> list[Flag]:
+    ffn = _judged_ffn(record)
+    if ffn is None or not ffn.flat_fraction > 0.9:
+        return []
+    return [flag("ffn_saturated", Level.INFO, record.name, layer, ffn.flat_fraction,
+                 f"{ffn.flat_fraction:.1%} of hidden activations in the flat region")]
+
+
+@check(Scope.STEP, "update_too_small", "‖update‖ / ‖stream‖ < 1e-3 at a sublayer (info)",
+       "Liu et al. 2020 (Admin): branch/stream balance", "the sublayer barely changes the stream",
+       Cause.INITIALISATION)
+def _update_too_small(record, layer, evidence) -> list[Flag]:
+    ratio = record.probe.update_ratio
+    if ratio is None or not ratio < UPDATE_SMALL:
+        return []
+    return [flag("update_too_small", Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}")]
+
+
+@check(Scope.STEP, "update_too_large", "‖update‖ / ‖stream‖ > 10 at a sublayer (info: the first layers of trained models)",
+       "Liu et al. 2020 (Admin)", "the sublayer's update swamps the stream it is added to", Cause.INITIALISATION)
+def _update_too_large(record, layer, evidence) -> list[Flag]:
+    ratio = record.probe.update_ratio
+    if ratio is None or not ratio > UPDATE_LARGE:
+        return []
+    return [flag("update_too_large", Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}")]
+
+
+@check(Scope.STEP, "massive_activation", "|x| > 100 and > 1000 × the median |x| of the hidden state (info)",
+       "Sun et al. 2024, Massive Activations in Large Language Models",
+       "a few features are orders of magnitude above the rest (normal in trained LLMs)", Cause.ARCHITECTURE)
+def _massive_activation(record, layer, evidence) -> list[Flag]:
+    ratio = record.probe.massive_ratio
+    if not (ratio or 0) > MASSIVE_RATIO:
+        return []
+    return [flag("massive_activation", Level.INFO, record.name, layer, record.stats.absmax,
+                 f"max |x| {record.stats.absmax:.4g} = {ratio:.4g} × median |x|")]
+
+
+# --- the layers together, the model, its gradients ---------------------------------------------------
+
+@check(Scope.STACK, "residual_explosion", "the median token's ‖x‖²/d grows past 100 × Xiong et al.'s bound (1 + 3l/2, "
+       "relative to the first layer's output) across the layers",
+       "Xiong et al. 2020, Lemma 2 (Pre-LN ‖x_l‖²/d ≤ 1 + 3l/2 at init); Wortsman et al. 2023",
+       "the residual stream grows by orders of magnitude from layer to layer: the model is diverging",
+       Cause.LEARNING_RATE)
+def _residual_explosion(traces, first_layer: int) -> list[Flag]:
     """Growth of the median token's ‖x‖²/d across the traced layers, against Xiong et al.'s bound."""
     sizes = [(first_layer + i, t.steps[-1].probe.token_sq_median) for i, t in enumerate(traces)]
     sizes = [(layer, size) for layer, size in sizes if size is not None and math.isfinite(size) and size > 0]
@@ -455,77 +409,238 @@ def _stream_flags(traces, first_layer: int) -> list[Flag]:
     return []
 
 
-def _weight_flags(weights: list[dict], first_layer: int) -> list[Flag]:
+@check(Scope.MODEL, "weight_scale", "the median matrix of a layer has std·√fan_in > 10 (a linear map amplifying its input "
+       "tenfold; ≈ 0.5–1.5 at the usual inits: N(0, 0.02), Xavier, 1/√d)",
+       "Glorot & Bengio 2010; Radford et al. 2019 (GPT-2: N(0, 0.02))",
+       "the weights are far larger than any usual initialisation", Cause.INITIALISATION)
+def _weight_scale(evidence) -> list[Flag]:
     flags = []
-    for index, matrices in enumerate(weights):
+    for index, matrices in enumerate(evidence.weights):
         gains = sorted(entry["std"] * math.sqrt(entry["fan_in"]) for entry in matrices.values())
         if gains and gains[len(gains) // 2] > WEIGHT_GAIN_ERROR:
             median = gains[len(gains) // 2]
-            flags.append(flag("weight_scale", Level.ERROR, None, first_layer + index, median,
+            flags.append(flag("weight_scale", Level.ERROR, None, evidence.first_layer + index, median,
                               f"the median matrix has std·√fan_in = {median:.3g}"))
     return flags
 
 
-def _optimizer_flags(settings: list[dict]) -> list[Flag]:
+@check(Scope.MODEL, "loss_above_uniform", "the model's loss > log V + 0.5 nats (V: the vocabulary)",
+       "definition: log V is the loss of predicting every token equally likely",
+       "the model predicts worse than an untrained uniform guess: its training failed", Cause.LEARNING_RATE,
+       symptom=True)
+def _loss_above_uniform(evidence) -> list[Flag]:
+    loss = evidence.loss
+    if loss is None or loss.value is None or (math.isfinite(loss.value) and loss.value <= loss.uniform + LOSS_MARGIN):
+        return []
+    return [flag("loss_above_uniform", Level.ERROR, None, None, loss.value,
+                 f"loss {loss.value:.4g} against log V = {loss.uniform:.4g} for uniform guessing")]
+
+
+@check(Scope.MODEL, "output_logit_drift", "the mean log Z = log Σ exp(logits) of the predictions beyond ±1000",
+       "Wortsman et al. 2023 (output-logit divergence; z-loss 1e-4·log²Z)",
+       "the output logits' normaliser has drifted far from 0: the output layer is diverging",
+       Cause.LEARNING_RATE)
+def _output_logit_drift(evidence) -> list[Flag]:
+    loss = evidence.loss
+    if loss is None or loss.value is None or loss.log_z_mean is None or not abs(loss.log_z_mean) > LOG_Z_ERROR:
+        return []
+    return [flag("output_logit_drift", Level.ERROR, None, None, loss.log_z_mean, f"mean log Z = {loss.log_z_mean:.4g}")]
+
+
+@check(Scope.MODEL, "optimizer_eps_underflow", "an optimizer's eps rounds to 0 in the dtype of the parameters it updates "
+       "(Adam's default 1e-8 is 0 in float16, whose smallest positive value is 6e-8; watch with optimizer=)",
+       "IEEE 754 half precision; Micikevicius et al. 2018, Mixed Precision Training (float32 master weights)",
+       "Adam divides by √v + eps: with eps 0, an element whose gradients have all been 0 gets 0/0 = NaN at "
+       "the next update", Cause.PRECISION)
+def _optimizer_eps_underflow(evidence) -> list[Flag]:
     return [flag("optimizer_eps_underflow", Level.ERROR, None, None, group["eps"],
                  f"eps {group['eps']:g} is {group['eps_in_dtype']:g} in {group['dtype']}")
-            for group in settings if group["eps"] > 0 and group["eps_in_dtype"] == 0]
+            for group in evidence.optimizer if group["eps"] > 0 and group["eps_in_dtype"] == 0]
 
 
-def _loss_flags(loss) -> list[Flag]:
-    if loss is None or loss.value is None:
+def _collapse(routing) -> Optional[float]:
+    """How far the load-balance loss has gone from balanced (0) to every token on the same k experts (1); None
+    below MIN_SLOTS_PER_EXPERT token slots per expert, where an unbalanced router can be chance."""
+    k, experts = routing.per_token, routing.experts
+    if routing.tokens * k < MIN_SLOTS_PER_EXPERT * experts:
+        return None
+    return (routing.balance_loss - k) / (experts - k) if experts > k else 0.0
+
+
+@check(Scope.ROUTING, "router_collapse", "the load-balance loss E·Σ f·P has gone ≥ 50% (warning), ≥ 90% (error) of the way "
+       "from a balanced router (k) to every token on the same k experts (E), over ≥ 12 token slots per expert",
+       "Fedus et al. 2022 (Switch Transformer) and Jiang et al. 2024 (Mixtral): f = share of tokens sent to an "
+       "expert, P = its mean router probability, as HF's load_balancing_loss_func computes it",
+       "the router sends most tokens to a few experts: the others barely train and the layer's capacity is "
+       "wasted", Cause.ROUTING)
+def _router_collapse(routing, layer) -> list[Flag]:
+    collapse = _collapse(routing)
+    if collapse is None or collapse < COLLAPSE_WARNING:
         return []
-    flags = []
-    if not math.isfinite(loss.value) or loss.value > loss.uniform + LOSS_MARGIN:
-        flags.append(flag("loss_above_uniform", Level.ERROR, None, None, loss.value,
-                          f"loss {loss.value:.4g} against log V = {loss.uniform:.4g} for uniform guessing"))
-    if loss.log_z_mean is not None and abs(loss.log_z_mean) > LOG_Z_ERROR:
-        flags.append(flag("output_logit_drift", Level.ERROR, None, None, loss.log_z_mean,
-                          f"mean log Z = {loss.log_z_mean:.4g}"))
-    return flags
+    level = Level.ERROR if collapse >= COLLAPSE_ERROR else Level.WARNING
+    return [flag("router_collapse", level, "ffn", layer, routing.balance_loss,
+                 f"load-balance loss {routing.balance_loss:.3g} (balanced {routing.per_token}, collapsed "
+                 f"{routing.experts}); the busiest expert takes {max(routing.load):.0%} of the token slots (uniform "
+                 f"{1 / routing.experts:.0%})")]
 
 
-def _gradient_flags(gradients, first_layer: int = 0) -> list[Flag]:
-    """One finding for the gradients of the stack: non-finite, or shrinking/growing towards the input."""
-    if gradients is None or not gradients.step_norms:
+@check(Scope.ROUTING, "dead_experts", "an expert that receives no token although ≥ 12 token slots per expert were routed (info: "
+       "a healthy tiny Mixtral trained with the load-balance loss left up to 4 of 8 experts of a layer without a "
+       "token of a 2048-token batch, its router near uniform; router_collapse is the verdict)",
+       "Fedus et al. 2022; Shazeer et al. 2017 (load balancing); benchmarks/FAILURES.md (mixtral-healthy)",
+       "some experts receive no token of this batch: they get no gradient from it", Cause.ROUTING)
+def _dead_experts(routing, layer) -> list[Flag]:
+    if _collapse(routing) is None or not routing.dead:
         return []
-    per_layer = [list(norms.values()) for norms in gradients.step_norms]
-    bad = [(layer, name) for layer, norms in enumerate(gradients.step_norms) for name, value in norms.items()
-           if not math.isfinite(value)]
-    if bad:
-        layer, step = bad[0]
-        return [flag("gradient_exploding", Level.ERROR, step, first_layer + layer, float("nan"), "non-finite gradient")]
-    means = [sum(values) / len(values) for values in per_layer if values]
-    if len(means) < 2 or min(means[0], means[-1]) <= 0:
+    return [flag("dead_experts", Level.INFO, "ffn", layer, len(routing.dead),
+                 f"{len(routing.dead)} of {routing.experts} experts received no token of {routing.tokens}: "
+                 f"experts {', '.join(map(str, routing.dead[:10]))}")]
+
+
+@check(Scope.ROUTING, "router_logit_growth", "largest |router logit| > 64 (≈ 1 at initialisation)",
+       "Zoph et al. 2022 (ST-MoE): the router z-loss keeps router logits small because bf16 roundoff in large "
+       "logits changes the routing; at 64 bf16's step is 0.5, so near-tied experts' probabilities are off by "
+       "up to e^0.25 ≈ 1.28×",
+       "the router's logits have grown so large that rounding decides between experts", Cause.ROUTING)
+def _router_logit_growth(routing, layer) -> list[Flag]:
+    if not routing.max_logit > ROUTER_LOGIT_WARNING:
         return []
-    ratio, last = means[0] / means[-1], first_layer + len(means) - 1
-    detail = f"mean ‖∂L/∂step‖ {means[0]:.3g} at layer {first_layer} against {means[-1]:.3g} at layer {last}"
-    if ratio < 1 / GRADIENT_RATIO:
-        return [flag("gradient_vanishing", Level.ERROR, None, first_layer, ratio, detail)]
-    if ratio > GRADIENT_RATIO:
-        return [flag("gradient_exploding", Level.ERROR, None, first_layer, ratio, detail)]
-    return []
+    return [flag("router_logit_growth", Level.WARNING, "ffn", layer, routing.max_logit,
+                 f"largest |router logit| {routing.max_logit:.4g}, router z-loss {routing.z_loss:.4g}")]
+
+
+# --- over training time (diagnose/dynamics.py: judge) -----------------------------------------------
+
+judged_over_training("no_gradient", "a layer whose parameters require a gradient gets none (grad null) or exactly 0 while "
+                     "other layers get one (a Watch)", "invariant: every trainable parameter on the loss's graph gets a "
+                     "gradient", "the layer is cut off from the loss: a .detach(), a no_grad block, or a gradient hook zeroes "
+                     "it; it never learns", Cause.GRADIENT_FLOW)
+judged_over_training("layer_frozen", f"a layer's largest per-step ‖ΔW‖/‖W‖ < {FROZEN_FRACTION:g} × the median layer's between "
+                     "two records (info when its parameters do not require a gradient)",
+                     "healthy-run measurement: layers of one model move within 10× of each other (benchmarks/FAILURES.md)",
+                     "the layer's weights do not move while the others train: frozen by mistake or cut off from the loss",
+                     Cause.GRADIENT_FLOW)
+judged_over_training("no_update", f"no layer's weights move (per-step ‖ΔW‖/‖W‖ < {STILL:g}) between two records while the "
+                     "learning rate is above 0", "invariant: an optimizer step with lr > 0 and a gradient moves the weights",
+                     "the optimizer changes nothing: optimizer.step() is not called, or it holds other parameters than the "
+                     "model's", Cause.OPTIMIZER)
+judged_over_training("updates_tiny", f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g}, or, under an Adam-family "
+                     f"optimizer (a Watch given optimizer=), < {ADAM_TINY:g} × the learning rate (learning_rate when the learning "
+                     f"rate is below {TINY_LR:g}, else optimizer)",
+                     "Kingma & Ba 2015: Adam moves each weight by about lr·|m̂/√v̂| with |m̂/√v̂| ≈ 0.1–1, so ‖ΔW‖/‖W‖ per unit "
+                     "of learning rate is about that over the weights' std (≈ 10 at std 0.02); healthy-run measurement "
+                     "(benchmarks/FAILURES.md, calibration half)", "the weights barely move: nothing is learned",
+                     Cause.OPTIMIZER,
+                     advice="make the updates reach the weights: check the optimizer's learning rate, eps (Adam's 1e-8) and "
+                     "betas, and that every parameter is in a param group")
+judged_over_training("update_spike", f"a record's median ‖ΔW‖/‖W‖ per unit of learning rate > {SPIKE_FACTOR:g} × its median "
+                     f"over the previous records (at least {MIN_HISTORY})",
+                     "Kingma & Ba 2015: Adam's update per element is bounded by about the learning rate, so per unit of "
+                     "learning rate it stays steady; Marin #1368: update-norm spikes precede loss spikes", "one update was far larger than the ones before: a spike that can "
+                     "throw the model off", Cause.LEARNING_RATE, symptom=True)
+judged_over_training("lr_jump", f"the learning rate > {LR_JUMP:g} × the largest recorded before (after {MIN_HISTORY - 1} "
+                     "records)", "invariant: warm-up and decay schedules change the learning rate smoothly",
+                     "the learning rate jumped: a scheduler bug, a resumed run with the wrong state, or a unit slip",
+                     Cause.LEARNING_RATE,
+                     advice="fix the learning-rate schedule: warm-up and decay change it gradually (check the scheduler's "
+                     "state when resuming, and the units of the peak)")
+judged_over_training("weight_norm_collapse", f"a tensor kind's ‖W‖ < {NORM_COLLAPSE:g} × its first record's",
+                     "healthy-run measurement: no kind of the calibration runs fell below 0.9× (benchmarks/FAILURES.md)",
+                     "the weights shrink towards 0: weight decay too strong or applied to the norms' gains",
+                     Cause.OPTIMIZER,
+                     advice="lower the weight decay and keep it off the norms' gains and the biases (param groups with "
+                     "weight_decay 0)")
+judged_over_training("weights_zeroed", f"a tensor kind's ‖W‖ shrank by more than {1 - SHRINK_PER_STEP:.0%} per step since the "
+                     "record before", "invariant: no optimizer step zeroes a tensor; AdamW's decay shrinks it by lr·λ ≈ 1e-4 "
+                     "per step", "a tensor was set to 0 outside the optimizer: a bug in "
+                     "loading, surgery or a hook", Cause.WEIGHTS)
+judged_over_training("loss_spike", f"the loss > mean + {LOSS_SPIKE_SIGMAS:g}σ of the previous {LOSS_SPIKE_WINDOW} records "
+                     f"(at least 8) and > mean + {LOSS_SPIKE_FLOOR:g} nats",
+                     "OLMo-core's stability monitor (a spike is > 6σ above the last 128 values), on the recorded steps",
+                     "the loss jumped well beyond its recent noise", Cause.LEARNING_RATE, symptom=True)
+judged_over_training("loss_stuck", f"after {STUCK_STEPS} steps the loss is still above log V − {STUCK_MARGIN:g} (V: the "
+                     "vocabulary)", "definition: log V is the loss of predicting every token equally likely",
+                     "the model has learned nothing in a hundred steps", Cause.OPTIMIZER, symptom=True)
+judged_over_training("loss_near_zero", f"the training loss < {LEAK_LOSS:g} nats per token after step 0",
+                     "healthy-run measurement: language models stay far above (benchmarks/FAILURES.md: ≥ 1 nat on "
+                     "characters)", "the model predicts its targets almost perfectly: they leak into its input (labels "
+                     "equal to the inputs, no shift) or it memorises one repeated batch", Cause.DATA)
+judged_over_training("repeated_batch", "the recorded batch equals the one recorded before (a Watch)",
+                     "invariant: a data loader over a corpus gives other batches at other steps",
+                     "the model sees the same batch again and again: a loader that restarts or a fixed batch", Cause.DATA)
+judged_over_training("labels_are_inputs", "the targets passed to the model equal its input ids (a Watch; HF's models, which "
+                     f"shift them inside, are not reported): info, an error once the loss is below {LABEL_COPY_LOSS:g} nats "
+                     "per token", "definition of next-token prediction: the target of position t is the token at t + 1; the "
+                     "loss level from the calibration half of the failure benchmark", "the targets are the inputs unshifted: "
+                     "unless the model shifts them, each position learns to copy its own token", Cause.DATA)
+
+
+def _gradient_means(gradients) -> Optional[list[float]]:
+    means = [sum(norms.values()) / len(norms) for norms in gradients.step_norms if norms]
+    return means if len(means) >= 2 and min(means[0], means[-1]) > 0 else None
+
+
+def _non_finite_gradient(gradients) -> Optional[tuple[int, str]]:
+    return next(((layer, name) for layer, norms in enumerate(gradients.step_norms) for name, value in norms.items()
+                 if not math.isfinite(value)), None)
+
+
+def _gradient_detail(means: list[float], first_layer: int) -> str:
+    return (f"mean ‖∂L/∂step‖ {means[0]:.3g} at layer {first_layer} against {means[-1]:.3g} at layer "
+            f"{first_layer + len(means) - 1}")
+
+
+@check(Scope.GRADIENTS, "gradient_vanishing", "the first layer's mean step gradient < 1e-3 × the last layer's (with --grad)",
+       "Xiong et al. 2020; Liu et al. 2020", "gradients shrink towards the input: early layers barely learn",
+       Cause.WARMUP)
+def _gradient_vanishing(gradients, first_layer: int) -> list[Flag]:
+    if _non_finite_gradient(gradients) is not None:
+        return []  # gradient_exploding's
+    means = _gradient_means(gradients)
+    if means is None or not means[0] / means[-1] < 1 / GRADIENT_RATIO:
+        return []
+    return [flag("gradient_vanishing", Level.ERROR, None, first_layer, means[0] / means[-1],
+                 _gradient_detail(means, first_layer))]
+
+
+@check(Scope.GRADIENTS, "gradient_exploding", "the first layer's mean step gradient > 1e3 × the last layer's, or any non-finite "
+       "gradient (with --grad)", "Xiong et al. 2020 (Post-LN gradients at initialisation)",
+       "gradients grow towards the input: training steps will be unstable", Cause.LEARNING_RATE)
+def _gradient_exploding(gradients, first_layer: int) -> list[Flag]:
+    bad = _non_finite_gradient(gradients)
+    if bad is not None:
+        return [flag("gradient_exploding", Level.ERROR, bad[1], first_layer + bad[0], float("nan"),
+                     "non-finite gradient")]
+    means = _gradient_means(gradients)
+    if means is None or not means[0] / means[-1] > GRADIENT_RATIO:
+        return []
+    return [flag("gradient_exploding", Level.ERROR, None, first_layer, means[0] / means[-1],
+                 _gradient_detail(means, first_layer))]
+
+
+def _in(scope: Scope) -> list["Check"]:
+    return [entry for entry in CHECKS.values() if entry.scope is scope]
 
 
 def evaluate(traces: list, gradients=None, evidence: Optional[ModelEvidence] = None) -> list[Flag]:
-    """Every finding of a block (one trace), a stack, or a whole model, in execution order."""
+    """Every finding of a block (one trace), a stack, or a whole model, in execution order: each check of
+    CHECKS asked in its scope, in the order the checks are declared."""
     evidence = evidence or ModelEvidence()
     flags = []
     stacked = len(traces) > 1 or evidence.n_layers > 1
     for index, trace in enumerate(traces):
         layer = evidence.first_layer + index if stacked else None
         for record in trace.steps:
-            flags += _step_flags(record, layer, evidence.stored_dtype)
+            flags += [f for entry in _in(Scope.STEP) for f in entry.detect(record, layer, evidence)]
             if record.name == "attn":
-                flags += _leak_flags(trace, record, layer)
-                flags += _attention_flags(trace.attention, layer)
-            if record.name == "ffn":
-                flags += _routing_flags(trace.routing, layer)
-    flags += _stream_flags(traces, evidence.first_layer) if stacked else []
-    flags += _weight_flags(evidence.weights, evidence.first_layer)
-    flags += _loss_flags(evidence.loss)
-    flags += _optimizer_flags(evidence.optimizer)
-    flags += _gradient_flags(gradients, evidence.first_layer)
+                flags += [f for entry in _in(Scope.ATTENTION) for f in entry.detect(trace, layer)]
+            if record.name == "ffn" and trace.routing is not None:
+                flags += [f for entry in _in(Scope.ROUTING) for f in entry.detect(trace.routing, layer)]
+    if stacked:
+        flags += [f for entry in _in(Scope.STACK) for f in entry.detect(traces, evidence.first_layer)]
+    flags += [f for entry in _in(Scope.MODEL) for f in entry.detect(evidence)]
+    if gradients is not None and gradients.step_norms:
+        flags += [f for entry in _in(Scope.GRADIENTS) for f in entry.detect(gradients, evidence.first_layer)]
     first = next((f for f in flags if f.name == "non_finite"), None)
     if first is not None:  # only the origin matters: later NaNs are its consequences
         flags = [f for f in flags if f.name != "non_finite" or f is first]
