@@ -4,56 +4,66 @@ each weight: norms, updates and gradient norms must cover every shard)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
-import subprocess
-import sys
+import traceback
 
 import pytest
 import torch
-from helpers import ROOT, NanoGPT, nano_batch
+from helpers import NanoGPT, nano_batch
 
 from blocktrace.training.timeline import read_timeline
 from blocktrace.training.watch import Watch
 
 STEPS, EVERY, BATCH = 3, 2, 4
 
-# Both wrappers in one pair of processes: each process pays for importing torch once.
-RANK_SCRIPT = """
-import sys, torch, torch.distributed as dist
-sys.path.insert(0, {tests!r})
-from helpers import NanoGPT, nano_batch
-from blocktrace import Watch
-dist.init_process_group("gloo")
-rank, size = dist.get_rank(), dist.get_world_size()
-for wrapper in ("ddp", "fsdp2"):
-    torch.manual_seed(0)
-    model = NanoGPT()
-    model.h[1].ln_2 = torch.nn.Linear(16, 16)  # a "norm" that does not normalise: the check must see it everywhere
-    if wrapper == "ddp":
-        model = torch.nn.parallel.DistributedDataParallel(model)
-    else:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        mesh = init_device_mesh("cpu", (size,))
-        for block in model.h:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        from torch.distributed.tensor import DTensor
-        assert all(isinstance(p, DTensor) and p.to_local().numel() < p.numel() for p in model.h.parameters())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    watch = Watch(model, f"{directory}/{{wrapper}}.jsonl", every={every})
-    share = {batch} // size
-    for step in range({steps}):
-        ids, targets = nano_batch(step, batch={batch})
-        _, loss = model(ids[rank * share:(rank + 1) * share], targets[rank * share:(rank + 1) * share])
-        optimizer.zero_grad()
-        loss.backward()
-        watch.step(loss)
-        optimizer.step()
-    watch.close()
-dist.destroy_process_group()
-"""
+def _rank(rank: int, directory: str, port: int) -> None:
+    """One gloo rank: DDP, then FSDP2, each for STEPS steps on its share of the batch, recorded by a Watch."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank))
+    torch.set_num_threads(1)  # a forked child does not reuse its parent's thread pool (as DataLoader workers)
+    dist.init_process_group("gloo")
+    size = dist.get_world_size()
+    for wrapper in ("ddp", "fsdp2"):
+        torch.manual_seed(0)
+        model = NanoGPT()
+        model.h[1].ln_2 = torch.nn.Linear(16, 16)  # a "norm" that does not normalise: the check must see it everywhere
+        if wrapper == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(model)
+        else:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.tensor import DTensor
+
+            mesh = init_device_mesh("cpu", (size,))
+            for block in model.h:
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            assert all(isinstance(p, DTensor) and p.to_local().numel() < p.numel() for p in model.h.parameters())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        watch = Watch(model, f"{directory}/{wrapper}.jsonl", every=EVERY)
+        share = BATCH // size
+        for step in range(STEPS):
+            ids, targets = nano_batch(step, batch=BATCH)
+            _, loss = model(ids[rank * share:(rank + 1) * share], targets[rank * share:(rank + 1) * share])
+            optimizer.zero_grad()
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+        watch.close()
+    dist.destroy_process_group()
+
+
+def _forked_rank(rank: int, directory: str, port: int) -> None:
+    """In a forked child of this process (torch already imported: no second start-up per rank); never returns."""
+    try:
+        _rank(rank, directory, port)
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)
 
 
 def _free_port() -> int:
@@ -83,16 +93,14 @@ def _single_process(path):
 def timelines(tmp_path_factory) -> dict:
     """Two gloo ranks under DDP and then FSDP2, and one process on the whole batch: their timelines."""
     directory = tmp_path_factory.mktemp("distributed")
-    script = directory / "rank.py"
-    script.write_text(RANK_SCRIPT.format(tests=str(ROOT / "tests"), directory=str(directory), every=EVERY,
-                                         batch=BATCH, steps=STEPS))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
-           "OMP_NUM_THREADS": "1"}
-    ranks = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(rank)}, cwd=directory,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    context = multiprocessing.get_context("fork")
+    port = _free_port()
+    ranks = [context.Process(target=_forked_rank, args=(rank, str(directory), port)) for rank in (0, 1)]
     for rank in ranks:
-        _, stderr = rank.communicate(timeout=120)
-        assert rank.returncode == 0, stderr
+        rank.start()
+    for rank in ranks:
+        rank.join(timeout=120)
+        assert rank.exitcode == 0, f"a rank failed (exit code {rank.exitcode}); its traceback is on stderr above"
     return {"ddp": read_timeline(directory / "ddp.jsonl"), "fsdp2": read_timeline(directory / "fsdp2.jsonl"),
             "one": _single_process(directory / "one.jsonl")}
 
