@@ -381,20 +381,45 @@ def test_out_of_range_seed_and_invalid_utf8_tokens(invoke):
     one_error_line(invoke("run", "--tokens", "\udcff\udcfe"), 2, "--tokens", "not valid UTF-8")
 
 
-def test_standard_output_that_cannot_be_written():
-    with open("/dev/full", "w") as full:
-        result = subprocess.run([sys.executable, "-m", "blocktrace", "run"], stdout=full, stderr=subprocess.PIPE,
-                                text=True, cwd=ROOT)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["Error: cannot write to standard output: No space left on device"]
-    for args in (["--help"], ["--version"], []):  # click writes these itself, before any command runs
-        with open("/dev/full", "w") as full:
-            result = subprocess.run([sys.executable, "-m", "blocktrace", *args], stdout=full, stderr=subprocess.PIPE,
-                                    text=True, cwd=ROOT)
-        assert result.returncode == 2, (args, result.stderr)
-        assert result.stderr.strip().splitlines() == ["Error: cannot write to standard output: No space left on "
-                                                      "device"], (args, result.stderr)
-    # Closed from the start: refused before anything is imported, whatever the command.
+def _main_writing_to_a_full_disk(args: list[str]) -> tuple[int, str]:
+    """blocktrace's main() with its standard output on /dev/full, in a forked child of this process (torch is
+    imported already: no interpreter start-up); its exit code and standard error."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        code = 70
+        try:
+            os.dup2(os.open("/dev/full", os.O_WRONLY), 1)
+            os.dup2(write_end, 2)
+            sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+            torch.set_num_threads(1)  # a forked child does not reuse its parent's thread pool
+            sys.argv = ["blocktrace", *args]
+            from blocktrace.cli import main
+
+            try:
+                main()
+                code = 0
+            except SystemExit as exit:
+                code = exit.code if isinstance(exit.code, int) else 1
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, encoding="utf-8") as pipe:
+        stderr = pipe.read()
+    _, status = os.waitpid(child, 0)
+    return os.waitstatus_to_exitcode(status), stderr
+
+
+@pytest.mark.parametrize("args", [["run"], ["--help"], ["--version"], []])  # click writes the last three itself
+def test_standard_output_that_cannot_be_written(args):
+    code, stderr = _main_writing_to_a_full_disk(args)
+    assert code == 2, stderr
+    assert stderr.strip().splitlines() == ["Error: cannot write to standard output: No space left on device"]
+
+
+def test_standard_output_closed_from_the_start():
+    """Refused before anything is imported, whatever the command (a real interpreter: sys.stdout is None)."""
     closed = subprocess.run(["sh", "-c", f"'{sys.executable}' -m blocktrace --version >&-"], stderr=subprocess.PIPE,
                             text=True, cwd=ROOT)
     assert closed.returncode == 2
