@@ -106,7 +106,8 @@ PARALLEL = Wiring("pre (parallel residual)", Placement.PRE, (
 ), f"pre with a parallel residual: both sublayers read the block's input x and {_GROWS}")
 _POST_STEPS = (
     _ATTN, _sum("residual1", INPUT, "attn", "r1"), _norm("norm1", "residual1", "x1"),
-    Step("ffn", Kind.FFN, ("norm1",), "ffn_out"), _sum("residual2", "norm1", "ffn", "r2"), _norm("norm2", "residual2", "x2"),
+    Step("ffn", Kind.FFN, ("norm1",), "ffn_out"), _sum("residual2", "norm1", "ffn", "r2"),
+    _norm("norm2", "residual2", "x2"),
 )
 POST = Wiring("post", Placement.POST, _POST_STEPS, "post: the norm sits after each residual add, so the stream is "
               "rescaled to unit size per token after every sublayer")

@@ -78,7 +78,9 @@ def test_a_layers_update_share_is_that_of_the_update_its_sum_adds(placement):
     added = {"pre": ("attn", "ffn"), "sandwich": ("post_attn_norm", "post_ffn_norm"), "reordered": ("norm1", "norm2")}
     attn_update, ffn_update = added[placement]
     summary = summarise(0, traced)
-    assert summary.attn_share == pytest.approx(float(t[attn_update].double().std() / t["residual1"].double().std()) ** 2,
-                                               rel=1e-4)
-    assert summary.ffn_share == pytest.approx(float(t[ffn_update].double().std() / t["residual2"].double().std()) ** 2,
-                                              rel=1e-4)
+
+    def share(update, total):
+        return float(t[update].double().std() / t[total].double().std()) ** 2
+
+    assert summary.attn_share == pytest.approx(share(attn_update, "residual1"), rel=1e-4)
+    assert summary.ffn_share == pytest.approx(share(ffn_update, "residual2"), rel=1e-4)

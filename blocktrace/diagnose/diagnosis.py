@@ -66,8 +66,8 @@ def conclude(flags: Optional[list[Flag]], context: Context) -> Optional["Finding
 def block_context(trace, step: Optional[int] = None) -> Context:
     """The context of findings about a traced block: its wiring and FFN, and the training step when known."""
     config = trace.config
-    return Context(post_norm=wiring_of(trace.placement).stream_normalised, activation=config.ffn.value if config else None,
-                   step=step)
+    return Context(post_norm=wiring_of(trace.placement).stream_normalised,
+                   activation=config.ffn.value if config else None, step=step)
 
 
 def in_context(flags: Optional[list[Flag]], context: Context) -> Optional[list[Flag]]:

@@ -114,11 +114,6 @@ def check(scope: Scope, *entry, **extra):
     return register
 
 
-def judged_over_training(*entry, **extra) -> None:
-    """A check of diagnose.dynamics, whose rules compare records of one run (entry here, rule there)."""
-    CHECKS[entry[0]] = Check(*entry, **extra, scope=Scope.TRAINING)
-
-
 @dataclass(frozen=True)
 class Flag:
     name: str
@@ -168,7 +163,8 @@ def flag(name: str, level: Level, step, layer, value: float, detail: str, cause:
 
 # --- what a traced step shows ----------------------------------------------------------------------
 
-@check(Scope.STEP, "non_finite", "any NaN or Inf in a step's output", "IEEE 754; the first step in execution order is the origin",
+@check(Scope.STEP, "non_finite",
+       "any NaN or Inf in a step's output", "IEEE 754; the first step in execution order is the origin",
        "this step produced NaN/Inf; if its inputs were finite, the fault is inside this step", Cause.LEARNING_RATE)
 def _non_finite(record, layer, evidence) -> list[Flag]:
     stats, finite_inputs = record.stats, record.probe.inputs_finite
@@ -191,7 +187,8 @@ def _precision_overflow(record, layer, evidence) -> list[Flag]:
                  f"max |x| {stats.absmax:.4g} > {FLOAT16_MAX:g} in a float16 checkpoint")]
 
 
-@check(Scope.STEP, "norm_not_normalising", "rescaling each token by its own factor in [0.5, 4] changes the norm's output by "
+@check(Scope.STEP, "norm_not_normalising",
+       "rescaling each token by its own factor in [0.5, 4] changes the norm's output by "
        "more than 1% (relative rms): measured on the module, whatever its class",
        "definition of LayerNorm / RMSNorm: both are invariant to rescaling a token (Ba et al. 2016; "
        "Zhang & Sennrich 2019)",
@@ -205,7 +202,8 @@ def _norm_not_normalising(record, layer, evidence) -> list[Flag]:
                  f"rescaling each token changed the output by {norm.scale_error:.3g} (relative rms)")]
 
 
-@check(Scope.STEP, "norm_gain_extreme", "rms of the effective gain (g, or 1 + w for Gemma) < 0.1 or > 10, measured on the "
+@check(Scope.STEP, "norm_gain_extreme",
+       "rms of the effective gain (g, or 1 + w for Gemma) < 0.1 or > 10, measured on the "
        "module (info: trained models have such gains)", "rule of thumb: gains start at 1",
        "the norm's learned gain has drifted far from 1, rescaling everything downstream", Cause.LEARNING_RATE)
 def _norm_gain_extreme(record, layer, evidence) -> list[Flag]:
@@ -216,7 +214,8 @@ def _norm_gain_extreme(record, layer, evidence) -> list[Flag]:
                  f"rms of the effective gain {norm.gain_rms:.3g}")]
 
 
-@check(Scope.ATTENTION, "causal_leak", "future_weight_sum > 1e-6 in a causal block, or an earlier output moving by more than 1e-4 "
+@check(Scope.ATTENTION, "causal_leak",
+       "future_weight_sum > 1e-6 in a causal block, or an earlier output moving by more than 1e-4 "
        "(relative) when the last token is perturbed", "definition of causal attention",
        "tokens attend to later tokens although the block is causal: the mask is missing or misaligned",
        Cause.MASK)
@@ -279,7 +278,8 @@ def _sharp_heads(attention) -> list[int]:
     return [head for head, h in enumerate(attention.entropy_per_head) if h < SHARP_ENTROPY * attention.uniform_entropy]
 
 
-@check(Scope.ATTENTION, "attention_entropy_collapse", "at least half of a layer's heads below 0.1 × the entropy of uniform "
+@check(Scope.ATTENTION, "attention_entropy_collapse",
+       "at least half of a layer's heads below 0.1 × the entropy of uniform "
        "attention, not explained by a positional pattern, with a logit above 100",
        "Zhai et al. 2023, Stabilizing Transformer Training by Preventing Attention Entropy Collapse",
        "most heads put all their weight on one key while the logits grow: collapse preceded divergence in "
@@ -366,7 +366,8 @@ def _update_too_small(record, layer, evidence) -> list[Flag]:
     return [flag("update_too_small", Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}")]
 
 
-@check(Scope.STEP, "update_too_large", "‖update‖ / ‖stream‖ > 10 at a sublayer (info: the first layers of trained models)",
+@check(Scope.STEP, "update_too_large",
+       "‖update‖ / ‖stream‖ > 10 at a sublayer (info: the first layers of trained models)",
        "Liu et al. 2020 (Admin)", "the sublayer's update swamps the stream it is added to", Cause.INITIALISATION)
 def _update_too_large(record, layer, evidence) -> list[Flag]:
     ratio = record.probe.update_ratio
@@ -409,7 +410,8 @@ def _residual_explosion(traces, first_layer: int) -> list[Flag]:
     return []
 
 
-@check(Scope.MODEL, "weight_scale", "the median matrix of a layer has std·√fan_in > 10 (a linear map amplifying its input "
+@check(Scope.MODEL, "weight_scale",
+       "the median matrix of a layer has std·√fan_in > 10 (a linear map amplifying its input "
        "tenfold; ≈ 0.5–1.5 at the usual inits: N(0, 0.02), Xavier, 1/√d)",
        "Glorot & Bengio 2010; Radford et al. 2019 (GPT-2: N(0, 0.02))",
        "the weights are far larger than any usual initialisation", Cause.INITIALISATION)
@@ -447,7 +449,8 @@ def _output_logit_drift(evidence) -> list[Flag]:
     return [flag("output_logit_drift", Level.ERROR, None, None, loss.log_z_mean, f"mean log Z = {loss.log_z_mean:.4g}")]
 
 
-@check(Scope.MODEL, "optimizer_eps_underflow", "an optimizer's eps rounds to 0 in the dtype of the parameters it updates "
+@check(Scope.MODEL, "optimizer_eps_underflow",
+       "an optimizer's eps rounds to 0 in the dtype of the parameters it updates "
        "(Adam's default 1e-8 is 0 in float16, whose smallest positive value is 6e-8; watch with optimizer=)",
        "IEEE 754 half precision; Micikevicius et al. 2018, Mixed Precision Training (float32 master weights)",
        "Adam divides by √v + eps: with eps 0, an element whose gradients have all been 0 gets 0/0 = NaN at "
@@ -467,7 +470,8 @@ def _collapse(routing) -> Optional[float]:
     return (routing.balance_loss - k) / (experts - k) if experts > k else 0.0
 
 
-@check(Scope.ROUTING, "router_collapse", "the load-balance loss E·Σ f·P has gone ≥ 50% (warning), ≥ 90% (error) of the way "
+@check(Scope.ROUTING, "router_collapse",
+       "the load-balance loss E·Σ f·P has gone ≥ 50% (warning), ≥ 90% (error) of the way "
        "from a balanced router (k) to every token on the same k experts (E), over ≥ 12 token slots per expert",
        "Fedus et al. 2022 (Switch Transformer) and Jiang et al. 2024 (Mixtral): f = share of tokens sent to an "
        "expert, P = its mean router probability, as HF's load_balancing_loss_func computes it",
@@ -484,7 +488,8 @@ def _router_collapse(routing, layer) -> list[Flag]:
                  f"{1 / routing.experts:.0%})")]
 
 
-@check(Scope.ROUTING, "dead_experts", "an expert that receives no token although ≥ 12 token slots per expert were routed (info: "
+@check(Scope.ROUTING, "dead_experts",
+       "an expert that receives no token although ≥ 12 token slots per expert were routed (info: "
        "a healthy tiny Mixtral trained with the load-balance loss left up to 4 of 8 experts of a layer without a "
        "token of a 2048-token batch, its router near uniform; router_collapse is the verdict)",
        "Fedus et al. 2022; Shazeer et al. 2017 (load balancing); benchmarks/FAILURES.md (mixtral-healthy)",
@@ -511,68 +516,72 @@ def _router_logit_growth(routing, layer) -> list[Flag]:
 
 # --- over training time (diagnose/dynamics.py: judge) -----------------------------------------------
 
-judged_over_training("no_gradient", "a layer whose parameters require a gradient gets none (grad null) or exactly 0 while "
-                     "other layers get one (a Watch)", "invariant: every trainable parameter on the loss's graph gets a "
-                     "gradient", "the layer is cut off from the loss: a .detach(), a no_grad block, or a gradient hook zeroes "
-                     "it; it never learns", Cause.GRADIENT_FLOW)
-judged_over_training("layer_frozen", f"a layer's largest per-step ‖ΔW‖/‖W‖ < {FROZEN_FRACTION:g} × the median layer's between "
-                     "two records (info when its parameters do not require a gradient)",
-                     "healthy-run measurement: layers of one model move within 10× of each other (benchmarks/FAILURES.md)",
-                     "the layer's weights do not move while the others train: frozen by mistake or cut off from the loss",
-                     Cause.GRADIENT_FLOW)
-judged_over_training("no_update", f"no layer's weights move (per-step ‖ΔW‖/‖W‖ < {STILL:g}) between two records while the "
-                     "learning rate is above 0", "invariant: an optimizer step with lr > 0 and a gradient moves the weights",
-                     "the optimizer changes nothing: optimizer.step() is not called, or it holds other parameters than the "
-                     "model's", Cause.OPTIMIZER)
-judged_over_training("updates_tiny", f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g}, or, under an Adam-family "
-                     f"optimizer (a Watch given optimizer=), < {ADAM_TINY:g} × the learning rate (learning_rate when the learning "
-                     f"rate is below {TINY_LR:g}, else optimizer)",
-                     "Kingma & Ba 2015: Adam moves each weight by about lr·|m̂/√v̂| with |m̂/√v̂| ≈ 0.1–1, so ‖ΔW‖/‖W‖ per unit "
-                     "of learning rate is about that over the weights' std (≈ 10 at std 0.02); healthy-run measurement "
-                     "(benchmarks/FAILURES.md, calibration half)", "the weights barely move: nothing is learned",
-                     Cause.OPTIMIZER,
-                     advice="make the updates reach the weights: check the optimizer's learning rate, eps (Adam's 1e-8) and "
-                     "betas, and that every parameter is in a param group")
-judged_over_training("update_spike", f"a record's median ‖ΔW‖/‖W‖ per unit of learning rate > {SPIKE_FACTOR:g} × its median "
-                     f"over the previous records (at least {MIN_HISTORY})",
-                     "Kingma & Ba 2015: Adam's update per element is bounded by about the learning rate, so per unit of "
-                     "learning rate it stays steady; Marin #1368: update-norm spikes precede loss spikes", "one update was far larger than the ones before: a spike that can "
-                     "throw the model off", Cause.LEARNING_RATE, symptom=True)
-judged_over_training("lr_jump", f"the learning rate > {LR_JUMP:g} × the largest recorded before (after {MIN_HISTORY - 1} "
-                     "records)", "invariant: warm-up and decay schedules change the learning rate smoothly",
-                     "the learning rate jumped: a scheduler bug, a resumed run with the wrong state, or a unit slip",
-                     Cause.LEARNING_RATE,
-                     advice="fix the learning-rate schedule: warm-up and decay change it gradually (check the scheduler's "
-                     "state when resuming, and the units of the peak)")
-judged_over_training("weight_norm_collapse", f"a tensor kind's ‖W‖ < {NORM_COLLAPSE:g} × its first record's",
-                     "healthy-run measurement: no kind of the calibration runs fell below 0.9× (benchmarks/FAILURES.md)",
-                     "the weights shrink towards 0: weight decay too strong or applied to the norms' gains",
-                     Cause.OPTIMIZER,
-                     advice="lower the weight decay and keep it off the norms' gains and the biases (param groups with "
-                     "weight_decay 0)")
-judged_over_training("weights_zeroed", f"a tensor kind's ‖W‖ shrank by more than {1 - SHRINK_PER_STEP:.0%} per step since the "
-                     "record before", "invariant: no optimizer step zeroes a tensor; AdamW's decay shrinks it by lr·λ ≈ 1e-4 "
-                     "per step", "a tensor was set to 0 outside the optimizer: a bug in "
-                     "loading, surgery or a hook", Cause.WEIGHTS)
-judged_over_training("loss_spike", f"the loss > mean + {LOSS_SPIKE_SIGMAS:g}σ of the previous {LOSS_SPIKE_WINDOW} records "
-                     f"(at least 8) and > mean + {LOSS_SPIKE_FLOOR:g} nats",
-                     "OLMo-core's stability monitor (a spike is > 6σ above the last 128 values), on the recorded steps",
-                     "the loss jumped well beyond its recent noise", Cause.LEARNING_RATE, symptom=True)
-judged_over_training("loss_stuck", f"after {STUCK_STEPS} steps the loss is still above log V − {STUCK_MARGIN:g} (V: the "
-                     "vocabulary)", "definition: log V is the loss of predicting every token equally likely",
-                     "the model has learned nothing in a hundred steps", Cause.OPTIMIZER, symptom=True)
-judged_over_training("loss_near_zero", f"the training loss < {LEAK_LOSS:g} nats per token after step 0",
-                     "healthy-run measurement: language models stay far above (benchmarks/FAILURES.md: ≥ 1 nat on "
-                     "characters)", "the model predicts its targets almost perfectly: they leak into its input (labels "
-                     "equal to the inputs, no shift) or it memorises one repeated batch", Cause.DATA)
-judged_over_training("repeated_batch", "the recorded batch equals the one recorded before (a Watch)",
-                     "invariant: a data loader over a corpus gives other batches at other steps",
-                     "the model sees the same batch again and again: a loader that restarts or a fixed batch", Cause.DATA)
-judged_over_training("labels_are_inputs", "the targets passed to the model equal its input ids (a Watch; HF's models, which "
-                     f"shift them inside, are not reported): info, an error once the loss is below {LABEL_COPY_LOSS:g} nats "
-                     "per token", "definition of next-token prediction: the target of position t is the token at t + 1; the "
-                     "loss level from the calibration half of the failure benchmark", "the targets are the inputs unshifted: "
-                     "unless the model shifts them, each position learns to copy its own token", Cause.DATA)
+TRAINING_CHECKS = [  # scope TRAINING: their rules compare the records of one run, in dynamics.judge
+    Check("no_gradient", "a layer whose parameters require a gradient gets none (grad null) or exactly 0 while "
+          "other layers get one (a Watch)", "invariant: every trainable parameter on the loss's graph gets a "
+          "gradient", "the layer is cut off from the loss: a .detach(), a no_grad block, or a gradient hook zeroes "
+          "it; it never learns", Cause.GRADIENT_FLOW),
+    Check("layer_frozen", f"a layer's largest per-step ‖ΔW‖/‖W‖ < {FROZEN_FRACTION:g} × the median layer's between "
+          "two records (info when its parameters do not require a gradient)",
+          "healthy-run measurement: layers of one model move within 10× of each other (benchmarks/FAILURES.md)",
+          "the layer's weights do not move while the others train: frozen by mistake or cut off from the loss",
+          Cause.GRADIENT_FLOW),
+    Check("no_update", f"no layer's weights move (per-step ‖ΔW‖/‖W‖ < {STILL:g}) between two records while the "
+          "learning rate is above 0", "invariant: an optimizer step with lr > 0 and a gradient moves the weights",
+          "the optimizer changes nothing: optimizer.step() is not called, or it holds other parameters than the "
+          "model's", Cause.OPTIMIZER),
+    Check("updates_tiny", f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g}, or, under an Adam-family "
+          f"optimizer (a Watch given optimizer=), < {ADAM_TINY:g} × the learning rate (learning_rate when the learning "
+          f"rate is below {TINY_LR:g}, else optimizer)",
+          "Kingma & Ba 2015: Adam moves each weight by about lr·|m̂/√v̂| with |m̂/√v̂| ≈ 0.1–1, so ‖ΔW‖/‖W‖ per unit "
+          "of learning rate is about that over the weights' std (≈ 10 at std 0.02); healthy-run measurement "
+          "(benchmarks/FAILURES.md, calibration half)", "the weights barely move: nothing is learned",
+          Cause.OPTIMIZER,
+          advice="make the updates reach the weights: check the optimizer's learning rate, eps (Adam's 1e-8) and "
+          "betas, and that every parameter is in a param group"),
+    Check("update_spike", f"a record's median ‖ΔW‖/‖W‖ per unit of learning rate > {SPIKE_FACTOR:g} × its median "
+          f"over the previous records (at least {MIN_HISTORY})",
+          "Kingma & Ba 2015: Adam's update per element is bounded by about the learning rate, so per unit of "
+          "learning rate it stays steady; Marin #1368: update-norm spikes precede loss spikes",
+          "one update was far larger than the ones before: a spike that can "
+          "throw the model off", Cause.LEARNING_RATE, symptom=True),
+    Check("lr_jump", f"the learning rate > {LR_JUMP:g} × the largest recorded before (after {MIN_HISTORY - 1} "
+          "records)", "invariant: warm-up and decay schedules change the learning rate smoothly",
+          "the learning rate jumped: a scheduler bug, a resumed run with the wrong state, or a unit slip",
+          Cause.LEARNING_RATE,
+          advice="fix the learning-rate schedule: warm-up and decay change it gradually (check the scheduler's "
+          "state when resuming, and the units of the peak)"),
+    Check("weight_norm_collapse", f"a tensor kind's ‖W‖ < {NORM_COLLAPSE:g} × its first record's",
+          "healthy-run measurement: no kind of the calibration runs fell below 0.9× (benchmarks/FAILURES.md)",
+          "the weights shrink towards 0: weight decay too strong or applied to the norms' gains",
+          Cause.OPTIMIZER,
+          advice="lower the weight decay and keep it off the norms' gains and the biases (param groups with "
+          "weight_decay 0)"),
+    Check("weights_zeroed", f"a tensor kind's ‖W‖ shrank by more than {1 - SHRINK_PER_STEP:.0%} per step since the "
+          "record before", "invariant: no optimizer step zeroes a tensor; AdamW's decay shrinks it by lr·λ ≈ 1e-4 "
+          "per step", "a tensor was set to 0 outside the optimizer: a bug in "
+          "loading, surgery or a hook", Cause.WEIGHTS),
+    Check("loss_spike", f"the loss > mean + {LOSS_SPIKE_SIGMAS:g}σ of the previous {LOSS_SPIKE_WINDOW} records "
+          f"(at least 8) and > mean + {LOSS_SPIKE_FLOOR:g} nats",
+          "OLMo-core's stability monitor (a spike is > 6σ above the last 128 values), on the recorded steps",
+          "the loss jumped well beyond its recent noise", Cause.LEARNING_RATE, symptom=True),
+    Check("loss_stuck", f"after {STUCK_STEPS} steps the loss is still above log V − {STUCK_MARGIN:g} (V: the "
+          "vocabulary)", "definition: log V is the loss of predicting every token equally likely",
+          "the model has learned nothing in a hundred steps", Cause.OPTIMIZER, symptom=True),
+    Check("loss_near_zero", f"the training loss < {LEAK_LOSS:g} nats per token after step 0",
+          "healthy-run measurement: language models stay far above (benchmarks/FAILURES.md: ≥ 1 nat on "
+          "characters)", "the model predicts its targets almost perfectly: they leak into its input (labels "
+          "equal to the inputs, no shift) or it memorises one repeated batch", Cause.DATA),
+    Check("repeated_batch", "the recorded batch equals the one recorded before (a Watch)",
+          "invariant: a data loader over a corpus gives other batches at other steps",
+          "the model sees the same batch again and again: a loader that restarts or a fixed batch", Cause.DATA),
+    Check("labels_are_inputs", "the targets passed to the model equal its input ids (a Watch; HF's models, which "
+          f"shift them inside, are not reported): info, an error once the loss is below {LABEL_COPY_LOSS:g} nats "
+          "per token", "definition of next-token prediction: the target of position t is the token at t + 1; the "
+          "loss level from the calibration half of the failure benchmark", "the targets are the inputs unshifted: "
+          "unless the model shifts them, each position learns to copy its own token", Cause.DATA),
+]
+CHECKS.update((entry.name, entry) for entry in TRAINING_CHECKS)
 
 
 def _gradient_means(gradients) -> Optional[list[float]]:
@@ -590,7 +599,8 @@ def _gradient_detail(means: list[float], first_layer: int) -> str:
             f"{first_layer + len(means) - 1}")
 
 
-@check(Scope.GRADIENTS, "gradient_vanishing", "the first layer's mean step gradient < 1e-3 × the last layer's (with --grad)",
+@check(Scope.GRADIENTS, "gradient_vanishing",
+       "the first layer's mean step gradient < 1e-3 × the last layer's (with --grad)",
        "Xiong et al. 2020; Liu et al. 2020", "gradients shrink towards the input: early layers barely learn",
        Cause.WARMUP)
 def _gradient_vanishing(gradients, first_layer: int) -> list[Flag]:
@@ -603,7 +613,8 @@ def _gradient_vanishing(gradients, first_layer: int) -> list[Flag]:
                  _gradient_detail(means, first_layer))]
 
 
-@check(Scope.GRADIENTS, "gradient_exploding", "the first layer's mean step gradient > 1e3 × the last layer's, or any non-finite "
+@check(Scope.GRADIENTS, "gradient_exploding",
+       "the first layer's mean step gradient > 1e3 × the last layer's, or any non-finite "
        "gradient (with --grad)", "Xiong et al. 2020 (Post-LN gradients at initialisation)",
        "gradients grow towards the input: training steps will be unstable", Cause.LEARNING_RATE)
 def _gradient_exploding(gradients, first_layer: int) -> list[Flag]:
