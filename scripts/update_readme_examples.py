@@ -21,7 +21,7 @@ CHECKS_TABLE = re.compile(r"(<!-- checks:[^\n]*-->\n).*?(\n<!-- /checks -->)", r
 
 
 def checks_table() -> str:
-    from blocktrace.diagnose.health import CHECKS
+    from blocktrace.diagnose.checks import CHECKS
 
     rows = ["| flag | threshold | source |", "|---|---|---|"]
     rows += [f"| `{c.name}` | {c.threshold.replace('|', chr(92) + '|')} | {c.source} |" for c in CHECKS.values()]

@@ -119,7 +119,7 @@ def test_a_float16_checkpoint_that_overflows_is_a_precision_error(invoke, tmp_pa
 
 
 def test_advice_fits_the_model():
-    from blocktrace.diagnose.health import flag
+    from blocktrace.diagnose.checks import flag
     from blocktrace.vocab import Level
 
     collapse = [flag("attention_entropy_collapse", Level.ERROR, "attn", 3, 1.0, "4 of 4 heads")]

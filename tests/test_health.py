@@ -11,7 +11,8 @@ from torch import nn
 
 from blocktrace.config import BlockConfig
 from blocktrace.diagnose.grad import GradientReport
-from blocktrace.diagnose.health import CHECKS, evaluate
+from blocktrace.diagnose.checks import CHECKS
+from blocktrace.diagnose.health import evaluate
 from blocktrace.model.block import build_block
 from blocktrace.tracing.tracer import trace
 
@@ -220,9 +221,10 @@ def test_stack_table_shows_each_layers_flags(invoke):
 
 
 def test_a_check_is_one_entry_its_function_is_asked_in_its_scope():
-    """Adding a check is one decorated function in diagnose/health.py (plus its docs line): evaluate asks it, its
+    """Adding a check is one decorated function in diagnose/health.py (its docs row is generated): evaluate asks it, its
     findings carry its entry's cause and threshold, and the diagnosis reads it like any other."""
-    from blocktrace.diagnose.health import Cause, Level, Scope, check, flag
+    from blocktrace.diagnose.checks import Cause, Scope, check, flag
+    from blocktrace.vocab import Level
 
     @check(Scope.STEP, "test_only_wide_output", "any step wider than 3", "this test", "a test's check", Cause.DATA)
     def _wide(record, layer, evidence):
@@ -236,3 +238,24 @@ def test_a_check_is_one_entry_its_function_is_asked_in_its_scope():
         assert found[0].cause is Cause.DATA and found[0].to_dict()["threshold"] == "any step wider than 3"
     finally:
         del CHECKS["test_only_wide_output"]
+
+
+def test_a_check_over_training_is_one_entry_too():
+    """dynamics.judge asks every Scope.TRAINING entry: a check over records is its one decorated function."""
+    from blocktrace.diagnose.checks import Cause, Scope, check, flag
+    from blocktrace.diagnose.dynamics import judge
+    from blocktrace.vocab import Level
+
+    @check(Scope.TRAINING, "test_only_loss_rose", "the loss above the record before's", "this test", "a test's check",
+           Cause.LEARNING_RATE)
+    def _rose(history, entry):
+        return [flag("test_only_loss_rose", Level.WARNING, None, None, entry["loss"], "rose")] \
+            if history and entry["loss"] > history[-1]["loss"] else []
+
+    try:
+        record = {"step": 0, "loss": 2.0, "layers": []}
+        assert "test_only_loss_rose" not in [f.name for f in judge([], record)]
+        later = {"step": 5, "loss": 3.0, "layers": []}
+        assert [f.name for f in judge([record], later) if f.name == "test_only_loss_rose"] == ["test_only_loss_rose"]
+    finally:
+        del CHECKS["test_only_loss_rose"]

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from blocktrace.diagnose.health import CHECKS, Cause, Flag
+from blocktrace.diagnose.checks import CHECKS, Cause, Flag
 from blocktrace.vocab import Level
 from blocktrace.wiring import wiring_of
 

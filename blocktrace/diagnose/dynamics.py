@@ -8,7 +8,8 @@ One function, `judge(history, entry)`, serves the Watch (each record against the
 and `track` (each record of a timeline or of a checkpoint series against the ones before): the same
 evidence gives the same findings everywhere. Records are timeline records (training/timeline.py);
 `update_ratio` there is ‖ΔW‖/‖W‖ since the record before, so it is divided by the steps between the
-two to compare intervals of different lengths. Each threshold is defined and cited in health.CHECKS.
+two to compare intervals of different lengths. Each check is one `@check(Scope.TRAINING, ...)` entry
+below: its threshold, source and cause on the function that raises it (diagnose.checks).
 """
 
 from __future__ import annotations
@@ -17,34 +18,32 @@ import math
 import statistics
 from typing import Optional, Sequence
 
-from blocktrace.diagnose.health import (
-    ADAM_TINY,
-    FROZEN_FRACTION,
-    LABEL_COPY_LOSS,
-    LEAK_LOSS,
-    LOSS_MARGIN,
-    LOSS_SPIKE_FLOOR,
-    LOSS_SPIKE_SIGMAS,
-    LOSS_SPIKE_WINDOW,
-    LR_JUMP,
-    MIN_HISTORY,
-    NORM_COLLAPSE,
-    SHRINK_PER_STEP,
-    SPIKE_FACTOR,
-    STILL,
-    STUCK_MARGIN,
-    STUCK_STEPS,
-    TINY_LR,
-    TINY_UPDATE,
-    Cause,
-    Flag,
-    flag,
-)
+from blocktrace.diagnose.checks import Cause, Flag, Scope, check, detectors, flag
+from blocktrace.diagnose.health import LOSS_MARGIN
 from blocktrace.vocab import Level
 
 WATCH = "watch"
 MIN_SPIKE_HISTORY = 8  # recorded losses before a spike is judged against their spread
 NORM_KIND = "norm"  # norm gains move unlike matrices (and Gemma's start at 0): left out of the update statistics
+# Each defined once, cited in its check's entry; the healthy-run measurements are benchmarks/FAILURES.md's calibration half.
+FROZEN_FRACTION = 0.02  # a layer moving less than this share of the median layer's per-step ‖ΔW‖/‖W‖
+STILL = 1e-9  # per-step ‖ΔW‖/‖W‖ below this is no movement at all (float32 rounding of an unchanged tensor is 0)
+TINY_UPDATE = 1e-5  # per-step ‖ΔW‖/‖W‖ of the median matrix: healthy calibration runs stay ≥ 10× above
+TINY_LR = 1e-6  # a learning rate this small explains tiny updates by itself
+ADAM_TINY = 0.5  # Adam's per-step ‖ΔW‖/‖W‖ per unit of learning rate: ≈ |m̂/√v̂| / std(W), ≥ 1 for usual weights
+SHRINK_PER_STEP = 0.9  # a tensor kind's ‖W‖ losing > 10% per step between two records (AdamW's decay: lr·λ ≈ 1e-4)
+SPIKE_FACTOR = 10.0  # a record's ‖ΔW‖/‖W‖ per unit of learning rate against its median over the previous records
+LR_JUMP = 10.0  # a learning rate against the largest one recorded before
+MIN_HISTORY = 3  # records before a trend is judged
+NORM_COLLAPSE = 0.25  # a tensor kind's ‖W‖ against its first record: healthy calibration runs stay ≥ 0.9
+LOSS_SPIKE_SIGMAS, LOSS_SPIKE_WINDOW, LOSS_SPIKE_FLOOR = 6.0, 16, 0.25  # σ over the previous records, nats at least
+STUCK_STEPS = 100  # steps after which a loss still at log V means nothing is learned
+STUCK_MARGIN = 0.1  # nats below log V
+LEAK_LOSS = 0.05  # nats per token: no language model predicts text this well; the answer is in the input
+# With targets equal to the inputs, a loss below this says the model copies them (it does not shift them). Set on
+# the calibration half of benchmarks/failures.py: the run with unshifted labels fell to 0.10–0.15 nats, the healthy
+# runs' lowest training loss was 2.39 (2.14 on the held-out half).
+LABEL_COPY_LOSS = 0.5
 
 
 def _finite(value) -> bool:
@@ -80,7 +79,14 @@ def _median_update(before: dict, entry: dict) -> Optional[float]:
     return statistics.median(ratios) / (lr if lr else 1.0)
 
 
-def _gradient_flags(entry: dict) -> list[Flag]:
+# --- gradients ---------------------------------------------------------------------------------------
+
+@check(Scope.TRAINING, "no_gradient",
+       "a layer whose parameters require a gradient gets none (grad null) or exactly 0 while "
+       "other layers get one (a Watch)", "invariant: every trainable parameter on the loss's graph gets a "
+       "gradient", "the layer is cut off from the loss: a .detach(), a no_grad block, or a gradient hook zeroes "
+       "it; it never learns", Cause.GRADIENT_FLOW)
+def _no_gradient(history: Sequence[dict], entry: dict) -> list[Flag]:
     """Layers whose parameters require a gradient and get none while others do (a Watch saw the gradients)."""
     if entry.get("source") != WATCH:
         return []
@@ -95,120 +101,267 @@ def _gradient_flags(entry: dict) -> list[Flag]:
             if layer.get("trainable", True) is not False and (norm is None or norm == 0)]
 
 
-def _movement_flags(before: dict, entry: dict) -> list[Flag]:
-    """Between two records: nothing moved at all, one layer stood still while others moved, or all barely moved."""
-    per_layer = _per_step_ratios(before, entry)
-    if not per_layer:
+# --- the loss ----------------------------------------------------------------------------------------
+
+def _uniform(entry: dict) -> Optional[float]:
+    """log V, the loss of guessing every token equally likely, when the record says the vocabulary."""
+    vocab = entry.get("vocab")
+    return math.log(vocab) if isinstance(vocab, int) and vocab > 1 else None
+
+
+def _above_uniform(entry: dict) -> bool:
+    loss, uniform = entry.get("loss"), _uniform(entry)
+    return loss is not None and uniform is not None and (not math.isfinite(loss) or loss > uniform + LOSS_MARGIN)
+
+
+@check(Scope.TRAINING, "loss_above_uniform")  # declared in diagnose.health, for a checkpoint's loss
+def _loss_above_uniform(history: Sequence[dict], entry: dict) -> list[Flag]:
+    if not _above_uniform(entry):
         return []
-    lr = _interval_lr(before, entry)
-    largest = {layer: max(values) for layer, values in per_layer.items()}
-    if max(largest.values()) < STILL:
-        if lr is not None and lr <= 0:
-            return []  # a learning rate of 0 is a choice (a frozen phase), not a fault
-        return [flag("no_update", Level.ERROR, None, None, max(largest.values()),
-                     f"no layer moved between steps {before['step']} and {entry['step']}"
-                     + (f" at learning rate {lr:g}" if lr is not None else ""))]
+    return [flag("loss_above_uniform", Level.ERROR, None, None, entry["loss"],
+                 f"loss {entry['loss']:.4g} against log V = {_uniform(entry):.4g} for uniform guessing")]
+
+
+@check(Scope.TRAINING, "loss_stuck",
+       f"after {STUCK_STEPS} steps the loss is still above log V − {STUCK_MARGIN:g} (V: the "
+       "vocabulary)", "definition: log V is the loss of predicting every token equally likely",
+       "the model has learned nothing in a hundred steps", Cause.OPTIMIZER, symptom=True)
+def _loss_stuck(history: Sequence[dict], entry: dict) -> list[Flag]:
+    loss, uniform = entry.get("loss"), _uniform(entry)
+    if loss is None or uniform is None or _above_uniform(entry) or entry["step"] < STUCK_STEPS or \
+            not loss > uniform - STUCK_MARGIN:
+        return []
+    return [flag("loss_stuck", Level.ERROR, None, None, loss,
+                 f"loss {loss:.4g} at step {entry['step']}, log V = {uniform:.4g}")]
+
+
+@check(Scope.TRAINING, "loss_near_zero",
+       f"the training loss < {LEAK_LOSS:g} nats per token after step 0",
+       "healthy-run measurement: language models stay far above (benchmarks/FAILURES.md: ≥ 1 nat on "
+       "characters)", "the model predicts its targets almost perfectly: they leak into its input (labels "
+       "equal to the inputs, no shift) or it memorises one repeated batch", Cause.DATA)
+def _loss_near_zero(history: Sequence[dict], entry: dict) -> list[Flag]:
+    loss = entry.get("loss")
+    if loss is None or not math.isfinite(loss) or entry["step"] <= 0 or not loss < LEAK_LOSS:
+        return []
+    return [flag("loss_near_zero", Level.ERROR, None, None, loss, f"loss {loss:.3g} nats per token")]
+
+
+@check(Scope.TRAINING, "loss_spike",
+       f"the loss > mean + {LOSS_SPIKE_SIGMAS:g}σ of the previous {LOSS_SPIKE_WINDOW} records "
+       f"(at least 8) and > mean + {LOSS_SPIKE_FLOOR:g} nats",
+       "OLMo-core's stability monitor (a spike is > 6σ above the last 128 values), on the recorded steps",
+       "the loss jumped well beyond its recent noise", Cause.LEARNING_RATE, symptom=True)
+def _loss_spike(history: Sequence[dict], entry: dict) -> list[Flag]:
+    loss = entry.get("loss")
+    recent = [r["loss"] for r in history[-LOSS_SPIKE_WINDOW:] if _finite(r.get("loss"))]
+    if loss is None or not math.isfinite(loss) or len(recent) < MIN_SPIKE_HISTORY:
+        return []
+    mean, spread = statistics.fmean(recent), statistics.pstdev(recent)
+    if not (loss > mean + LOSS_SPIKE_SIGMAS * spread and loss > mean + LOSS_SPIKE_FLOOR):
+        return []
+    return [flag("loss_spike", Level.ERROR, None, None, loss,
+                 f"loss {loss:.4g} against {mean:.4g} ± {spread:.2g} over the previous {len(recent)} records")]
+
+
+# --- the data a Watch saw ----------------------------------------------------------------------------
+
+@check(Scope.TRAINING, "repeated_batch",
+       "the recorded batch equals the one recorded before (a Watch)",
+       "invariant: a data loader over a corpus gives other batches at other steps",
+       "the model sees the same batch again and again: a loader that restarts or a fixed batch", Cause.DATA)
+def _repeated_batch(history: Sequence[dict], entry: dict) -> list[Flag]:
+    if not (entry.get("data") or {}).get("repeated"):
+        return []
+    return [flag("repeated_batch", Level.ERROR, None, None, 1.0,
+                 "this step's batch equals the batch of the record before")]
+
+
+@check(Scope.TRAINING, "labels_are_inputs",
+       "the targets passed to the model equal its input ids (a Watch; HF's models, which "
+       f"shift them inside, are not reported): info, an error once the loss is below {LABEL_COPY_LOSS:g} nats "
+       "per token", "definition of next-token prediction: the target of position t is the token at t + 1; the "
+       "loss level from the calibration half of the failure benchmark", "the targets are the inputs unshifted: "
+       "unless the model shifts them, each position learns to copy its own token", Cause.DATA)
+def _labels_are_inputs(history: Sequence[dict], entry: dict) -> list[Flag]:
+    loss = entry.get("loss")
+    if not (entry.get("data") or {}).get("labels_are_inputs"):
+        return []
+    copying = _finite(loss) and loss < LABEL_COPY_LOSS
+    return [flag("labels_are_inputs", Level.ERROR if copying else Level.INFO, None, None, 1.0,
+                 "the targets passed to the model are its input ids, unshifted" +
+                 (f", and the loss is {loss:.3g} nats per token: the model copies them" if copying else ""))]
+
+
+# --- how the weights moved since the record before ---------------------------------------------------
+
+def _largest_moves(history: Sequence[dict], entry: dict) -> Optional[dict[int, float]]:
+    """Per layer, its largest per-step ‖ΔW‖/‖W‖ since the record before; None when there is nothing to compare."""
+    per_layer = _per_step_ratios(history[-1], entry) if history else {}
+    return {layer: max(values) for layer, values in per_layer.items()} if per_layer else None
+
+
+def _still(history: Sequence[dict], entry: dict) -> bool:
+    """No layer moved: no_update's case (or a learning rate of 0), which the other movement checks leave alone."""
+    largest = _largest_moves(history, entry)
+    return largest is not None and max(largest.values()) < STILL
+
+
+@check(Scope.TRAINING, "no_update",
+       f"no layer's weights move (per-step ‖ΔW‖/‖W‖ < {STILL:g}) between two records while the "
+       "learning rate is above 0", "invariant: an optimizer step with lr > 0 and a gradient moves the weights",
+       "the optimizer changes nothing: optimizer.step() is not called, or it holds other parameters than the "
+       "model's", Cause.OPTIMIZER)
+def _no_update(history: Sequence[dict], entry: dict) -> list[Flag]:
+    if not _still(history, entry):
+        return []
+    before, largest, lr = history[-1], _largest_moves(history, entry), _interval_lr(history[-1], entry)
+    if lr is not None and lr <= 0:
+        return []  # a learning rate of 0 is a choice (a frozen phase), not a fault
+    return [flag("no_update", Level.ERROR, None, None, max(largest.values()),
+                 f"no layer moved between steps {before['step']} and {entry['step']}"
+                 + (f" at learning rate {lr:g}" if lr is not None else ""))]
+
+
+@check(Scope.TRAINING, "layer_frozen",
+       f"a layer's largest per-step ‖ΔW‖/‖W‖ < {FROZEN_FRACTION:g} × the median layer's between "
+       "two records (info when its parameters do not require a gradient)",
+       "healthy-run measurement: layers of one model move within 10× of each other (benchmarks/FAILURES.md)",
+       "the layer's weights do not move while the others train: frozen by mistake or cut off from the loss",
+       Cause.GRADIENT_FLOW)
+def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Flag]:
+    largest = _largest_moves(history, entry)
+    if largest is None or _still(history, entry):
+        return []
     typical = statistics.median(largest.values())
     trainable = {layer["layer"]: layer.get("trainable", True) is not False for layer in entry["layers"]}
-    flags = [flag("layer_frozen", Level.ERROR if trainable.get(layer, True) else Level.INFO, None, layer, moved,
-                  f"per-step ‖ΔW‖/‖W‖ at most {moved:.3g} against the median layer's {typical:.3g}"
-                  + ("" if trainable.get(layer, True) else " (its parameters do not require a gradient)"))
-             for layer, moved in largest.items() if moved < FROZEN_FRACTION * typical]
-    median = statistics.median(r for values in per_layer.values() for r in values)
+    return [flag("layer_frozen", Level.ERROR if trainable.get(layer, True) else Level.INFO, None, layer, moved,
+                 f"per-step ‖ΔW‖/‖W‖ at most {moved:.3g} against the median layer's {typical:.3g}"
+                 + ("" if trainable.get(layer, True) else " (its parameters do not require a gradient)"))
+            for layer, moved in largest.items() if moved < FROZEN_FRACTION * typical]
+
+
+@check(Scope.TRAINING, "updates_tiny",
+       f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g}, or, under an Adam-family "
+       f"optimizer (a Watch given optimizer=), < {ADAM_TINY:g} × the learning rate (learning_rate when the learning "
+       f"rate is below {TINY_LR:g}, else optimizer)",
+       "Kingma & Ba 2015: Adam moves each weight by about lr·|m̂/√v̂| with |m̂/√v̂| ≈ 0.1–1, so ‖ΔW‖/‖W‖ per unit "
+       "of learning rate is about that over the weights' std (≈ 10 at std 0.02); healthy-run measurement "
+       "(benchmarks/FAILURES.md, calibration half)", "the weights barely move: nothing is learned",
+       Cause.OPTIMIZER,
+       advice="make the updates reach the weights: check the optimizer's learning rate, eps (Adam's 1e-8) and "
+       "betas, and that every parameter is in a param group")
+def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Flag]:
+    if _largest_moves(history, entry) is None or _still(history, entry):
+        return []
+    lr = _interval_lr(history[-1], entry)
+    median = statistics.median(r for values in _per_step_ratios(history[-1], entry).values() for r in values)
     adam = "adam" in str(entry.get("optimizer") or "").lower()
-    if median < TINY_UPDATE or (adam and lr and median < ADAM_TINY * lr):
-        cause = Cause.LEARNING_RATE if lr is not None and lr < TINY_LR else Cause.OPTIMIZER
-        flags.append(flag("updates_tiny", Level.ERROR, None, None, median,
-                          f"the median matrix moves {median:.3g} of its norm per step"
-                          + (f" at learning rate {lr:g}" if lr is not None else ""), cause))
-    return flags
+    if not (median < TINY_UPDATE or (adam and lr and median < ADAM_TINY * lr)):
+        return []
+    cause = Cause.LEARNING_RATE if lr is not None and lr < TINY_LR else Cause.OPTIMIZER
+    return [flag("updates_tiny", Level.ERROR, None, None, median, f"the median matrix moves {median:.3g} of its norm "
+                 "per step" + (f" at learning rate {lr:g}" if lr is not None else ""), cause)]
 
 
-def _spike_flags(history: Sequence[dict], entry: dict) -> list[Flag]:
-    """An update far larger, per unit of learning rate, than the ones before; a learning rate that jumped."""
-    flags = []
+@check(Scope.TRAINING, "update_spike",
+       f"a record's median ‖ΔW‖/‖W‖ per unit of learning rate > {SPIKE_FACTOR:g} × its median "
+       f"over the previous records (at least {MIN_HISTORY})",
+       "Kingma & Ba 2015: Adam's update per element is bounded by about the learning rate, so per unit of "
+       "learning rate it stays steady; Marin #1368: update-norm spikes precede loss spikes",
+       "one update was far larger than the ones before: a spike that can "
+       "throw the model off", Cause.LEARNING_RATE, symptom=True)
+def _update_spike(history: Sequence[dict], entry: dict) -> list[Flag]:
+    """An update far larger, per unit of learning rate, than the ones before."""
+    if not history:
+        return []
     window = list(history[-LOSS_SPIKE_WINDOW:])
     earlier = [u for a, b in zip(window, window[1:]) for u in [_median_update(a, b)] if u]
     now = _median_update(history[-1], entry)
-    if now is not None and len(earlier) >= MIN_HISTORY and now > SPIKE_FACTOR * statistics.median(earlier):
-        factor = now / statistics.median(earlier)
-        flags.append(flag("update_spike", Level.ERROR, None, None, factor,
-                          f"‖ΔW‖/‖W‖ per unit of learning rate {factor:.3g}× its median over the previous "
-                          f"{len(earlier)} intervals"))
+    if now is None or len(earlier) < MIN_HISTORY or not now > SPIKE_FACTOR * statistics.median(earlier):
+        return []
+    factor = now / statistics.median(earlier)
+    return [flag("update_spike", Level.ERROR, None, None, factor,
+                 f"‖ΔW‖/‖W‖ per unit of learning rate {factor:.3g}× its median over the previous "
+                 f"{len(earlier)} intervals")]
+
+
+@check(Scope.TRAINING, "lr_jump",
+       f"the learning rate > {LR_JUMP:g} × the largest recorded before (after {MIN_HISTORY - 1} "
+       "records)", "invariant: warm-up and decay schedules change the learning rate smoothly",
+       "the learning rate jumped: a scheduler bug, a resumed run with the wrong state, or a unit slip",
+       Cause.LEARNING_RATE,
+       advice="fix the learning-rate schedule: warm-up and decay change it gradually (check the scheduler's "
+       "state when resuming, and the units of the peak)")
+def _lr_jump(history: Sequence[dict], entry: dict) -> list[Flag]:
     rates = [r["lr"] for r in history if _finite(r.get("lr"))]
     lr = entry.get("lr")
-    if _finite(lr) and len(rates) >= MIN_HISTORY - 1 and max(rates) > 0 and lr > LR_JUMP * max(rates):
-        flags.append(flag("lr_jump", Level.ERROR, None, None, lr,
-                          f"learning rate {lr:g}, {lr / max(rates):.3g}× the largest recorded before ({max(rates):g})"))
-    return flags
+    if not history or not _finite(lr) or len(rates) < MIN_HISTORY - 1 or max(rates) <= 0 or \
+            not lr > LR_JUMP * max(rates):
+        return []
+    return [flag("lr_jump", Level.ERROR, None, None, lr,
+                 f"learning rate {lr:g}, {lr / max(rates):.3g}× the largest recorded before ({max(rates):g})")]
 
+
+# --- the weights' norms ------------------------------------------------------------------------------
 
 def _norms(entry: dict) -> dict[tuple[int, str], float]:
     return {(layer["layer"], kind): w["norm"] for layer in entry["layers"]
             for kind, w in (layer.get("weights") or {}).items() if _finite(w.get("norm"))}
 
 
-def _weight_flags(first: dict, before: dict, entry: dict) -> list[Flag]:
-    """Tensors zeroed since the record before; tensor kinds whose norm collapsed since the first record."""
-    now, previous, start = _norms(entry), _norms(before), _norms(first)
-    flags, seen = [], set()
+def _zeroed(history: Sequence[dict], entry: dict) -> dict[int, tuple[str, float]]:
+    """Per layer, the first tensor kind whose ‖W‖ shrank by more than SHRINK_PER_STEP per step since the record
+    before: (kind, norm)."""
+    if not history:
+        return {}
+    before = history[-1]
+    now, previous, found = _norms(entry), _norms(before), {}
     gap = max(1, entry["step"] - before["step"])
     for (layer, kind), norm in now.items():
-        if layer not in seen and norm < SHRINK_PER_STEP ** gap * previous.get((layer, kind), 0):
-            flags.append(flag("weights_zeroed", Level.ERROR, None, layer, norm,
-                              f"{kind}: ‖W‖ {norm:.3g}, {previous[(layer, kind)]:.3g} at step {before['step']}"))
-            seen.add(layer)
+        if layer not in found and norm < SHRINK_PER_STEP ** gap * previous.get((layer, kind), 0):
+            found[layer] = (kind, norm)
+    return found
+
+
+@check(Scope.TRAINING, "weights_zeroed",
+       f"a tensor kind's ‖W‖ shrank by more than {1 - SHRINK_PER_STEP:.0%} per step since the "
+       "record before", "invariant: no optimizer step zeroes a tensor; AdamW's decay shrinks it by lr·λ ≈ 1e-4 "
+       "per step", "a tensor was set to 0 outside the optimizer: a bug in "
+       "loading, surgery or a hook", Cause.WEIGHTS)
+def _weights_zeroed(history: Sequence[dict], entry: dict) -> list[Flag]:
+    previous = _norms(history[-1]) if history else {}
+    return [flag("weights_zeroed", Level.ERROR, None, layer, norm,
+                 f"{kind}: ‖W‖ {norm:.3g}, {previous[(layer, kind)]:.3g} at step {history[-1]['step']}")
+            for layer, (kind, norm) in _zeroed(history, entry).items()]
+
+
+@check(Scope.TRAINING, "weight_norm_collapse",
+       f"a tensor kind's ‖W‖ < {NORM_COLLAPSE:g} × its first record's",
+       "healthy-run measurement: no kind of the calibration runs fell below 0.9× (benchmarks/FAILURES.md)",
+       "the weights shrink towards 0: weight decay too strong or applied to the norms' gains",
+       Cause.OPTIMIZER,
+       advice="lower the weight decay and keep it off the norms' gains and the biases (param groups with "
+       "weight_decay 0)")
+def _weight_norm_collapse(history: Sequence[dict], entry: dict) -> list[Flag]:
+    """Tensor kinds whose norm collapsed since the first record (a layer already zeroed is that finding's)."""
+    if not history:
+        return []
+    now, start, seen, flags = _norms(entry), _norms(history[0]), set(_zeroed(history, entry)), []
     for (layer, kind), norm in now.items():
         origin = start.get((layer, kind), 0)
         if layer not in seen and norm > 0 and origin > 0 and norm < NORM_COLLAPSE * origin:
             flags.append(flag("weight_norm_collapse", Level.ERROR, None, layer, norm / origin,
-                              f"{kind}: ‖W‖ {norm:.3g}, {norm / origin:.2g}× its {origin:.3g} at step {first['step']}"))
+                              f"{kind}: ‖W‖ {norm:.3g}, {norm / origin:.2g}× its {origin:.3g} at step "
+                              f"{history[0]['step']}"))
             seen.add(layer)
-    return flags
-
-
-def _loss_flags(history: Sequence[dict], entry: dict) -> list[Flag]:
-    loss, vocab, flags = entry.get("loss"), entry.get("vocab"), []
-    if loss is None:
-        return []
-    uniform = math.log(vocab) if isinstance(vocab, int) and vocab > 1 else None
-    if uniform is not None and (not math.isfinite(loss) or loss > uniform + LOSS_MARGIN):
-        flags.append(flag("loss_above_uniform", Level.ERROR, None, None, loss,
-                          f"loss {loss:.4g} against log V = {uniform:.4g} for uniform guessing"))
-    elif uniform is not None and entry["step"] >= STUCK_STEPS and loss > uniform - STUCK_MARGIN:
-        flags.append(flag("loss_stuck", Level.ERROR, None, None, loss,
-                          f"loss {loss:.4g} at step {entry['step']}, log V = {uniform:.4g}"))
-    if math.isfinite(loss) and entry["step"] > 0 and loss < LEAK_LOSS:
-        flags.append(flag("loss_near_zero", Level.ERROR, None, None, loss, f"loss {loss:.3g} nats per token"))
-    recent = [r["loss"] for r in history[-LOSS_SPIKE_WINDOW:] if _finite(r.get("loss"))]
-    if math.isfinite(loss) and len(recent) >= MIN_SPIKE_HISTORY:
-        mean, spread = statistics.fmean(recent), statistics.pstdev(recent)
-        if loss > mean + LOSS_SPIKE_SIGMAS * spread and loss > mean + LOSS_SPIKE_FLOOR:
-            flags.append(flag("loss_spike", Level.ERROR, None, None, loss,
-                              f"loss {loss:.4g} against {mean:.4g} ± {spread:.2g} over the previous {len(recent)} records"))
-    return flags
-
-
-def _data_flags(entry: dict) -> list[Flag]:
-    data, loss = entry.get("data") or {}, entry.get("loss")
-    flags = []
-    if data.get("repeated"):
-        flags.append(flag("repeated_batch", Level.ERROR, None, None, 1.0,
-                          "this step's batch equals the batch of the record before"))
-    if data.get("labels_are_inputs"):
-        copying = _finite(loss) and loss < LABEL_COPY_LOSS
-        flags.append(flag("labels_are_inputs", Level.ERROR if copying else Level.INFO, None, None, 1.0,
-                          "the targets passed to the model are its input ids, unshifted" +
-                          (f", and the loss is {loss:.3g} nats per token: the model copies them" if copying else "")))
     return flags
 
 
 def judge(history: Sequence[dict], entry: dict) -> list[Flag]:
     """The findings over training at `entry`, judged against the records before it (oldest first; the first is the
-    reference for trends). Findings the record already holds (same name and layer) are not repeated."""
-    flags = _gradient_flags(entry) + _loss_flags(history, entry) + _data_flags(entry)
-    if history:
-        flags += _movement_flags(history[-1], entry) + _spike_flags(history, entry)
-        flags += _weight_flags(history[0], history[-1], entry)
+    reference for trends): every check of Scope.TRAINING, in the order declared. Findings the record already holds
+    (same name and layer) are not repeated."""
+    flags = [found for detect in detectors(Scope.TRAINING) for found in detect(history, entry)]
     held = {(f["name"], f.get("layer")) for f in entry.get("flags") or []}
     return [f for f in flags if (f.name, f.layer) not in held]

@@ -14,55 +14,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
+from blocktrace.diagnose.checks import Cause, Flag, Scope, check, detectors, flag
 from blocktrace.tracing.behaviour import NormKind
-from blocktrace.vocab import Choice, Level
-
-
-class Cause(Choice):
-    """What most likely went wrong: the fixed vocabulary of the diagnosis."""
-
-    LEARNING_RATE = "learning_rate"
-    INITIALISATION = "initialisation"
-    WARMUP = "warmup"
-    ARCHITECTURE = "architecture"
-    PRECISION = "precision"
-    MASK = "mask"
-    RESIDUAL = "residual"
-    NORM = "norm"
-    DATA = "data"
-    ROUTING = "routing"  # a mixture of experts' router: collapsed, starving experts, or logits grown too large
-    OPTIMIZER = "optimizer"  # the optimizer misconfigured: not stepping, its updates vanishing, decay too strong
-    GRADIENT_FLOW = "gradient_flow"  # parameters that require a gradient and never receive one (a detached graph)
-    WEIGHTS = "weights"  # tensors corrupted or zeroed outside the optimizer (a loading or code bug)
-
-
-class Scope(Choice):
-    """What a check reads, and so when `evaluate` asks it (each check's function takes that evidence)."""
-
-    STEP = "step"  # detect(record, layer, evidence): every traced step
-    ATTENTION = "attention"  # detect(trace, layer): a traced layer's attention step
-    ROUTING = "routing"  # detect(routing, layer): a mixture of experts' router, at the ffn step
-    STACK = "stack"  # detect(traces, first_layer): the traced layers together
-    MODEL = "model"  # detect(evidence): the loss, the weights, the optimizer's settings
-    GRADIENTS = "gradients"  # detect(gradients, first_layer): --grad's step gradients
-    TRAINING = "training"  # records over training time: judged by diagnose.dynamics.judge
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    threshold: str
-    source: str
-    meaning: str
-    cause: Cause
-    # a symptom (the loss, an update spike) says that training fails, not why: the diagnosis files it under the
-    # cause the other findings point to, and under its own only when nothing else was found
-    symptom: bool = False
-    advice: Optional[str] = None  # when this finding leads its cause, advice that fits it better than the cause's
-    scope: Scope = Scope.TRAINING  # what it reads, and so when it is asked
-    detect: Optional[Callable[..., list]] = None  # the function that raises it; None: dynamics.judge does
+from blocktrace.vocab import Level
 
 
 # Thresholds, each defined once and cited in CHECKS.
@@ -83,64 +39,6 @@ GRADIENT_RATIO = 1e3
 COLLAPSE_WARNING, COLLAPSE_ERROR = 0.5, 0.9  # share of the way from a balanced router (k) to all tokens on k (E)
 MIN_SLOTS_PER_EXPERT = 12  # below this many token slots per expert, an unbalanced or empty expert can be chance
 ROUTER_LOGIT_WARNING = 64.0  # bf16 rounds a logit this large to a step of 0.5
-# Over training (diagnose/dynamics.py); the healthy-run measurements are benchmarks/FAILURES.md's calibration half.
-FROZEN_FRACTION = 0.02  # a layer moving less than this share of the median layer's per-step ‖ΔW‖/‖W‖
-STILL = 1e-9  # per-step ‖ΔW‖/‖W‖ below this is no movement at all (float32 rounding of an unchanged tensor is 0)
-TINY_UPDATE = 1e-5  # per-step ‖ΔW‖/‖W‖ of the median matrix: healthy calibration runs stay ≥ 10× above
-TINY_LR = 1e-6  # a learning rate this small explains tiny updates by itself
-ADAM_TINY = 0.5  # Adam's per-step ‖ΔW‖/‖W‖ per unit of learning rate: ≈ |m̂/√v̂| / std(W), ≥ 1 for usual weights
-SHRINK_PER_STEP = 0.9  # a tensor kind's ‖W‖ losing > 10% per step between two records (AdamW's decay: lr·λ ≈ 1e-4)
-SPIKE_FACTOR = 10.0  # a record's ‖ΔW‖/‖W‖ per unit of learning rate against its median over the previous records
-LR_JUMP = 10.0  # a learning rate against the largest one recorded before
-MIN_HISTORY = 3  # records before a trend is judged
-NORM_COLLAPSE = 0.25  # a tensor kind's ‖W‖ against its first record: healthy calibration runs stay ≥ 0.9
-LOSS_SPIKE_SIGMAS, LOSS_SPIKE_WINDOW, LOSS_SPIKE_FLOOR = 6.0, 16, 0.25  # σ over the previous records, nats at least
-STUCK_STEPS = 100  # steps after which a loss still at log V means nothing is learned
-STUCK_MARGIN = 0.1  # nats below log V
-LEAK_LOSS = 0.05  # nats per token: no language model predicts text this well; the answer is in the input
-# With targets equal to the inputs, a loss below this says the model copies them (it does not shift them). Set on
-# the calibration half of benchmarks/failures.py: the run with unshifted labels fell to 0.10–0.15 nats, the healthy
-# runs' lowest training loss was 2.39 (2.14 on the held-out half).
-LABEL_COPY_LOSS = 0.5
-
-CHECKS: dict[str, "Check"] = {}
-
-
-def check(scope: Scope, *entry, **extra):
-    """A check is one entry: its name, threshold, source, meaning and cause, on the function that raises it."""
-    def register(detect: Callable[..., list]) -> Callable[..., list]:
-        CHECKS[entry[0]] = Check(*entry, **extra, scope=scope, detect=detect)
-        return detect
-    return register
-
-
-@dataclass(frozen=True)
-class Flag:
-    name: str
-    level: Level
-    step: Optional[str]
-    layer: Optional[int]
-    value: float
-    detail: str
-    cause: Cause = Cause.LEARNING_RATE
-
-    @staticmethod
-    def readable(entry: dict) -> bool:
-        """Whether a timeline's finding names a check (and a cause) this blocktrace knows."""
-        return entry.get("name") in CHECKS and entry.get("cause") in (None, *Cause.values())
-
-    @classmethod
-    def from_entry(cls, entry: dict) -> "Flag":
-        """A finding as a timeline holds it (its value is not kept there: NaN)."""
-        return cls(entry["name"], Level(entry["level"]), entry.get("step"), entry.get("layer"), float("nan"),
-                   entry.get("detail") or "", Cause(entry["cause"]) if entry.get("cause") else CHECKS[entry["name"]].cause)
-
-    def to_dict(self) -> dict:
-        check = CHECKS[self.name]
-        return {"name": self.name, "level": self.level.value, "cause": self.cause.value, "step": self.step,
-                "layer": self.layer, "value": self.value, "detail": self.detail, "threshold": check.threshold,
-                "source": check.source, "meaning": check.meaning}
-
 
 @dataclass
 class ModelEvidence:
@@ -155,10 +53,6 @@ class ModelEvidence:
     step: Optional[int] = None  # the training step the checkpoint holds, when its name or trainer_state says
     # per optimizer group and parameter dtype (a Watch given its optimizer): {"dtype", "eps", "eps_in_dtype"}
     optimizer: list[dict] = field(default_factory=list)
-
-
-def flag(name: str, level: Level, step, layer, value: float, detail: str, cause: Optional[Cause] = None) -> Flag:
-    return Flag(name, level, step, layer, value, detail, cause or CHECKS[name].cause)
 
 
 # --- what a traced step shows ----------------------------------------------------------------------
@@ -514,76 +408,6 @@ def _router_logit_growth(routing, layer) -> list[Flag]:
                  f"largest |router logit| {routing.max_logit:.4g}, router z-loss {routing.z_loss:.4g}")]
 
 
-# --- over training time (diagnose/dynamics.py: judge) -----------------------------------------------
-
-TRAINING_CHECKS = [  # scope TRAINING: their rules compare the records of one run, in dynamics.judge
-    Check("no_gradient", "a layer whose parameters require a gradient gets none (grad null) or exactly 0 while "
-          "other layers get one (a Watch)", "invariant: every trainable parameter on the loss's graph gets a "
-          "gradient", "the layer is cut off from the loss: a .detach(), a no_grad block, or a gradient hook zeroes "
-          "it; it never learns", Cause.GRADIENT_FLOW),
-    Check("layer_frozen", f"a layer's largest per-step ‖ΔW‖/‖W‖ < {FROZEN_FRACTION:g} × the median layer's between "
-          "two records (info when its parameters do not require a gradient)",
-          "healthy-run measurement: layers of one model move within 10× of each other (benchmarks/FAILURES.md)",
-          "the layer's weights do not move while the others train: frozen by mistake or cut off from the loss",
-          Cause.GRADIENT_FLOW),
-    Check("no_update", f"no layer's weights move (per-step ‖ΔW‖/‖W‖ < {STILL:g}) between two records while the "
-          "learning rate is above 0", "invariant: an optimizer step with lr > 0 and a gradient moves the weights",
-          "the optimizer changes nothing: optimizer.step() is not called, or it holds other parameters than the "
-          "model's", Cause.OPTIMIZER),
-    Check("updates_tiny", f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g}, or, under an Adam-family "
-          f"optimizer (a Watch given optimizer=), < {ADAM_TINY:g} × the learning rate (learning_rate when the learning "
-          f"rate is below {TINY_LR:g}, else optimizer)",
-          "Kingma & Ba 2015: Adam moves each weight by about lr·|m̂/√v̂| with |m̂/√v̂| ≈ 0.1–1, so ‖ΔW‖/‖W‖ per unit "
-          "of learning rate is about that over the weights' std (≈ 10 at std 0.02); healthy-run measurement "
-          "(benchmarks/FAILURES.md, calibration half)", "the weights barely move: nothing is learned",
-          Cause.OPTIMIZER,
-          advice="make the updates reach the weights: check the optimizer's learning rate, eps (Adam's 1e-8) and "
-          "betas, and that every parameter is in a param group"),
-    Check("update_spike", f"a record's median ‖ΔW‖/‖W‖ per unit of learning rate > {SPIKE_FACTOR:g} × its median "
-          f"over the previous records (at least {MIN_HISTORY})",
-          "Kingma & Ba 2015: Adam's update per element is bounded by about the learning rate, so per unit of "
-          "learning rate it stays steady; Marin #1368: update-norm spikes precede loss spikes",
-          "one update was far larger than the ones before: a spike that can "
-          "throw the model off", Cause.LEARNING_RATE, symptom=True),
-    Check("lr_jump", f"the learning rate > {LR_JUMP:g} × the largest recorded before (after {MIN_HISTORY - 1} "
-          "records)", "invariant: warm-up and decay schedules change the learning rate smoothly",
-          "the learning rate jumped: a scheduler bug, a resumed run with the wrong state, or a unit slip",
-          Cause.LEARNING_RATE,
-          advice="fix the learning-rate schedule: warm-up and decay change it gradually (check the scheduler's "
-          "state when resuming, and the units of the peak)"),
-    Check("weight_norm_collapse", f"a tensor kind's ‖W‖ < {NORM_COLLAPSE:g} × its first record's",
-          "healthy-run measurement: no kind of the calibration runs fell below 0.9× (benchmarks/FAILURES.md)",
-          "the weights shrink towards 0: weight decay too strong or applied to the norms' gains",
-          Cause.OPTIMIZER,
-          advice="lower the weight decay and keep it off the norms' gains and the biases (param groups with "
-          "weight_decay 0)"),
-    Check("weights_zeroed", f"a tensor kind's ‖W‖ shrank by more than {1 - SHRINK_PER_STEP:.0%} per step since the "
-          "record before", "invariant: no optimizer step zeroes a tensor; AdamW's decay shrinks it by lr·λ ≈ 1e-4 "
-          "per step", "a tensor was set to 0 outside the optimizer: a bug in "
-          "loading, surgery or a hook", Cause.WEIGHTS),
-    Check("loss_spike", f"the loss > mean + {LOSS_SPIKE_SIGMAS:g}σ of the previous {LOSS_SPIKE_WINDOW} records "
-          f"(at least 8) and > mean + {LOSS_SPIKE_FLOOR:g} nats",
-          "OLMo-core's stability monitor (a spike is > 6σ above the last 128 values), on the recorded steps",
-          "the loss jumped well beyond its recent noise", Cause.LEARNING_RATE, symptom=True),
-    Check("loss_stuck", f"after {STUCK_STEPS} steps the loss is still above log V − {STUCK_MARGIN:g} (V: the "
-          "vocabulary)", "definition: log V is the loss of predicting every token equally likely",
-          "the model has learned nothing in a hundred steps", Cause.OPTIMIZER, symptom=True),
-    Check("loss_near_zero", f"the training loss < {LEAK_LOSS:g} nats per token after step 0",
-          "healthy-run measurement: language models stay far above (benchmarks/FAILURES.md: ≥ 1 nat on "
-          "characters)", "the model predicts its targets almost perfectly: they leak into its input (labels "
-          "equal to the inputs, no shift) or it memorises one repeated batch", Cause.DATA),
-    Check("repeated_batch", "the recorded batch equals the one recorded before (a Watch)",
-          "invariant: a data loader over a corpus gives other batches at other steps",
-          "the model sees the same batch again and again: a loader that restarts or a fixed batch", Cause.DATA),
-    Check("labels_are_inputs", "the targets passed to the model equal its input ids (a Watch; HF's models, which "
-          f"shift them inside, are not reported): info, an error once the loss is below {LABEL_COPY_LOSS:g} nats "
-          "per token", "definition of next-token prediction: the target of position t is the token at t + 1; the "
-          "loss level from the calibration half of the failure benchmark", "the targets are the inputs unshifted: "
-          "unless the model shifts them, each position learns to copy its own token", Cause.DATA),
-]
-CHECKS.update((entry.name, entry) for entry in TRAINING_CHECKS)
-
-
 def _gradient_means(gradients) -> Optional[list[float]]:
     means = [sum(norms.values()) / len(norms) for norms in gradients.step_norms if norms]
     return means if len(means) >= 2 and min(means[0], means[-1]) > 0 else None
@@ -629,8 +453,8 @@ def _gradient_exploding(gradients, first_layer: int) -> list[Flag]:
                  _gradient_detail(means, first_layer))]
 
 
-def _in(scope: Scope) -> list["Check"]:
-    return [entry for entry in CHECKS.values() if entry.scope is scope]
+def _asked(scope: Scope, *evidence) -> list[Flag]:
+    return [found for detect in detectors(scope) for found in detect(*evidence)]
 
 
 def evaluate(traces: list, gradients=None, evidence: Optional[ModelEvidence] = None) -> list[Flag]:
@@ -642,16 +466,16 @@ def evaluate(traces: list, gradients=None, evidence: Optional[ModelEvidence] = N
     for index, trace in enumerate(traces):
         layer = evidence.first_layer + index if stacked else None
         for record in trace.steps:
-            flags += [f for entry in _in(Scope.STEP) for f in entry.detect(record, layer, evidence)]
+            flags += _asked(Scope.STEP, record, layer, evidence)
             if record.name == "attn":
-                flags += [f for entry in _in(Scope.ATTENTION) for f in entry.detect(trace, layer)]
+                flags += _asked(Scope.ATTENTION, trace, layer)
             if record.name == "ffn" and trace.routing is not None:
-                flags += [f for entry in _in(Scope.ROUTING) for f in entry.detect(trace.routing, layer)]
+                flags += _asked(Scope.ROUTING, trace.routing, layer)
     if stacked:
-        flags += [f for entry in _in(Scope.STACK) for f in entry.detect(traces, evidence.first_layer)]
-    flags += [f for entry in _in(Scope.MODEL) for f in entry.detect(evidence)]
+        flags += _asked(Scope.STACK, traces, evidence.first_layer)
+    flags += _asked(Scope.MODEL, evidence)
     if gradients is not None and gradients.step_norms:
-        flags += [f for entry in _in(Scope.GRADIENTS) for f in entry.detect(gradients, evidence.first_layer)]
+        flags += _asked(Scope.GRADIENTS, gradients, evidence.first_layer)
     first = next((f for f in flags if f.name == "non_finite"), None)
     if first is not None:  # only the origin matters: later NaNs are its consequences
         flags = [f for f in flags if f.name != "non_finite" or f is first]

@@ -176,7 +176,7 @@ def judged(records: list[dict]) -> list[dict]:
     already; checkpoints and older timelines gain them here)."""
     from blocktrace.diagnose.diagnosis import Context, conclude
     from blocktrace.diagnose.dynamics import judge
-    from blocktrace.diagnose.health import Flag
+    from blocktrace.diagnose.checks import Flag
     from blocktrace.training.timeline import diagnosis_entries
 
     for index, entry in enumerate(records):
