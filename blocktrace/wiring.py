@@ -42,6 +42,8 @@ class Wiring:
     placement: Placement
     steps: tuple[Step, ...]  # in execution order; the last one's output is the block's
     summary: str  # what the wiring does to the stream, in one sentence (compare's description)
+    flag: str = ""  # the command-line flag that chooses it (run, check, compare); "" where a config sets it
+    help: str = ""  # that flag's --help
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -96,7 +98,8 @@ PRE = Wiring("pre", Placement.PRE, (
     _sum("residual1", INPUT, "attn", "x1"),
     _norm("norm2", "residual1", "x_norm2"), Step("ffn", Kind.FFN, ("norm2",), "ffn_out"),
     _sum("residual2", "residual1", "ffn", "x2"),
-), f"pre: the norm sits before each sublayer and {_GROWS}")
+), f"pre: the norm sits before each sublayer and {_GROWS}", "--pre-ln",
+    "Norm before each sublayer (GPT-2, Llama).  [default]")
 # GPT-NeoX, GPT-J: both sublayers read the block's input; the block adds both updates at once.
 PARALLEL = Wiring("pre (parallel residual)", Placement.PRE, (
     _norm("norm1", INPUT, "x_norm1"), Step("attn", Kind.ATTENTION, ("norm1",), "attn_out"),
@@ -110,25 +113,34 @@ _POST_STEPS = (
     _norm("norm2", "residual2", "x2"),
 )
 POST = Wiring("post", Placement.POST, _POST_STEPS, "post: the norm sits after each residual add, so the stream is "
-              "rescaled to unit size per token after every sublayer")
+              "rescaled to unit size per token after every sublayer", "--post-ln",
+              "Norm after each residual add (original Transformer, BERT).")
 DEEPNORM = Wiring("deepnorm", Placement.DEEPNORM, _POST_STEPS,  # Post-LN with α·stream in each add
                   "deepnorm: post-LN with the stream multiplied by α before each add (and the FFN, V and O weights "
-                  "scaled by β at init), so each update is small against the stream")
+                  "scaled by β at init), so each update is small against the stream", "--deepnorm",
+                  "Post-LN with the stream scaled by α = (2N)^¼ (Wang et al. 2022).")
 SANDWICH = Wiring("sandwich", Placement.SANDWICH, (
     _norm("norm1", INPUT, "x_norm1"), Step("attn", Kind.ATTENTION, ("norm1",), "attn_out"),
     _norm("post_attn_norm", "attn", "attn_normed"), _sum("residual1", INPUT, "post_attn_norm", "x1"),
     _norm("norm2", "residual1", "x_norm2"), Step("ffn", Kind.FFN, ("norm2",), "ffn_out"),
     _norm("post_ffn_norm", "ffn", "ffn_normed"), _sum("residual2", "residual1", "post_ffn_norm", "x2"),
 ), "sandwich (Peri-LN, Gemma-2): a norm before and after each sublayer; the stream carries x plus normalised "
-   "updates, so each update has a bounded size while the stream itself is never rescaled")
+   "updates, so each update has a bounded size while the stream itself is never rescaled", "--sandwich",
+   "A norm before and after each sublayer (Peri-LN, Gemma-2).")
 REORDERED = Wiring("reordered", Placement.REORDERED, (
     _ATTN, _norm("norm1", "attn", "attn_normed"), _sum("residual1", INPUT, "norm1", "x1"),
     Step("ffn", Kind.FFN, ("residual1",), "ffn_out"), _norm("norm2", "ffn", "ffn_normed"),
     _sum("residual2", "residual1", "norm2", "x2"),
 ), "reordered (OLMo-2): a norm after each sublayer, before its add; the sublayers read the raw stream and the "
-   "stream carries x plus normalised updates")
+   "stream carries x plus normalised updates", "--reordered",
+   "A norm after each sublayer, before its residual add: x + norm(f(x)) (OLMo-2).")
 
 WIRINGS = {wiring.placement: wiring for wiring in (PRE, POST, DEEPNORM, SANDWICH, REORDERED)}
+
+
+def flag_parameter(wiring: Wiring) -> str:
+    """The name click gives the wiring's flag: --pre-ln -> pre_ln."""
+    return wiring.flag.lstrip("-").replace("-", "_")
 
 
 def wiring_of(placement: Placement, parallel_residual: bool = False) -> Wiring:

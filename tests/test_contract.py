@@ -660,3 +660,9 @@ def test_a_plot_that_cannot_be_drawn_leaves_no_trace_file_behind(invoke, tmp_pat
     one_error_line(invoke("run", "--seq-len", "200", "--save", str(trace), "--plot", str(plot)), 2,
                    "--plot draws heatmaps for up to 16 tokens")
     assert not trace.exists() and not plot.exists()
+
+
+@pytest.mark.parametrize("flag", ["--pre-ln", "--post-ln", "--deepnorm", "--sandwich", "--reordered"])
+def test_every_wiring_flag_is_refused_for_a_module_block_without_step_names(invoke, flag):
+    """Once --reordered was accepted and ignored with --module (the rule listed the other four flags by hand)."""
+    one_error_line(invoke("run", "--module", MODULE, flag), 2, flag, "a --module block has its own")

@@ -23,10 +23,10 @@ from blocktrace.cli.progress import progress_wanted, shown
 from blocktrace.cli.rules import COMPARE_RULES, enforce
 from blocktrace.errors import UsageError
 from blocktrace.vocab import QK_NORM_VALUES, Axis, FFNKind, Lang, Norm, Placement
+from blocktrace.wiring import WIRINGS
 
 AXIS_FLAGS = {
-    Axis.PLACEMENT: [("--pre-ln", Placement.PRE), ("--post-ln", Placement.POST), ("--deepnorm", Placement.DEEPNORM),
-                     ("--sandwich", Placement.SANDWICH), ("--reordered", Placement.REORDERED)],
+    Axis.PLACEMENT: [(wiring.flag, placement) for placement, wiring in WIRINGS.items()],
     Axis.NORM: [("--layernorm", Norm.LAYERNORM), ("--rmsnorm", Norm.RMSNORM)],
     Axis.FFN: [("--gelu", FFNKind.GELU), ("--gelu-tanh", FFNKind.GELU_TANH), ("--relu", FFNKind.RELU),
                ("--swiglu", FFNKind.SWIGLU), ("--geglu", FFNKind.GEGLU)],

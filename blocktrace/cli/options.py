@@ -18,6 +18,7 @@ from blocktrace.sizing import MAX_BATCHES, MAX_LAYERS, MAX_TOKENS, MAX_WIDTH
 from blocktrace.sources.idsfile import DEFAULT_RAW_DTYPE, MAX_WINDOWS, RAW_DTYPES
 from blocktrace.sources.reading import parse_json
 from blocktrace.vocab import Device, DType, FFNKind, Init, Lang, Level, Norm, Placement
+from blocktrace.wiring import WIRINGS, flag_parameter
 
 SEED_MAX = 2**32 - 1  # derived seeds (seed + layer, seed + 10 000) stay far inside torch's range
 
@@ -167,15 +168,10 @@ MODULE_OPTIONS = options(
     click.option("--step-names", type=StepNames(), default=None, help='With --module, for a block of unknown layout: its submodules, e.g. \'{"norm1": "ln_1", "attn": "attn", "norm2": "ln_2", "ffn": "mlp"}\'.'),
 )
 SAVE_OPTION = click.option("--save", "save_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write every step's tensor to this .safetensors file (one block).")
-PLACEMENT_OPTIONS = options(
-    click.option("--pre-ln", "pre_ln", is_flag=True, help="Norm before each sublayer (GPT-2, Llama).  [default]"),
-    click.option("--post-ln", "post_ln", is_flag=True, help="Norm after each residual add (original Transformer, BERT)."),
-    click.option("--deepnorm", "deepnorm", is_flag=True, help="Post-LN with the stream scaled by α = (2N)^¼ (Wang et al. 2022)."),
-    click.option("--sandwich", "sandwich", is_flag=True, help="A norm before and after each sublayer (Peri-LN, Gemma-2)."),
-    click.option("--reordered", "reordered", is_flag=True, help="A norm after each sublayer, before its residual add: x + norm(f(x)) (OLMo-2)."),
-)
-PLACEMENT_FLAGS = {"pre_ln": Placement.PRE, "post_ln": Placement.POST, "deepnorm": Placement.DEEPNORM,
-                   "sandwich": Placement.SANDWICH, "reordered": Placement.REORDERED}
+# One flag per wiring, as blocktrace.wiring declares them.
+PLACEMENT_OPTIONS = options(*[click.option(wiring.flag, flag_parameter(wiring), is_flag=True, help=wiring.help)
+                              for wiring in WIRINGS.values()])
+PLACEMENT_FLAGS = {flag_parameter(wiring): placement for placement, wiring in WIRINGS.items()}
 QK_NORM_OPTION = click.option("--qk-norm", is_flag=True, help="RMSNorm on each head's q and k before RoPE (Qwen3).")
 # What run, check and compare share: the block, its input, where it runs, how many layers.
 SOURCE_OPTIONS = options(BLOCK_OPTIONS, INPUT_OPTIONS, COMPUTE_OPTIONS, DEPTH_OPTIONS, QUIET_OPTION)

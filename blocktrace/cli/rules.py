@@ -11,7 +11,7 @@ from typing import Callable
 
 import click
 
-from blocktrace.cli.options import given
+from blocktrace.cli.options import PLACEMENT_FLAGS, given
 
 Condition = Callable[[click.Context], bool]
 
@@ -145,7 +145,7 @@ RUN_RULES = [
     *[Excludes(name, lambda ctx: bool(ctx.params.get("module_spec")) and not ctx.params.get("step_names"),
                f"{flag(name)} sets blocktrace's wiring; a --module block has its own (with --step-names it says "
                "how the named steps are wired)")
-      for name in ("pre_ln", "post_ln", "deepnorm", "sandwich")],
+      for name in PLACEMENT_FLAGS],
 ]
 
 CHECK_RULES = [rule for rule in RUN_RULES if rule.option != "fail_on" and not (
