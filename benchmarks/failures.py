@@ -642,7 +642,7 @@ def _healthy_measurements(outcomes: list[Outcome], half: str) -> list[str]:
     """What the thresholds of the dynamics are set against: the healthy runs' own extremes (calibration half)."""
     import statistics
 
-    from blocktrace.diagnose.dynamics import _interval_lr, _norms, _per_step_ratios
+    from blocktrace.diagnose.dynamics import interval_lr, kind_norms, per_step_ratios
     from blocktrace.training.timeline import read_timeline
 
     tiny, per_lr, shrink, spread, lowest = [], [], [], [], []
@@ -652,17 +652,17 @@ def _healthy_measurements(outcomes: list[Outcome], half: str) -> list[str]:
         records = read_timeline(WORK / o.run.name / "watch.jsonl")
         lowest.append(min(r["loss"] for r in records))
         for before, entry in zip(records, records[1:]):
-            layers = _per_step_ratios(before, entry)
+            layers = per_step_ratios(before, entry)
             if not layers:
                 continue
             median = statistics.median(r for values in layers.values() for r in values)
             tiny.append(median)
-            lr = _interval_lr(before, entry)
+            lr = interval_lr(before, entry)
             if lr and "adam" in str(entry.get("optimizer")).lower():
                 per_lr.append(median / lr)
             largest = [max(values) for values in layers.values()]
             spread.append(min(largest) / statistics.median(largest))
-            first, now = _norms(records[0]), _norms(entry)
+            first, now = kind_norms(records[0]), kind_norms(entry)
             shrink += [now[key] / first[key] for key in now if first.get(key)]
     if not tiny:
         return []

@@ -50,13 +50,13 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _interval_lr(before: dict, entry: dict) -> Optional[float]:
+def interval_lr(before: dict, entry: dict) -> Optional[float]:
     """The learning rate of the steps between two records: the larger of the two recorded (None: not recorded)."""
     rates = [r for r in (before.get("lr"), entry.get("lr")) if _finite(r)]
     return max(rates) if rates else None
 
 
-def _per_step_ratios(before: dict, entry: dict) -> dict[int, list[float]]:
+def per_step_ratios(before: dict, entry: dict) -> dict[int, list[float]]:
     """Per layer: each matrix kind's ‖ΔW‖/‖W‖ between the two records, divided by the steps between them."""
     gap = entry["step"] - before["step"]
     if gap <= 0:
@@ -72,10 +72,10 @@ def _per_step_ratios(before: dict, entry: dict) -> dict[int, list[float]]:
 
 def _median_update(before: dict, entry: dict) -> Optional[float]:
     """The median matrix's per-step ‖ΔW‖/‖W‖ between two records, per unit of learning rate when it is known."""
-    ratios = [r for values in _per_step_ratios(before, entry).values() for r in values]
+    ratios = [r for values in per_step_ratios(before, entry).values() for r in values]
     if not ratios:
         return None
-    lr = _interval_lr(before, entry)
+    lr = interval_lr(before, entry)
     return statistics.median(ratios) / (lr if lr else 1.0)
 
 
@@ -197,7 +197,7 @@ def _labels_are_inputs(history: Sequence[dict], entry: dict) -> list[Flag]:
 
 def _largest_moves(history: Sequence[dict], entry: dict) -> Optional[dict[int, float]]:
     """Per layer, its largest per-step ‖ΔW‖/‖W‖ since the record before; None when there is nothing to compare."""
-    per_layer = _per_step_ratios(history[-1], entry) if history else {}
+    per_layer = per_step_ratios(history[-1], entry) if history else {}
     return {layer: max(values) for layer, values in per_layer.items()} if per_layer else None
 
 
@@ -215,7 +215,7 @@ def _still(history: Sequence[dict], entry: dict) -> bool:
 def _no_update(history: Sequence[dict], entry: dict) -> list[Flag]:
     if not _still(history, entry):
         return []
-    before, largest, lr = history[-1], _largest_moves(history, entry), _interval_lr(history[-1], entry)
+    before, largest, lr = history[-1], _largest_moves(history, entry), interval_lr(history[-1], entry)
     if lr is not None and lr <= 0:
         return []  # a learning rate of 0 is a choice (a frozen phase), not a fault
     return [flag("no_update", Level.ERROR, None, None, max(largest.values()),
@@ -254,8 +254,8 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Flag]:
 def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Flag]:
     if _largest_moves(history, entry) is None or _still(history, entry):
         return []
-    lr = _interval_lr(history[-1], entry)
-    median = statistics.median(r for values in _per_step_ratios(history[-1], entry).values() for r in values)
+    lr = interval_lr(history[-1], entry)
+    median = statistics.median(r for values in per_step_ratios(history[-1], entry).values() for r in values)
     adam = "adam" in str(entry.get("optimizer") or "").lower()
     if not (median < TINY_UPDATE or (adam and lr and median < ADAM_TINY * lr)):
         return []
@@ -305,7 +305,8 @@ def _lr_jump(history: Sequence[dict], entry: dict) -> list[Flag]:
 
 # --- the weights' norms ------------------------------------------------------------------------------
 
-def _norms(entry: dict) -> dict[tuple[int, str], float]:
+def kind_norms(entry: dict) -> dict[tuple[int, str], float]:
+    """‖W‖ per (layer, tensor kind) in a record."""
     return {(layer["layer"], kind): w["norm"] for layer in entry["layers"]
             for kind, w in (layer.get("weights") or {}).items() if _finite(w.get("norm"))}
 
@@ -316,7 +317,7 @@ def _zeroed(history: Sequence[dict], entry: dict) -> dict[int, tuple[str, float]
     if not history:
         return {}
     before = history[-1]
-    now, previous, found = _norms(entry), _norms(before), {}
+    now, previous, found = kind_norms(entry), kind_norms(before), {}
     gap = max(1, entry["step"] - before["step"])
     for (layer, kind), norm in now.items():
         if layer not in found and norm < SHRINK_PER_STEP ** gap * previous.get((layer, kind), 0):
@@ -330,7 +331,7 @@ def _zeroed(history: Sequence[dict], entry: dict) -> dict[int, tuple[str, float]
        "per step", "a tensor was set to 0 outside the optimizer: a bug in "
        "loading, surgery or a hook", Cause.WEIGHTS)
 def _weights_zeroed(history: Sequence[dict], entry: dict) -> list[Flag]:
-    previous = _norms(history[-1]) if history else {}
+    previous = kind_norms(history[-1]) if history else {}
     return [flag("weights_zeroed", Level.ERROR, None, layer, norm,
                  f"{kind}: ‖W‖ {norm:.3g}, {previous[(layer, kind)]:.3g} at step {history[-1]['step']}")
             for layer, (kind, norm) in _zeroed(history, entry).items()]
@@ -347,7 +348,7 @@ def _weight_norm_collapse(history: Sequence[dict], entry: dict) -> list[Flag]:
     """Tensor kinds whose norm collapsed since the first record (a layer already zeroed is that finding's)."""
     if not history:
         return []
-    now, start, seen, flags = _norms(entry), _norms(history[0]), set(_zeroed(history, entry)), []
+    now, start, seen, flags = kind_norms(entry), kind_norms(history[0]), set(_zeroed(history, entry)), []
     for (layer, kind), norm in now.items():
         origin = start.get((layer, kind), 0)
         if layer not in seen and norm > 0 and origin > 0 and norm < NORM_COLLAPSE * origin:
