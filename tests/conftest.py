@@ -6,7 +6,6 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from helpers import make_gpt2
 from hypothesis import settings
 
 # Property tests: the same inputs on every CI run (CI is set there, as CI services set it), fresh ones on
@@ -29,6 +28,8 @@ from blocktrace.cli import cli
 def gpt2_checkpoint(request, tmp_path_factory):
     """(directory, HF model) for both key layouts: `h.{k}.*` and `transformer.h.{k}.*`."""
     head = request.param == "GPT2LMHeadModel"
+    from helpers import make_gpt2  # torch: imported by the workers that run tests, not by xdist's coordinator
+
     model = make_gpt2(head)
     directory = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(directory)
