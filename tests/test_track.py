@@ -189,11 +189,11 @@ def test_plot_writes_a_png_and_never_clobbers(tmp_path):
 def test_the_progress_bar_goes_to_a_terminals_stderr_only(monkeypatch):
     import blocktrace.cli.track as track_cli
 
-    monkeypatch.setattr(track_cli, "progress_wanted", lambda as_json, quiet=False: True)
+    monkeypatch.setattr(track_cli, "progress_wanted", lambda document, quiet=False: True)
     result = CliRunner().invoke(cli, ["track", f"{RUN}/step_00[01]*", "--text-file", str(EVAL)])
     assert "tracking" in result.stderr and "tracking" not in result.stdout
     monkeypatch.undo()
-    assert track_cli.progress_wanted(as_json=False) is False  # pytest's streams are no terminal
+    assert track_cli.progress_wanted(document=False) is False  # pytest's streams are no terminal
 
 
 @pytest.mark.parametrize("args, code, message", [
@@ -280,7 +280,7 @@ def test_long_commands_show_progress_on_a_terminal_only(monkeypatch, args):
     plain = CliRunner().invoke(cli, args)
     assert plain.stderr == ""  # pytest's streams are no terminal: nothing
     for module in ("blocktrace.cli.run", "blocktrace.cli.compare"):
-        monkeypatch.setattr(f"{module}.progress_wanted", lambda as_json, quiet: not quiet)  # as on a terminal
+        monkeypatch.setattr(f"{module}.progress_wanted", lambda document, quiet: not quiet)  # as on a terminal
     shown = CliRunner().invoke(cli, args)
     assert "/" in shown.stderr and ("depth 1/2" in shown.stderr or "layer 1/4" in shown.stderr)
     assert shown.stdout == plain.stdout

@@ -16,6 +16,7 @@ import click
 
 from blocktrace._version import __version__
 from blocktrace.errors import ERROR_EXIT, BlocktraceError
+from blocktrace.render.formats import chosen
 
 # Options that take several words: `--tokens 猫 吃 鱼` as well as `--tokens "猫 吃 鱼"`.
 GREEDY_OPTIONS = ("--tokens", "--token-ids", "--token-type-ids")
@@ -39,12 +40,12 @@ def emit(text: str, nl: bool = True) -> None:
         raise StdoutError(f"cannot write to standard output: {error.strerror or error}") from None
 
 
-def show(report, as_json: bool, text) -> None:
-    """The one output stage: the report as one strict JSON document, or the tables `text()` renders from it."""
-    if as_json:
-        from blocktrace.render.jsonout import dumps
-
-        emit(dumps(report))
+def show(report, params: dict, text) -> None:
+    """The one output stage: the report as the document format the options chose (render/formats: --json), or the
+    tables `text()` renders from it."""
+    document = chosen(params)
+    if document is not None:
+        emit(document.render(report))
     else:
         emit(text(), nl=False)
 

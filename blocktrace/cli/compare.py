@@ -7,7 +7,7 @@ import click
 from blocktrace.cli.app import cli, show
 from blocktrace.cli.options import (
     FORMAT_OPTION,
-    JSON_OPTION,
+    OUTPUT_FORMAT_OPTIONS,
     LANG_OPTION,
     PLOT_OPTION,
     SOURCE_OPTIONS,
@@ -22,6 +22,7 @@ from blocktrace.cli.options import (
 from blocktrace.cli.progress import progress_wanted, shown
 from blocktrace.cli.rules import COMPARE_RULES, enforce
 from blocktrace.errors import UsageError
+from blocktrace.render.formats import chosen
 from blocktrace.vocab import QK_NORM_VALUES, Axis, FFNKind, Lang, Norm, Placement
 from blocktrace.wiring import WIRINGS
 
@@ -66,7 +67,7 @@ def choose_axis(ctx: click.Context, params: dict) -> tuple[Axis, list[str]]:
 @click.option("--placement", type=enum_choice(Placement), default=Placement.PRE.value, show_default=True, help="The wiring of both variants (when the wiring is not compared).")
 @SOURCE_OPTIONS
 @STEPS_OPTION
-@JSON_OPTION
+@OUTPUT_FORMAT_OPTIONS
 @FORMAT_OPTION
 @LANG_OPTION
 @PLOT_OPTION
@@ -97,7 +98,7 @@ def compare(ctx, **params):
 
         require_pyplot(params["plot_path"])
         check_output_path(params["plot_path"], params["force"])
-    with shown(progress_wanted(params["as_json"], params["quiet"])):
+    with shown(progress_wanted(chosen(params) is not None, params["quiet"])):
         report = pipeline.compare_request(request, analysis, axis, values)
     if params["plot_path"] is not None:
         from blocktrace.render.plot import write_plot
@@ -105,5 +106,5 @@ def compare(ctx, **params):
         write_plot(report, params["plot_path"], params["force"])
     from blocktrace.render.compare import render_compare
 
-    show(report, params["as_json"], lambda: render_compare(report, fmt=params["fmt"], lang=Lang(params["lang"]),
+    show(report, params, lambda: render_compare(report, fmt=params["fmt"], lang=Lang(params["lang"]),
                                                             steps=params["show_steps"]))

@@ -13,6 +13,7 @@ from typing import Optional
 import click
 from tabulate import tabulate_formats
 
+from blocktrace.render.formats import FORMATS
 from blocktrace.request import Analysis, InputSpec, RunRequest
 from blocktrace.sizing import MAX_BATCHES, MAX_LAYERS, MAX_TOKENS, MAX_WIDTH
 from blocktrace.sources.idsfile import DEFAULT_RAW_DTYPE, MAX_WINDOWS, RAW_DTYPES
@@ -142,7 +143,8 @@ DEPTH_OPTIONS = options(
 
 STEPS_OPTION = click.option("--block-steps", "show_steps", is_flag=True, help="With --layers: print every block's six steps (norm1 … residual2).")
 QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress line on stderr (it is shown only on a terminal anyway).")
-JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JSON document (its fields in the command's page under docs/) instead of tables.")
+# One flag per output format other than the tables (render/formats: a format is its module).
+OUTPUT_FORMAT_OPTIONS = options(*[click.option(f.flag, f.parameter, is_flag=True, help=f.help) for f in FORMATS])
 
 
 class TableFormat(click.ParamType):

@@ -1,4 +1,4 @@
-"""Progress on stderr for a person watching: both streams a terminal, no --json, no --quiet."""
+"""Progress on stderr for a person watching: both streams a terminal, tables not a document (--json), no --quiet."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import click
 from blocktrace.progress import listening
 
 
-def progress_wanted(as_json: bool, quiet: bool = False) -> bool:
-    return not quiet and not as_json and sys.stderr.isatty() and sys.stdout.isatty()
+def progress_wanted(document: bool, quiet: bool = False) -> bool:
+    """document: the output is a document format (render/formats), read by a program, not tables."""
+    return not quiet and not document and sys.stderr.isatty() and sys.stdout.isatty()
 
 
 WIDTH = 40  # the progress line is overwritten in place, then blanked

@@ -12,6 +12,7 @@ from typing import Callable
 import click
 
 from blocktrace.cli.options import PLACEMENT_FLAGS, given
+from blocktrace.render.formats import FORMATS
 
 Condition = Callable[[click.Context], bool]
 
@@ -58,7 +59,8 @@ class Excludes:
 
 
 # Parameter names whose option is spelled differently.
-SPELLED = {"show_steps": "--block-steps", "fmt": "--format", "as_json": "--json", "depths": "--layers",
+SPELLED = {"show_steps": "--block-steps", "fmt": "--format", **{f.parameter: f.flag for f in FORMATS},
+           "depths": "--layers",
            "n_values": "--values", "module_spec": "--module", "save_path": "--save", "check_only": "--check",
            "plot_path": "--plot", "tokens_text": "--tokens", "token_types_text": "--token-type-ids",
            "input_path": "--input", "token_ids_text": "--token-ids",
@@ -67,6 +69,11 @@ SPELLED = {"show_steps": "--block-steps", "fmt": "--format", "as_json": "--json"
 
 def flag(name: str) -> str:
     return SPELLED.get(name, "--" + name.replace("_", "-"))
+
+
+def beside_documents(option: str, tables: str, document: str = "prints no table") -> list["Excludes"]:
+    """`option` refused beside each document format (render/formats): "{tables}; --json {document}"."""
+    return [Excludes(option, is_set(f.parameter), f"{tables}; {f.flag} {document}") for f in FORMATS]
 
 
 MODULE_REFUSES = {  # the user's block has its own wiring, sizes and parameters
@@ -106,15 +113,15 @@ COMMON_RULES = [
     Excludes("batches", any_of(is_set("weights"), is_set("input_path"), is_set("tokens_text")),
              "--batches averages the gradient over fresh random mini-batches; the input given (--weights, --input, "
              "--tokens) is one batch, the same each time: drop --batches"),
-    Excludes("show_steps", is_set("as_json"), "--block-steps prints every block's step table; --json holds every "
-             "block's steps anyway"),
+    *beside_documents("show_steps", "--block-steps prints every block's step table", "holds every block's steps "
+                      "anyway"),
     Needs("layer", is_set("weights"), "--layer picks a block of a checkpoint: add --weights PATH"),
     Needs("token_types_text", any_of(is_set("token_ids_text"), is_set("text")),
           "--token-type-ids go with the tokens of --token-ids or --text"),
     Excludes("batch", is_set("text_file"), "--batch repeats one sequence; --text-file gives a batch of its own"),
     Excludes("init", is_set("weights"), "--init draws random parameters; --weights loads the checkpoint's own"),
-    Excludes("fmt", is_set("as_json"), "--format shapes the tables; --json prints no table"),
-    Excludes("lang", is_set("as_json"), "--lang sets the words of the tables; --json prints no table"),
+    *beside_documents("fmt", "--format shapes the tables"),
+    *beside_documents("lang", "--lang sets the words of the tables"),
     Excludes("seq_len", any_of(is_set("input_path"), is_set("token_ids_text"), is_set("text"), is_set("text_file"),
                                is_set("token_ids_file")),
              "--seq-len sets the length of random input; the input given sets its own length"),
@@ -131,7 +138,7 @@ RUN_RULES = [
     Needs("fail_on", is_set("check_only"), "--fail-on sets the level at which --check exits 1: add --check"),
     Needs("token_index", is_set("n_values"), "--token-index picks the token --values shows: add --values N"),
     Excludes("n_values", is_set("depths"), "--values shows one block's steps; with --layers use --json"),
-    Excludes("explain", is_set("as_json"), "--explain adds sentences to the tables; --json prints no table"),
+    *beside_documents("explain", "--explain adds sentences to the tables"),
     Excludes("explain", depth_list, "--explain describes a block's steps; a depth list is a gradient sweep"),
     Excludes("save_path", is_set("depths"), "--save writes one block's steps: drop --layers"),
     Excludes("save_path", lambda ctx: bool(ctx.params.get("check_only") and ctx.params.get("weights")),

@@ -9,7 +9,7 @@ from blocktrace.cli.options import (
     DISPLAY_OPTIONS,
     FAIL_ON_OPTION,
     FORMAT_OPTION,
-    JSON_OPTION,
+    OUTPUT_FORMAT_OPTIONS,
     LANG_OPTION,
     MODULE_OPTIONS,
     PLOT_OPTION,
@@ -26,6 +26,7 @@ from blocktrace.cli.options import (
 from blocktrace.cli.progress import progress_wanted, shown
 from blocktrace.cli.rules import CHECK_RULES, RUN_RULES, enforce
 from blocktrace.errors import FINDINGS_EXIT
+from blocktrace.render.formats import chosen
 from blocktrace.vocab import FFNKind, Lang, Level, Norm
 
 
@@ -33,7 +34,7 @@ from blocktrace.vocab import FFNKind, Lang, Level, Norm
 @WIRING_OPTIONS
 @SOURCE_OPTIONS
 @STEPS_OPTION
-@JSON_OPTION
+@OUTPUT_FORMAT_OPTIONS
 @FORMAT_OPTION
 @LANG_OPTION
 @PLOT_OPTION
@@ -60,7 +61,7 @@ def run(ctx, **params):
 @cli.command()
 @WIRING_OPTIONS
 @SOURCE_OPTIONS
-@JSON_OPTION
+@OUTPUT_FORMAT_OPTIONS
 @FAIL_ON_OPTION
 @MODULE_OPTIONS
 @click.pass_context
@@ -97,7 +98,7 @@ def _run(ctx, params: dict, check_only: bool) -> None:
     analysis = make_analysis(params, keep_tensors=save_path is not None, n_values=params.get("n_values"),
                              token_index=params.get("token_index", 0), checks=True, placement=placement)
     _prepare_outputs(params)
-    with shown(progress_wanted(params["as_json"], params["quiet"])):
+    with shown(progress_wanted(chosen(params) is not None, params["quiet"])):
         if check_only and request.weights is not None:
             report, traces, source = pipeline.check_model_request(request, analysis, layer_given=given(ctx, "layer"))
         else:
@@ -108,7 +109,7 @@ def _run(ctx, params: dict, check_only: bool) -> None:
         return
     from blocktrace.render.text import render_run
 
-    show(report, params["as_json"], lambda: render_run(report, lang=Lang(params["lang"]), fmt=params["fmt"],
+    show(report, params, lambda: render_run(report, lang=Lang(params["lang"]), fmt=params["fmt"],
                                                         explain=params["explain"], token_index=params["token_index"],
                                                         steps=params["show_steps"]))
 
@@ -135,6 +136,6 @@ def _findings(ctx, report: dict, params: dict) -> None:
     from blocktrace.render.text import render_findings
 
     fail_on = Level(params["fail_on"])
-    show(report, params["as_json"], lambda: render_findings(report, fail_on))
+    show(report, params, lambda: render_findings(report, fail_on))
     levels = [Level(flag["level"]) for flag in report.get("flags") or []]
     ctx.exit(FINDINGS_EXIT if any(level.reaches(fail_on) for level in levels) else 0)

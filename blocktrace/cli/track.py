@@ -14,7 +14,7 @@ from blocktrace.cli.options import (
     FAIL_ON_OPTION,
     FORMAT_OPTION,
     IDS_FILE_OPTIONS,
-    JSON_OPTION,
+    OUTPUT_FORMAT_OPTIONS,
     QUIET_OPTION,
     SEED_OPTION,
     TEXT_FILE_OPTION,
@@ -27,8 +27,9 @@ from blocktrace.cli.options import (
     ids_file_fields,
 )
 from blocktrace.cli.progress import progress_wanted
-from blocktrace.cli.rules import IDS_FILE_RULES, Excludes, Needs, enforce, force_needs, is_set
+from blocktrace.cli.rules import IDS_FILE_RULES, Excludes, Needs, beside_documents, enforce, force_needs, is_set
 from blocktrace.errors import FINDINGS_EXIT
+from blocktrace.render.formats import chosen
 from blocktrace.vocab import Level
 
 TIMELINE_SUFFIXES = (".jsonl", ".ndjson")
@@ -59,8 +60,8 @@ TRACK_RULES = [
     _checkpoint_only("out", "--out writes the checkpoints' records:"),
     _checkpoint_only("dtype", "--dtype:"),
     _checkpoint_only("device", "--device:"),
-    Excludes("fmt", is_set("as_json"), "--format shapes the tables; --json prints no table"),
-    Excludes("brief", is_set("as_json"), "--brief shortens the tables; --json prints every record whole"),
+    *beside_documents("fmt", "--format shapes the tables"),
+    *beside_documents("brief", "--brief shortens the tables", "prints every record whole"),
     force_needs("out", "plot_path"),
 ]
 
@@ -151,7 +152,7 @@ def _write_records(records: list[dict], path: Path, force: bool) -> None:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the checkpoints' records as a timeline (JSON lines, the format Watch writes).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG of curves over steps, marking the first sign of trouble (needs the [plot] extra).")
 @force_option("--out / --plot")
-@JSON_OPTION
+@OUTPUT_FORMAT_OPTIONS
 @click.option("--brief", is_flag=True, help="Print only the one-row-per-step table and the first sign of trouble.")
 @FORMAT_OPTION
 @FAIL_ON_OPTION
@@ -171,7 +172,7 @@ def track(ctx, **params):
     _prepare_outputs(params)
     log = read_log(params["log_path"]) if params["log_path"] is not None else None
     timeline = _reads_timeline(ctx)
-    show_progress = progress_wanted(params["as_json"], params["quiet"])
+    show_progress = progress_wanted(chosen(params) is not None, params["quiet"])
     records = judged(read_timeline(params["sources"][0]) if timeline else _checkpoint_records(params, show_progress))
     if params["out"] is not None:
         _write_records(records, params["out"], params["force"])
@@ -201,7 +202,7 @@ def track(ctx, **params):
 
     report = {"records": records, "first_flag": first, "last_flags": last,
               **({"against": comparison} if comparison is not None else {})}
-    show(report, params["as_json"], lambda: render_track(
+    show(report, params, lambda: render_track(
         records, first, last, level, "timeline" if timeline else "checkpoints", params["fmt"], brief=params["brief"])
         + ("" if comparison is None else "\n" + render_against(comparison, params["against"], params["fmt"])))
     parted = comparison is not None and comparison["first_parted"] is not None

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 
+from blocktrace.render.formats import OutputFormat
+
 
 def _strict(value, path: str, found: list):
     if isinstance(value, float) and not math.isfinite(value):
@@ -24,3 +26,7 @@ def dumps(report: dict) -> str:
     if found:
         clean["non_finite"] = found
     return json.dumps(clean, ensure_ascii=False, indent=2, allow_nan=False)
+
+
+FORMAT = OutputFormat("--json", "Print one JSON document (its fields in the command's page under docs/) instead of "
+                      "tables.", dumps)
