@@ -1,11 +1,17 @@
 """The `blocktrace` command line: click only — options → a request → the pipeline → a renderer.
 
 app.py holds the group and its error boundary; each command lives in a module of its own
-(run.py: run and check; compare.py; files.py: inspect and diff; track.py), registered on import here.
+(run.py: run and check; compare.py; files.py: inspect and diff; track.py). Every module of this
+package is imported here, and a command registers itself on import: a new command is its module.
 """
 
-from blocktrace.cli import compare, files, run, track  # noqa: F401  (registers the commands)
+import importlib
+import pkgutil
+
 from blocktrace.cli.app import cli
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def main():
