@@ -12,6 +12,7 @@ Torch-free, like vocab: the CLI reads it without paying for `import torch`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from blocktrace.vocab import Choice, Placement
 
@@ -45,7 +46,7 @@ class Wiring:
     flag: str = ""  # the command-line flag that chooses it (run, check, compare); "" where a config sets it
     help: str = ""  # that flag's --help
 
-    @property
+    @cached_property
     def order(self) -> tuple[str, ...]:
         return tuple(step.name for step in self.steps)
 
@@ -59,10 +60,15 @@ class Wiring:
         """Whether the block's output is a norm's (Post-LN, DeepNorm): the stream is rescaled every block."""
         return self.steps[-1].kind is Kind.NORM
 
-    @property
+    @cached_property  # read at every traced step: built once per wiring
     def residual_sources(self) -> dict[str, tuple[str, str]]:
         """Each residual step's (stream, update)."""
         return {step.name: step.reads for step in self.steps if step.kind is Kind.RESIDUAL}
+
+    @cached_property
+    def summands(self) -> frozenset[str]:
+        """The values the residual sums add (held while tracing until their sums are checked)."""
+        return frozenset(source for sources in self.residual_sources.values() for source in sources)
 
     def step(self, name: str) -> Step:
         return next(step for step in self.steps if step.name == name)

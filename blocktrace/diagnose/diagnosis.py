@@ -16,7 +16,6 @@ from typing import Optional
 
 from blocktrace.diagnose.checks import CHECKS, Cause, Flag
 from blocktrace.vocab import Level
-from blocktrace.wiring import wiring_of
 
 WEIGHT = {Level.ERROR: 10, Level.WARNING: 3, Level.INFO: 0}
 DEFINITE = (Cause.MASK, Cause.RESIDUAL, Cause.NORM, Cause.PRECISION)  # a structural fault explains the rest
@@ -66,7 +65,7 @@ def conclude(flags: Optional[list[Flag]], context: Context) -> Optional["Finding
 def block_context(trace, step: Optional[int] = None) -> Context:
     """The context of findings about a traced block: its wiring and FFN, and the training step when known."""
     config = trace.config
-    return Context(post_norm=wiring_of(trace.placement).stream_normalised,
+    return Context(post_norm=trace.wiring.stream_normalised,
                    activation=config.ffn.value if config else None, step=step)
 
 

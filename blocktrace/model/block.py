@@ -52,7 +52,7 @@ class TransformerBlock(nn.Module):
         return values[self.wiring.output]
 
     def step_modules(self) -> dict[str, nn.Module]:
-        return {name: getattr(self, name) for name in execution_order(self.config)}
+        return {name: getattr(self, name) for name in self.wiring.order}
 
 
 def _make_step(kind: Kind, config: BlockConfig) -> nn.Module:

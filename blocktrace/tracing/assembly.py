@@ -112,7 +112,7 @@ class Collected:
             p.held.clear()  # what was held for the followups goes now, whoever still holds the recorder
         self.pending = []
         return Trace(self.block.config if self.own else None, records[0], records[1:n_steps], summary, self.output,
-                     self.layout.name, self.layout.placement, missing, notes, records[n_steps:], self.layout.causal,
+                     self.layout.name, self.layout.wiring, missing, notes, records[n_steps:], self.layout.causal,
                      routing)
 
     def _behaviour(self, name: str, values: dict) -> dict:

@@ -146,7 +146,6 @@ def step_probe(context: ProbeContext, name: str, value: torch.Tensor) -> dict:
         probe.update(residual_probe(context, name, value))
     if name == "ffn" and context.ffn_activity:
         probe.update(context.ffn_activity)
-    needed = {source for sources in context.sources.values() for source in sources}
-    if name in needed:
+    if name in context.layout.wiring.summands:
         context.refs[name] = value
     return probe

@@ -15,6 +15,7 @@ from blocktrace.tracing.behaviour import CausalBehaviour, NormBehaviour
 from blocktrace.tracing.routing import RoutingSummary
 from blocktrace.tracing.stats import STAT_NAMES
 from blocktrace.vocab import Placement
+from blocktrace.wiring import PRE, Wiring
 
 
 @dataclass
@@ -99,12 +100,16 @@ class Trace:
     attention: Optional[AttentionSummary] = None
     output: Optional[torch.Tensor] = None
     layout: str = "blocktrace TransformerBlock"
-    placement: Placement = Placement.PRE
+    wiring: Wiring = PRE  # which step reads which (blocktrace.wiring)
     missing: list[str] = field(default_factory=list)  # steps whose hooks never fired
     notes: list[str] = field(default_factory=list)  # what could not be seen, and why
     substeps: list[StepRecord] = field(default_factory=list)  # inside attn: q and k around QK-norm and RoPE
     expected_causal: Optional[bool] = None  # what the block is meant to be (its layout or config); None: unknown
     routing: Optional[RoutingSummary] = None  # a mixture of experts' router: what it did with the tokens
+
+    @property
+    def placement(self) -> Placement:
+        return self.wiring.placement
 
     def step(self, name: str) -> StepRecord:
         for record in self.steps:

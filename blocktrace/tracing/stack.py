@@ -14,7 +14,6 @@ import torch
 
 from blocktrace.tracing.records import Trace
 from blocktrace.tracing.tracer import trace
-from blocktrace.wiring import wiring_of
 
 
 @dataclass
@@ -28,7 +27,7 @@ class LayerSummary:
 
 def _share(trace_: Trace, total: str) -> float:
     """Var of the update a residual sum adds, over Var of the sum (the update as the wiring adds it)."""
-    _, update = wiring_of(trace_.placement).residual_sources[total]
+    _, update = trace_.wiring.residual_sources[total]
     var_total = trace_.step(total).stats.std ** 2
     return trace_.step(update).stats.std ** 2 / var_total if var_total > 0 else float("nan")
 

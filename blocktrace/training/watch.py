@@ -40,7 +40,6 @@ from blocktrace.tracing.assembly import finish
 from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
 from blocktrace.training.distributed import Reducer
 from blocktrace.training.timeline import TimelineWriter, diagnosis_entries, flag_entries, layer_entry, record
-from blocktrace.wiring import wiring_of
 
 Blocks = Union[None, str, Sequence[nn.Module]]
 
@@ -248,7 +247,7 @@ class Watch:
 
     def _judge(self, entry: dict, traces: list, host: dict) -> None:
         """The record's findings — the blocks' checks and the dynamics against the records before — concluded."""
-        context = Context(post_norm=any(wiring_of(t.placement).stream_normalised for t in traces), step=self.count)
+        context = Context(post_norm=any(t.wiring.stream_normalised for t in traces), step=self.count)
         findings = self._findings(traces, host["grads"], host["weights"])
         if self.checks:
             findings += judge(([self.first_record] if self.first_record else []) + list(self.recent), entry)
