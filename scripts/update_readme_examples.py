@@ -1,7 +1,8 @@
 """Re-run every `$ blocktrace ...` example in README.md and docs/*.md and paste its real output under it;
 rewrite the table of health checks from the checks themselves.
 
-    python scripts/update_readme_examples.py
+    python scripts/update_readme_examples.py            # the examples and the table
+    python scripts/update_readme_examples.py --tables   # the table of checks only (after adding a check)
 
 tests/test_readme.py fails when a pasted output no longer matches a real run.
 """
@@ -37,6 +38,8 @@ def run_example(command: str) -> str:
 
 
 def main() -> int:
+    tables_only = sys.argv[1:] == ["--tables"]
+
     def paste(match: re.Match) -> str:
         command = match.group(1)
         return f"```console\n$ {command}\n{run_example(command).rstrip()}\n```"
@@ -44,7 +47,7 @@ def main() -> int:
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = page.read_text(encoding="utf-8")
         text = CHECKS_TABLE.sub(lambda m: m.group(1) + checks_table() + m.group(2), text)
-        page.write_text(EXAMPLE.sub(paste, text), encoding="utf-8")
+        page.write_text(text if tables_only else EXAMPLE.sub(paste, text), encoding="utf-8")
     return 0
 
 

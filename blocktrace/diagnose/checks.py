@@ -31,6 +31,9 @@ class Cause(Choice):
     OPTIMIZER = "optimizer"  # the optimizer misconfigured: not stepping, its updates vanishing, decay too strong
     GRADIENT_FLOW = "gradient_flow"  # parameters that require a gradient and never receive one (a detached graph)
     WEIGHTS = "weights"  # tensors corrupted or zeroed outside the optimizer (a loading or code bug)
+    TRAINING_LOOP = "training_loop"  # the loop's order and modes: zero_grad, train()/eval(), backward before step
+    LOSS_FUNCTION = "loss_function"  # the loss computes something else than the mean cross-entropy of its logits
+    UNKNOWN = "unknown"  # the evidence shows that training fails but singles out no mechanism
 
 
 class Scope(Choice):
@@ -56,6 +59,9 @@ class Check:
     # cause the other findings point to, and under its own only when nothing else was found
     symptom: bool = False
     advice: Optional[str] = None  # when this finding leads its cause, advice that fits it better than the cause's
+    # the finding observes the fault itself (an invariant of every correct loop broken, or a probe of the property),
+    # not a statistic the fault moves: the diagnosis ranks it first and never re-reads its cause from the context
+    direct: bool = False
     # (scope, function) for each kind of evidence the check reads: most read one, the loss above uniform two
     detectors: tuple[tuple[Scope, Callable[..., list]], ...] = ()
 
@@ -88,7 +94,7 @@ class Flag:
     layer: Optional[int]
     value: float
     detail: str
-    cause: Cause = Cause.LEARNING_RATE
+    cause: Cause = Cause.UNKNOWN
 
     @staticmethod
     def readable(entry: dict) -> bool:

@@ -5,7 +5,12 @@ it — errors weigh most, warnings less, info nothing on its own — and by what
 a Post-LN model that diverges needs a warm-up first (Xiong et al. 2020); weights that are
 already far past any usual initialisation point at the initialisation; definite structural
 faults (a missing mask, a residual adding the wrong tensor, a norm that does not normalise, a
-float16 overflow) outrank everything. Advice never suggests what the model already has.
+float16 overflow) outrank everything, and so does a finding that observes the fault itself (an
+invariant of every correct loop broken, a probe of the property): its cause is never re-read
+from the context. Findings that only say that training fails (the loss above uniform, a spike)
+name no mechanism: alone, their cause is "unknown", never a default (diagnose.checks declares
+them so). Advice never suggests what
+the model already has.
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ TRAINING_CAUSES = (Cause.LEARNING_RATE, Cause.WARMUP)
 
 
 def _cause_of(finding: Flag, context: Context) -> Cause:
-    if finding.cause in TRAINING_CAUSES and context.step == 0:
-        return Cause.INITIALISATION  # no update has happened yet: the learning rate played no part
+    if CHECKS[finding.name].direct:
+        return finding.cause  # the fault was observed: neither the step nor the wiring changes what it is
+    if finding.cause in (*TRAINING_CAUSES, Cause.UNKNOWN) and context.step == 0:
+        return Cause.INITIALISATION  # no update has happened yet: nothing but the initialisation can be at fault
     if finding.cause is Cause.LEARNING_RATE and context.post_norm:
         return Cause.WARMUP  # a diverging Post-LN model: the warm-up comes first (Xiong et al. 2020)
     return finding.cause
@@ -101,6 +108,14 @@ ADVICE = {
                          "requires_grad=False set by mistake, or a hook that zeroes its gradient",
     Cause.WEIGHTS: "find the code that writes the weights outside the optimizer (loading, surgery, a hook, an "
                    "in-place op on a parameter) and reload the last good checkpoint",
+    Cause.TRAINING_LOOP: "check the training loop's order and modes: optimizer.zero_grad() once per optimizer step "
+                         "(before the next backward), optimizer.step() after backward() and before zero_grad(), "
+                         "model.train() after every evaluation",
+    Cause.LOSS_FUNCTION: "compute the loss as F.cross_entropy(logits, targets) on raw logits (no softmax before it), "
+                         "averaged over the counted tokens (reduction='mean')",
+    Cause.UNKNOWN: "the evidence says that training fails but points at no mechanism: compare the run with a healthy "
+                   "one (blocktrace track RUN --against HEALTHY), and watch it with optimizer= given so that the "
+                   "loop's invariants are checked",
     Cause.ROUTING: "train the router with the load-balance loss (Switch/Mixtral: router_aux_loss_coef 0.01 × E·Σ f·P; "
                    "in HF set output_router_logits) and the router z-loss (ST-MoE: 1e-3 × mean logsumexp²), give the "
                    "router a lower learning rate, and keep its logits and softmax in float32",
@@ -144,15 +159,21 @@ def layer_ranges(numbers: list[int]) -> str:
     return ", ".join(spans)
 
 
+def _observed(findings: list[Flag]) -> bool:
+    """Whether a serious finding observed the fault itself (CHECKS' `direct`)."""
+    return any(CHECKS[f.name].direct and f.level is not Level.INFO for f in findings)
+
+
 def _score(cause: Cause, findings: list[Flag]) -> int:
     score = sum(WEIGHT[f.level] for f in {f.name: f for f in findings}.values())
-    score += DEFINITE_BONUS if cause in DEFINITE else 0
+    score += DEFINITE_BONUS if cause in DEFINITE or _observed(findings) else 0
     return score + (SCALE_BONUS if any(f.name == "weight_scale" for f in findings) else 0)
 
 
 def diagnose(flags: list[Flag], context: Context = Context()) -> list[dict]:
     """Causes ranked most likely first, each with its evidence and advice; empty when nothing is wrong. Symptoms
-    (a loss above uniform, a spike) join the most likely cause the other findings point to; alone, their own."""
+    (a loss above uniform, a spike) join the most likely cause the other findings point to; alone, they name no
+    mechanism: their own cause, "unknown" for those that say only that training fails."""
     serious = [f for f in flags if f.level is not Level.INFO]
     grouped: dict[Cause, list[Flag]] = {}
     for finding in serious:

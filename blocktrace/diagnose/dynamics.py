@@ -116,16 +116,21 @@ def _above_uniform(entry: dict) -> bool:
 
 @check(Scope.TRAINING, "loss_above_uniform")  # declared in diagnose.health, for a checkpoint's loss
 def _loss_above_uniform(history: Sequence[dict], entry: dict) -> list[Flag]:
+    """Over training, one record above uniform is a transient a healthy run can recover from (an SGD run's spike):
+    info; an error when it is not finite, was above uniform at the record before too, or is at step 0 (before
+    any update: the initialisation's)."""
     if not _above_uniform(entry):
         return []
-    return [flag("loss_above_uniform", Level.ERROR, None, None, entry["loss"],
-                 f"loss {entry['loss']:.4g} against log V = {_uniform(entry):.4g} for uniform guessing")]
+    lasting = not math.isfinite(entry["loss"]) or entry["step"] == 0 or (bool(history) and _above_uniform(history[-1]))
+    return [flag("loss_above_uniform", Level.ERROR if lasting else Level.INFO, None, None, entry["loss"],
+                 f"loss {entry['loss']:.4g} against log V = {_uniform(entry):.4g} for uniform guessing"
+                 + ("" if lasting else " (at this record only, so far)"))]
 
 
 @check(Scope.TRAINING, "loss_stuck",
        f"after {STUCK_STEPS} steps the loss is still above log V − {STUCK_MARGIN:g} (V: the "
        "vocabulary)", "definition: log V is the loss of predicting every token equally likely",
-       "the model has learned nothing in a hundred steps", Cause.OPTIMIZER, symptom=True)
+       "the model has learned nothing in a hundred steps", Cause.UNKNOWN, symptom=True)
 def _loss_stuck(history: Sequence[dict], entry: dict) -> list[Flag]:
     loss, uniform = entry.get("loss"), _uniform(entry)
     if loss is None or uniform is None or _above_uniform(entry) or entry["step"] < STUCK_STEPS or \
@@ -151,7 +156,7 @@ def _loss_near_zero(history: Sequence[dict], entry: dict) -> list[Flag]:
        f"the loss > mean + {LOSS_SPIKE_SIGMAS:g}σ of the previous {LOSS_SPIKE_WINDOW} records "
        f"(at least 8) and > mean + {LOSS_SPIKE_FLOOR:g} nats",
        "OLMo-core's stability monitor (a spike is > 6σ above the last 128 values), on the recorded steps",
-       "the loss jumped well beyond its recent noise", Cause.LEARNING_RATE, symptom=True)
+       "the loss jumped well beyond its recent noise", Cause.UNKNOWN, symptom=True)
 def _loss_spike(history: Sequence[dict], entry: dict) -> list[Flag]:
     loss = entry.get("loss")
     recent = [r["loss"] for r in history[-LOSS_SPIKE_WINDOW:] if _finite(r.get("loss"))]

@@ -320,10 +320,11 @@ def _weight_scale(evidence) -> list[Flag]:
     return flags
 
 
-@check(Scope.MODEL, "loss_above_uniform", "the model's loss > log V + 0.5 nats (V: the vocabulary)",
+@check(Scope.MODEL, "loss_above_uniform", "the model's loss > log V + 0.5 nats (V: the vocabulary); over "
+       "training, info at a first record above after step 0, an error when it lasts to the next or is not finite",
        "definition: log V is the loss of predicting every token equally likely",
-       "the model predicts worse than an untrained uniform guess: its training failed", Cause.LEARNING_RATE,
-       symptom=True)
+       "the model predicts worse than an untrained uniform guess: its training failed (a symptom: alone it names "
+       "no mechanism)", Cause.UNKNOWN, symptom=True)
 def _loss_above_uniform(evidence) -> list[Flag]:
     loss = evidence.loss
     if loss is None or loss.value is None or (math.isfinite(loss.value) and loss.value <= loss.uniform + LOSS_MARGIN):

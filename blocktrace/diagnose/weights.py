@@ -89,44 +89,59 @@ def snapshot(block: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in block.named_parameters()}
 
 
+ROUNDED_DTYPES = (torch.float16, torch.bfloat16)  # formats coarse enough to swallow an optimizer's update
+
+
 class Movement:
     """Per kind of tensor: ‖W‖ now and the relative update ‖W − W_previous‖ / ‖W_previous‖, summed tensor by tensor
     in float64 on the tensors' device. Divided by the size the weights had, so a tensor zeroed since the previous
     moment shows 1, the largest change, never a blank (None only without a comparable previous tensor, or where
-    it was all zeros). `values()` is what the host needs; `result` reads it there."""
+    it was all zeros). For 16-bit tensors an optimizer updates in place, also the share of elements that did not
+    change at all (`unchanged`: updates smaller than the format's rounding step are lost). `values()` is what the
+    host needs; `result` reads it there."""
 
     def __init__(self):
         self.sums: dict[str, list] = {}  # kind -> [‖W‖², ‖ΔW‖², ‖W_previous‖²] as device scalars
         self.comparable: dict[str, bool] = {}
+        self.unchanged: dict[str, list] = {}  # kind -> [elements unchanged, elements] of rounded tensors
 
-    def add(self, kind: str, now: torch.Tensor, previous: Optional[torch.Tensor]) -> None:
+    def add(self, kind: str, now: torch.Tensor, previous: Optional[torch.Tensor], rounded: bool = False) -> None:
         entry = self.sums.setdefault(kind, [0.0, 0.0, 0.0])
         self.comparable.setdefault(kind, True)
         entry[0] = entry[0] + _square(now)
         if previous is not None and tuple(previous.shape) == tuple(now.shape):
             entry[1] = entry[1] + _square(widened(now) - widened(previous.to(now.dtype)))
             entry[2] = entry[2] + _square(previous)
+            if rounded and now.dtype in ROUNDED_DTYPES and previous.dtype == now.dtype:
+                counts = self.unchanged.setdefault(kind, [0, 0])
+                counts[0], counts[1] = counts[0] + (now == previous).sum(), counts[1] + now.numel()
         else:
             self.comparable[kind] = False
 
     def values(self) -> dict[str, list]:
-        return dict(self.sums)
+        return {kind: [*sums, *self.unchanged.get(kind, [None, None])] for kind, sums in self.sums.items()}
 
     def result(self, values: Optional[dict[str, list]] = None) -> dict[str, dict]:
-        """{kind: {norm, update_ratio}} from `values()` on the host (read here, in one copy, when not given)."""
+        """{kind: {norm, update_ratio[, unchanged]}} from `values()` on the host (read here, in one copy, when not
+        given)."""
         if values is None:
             from blocktrace.host import to_host
 
             values = to_host(self.values())
         return {kind: {"norm": norm ** 0.5,
-                       "update_ratio": (delta / before) ** 0.5 if self.comparable[kind] and before > 0 else None}
-                for kind, (norm, delta, before) in values.items()}
+                       "update_ratio": (delta / before) ** 0.5 if self.comparable[kind] and before > 0 else None,
+                       **({"unchanged": same / total} if total else {})}
+                for kind, (norm, delta, before, same, total) in values.items()}
 
 
 @torch.no_grad()
-def movement(block: nn.Module, previous: Optional[dict[str, torch.Tensor]]) -> Movement:
-    """A block's parameters against a snapshot of them (see Movement), on their device."""
+def movement(block: nn.Module, previous: Optional[dict[str, torch.Tensor]], updated_in_place: Optional[set] = None) \
+        -> Movement:
+    """A block's parameters against a snapshot of them (see Movement), on their device. `updated_in_place`: the
+    ids of the tensors an optimizer steps itself (their unchanged elements are counted); a tensor it does not hold
+    may have float32 master weights elsewhere, whose updates accumulate there."""
     moved = Movement()
     for name, parameter in block.named_parameters():
-        moved.add(tensor_kind(name), parameter.detach(), previous.get(name) if previous is not None else None)
+        rounded = updated_in_place is not None and parameter.requires_grad and id(parameter) in updated_in_place
+        moved.add(tensor_kind(name), parameter.detach(), previous.get(name) if previous is not None else None, rounded)
     return moved

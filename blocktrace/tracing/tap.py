@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -30,23 +30,24 @@ _CURRENT: list["BlockTap"] = []  # the tapped block whose forward is running (a 
 
 
 class BlockTap:
-    """Hooks on one block for one forward; `result()` is the Trace of the first call it saw."""
+    """Hooks on one block for one forward; `result()` is the Trace of the first call it saw (of the first call
+    `when()` allows, when given: the Watch traces only forwards with gradients, not an evaluation under no_grad)."""
 
-    def __init__(self, block: nn.Module, checks: bool = True):
+    def __init__(self, block: nn.Module, checks: bool = True, when: Optional[Callable[[], bool]] = None):
         self.block, self.own = block, is_own_block(block)
         self.layout = own_layout(block) if self.own else detect_layout(block)
-        self.checks = checks
+        self.checks, self.when = checks, when
         self.recorder: Optional[Recorder] = None
         self.output: Optional[torch.Tensor] = None
         self.handles: list = []
         self.notes: list[str] = []
+        self.recording = False  # inside the call being traced: the recorder's hooks are on
 
     def attach(self) -> None:
         self.recorder = Recorder(self.block, self.layout, self.own, checks=self.checks)
         self.output = None
         self.handles = [self.block.register_forward_pre_hook(self._enter, with_kwargs=True),
                         self.block.register_forward_hook(self._leave, with_kwargs=True)]
-        self.recorder.attach()
 
     def detach(self) -> None:
         for handle in self.handles:
@@ -54,19 +55,31 @@ class BlockTap:
         self.handles = []
         if self.recorder is not None:
             self.recorder.detach()
+        self._stop()
 
     def _enter(self, module, args, kwargs):
-        if self.recorder.input is None:  # a block called twice (gradient accumulation) is read at its first call
-            x = args[0] if args else kwargs.get("hidden_states")
-            if isinstance(x, torch.Tensor):
-                self.recorder.start(x)
-        _CURRENT.append(self)
+        """The recorder's hooks go on for the call traced only: a block called twice (gradient accumulation) is
+        read at its first call, and a call `when` refuses is not read at all."""
+        if self.recorder.input is not None or self.recording or (self.when is not None and not self.when()):
+            return
+        x = args[0] if args else kwargs.get("hidden_states")
+        if isinstance(x, torch.Tensor):
+            self.recorder.attach()
+            self.recording = True
+            self.recorder.start(x)
+            _CURRENT.append(self)
 
     def _leave(self, module, args, kwargs, output):
-        if _CURRENT and _CURRENT[-1] is self:
+        if not self.recording:
+            return
+        self.output = first_tensor(output).detach()
+        self.recorder.detach()
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.recording and _CURRENT and _CURRENT[-1] is self:
             _CURRENT.pop()
-        if self.output is None:
-            self.output = first_tensor(output).detach()
+        self.recording = False
 
     def result(self, reducer=None) -> Optional[Collected]:
         """What the block did, still on the device (tracing.assembly.finish makes it a Trace), or None if it did

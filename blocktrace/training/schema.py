@@ -102,9 +102,40 @@ def _boolean(value: Any, field: str):
 def _data(value: Any, field: str) -> dict:
     """What a Watch saw of the batch (training/watch.Batch.report)."""
     data = _mapped(value, field, lambda item, name: item)
-    for key in ("repeated", "labels_are_inputs"):
+    for key in ("repeated", "labels_are_inputs", "shifts_inside", "language_model"):
         data[key] = _boolean(data.get(key), f"{field}.{key}")
+    data["counted"] = number(data.get("counted"), f"{field}.counted")
+    data["targets_counted"] = _index(data.get("targets_counted"), f"{field}.targets_counted", optional=True)
+    data["target_match"] = _mapped(data.get("target_match"), f"{field}.target_match", number, optional=True)
     return data
+
+
+LOOP_NUMBERS = ("grads_before_backward", "step_gradient", "optimizer_share", "loss_over_cross_entropy")
+LOOP_COUNTS = ("step_gradient_at", "eval_mode_modules", "sequences", "positions")
+
+
+def _loop(value: Any, field: str) -> dict:
+    """What a Watch saw of the training loop (training/loop.LoopObserver.evidence)."""
+    loop = _mapped(value, field, lambda item, name: item)
+    for key in LOOP_NUMBERS:
+        loop[key] = number(loop.get(key), f"{field}.{key}")
+    for key in LOOP_COUNTS:
+        loop[key] = _index(loop.get(key), f"{field}.{key}", optional=True)
+    loop["outputs_are_probabilities"] = _boolean(loop.get("outputs_are_probabilities"),
+                                                 f"{field}.outputs_are_probabilities")
+    loop["outside_optimizer"] = _listed(loop.get("outside_optimizer", []), f"{field}.outside_optimizer", _text)
+    loop["lr_groups"] = _listed(loop.get("lr_groups"), f"{field}.lr_groups", number, optional=True)
+    return loop
+
+
+def _probe(value: Any, field: str) -> dict:
+    """The Watch's causal probe (training/loop.future_leak)."""
+    probe = _mapped(value, field, lambda item, name: item)
+    probe["future_leak"] = number(probe.get("future_leak"), f"{field}.future_leak")
+    probe["leak_position"] = _index(probe.get("leak_position"), f"{field}.leak_position", optional=True)
+    probe["causal_model"] = _boolean(probe.get("causal_model"), f"{field}.causal_model")
+    probe["note"] = _text(probe.get("note"), f"{field}.note")
+    return probe
 
 
 def _routing(value: Any, field: str) -> dict:
@@ -164,6 +195,12 @@ def checked_record(entry: dict) -> dict:
         record["vocab"] = _index(record["vocab"], "vocab", optional=True)
     if record.get("data") is not None:
         record["data"] = _data(record["data"], "data")
+    if record.get("loop") is not None:
+        record["loop"] = _loop(record["loop"], "loop")
+    if record.get("probe") is not None:
+        record["probe"] = _probe(record["probe"], "probe")
+    if "rollback" in record:
+        record["rollback"] = _index(record["rollback"], "rollback", optional=True)
     return record
 
 

@@ -39,6 +39,8 @@ from blocktrace.errors import UsageError
 from blocktrace.tracing.assembly import finish
 from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
 from blocktrace.training.distributed import Reducer
+from blocktrace.training.loop import LoopObserver, causal_model, grad_norm, logits_of, loss_checks, probe_causality, \
+    target_match
 from blocktrace.training.timeline import TimelineWriter, diagnosis_entries, flag_entries, layer_entry, record
 
 Blocks = Union[None, str, Sequence[nn.Module]]
@@ -134,7 +136,8 @@ class Watch:
                          checks=checks, track_updates=track_updates, append=append, overwrite=overwrite)
         self.model, self.every, self.optimizer = model, every, optimizer
         self.blocks = find_blocks(model, blocks)
-        self.taps = [BlockTap(block, checks=checks) for block in self.blocks]
+        # only a forward with gradients is traced: an evaluation inside the loop runs under torch.no_grad()
+        self.taps = [BlockTap(block, checks=checks, when=torch.is_grad_enabled) for block in self.blocks]
         self.track_updates, self.checks = track_updates, checks
         self.reducer = Reducer()
         self.tensorboard = _tensorboard(tensorboard) if self.reducer.is_writer else None
@@ -145,6 +148,7 @@ class Watch:
         self.warned_no_gradients = False
         self.captured_loss: Optional[torch.Tensor] = None
         self.batch = Batch(_shifts_labels(_unwrap(model)))
+        self.loop = LoopObserver(_unwrap(model), optimizer)
         # the records before, for the dynamics (diagnose/dynamics.py): the first (trends start there) and the last few
         self.first_record: Optional[dict] = None
         self.recent: collections.deque = collections.deque(maxlen=HISTORY)
@@ -160,6 +164,7 @@ class Watch:
         for tap in self.taps:
             tap.attach()
         self.loss_hook = self.model.register_forward_hook(self._capture_loss, with_kwargs=True)
+        self.loop.reset()
         self.armed = attention_through_sdpa()
         self.armed.__enter__()
 
@@ -171,10 +176,17 @@ class Watch:
         self.armed = None
 
     def _capture_loss(self, module, args, kwargs, output):
+        """The recording step's training forward — the first with gradients (an evaluation inside the loop runs
+        under torch.no_grad()): its loss, its batch, and the loop's evidence of it."""
+        if not torch.is_grad_enabled() or self.batch.ids is not None:
+            return
         loss = getattr(output, "loss", None)
+        if not isinstance(loss, torch.Tensor) and isinstance(output, (tuple, list)) and len(output) > 1:
+            loss = output[1] if isinstance(output[1], torch.Tensor) and output[1].dim() == 0 else None
         if isinstance(loss, torch.Tensor) and self.captured_loss is None:
             self.captured_loss = loss.detach()
         self.batch.see(args, kwargs, output)
+        self.loop.forward(loss if isinstance(loss, torch.Tensor) else logits_of(output))
 
     def step(self, loss: Optional[torch.Tensor] = None, lr: Optional[float] = None) -> Optional[dict]:
         """Call after loss.backward() and before optimizer.step(); returns the record written, if any."""
@@ -185,6 +197,7 @@ class Watch:
             self._disarm()
             entry = self._record(loss if loss is not None else self.captured_loss, lr)
             self.captured_loss = None
+            self.loop.expect_step(entry["step"])
         self.count += 1
         if self.count % self.every == 0:
             self._arm()
@@ -200,6 +213,7 @@ class Watch:
         """Detach everything and close the file (also `with Watch(...) as watch:`)."""
         if self.recording:
             self._disarm()
+        self.loop.close()
         if self.writer is not None:
             self.writer.close()
 
@@ -221,7 +235,8 @@ class Watch:
         entry = record(self.count, "watch", layers, [], [], loss=host["loss"], lr=self._learning_rate(lr),
                        grad_norm=host["model_grad"],
                        extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab, "data": host["data"],
-                              "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None})
+                              "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
+                              "loop": host["loop"], "probe": host["probe"]})
         self._judge(entry, traces, host)
         self._remember(entry)
         if self.writer is not None:
@@ -235,15 +250,34 @@ class Watch:
         present = [(index, c) for index, c in collected if c is not None]
         grads = [_grad_norm(block) for block in self.blocks]
         self._warn_if_called_before_backward(grads)
-        moved = [movement(block, self.snapshots[i] if self.snapshots else None)
+        held = self.loop.held_by_optimizer()
+        moved = [movement(block, self.snapshots[i] if self.snapshots else None, held)
                  for i, block in enumerate(self.blocks)] if self.track_updates else []
         if self.track_updates:
             self.snapshots = [snapshot(block) for block in self.blocks]
+        checked_loss = self.captured_loss if self.captured_loss is not None else loss
         measured = {"grads": grads, "model_grad": _grad_norm(self.model), "moved": [m.values() for m in moved],
-                    "loss": self._loss(loss), "data": self.batch.report(),
+                    "loss": self._loss(loss),
+                    "loop": self.loop.evidence(loss_checks(self.batch.logits, self.batch.targets,
+                                                           checked_loss if isinstance(checked_loss, torch.Tensor)
+                                                           else None) if self.checks else {}),
+                    "probe": self._probe(), "data": self.batch.report(self.loop.trained),
                     "weights": [weight_moments(block) for block in self.blocks] if self.checks else None}
         traces, host = finish([c for _, c in present], measured)
         return [index for index, _ in present], moved, traces, host
+
+    def _probe(self) -> Optional[dict]:
+        """The causal probe on the recorded batch's first sequence (not under torch.distributed: every rank would
+        have to run it alike). A failure is kept as a note: the probe never stops training."""
+        batch = self.batch
+        if not self.checks or batch.ids is None or batch.vocab is None or self.reducer.world_size > 1:
+            return None
+        found = {"causal_model": causal_model(_unwrap(self.model))}
+        try:
+            leak = probe_causality(_unwrap(self.model), batch.by_keyword, batch.ids, batch.vocab)
+        except Exception as error:  # the model may want more than its ids: say so, and go on
+            return {**found, "note": f"causal probe not run: {type(error).__name__}: {error}"[:200]}
+        return {**found, **(leak or {})}
 
     def _judge(self, entry: dict, traces: list, host: dict) -> None:
         """The record's findings — the blocks' checks and the dynamics against the records before — concluded."""
@@ -364,6 +398,8 @@ class Batch:
         self.previous: Optional[torch.Tensor] = None
         self.ids: Optional[torch.Tensor] = None
         self.targets: Optional[torch.Tensor] = None
+        self.logits: Optional[torch.Tensor] = None
+        self.by_keyword = False  # the ids came as input_ids=
         self.vocab: Optional[int] = None
 
     def see(self, args, kwargs, output) -> None:
@@ -374,22 +410,31 @@ class Batch:
         ids = kwargs.get("input_ids", integers[0] if integers else None)
         if ids is None:
             return
-        self.ids = ids.detach()
+        self.ids, self.by_keyword = ids.detach(), "input_ids" in kwargs
         labels = kwargs.get("labels", kwargs.get("targets"))
         self.targets = labels if isinstance(labels, torch.Tensor) else (integers[1] if len(integers) > 1 else None)
-        logits = getattr(output, "logits", output[0] if isinstance(output, (tuple, list)) and output else output)
-        if isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.is_floating_point():
-            self.vocab = int(logits.shape[-1])
+        if self.targets is not None and self.targets.shape != self.ids.shape:
+            self.targets = None  # not a target per position (a class per sequence): nothing to set beside the ids
+        logits = logits_of(output)
+        if logits is not None and logits.is_floating_point():
+            self.logits, self.vocab = logits.detach(), int(logits.shape[-1])
 
-    def report(self) -> Optional[dict]:
-        """{"repeated", "labels_are_inputs"} of the batch seen, as device booleans (None when no ids were seen);
-        then forget it."""
+    def report(self, trained: bool = True) -> Optional[dict]:
+        """What the batch seen says, as device values (None when no ids were seen): whether it repeats the last
+        trained batch, whether its targets equal its inputs, how they match them at each shift, the share of
+        targets counted; then forget it. A batch whose output no backward reached (a forward with gradients that
+        was not trained on) is not remembered as the last trained batch."""
         if self.ids is None:
             return None
-        found = {"repeated": _same(self.previous, self.ids),
-                 "labels_are_inputs": not self.shifts_labels and _same(self.targets, self.ids)}
-        # a copy: a loop that refills one buffer in place would otherwise compare the batch with itself
-        self.previous, self.ids, self.targets = self.ids.clone(), None, None
+        found = {"repeated": _same(self.previous, self.ids) if trained else None,
+                 "labels_are_inputs": not self.shifts_labels and _same(self.targets, self.ids),
+                 "shifts_inside": self.shifts_labels,
+                 "language_model": self.ids.max() < self.vocab if self.vocab is not None and self.ids.numel() else None}
+        if self.targets is not None:
+            found.update(target_match(self.ids, self.targets))
+        if trained:  # a copy: a loop that refills one buffer in place would otherwise compare the batch with itself
+            self.previous = self.ids.clone()
+        self.ids, self.targets, self.logits = None, None, None
         return found
 
 
@@ -401,18 +446,8 @@ def _same(a: Optional[torch.Tensor], b: torch.Tensor):
 
 
 def _grad_norm(module: nn.Module) -> Optional[torch.Tensor]:
-    """‖g‖ over the module's gradients as a float64 device scalar (None when none has one): one fused norm per
-    device and dtype, no read on the host. A sharded gradient's norm covers every shard (its DTensor reduces)."""
-    groups: dict[tuple, list[torch.Tensor]] = {}
-    for parameter in module.parameters():
-        if parameter.grad is not None:
-            grad = parameter.grad.detach()
-            groups.setdefault((grad.device, grad.dtype), []).append(grad)
-    if not groups:
-        return None
-    norms = [norm.double() for grads in groups.values() for norm in torch._foreach_norm(grads)]
-    device = norms[0].device
-    return torch.linalg.vector_norm(torch.stack([norm.to(device) for norm in norms]))
+    """‖g‖ over the module's gradients (training.loop.grad_norm)."""
+    return grad_norm(module.parameters())
 
 
 def _device(block: nn.Module) -> torch.device:

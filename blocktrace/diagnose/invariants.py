@@ -1,0 +1,308 @@
+"""Invariants of every correct training loop, and probes of the properties themselves.
+
+A statistic can only hint at a mechanism (a loss above uniform says that training fails, not
+why). What a Watch sees of the loop itself — the optimizer and its groups, the gradients before
+a backward and at the optimizer's step, the modules' modes, the targets beside the inputs, the
+loss beside the model's own logits — either satisfies what the definitions of the optimizer, the
+loss and the model require, or it does not. Each check below states the invariant and why it
+must hold; none is a level fitted to runs. The Watch measures the evidence
+(training/loop.py) into each record's "loop", "data" and "probe"; these checks read the record,
+so `track` over a timeline reaches the same findings. Legitimate variants pass by construction:
+gradients accumulated over several backward passes (only the first backward after an optimizer
+step must find them zero), parts frozen on purpose (requires_grad False: not trainable, not
+counted), several optimizers (a parameter outside the one given is info), evaluation inside the
+loop (under torch.no_grad(): not taken for the training forward).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+from blocktrace.diagnose.checks import Cause, Flag, Scope, check, flag
+from blocktrace.vocab import Level
+
+EXACT = 0.99  # share of target positions a relation must hold on to be the loop's relation (a few padding slips)
+CHANCE = 0.5  # below this share at every shift, the targets are not the input text: coincidences stay far below
+SUM_TOLERANCE = 0.1  # a loss within 10% of N × the mean cross-entropy is a sum over those N
+LEAK_TOLERANCE = 1e-3  # relative change of an earlier position's logits: float32 rounding of the same rows is ~1e-7
+FROZEN_BY_ROUNDING = 0.5  # share of a 16-bit tensor kind's elements unchanged over a whole interval of steps
+
+
+def _loop(entry: dict) -> dict:
+    return entry.get("loop") or {}
+
+
+def _data(entry: dict) -> dict:
+    return entry.get("data") or {}
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# --- the gradients and the optimizer's step ----------------------------------------------------------------
+
+@check(Scope.TRAINING, "gradients_not_zeroed",
+       "the first backward after an optimizer step finds gradients already there (‖.grad‖ > 0; a Watch)",
+       "invariant: PyTorch adds each backward's gradients into .grad, so every optimizer step must use only the "
+       "backward passes since the step before (accumulating over several backward passes before one step is "
+       "fine: only the first after a step must find zeros); Karpathy 2019, common mistake 3: 'you forgot to "
+       ".zero_grad() before .backward()'",
+       "the gradients of every earlier step are added again at each step: the update grows with the run's "
+       "length and points where the model was, not where it is", Cause.TRAINING_LOOP, direct=True,
+       advice="call optimizer.zero_grad() once per optimizer step: after optimizer.step(), or before the first "
+       "backward of the next step")
+def _gradients_not_zeroed(history: Sequence[dict], entry: dict) -> list[Flag]:
+    before = _loop(entry).get("grads_before_backward")
+    if not _finite(before) or before <= 0:
+        return []
+    return [flag("gradients_not_zeroed", Level.ERROR, None, None, before,
+                 f"the backward of step {entry['step']} found gradients of norm {before:.3g} left from before the "
+                 "last optimizer step")]
+
+
+@check(Scope.TRAINING, "step_without_gradient",
+       "optimizer.step() runs while no parameter it holds has a gradient (‖.grad‖ = 0), although the backward "
+       "before it produced one (a Watch given optimizer=)",
+       "invariant: an optimizer step applies the gradients of the backward before it; zeroed between the two, "
+       "there is nothing to apply (TrainCheck, OSDI'25: API-misuse and ordering errors are silent)",
+       "the gradients are cleared between backward() and optimizer.step(): the step changes nothing but the "
+       "weight decay and the momentum", Cause.TRAINING_LOOP, direct=True,
+       advice="call optimizer.zero_grad() after optimizer.step() (or before the next backward), never between "
+       "backward() and step()")
+def _step_without_gradient(history: Sequence[dict], entry: dict) -> list[Flag]:
+    loop = _loop(entry)
+    at, norm = loop.get("step_gradient_at"), loop.get("step_gradient")
+    before = next((r for r in reversed(history) if r.get("step") == at), None)
+    if at is None or norm != 0 or before is None or not _finite(before.get("grad_norm")) or \
+            not before["grad_norm"] > 0:
+        return []
+    return [flag("step_without_gradient", Level.ERROR, None, None, 0.0,
+                 f"at step {at} backward() left gradients of norm {before['grad_norm']:.3g}, but optimizer.step() "
+                 "found none")]
+
+
+@check(Scope.TRAINING, "optimizer_lacks_parameters",
+       "the optimizer given to the Watch holds none of the trainable parameters that got a gradient (error); "
+       "some of them (info: a second optimizer may hold the rest)",
+       "invariant: an optimizer updates the tensors in its param_groups and no others",
+       "the parameters trained are not the ones the optimizer updates: it was built for another copy of the "
+       "model, or before the model was replaced", Cause.OPTIMIZER, direct=True,
+       advice="build the optimizer from the very model that is trained (after any re-creation, loading or "
+       "wrapping that replaces its parameters), and put every trainable parameter in a param group")
+def _optimizer_lacks_parameters(history: Sequence[dict], entry: dict) -> list[Flag]:
+    loop = _loop(entry)
+    share = loop.get("optimizer_share")
+    if not _finite(share) or share >= 1:
+        return []
+    names = ", ".join(loop.get("outside_optimizer") or [])
+    return [flag("optimizer_lacks_parameters", Level.ERROR if share == 0 else Level.INFO, None, None, share,
+                 f"the optimizer holds {share:.0%} of the trainable parameters with a gradient"
+                 + (f" (not: {names})" if names else ""))]
+
+
+@check(Scope.TRAINING, "learning_rate_zero",
+       "every param group's learning rate is 0 at two records in a row, after step 0 (a Watch given optimizer=)",
+       "definition: an optimizer step moves a weight by the learning rate times its update; at 0 nothing is "
+       "learned, whatever the gradients (warm-up may start at 0, at step 0 only)",
+       "the schedule gives 0: an integer division in a warm-up lambda, a scheduler stepped past its end, a "
+       "multiplier of 0", Cause.LEARNING_RATE, direct=True,
+       advice="print the learning rate of each param group over the first steps: the scheduler gives 0 (an "
+       "integer division, a schedule that ended, a factor of 0)")
+def _learning_rate_zero(history: Sequence[dict], entry: dict) -> list[Flag]:
+    def all_zero(record: dict) -> bool:
+        rates = _loop(record).get("lr_groups") or []
+        return bool(rates) and all(_finite(r) and r == 0 for r in rates)
+
+    if not history or entry["step"] <= 0 or not (all_zero(entry) and all_zero(history[-1])):
+        return []
+    return [flag("learning_rate_zero", Level.ERROR, None, None, 0.0,
+                 f"every param group's learning rate is 0 at steps {history[-1]['step']} and {entry['step']}")]
+
+
+@check(Scope.TRAINING, "updates_rounded_away",
+       f"more than {FROZEN_BY_ROUNDING:.0%} of the elements of a float16/bfloat16 weight kind that requires a "
+       "gradient are unchanged since the record before, at a learning rate above 0",
+       "IEEE 754: a stored weight changes only when the update exceeds half its spacing (bfloat16 keeps 8 bits: "
+       "a weight of 1 ignores any update below 0.004); Micikevicius et al. 2018 keep float32 master weights for "
+       "this reason",
+       "the optimizer's updates are smaller than the weights' rounding step: they are lost, and the weights "
+       "stand still although every step computes an update", Cause.PRECISION, direct=True,
+       advice="keep float32 master weights (torch.autocast with float32 parameters, or the optimizer's master "
+       "copy) instead of updating float16/bfloat16 parameters in place")
+def _updates_rounded_away(history: Sequence[dict], entry: dict) -> list[Flag]:
+    rates = [r for r in (_loop(entry).get("lr_groups") or [entry.get("lr")]) if _finite(r)]
+    if not history or (rates and max(rates) <= 0):
+        return []
+    flags = []
+    for layer in entry["layers"]:
+        stuck = [(kind, w["unchanged"]) for kind, w in (layer.get("weights") or {}).items()
+                 if _finite(w.get("unchanged")) and w["unchanged"] > FROZEN_BY_ROUNDING]
+        if stuck:
+            kind, share = max(stuck, key=lambda item: item[1])
+            flags.append(flag("updates_rounded_away", Level.ERROR, None, layer["layer"], share,
+                              f"{share:.0%} of {kind}'s {layer.get('dtype') or '16-bit'} elements did not change "
+                              f"between steps {history[-1]['step']} and {entry['step']}"))
+    return flags
+
+
+# --- the modes of the modules ------------------------------------------------------------------------------
+
+@check(Scope.TRAINING, "trained_in_eval_mode",
+       "the forward whose loss is backpropagated runs dropout or batch-norm modules in eval mode (a Watch)",
+       "definition: module.eval() switches dropout off and batch norm to its running statistics; "
+       "model.train() switches them back. Karpathy 2019, common mistake 2: 'you forgot to toggle train/eval "
+       "mode for the net'",
+       "the model is trained in evaluation mode: its regularisation is off (and batch norm does not learn its "
+       "statistics), usually since an evaluation inside the loop left it there", Cause.TRAINING_LOOP, direct=True,
+       advice="call model.train() after every evaluation inside the loop (and model.eval() before it)")
+def _trained_in_eval_mode(history: Sequence[dict], entry: dict) -> list[Flag]:
+    count = _loop(entry).get("eval_mode_modules")
+    if not isinstance(count, int) or count <= 0:
+        return []
+    return [flag("trained_in_eval_mode", Level.ERROR, None, None, float(count),
+                 f"{count} dropout or batch-norm module{'s' if count > 1 else ''} in eval mode in the forward "
+                 "that training backpropagated")]
+
+
+# --- the loss against its own definition -------------------------------------------------------------------
+
+@check(Scope.TRAINING, "outputs_are_probabilities",
+       "the model's outputs, fed to its loss, are already probabilities (each row ≥ 0 and summing to 1)",
+       "definition: F.cross_entropy applies log-softmax to raw logits; given probabilities p it computes "
+       "−log softmax(p), which stays within about 1 nat of log V. Karpathy 2019, common mistake 4: 'you passed "
+       "softmaxed outputs to a loss that expects raw logits'",
+       "softmax is applied twice: the loss can barely fall below log V and its gradients are squashed",
+       Cause.LOSS_FUNCTION, direct=True,
+       advice="give the loss the raw logits: drop the softmax before F.cross_entropy (or use F.nll_loss on "
+       "log_softmax)")
+def _outputs_are_probabilities(history: Sequence[dict], entry: dict) -> list[Flag]:
+    if _loop(entry).get("outputs_are_probabilities") is not True:
+        return []
+    return [flag("outputs_are_probabilities", Level.ERROR, None, None, 1.0,
+                 "every output row is ≥ 0 and sums to 1: the model returns probabilities, not logits")]
+
+
+def _sum_over(ratio: float, counts: dict) -> Optional[str]:
+    for name, count in counts.items():
+        if isinstance(count, int) and count >= 2 and abs(ratio / count - 1) < SUM_TOLERANCE:
+            return name
+    return None
+
+
+@check(Scope.TRAINING, "loss_not_mean",
+       f"the loss is N × the mean cross-entropy of the model's own logits and targets (within "
+       f"{SUM_TOLERANCE:.0%}), N ≥ 2 the number of counted targets, of sequences or of positions",
+       "definition: a language model's loss is the mean cross-entropy over the counted targets (F.cross_entropy's "
+       "reduction='mean'); a sum scales every gradient by the batch's size, so the learning rate is in effect "
+       "N times larger and changes with the batch",
+       "the loss is a sum, not a mean", Cause.LOSS_FUNCTION, direct=True,
+       advice="average the loss over the counted targets (reduction='mean'), or divide the learning rate by the "
+       "count the sum runs over")
+def _loss_not_mean(history: Sequence[dict], entry: dict) -> list[Flag]:
+    loop = _loop(entry)
+    ratio = loop.get("loss_over_cross_entropy")
+    if not _finite(ratio) or ratio < 2:
+        return []
+    counts = {"counted targets": _data(entry).get("targets_counted"), "sequences": loop.get("sequences"),
+              "positions per sequence": loop.get("positions")}
+    over = _sum_over(ratio, counts)
+    if over is None:
+        return []
+    return [flag("loss_not_mean", Level.ERROR, None, None, ratio,
+                 f"the loss is {ratio:.4g} × the mean cross-entropy of the model's logits: a sum over its "
+                 f"{counts[over]} {over}")]
+
+
+# --- the targets beside the inputs -------------------------------------------------------------------------
+
+@check(Scope.TRAINING, "targets_not_counted",
+       "every target of the batch is the ignore index (-100): the loss counts no token (a Watch)",
+       "definition: cross-entropy averages over the targets that are not ignore_index; with none, it is 0/0 "
+       "(NaN) or 0, and no gradient says anything",
+       "the labels are all masked: a padding or prompt mask that covers everything (inverted, or applied to "
+       "the wrong tensor)", Cause.DATA, direct=True,
+       advice="set the ignore index (-100) only at padding and prompt positions: check the mask that builds "
+       "the labels")
+def _targets_not_counted(history: Sequence[dict], entry: dict) -> list[Flag]:
+    if _data(entry).get("counted") != 0:
+        return []
+    return [flag("targets_not_counted", Level.ERROR, None, None, 0.0, "every target of the batch is -100")]
+
+
+def _relation(match: dict) -> Optional[str]:
+    """The shift the targets hold against the inputs on (nearly) every counted position: same, next or previous."""
+    # "same" and "next" first: a run of one repeated token holds every relation, and both are correct somewhere
+    held = [name for name in ("same", "next", "previous") if _finite(match.get(name)) and match[name] >= EXACT]
+    return held[0] if held else None
+
+
+@check(Scope.TRAINING, "targets_misaligned",
+       f"the targets equal the inputs delayed by one position, or already advanced for a model that shifts them "
+       f"itself, on ≥ {EXACT:.0%} of the counted positions; or, for a language model, at no shift on even "
+       f"{CHANCE:.0%} of them (a Watch)",
+       "definition of next-token prediction: the target of position t is the input at t + 1, given as the "
+       "inputs themselves to a model that shifts inside (HF) or as the inputs advanced by one to one that does "
+       "not (nanoGPT)",
+       "the model is trained on the wrong token: one it already sees (it learns to copy), two ahead (shifted "
+       "twice), or one unrelated to the text (the targets of another batch or another order)",
+       Cause.DATA, direct=True,
+       advice="build the targets as the same token sequence shifted by one, once: targets[t] = ids[t + 1] for a "
+       "model that does not shift, labels = ids for one that does (HF)")
+def _targets_misaligned(history: Sequence[dict], entry: dict) -> list[Flag]:
+    data = _data(entry)
+    match = data.get("target_match")
+    if not isinstance(match, dict):
+        return []
+    detail = misalignment(match, data.get("shifts_inside") is True,
+                          bool(data.get("language_model")) and _finite(data.get("counted")) and data["counted"] >= CHANCE)
+    if detail is None:
+        return []
+    return [flag("targets_misaligned", Level.ERROR, None, None, max(match.values()), detail)]
+
+
+def misalignment(match: dict, inside: bool, judged_at_no_shift: bool = True) -> Optional[str]:
+    """What is wrong with targets that match the inputs by these shares at each shift (None: nothing): `inside`,
+    the model shifts its labels itself; `judged_at_no_shift`, unrelated targets are judged (a language model whose
+    targets are mostly counted: a masked-LM's are not)."""
+    relation = _relation(match)
+    if relation == "previous":
+        return "the targets are the inputs delayed by one: each position is trained on a token it already sees"
+    if relation == "next" and inside:
+        return "the labels are already the inputs advanced by one, and the model shifts them again: position t is " \
+               "trained on token t + 2"
+    if relation is None and judged_at_no_shift and all(_finite(v) and v < CHANCE for v in match.values()):
+        shown = ", ".join(f"{name} {value:.0%}" for name, value in match.items())
+        return f"the targets match the inputs at no shift ({shown} of the positions)"
+    return None
+
+
+# --- a probe of causality ------------------------------------------------------------------------------------
+
+def causal_expected(entry: dict) -> bool:
+    """Whether the loop trains next-token prediction: an HF causal LM, or targets that are the text at a shift."""
+    data = _data(entry)
+    return bool((entry.get("probe") or {}).get("causal_model")) or \
+        _relation(data.get("target_match") or {}) is not None
+
+
+@check(Scope.TRAINING, "future_leak",
+       f"changing only the later half of a sequence moves the logits of an earlier position by more than "
+       f"{LEAK_TOLERANCE:g} (relative), in a model trained on next-token prediction (a Watch's probe: two "
+       "forwards of one sequence in eval mode, any attention implementation)",
+       "definition of a causal language model: the prediction at position t depends on tokens 0..t only",
+       "later tokens reach earlier positions: the causal mask is missing or misaligned, or a reshape mixes "
+       "positions (view where a transpose is needed), so the model can read what it is asked to predict",
+       Cause.MASK, direct=True,
+       advice="make each position see only itself and earlier tokens: apply the causal mask to the scores "
+       "(is_causal=True), and split the heads with .view(B, T, heads, d).transpose(1, 2), never .view(B, heads, "
+       "T, d)")
+def _future_leak(history: Sequence[dict], entry: dict) -> list[Flag]:
+    leak = (entry.get("probe") or {}).get("future_leak")
+    if not _finite(leak) or leak <= LEAK_TOLERANCE or not causal_expected(entry):
+        return []
+    position = (entry.get("probe") or {}).get("leak_position")
+    return [flag("future_leak", Level.ERROR, None, None, leak,
+                 f"changing only later tokens moved earlier positions' logits by up to {leak:.3g} (relative; most "
+                 f"at position {position})")]

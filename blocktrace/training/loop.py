@@ -1,0 +1,275 @@
+"""What a Watch measures of the training loop itself, for the invariants of diagnose/invariants.py.
+
+The Watch holds the model, the optimizer, the loss and the batch. Beyond the blocks' statistics
+it measures, at each recording step:
+
+- the gradients the first backward after an optimizer step finds already there (a hook on the
+  trained forward's output, which autograd calls before any parameter's gradient is added; an
+  optimizer step is seen as the parameters' version counters moving, so gradient accumulation
+  over several backward passes is never mistaken for it);
+- the gradients optimizer.step() finds (a step pre-hook, armed for the step after a record);
+- which dropout and batch-norm modules ran in eval mode in the forward that was backpropagated;
+- the share of trainable parameters the optimizer holds, and every param group's learning rate;
+- what the loss is against the model's own logits and targets (probabilities where logits
+  belong, a sum where a mean belongs), and how the targets sit against the inputs;
+- a causal probe: one sequence of the batch, and the same with its later half changed, through
+  the model in eval mode; in a causal model the earlier positions' logits do not move.
+
+Everything stays on the device until the record's one copy to the host (tracing.assembly).
+The probe runs after the training step's forward and backward, under torch.no_grad(), with
+the random state forked and every module's mode restored: training is untouched. Anything that
+fails inside a measurement becomes a note, never an exception in the training loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+IGNORE_INDEX = -100  # F.cross_entropy's and HF's ignore_index: a target that the loss does not count
+PROBE_TOKENS = 64  # the causal probe's sequence: the first row of the batch, at most this long
+CHUNK_ELEMENTS = 1 << 24  # logits cross-entropy is recomputed in chunks of about this many elements (64 MB)
+PROBABILITY_TOLERANCE = 1e-3  # |Σ row − 1| of outputs that are probabilities (float32 sums of a softmax: ~1e-6)
+EVAL_SENSITIVE = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
+                  nn.modules.batchnorm._BatchNorm)
+
+
+def grad_norm(parameters) -> Optional[torch.Tensor]:
+    """‖g‖ over the parameters' gradients as a float64 device scalar (None when none has one): one fused norm per
+    device and dtype, no read on the host. A sharded gradient's norm covers every shard (its DTensor reduces)."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for parameter in parameters:
+        if parameter.grad is not None:
+            grad = parameter.grad.detach()
+            groups.setdefault((grad.device, grad.dtype), []).append(grad)
+    if not groups:
+        return None
+    norms = [norm.double() for grads in groups.values() for norm in torch._foreach_norm(grads)]
+    device = norms[0].device
+    return torch.linalg.vector_norm(torch.stack([norm.to(device) for norm in norms]))
+
+
+def _zero_if_none(norm: Optional[torch.Tensor]) -> torch.Tensor:
+    return norm if norm is not None else torch.zeros((), dtype=torch.float64)
+
+
+def _trainable(model: nn.Module) -> list[torch.Tensor]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _versions(parameters: list[torch.Tensor]) -> int:
+    """The sum of the parameters' version counters: every in-place change (an optimizer step) moves it."""
+    return sum(p._version for p in parameters)
+
+
+def _eval_mode_modules(model: nn.Module) -> int:
+    """Dropout (p > 0) and batch-norm modules in eval mode: what model.eval() switches."""
+    return sum(1 for m in model.modules() if isinstance(m, EVAL_SENSITIVE) and not m.training
+               and getattr(m, "p", 1.0) > 0)
+
+
+def _step_pre_hook(optimizer, hook):
+    """The hook on the torch optimizer's step, inside wrappers that hold one as `.optimizer` (accelerate's,
+    Lightning's); None where there is none to hook."""
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer  # accelerate's wrapper is an Optimizer without hooks of its own
+    try:
+        return optimizer.register_step_pre_hook(hook)
+    except AttributeError:  # not a torch optimizer, or one that never ran Optimizer.__init__
+        return None
+
+
+def causal_model(model: nn.Module) -> bool:
+    """An HF model class for next-token prediction (its name says so)."""
+    name = type(model).__name__
+    return type(model).__module__.startswith("transformers.") and name.endswith(("ForCausalLM", "LMHeadModel"))
+
+
+class LoopObserver:
+    """The loop's evidence for one record: reset when the Watch arms, filled by the trained forward, its backward
+    and the optimizer's step, read by `evidence()`."""
+
+    def __init__(self, model: nn.Module, optimizer):
+        self.model, self.optimizer = model, optimizer
+        self.step_hook = _step_pre_hook(optimizer, self._at_optimizer_step)
+        self.step_due: Optional[int] = None  # the training step whose optimizer.step() is to be measured
+        self.step_gradient: Optional[torch.Tensor] = None
+        self.step_gradient_at: Optional[int] = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Armed for a recording step: what the parameters were before it, nothing seen yet."""
+        self.versions = _versions(_trainable(self.model))
+        self.trained = False  # the taken forward's output was backpropagated
+        self.grads_before: Optional[torch.Tensor] = None
+        self.eval_mode: Optional[int] = None
+
+    def close(self) -> None:
+        if self.step_hook is not None:
+            self.step_hook.remove()
+            self.step_hook = None
+
+    # -- the recording step's forward and backward -------------------------------------------------------------
+
+    def forward(self, anchor: Optional[torch.Tensor]) -> None:
+        """The first forward with gradients of a recording step: its modes, and a hook on its output (`anchor`:
+        the loss, or the logits) that runs when the backward starts, before any parameter's gradient is added."""
+        self.eval_mode = _eval_mode_modules(self.model)
+        if anchor is None or not anchor.requires_grad:
+            return
+        stepped = _versions(_trainable(self.model)) != self.versions  # an optimizer step since the Watch armed
+
+        def backward_starts(grad):
+            if not self.trained:
+                self.trained = True
+                if stepped:
+                    self.grads_before = _zero_if_none(grad_norm(self.model.parameters()))
+            return None
+
+        anchor.register_hook(backward_starts)
+
+    # -- the optimizer's step after a record ---------------------------------------------------------------------
+
+    def expect_step(self, step: int) -> None:
+        """Measure the gradients at the next optimizer.step() (the one after this record's backward)."""
+        self.step_due = step
+
+    def _at_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self.step_due is None:
+            return
+        held = [p for group in optimizer.param_groups for p in group["params"]]
+        self.step_gradient, self.step_gradient_at, self.step_due = _zero_if_none(grad_norm(held)), self.step_due, None
+
+    # -- the record --------------------------------------------------------------------------------------------
+
+    def _optimizer_share(self) -> tuple[Optional[float], list[str]]:
+        if self.optimizer is None:
+            return None, []
+        held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        wanted = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad and p.grad is not None]
+        if not wanted:
+            return None, []
+        outside = [name for name, p in wanted if id(p) not in held]
+        return 1 - len(outside) / len(wanted), outside[:3]
+
+    def held_by_optimizer(self) -> Optional[set]:
+        """The ids of the tensors the optimizer updates in place (None without an optimizer)."""
+        if self.optimizer is None:
+            return None
+        return {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+
+    def evidence(self, loss_checks: dict) -> dict:
+        """The record's "loop": device tensors and numbers, copied to the host with the rest of the record."""
+        share, outside = self._optimizer_share()
+        step_gradient, at = self.step_gradient, self.step_gradient_at
+        self.step_gradient = self.step_gradient_at = None
+        return {"grads_before_backward": self.grads_before, "step_gradient": step_gradient, "step_gradient_at": at,
+                "eval_mode_modules": self.eval_mode if self.trained else None,
+                "optimizer_share": share, "outside_optimizer": outside,
+                "lr_groups": [float(group["lr"]) for group in self.optimizer.param_groups
+                              if isinstance(group.get("lr"), (int, float, torch.Tensor))]
+                if self.optimizer is not None else None,
+                **loss_checks}
+
+
+# --- the batch: targets against inputs, the loss against the logits ----------------------------------------------
+
+def target_match(ids: torch.Tensor, targets: torch.Tensor) -> dict:
+    """Device shares of the counted target positions where the target is the input at the same position, the next
+    one or the previous one; and the share of positions counted (not IGNORE_INDEX)."""
+    counted = targets != IGNORE_INDEX
+
+    def share(hits: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        return (hits & where).sum().double() / where.sum().clamp_min(1).double()
+
+    return {"target_match": {"same": share(targets == ids, counted),
+                             "next": share(targets[:, :-1] == ids[:, 1:], counted[:, :-1]),
+                             "previous": share(targets[:, 1:] == ids[:, :-1], counted[:, 1:])},
+            "counted": counted.double().mean(), "targets_counted": counted.sum()}
+
+
+def _mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, shift: int) -> torch.Tensor:
+    """The mean cross-entropy of logits[:, t] against targets[:, t + shift], in float32, chunk by chunk."""
+    vocab = logits.shape[-1]
+    rows = logits[:, : logits.shape[1] - shift].reshape(-1, vocab)
+    wanted = targets[:, shift:].reshape(-1)
+    # targets out of the logits' range (not a language model's) give a number the checks do not read
+    wanted = torch.where(wanted == IGNORE_INDEX, wanted, wanted.clamp(0, vocab - 1))
+    step = max(1, CHUNK_ELEMENTS // vocab)
+    total = sum(F.cross_entropy(rows[i : i + step].float(), wanted[i : i + step], ignore_index=IGNORE_INDEX,
+                                reduction="sum") for i in range(0, rows.shape[0], step))
+    return total / (wanted != IGNORE_INDEX).sum().clamp_min(1)
+
+
+@torch.no_grad()
+def loss_checks(logits: Optional[torch.Tensor], targets: Optional[torch.Tensor], loss: Optional[torch.Tensor]) -> dict:
+    """Whether the outputs are probabilities, and the loss over the mean cross-entropy of the model's own logits
+    (at the targets' shift that fits best: 0 for a hand-written model's targets, 1 for HF's labels)."""
+    found: dict = {"outputs_are_probabilities": None, "loss_over_cross_entropy": None}
+    if logits is None or logits.dim() != 3 or not logits.is_floating_point():
+        return found
+    logits = logits.detach()
+    found["outputs_are_probabilities"] = (logits.amin() >= 0) & \
+        ((logits.sum(-1, dtype=torch.float32) - 1).abs().amax() < PROBABILITY_TOLERANCE)
+    if targets is not None and loss is not None and targets.shape == logits.shape[:2] and logits.shape[1] > 1:
+        best = torch.minimum(_mean_cross_entropy(logits, targets, 0), _mean_cross_entropy(logits, targets, 1))
+        found["loss_over_cross_entropy"] = loss.detach().double().reshape(()) / best.double().clamp_min(1e-12)
+        found["sequences"], found["positions"] = int(logits.shape[0]), int(logits.shape[1])
+    return found
+
+
+# --- the causal probe -------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _evaluating(model: nn.Module):
+    """The model in eval mode (no dropout), every module's own mode restored after."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, mode in modes:
+            module.training = mode
+
+
+def logits_of(output) -> Optional[torch.Tensor]:
+    """A model output's logits: HF's .logits, a tuple's first tensor, or the tensor itself."""
+    logits = getattr(output, "logits", None)
+    if logits is None:
+        logits = output[0] if isinstance(output, (tuple, list)) and output else output
+    return logits if isinstance(logits, torch.Tensor) and logits.dim() == 3 else None
+
+
+@torch.no_grad()
+def future_leak(call: Callable[[torch.Tensor], object], ids: torch.Tensor, vocab: int) -> Optional[dict]:
+    """Two forwards of one sequence, the second with its later half changed: how far the earlier positions' logits
+    moved, relative to their largest magnitude (0 in any causal model), and the first position that moved."""
+    length = min(ids.shape[1], PROBE_TOKENS)
+    half = length // 2
+    if half < 1 or vocab < 2:
+        return None
+    original = ids[:1, :length]
+    changed = original.clone()
+    changed[:, half:] = (changed[:, half:] + 1) % vocab
+    devices = [ids.device] if ids.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        before, after = logits_of(call(original)), logits_of(call(changed))
+    if before is None or after is None:
+        return None
+    earlier = before[:, :half].float()
+    moved = (earlier - after[:, :half].float()).abs().amax(dim=(0, 2))
+    relative = moved / earlier.abs().amax().clamp_min(1e-30)
+    return {"future_leak": relative.amax(), "leak_position": torch.argmax(relative)}
+
+
+def probe_causality(model: nn.Module, by_keyword: bool, ids: torch.Tensor, vocab: int) -> Optional[dict]:
+    """future_leak through the model in eval mode, its ids passed as the training forward passed them."""
+    def call(x):
+        return model(input_ids=x) if by_keyword else model(x)
+
+    with _evaluating(model):
+        return future_leak(call, ids, vocab)

@@ -1,0 +1,310 @@
+"""The invariants of a correct training loop (diagnose/invariants.py), each on both sides: a real loop that breaks
+it raises the finding, and the legitimate loop that looks most like it (gradients accumulated on purpose, parts
+frozen on purpose, an evaluation inside the loop, a second optimizer) raises nothing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import NanoGPT, nano_batch
+from torch import nn
+from torch.nn import functional as F
+
+from blocktrace import Watch
+from blocktrace.diagnose.invariants import CHANCE, EXACT, misalignment
+from blocktrace.training.timeline import read_timeline
+
+VOCAB = 61
+
+
+class HandAttention(nn.Module):
+    """Attention written out by hand (no scaled_dot_product_attention): what a Watch's taps cannot see."""
+
+    def __init__(self, d: int, heads: int, causal: bool = True, view_bug: bool = False):
+        super().__init__()
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.heads, self.causal, self.view_bug = heads, causal, view_bug
+
+    def forward(self, x):
+        b, t, c = x.shape
+        if self.view_bug:  # Karpathy's mistake 6: .view(B, heads, T, d) reads other positions' features
+            q, k, v = (z.reshape(b, self.heads, t, c // self.heads) for z in self.c_attn(x).split(c, 2))
+        else:
+            q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.c_attn(x).split(c, 2))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(c // self.heads)
+        if self.causal:
+            scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        y = torch.softmax(scores, -1) @ v
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class HandBlock(nn.Module):
+    def __init__(self, d, heads, dropout=0.0, **attention):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = HandAttention(d, heads, **attention)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.Dropout(dropout))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class HandLM(nn.Module):
+    """A hand-written language model taking (ids, targets) as nanoGPT does, with one switch per bug."""
+
+    def __init__(self, d=16, heads=2, layers=2, softmax_output=False, reduction="mean", **block):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(VOCAB, d), nn.Embedding(32, d)
+        self.h = nn.ModuleList(HandBlock(d, heads, **block) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.softmax_output, self.reduction = softmax_output, reduction
+        for embedding in (self.wte, self.wpe):
+            nn.init.normal_(embedding.weight, std=0.02)
+
+    def forward(self, ids, targets=None):
+        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
+        for block in self.h:
+            x = block(x)
+        logits = self.ln_f(x) @ self.wte.weight.T
+        if self.softmax_output:  # Karpathy's mistake 4: probabilities handed to a loss that wants logits
+            logits = torch.softmax(logits, -1)
+        loss = None if targets is None else F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1),
+                                                            reduction=self.reduction)
+        return logits, loss
+
+
+def nano(**options) -> NanoGPT:
+    """helpers' NanoGPT with GPT-2's initialisation of the embeddings (N(0, 0.02)): its loss starts at log V."""
+    model = NanoGPT(**options)
+    for embedding in (model.wte, model.wpe):
+        nn.init.normal_(embedding.weight, std=0.02)
+    return model
+
+
+def train(model, path, steps=21, every=10, *, optimizer=None, zero_grad="after_step", accumulate=1,
+          evaluate_every=None, leave_eval_mode=False, targets=None, watch_optimizer=True, lr=1e-3, schedule=None):
+    """A training loop with the Watch's line; its options are the loop's variants, legitimate or not. Returns the
+    records written (as `track` reads them back)."""
+    torch.manual_seed(0)
+    optimizer = optimizer or torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule) if schedule else None
+    held_out = nano_batch(999)
+    watch = Watch(model, path, every=every, optimizer=optimizer if watch_optimizer else None, overwrite=True)
+    for step in range(steps):
+        for micro in range(accumulate):
+            ids, shifted = nano_batch(step * accumulate + micro)
+            wanted = targets(ids, shifted) if targets else shifted
+            _, loss = model(ids, wanted)
+            if zero_grad == "before_backward" and micro == 0:
+                optimizer.zero_grad()
+            (loss / accumulate).backward()
+        watch.step(loss)
+        if zero_grad == "between_backward_and_step":
+            optimizer.zero_grad()
+        optimizer.step()
+        if scheduler:
+            scheduler.step()
+        if zero_grad == "after_step":
+            optimizer.zero_grad()
+        if evaluate_every and step % evaluate_every == 0:
+            model.eval()
+            with torch.no_grad():
+                model(*held_out)
+            if not leave_eval_mode:
+                model.train()
+    watch.close()
+    return read_timeline(path)
+
+
+def errors(records) -> set:
+    return {f["name"] for entry in records for f in entry["flags"] if f["level"] == "error"}
+
+
+def causes(records) -> set:
+    return {entry["diagnosis"][0]["cause"] for entry in records if entry.get("diagnosis") and
+            any(f["level"] == "error" for f in entry["flags"])}
+
+
+# --- the gradients between steps --------------------------------------------------------------------------------
+
+def test_a_loop_that_never_zeroes_its_gradients_is_caught_at_the_first_record_after_a_step(tmp_path):
+    records = train(nano(), tmp_path / "run.jsonl", zero_grad="never")
+    assert "gradients_not_zeroed" in {f["name"] for f in records[1]["flags"]}
+    assert records[1]["diagnosis"][0]["cause"] == "training_loop"
+    assert "zero_grad" in records[1]["diagnosis"][0]["advice"]
+
+
+@pytest.mark.parametrize("where", ["after_step", "before_backward"])
+def test_zeroing_anywhere_between_the_step_and_the_next_backward_is_fine(tmp_path, where):
+    records = train(nano(), tmp_path / "run.jsonl", zero_grad=where)
+    assert records[1]["loop"]["grads_before_backward"] == 0.0
+    assert not errors(records)
+
+
+def test_gradients_accumulated_over_micro_batches_before_one_step_are_fine(tmp_path):
+    records = train(nano(), tmp_path / "run.jsonl", accumulate=4)
+    assert records[1]["loop"]["grads_before_backward"] == 0.0
+    assert not errors(records)
+
+
+def test_clearing_the_gradients_between_backward_and_step_leaves_the_step_nothing(tmp_path):
+    records = train(nano(), tmp_path / "run.jsonl", zero_grad="between_backward_and_step")
+    assert records[1]["loop"]["step_gradient"] == 0.0 and records[1]["loop"]["step_gradient_at"] == 0
+    assert "step_without_gradient" in {f["name"] for f in records[1]["flags"]}
+    assert records[1]["diagnosis"][0]["cause"] == "training_loop"
+
+
+# --- the optimizer ------------------------------------------------------------------------------------------------
+
+def test_an_optimizer_built_for_another_copy_of_the_model_updates_nothing_of_it(tmp_path):
+    torch.manual_seed(0)
+    stale = torch.optim.AdamW(nano().parameters(), lr=1e-2)  # built, then the model was created again
+    records = train(nano(), tmp_path / "run.jsonl", optimizer=stale)
+    found = [f for f in records[0]["flags"] if f["name"] == "optimizer_lacks_parameters"]
+    assert found and found[0]["level"] == "error" and records[0]["diagnosis"][0]["cause"] == "optimizer"
+
+
+def test_a_second_optimizer_holding_the_rest_is_info_and_frozen_parameters_are_not_counted(tmp_path):
+    model = nano()
+    for parameter in model.h[0].parameters():
+        parameter.requires_grad_(False)  # frozen on purpose: not trainable, not expected in any optimizer
+    blocks = torch.optim.AdamW(model.h[1].parameters(), lr=1e-2)
+    torch.optim.SGD([model.wte.weight, model.wpe.weight, *model.ln_f.parameters()], lr=1e-2)  # the other optimizer
+    records = train(model, tmp_path / "run.jsonl", optimizer=blocks)
+    found = [f for entry in records for f in entry["flags"] if f["name"] == "optimizer_lacks_parameters"]
+    assert found and {f["level"] for f in found} == {"info"}
+    assert 0 < records[0]["loop"]["optimizer_share"] < 1
+
+
+def test_a_learning_rate_of_zero_in_every_group_at_two_records_is_caught_warm_up_from_zero_is_not(tmp_path):
+    records = train(nano(), tmp_path / "run.jsonl", schedule=lambda step: step // 100)  # integer division: 0 a while
+    assert "learning_rate_zero" in {f["name"] for f in records[2]["flags"]}
+    assert records[2]["diagnosis"][0]["cause"] == "learning_rate"
+
+    warm = train(nano(), tmp_path / "warm.jsonl", schedule=lambda step: min(1.0, step / 5))  # from 0 at step 0 only
+    assert warm[0]["loop"]["lr_groups"] == [0.0] and "learning_rate_zero" not in errors(warm)
+
+
+def test_bfloat16_weights_updated_in_place_below_their_rounding_step_stand_still(tmp_path):
+    model = nano().to(torch.bfloat16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+    records = train(model, tmp_path / "run.jsonl", optimizer=optimizer)
+    assert "updates_rounded_away" in {f["name"] for f in records[1]["flags"]}
+    assert records[1]["diagnosis"][0]["cause"] == "precision"
+
+    model = nano().to(torch.bfloat16)  # an update well above the rounding step moves every weight
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    assert "updates_rounded_away" not in errors(train(model, tmp_path / "moving.jsonl", optimizer=optimizer))
+
+
+# --- the modes -----------------------------------------------------------------------------------------------------
+
+def test_training_on_after_an_evaluation_left_the_model_in_eval_mode_is_caught(tmp_path):
+    records = train(HandLM(dropout=0.1), tmp_path / "run.jsonl", evaluate_every=5, leave_eval_mode=True)
+    assert records[0]["loop"]["eval_mode_modules"] == 0
+    assert "trained_in_eval_mode" in {f["name"] for f in records[1]["flags"]}
+    assert records[1]["diagnosis"][0]["cause"] == "training_loop"
+
+
+def test_an_evaluation_inside_the_loop_under_no_grad_is_neither_traced_nor_a_repeated_batch(tmp_path):
+    """The false alarm seen on a healthy loop: a fixed held-out batch evaluated every 10 steps was taken for the
+    training batch (repeated_batch at step 10). Under torch.no_grad() it is not the training forward."""
+    records = train(HandLM(dropout=0.1), tmp_path / "run.jsonl", evaluate_every=10)
+    assert not errors(records)
+    assert all(entry["data"]["repeated"] is False for entry in records)
+    assert all(entry["loop"]["eval_mode_modules"] == 0 for entry in records)
+
+
+# --- the loss -------------------------------------------------------------------------------------------------------
+
+def test_softmaxed_outputs_handed_to_cross_entropy_are_caught(tmp_path):
+    records = train(HandLM(softmax_output=True), tmp_path / "run.jsonl")
+    assert "outputs_are_probabilities" in {f["name"] for f in records[0]["flags"]}
+    assert records[0]["diagnosis"][0]["cause"] == "loss_function"
+
+
+def test_a_loss_summed_over_the_tokens_is_caught_a_mean_is_not(tmp_path):
+    records = train(HandLM(reduction="sum"), tmp_path / "run.jsonl", lr=1e-4)
+    found = [f for f in records[0]["flags"] if f["name"] == "loss_not_mean"]
+    assert found and "36 counted targets" in found[0]["detail"]  # 3 sequences of 12 positions
+    assert records[0]["diagnosis"][0]["cause"] == "loss_function"
+    assert records[0]["loop"]["loss_over_cross_entropy"] == pytest.approx(36, rel=0.01)  # the better-fitting shift
+    mean = train(HandLM(), tmp_path / "mean.jsonl")
+    assert mean[0]["loop"]["loss_over_cross_entropy"] == pytest.approx(1.0, rel=0.05)  # the better-fitting shift
+
+
+# --- the targets -----------------------------------------------------------------------------------------------------
+
+def test_targets_delayed_by_one_are_a_leak_caught_at_the_first_record(tmp_path):
+    delayed = train(nano(), tmp_path / "run.jsonl", targets=lambda ids, shifted: torch.roll(ids, 1, dims=1))
+    assert "targets_misaligned" in {f["name"] for f in delayed[0]["flags"]}
+    assert delayed[0]["diagnosis"][0]["cause"] == "data"
+
+
+def test_targets_of_another_order_match_the_inputs_at_no_shift(tmp_path):
+    shuffled = train(nano(), tmp_path / "run.jsonl", targets=lambda ids, shifted: shifted.flip(0))
+    assert "targets_misaligned" in {f["name"] for f in shuffled[0]["flags"]}
+    right = train(nano(), tmp_path / "right.jsonl")
+    assert right[0]["data"]["target_match"]["next"] == 1.0 and "targets_misaligned" not in errors(right)
+
+
+def test_every_target_masked_is_a_loss_that_counts_nothing(tmp_path):
+    records = train(nano(), tmp_path / "run.jsonl", steps=1,
+                    targets=lambda ids, shifted: torch.full_like(shifted, -100))
+    assert records[0]["data"]["counted"] == 0
+    assert "targets_not_counted" in {f["name"] for f in records[0]["flags"]}
+
+
+def test_the_relations_follow_from_the_shares_alone():
+    """A relation holds on ≥ EXACT of the counted positions; below CHANCE at every shift the targets are unrelated."""
+    assert misalignment({"same": 1.0, "next": 0.02, "previous": 0.02}, inside=True) is None
+    assert misalignment({"same": 1.0, "next": 1.0, "previous": 1.0}, inside=False) is None  # one repeated token
+    assert misalignment({"same": 0.02, "next": 1.0, "previous": 0.02}, inside=False) is None
+    assert "t + 2" in misalignment({"same": 0.02, "next": 1.0, "previous": 0.02}, inside=True)
+    assert "delayed" in misalignment({"same": 0.02, "next": 0.02, "previous": EXACT}, inside=False)
+    assert "no shift" in misalignment({"same": 0.1, "next": CHANCE - 0.01, "previous": 0.1}, inside=False)
+    assert misalignment({"same": 0.1, "next": CHANCE + 0.01, "previous": 0.1}, inside=False) is None
+
+
+# --- the causal probe ------------------------------------------------------------------------------------------------
+
+def test_hand_written_attention_without_a_mask_is_caught_by_the_probe(tmp_path):
+    records = train(HandLM(causal=False), tmp_path / "run.jsonl")
+    assert records[0]["probe"]["future_leak"] > 1e-3
+    assert "future_leak" in {f["name"] for f in records[0]["flags"]}
+    assert records[0]["diagnosis"][0]["cause"] == "mask"
+
+
+def test_heads_split_with_view_instead_of_transpose_leak_later_positions(tmp_path):
+    records = train(HandLM(view_bug=True), tmp_path / "run.jsonl")
+    assert "future_leak" in {f["name"] for f in records[0]["flags"]}
+
+
+def test_a_causal_hand_written_model_moves_no_earlier_logit_and_keeps_its_modes(tmp_path):
+    model = HandLM(dropout=0.1)
+    records = train(model, tmp_path / "run.jsonl")
+    assert all(entry["probe"]["future_leak"] == 0.0 for entry in records)
+    assert model.training and all(module.training for module in model.modules())
+    assert not errors(records)
+
+
+def test_the_probe_does_not_change_what_training_computes(tmp_path):
+    """The same loop with and without the Watch ends with the same weights, to the last bit."""
+    def final(watched: bool):
+        torch.manual_seed(0)
+        model = HandLM(dropout=0.1)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        watch = Watch(model, tmp_path / f"{watched}.jsonl", every=2, optimizer=optimizer) if watched else None
+        for step in range(5):
+            _, loss = model(*nano_batch(step))
+            loss.backward()
+            if watch:
+                watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    assert torch.equal(final(True), final(False))
