@@ -238,3 +238,38 @@ def test_a_whole_model_check_that_cannot_fit_is_refused_before_it_starts(tmp_pat
     ids = " ".join(["1 2 3 4"] * 30)
     result = CliRunner().invoke(cli, ["check", "--weights", str(SAMPLES / "gpt2-tiny"), "--token-ids", ids])
     assert result.exit_code == 2 and "this run needs about" in result.output and "1.0 MiB is available" in result.output
+
+
+def _gpt2_checkpoint(directory, change=None):
+    """A 4-layer GPT-2 at HF's own initialisation, one tensor changed as a bug would change it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_head=2, n_layer=4, n_positions=32, vocab_size=61))
+    if change is not None:
+        with torch.no_grad():
+            change(model)
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda m: m.transformer.h[2].mlp.c_fc.weight.fill_(float("nan")), "weights_non_finite"),
+    (lambda m: m.transformer.h[1].mlp.c_proj.weight.mul_(50), "weight_outlier"),
+])
+def test_a_checkpoint_tensor_broken_outside_training_is_weights_not_the_learning_rate(invoke, tmp_path, change, named):
+    """A tensor full of NaN, or one layer's FFN ×50: whatever it causes downstream (NaN steps, a loss above uniform),
+    the cause is the weights in the file."""
+    directory = _gpt2_checkpoint(tmp_path, change)
+    result = invoke("check", "--weights", str(directory), "--token-ids", *map(str, range(20)), "--json")
+    report = json.loads(result.stdout)
+    assert result.exit_code == 1
+    assert named in {f["name"] for f in report["flags"]}
+    assert report["diagnosis"][0]["cause"] == "weights"
+
+
+def test_the_same_checkpoint_untouched_raises_neither(invoke, tmp_path):
+    directory = _gpt2_checkpoint(tmp_path)
+    report = json.loads(invoke("check", "--weights", str(directory), "--token-ids", *map(str, range(20)),
+                               "--json").stdout)
+    assert not {"weights_non_finite", "weight_outlier"} & {f["name"] for f in report["flags"]}

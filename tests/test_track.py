@@ -103,8 +103,9 @@ def test_the_table_ends_with_the_first_sign_of_trouble():
     assert result.exit_code == 1
     lines = result.output.splitlines()
     assert lines[0] == "5 checkpoints of a 2-layer gpt2 model, the same 471 tokens through each (steps 0–100)"
-    assert lines[-2].startswith("first sign of trouble: step 10, layer 0, ")
-    assert lines[-1].startswith("still there at the last step (100): ")
+    assert lines[-3].startswith("first sign of trouble: step 10, layer 0, ")
+    assert lines[-2].startswith("still there at the last step (100): ")
+    assert lines[-1].startswith(f"roll back to: step 0 ({RUN / 'step_0000'})")
     assert any(line.startswith("most likely at step 10: learning rate") for line in lines)
     assert result.stderr_bytes in (None, b"")  # not a terminal: no progress bar
 
@@ -146,7 +147,7 @@ def test_a_watch_timeline_is_tracked_as_checkpoints_are():
     assert text.startswith("10 watch records, 2 blocks (steps 0–90)")
     brief = invoke("track", RUN / "watch.jsonl", "--brief").output.splitlines()
     # header, blank, table head, 10 rows, blank, diagnosis, advice, first sign, still there
-    assert len(brief) == 2 + 2 + 10 + 1 + 4
+    assert len(brief) == 2 + 2 + 10 + 1 + 5  # header, table, diagnosis, advice, first sign, still there, roll back
     assert brief[-1] == text.splitlines()[-1] and "per layer" not in "".join(brief)
 
 

@@ -165,6 +165,7 @@ def track(ctx, **params):
     ‖ΔW‖/‖W‖ against the previous checkpoint by tensor kind, the findings first raised; then the
     first sign of trouble. Exit 1 when a finding reaches --fail-on."""
     from blocktrace.training.timeline import read_timeline
+    from blocktrace.training.rollback import rollback_point
     from blocktrace.training.track import attach_log, first_sign, judged, last_sign, mark_new_flags, read_log
 
     enforce(ctx, TRACK_RULES)
@@ -181,6 +182,7 @@ def track(ctx, **params):
         attach_log(records, log)
     level = Level(params["fail_on"])
     first, last = first_sign(records, level), last_sign(records, level)
+    rollback = rollback_point(records, first["step"] if first else None)
     comparison = None
     if params["against"] is not None:
         from blocktrace.training.against import compare_runs
@@ -200,10 +202,11 @@ def track(ctx, **params):
         save_figure(plt, track_figure(plt, records, first), params["plot_path"], params["force"])
     from blocktrace.render.track import render_against, render_track
 
-    report = {"records": records, "first_flag": first, "last_flags": last,
+    report = {"records": records, "first_flag": first, "last_flags": last, "rollback": rollback,
               **({"against": comparison} if comparison is not None else {})}
     show(report, params, lambda: render_track(
-        records, first, last, level, "timeline" if timeline else "checkpoints", params["fmt"], brief=params["brief"])
+        records, first, last, level, "timeline" if timeline else "checkpoints", params["fmt"], brief=params["brief"],
+        rollback=rollback)
         + ("" if comparison is None else "\n" + render_against(comparison, params["against"], params["fmt"])))
     parted = comparison is not None and comparison["first_parted"] is not None
     ctx.exit(FINDINGS_EXIT if first is not None or parted else 0)

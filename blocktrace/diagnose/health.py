@@ -32,6 +32,7 @@ UPDATE_SMALL, UPDATE_LARGE = 1e-3, 10.0
 MASSIVE_RATIO = 1000.0
 STREAM_GROWTH_ERROR = 100.0  # ‖x‖²/d growth past Xiong et al.'s 1 + 3l/2 bound, ×
 WEIGHT_GAIN_ERROR = 10.0  # std·√fan_in of a weight matrix: ≈ 0.5–1.5 at the usual inits
+SIBLING_RATIO, MIN_SIBLINGS = 10.0, 3  # a matrix an order of magnitude off the same matrix of the other layers
 FLOAT16_MAX = 65504.0
 LOSS_MARGIN = 0.5  # nats above log V: worse than predicting every token equally likely
 LOG_Z_ERROR = 1e3
@@ -53,6 +54,9 @@ class ModelEvidence:
     step: Optional[int] = None  # the training step the checkpoint holds, when its name or trainer_state says
     # per optimizer group and parameter dtype (a Watch given its optimizer): {"dtype", "eps", "eps_in_dtype"}
     optimizer: list[dict] = field(default_factory=list)
+    # the weights of a model being trained (a Watch), not of a checkpoint read back: how they changed is the
+    # dynamics' to judge (diagnose.dynamics), with the training's own evidence beside them
+    in_training: bool = False
 
 
 # --- what a traced step shows ----------------------------------------------------------------------
@@ -317,6 +321,60 @@ def _weight_scale(evidence) -> list[Flag]:
             median = gains[len(gains) // 2]
             flags.append(flag("weight_scale", Level.ERROR, None, evidence.first_layer + index, median,
                               f"the median matrix has std·√fan_in = {median:.3g}"))
+    return flags
+
+
+@check(Scope.MODEL, "weights_non_finite",
+       "a checkpoint's weight matrix holds NaN or Inf (its sum of squares is not finite)",
+       "definition: no optimizer step on finite gradients writes NaN into a weight it holds finite; a non-finite "
+       "weight makes every output it touches non-finite",
+       "the checkpoint's weights themselves are broken: whatever else fails downstream follows from them",
+       Cause.WEIGHTS, direct=True,
+       advice="reload the last checkpoint whose weights are finite, and find what wrote the NaN (a diverged step "
+       "saved without a check, a corrupt copy, a conversion that overflowed)")
+def _weights_non_finite(evidence) -> list[Flag]:
+    flags = []
+    if evidence.in_training:
+        return flags
+    for index, matrices in enumerate(evidence.weights):
+        broken = [name for name, entry in matrices.items() if not math.isfinite(entry["norm"])]
+        if broken:
+            flags.append(flag("weights_non_finite", Level.ERROR, None, evidence.first_layer + index, math.nan,
+                              f"{', '.join(broken[:3])}{' …' if len(broken) > 3 else ''} hold NaN or Inf"))
+    return flags
+
+
+def _siblings(weights: list[dict]) -> dict[str, list[float]]:
+    """Each matrix name of a block, with its std in every traced layer that has it finite."""
+    found: dict[str, list[float]] = {}
+    for matrices in weights:
+        for name, entry in matrices.items():
+            if math.isfinite(entry["std"]):
+                found.setdefault(name, []).append(entry["std"])
+    return found
+
+
+@check(Scope.MODEL, "weight_outlier",
+       f"a checkpoint's weight matrix whose std is > {SIBLING_RATIO:g}× or < 1/{SIBLING_RATIO:g} of the median std "
+       f"of the same matrix in the other layers (at least {MIN_SIBLINGS} layers traced)",
+       "initialisation draws every layer's matrix of one kind at one scale (GPT-2: N(0, 0.02), its residual "
+       "projections at 0.02/√(2L)), and training moves them by far less than an order of magnitude",
+       "one layer's weights are unlike all their siblings: scaled, zeroed or overwritten outside the optimizer "
+       "(surgery, a bad merge, a loading bug)", Cause.WEIGHTS)
+def _weight_outlier(evidence) -> list[Flag]:
+    if evidence.in_training or len(evidence.weights) < MIN_SIBLINGS:
+        return []
+    siblings, flags = _siblings(evidence.weights), []
+    for index, matrices in enumerate(evidence.weights):
+        for name, entry in matrices.items():
+            values = sorted(siblings.get(name, []))
+            median = values[len(values) // 2] if len(values) >= MIN_SIBLINGS else 0.0
+            std = entry["std"]
+            if median > 0 and math.isfinite(std) and not 1 / SIBLING_RATIO <= std / median <= SIBLING_RATIO:
+                flags.append(flag("weight_outlier", Level.ERROR, None, evidence.first_layer + index, std / median,
+                                  f"{name}: std {std:.3g}, {std / median:.3g}× the median of its "
+                                  f"{len(values)} siblings ({median:.3g})"))
+                break  # one per layer: its first outlier names it
     return flags
 
 

@@ -162,8 +162,20 @@ def _header(records: list[dict], source: str) -> str:
             f"through each (steps {records[0]['step']}–{records[-1]['step']})")
 
 
+def rollback_line(first: Optional[dict], rollback: Optional[dict], records: list[dict]) -> Optional[str]:
+    """Where to resume from (training/rollback.py), when there was trouble."""
+    if first is None:
+        return None
+    if rollback is None:
+        return (f"roll back to: no record before the first sign is healthy (the first is step {records[0]['step']}): "
+                "the run was broken from its start; fix the cause and start again")
+    where = f" ({rollback['path']})" if rollback.get("path") else " (reload the last checkpoint saved at or before it)"
+    loss = f", loss {rollback['loss']:.4f}" if isinstance(rollback.get("loss"), (int, float)) else ""
+    return f"roll back to: step {rollback['step']}{where}{loss}, the last healthy record before the first sign"
+
+
 def render_track(records: list[dict], first: Optional[dict], last: Optional[dict], level: Level, source: str,
-                 fmt: str = "simple", brief: bool = False) -> str:
+                 fmt: str = "simple", brief: bool = False, rollback: Optional[dict] = None) -> str:
     lines = [_header(records, source), "", summary_table(records, fmt), ""]
     if not brief:
         lines += _layer_tables(records, fmt)
@@ -176,7 +188,7 @@ def render_track(records: list[dict], first: Optional[dict], last: Optional[dict
             if top.get("advice"):
                 lines.append(f"advice: {top['advice']}")
     lines.append(first_sign_line(first, records, level))
-    lines += [line for line in [last_sign_line(first, last, records)] if line]
+    lines += [line for line in [last_sign_line(first, last, records), rollback_line(first, rollback, records)] if line]
     return "\n".join(lines) + "\n"
 
 

@@ -41,7 +41,9 @@ from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
 from blocktrace.training.distributed import Reducer
 from blocktrace.training.loop import LoopObserver, causal_model, grad_norm, logits_of, loss_checks, probe_causality, \
     target_match
+from blocktrace.training.rollback import healthy
 from blocktrace.training.timeline import TimelineWriter, diagnosis_entries, flag_entries, layer_entry, record
+from blocktrace.vocab import Level
 
 Blocks = Union[None, str, Sequence[nn.Module]]
 
@@ -146,6 +148,8 @@ class Watch:
         self.snapshots: Optional[list[dict]] = None
         self.armed = None  # the context that measures sdpa attention during a recording forward
         self.warned_no_gradients = False
+        self.last_healthy: Optional[int] = None  # the last record's step that raised no warning or error
+        self.trouble_seen = False
         self.captured_loss: Optional[torch.Tensor] = None
         self.batch = Batch(_shifts_labels(_unwrap(model)))
         self.loop = LoopObserver(_unwrap(model), optimizer)
@@ -238,6 +242,7 @@ class Watch:
                               "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
                               "loop": host["loop"], "probe": host["probe"]})
         self._judge(entry, traces, host)
+        self._name_rollback(entry)
         self._remember(entry)
         if self.writer is not None:
             self.writer.write(entry)
@@ -289,6 +294,23 @@ class Watch:
         entry["flags"] = flag_entries([f.to_dict() for f in found.flags])
         entry["diagnosis"] = diagnosis_entries(found.diagnosis)
 
+    def _name_rollback(self, entry: dict) -> None:
+        """At the first record with an error: the step to roll back to (training/rollback.py), in the record and in
+        one warning, since a loop may run for hours past it."""
+        if healthy(entry):
+            self.last_healthy = entry["step"]
+            return
+        errors = [f for f in entry["flags"] if f["level"] == Level.ERROR.value]
+        if self.trouble_seen or not errors:
+            return
+        self.trouble_seen = True
+        entry["rollback"] = self.last_healthy
+        where = (f"the last healthy record is step {self.last_healthy}: roll back to the last checkpoint saved at or "
+                 "before it" if self.last_healthy is not None else "no record before it was healthy: the run was "
+                 "broken from its start")
+        warnings.warn(f"blocktrace.Watch: first error at step {entry['step']} ({errors[0]['name']}: "
+                      f"{errors[0]['detail']}); {where}", RuntimeWarning, stacklevel=4)
+
     def _loss(self, loss) -> Optional[torch.Tensor]:
         """The loss as a device scalar, averaged over the ranks."""
         if loss is None:
@@ -320,7 +342,7 @@ class Watch:
                                                                              if g is not None], weight_norms=[])
         evidence = ModelEvidence(weights=[weight_summary(w) for w in weights], n_layers=len(traces),
                                  step=self.count, stored_dtype=_stored_dtype(self.blocks[0]),
-                                 optimizer=optimizer_settings(self.optimizer))
+                                 optimizer=optimizer_settings(self.optimizer), in_training=True)
         return evaluate(traces, gradients, evidence)
 
     def _to_tensorboard(self, entry: dict) -> None:
