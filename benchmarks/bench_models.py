@@ -21,14 +21,17 @@ D_MODEL, N_HEAD, N_LAYER, CONTEXT = 64, 4, 4, 128
 
 
 class Attention(nn.Module):  # nanoGPT's CausalSelfAttention
-    def __init__(self, d: int, heads: int, causal: bool, mask_off_by_one: bool = False):
+    def __init__(self, d: int, heads: int, causal: bool, mask_off_by_one: bool = False, view_bug: bool = False):
         super().__init__()
         self.c_attn, self.c_proj, self.heads, self.causal = nn.Linear(d, 3 * d), nn.Linear(d, d), heads, causal
-        self.mask_off_by_one = mask_off_by_one
+        self.mask_off_by_one, self.view_bug = mask_off_by_one, view_bug
 
     def forward(self, x):
         b, t, c = x.shape
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.c_attn(x).split(c, 2))
+        if self.view_bug:  # the bug (Karpathy's mistake 6): .view(B, heads, T, d) where a transpose is needed
+            q, k, v = (z.reshape(b, self.heads, t, c // self.heads) for z in self.c_attn(x).split(c, 2))
+        else:
+            q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.c_attn(x).split(c, 2))
         if self.mask_off_by_one:  # the bug: tril(…, diagonal=1) lets each token see the next one
             mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril(diagonal=1)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -54,10 +57,11 @@ NORMS = {"layernorm": nn.LayerNorm, "identity": lambda d: nn.Identity(), "sequen
 
 class Block(nn.Module):  # nanoGPT's Block, with the bug under test switched on
     def __init__(self, d: int, heads: int, causal: bool = True, residual_normed: bool = False,
-                 mask_off_by_one: bool = False, norm: str = "layernorm", ffn_residual: bool = True):
+                 mask_off_by_one: bool = False, norm: str = "layernorm", ffn_residual: bool = True,
+                 view_bug: bool = False):
         super().__init__()
         self.ln_1, self.ln_2 = NORMS[norm](d), NORMS[norm](d)
-        self.attn = Attention(d, heads, causal, mask_off_by_one)
+        self.attn = Attention(d, heads, causal, mask_off_by_one, view_bug)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
         self.residual_normed, self.ffn_residual = residual_normed, ffn_residual
 
@@ -70,14 +74,17 @@ class Block(nn.Module):  # nanoGPT's Block, with the bug under test switched on
         return (normed if self.residual_normed else x) + self.mlp(normed)
 
 
-BLOCK_OPTIONS = ("causal", "residual_normed", "mask_off_by_one", "norm", "ffn_residual")
+BLOCK_OPTIONS = ("causal", "residual_normed", "mask_off_by_one", "norm", "ffn_residual", "view_bug")
 
 
 class NanoGPT(nn.Module):
-    def __init__(self, vocab: int, shift: bool = True, **block_options):
+    def __init__(self, vocab: int, shift: bool = True, softmax_output: bool = False, reduction: str = "mean",
+                 **block_options):
         super().__init__()
         self.options = {"vocab": vocab, **block_options}
         self.shift = shift  # False, the bug: position t is trained to predict its own token
+        self.softmax_output = softmax_output  # True, the bug (Karpathy's mistake 4): probabilities into the loss
+        self.reduction = reduction  # "sum", the bug: the loss grows with the batch
         self.wte, self.wpe = nn.Embedding(vocab, D_MODEL), nn.Embedding(CONTEXT, D_MODEL)
         self.h = nn.ModuleList(Block(D_MODEL, N_HEAD, **block_options) for _ in range(N_LAYER))
         self.ln_f = nn.LayerNorm(D_MODEL)
@@ -88,11 +95,13 @@ class NanoGPT(nn.Module):
         for block in self.h:
             x = block(x)
         logits = self.ln_f(x) @ self.wte.weight.T
+        if self.softmax_output:
+            logits = torch.softmax(logits, dim=-1)
         loss = None
         if labels is not None:
             shift = 1 if self.shift else 0
             loss = F.cross_entropy(logits[:, : logits.shape[1] - shift].reshape(-1, logits.shape[-1]),
-                                   labels[:, shift:].reshape(-1))
+                                   labels[:, shift:].reshape(-1), reduction=self.reduction)
         return type("Output", (), {"loss": loss, "logits": logits})()
 
     def save(self, directory: Path) -> None:
