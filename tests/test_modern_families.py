@@ -82,6 +82,11 @@ FAMILIES = {
     "qwen2 rope-yarn": ("Qwen2ForCausalLM", "Qwen2Config", dict(num_key_value_heads=2, rope_parameters={
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4, "rope_theta": 10000.0}),
         LLAMA_PLACES),
+    # Phi-4-mini: a quarter of each head left unrotated, its partial_rotary_factor at the top level of config.json
+    # (the hub's file, and what transformers 5's save_pretrained writes) — refused before, wrongly
+    "phi3 partial-rotary": ("Phi3ForCausalLM", "Phi3Config", dict(num_key_value_heads=2, partial_rotary_factor=0.75,
+                                                                  pad_token_id=0, eos_token_id=1, bos_token_id=1),
+                            LLAMA_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -141,7 +146,7 @@ def test_every_step_matches_huggingface(family, layer):
 
 
 NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama rope-llama3", "llama rope-dynamic",
-         "qwen2 rope-yarn", "phi3 rope-longrope"]
+         "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -325,3 +330,21 @@ def test_a_missing_key_takes_the_familys_default_and_says_so(invoke, tmp_path, n
     layer = load_block(checkpoint, info, 0, read).config
     assert getattr(read if field == "eps" else layer, field) == expected
     assert f"config.json has no {key}: {name}'s default {expected} assumed" in " ".join(info.notes)
+
+
+def test_phi4_minis_top_level_partial_rotary_factor_is_read_as_hf_reads_it(tmp_path):
+    """The hub's Phi-4-mini config.json gives partial_rotary_factor at the top level only: HF folds it into its rope
+    parameters; blocktrace reads it there too (it refused the file before)."""
+    model, places = build("phi3 partial-rotary")
+    model.save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    written["rope_parameters"].pop("partial_rotary_factor")
+    (tmp_path / "config.json").write_text(json.dumps(written))
+    checkpoint = Checkpoint(tmp_path)
+    info = model_info(checkpoint)
+    config = checkpoint_config(checkpoint, info, {})
+    assert config.rotary_fraction == 0.75
+    expected = reference(model, places, 1, IDS)
+    traced = trace(load_block(checkpoint, info, 1, config), expected["hidden_states"][1][0], keep_tensors=True).tensors()
+    for step in places:
+        assert (traced[step] - expected[step][0]).abs().max().item() <= 1e-5, step

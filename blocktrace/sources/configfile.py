@@ -18,6 +18,9 @@ from blocktrace.sources.reading import parse_json, read_text
 _MISSING = object()
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")  # the attention kinds a layer_types entry may name here
+
+
 class ConfigFile:
     """Typed access to a JSON object read from `path`."""
 
@@ -78,6 +81,23 @@ class ConfigFile:
 
     def boolean(self, key: str, default: Any = None) -> Optional[bool]:
         return self._of_type(key, default, bool, "true or false")
+
+    def layer_types(self, layers: Optional[int]) -> Optional[list]:
+        """`layer_types` as HF's configs validate it: absent or null, or a list of one known attention type per
+        layer (num_hidden_layers of them). Only full and sliding attention are traced: any other type HF knows
+        is refused by name."""
+        value = self.data.get("layer_types")
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or \
+                (layers is not None and len(value) != layers):
+            raise self.bad("layer_types", f"a list of {layers if layers is not None else 'one'} attention type"
+                           f"{'s' if layers != 1 else ''} (one per layer: num_hidden_layers)", value)
+        unknown = sorted(set(value) - set(LAYER_TYPES))
+        if unknown:
+            raise self.bad("layer_types", f"made of {' and '.join(LAYER_TYPES)} (blocktrace traces no other kind)",
+                           unknown)
+        return value
 
     def mapping(self, key: str) -> "ConfigFile":
         """A nested object, as a ConfigFile of its own (empty when absent or null)."""

@@ -62,12 +62,18 @@ def hf_causal(block: nn.Module) -> Optional[bool]:
 
 def _sliding_window(block: nn.Module, config) -> Optional[int]:
     """The window of this layer: its attention's own `sliding_window` where it keeps one (Qwen,
-    Gemma-2), else the config's (Mistral, Phi-3 apply it to every layer). 0 is no window (Qwen2-MoE's
-    config writes 0 when use_sliding_window is off)."""
+    Gemma-2); else, where the config has layer_types, the window for a layer they mark sliding and none
+    for a full one (Qwen2-MoE sets the attribute on its sliding layers only); else the config's (Mistral,
+    Phi-3 apply it to every layer). 0 is no window (Qwen2-MoE's config writes 0 when use_sliding_window
+    is off)."""
     attention = attention_module(block)
     if attention is not None and hasattr(attention, "sliding_window"):
         return attention.sliding_window or None
-    return getattr(config, "sliding_window", None) or None
+    window = getattr(config, "sliding_window", None) or None
+    types, index = getattr(config, "layer_types", None), getattr(attention, "layer_idx", None)
+    if isinstance(types, (list, tuple)) and isinstance(index, int) and 0 <= index < len(types):
+        return window if types[index] == "sliding_attention" else None
+    return window
 
 
 def additive_mask(batch: int, tokens: int, dtype: torch.dtype, device, causal: bool, window: Optional[int],

@@ -82,8 +82,8 @@ class Gemma2(Gemma):
 
     def sliding(self, config: ConfigFile, layer: int) -> bool:
         """Whether layer_types marks the layer sliding (without them: every other layer, from the first)."""
-        types = config.raw("layer_types")
-        return types[layer] == SLIDING if isinstance(types, list) and layer < len(types) else layer % 2 == 0
+        types = config.layer_types(config.integer("num_hidden_layers"))
+        return types[layer] == SLIDING if types is not None else layer % 2 == 0
 
     def layer_fields(self, config, layer):
         if config is None:
@@ -123,8 +123,8 @@ class Gemma3(Gemma2):
         return {**super().config_fields(config), "qk_norm": True, "attn_softcap": None, **self.rope(config, FULL)}
 
     def sliding(self, config, layer):
-        types = config.raw("layer_types")
-        if isinstance(types, list) and layer < len(types):
+        types = config.layer_types(config.integer("num_hidden_layers"))
+        if types is not None:
             return types[layer] == SLIDING
         return bool((layer + 1) % self.setting(config, "sliding_window_pattern", "integer"))
 

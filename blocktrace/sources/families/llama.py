@@ -9,7 +9,7 @@ The keys are alike; the computation is not. What each adds, read from its config
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from blocktrace.errors import UsageError, WeightsError
 from blocktrace.sources.configfile import ConfigFile
@@ -121,18 +121,25 @@ class Mistral(Llama):
         return {"sliding_window": self.setting(config, "sliding_window", "integer") if config is not None else None}
 
 
-def qwen_window(config: Optional[ConfigFile], layer: int) -> dict:
-    """Qwen's sliding window applies where use_sliding_window is on, to the layers layer_types (or,
-    without them, max_window_layers) marks as sliding — as transformers' Qwen2Config does."""
+def qwen_window(config: Optional[ConfigFile], layer: int,
+                sliding_by_default: Callable[[ConfigFile, int], bool] = None) -> dict:
+    """Qwen's sliding window applies where use_sliding_window is on, to the layers layer_types marks sliding or,
+    without them, to those the family's own HF config class marks (`sliding_by_default`; Qwen2's and Qwen3's:
+    every layer from max_window_layers on)."""
     if config is None or not config.boolean("use_sliding_window", False):
         return {"sliding_window": None}
     window = config.integer("sliding_window")
-    types = config.raw("layer_types")
-    if isinstance(types, list) and layer < len(types):
+    types = config.layer_types(config.integer("num_hidden_layers"))
+    if types is not None:
         sliding = types[layer] == SLIDING
     else:
-        sliding = layer >= config.integer("max_window_layers", 28, positive=False)
+        sliding = (sliding_by_default or from_max_window_layers)(config, layer)
     return {"sliding_window": window if sliding else None}
+
+
+def from_max_window_layers(config: ConfigFile, layer: int) -> bool:
+    """Qwen2Config's and Qwen3Config's rule: the layers from max_window_layers on slide."""
+    return layer >= config.integer("max_window_layers", 28, positive=False)
 
 
 class Qwen2(Llama):

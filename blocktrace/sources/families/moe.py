@@ -121,7 +121,7 @@ class Qwen2MoE(MixtureFamily, Qwen2):
         return {"bias": False, "attn_bias": False, "qkv_bias": self.setting(config, "qkv_bias", "boolean")}
 
     def layer_fields(self, config, layer):
-        return {**qwen_window(config, layer), **self.dense_fields(config, layer)}
+        return {**qwen_window(config, layer, every_other_below_max_window_layers), **self.dense_fields(config, layer)}
 
     def parameters(self, read, c):
         d, state = c.d_model, super().parameters(read, c)
@@ -143,7 +143,16 @@ class Qwen3MoE(MixtureFamily, Qwen3):
         return {**super().config_fields(config), **self.moe_fields(config)}
 
     def layer_fields(self, config, layer):
-        return {**qwen_window(config, layer), **self.dense_fields(config, layer)}
+        """Qwen3MoeConfig has no layer_types and no max_window_layers: with use_sliding_window on, HF's model
+        windows every layer (a layer_types key in the file is ignored there, and here)."""
+        window = config.integer("sliding_window") if config is not None and \
+            config.boolean("use_sliding_window", False) else None
+        return {"sliding_window": window, **self.dense_fields(config, layer)}
+
+
+def every_other_below_max_window_layers(config, layer: int) -> bool:
+    """Qwen2MoeConfig's rule without layer_types: the even layers below max_window_layers slide."""
+    return layer % 2 == 0 and layer < config.integer("max_window_layers", 28, positive=False)
 
 
 class OLMoE(MixtureFamily, Llama):

@@ -1,10 +1,12 @@
 """Phi-3 (Llama's layer names, fused projections): q, k and v stacked in `self_attn.qkv_proj`
 ([q; k; v] on the output side), the SwiGLU gate and up stacked in `mlp.gate_up_proj`
-([gate; up]); RMSNorm; optional partial rotary and sliding window in every layer."""
+([gate; up]); RMSNorm; optional partial rotary (Phi-4-mini's top-level partial_rotary_factor, as
+transformers 5's save_pretrained writes it too, or inside rope_parameters) and sliding window in every
+layer."""
 
 from __future__ import annotations
 
-from blocktrace.sources.families.base import HFLayer, linear, refuse_unless
+from blocktrace.sources.families.base import HFLayer, linear
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
 from blocktrace.vocab import Norm
 
@@ -14,11 +16,6 @@ class Phi3(Llama):
     hf_classes = ("Phi3DecoderLayer",)
     hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.activation_fn")
     defaults = {**Llama.defaults, "rms_norm_eps": 1e-5}
-
-    def config_fields(self, config):
-        refuse_unless(config, "partial_rotary_factor", (None, 1.0, 1), "rotates part of each head (give it inside "
-                      "rope_parameters)")
-        return super().config_fields(config)
 
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": False}
