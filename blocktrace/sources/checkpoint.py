@@ -28,8 +28,15 @@ WRAPPER_PREFIXES = {"_orig_mod.": "torch.compile", "module.": "DistributedDataPa
 # safetensors' names for torch dtypes, so a loaded file reports dtypes as a safetensors file does.
 DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-               torch.bool: "BOOL"}
-INTEGER_DTYPES = ("I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL")  # never read as a float weight
+               torch.bool: "BOOL", **{getattr(torch, name): label for name, label in (
+                   ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), ("uint16", "U16"), ("uint32", "U32"),
+                   ("uint64", "U64")) if hasattr(torch, name)}}
+# The one list of what a weight may be stored as: the float formats blocktrace computes in, and float8, read upcast
+# (with a note). Every other kind — integers of any width, unsigned, bool, complex, quantized, sparse, nested — is
+# refused by name before any conversion (an integer weight is quantised; a complex one would lose its imaginary part).
+COMPUTED_DTYPES = ("F64", "F32", "F16", "BF16")
+UPCAST_DTYPES = ("F8_E4M3", "F8_E5M2")
+READ_DTYPES = COMPUTED_DTYPES + UPCAST_DTYPES
 
 
 def _refuse_pickle(path: Path) -> None:
@@ -149,7 +156,17 @@ class _LoadedSlice:
         return list(self.tensor.shape)
 
     def get_dtype(self) -> str:
-        return DTYPE_NAMES.get(self.tensor.dtype, str(self.tensor.dtype).replace("torch.", ""))
+        """safetensors' name of the dtype; a layout or kind safetensors cannot hold says so (sparse, quantized,
+        nested), so that it is refused by name."""
+        tensor = self.tensor
+        name = DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype).replace("torch.", ""))
+        if getattr(tensor, "is_nested", False):
+            return f"nested {name}"
+        if tensor.is_quantized:
+            return f"quantized {name}"
+        if tensor.layout != torch.strided:
+            return f"{str(tensor.layout).replace('torch.', '')} {name}"
+        return name
 
     def __getitem__(self, index):
         return self.tensor[index]
@@ -186,6 +203,15 @@ def _open_safetensors(file: Path):
             raise WeightsError(f"{file} is a pickle named .safetensors: rename it to .pt to read it with torch's "
                                "restricted loader") from None
         raise WeightsError(f"{file} is not a valid safetensors file: {error}") from None
+
+
+def _without_wrappers(key: str) -> str:
+    """The key without the wrapper prefixes before it, in any nesting."""
+    while True:
+        found = next((p for p in WRAPPER_PREFIXES if key.startswith(p)), None)
+        if found is None:
+            return key
+        key = key[len(found):]
 
 
 def _wrapper_prefix(keys: list[str]) -> tuple[str, list[str]]:
@@ -233,6 +259,28 @@ class Checkpoint:
         prefix, why = _wrapper_prefix(list(self._entry))
         if prefix:
             self.strip_prefix(prefix, " and ".join(why))
+        self._one_tensor_per_name()
+        upcast = sorted({self.dtype(key) for key in self._entry} & set(UPCAST_DTYPES))
+        if upcast:
+            self.notes.append(f"{' and '.join(upcast)} weights are read upcast to the compute dtype: their values are "
+                              "exact, but the model computes in the wider format, not in float8")
+
+    def _one_tensor_per_name(self) -> None:
+        """A key also present without its wrapper prefixes (`h.0.…` beside `_orig_mod.h.0.…`: two state dicts
+        saved into one) names one tensor twice: read once when both are equal, refused naming both keys when not."""
+        for key in list(self._entry):
+            bare = _without_wrappers(key)
+            if bare != key and bare in self._entry:
+                self.same_tensor(bare, key)
+                del self._entry[key]
+
+    def same_tensor(self, kept: str, other: str) -> None:
+        """Two keys that map to one name: a note when they hold the same values, a refusal naming both when not."""
+        first, second = self.get(kept), self.get(other)
+        if first.shape != second.shape or first.dtype != second.dtype or not torch.equal(first, second):
+            raise WeightsError(f"{self.path}: {kept!r} and {other!r} name the same tensor but hold different values "
+                               "(two copies of the model saved into one file?); keep one of them")
+        self.notes.append(f"{other!r} duplicates {kept!r} (equal values): read once")
 
     def strip_prefix(self, prefix: str, why: str) -> None:
         """Read every key without `prefix` (which a wrapper put before the model's own names)."""
@@ -291,12 +339,14 @@ class Checkpoint:
 
     def get(self, key: str, dtype: Optional[torch.dtype] = None,
             rows: Union[None, slice, Sequence[int]] = None) -> torch.Tensor:
-        """One tensor, or some of its rows (a slice, or a list of row indices), converted to `dtype`. An integer
-        tensor is never read as a float weight: int8/uint8 weights are quantised, meaningless without their scales."""
+        """One tensor, or some of its rows (a slice, or a list of row indices), converted to `dtype`. Read as a float
+        weight, it must be stored in one of READ_DTYPES: anything else is refused before any conversion."""
         file, handle, name = self._located(key)
-        if dtype is not None and dtype.is_floating_point and self.dtype(key) in INTEGER_DTYPES:
-            raise WeightsError(f"{key} in {file} is stored as {self.dtype(key)}: integer (quantised) weights are not "
-                               "read as floats; give the model's float weights (dequantise it first)")
+        stored = self.dtype(key)
+        if dtype is not None and dtype.is_floating_point and stored not in READ_DTYPES:
+            raise WeightsError(f"{key} in {file} is stored as {stored}: weights are read from float32, float64, "
+                               "float16, bfloat16 or float8 only (integer and bool weights are quantised: dequantise "
+                               "the model first; complex, sparse, quantized and nested tensors are not read as floats)")
         try:
             if rows is None:
                 tensor = handle.get_tensor(name)

@@ -76,14 +76,34 @@ def _family_of(checkpoint: Checkpoint, config: Optional[ConfigFile]) -> Family:
                                "trace it as another family")
         return BY_MODEL_TYPE[model_type]
     family = _keyed_family(checkpoint)
-    if family is None and checkpoint.keys and all(key.startswith(MODULE_PREFIX) for key in checkpoint.keys):
-        checkpoint.strip_prefix(MODULE_PREFIX, "a wrapper module, as Lightning's self.model")
+    if family is None and _strip_module_prefix(checkpoint):
         family = _keyed_family(checkpoint)
     if family is None:
         sample = ", ".join(sorted(checkpoint.keys)[:5]) or "none"
         raise WeightsError(f"{checkpoint.path}: unknown checkpoint layout (keys found: {sample}, ...); "
                            f"supported layouts: {'; '.join(SUPPORTED_LAYOUTS)}")
     return family
+
+
+def _strip_module_prefix(checkpoint: Checkpoint) -> bool:
+    """Lightning's `model.` before every key (its LightningModule holds the model as self.model): removed, whether
+    or not a config.json says the family. Whether it was there."""
+    if not checkpoint.keys or not all(key.startswith(MODULE_PREFIX) for key in checkpoint.keys):
+        return False
+    checkpoint.strip_prefix(MODULE_PREFIX, "a wrapper module, as Lightning's self.model")
+    return True
+
+
+def _one_copy_of_the_layers(checkpoint: Checkpoint, family: Family, prefix: str, layers: dict) -> None:
+    """Layers under two prefixes (`h.*` and `transformer.h.*`): one model's tensors twice. Read once where every
+    pair is equal; refused naming the first pair that differs."""
+    for other in layers:
+        if other == prefix:
+            continue
+        for key in [k for k in checkpoint.keys if k.startswith(other)]:
+            twin = prefix + key[len(other):]
+            if twin in checkpoint:
+                checkpoint.same_tensor(twin, key)
 
 
 def _config(checkpoint: Checkpoint) -> tuple[Optional[ConfigFile], list[str]]:
@@ -123,10 +143,13 @@ def model_info(checkpoint: Checkpoint) -> ModelInfo:
         refuse_quantised(config)
     family = _family_of(checkpoint, config)
     layers = _layers_by_prefix(checkpoint, family)
+    if not layers and _strip_module_prefix(checkpoint):
+        layers = _layers_by_prefix(checkpoint, family)
     if not layers:
         raise WeightsError(f"{checkpoint.path}: config.json says model_type {family.name!r} but no tensor is named "
                            f"like its layers ({family.layers_path}.{{k}}.{family.marker})")
     prefix, found = max(layers.items(), key=lambda item: len(item[1]))
+    _one_copy_of_the_layers(checkpoint, family, prefix, layers)
     family = family.variant(checkpoint, prefix)
     n_layers = _contiguous(checkpoint, family, prefix, found)
     declared = None
