@@ -387,7 +387,7 @@ def test_a_watch_used_as_a_context_leaves_nothing_attached(tmp_path):
     original_sdpa = F.scaled_dot_product_attention
     with Watch(model, tmp_path / "run.jsonl", every=3) as watch:
         assert any(m._forward_hooks for m in model.modules())  # armed for step 0
-    assert watch.writer.handle.closed and F.scaled_dot_product_attention is original_sdpa
+    assert watch.writer.closed and F.scaled_dot_product_attention is original_sdpa
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 

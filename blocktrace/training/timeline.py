@@ -111,18 +111,44 @@ class TimelineWriter:
                                  "run) or overwrite=True to start it afresh")
             if overwrite:
                 os.ftruncate(descriptor, 0)
-            os.lseek(descriptor, 0, os.SEEK_END)
-            self.handle = os.fdopen(descriptor, "a", encoding="utf-8")
+            self.last_step = _last_step(self.path) if append and os.fstat(descriptor).st_size > 0 else None
+            self.end = os.lseek(descriptor, 0, os.SEEK_END)  # where the last whole record ends
         except BaseException:
             os.close(descriptor)
             raise
+        self.descriptor: Optional[int] = descriptor
+
+    @property
+    def closed(self) -> bool:
+        return self.descriptor is None
 
     def write(self, entry: dict) -> None:
-        self.handle.write(dumps(entry) + "\n")
-        self.handle.flush()
+        """One record, written straight to the file (no buffer to flush later). If the write fails (a full disk),
+        what it wrote of the line is cut off again, so the file ends with its last whole record, and the error goes
+        on to the caller."""
+        data = (dumps(entry) + "\n").encode("utf-8")
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(self.descriptor, data[written:])
+        except OSError:
+            try:
+                os.ftruncate(self.descriptor, self.end)
+                os.lseek(self.descriptor, self.end, os.SEEK_SET)
+            except OSError:
+                pass
+            raise
+        self.end += len(data)
 
     def close(self) -> None:
-        self.handle.close()  # closing the descriptor releases the lock
+        if self.descriptor is not None:
+            descriptor, self.descriptor = self.descriptor, None
+            os.close(descriptor)  # closing the descriptor releases the lock
+
+
+def _last_step(path: Path) -> Optional[int]:
+    """The last step of a timeline being continued (its records are read as `track` reads them)."""
+    return max(entry["step"] for entry in read_timeline(path))
 
 
 def _open_for_writing(path: Path) -> int:

@@ -68,6 +68,18 @@ def _known(block: nn.Module) -> bool:
         return False
 
 
+def _first_step(writer: Optional[TimelineWriter], start: Optional[int]) -> int:
+    """The step of the first forward: start=, else the step after the last record of the timeline continued
+    (append=True), else 0. A start that would repeat a step the timeline holds is refused."""
+    last = writer.last_step if writer is not None else None
+    if start is None:
+        return 0 if last is None else last + 1
+    if last is not None and start <= last:
+        raise UsageError(f"start={start} would repeat step {start} of {writer.path}, which holds steps up to {last}: "
+                         f"give start={last + 1} or more (or leave start out to continue from there)")
+    return start
+
+
 def _is_integer(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -80,7 +92,7 @@ def _check_arguments(model, path, every, start, blocks, optimizer, tensorboard, 
         raise UsageError(f"path must be the timeline file's path (a str or Path), not {type(path).__name__}")
     if not _is_integer(every) or every < 1:
         raise UsageError(f"every must be a positive integer, not {every!r}")
-    if not _is_integer(start) or start < 0:
+    if start is not None and (not _is_integer(start) or start < 0):
         raise UsageError(f"start must be a training step (an integer ≥ 0), not {start!r}")
     if not (blocks is None or isinstance(blocks, str) or
             (isinstance(blocks, (list, tuple, nn.ModuleList)) and blocks and
@@ -117,6 +129,9 @@ def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[nn.Module]:
             found = model.get_submodule(blocks)
         except AttributeError:
             raise UsageError(f"the model has no submodule {blocks!r} holding its blocks") from None
+        if not isinstance(found, (nn.ModuleList, nn.Sequential)) or not len(found):
+            raise UsageError(f"{blocks!r} is a {type(found).__name__}, not a list of blocks: give the path of the "
+                             "ModuleList holding them (e.g. 'transformer.h' or 'model.layers')")
         return list(found)
     if blocks is not None:
         return list(blocks)
@@ -133,7 +148,8 @@ class Watch:
 
     def __init__(self, model: nn.Module, path: Union[str, Path], every: int = 50, *, blocks: Blocks = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, tensorboard=None, checks: bool = True,
-                 track_updates: bool = True, start: int = 0, append: bool = False, overwrite: bool = False):
+                 track_updates: bool = True, start: Optional[int] = None, append: bool = False,
+                 overwrite: bool = False):
         _check_arguments(model, path, every, start, blocks, optimizer, tensorboard,
                          checks=checks, track_updates=track_updates, append=append, overwrite=overwrite)
         self.model, self.every, self.optimizer = model, every, optimizer
@@ -144,7 +160,13 @@ class Watch:
         self.reducer = Reducer()
         self.tensorboard = _tensorboard(tensorboard) if self.reducer.is_writer else None
         self.writer = TimelineWriter(Path(path), append, overwrite) if self.reducer.is_writer else None
-        self.count = start  # the training step of the next forward (a resumed run starts past 0)
+        try:  # the training step of the next forward (a resumed run's is past 0: start=, or the step after the last
+            self.count = _first_step(self.writer, start)  # one the timeline holds)
+        except BaseException:
+            if self.writer is not None:
+                self.writer.close()  # its lock too: the same file may be given again, rightly
+            raise
+        self.stopped: Optional[str] = None  # why recording stopped (the training loop goes on)
         self.snapshots: Optional[list[dict]] = None
         self.armed = None  # the context that measures sdpa attention during a recording forward
         self.warned_no_gradients = False
@@ -193,19 +215,37 @@ class Watch:
         self.loop.forward(loss if isinstance(loss, torch.Tensor) else logits_of(output))
 
     def step(self, loss: Optional[torch.Tensor] = None, lr: Optional[float] = None) -> Optional[dict]:
-        """Call after loss.backward() and before optimizer.step(); returns the record written, if any."""
+        """Call after loss.backward() and before optimizer.step(); returns the record written, if any. Whatever
+        goes wrong while recording (a full disk, a folder gone read-only, a statistic that fails), the training
+        loop goes on: one warning, and the Watch stops recording; the timeline keeps every record written."""
         _require_scalar("loss", loss)
         _require_scalar("lr", lr)
+        if self.stopped is not None:
+            return None
         entry = None
-        if self.recording:
-            self._disarm()
-            entry = self._record(loss if loss is not None else self.captured_loss, lr)
-            self.captured_loss = None
-            self.loop.expect_step(entry["step"])
-        self.count += 1
-        if self.count % self.every == 0:
-            self._arm()
+        try:
+            if self.recording:
+                self._disarm()
+                entry = self._record(loss if loss is not None else self.captured_loss, lr)
+                self.captured_loss = None
+                self.loop.expect_step(entry["step"])
+            self.count += 1
+            if self.count % self.every == 0:
+                self._arm()
+        except Exception as error:  # a monitor never takes the run down
+            self._stop(f"recording failed at step {self.count}: {type(error).__name__}: {error}")
+            return None
         return entry
+
+    def _stop(self, why: str) -> None:
+        """Recording ends here, said once; the hooks come off, the file is closed with every whole record in it."""
+        self.stopped = why
+        warnings.warn(f"blocktrace.Watch stopped recording ({why}); training goes on and the timeline keeps the "
+                      "records written before", RuntimeWarning, stacklevel=3)
+        try:
+            self.close()
+        except Exception:
+            pass
 
     def __enter__(self) -> "Watch":
         return self
@@ -214,12 +254,19 @@ class Watch:
         self.close()
 
     def close(self) -> None:
-        """Detach everything and close the file (also `with Watch(...) as watch:`)."""
+        """Detach everything and close the file (also `with Watch(...) as watch:`); never raises. A step() after
+        close() records nothing."""
         if self.recording:
             self._disarm()
         self.loop.close()
+        if self.stopped is None:
+            self.stopped = "closed"
         if self.writer is not None:
-            self.writer.close()
+            try:
+                self.writer.close()
+            except OSError as error:
+                warnings.warn(f"blocktrace.Watch: closing {self.writer.path} failed: {error}", RuntimeWarning,
+                              stacklevel=2)
 
     def _learning_rate(self, lr: Optional[float]) -> Optional[float]:
         if lr is not None:
