@@ -90,7 +90,7 @@ BAD = {
     "stream too long": (lambda p: STREAM.tofile(p / "long.bin") or p / "long.bin", [], "--token-ids-file",
                         "draw windows of it with --windows N"),
     "not ids": (lambda p: (p / "ids.txt").write_text("1 2 x\n") and p / "ids.txt", [], "--token-ids-file",
-                "line 1 holds something that is not an integer id"),
+                "line 1 holds 'x', not an id"),
     "pickled npy": (lambda p: np.save(p / "o.npy", np.array([{"a": 1}], dtype=object)) or p / "o.npy", [],
                     "--token-ids-file", "is not a .npy array of integers"),
     "dtype for npy": (lambda p: np.save(p / "i.npy", np.arange(4)) or p / "i.npy", ["--ids-dtype", "int32"],

@@ -12,6 +12,7 @@ through every checkpoint of a `track`.
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -35,13 +36,38 @@ class IdsFromFile:
     note: str
 
 
+def _npy_header(path: Path, data: bytes):
+    """The .npy header's dtype and shape, checked against the file's size before anything is allocated (a header
+    may claim 10^12 elements in a 64-byte file)."""
+    import numpy as np
+
+    stream = io.BytesIO(data)
+    try:
+        major, _ = np.lib.format.read_magic(stream)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(stream)
+    except Exception as error:  # not .npy, a header too long or malformed: numpy says so in several lines
+        first = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
+        raise InputError(f"{OPTION} {path} is not a readable .npy file ({first})") from None
+    if dtype.hasobject:
+        raise InputError(f"{OPTION} {path} is not a .npy array of integers: it holds Python objects (never unpickled)")
+    needed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if needed != len(data) - stream.tell():
+        raise InputError(f"{OPTION} {path}: its header claims shape {tuple(shape)} of {dtype} ({needed:,} bytes) but "
+                         f"the file holds {len(data) - stream.tell():,} bytes of data")
+    return dtype
+
+
 def _from_npy(path: Path):
     import numpy as np
 
+    data = read_bytes(path, OPTION)
+    _npy_header(path, data)
     try:
-        array = np.load(io.BytesIO(read_bytes(path, OPTION)), allow_pickle=False)
+        array = np.load(io.BytesIO(data), allow_pickle=False)
     except ValueError as error:  # a pickled object array, or not .npy at all
-        raise InputError(f"{OPTION} {path} is not a .npy array of integers ({error})") from None
+        first = str(error).strip().splitlines()[0][:120]
+        raise InputError(f"{OPTION} {path} is not a .npy array of integers ({first})") from None
     if array.dtype.kind not in "iu" or array.ndim not in (1, 2):
         raise InputError(f"{OPTION} {path} holds a {array.ndim}-D {array.dtype} array: give a 1-D stream or 2-D rows "
                          "of integer ids")
@@ -72,16 +98,21 @@ def _from_json(path: Path):
     return rows
 
 
+ID_WORD = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: Python's int() also takes 1_0, ٣ and fullwidth digits
+SEPARATORS = re.compile(r"[ \t\r\f\v,]+")  # ASCII whitespace and commas: str.split() splits on any Unicode space
+
+
 def _from_text(path: Path):
     rows = []
-    for number, line in enumerate(read_text(path, OPTION).splitlines(), start=1):
-        words = line.replace(",", " ").split()
+    for number, line in enumerate(read_text(path, OPTION).split("\n"), start=1):
+        words = [word for word in SEPARATORS.split(line) if word]
         if not words:
             continue
-        try:
-            rows.append([int(word) for word in words])
-        except ValueError:
-            raise InputError(f"{OPTION} {path}: line {number} holds something that is not an integer id") from None
+        bad = next((word for word in words if not ID_WORD.fullmatch(word)), None)
+        if bad is not None:
+            raise InputError(f"{OPTION} {path}: line {number} holds {bad[:20]!r}, not an id: ids are ASCII decimal "
+                             "digits, separated by spaces, tabs or commas")
+        rows.append([int(word) for word in words])
     if not rows:
         raise InputError(f"{OPTION} {path} holds no ids")
     return rows
