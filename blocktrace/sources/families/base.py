@@ -268,10 +268,17 @@ def rope_scaling(config: ConfigFile, parameters: ConfigFile, original_default: O
                            _required(parameters, "high_freq_factor"))
     if kind is RopeKind.YARN:
         factor = _required(parameters, "factor")
-        return RopeScaling(kind, factor, original, beta_fast=parameters.number("beta_fast", None) or 32.0,
-                           beta_slow=parameters.number("beta_slow", None) or 1.0,
+        theta = parameters.number("rope_theta", None) or config.number("rope_theta", None)
+        if theta is not None and theta <= 1:  # its correction range divides by log(rope_theta)
+            raise (parameters if parameters.number("rope_theta", None) else config).bad(
+                "rope_theta", "above 1 for YaRN (its correction range divides by log(rope_theta))", theta)
+        return RopeScaling(kind, factor, original, beta_fast=parameters.number("beta_fast", None, positive=True) or 32.0,
+                           beta_slow=parameters.number("beta_slow", None, positive=True) or 1.0,
                            truncate=parameters.boolean("truncate", True),
                            attention_factor=_yarn_attention_factor(parameters, factor))
+    if original < 2:  # longrope's attention factor divides by log(original_max_position_embeddings)
+        raise WeightsError(f"{config.path}: original_max_position_embeddings must be at least 2 for {kind.value} "
+                           f"(its attention factor divides by its log), not {original}")
     factor = parameters.number("factor", None, positive=True) or _required_maximum(config, maximum) / original
     attention = parameters.number("attention_factor", None, positive=True)  # longrope's, as HF (Phi-3) defaults it
     if attention is None:
@@ -290,7 +297,13 @@ def _yarn_attention_factor(parameters: ConfigFile, factor: float) -> float:
         return 1.0 if factor <= 1 else 0.1 * weight * math.log(factor) + 1.0
 
     top, bottom = parameters.number("mscale", None), parameters.number("mscale_all_dim", None)
-    return float(mscale(top) / mscale(bottom)) if top and bottom else mscale(1.0)
+    if not (top and bottom):
+        return mscale(1.0)
+    ratio = mscale(top) / mscale(bottom) if mscale(bottom) != 0 else math.inf
+    if not (math.isfinite(ratio) and ratio > 0):
+        raise parameters.bad("mscale_all_dim", f"a weight that keeps YaRN's attention factor mscale(mscale) / "
+                             f"mscale(mscale_all_dim) positive and finite at factor {factor:g}", bottom)
+    return float(ratio)
 
 
 def _required(parameters: ConfigFile, key: str) -> float:

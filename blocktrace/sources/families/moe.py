@@ -51,6 +51,9 @@ class MixtureFamily:
     def sparse(self, config: ConfigFile, layer: int) -> bool:
         """Qwen's rule: a layer is sparse unless mlp_only_layers lists it or decoder_sparse_step skips it."""
         dense = config.raw("mlp_only_layers") or []
+        if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                  for i in dense):
+            raise config.bad("mlp_only_layers", "a list of layer indices (integers ≥ 0)", dense)
         step = config.integer("decoder_sparse_step", 1)
         return layer not in dense and (layer + 1) % step == 0
 

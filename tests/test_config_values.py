@@ -1,0 +1,54 @@
+"""Config numbers and lists validated before use (issue 33): each value that used to raise a traceback deep inside
+(a division by zero, a log of a negative number, an index list that is not one) is one error line naming the key."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+LLAMA = "sample_weights/llama-tiny"
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+
+
+def _one_error(result, *words):
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in result.output, result.output
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def _llama_with(tmp_path, **changes):
+    target = tmp_path / "llama"
+    shutil.copytree(LLAMA, target)
+    config = json.loads((target / "config.json").read_text())
+    config.update(changes)
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+@pytest.mark.parametrize("changes, key", [
+    ({"rope_scaling": {**YARN, "mscale": 1.0, "mscale_all_dim": -10 / 1.3862943611198906}}, "mscale_all_dim"),
+    ({"rope_scaling": YARN, "rope_theta": 1.0}, "rope_theta"),
+    ({"rope_scaling": {**YARN, "beta_fast": -32.0}}, "beta_fast"),
+    ({"rope_scaling": {**YARN, "beta_slow": -1.0}}, "beta_slow"),
+    ({"rope_scaling": LONGROPE, "original_max_position_embeddings": 1}, "original_max_position_embeddings"),
+])
+def test_rope_values_that_break_its_formulas_are_refused_by_key(invoke, tmp_path, changes, key):
+    weights = _llama_with(tmp_path, **changes)
+    _one_error(invoke("check", "--weights", str(weights), "--token-ids", "1", "2", "3"), key)
+
+
+@pytest.mark.parametrize("value", [5, "x", [0, "1"], [-1]])
+def test_mlp_only_layers_must_be_a_list_of_layer_indices(tmp_path, value):
+    from blocktrace.errors import WeightsError
+    from blocktrace.sources.configfile import ConfigFile
+    from blocktrace.sources.families import FAMILIES
+
+    config = ConfigFile(tmp_path / "config.json", {"num_hidden_layers": 2, "mlp_only_layers": value,
+                                                   "intermediate_size": 8})
+    with pytest.raises(WeightsError, match="mlp_only_layers must be a list of layer indices"):
+        FAMILIES["qwen2_moe"].layer_fields(config, 0)
