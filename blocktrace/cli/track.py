@@ -126,6 +126,20 @@ def _reference_records(params: dict, show_progress: bool) -> list[dict]:
     return records
 
 
+def _compared(records: list[dict], reference: list[dict], name) -> dict:
+    """The run against its reference, refused when they are runs of different models or share no step."""
+    from blocktrace.errors import InputError
+    from blocktrace.training.against import compare_runs, require_comparable
+
+    require_comparable(records, reference, name)
+    comparison = compare_runs(records, reference)
+    if not comparison["matched"]:
+        raise InputError(f"--against {name}: no step in common with the run (the run's steps "
+                         f"{records[0]['step']}–{records[-1]['step']}, the reference's {reference[0]['step']}–"
+                         f"{reference[-1]['step']}): record both at the same steps")
+    return comparison
+
+
 def _write_records(records: list[dict], path: Path, force: bool) -> None:
     from blocktrace.files import write_atomically
     from blocktrace.training.timeline import dumps
@@ -175,7 +189,9 @@ def track(ctx, **params):
     timeline = _reads_timeline(ctx)
     show_progress = progress_wanted(chosen(params) is not None, params["quiet"])
     records = judged(read_timeline(params["sources"][0]) if timeline else _checkpoint_records(params, show_progress))
-    if params["out"] is not None:
+    reference = _reference_records(params, show_progress) if params["against"] is not None else None
+    comparison = _compared(records, reference, params["against"]) if reference is not None else None
+    if params["out"] is not None:  # written once every input is read and matched: an error leaves no file
         _write_records(records, params["out"], params["force"])
     mark_new_flags(records)
     if log is not None:
@@ -183,18 +199,6 @@ def track(ctx, **params):
     level = Level(params["fail_on"])
     first, last = first_sign(records, level), last_sign(records, level)
     rollback = rollback_point(records, first["step"] if first else None)
-    comparison = None
-    if params["against"] is not None:
-        from blocktrace.training.against import compare_runs
-
-        reference = _reference_records(params, show_progress)
-        comparison = compare_runs(records, reference)
-        if not comparison["matched"]:
-            from blocktrace.errors import InputError
-
-            raise InputError(f"--against {params['against']}: no step in common with the run (the run's steps "
-                             f"{records[0]['step']}–{records[-1]['step']}, the reference's {reference[0]['step']}–"
-                             f"{reference[-1]['step']}): record both at the same steps")
     if params["plot_path"] is not None:
         from blocktrace.render.plot import require_pyplot, save_figure, track_figure
 

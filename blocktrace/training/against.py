@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional
 
+from blocktrace.errors import InputError
+
 SEED_FACTOR = 4.0  # per-layer quantities of two seeds of one recipe, each the larger over the smaller
 SEED_LOSS = 0.5  # nats between two seeds' losses at one step (a Watch's loss is one batch's: measured up to 0.34)
 
@@ -74,6 +76,42 @@ def _loss_parted(entry: dict, reference: dict) -> Optional[dict]:
         return None
     return {"layer": None, "quantity": "loss", "run": mine, "reference": theirs,
             "factor": mine - theirs if math.isfinite(mine - theirs) else math.inf}
+
+
+IDENTITY = (("family", "family"), ("model", "model class"), ("width", "width (d_model)"), ("vocab", "vocabulary"),
+            ("kinds", "kinds of weight tensor"))
+
+
+def _kinds(entry: dict) -> Optional[str]:
+    """The kinds of weight tensor a record's layers hold (attn_qkv, router, …): a family's signature."""
+    kinds = {kind for layer in entry["layers"] for kind in (layer.get("weights") or {})}
+    return ", ".join(sorted(kinds)) if kinds else None
+
+
+def _identity(records: list[dict]) -> dict:
+    """What a run is a run of: its depth, and the family, model class, width, vocabulary and kinds of weight tensor
+    its records say."""
+    found = {"layers": max((len(entry["layers"]) for entry in records), default=0)}
+    for key, _ in IDENTITY:
+        values = {_kinds(entry) if key == "kinds" else entry.get(key) for entry in records} - {None}
+        found[key] = values.pop() if len(values) == 1 else None
+    return found
+
+
+def require_comparable(run: list[dict], reference: list[dict], reference_name) -> None:
+    """A reference judges a run only if both are runs of one model: refused, by name, when either has no layer
+    records or they differ in depth, family, model class, width or vocabulary (what each says of itself)."""
+    mine, theirs = _identity(run), _identity(reference)
+    for who, identity in (("the run", mine), (f"--against {reference_name}", theirs)):
+        if identity["layers"] == 0:
+            raise InputError(f"{who} has no layer records: there is nothing to set side by side")
+    if mine["layers"] != theirs["layers"]:
+        raise InputError(f"--against {reference_name} has {theirs['layers']} layers and the run {mine['layers']}: "
+                         "compare runs of one model")
+    for key, words in IDENTITY:
+        if mine[key] is not None and theirs[key] is not None and mine[key] != theirs[key]:
+            raise InputError(f"--against {reference_name} is a run of another model: its {words} is {theirs[key]}, "
+                             f"the run's {mine[key]}; compare runs of one model")
 
 
 def compare_runs(run: list[dict], reference: list[dict]) -> dict:

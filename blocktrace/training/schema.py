@@ -191,8 +191,12 @@ def checked_record(entry: dict) -> dict:
     record["diagnosis"] = _listed(record.get("diagnosis", []), "diagnosis", _finding)
     if "optimizer" in record:
         record["optimizer"] = _text(record["optimizer"], "optimizer")
-    if "vocab" in record:
-        record["vocab"] = _index(record["vocab"], "vocab", optional=True)
+    for key in ("vocab", "width"):
+        if key in record:
+            record[key] = _index(record[key], key, optional=True)
+    for key in ("family", "model"):
+        if key in record:
+            record[key] = _text(record[key], key)
     if record.get("data") is not None:
         record["data"] = _data(record["data"], "data")
     if record.get("loop") is not None:

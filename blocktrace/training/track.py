@@ -146,7 +146,8 @@ def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, cur
     return record(point.step, "checkpoint", layers, flag_entries(report.get("flags") or []),
                   report.get("diagnosis") or [],
                   loss=report.get("loss"), path=str(point.path),
-                  extra={"family": info.family.name, "tokens": report["input"]["tokens"]})
+                  extra={"family": info.family.name, "tokens": report["input"]["tokens"],
+                         "width": traces[0].input.shape[-1] if traces else None, "vocab": info.vocab_size})
 
 
 def track_checkpoints(points: Sequence[Point], request: RunRequest, analysis: Analysis) -> Iterator[dict]:

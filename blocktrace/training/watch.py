@@ -286,6 +286,8 @@ class Watch:
         entry = record(self.count, "watch", layers, [], [], loss=host["loss"], lr=self._learning_rate(lr),
                        grad_norm=host["model_grad"],
                        extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab, "data": host["data"],
+                              "model": type(_unwrap(self.model)).__name__,
+                              "width": traces[0].input.shape[-1] if traces else None,
                               "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
                               "loop": host["loop"], "probe": host["probe"]})
         self._judge(entry, traces, host)

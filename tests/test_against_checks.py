@@ -1,0 +1,69 @@
+"""A reference is checked against the run it judges (issue 33): runs of another family, model, width, depth or
+vocabulary are refused by name, so is a run or reference without layer records, and nothing is written (--out)
+before every input is read and matched."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+HEALTHY = "sample_weights/training/gpt2-twin-healthy/watch.jsonl"
+DETACHED = "sample_weights/training/gpt2-twin-detached/watch.jsonl"
+MIXTRAL = "sample_weights/training/mixtral-router-lr-high/watch.jsonl"
+LR_HIGH = "sample_weights/training/gpt2-lr-high/watch.jsonl"
+
+
+def _one_error(result, *words):
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def _edited(tmp_path, source, name, change):
+    lines = [json.loads(line) for line in open(source, encoding="utf-8")]
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(change(entry)) + "\n" for entry in lines))
+    return path
+
+
+def test_a_reference_of_another_depth_is_refused(invoke, tmp_path):
+    deeper = _edited(tmp_path, HEALTHY, "deeper.jsonl", lambda e: {**e, "layers": e["layers"] + [
+        {**e["layers"][-1], "layer": len(e["layers"])}]})
+    _one_error(invoke("track", DETACHED, "--against", str(deeper)), "3 layers", "the run 2")
+
+
+@pytest.mark.parametrize("key, value, words", [("vocab", 1000, "vocabulary"), ("width", 64, "width"),
+                                               ("model", "LlamaForCausalLM", "model class")])
+def test_a_reference_of_another_model_is_refused_naming_what_differs(invoke, tmp_path, key, value, words):
+    run = _edited(tmp_path, DETACHED, "run.jsonl", lambda e: {**e, "width": 32, "model": "GPT2LMHeadModel"})
+    other = _edited(tmp_path, HEALTHY, "other.jsonl",
+                    lambda e: {**e, "width": 32, "model": "GPT2LMHeadModel", key: value})
+    _one_error(invoke("track", str(run), "--against", str(other)), "another model", words)
+
+
+def test_a_reference_of_another_family_and_vocabulary_is_refused(invoke):
+    """The twin GPT-2 (vocabulary 99) against the tiny Mixtral's run: both 2 layers, yet not runs of one model."""
+    _one_error(invoke("track", DETACHED, "--against", MIXTRAL), "another model", "kinds of weight tensor")
+
+
+@pytest.mark.parametrize("which", ["run", "reference"])
+def test_records_without_layers_are_refused_not_called_never_parted(invoke, tmp_path, which):
+    empty = _edited(tmp_path, HEALTHY, "empty.jsonl", lambda e: {**e, "layers": []})
+    run, reference = (str(empty), HEALTHY) if which == "run" else (HEALTHY, str(empty))
+    _one_error(invoke("track", run, "--against", reference), "no layer records")
+
+
+def test_nothing_is_written_when_the_reference_shares_no_step(invoke, tmp_path):
+    import shutil
+
+    reference = tmp_path / "reference"
+    shutil.copytree("sample_weights/training/gpt2-lr-high/step_0010", reference / "step_0007")
+    out = tmp_path / "out.jsonl"
+    result = invoke("track", "sample_weights/training/gpt2-lr-high/step_0000", "sample_weights/training/gpt2-lr-high/step_0010",
+                    "--text-file", "sample_weights/training/eval.txt", "--out", str(out), "--against",
+                    str(reference / "step_0007"))
+    _one_error(result, "no step in common")
+    assert not out.exists()
