@@ -67,3 +67,21 @@ def test_nothing_is_written_when_the_reference_shares_no_step(invoke, tmp_path):
                     str(reference / "step_0007"))
     _one_error(result, "no step in common")
     assert not out.exists()
+
+
+def test_a_timeline_whose_last_line_is_torn_is_read_and_said_so(invoke, tmp_path):
+    """Tolerating a line torn by a killed writer is right; saying nothing is not."""
+    text = open(HEALTHY, encoding="utf-8").read()
+    path = tmp_path / "torn.jsonl"
+    path.write_text(text + text.splitlines()[0][:40])
+    result = invoke("track", str(path), "--brief")
+    assert result.exit_code == 0
+    assert f"note: line {len(text.splitlines()) + 1} of {path} is cut short" in result.stderr
+
+
+def test_a_trainer_state_log_is_known_by_its_suffix_in_any_case(invoke, tmp_path):
+    log = tmp_path / "trainer_state.JSON"
+    log.write_text(json.dumps({"log_history": [{"step": 0, "loss": 4.5}, {"step": 10, "loss": 4.4}]}))
+    result = invoke("track", HEALTHY, "--log", str(log), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["records"][0]["log"] == {"loss": 4.5}

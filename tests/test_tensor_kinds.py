@@ -107,3 +107,10 @@ def test_a_lightning_model_prefix_is_removed_with_a_config_beside_it_too(invoke,
     report = json.loads(invoke("check", "--weights", str(tmp_path), "--token-ids", *IDS, "--json").stdout)
     assert report["weights"]["layout"] == "gpt2"
     assert any("'model.'" in note for note in report["notes"])
+
+
+def test_model_arguments_naming_a_family_whose_layers_are_missing_are_not_called_config_json(invoke, tmp_path):
+    torch.save({"model": {"wte.weight": torch.zeros(4, 2)}, "model_args": {"model_type": "llama"}}, tmp_path / "c.pt")
+    result = invoke("check", "--weights", str(tmp_path / "c.pt"), "--token-ids", "1")
+    _one_error(result, "the model arguments stored in the file say model_type 'llama'")
+    assert "config.json" not in result.output

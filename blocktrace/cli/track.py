@@ -188,7 +188,12 @@ def track(ctx, **params):
     log = read_log(params["log_path"]) if params["log_path"] is not None else None
     timeline = _reads_timeline(ctx)
     show_progress = progress_wanted(chosen(params) is not None, params["quiet"])
-    records = judged(read_timeline(params["sources"][0]) if timeline else _checkpoint_records(params, show_progress))
+    torn: list[int] = []
+    records = judged(read_timeline(params["sources"][0], torn) if timeline else
+                     _checkpoint_records(params, show_progress))
+    for number in torn:
+        click.echo(f"note: line {number} of {params['sources'][0]} is cut short (a run stopped while writing it): "
+                   "left out", err=True)
     reference = _reference_records(params, show_progress) if params["against"] is not None else None
     comparison = _compared(records, reference, params["against"]) if reference is not None else None
     if params["out"] is not None:  # written once every input is read and matched: an error leaves no file

@@ -185,9 +185,10 @@ def _lock(descriptor: int, path: Path) -> None:
                          "run its own timeline file") from None
 
 
-def json_lines(path: Path, what: str) -> Iterator[tuple[int, object]]:
+def json_lines(path: Path, what: str, torn: Optional[list] = None) -> Iterator[tuple[int, object]]:
     """(line number, value) of a JSON-lines file, blank lines skipped. A last line cut short (a run killed
-    mid-write) ends the file; any other line that is not JSON is refused, naming `what` the file should hold."""
+    mid-write) ends the file, its number added to `torn` so the caller can say so; any other line that is not
+    JSON is refused, naming `what` the file should hold."""
     lines = read_text(Path(path)).splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -196,15 +197,18 @@ def json_lines(path: Path, what: str) -> Iterator[tuple[int, object]]:
             yield number, parse_json(line)
         except ValueError:
             if number == len(lines):
+                if torn is not None:
+                    torn.append(number)
                 return
             raise InputError(f"{path}:{number} is not a JSON line ({what})") from None
 
 
-def read_timeline(path: Path) -> list[dict]:
+def read_timeline(path: Path, torn: Optional[list] = None) -> list[dict]:
     """The records of a timeline file, in step order. Refuses files that are not timelines, and records that
-    break the schema (training/schema.py) or repeat a step, naming the line."""
+    break the schema (training/schema.py) or repeat a step, naming the line; a last line cut short is left out
+    and its number added to `torn`."""
     records, lines = [], {}
-    for number, entry in json_lines(path, "a timeline holds one JSON record per line"):
+    for number, entry in json_lines(path, "a timeline holds one JSON record per line", torn):
         if not isinstance(entry, dict) or entry.get("format") != FORMAT:
             raise InputError(f"{path}:{number} is not a blocktrace timeline record (written by Watch or "
                              "`blocktrace track --out`)")

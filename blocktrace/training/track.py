@@ -219,7 +219,7 @@ def _log_entries(path: Path) -> Iterator[dict]:
     """The entries of a training log: JSON lines, or HF Trainer's trainer_state.json (its log_history)."""
     from blocktrace.sources.configfile import ConfigFile
 
-    if Path(path).suffix == ".json":
+    if Path(path).suffix.lower() == ".json":
         history = ConfigFile.read(path).raw("log_history")
         if not isinstance(history, list):
             raise InputError(f"{path} has no log_history list: --log takes JSON lines with a \"step\" key or HF "

@@ -146,7 +146,10 @@ def model_info(checkpoint: Checkpoint) -> ModelInfo:
     if not layers and _strip_module_prefix(checkpoint):
         layers = _layers_by_prefix(checkpoint, family)
     if not layers:
-        raise WeightsError(f"{checkpoint.path}: config.json says model_type {family.name!r} but no tensor is named "
+        said = "config.json" if config is not None and config.path.name == "config.json" else \
+            "the model arguments stored in the file"
+        raise WeightsError(f"{checkpoint.path}: {said} say{'s' if said == 'config.json' else ''} model_type "
+                           f"{family.name!r} but no tensor is named "
                            f"like its layers ({family.layers_path}.{{k}}.{family.marker})")
     prefix, found = max(layers.items(), key=lambda item: len(item[1]))
     _one_copy_of_the_layers(checkpoint, family, prefix, layers)
