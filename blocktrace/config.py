@@ -143,9 +143,11 @@ class BlockConfig:
                 raise ConfigError(f"{name} must be a positive integer, not {value!r}", name)
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"heads {self.n_heads} are not divisible by key/value heads {self.n_kv_heads}", "kv_heads")
-        if self.rope_theta is not None and (self.rope_theta <= 0 or self.head_dim % 2):
-            raise ConfigError(f"rotary embeddings need a positive theta and an even head size "
-                              f"(theta {self.rope_theta}, head size {self.head_dim})", "rope_theta")
+        if self.rope_theta is not None and self.rope_theta <= 0:
+            raise ConfigError(f"rotary embeddings need a positive theta, not {self.rope_theta}", "rope_theta")
+        if self.rope_theta is not None and self.head_dim % 2:  # the fault is the head size, not theta
+            raise ConfigError(f"rotary embeddings rotate pairs of dimensions: the head size must be even, not "
+                              f"{self.head_dim}", "head_size" if self.head_size is not None else "heads")
         if self.head_size is None and self.d_model % self.n_heads:
             raise ConfigError(
                 f"d_model {self.d_model} is not divisible by heads {self.n_heads}: "

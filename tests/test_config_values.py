@@ -52,3 +52,9 @@ def test_mlp_only_layers_must_be_a_list_of_layer_indices(tmp_path, value):
                                                    "intermediate_size": 8})
     with pytest.raises(WeightsError, match="mlp_only_layers must be a list of layer indices"):
         FAMILIES["qwen2_moe"].layer_fields(config, 0)
+
+
+def test_an_odd_head_dim_is_blamed_on_head_dim_not_rope_theta(invoke, tmp_path):
+    result = invoke("check", "--weights", str(_llama_with(tmp_path, head_dim=15)), "--token-ids", "1", "2")
+    _one_error(result, "head_dim = 15", "even")
+    assert "rope_theta" not in result.output
