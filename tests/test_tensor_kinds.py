@@ -114,3 +114,13 @@ def test_model_arguments_naming_a_family_whose_layers_are_missing_are_not_called
     result = invoke("check", "--weights", str(tmp_path / "c.pt"), "--token-ids", "1")
     _one_error(result, "the model arguments stored in the file say model_type 'llama'")
     assert "config.json" not in result.output
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_a_legacy_file_at_pickle_protocol_4_or_5_is_one_line_naming_the_format(invoke, tmp_path, protocol):
+    path = tmp_path / "legacy.pt"
+    torch.save({"model": {"h.0.ln_1.weight": torch.ones(4)}}, path, _use_new_zipfile_serialization=False,
+               pickle_protocol=protocol)
+    result = invoke("inspect", str(path))
+    _one_error(result, f"pickle protocol {protocol}", "legacy (non-zip) format")
+    assert "Warning" not in result.output

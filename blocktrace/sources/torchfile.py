@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -49,13 +50,19 @@ def _load(path: Path):
                            "(weights_only): blocktrace never unpickles arbitrary objects; upgrade torch or convert "
                            "the file to safetensors")
     try:
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as error:
-            if "mmap" not in str(error):  # the legacy (non-zip) format cannot be memory-mapped
-                raise
-            return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns of a legacy file's pickle protocol: the error below says more
+            warnings.simplefilter("ignore", UserWarning)
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as error:
+                if "mmap" not in str(error):  # the legacy (non-zip) format cannot be memory-mapped
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
+        if _legacy_protocol(path) >= 4:
+            raise WeightsError(f"{path} is torch's legacy (non-zip) format written with pickle protocol "
+                               f"{_legacy_protocol(path)}, which torch's restricted loader cannot read: save it again "
+                               "with torch.save's default format, or convert it to safetensors") from None
         detail = str(error).strip().splitlines()
         reason = next((line for line in detail if "Unsupported" in line or "GLOBAL" in line), detail[0] if detail else "")
         raise WeightsError(f"{path} holds Python objects other than tensors and plain containers, which blocktrace "
@@ -66,6 +73,13 @@ def _load(path: Path):
     except Exception as error:  # torch raises many types for a file that is not a torch archive
         raise WeightsError(f"{path} is not a readable PyTorch checkpoint: {str(error).splitlines()[0][:160]}") \
             from None
+
+
+def _legacy_protocol(path: Path) -> int:
+    """The pickle protocol a legacy (non-zip) torch file starts with (0 for a zip archive or anything else)."""
+    with open(path, "rb") as handle:
+        head = handle.read(2)
+    return head[1] if len(head) == 2 and head[0] == 0x80 else 0
 
 
 def _is_state_dict(value) -> bool:
