@@ -56,3 +56,15 @@ def test_a_npy_header_numpy_refuses_is_one_line(invoke, tmp_path):
     path = tmp_path / "ids.npy"
     path.write_bytes(b"\x93NUMPY\x01\x00" + (65535).to_bytes(2, "little") + b"{" + b" " * 100)
     _one_error(_check(invoke, path), "not a readable .npy file")
+
+
+@pytest.mark.parametrize("options, named", [
+    (["--windows", "0"], "--windows"), (["--windows", "99999999999"], "--windows"),
+    (["--windows", "4", "--context", "0"], "--context"), (["--windows", "4", "--context", "99999999999"], "--context"),
+    (["--windows", "2", "--seed", "-1"], "--seed"), (["--windows", "2", "--seed", str(2**80)], "--seed"),
+    (["--ids-dtype", "float32"], "--ids-dtype"), (["--ids-dtype", "int8"], "--ids-dtype"),
+])
+def test_extreme_values_of_the_window_options_are_one_line_naming_the_option(invoke, options, named):
+    result = invoke("check", "--weights", "sample_weights/nanogpt/ckpt_0200.pt", "--token-ids-file",
+                    "sample_weights/nanogpt/val.bin", *options)
+    _one_error(result, named)
