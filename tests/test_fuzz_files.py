@@ -188,3 +188,71 @@ def test_a_fifo_or_symlink_as_any_output_is_never_written_through(invoke, tmp_pa
         result = invoke(*[a.replace("{p}", path) for a in args], *force)
         assert result.exit_code == 2 and result.stderr.startswith("Error: "), result.output
     assert precious.read_text() == "keep"
+
+
+CHECKPOINT_FUZZ = settings(FUZZ, max_examples=12)  # each example writes and checks a whole checkpoint
+
+
+TENSOR_KINDS = {  # how a weight may be stored in a .pt, and whether blocktrace reads it (READ_DTYPES)
+    "float32": (lambda t: t, True), "float64": (lambda t: t.double(), True), "float16": (lambda t: t.half(), True),
+    "bfloat16": (lambda t: t.bfloat16(), True), "float8_e5m2": (lambda t: t.to(torch_dtype("float8_e5m2")), True),
+    "int64": (lambda t: t.long(), False), "uint8": (lambda t: t.to(torch_dtype("uint8")), False),
+    "uint16": (lambda t: t.to(torch_dtype("uint16")), False), "bool": (lambda t: t > 0, False),
+    "complex64": (lambda t: t.to(torch_dtype("complex64")), False), "sparse": (lambda t: t.to_sparse(), False),
+}
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+@CHECKPOINT_FUZZ
+@given(kinds=st.dictionaries(st.sampled_from(["h.0.attn.c_attn.weight", "h.1.mlp.c_fc.weight", "h.0.ln_1.weight",
+                                              "wte.weight"]), st.sampled_from(sorted(TENSOR_KINDS)), max_size=3))
+def test_every_tensor_kind_is_read_or_refused_by_name(invoke, tmp_path_factory, kinds):
+    """Any mix of stored kinds: the check reads it when every tensor's kind is one blocktrace reads, and is
+    otherwise one error line naming a tensor stored in another kind — never a traceback, never a silent cast."""
+    import torch
+    from nanogpt import GPTConfig, randomised
+
+    model = randomised(GPTConfig(), seed=1)
+    state = model.state_dict()
+    for key, kind in kinds.items():
+        state[f"transformer.{key}"] = TENSOR_KINDS[kind][0](state[f"transformer.{key}"])
+    path = tmp_path_factory.mktemp("kinds") / "ckpt.pt"
+    torch.save({"model": state, "model_args": {"n_layer": 3, "n_head": 4, "n_embd": 32, "block_size": 64,
+                                               "vocab_size": 96}}, path)
+    result = invoke("check", "--weights", str(path), "--token-ids", "1", "2", "3")
+    refused = sorted(key for key, kind in kinds.items() if not TENSOR_KINDS[kind][1])
+    _keeps_the_contract(result)
+    if refused:
+        assert result.exit_code == 2 and any(key in result.stderr for key in refused), (kinds, result.output)
+    else:
+        assert result.exit_code in (0, 1), (kinds, result.output)
+
+
+@CHECKPOINT_FUZZ
+@given(duplicated=st.sets(st.sampled_from(["h.0.attn.c_attn.weight", "h.1.mlp.c_proj.bias", "ln_f.weight"]),
+                          min_size=1), changed=st.sets(st.sampled_from(["h.0.attn.c_attn.weight",
+                                                                        "h.1.mlp.c_proj.bias", "ln_f.weight"])))
+def test_a_name_held_twice_is_read_once_when_equal_and_refused_naming_both_when_not(invoke, tmp_path_factory,
+                                                                                 duplicated, changed):
+    import torch
+    from nanogpt import GPTConfig, randomised
+
+    state = randomised(GPTConfig(), seed=2).state_dict()
+    extra = {f"_orig_mod.transformer.{key}": state[f"transformer.{key}"] + (1 if key in changed else 0)
+             for key in duplicated}
+    path = tmp_path_factory.mktemp("twice") / "ckpt.pt"
+    torch.save({"model": {**state, **extra}, "model_args": {"n_layer": 3, "n_head": 4, "n_embd": 32,
+                                                            "block_size": 64, "vocab_size": 96}}, path)
+    result = invoke("check", "--weights", str(path), "--token-ids", "1", "2", "3")
+    _keeps_the_contract(result)
+    differ = duplicated & changed
+    if differ:
+        assert result.exit_code == 2 and "different values" in result.stderr
+        assert any(f"_orig_mod.transformer.{key}" in result.stderr for key in differ)
+    else:
+        assert result.exit_code in (0, 1), result.output
