@@ -65,6 +65,8 @@ def test_the_python_examples_run(code, monkeypatch, tmp_path):
     if (tmp_path / "run.jsonl").exists():  # a Watch example: a timeline track reads, one record every `every` steps
         from blocktrace.training.timeline import read_timeline
 
+        exec(compile(code, "README.md", "exec"), {})  # and a reader who runs it a second time meets no traceback
+
         steps = [record["step"] for record in read_timeline(tmp_path / "run.jsonl")]
         assert steps[0] == 0 and len(steps) >= 2 and len({b - a for a, b in zip(steps, steps[1:])}) == 1, steps
 
