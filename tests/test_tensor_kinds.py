@@ -124,3 +124,11 @@ def test_a_legacy_file_at_pickle_protocol_4_or_5_is_one_line_naming_the_format(i
     result = invoke("inspect", str(path))
     _one_error(result, f"pickle protocol {protocol}", "legacy (non-zip) format")
     assert "Warning" not in result.output
+
+
+@pytest.mark.parametrize("suffix", [".PT", ".Pth", ".BIN"])
+def test_a_torch_files_suffix_is_read_in_any_case(invoke, tmp_path, suffix):
+    path = _nano_pt(tmp_path / f"ckpt{suffix}")
+    result = invoke("check", "--weights", str(tmp_path), "--token-ids", *IDS, "--json")
+    assert result.exit_code in (0, 1), result.output
+    assert path.name in " ".join(json.loads(result.stdout)["notes"])

@@ -98,3 +98,21 @@ def test_appending_continues_the_files_step_numbering_and_refuses_to_repeat_a_st
 def test_blocks_naming_a_module_that_is_not_a_list_of_blocks_is_refused(tmp_path):
     with pytest.raises(UsageError, match="'wte' is a Embedding, not a list of blocks"):
         Watch(NanoGPT(), tmp_path / "run.jsonl", blocks="wte")
+
+
+def test_a_statistic_that_fails_inside_the_forward_never_reaches_the_training_loop(tmp_path, monkeypatch):
+    """The taps' hooks run inside the training loop's own forward: a statistic failing there is kept, the forward
+    returns as it would without the Watch, and the Watch stops recording with one warning."""
+    from blocktrace.tracing import recorder
+
+    model = NanoGPT()
+    watch = Watch(model, tmp_path / "run.jsonl", every=2)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a hook's statistic failed")
+
+    with pytest.warns(RuntimeWarning, match="a hook's statistic failed"):
+        returned = _loop(model, watch, 4, fail_at=2, fail=lambda: monkeypatch.setattr(recorder, "tensor_moments",
+                                                                                      broken))
+    watch.close()
+    assert returned[0] is not None and returned[2:] == [None, None]

@@ -111,13 +111,13 @@ def _files_in_directory(directory: Path) -> list[Path]:
             return [directory / name]
     entries = _listing(directory)
     for suffixes in ((".safetensors",), TORCH_SUFFIXES):
-        found = [p for p in entries if p.suffix in suffixes]
+        found = [p for p in entries if p.suffix.lower() in suffixes]
         if len(found) == 1:
             return found
         if found:
             raise WeightsError(f"{directory} holds {len(found)} checkpoint files ({', '.join(p.name for p in found[:4])}) "
                                "and no index to say which belong together: name one file")
-    pickles = [p.name for p in entries if p.suffix in PICKLE_SUFFIXES]
+    pickles = [p.name for p in entries if p.suffix.lower() in PICKLE_SUFFIXES]
     if pickles:
         _refuse_pickle(directory / pickles[0])
     raise WeightsError(f"{directory} holds no model.safetensors, model.safetensors.index.json or PyTorch checkpoint "
@@ -141,7 +141,7 @@ def resolve_files(path: Path) -> list[Path]:
         files = [path]
     for file in files:
         _require_regular_file(file)
-        if file.suffix in PICKLE_SUFFIXES:
+        if file.suffix.lower() in PICKLE_SUFFIXES:
             _refuse_pickle(file)
     return files
 
@@ -245,7 +245,7 @@ class Checkpoint:
         self._handles = {}
         self._entry = {}  # the model's name -> (file, name inside it)
         for file in resolve_files(self.path):
-            if file.suffix in TORCH_SUFFIXES:
+            if file.suffix.lower() in TORCH_SUFFIXES:
                 loaded = read_torch_file(file)
                 self._handles[file] = _LoadedFile(loaded.tensors)
                 self.arguments.update(loaded.arguments)

@@ -24,7 +24,7 @@ def _stored_step(path: Path) -> Optional[int]:
 
     try:
         files = resolve_files(path)
-        return read_torch_file(files[0]).step if len(files) == 1 and files[0].suffix in TORCH_SUFFIXES else None
+        return read_torch_file(files[0]).step if len(files) == 1 and files[0].suffix.lower() in TORCH_SUFFIXES else None
     except WeightsError:
         return None  # reported when the checkpoint itself is read
 

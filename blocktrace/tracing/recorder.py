@@ -132,7 +132,7 @@ class Recorder:
     """Hooks on one block's steps; `attach`, let the block run, `detach`, read `steps`."""
 
     def __init__(self, block, layout: Layout, own: bool, *, keep_tensors=False, sample_token=0, sample_size=0,
-                 checks=False, token_mask=None):
+                 checks=False, token_mask=None, tolerant=False):
         self.block, self.layout, self.own = block, layout, own  # own: blocktrace's TransformerBlock
         self.keep_tensors = keep_tensors
         self.sample_token, self.sample_size = sample_token, sample_size
@@ -148,6 +148,25 @@ class Recorder:
         self.router_logits: Optional[torch.Tensor] = None
         self.routing: Optional[torch.Tensor] = None  # a mixture of experts' routing moments (tracing.routing)
         self.routing_k = 0  # the experts each token goes to
+        # tolerant (a Watch inside someone's training): a hook that fails is kept in `failure` and the hooks go
+        # quiet, instead of raising inside the training loop's forward
+        self.tolerant, self.failure = tolerant, None
+
+    def guard(self, hook):
+        """A hook whose failure is a HookFailure (never the block's own error) — kept, not raised, when tolerant."""
+        guarded = _guarded(hook)
+        if not self.tolerant:
+            return guarded
+
+        def run(*args, **kwargs):
+            if self.failure is not None:
+                return None
+            try:
+                return guarded(*args, **kwargs)
+            except HookFailure as failure:
+                self.failure = failure
+                return None
+        return run
 
     def start(self, x: torch.Tensor) -> Pending:
         """The block input, as the pseudo-step `x`."""
@@ -196,16 +215,16 @@ class Recorder:
             for spec in self.layout.specs:
                 module = resolve(self.block, spec)
                 if spec.capture is Capture.INPUT:
-                    hook = _guarded(lambda m, args, name=spec.name: self.record(name, args[0] if args else None, args))
+                    hook = self.guard(lambda m, args, name=spec.name: self.record(name, args[0] if args else None, args))
                     self.handles.append(module.register_forward_pre_hook(hook))
                 else:
-                    hook = _guarded(lambda m, args, out, name=spec.name: self.record(name, out, args))
+                    hook = self.guard(lambda m, args, out, name=spec.name: self.record(name, out, args))
                     self.handles.append(module.register_forward_hook(hook))
             self.handles += self._attention_hooks()
             self.handles += self._routing_hooks()
             if self.probes is not None and self.layout.hidden:
                 hidden = resolve(self.block, StepSpec("ffn", self.layout.hidden))
-                hook = _guarded(lambda m, a, out: ffn_probe(self.probes, out))
+                hook = self.guard(lambda m, a, out: ffn_probe(self.probes, out))
                 self.handles.append(hidden.register_forward_hook(hook))
         except BaseException:
             self.detach()
@@ -230,8 +249,8 @@ class Recorder:
         def on_probs(module, inputs, probs):
             self._route(self.router_logits, probs.detach(), ffn.k)
 
-        return [ffn.router_logits.register_forward_hook(_guarded(on_logits)),
-                ffn.router_probs.register_forward_hook(_guarded(on_probs))]
+        return [ffn.router_logits.register_forward_hook(self.guard(on_logits)),
+                ffn.router_probs.register_forward_hook(self.guard(on_probs))]
 
     def _hf_router_hooks(self) -> list:
         """HF's routers return (logits, weights, experts) and keep their top_k; their probabilities are the
@@ -246,7 +265,7 @@ class Recorder:
             logits = logits.reshape(shape)
             self._route(logits, torch.softmax(logits.float(), dim=-1), module.top_k)
 
-        return [router.register_forward_hook(_guarded(on_output))]
+        return [router.register_forward_hook(self.guard(on_output))]
 
     def _route(self, logits: torch.Tensor, probs: torch.Tensor, k: int) -> None:
         if self.routing is None:  # a block called twice is traced at its first call
@@ -260,12 +279,12 @@ class Recorder:
             def on_scores(module, inputs, scores):
                 self.attention.scores = scores.detach()
 
-            inside = [getattr(module, name).register_forward_hook(_guarded(
+            inside = [getattr(module, name).register_forward_hook(self.guard(
                 lambda m, i, out, name=f"{step}.{name}": self.substeps.append(self.observe(name, out))))
                 for step, module in (("attn", attention), ("ffn", self.block.ffn))
                 for name in getattr(module, "substeps", ())]
-            return [*inside, attention.scores.register_forward_hook(_guarded(on_scores)),
-                    attention.weights.register_forward_hook(_guarded(
+            return [*inside, attention.scores.register_forward_hook(self.guard(on_scores)),
+                    attention.weights.register_forward_hook(self.guard(
                         lambda m, i, weights: self.attention.add(weights, attention.rows)))]
         module = resolve(self.block, StepSpec("attn", self.layout.attention_path))
 
@@ -274,7 +293,7 @@ class Recorder:
             if weights is not None:
                 self.attention.add(weights, None)
 
-        return [module.register_forward_hook(_guarded(on_output))]
+        return [module.register_forward_hook(self.guard(on_output))]
 
 
 def _attention_weights(output) -> Optional[torch.Tensor]:

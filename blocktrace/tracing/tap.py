@@ -44,7 +44,7 @@ class BlockTap:
         self.recording = False  # inside the call being traced: the recorder's hooks are on
 
     def attach(self) -> None:
-        self.recorder = Recorder(self.block, self.layout, self.own, checks=self.checks)
+        self.recorder = Recorder(self.block, self.layout, self.own, checks=self.checks, tolerant=self.when is not None)
         self.output = None
         self.handles = [self.block.register_forward_pre_hook(self._enter, with_kwargs=True),
                         self.block.register_forward_hook(self._leave, with_kwargs=True)]
@@ -66,8 +66,8 @@ class BlockTap:
         if isinstance(x, torch.Tensor):
             self.recorder.attach()
             self.recording = True
-            self.recorder.start(x)
             _CURRENT.append(self)
+            self.recorder.guard(self.recorder.start)(x)
 
     def _leave(self, module, args, kwargs, output):
         if not self.recording:
@@ -84,6 +84,8 @@ class BlockTap:
     def result(self, reducer=None) -> Optional[Collected]:
         """What the block did, still on the device (tracing.assembly.finish makes it a Trace), or None if it did
         not run while tapped."""
+        if self.recorder is not None and self.recorder.failure is not None:
+            raise self.recorder.failure  # the Watch stops recording on it (the forward it happened in went on)
         if self.recorder is None or self.recorder.input is None or self.output is None:
             return None
         behaviour = {}
