@@ -144,7 +144,7 @@ def _updates_rounded_away(history: Sequence[dict], entry: dict) -> list[Flag]:
         if stuck:
             kind, share = max(stuck, key=lambda item: item[1])
             flags.append(flag("updates_rounded_away", Level.ERROR, None, layer["layer"], share,
-                              f"{share:.0%} of {kind}'s {layer.get('dtype') or '16-bit'} elements did not change "
+                              f"{share:.0%} of {kind}'s 16-bit elements did not change "
                               f"between steps {history[-1]['step']} and {entry['step']}"))
     return flags
 
