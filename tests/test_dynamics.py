@@ -54,9 +54,17 @@ def test_no_gradient_anywhere_is_left_to_the_watchs_warning():
 
 
 def test_a_layer_that_stands_still_while_the_others_move_is_frozen():
-    flags = judge([_moving(0, [None] * 3)], _moving(10, [0.02, 0.0, 0.03]))
+    flags = judge([_moving(0, [None] * 3)], _moving(10, [0.02, 0.0, 0.03], trainable=True))
     assert _names(flags) == [("layer_frozen", 1)]
     assert flags[0].level.value == "error" and flags[0].cause.value == "gradient_flow"
+
+
+def test_between_checkpoints_a_still_layer_is_information_since_they_cannot_say_whether_it_is_frozen_on_purpose():
+    """A fine-tune with layers frozen on purpose (the failure benchmark's llama-frozen-finetune-healthy) and a layer
+    cut off from the loss leave the same checkpoints; only a Watch sees requires_grad."""
+    flags = judge([_moving(0, [None] * 3)], _moving(10, [0.02, 0.0, 0.03]))
+    assert [(f.name, f.layer, f.level.value) for f in flags] == [("layer_frozen", 1, "info")]
+    assert "checkpoints cannot tell" in flags[0].detail
 
 
 def test_a_layer_frozen_on_purpose_is_only_information():

@@ -230,7 +230,8 @@ def _no_update(history: Sequence[dict], entry: dict) -> list[Flag]:
 
 @check(Scope.TRAINING, "layer_frozen",
        f"a layer's largest per-step ‖ΔW‖/‖W‖ < {FROZEN_FRACTION:g} × the median layer's between "
-       "two records (info when its parameters do not require a gradient)",
+       "two records (an error in a Watch's records when its parameters require a gradient; info when they do not, "
+       "and between checkpoints, which cannot say)",
        "healthy-run measurement: layers of one model move within 10× of each other (benchmarks/FAILURES.md)",
        "the layer's weights do not move while the others train: frozen by mistake or cut off from the loss",
        Cause.GRADIENT_FLOW)
@@ -239,10 +240,14 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Flag]:
     if largest is None or _still(history, entry):
         return []
     typical = statistics.median(largest.values())
-    trainable = {layer["layer"]: layer.get("trainable", True) is not False for layer in entry["layers"]}
-    return [flag("layer_frozen", Level.ERROR if trainable.get(layer, True) else Level.INFO, None, layer, moved,
+    # only a Watch knows whether a layer's parameters require a gradient; between checkpoints a layer frozen on
+    # purpose (a fine-tune) and one cut off from the loss look the same: info, said so, never a verdict
+    trainable = {layer["layer"]: layer.get("trainable") for layer in entry["layers"]}
+    return [flag("layer_frozen", Level.ERROR if trainable.get(layer) is True else Level.INFO, None, layer, moved,
                  f"per-step ‖ΔW‖/‖W‖ at most {moved:.3g} against the median layer's {typical:.3g}"
-                 + ("" if trainable.get(layer, True) else " (its parameters do not require a gradient)"))
+                 + {True: "", False: " (its parameters do not require a gradient)"}.get(
+                     trainable.get(layer), " (frozen on purpose or cut off from the loss: checkpoints cannot tell; "
+                                           "a Watch can)"))
             for layer, moved in largest.items() if moved < FROZEN_FRACTION * typical]
 
 
