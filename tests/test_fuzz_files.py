@@ -190,7 +190,7 @@ def test_a_fifo_or_symlink_as_any_output_is_never_written_through(invoke, tmp_pa
     assert precious.read_text() == "keep"
 
 
-CHECKPOINT_FUZZ = settings(FUZZ, max_examples=12)  # each example writes and checks a whole checkpoint
+CHECKPOINT_FUZZ = settings(FUZZ, max_examples=8)  # each example writes and checks a whole checkpoint
 
 
 TENSOR_KINDS = {  # how a weight may be stored in a .pt, and whether blocktrace reads it (READ_DTYPES)

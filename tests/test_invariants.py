@@ -84,7 +84,7 @@ def nano(**options) -> NanoGPT:
     return model
 
 
-def train(model, path, steps=21, every=10, *, optimizer=None, zero_grad="after_step", accumulate=1,
+def train(model, path, steps=11, every=5, *, optimizer=None, zero_grad="after_step", accumulate=1,
           evaluate_every=None, leave_eval_mode=False, targets=None, watch_optimizer=True, lr=1e-3, schedule=None):
     """A training loop with the Watch's line; its options are the loop's variants, legitimate or not. Returns the
     records written (as `track` reads them back)."""

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from nanogpt import GPTConfig, randomised, save_ckpt
+from nanogpt import GPTConfig, randomised
 from safetensors.torch import save_file
 
 IDS = ["5", "17", "9", "0", "42"]
