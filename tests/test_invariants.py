@@ -308,3 +308,14 @@ def test_the_probe_does_not_change_what_training_computes(tmp_path):
         return torch.cat([p.detach().flatten() for p in model.parameters()])
 
     assert torch.equal(final(True), final(False))
+
+
+def test_gradients_left_on_parameters_the_optimizer_does_not_hold_are_not_a_forgotten_zero_grad(tmp_path):
+    """optimizer.zero_grad() clears the parameters it holds: blocks left out of the optimizer (the failure
+    benchmark's gpt2-blocks-not-in-optimizer) keep accumulating, but no step uses them — that is the optimizer's
+    fault (optimizer_lacks_parameters, no_update), not a loop that forgot zero_grad."""
+    model = nano()
+    optimizer = torch.optim.AdamW([model.wte.weight, model.wpe.weight, *model.ln_f.parameters()], lr=1e-3)
+    records = train(model, tmp_path / "run.jsonl", optimizer=optimizer)
+    assert records[1]["loop"]["grads_before_backward"] == 0.0
+    assert "gradients_not_zeroed" not in errors(records)

@@ -127,10 +127,18 @@ class LoopObserver:
             if not self.trained:
                 self.trained = True
                 if stepped:
-                    self.grads_before = _zero_if_none(grad_norm(self.model.parameters()))
+                    self.grads_before = _zero_if_none(grad_norm(self._stepped_parameters()))
             return None
 
         anchor.register_hook(backward_starts)
+
+    def _stepped_parameters(self) -> list[torch.Tensor]:
+        """The parameters an optimizer step updates, whose gradients optimizer.zero_grad() clears: the optimizer's
+        (a parameter it does not hold keeps its gradient through zero_grad, and no step uses it); without an
+        optimizer, every trainable parameter (model.zero_grad() clears them all)."""
+        if self.optimizer is None:
+            return _trainable(self.model)
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     # -- the optimizer's step after a record ---------------------------------------------------------------------
 
