@@ -85,3 +85,14 @@ def test_a_trainer_state_log_is_known_by_its_suffix_in_any_case(invoke, tmp_path
     result = invoke("track", HEALTHY, "--log", str(log), "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["records"][0]["log"] == {"loss": 4.5}
+
+
+def test_a_mistyped_weights_path_is_named_before_any_rule_about_the_input(invoke):
+    """issue 32's stumble: `run --weights sample_weights/gpt2-tinyy` complained about a missing input."""
+    _one_error(invoke("run", "--weights", "sample_weights/gpt2-tinyy"), "sample_weights/gpt2-tinyy does not exist")
+
+
+def test_a_missing_weights_file_is_not_offered_as_a_model_to_download(invoke):
+    result = invoke("diff", "nope.safetensors", "sample_weights/traces/layer1.safetensors")
+    _one_error(result, "nope.safetensors does not exist")
+    assert "huggingface-cli" not in result.output

@@ -54,6 +54,7 @@ def run(ctx, **params):
       blocktrace run --weights sample_weights/gpt2-tiny --layer 1 --token-ids 1 2 3
       blocktrace run --layers 12 --grad
     """
+    _weights_exist(params)
     enforce(ctx, RUN_RULES)
     _run(ctx, params, check_only=params["check_only"])
 
@@ -70,8 +71,17 @@ def check(ctx, **params):
     finding reaches --fail-on (to guard a training script or CI). With --weights: every layer of
     the checkpoint (--layer / --layers narrow it) and the model's own loss (--grad: its gradients).
     Takes the block, input and checkpoint options of `run`."""
+    _weights_exist(params)
     enforce(ctx, CHECK_RULES)
     _run(ctx, params, check_only=True)
+
+
+def _weights_exist(params: dict) -> None:
+    """A --weights path that is not there is said first, before any rule about the input it would need."""
+    if params.get("weights") is not None:
+        from blocktrace.sources.hf_cache import resolve_weights
+
+        resolve_weights(params["weights"])
 
 
 def _prepare_outputs(params: dict) -> None:

@@ -14,6 +14,7 @@ from typing import Optional
 
 from blocktrace.errors import WeightsError
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")  # a name ending so is a file, never a model id
 MODEL_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -40,7 +41,9 @@ def _snapshot(folder: Path) -> Optional[Path]:
 
 def resolve_weights(path: Path) -> Path:
     """The path itself when it exists; else the cached snapshot of the model id it spells."""
-    if os.path.lexists(path) or not MODEL_ID.match(str(path)):
+    if os.path.lexists(path) or not MODEL_ID.match(str(path)) or Path(path).suffix.lower() in WEIGHT_SUFFIXES:
+        if not os.path.lexists(path) and Path(path).suffix.lower() in WEIGHT_SUFFIXES:
+            raise WeightsError(f"{path} does not exist")  # a file's name, not a model id: no cache to look in
         return path
     cache = hub_cache()
     folder = cache / ("models--" + str(path).replace("/", "--"))
