@@ -61,6 +61,11 @@ def _trainable(model: nn.Module) -> list[torch.Tensor]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def _held(optimizer) -> list[torch.Tensor]:
+    """The tensors an optimizer updates, over all its param groups."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 def _versions(parameters: list[torch.Tensor]) -> int:
     """The sum of the parameters' version counters: every in-place change (an optimizer step) moves it."""
     return sum(p._version for p in parameters)
@@ -138,7 +143,7 @@ class LoopObserver:
         optimizer, every trainable parameter (model.zero_grad() clears them all)."""
         if self.optimizer is None:
             return _trainable(self.model)
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
+        return _held(self.optimizer)
 
     # -- the optimizer's step after a record ---------------------------------------------------------------------
 
@@ -149,15 +154,15 @@ class LoopObserver:
     def _at_optimizer_step(self, optimizer, args, kwargs) -> None:
         if self.step_due is None:
             return
-        held = [p for group in optimizer.param_groups for p in group["params"]]
-        self.step_gradient, self.step_gradient_at, self.step_due = _zero_if_none(grad_norm(held)), self.step_due, None
+        self.step_gradient, self.step_gradient_at = _zero_if_none(grad_norm(_held(optimizer))), self.step_due
+        self.step_due = None
 
     # -- the record --------------------------------------------------------------------------------------------
 
     def _optimizer_share(self) -> tuple[Optional[float], list[str]]:
         if self.optimizer is None:
             return None, []
-        held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        held = self.held_by_optimizer()
         wanted = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad and p.grad is not None]
         if not wanted:
             return None, []
@@ -168,7 +173,7 @@ class LoopObserver:
         """The ids of the tensors the optimizer updates in place (None without an optimizer)."""
         if self.optimizer is None:
             return None
-        return {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        return {id(p) for p in _held(self.optimizer)}
 
     def evidence(self, loss_checks: dict) -> dict:
         """The record's "loop": device tensors and numbers, copied to the host with the rest of the record."""
