@@ -107,6 +107,7 @@ class BlockConfig:
     rope_theta: Optional[float] = None  # rotary position embeddings' base (Llama); None: no RoPE
     rope_scaling: Optional[RopeScaling] = None  # RoPE stretched past the trained context; None: plain RoPE
     rotary_fraction: float = 1.0  # share of each head's dims that RoPE rotates (GPT-NeoX's rotary_pct)
+    nope: bool = False  # a layer of a RoPE model that leaves q and k unrotated (SmolLM3's, EXAONE-4's NoPE layers)
     attn_bias: Optional[bool] = None  # biases of q, k, v and the output projection; None: as `bias`
     qkv_bias: Optional[bool] = None  # biases of q, k and v only (Qwen2); None: as attn_bias
     qk_norm: bool = False  # RMSNorm on each head's q and k before RoPE (Qwen3)
@@ -117,6 +118,7 @@ class BlockConfig:
     attn_softcap: Optional[float] = None  # logits become cap·tanh(s/cap) before the mask (Gemma-2)
     sliding_window: Optional[int] = None  # a query sees only the last W keys (itself included)
     parallel_residual: bool = False  # GPT-NeoX: x + attn(norm1(x)) + ffn(norm2(x)), both from x
+    residual_multiplier: float = 1.0  # multiplies each sublayer's output in its residual add (Granite): x + m·f(x)
     # A mixture of experts in place of the FFN (Mixtral, Qwen-MoE, OLMoE): a router sends each token to its top
     # `experts_per_token` of `n_experts` gated FFNs, each d_ff wide, and sums their outputs by the router's weights.
     n_experts: Optional[int] = None  # None: one FFN
@@ -163,6 +165,12 @@ class BlockConfig:
                               "norm")
         if self.qk_norm_whole and not self.qk_norm:
             raise ConfigError("qk_norm_whole says how QK-norm spans the heads: it needs qk_norm", "qk_norm_whole")
+        if self.nope and self.rope_theta is not None:
+            raise ConfigError("a NoPE layer has no rotary embedding: nope needs rope_theta None", "nope")
+        if isinstance(self.residual_multiplier, bool) or not isinstance(self.residual_multiplier, (int, float)) or \
+                not 0 < self.residual_multiplier < float("inf"):
+            raise ConfigError(f"residual_multiplier must be a positive number, not {self.residual_multiplier!r}",
+                              "residual_multiplier")
         if self.parallel_residual and self.placement is not Placement.PRE:
             raise ConfigError("a parallel residual reads both branches from the stream before the norms: it needs "
                               "Pre-LN wiring", "placement")

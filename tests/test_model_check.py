@@ -54,6 +54,21 @@ def hf_model(name: str):
     elif name == "starcoder2":  # LayerNorm with shifts, biases everywhere, a window over every layer, tied head
         model = transformers.Starcoder2ForCausalLM(transformers.Starcoder2Config(
             **small, num_key_value_heads=2, sliding_window=4))
+    elif name == "granite":  # the logits divided, each residual update multiplied
+        model = transformers.GraniteForCausalLM(transformers.GraniteConfig(
+            **small, num_key_value_heads=2, embedding_multiplier=6.0, attention_multiplier=0.2,
+            residual_multiplier=0.3, logits_scaling=4.0))
+    elif name == "smollm3":  # a NoPE layer with a window
+        model = transformers.SmolLM3ForCausalLM(transformers.SmolLM3Config(
+            **small, num_key_value_heads=2, no_rope_layers=[1, 0, 1], use_sliding_window=True, sliding_window=4,
+            pad_token_id=0, bos_token_id=1, eos_token_id=1))
+    elif name == "olmo3":  # sliding, full, sliding
+        model = transformers.Olmo3ForCausalLM(transformers.Olmo3Config(
+            **small, num_key_value_heads=2, sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"]))
+    elif name == "exaone4":  # its global layer without RoPE
+        model = transformers.Exaone4ForCausalLM(transformers.Exaone4Config(
+            **small, num_key_value_heads=2, sliding_window=4, sliding_window_pattern=2, pad_token_id=0))
     else:
         model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**small))
     randomise_hf(model, seed=7)
@@ -85,7 +100,8 @@ def our_layer_gradients(report: dict) -> list[float]:
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gemma3", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe",
-                                  "olmoe", "llama3 rope", "gpt_neox", "starcoder2"])
+                                  "olmoe", "llama3 rope", "gpt_neox", "starcoder2", "granite", "smollm3", "olmo3",
+                                  "exaone4"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)
@@ -100,8 +116,9 @@ def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     assert report["traced_layers"] == [0, 1, 2]
 
 
-def test_a_padded_batch_predicts_real_tokens_only(invoke, tmp_path):
-    model = hf_model("llama")
+@pytest.mark.parametrize("name", ["llama", "granite", "smollm3", "olmo3", "exaone4"])
+def test_a_padded_batch_predicts_real_tokens_only(invoke, tmp_path, name):
+    model = hf_model(name)
     model.save_pretrained(tmp_path)
     result = invoke("check", "--weights", str(tmp_path), "--token-ids", *map(str, IDS), "/", *map(str, SHORT),
                     "--grad", "--json")

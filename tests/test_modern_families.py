@@ -87,6 +87,21 @@ FAMILIES = {
     "phi3 partial-rotary": ("Phi3ForCausalLM", "Phi3Config", dict(num_key_value_heads=2, partial_rotary_factor=0.75,
                                                                   pad_token_id=0, eos_token_id=1, bos_token_id=1),
                             LLAMA_PLACES),
+    # Granite: Llama's block with four multipliers (embedding, attention, each residual update, logits).
+    "granite": ("GraniteForCausalLM", "GraniteConfig", dict(num_key_value_heads=2, embedding_multiplier=6.0,
+                attention_multiplier=0.2, residual_multiplier=0.3, logits_scaling=4.0), LLAMA_PLACES),
+    # SmolLM3: layer 1 without RoPE, and (use_sliding_window) windowed, as its config class marks NoPE layers.
+    "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", dict(num_key_value_heads=2, no_rope_layers=[1, 0, 1],
+                pad_token_id=0, bos_token_id=1, eos_token_id=1,
+                use_sliding_window=True, sliding_window=4), LLAMA_PLACES),
+    # OLMo-3: OLMo-2's block, a global layer between sliding ones, the global layers' RoPE scaled (linear ×2).
+    "olmo3": ("Olmo3ForCausalLM", "Olmo3Config", dict(
+        num_key_value_heads=2, sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 5e5}}), OLMO2_PLACES),
+    # EXAONE-4: reordered norms, QK-norm per head; its global layer (1) has no RoPE, its sliding ones do.
+    "exaone4": ("Exaone4ForCausalLM", "Exaone4Config", dict(num_key_value_heads=2, sliding_window=4, pad_token_id=0,
+                                                           sliding_window_pattern=2), OLMO2_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -146,7 +161,7 @@ def test_every_step_matches_huggingface(family, layer):
 
 
 NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama rope-llama3", "llama rope-dynamic",
-         "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary"]
+         "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -348,3 +363,21 @@ def test_phi4_minis_top_level_partial_rotary_factor_is_read_as_hf_reads_it(tmp_p
     traced = trace(load_block(checkpoint, info, 1, config), expected["hidden_states"][1][0], keep_tensors=True).tensors()
     for step in places:
         assert (traced[step] - expected[step][0]).abs().max().item() <= 1e-5, step
+
+
+@pytest.mark.parametrize("source", ["hf", "ours"])
+def test_granites_residual_identity_holds_with_its_multiplier(tmp_path, source):
+    """The residual probe checks x1 = x + m·attn_out with Granite's m, for HF's own layer traced bare and for
+    blocktrace's block: a probe that assumed m = 1 would report a mismatch of about 1 − m."""
+    model, places = build("granite")
+    x = reference(model, places, 1, IDS)["hidden_states"][1][0]
+    if source == "hf":
+        block = layers_of(model)[1][1]
+    else:
+        model.save_pretrained(tmp_path)
+        checkpoint = Checkpoint(tmp_path)
+        info = model_info(checkpoint)
+        block = load_block(checkpoint, info, 1, checkpoint_config(checkpoint, info, {}))
+    traced = trace(block, x, checks=True)
+    for step in ("residual1", "residual2"):
+        assert traced.step(step).probe.residual_mismatch < 1e-6, step

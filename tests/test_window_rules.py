@@ -141,3 +141,65 @@ def test_a_full_attention_layer_of_a_windowed_qwen2_moe_is_traced_bare_without_a
     for step in PLACES:
         delta = (traced[step] - expected[step][0]).abs().max().item()
         assert delta <= 1e-5, f"layer 1 {step}: max |Δ| {delta}"
+
+
+def _hf_rotates(family: str, config) -> list[bool]:
+    """Which layers HF's attention rotates: SmolLM3's no_rope_layers; EXAONE-4's sliding layers, or every layer of a
+    model without a window; OLMo-3 and Granite every layer."""
+    layers = range(config.num_hidden_layers)
+    if family == "smollm3":
+        return [bool(config.no_rope_layers[k]) for k in layers]
+    if family == "exaone4":
+        return [config.sliding_window is None or config.layer_types[k] == "sliding_attention" for k in layers]
+    return [True for _ in layers]
+
+
+NEW_CASES = [*((family, config_class, settings, layers) for family, config_class, settings in [
+    ("smollm3", "SmolLM3Config", {"use_sliding_window": True, "no_rope_layer_interval": 2}),
+    ("smollm3", "SmolLM3Config", {"use_sliding_window": True}),
+    ("smollm3", "SmolLM3Config", {"use_sliding_window": False}),
+    ("olmo3", "Olmo3Config", {}),
+    ("exaone4", "Exaone4Config", {}),
+    ("exaone4", "Exaone4Config", {"sliding_window_pattern": 2}),
+    ("exaone4", "Exaone4Config", {"sliding_window_pattern": 3})] for layers in (5, 8)),
+    ("smollm3", "SmolLM3Config", {"use_sliding_window": True, "no_rope_layers": [0, 1, 1, 0, 1]}, 5)]
+
+
+@pytest.mark.parametrize("family, config_class, settings, layers", NEW_CASES)
+def test_windows_and_nope_layers_of_the_newer_families_are_their_config_classs(tmp_path, family, config_class,
+                                                                                settings, layers):
+    """From layer_types (and no_rope_layers) as the class writes them, and from a file without them."""
+    import transformers
+
+    config = getattr(transformers, config_class)(**{**SMALL, **settings, "num_hidden_layers": layers, "pad_token_id": 0})
+    data = config.to_dict()
+    without = {key: value for key, value in data.items()
+               if key != "layer_types" and not (key == "no_rope_layers" and "no_rope_layers" not in settings)}
+    for file in (ConfigFile(tmp_path / "c.json", data), ConfigFile(tmp_path / "hub.json", without)):
+        fields = [FAMILIES[family].layer_fields(file, layer) for layer in range(layers)]
+        assert [f["sliding_window"] is not None for f in fields] == _hf_pattern(config), (family, settings)
+        assert [not f.get("nope", False) for f in fields] == _hf_rotates(family, config), (family, settings)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"no_rope_layers": [1, 0]}, "a list of 3 values"),
+    ({"no_rope_layers": [1, 0, 2]}, "a list of 3 values"),
+    ({"use_sliding_window": False, "layer_types": ["sliding_attention", "full_attention", "full_attention"]},
+     "HF's attention implementations disagree"),
+])
+def test_smollm3_files_hf_would_read_two_ways_are_refused(tmp_path, change, message):
+    data = {"num_hidden_layers": 3, "sliding_window": 4, "no_rope_layers": [1, 1, 0], **change}
+    with pytest.raises(WeightsError, match=message):
+        FAMILIES["smollm3"].layer_fields(ConfigFile(tmp_path / "config.json", data), 0)
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"rope_theta": 10000.0}, "reaches only the global layers"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1234.0}}, "keyed by layer type"),
+])
+def test_olmo3_rope_settings_hf_reads_surprisingly_are_refused(tmp_path, data, message):
+    """HF's Olmo3Config gives a top-level rope_theta to the global layers only (500000 to the sliding ones) and
+    ignores a flat rope_parameters: blocktrace refuses both rather than guess."""
+    file = ConfigFile(tmp_path / "config.json", {"num_hidden_layers": 4, "max_position_embeddings": 64, **data})
+    with pytest.raises(WeightsError, match=message):
+        FAMILIES["olmo3"].layer_fields(file, 0)

@@ -18,13 +18,16 @@ from blocktrace.wiring import INPUT, Kind
 
 
 class Residual(nn.Module):
-    """α·stream + update (α = 1 but for DeepNorm), as a module of its own so the sum can be hooked."""
+    """α·stream + m·update (α = 1 but for DeepNorm, m = 1 but for Granite's residual_multiplier), as a module of its
+    own so the sum can be hooked."""
 
-    def __init__(self, alpha: float = 1.0):
+    def __init__(self, alpha: float = 1.0, multiplier: float = 1.0):
         super().__init__()
-        self.alpha = alpha
+        self.alpha, self.multiplier = alpha, multiplier
 
     def forward(self, stream: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+        if self.multiplier != 1.0:
+            update = update * self.multiplier  # HF's order: residual + hidden_states * multiplier
         return stream + update if self.alpha == 1.0 else self.alpha * stream + update
 
 
@@ -62,7 +65,7 @@ def _make_step(kind: Kind, config: BlockConfig) -> nn.Module:
         return MultiHeadAttention(config)
     if kind is Kind.FFN:
         return MixtureOfExperts(config) if config.n_experts else make_ffn(config)
-    return Residual(config.residual_scale)
+    return Residual(config.residual_scale, config.residual_multiplier)
 
 
 def build_block(config: BlockConfig, seed: int = 0, init: Init = Init.DEFAULT) -> TransformerBlock:
@@ -123,12 +126,14 @@ def step_operations(config: BlockConfig) -> dict[str, str]:
     """Each step as a formula, with the tutorial's variable names (x_norm1, attn_out, x1, ...)."""
     wiring = config.wiring
     alpha = "" if config.residual_scale == 1.0 else f"{config.residual_scale:.4g}·"
-    functions = {Kind.NORM: _norm_name(config), Kind.ATTENTION: "MultiHeadAttention", Kind.FFN: _ffn_name(config)}
+    multiplier = "" if config.residual_multiplier == 1.0 else f"{config.residual_multiplier:.4g}·"
+    attention = "MultiHeadAttention[NoPE]" if config.nope else "MultiHeadAttention"  # a RoPE model's unrotated layer
+    functions = {Kind.NORM: _norm_name(config), Kind.ATTENTION: attention, Kind.FFN: _ffn_name(config)}
     formulas = {}
     for step in wiring.steps:
         values = [wiring.value_of(source) for source in step.reads]
         if step.kind is Kind.RESIDUAL:
-            formula = f"{step.value} = {alpha}{values[0]} + {values[1]}"
+            formula = f"{step.value} = {alpha}{values[0]} + {multiplier}{values[1]}"
         else:
             formula = f"{step.value} = {functions[step.kind]}({values[0]})"
         formulas[step.name] = f"{formula}  {step.note}" if step.note else formula

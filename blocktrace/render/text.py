@@ -5,13 +5,14 @@ Nothing here prints: functions return strings and the CLI decides where they go.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import unicodedata
 from typing import Optional, Sequence
 
 from tabulate import tabulate
 
-from blocktrace.config import RopeScaling
+from blocktrace.config import BlockConfig, RopeScaling
 from blocktrace.render.words import HEADINGS, explanation
 from blocktrace.tracing.recorder import PREVIEW_MAX_TOKENS
 from blocktrace.tracing.stats import STAT_NAMES
@@ -32,12 +33,12 @@ def _stat_cells(stats: dict) -> list:
 
 CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placement", "causal")
 # Shown too where they differ from BlockConfig's defaults: what makes a modern family's block its own.
-CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "qkv_bias", "qk_norm",
-                 "qk_norm_whole", "norm_offset", "norm_gain_float32", "attn_scale", "attn_softcap", "sliding_window",
-                 "parallel_residual", "n_experts", "experts_per_token", "renormalise_top_k", "shared_expert_d_ff")
-MOE_EXTRAS = ("experts_per_token", "renormalise_top_k")  # said only of a mixture of experts
-_DEFAULTS = {"rotary_fraction": 1.0, "qk_norm": False, "qk_norm_whole": False, "norm_offset": 0.0,
-             "norm_gain_float32": False, "parallel_residual": False}
+CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "nope", "qkv_bias",
+                 "qk_norm", "qk_norm_whole", "norm_offset", "norm_gain_float32", "attn_scale", "attn_softcap",
+                 "sliding_window", "parallel_residual", "residual_multiplier", "n_experts", "experts_per_token",
+                 "renormalise_top_k", "shared_expert_d_ff")
+MOE_EXTRAS = ("experts_per_token", "renormalise_top_k")  # said of every mixture of experts, and only of one
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(BlockConfig)}
 
 
 def _setting(key: str, value) -> str:
@@ -50,8 +51,8 @@ def config_settings(config: dict, skip: str = "") -> str:
     """key=value for the settings a reader needs: the core ones, and every other that is not a default."""
     shown = [f"{key}={config[key]}" for key in CONFIG_SHOWN if key in config and key != skip]
     shown += [f"{key}={_setting(key, config[key])}" for key in CONFIG_EXTRAS
-              if key != skip and config.get(key) not in (None, _DEFAULTS.get(key))
-              and (key not in MOE_EXTRAS or config.get("n_experts") is not None)]
+              if key != skip and (config.get("n_experts") is not None if key in MOE_EXTRAS
+                                  else config.get(key) not in (None, _DEFAULTS[key]))]
     return " ".join(shown)
 
 

@@ -167,5 +167,6 @@ def load_head(checkpoint: Checkpoint, info: ModelInfo, dtype: torch.dtype = torc
     transform = None
     if spec.transform is not None:
         transform = masked_lm_transform(*(get(key) for key in spec.transform), spec.transform_activation, spec.eps)
-    head = OutputHead(get(spec.weight), bias=get(spec.bias), norm=norm, transform=transform, softcap=spec.softcap)
+    head = OutputHead(get(spec.weight), bias=get(spec.bias), norm=norm, transform=transform, softcap=spec.softcap,
+                      logit_divisor=spec.logit_divisor)
     return head.eval(), spec

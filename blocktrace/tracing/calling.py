@@ -101,6 +101,16 @@ def _rotary_class(block: nn.Module):
     return classes
 
 
+def _layer_type(attention: Optional[nn.Module], config) -> Optional[str]:
+    """The attention type of a layer, as its attention module keeps it (Gemma-3's layer_type, OLMo-3's
+    attention_type), else as its config lists it for the layer's index."""
+    for name in ("layer_type", "attention_type"):
+        if isinstance(getattr(attention, name, None), str):
+            return getattr(attention, name)
+    types, index = getattr(config, "layer_types", None), getattr(attention, "layer_idx", None)
+    return types[index] if types is not None and index is not None and 0 <= index < len(types) else None
+
+
 def _position_embeddings(block: nn.Module, config, x: torch.Tensor, positions: torch.Tensor):
     classes = _rotary_class(block)
     if len(classes) != 1:
@@ -108,8 +118,8 @@ def _position_embeddings(block: nn.Module, config, x: torch.Tensor, positions: t
         raise InputError(f"cannot call {type(block).__name__} the way its model does: it needs rotary "
                          f"position_embeddings and its module has {found} rotary classes; pass forward_kwargs")
     extra = {}
-    if "layer_type" in inspect.signature(classes[0].forward).parameters:  # Gemma-3: RoPE per layer type
-        extra["layer_type"] = getattr(attention_module(block), "layer_type", None)
+    if "layer_type" in inspect.signature(classes[0].forward).parameters:  # Gemma-3, OLMo-3: RoPE per layer type
+        extra["layer_type"] = _layer_type(attention_module(block), config)
     try:
         rotary = classes[0](config).to(x.device)
         return rotary(x, positions, **extra)

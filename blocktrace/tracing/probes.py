@@ -30,6 +30,7 @@ class ProbeContext:
     block: torch.nn.Module
     layout: Layout
     residual_scale: float  # α multiplying the stream in each residual add (DeepNorm), else 1
+    update_scale: float  # m multiplying each sublayer's output in its residual add (Granite), else 1
     activation: FFNKind  # what the FFN hidden values are: decides what "active" means
     token_mask: Optional[torch.Tensor] = None  # [B, T], False at padding
     refs: dict = field(default_factory=dict)  # step outputs the residual checks still need
@@ -38,8 +39,10 @@ class ProbeContext:
     @classmethod
     def of(cls, block, layout: Layout, own: bool, token_mask=None) -> "ProbeContext":
         if own:
-            return cls(block, layout, block.config.residual_scale, block.config.ffn, token_mask)
-        return cls(block, layout, 1.0, _user_activation(block, layout), token_mask)
+            config = block.config
+            return cls(block, layout, config.residual_scale, config.residual_multiplier, config.ffn, token_mask)
+        multiplier = 1.0 if layout.residual_multiplier is None else float(getattr(block, layout.residual_multiplier))
+        return cls(block, layout, 1.0, multiplier, _user_activation(block, layout), token_mask)
 
     @property
     def final_step(self) -> str:
@@ -72,13 +75,16 @@ def _spread(t: torch.Tensor) -> torch.Tensor:
 
 
 def residual_probe(context: ProbeContext, name: str, value: torch.Tensor) -> dict:
-    """Whether the step's output is α·stream + update (an identity that holds token by token, so tokens
-    spread over a long input test it as well as all of them), and the update's size against the stream's."""
+    """Whether the step's output is α·stream + m·update (an identity that holds token by token, so tokens
+    spread over a long input test it as well as all of them), and the size of what is added (m·update) against the
+    stream's."""
     stream_name, update_name = context.sources[name]
     stream, update = context.refs.get(stream_name), context.refs.get(update_name)
     probe = {}
     if stream is not None and update is not None and stream.shape == value.shape == update.shape:
         stream, update, value = _spread(stream), _spread(update), _spread(value)
+        if context.update_scale != 1.0:
+            update = update * context.update_scale
         expected = torch.add(update, stream, alpha=context.residual_scale)
         probe["residual_mismatch"] = _norm(expected.sub_(value)) / _norm(value).clamp_min(1e-30)
         probe["update_ratio"] = _norm(update) / _norm(stream).clamp_min(1e-30)

@@ -48,6 +48,7 @@ class HeadSpec:
     norm_offset: float = 0.0  # Gemma: the final norm's gain is (1 + w) too
     bias: Optional[str] = None  # a bias on the logits (BERT's MLM head)
     softcap: Optional[float] = None  # Gemma-2: logits become cap·tanh(logits / cap)
+    logit_divisor: float = 1.0  # Granite: logits / logits_scaling, before any cap
     transform: Optional[tuple[str, str, str, str]] = None  # BERT: dense weight, bias, LayerNorm weight, bias
     transform_activation: Optional[FFNKind] = None
     tied: bool = False  # the projection is the input embedding
@@ -75,6 +76,8 @@ class HFLayer:
     weights: Optional[str] = None  # the module whose output tuple holds the attention weights, when not attn's
     router: Optional[str] = None  # a mixture of experts' router (HF's TopKRouter: logits first, top_k)
     parallel_flag: Optional[str] = None  # the layer's attribute that, when true, makes its residual parallel
+    residual_multiplier: Optional[str] = None  # the layer's attribute that scales each sublayer's output in its
+    # residual add (Granite's x + m·f(x))
 
 
 @dataclass(frozen=True)

@@ -96,13 +96,16 @@ class Llama(Family):
         config = info.config
         return HeadSpec(LossKind.NEXT_TOKEN, weight, f"{info.prefix}norm.weight", norm=Norm.RMSNORM,
                         eps=self.setting(config, "rms_norm_eps", positive=True), norm_offset=self.norm_offset(),
-                        softcap=self.logit_softcap(config), tied=tied)
+                        softcap=self.logit_softcap(config), logit_divisor=self.logit_divisor(config), tied=tied)
 
     def norm_offset(self) -> float:
         return 0.0
 
     def logit_softcap(self, config) -> Optional[float]:
         return None
+
+    def logit_divisor(self, config) -> float:
+        return 1.0
 
     def check(self, config):
         if config.ffn is not FFNKind.SWIGLU or config.norm is not Norm.RMSNORM or config.sandwich:

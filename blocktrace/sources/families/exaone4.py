@@ -1,0 +1,52 @@
+"""EXAONE-4 (LG; Llama's keys): OLMo-2's reordered norms (x + norm(f(x)), no input_layernorm) with
+QK-norm per head, and a hybrid attention: sliding-window layers that rotate q and k, and global
+layers without RoPE (NoPE) whenever the model has a sliding window at all. `layer_types`, or
+Exaone4Config's default — every `sliding_window_pattern`-th layer global — says which is which."""
+
+from __future__ import annotations
+
+from blocktrace.errors import UsageError, WeightsError
+from blocktrace.sources.families.base import HFLayer
+from blocktrace.sources.families.llama import SLIDING
+from blocktrace.sources.families.olmo2 import OLMo2
+from blocktrace.sources.families.smollm3 import NOPE_FIELDS
+from blocktrace.vocab import Norm, Placement
+from blocktrace.wiring import REORDERED
+
+
+class Exaone4(OLMo2):
+    name, described, model_types = "exaone4", "exaone4 (reordered norms, per-head QK-norm, NoPE global layers)", \
+        ("exaone4",)
+    hf_classes = ("Exaone4DecoderLayer",)
+    hf_layer = HFLayer(OLMo2.hf_layer.steps, REORDERED, Norm.RMSNORM, hidden="mlp.act_fn")
+    defaults = {**OLMo2.defaults, "sliding_window": 4096, "sliding_window_pattern": 4}
+
+    def config_fields(self, config):
+        return {**super().config_fields(config), "qk_norm_whole": False, "norm_gain_float32": False}
+
+    def sliding(self, config, layer: int) -> bool:
+        types = config.layer_types(config.integer("num_hidden_layers"))
+        if types is not None:
+            return types[layer] == SLIDING
+        if self.setting(config, "sliding_window", "integer") is None:
+            return False
+        pattern = config.raw("sliding_window_pattern", self.defaults["sliding_window_pattern"])
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+            raise config.bad("sliding_window_pattern", "a positive integer when layer_types is absent (HF computes "
+                             "the layer types from it)", pattern)
+        return (layer + 1) % pattern != 0
+
+    def layer_fields(self, config, layer):
+        if config is None:
+            return {}
+        window = self.setting(config, "sliding_window", "integer")
+        if self.sliding(config, layer):
+            if window is None:
+                raise WeightsError(f"{config.path}: layer_types marks layer {layer} sliding but sliding_window is null")
+            return {"sliding_window": window}
+        return {"sliding_window": None, **(NOPE_FIELDS if window is not None else {})}
+
+    def check(self, config):
+        if config.placement is not Placement.REORDERED or config.qk_norm_whole or not config.qk_norm:
+            raise UsageError("exaone4 weights need the reordered wiring (a norm after each sublayer) and QK-norm "
+                               "per head")

@@ -1,0 +1,60 @@
+"""SmolLM3 (Llama's keys and block) with NoPE layers: `no_rope_layers` holds 1 for a layer that
+rotates q and k and 0 for one that does not (default: every fourth layer without RoPE,
+`no_rope_layer_interval`); a sliding window only where `layer_types` marks a layer sliding —
+by default the NoPE layers, when use_sliding_window is on — as SmolLM3Config computes them."""
+
+from __future__ import annotations
+
+from blocktrace.errors import WeightsError
+from blocktrace.sources.families.base import HFLayer
+from blocktrace.sources.families.llama import LLAMA_STEPS, SLIDING, Llama
+from blocktrace.vocab import Norm
+
+NOPE_FIELDS = {"rope_theta": None, "rope_scaling": None, "nope": True}  # a layer of a RoPE model left unrotated
+
+
+class SmolLM3(Llama):
+    name, described, model_types = "smollm3", "smollm3 (Llama keys, NoPE layers)", ("smollm3",)
+    hf_classes = ("SmolLM3DecoderLayer",)
+    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
+    defaults = {**Llama.defaults, "no_rope_layer_interval": 4}
+    tie_default = True
+
+    def rotates(self, config, layer: int) -> bool:
+        """no_rope_layers[layer] (1: RoPE), or SmolLM3Config's default: every no_rope_layer_interval-th layer not."""
+        layers = config.integer("num_hidden_layers")
+        given = config.raw("no_rope_layers")
+        if given is None:
+            return (layer + 1) % self.setting(config, "no_rope_layer_interval", "integer") != 0
+        if not isinstance(given, list) or len(given) != layers or any(type(v) is not int or v not in (0, 1)
+                                                                      for v in given):
+            raise config.bad("no_rope_layers", f"a list of {layers} values, 1 (RoPE) or 0 (none), one per layer",
+                             given)
+        return bool(given[layer])
+
+    def sliding(self, config, layer: int) -> bool:
+        types = config.layer_types(config.integer("num_hidden_layers"))
+        use = config.boolean("use_sliding_window", False)
+        if types is None:
+            return use and config.integer("sliding_window") is not None and not self.rotates(config, layer)
+        if types[layer] == SLIDING and not use:  # HF's eager/sdpa masks slide, its flash attention does not
+            raise WeightsError(f"{config.path}: layer_types marks layer {layer} sliding but use_sliding_window is "
+                               "false: HF's attention implementations disagree on such a layer, so blocktrace "
+                               "refuses it")
+        return types[layer] == SLIDING
+
+    def layer_fields(self, config, layer):
+        if config is None:
+            return {}
+        window = config.integer("sliding_window") if self.sliding(config, layer) else None
+        return {"sliding_window": window, **({} if self.rotates(config, layer) else NOPE_FIELDS)}
+
+    def notes(self, config):
+        notes = super().notes(config)
+        if config is not None:
+            unrotated = [k for k in range(config.integer("num_hidden_layers")) if not self.rotates(config, k)]
+            notes.append(f"layers without RoPE (NoPE): {', '.join(map(str, unrotated)) or 'none'}")
+        return notes
+
+    def top_level_defaults(self, config):
+        return [key for key in self.defaults if key != "no_rope_layer_interval" or "no_rope_layers" not in config]
