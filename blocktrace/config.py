@@ -107,6 +107,7 @@ class BlockConfig:
     rope_theta: Optional[float] = None  # rotary position embeddings' base (Llama); None: no RoPE
     rope_scaling: Optional[RopeScaling] = None  # RoPE stretched past the trained context; None: plain RoPE
     rotary_fraction: float = 1.0  # share of each head's dims that RoPE rotates (GPT-NeoX's rotary_pct)
+    rope_interleaved: bool = False  # RoPE turns adjacent pairs (x0, x1), (x2, x3)… (Cohere), not the two halves (Llama)
     nope: bool = False  # a layer of a RoPE model that leaves q and k unrotated (SmolLM3's, EXAONE-4's NoPE layers)
     attn_bias: Optional[bool] = None  # biases of q, k, v and the output projection; None: as `bias`
     qkv_bias: Optional[bool] = None  # biases of q, k and v only (Qwen2); None: as attn_bias
@@ -118,6 +119,7 @@ class BlockConfig:
     attn_softcap: Optional[float] = None  # logits become cap·tanh(s/cap) before the mask (Gemma-2)
     sliding_window: Optional[int] = None  # a query sees only the last W keys (itself included)
     parallel_residual: bool = False  # GPT-NeoX: x + attn(norm1(x)) + ffn(norm2(x)), both from x
+    one_norm: bool = False  # a parallel block whose sublayers both read norm1(x) (Cohere): no norm2
     residual_multiplier: float = 1.0  # multiplies each sublayer's output in its residual add (Granite): x + m·f(x)
     # A mixture of experts in place of the FFN (Mixtral, Qwen-MoE, OLMoE): a router sends each token to its top
     # `experts_per_token` of `n_experts` gated FFNs, each d_ff wide, and sums their outputs by the router's weights.
@@ -171,6 +173,9 @@ class BlockConfig:
                 not 0 < self.residual_multiplier < float("inf"):
             raise ConfigError(f"residual_multiplier must be a positive number, not {self.residual_multiplier!r}",
                               "residual_multiplier")
+        if self.one_norm and not self.parallel_residual:
+            raise ConfigError("one norm for both sublayers needs them side by side: one_norm needs parallel_residual",
+                              "one_norm")
         if self.parallel_residual and self.placement is not Placement.PRE:
             raise ConfigError("a parallel residual reads both branches from the stream before the norms: it needs "
                               "Pre-LN wiring", "placement")
@@ -235,7 +240,7 @@ class BlockConfig:
     @property
     def wiring(self) -> Wiring:
         """Which step reads which (blocktrace.wiring)."""
-        return wiring_of(self.placement, self.parallel_residual)
+        return wiring_of(self.placement, self.parallel_residual, self.one_norm)
 
     @property
     def sandwich(self) -> bool:

@@ -47,7 +47,9 @@ def _block_activations(config, shape: Shape, attention_rows: int) -> int:
 
 
 def estimate_bytes(config, n_layers: int, shape: Shape, element_size: int, *, grad: bool,
-                   keep_tensors: bool, chunk_bytes: int, attn_chunk: Optional[int]) -> int:
+                   keep_tensors: bool, chunk_bytes: int, attn_chunk: Optional[int], kept_streams: int = 0) -> int:
+    """Parameters (three copies each with gradients: weight, grad, a float64 reduction's share), working
+    activations (every block's with --grad over a whole stack), and `kept_streams` [B, T, d] streams held besides."""
     per_row = max(1, shape.batch * config.n_heads * shape.tokens * element_size)
     rows = min(shape.tokens, attn_chunk or max(1, chunk_bytes // per_row))
     if grad or keep_tensors:
@@ -56,7 +58,8 @@ def estimate_bytes(config, n_layers: int, shape: Shape, element_size: int, *, gr
     activations = _block_activations(config, shape, rows) * element_size
     if grad:
         activations *= n_layers
-    return parameters + activations
+    streams = kept_streams * shape.batch * shape.tokens * config.d_model * element_size
+    return parameters + activations + streams
 
 
 def available_bytes(device) -> Optional[int]:

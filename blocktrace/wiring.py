@@ -113,6 +113,13 @@ PARALLEL = Wiring("pre (parallel residual)", Placement.PRE, (
     _norm("norm2", INPUT, "x_norm2", "(parallel: reads x, not x1)"), Step("ffn", Kind.FFN, ("norm2",), "ffn_out"),
     _sum("residual2", "residual1", "ffn", "x2", "(= x + attn_out + ffn_out)"),
 ), f"pre with a parallel residual: both sublayers read the block's input x and {_GROWS}")
+# Cohere: the same, with one norm for both sublayers — the FFN reads x_norm1, and there is no norm2.
+PARALLEL_ONE_NORM = Wiring("pre (parallel residual, one norm)", Placement.PRE, (
+    _norm("norm1", INPUT, "x_norm1"), Step("attn", Kind.ATTENTION, ("norm1",), "attn_out"),
+    _sum("residual1", INPUT, "attn", "x1"),
+    Step("ffn", Kind.FFN, ("norm1",), "ffn_out", "(parallel: reads x_norm1, as attn does)"),
+    _sum("residual2", "residual1", "ffn", "x2", "(= x + attn_out + ffn_out)"),
+), f"pre with a parallel residual under one norm: both sublayers read norm1(x) and {_GROWS}")
 _POST_STEPS = (
     _ATTN, _sum("residual1", INPUT, "attn", "r1"), _norm("norm1", "residual1", "x1"),
     Step("ffn", Kind.FFN, ("norm1",), "ffn_out"), _sum("residual2", "norm1", "ffn", "r2"),
@@ -149,5 +156,7 @@ def flag_parameter(wiring: Wiring) -> str:
     return wiring.flag.lstrip("-").replace("-", "_")
 
 
-def wiring_of(placement: Placement, parallel_residual: bool = False) -> Wiring:
-    return PARALLEL if parallel_residual else WIRINGS[Placement(placement)]
+def wiring_of(placement: Placement, parallel_residual: bool = False, one_norm: bool = False) -> Wiring:
+    if parallel_residual:
+        return PARALLEL_ONE_NORM if one_norm else PARALLEL
+    return WIRINGS[Placement(placement)]

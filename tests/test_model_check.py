@@ -69,6 +69,13 @@ def hf_model(name: str):
     elif name == "exaone4":  # its global layer without RoPE
         model = transformers.Exaone4ForCausalLM(transformers.Exaone4Config(
             **small, num_key_value_heads=2, sliding_window=4, sliding_window_pattern=2, pad_token_id=0))
+    elif name == "cohere":  # one norm for both parallel sublayers, the logits scaled
+        model = transformers.CohereForCausalLM(transformers.CohereConfig(
+            **small, num_key_value_heads=2, logit_scale=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=1))
+    elif name == "cohere2":  # sliding, full (no RoPE), sliding
+        model = transformers.Cohere2ForCausalLM(transformers.Cohere2Config(
+            **small, num_key_value_heads=2, sliding_window=4, sliding_window_pattern=2, pad_token_id=0,
+            bos_token_id=1, eos_token_id=1))
     else:
         model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**small))
     randomise_hf(model, seed=7)
@@ -101,7 +108,7 @@ def our_layer_gradients(report: dict) -> list[float]:
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gemma3", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe",
                                   "olmoe", "llama3 rope", "gpt_neox", "starcoder2", "granite", "smollm3", "olmo3",
-                                  "exaone4"])
+                                  "exaone4", "cohere", "cohere2"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)
@@ -116,7 +123,7 @@ def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     assert report["traced_layers"] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("name", ["llama", "granite", "smollm3", "olmo3", "exaone4"])
+@pytest.mark.parametrize("name", ["llama", "granite", "smollm3", "olmo3", "exaone4", "cohere", "cohere2"])
 def test_a_padded_batch_predicts_real_tokens_only(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

@@ -32,6 +32,8 @@ OLMO2_PLACES = {"attn": ("self_attn", "out"), "attn_weights": ("self_attn", "wei
 NEOX_PLACES = {"norm1": ("input_layernorm", "out"), "attn": ("attention", "out"),
                "attn_weights": ("attention", "weights"), "norm2": ("post_attention_layernorm", "out"),
                "ffn": ("mlp", "out"), "residual2": ("", "out")}
+COHERE_PLACES = {"norm1": ("input_layernorm", "out"), "attn": ("self_attn", "out"),
+                 "attn_weights": ("self_attn", "weights"), "ffn": ("mlp", "out"), "residual2": ("", "out")}
 
 FAMILIES = {
     "mistral": ("MistralForCausalLM", "MistralConfig", dict(num_key_value_heads=2, sliding_window=4), LLAMA_PLACES),
@@ -102,6 +104,13 @@ FAMILIES = {
     # EXAONE-4: reordered norms, QK-norm per head; its global layer (1) has no RoPE, its sliding ones do.
     "exaone4": ("Exaone4ForCausalLM", "Exaone4Config", dict(num_key_value_heads=2, sliding_window=4, pad_token_id=0,
                                                            sliding_window_pattern=2), OLMO2_PLACES),
+    # Cohere: one LayerNorm (no shift) for both parallel sublayers, interleaved RoPE, biases on attention.
+    "cohere": ("CohereForCausalLM", "CohereConfig", dict(num_key_value_heads=2, attention_bias=True, logit_scale=0.5,
+                                                         pad_token_id=0, bos_token_id=1, eos_token_id=1), COHERE_PLACES),
+    # Cohere-2: sliding layers with RoPE, its global layer (1) without.
+    "cohere2": ("Cohere2ForCausalLM", "Cohere2Config", dict(num_key_value_heads=2, sliding_window=4,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention"], pad_token_id=0,
+                bos_token_id=1, eos_token_id=1), COHERE_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -161,7 +170,8 @@ def test_every_step_matches_huggingface(family, layer):
 
 
 NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama rope-llama3", "llama rope-dynamic",
-         "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4"]
+         "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
+         "cohere", "cohere2"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -262,6 +272,8 @@ def test_unknown_model_types_and_llama_keys_without_config_are_refused(invoke, t
      "rope type 'proportional' is not supported"),
     ("gemma", {"use_bidirectional_attention": True}, "use_bidirectional_attention = True"),
     ("starcoder2", {"use_bias": False}, "use_bias = False drops the linear biases but keeps LayerNorm's shift"),
+    ("cohere", {"use_qk_norm": True}, "use_qk_norm = True adds a LayerNorm per head on q and k"),
+    ("cohere2", {"head_dim": 4}, "head_dim must be hidden_size / num_attention_heads = 8"),
 ])
 def test_config_fields_blocktrace_does_not_implement_are_refused(invoke, tmp_path, name, change, message):
     model, _ = build(name)

@@ -149,6 +149,8 @@ def _hf_rotates(family: str, config) -> list[bool]:
     layers = range(config.num_hidden_layers)
     if family == "smollm3":
         return [bool(config.no_rope_layers[k]) for k in layers]
+    if family == "cohere2":  # Cohere2Attention rotates where it has a window
+        return [config.sliding_window is not None and config.layer_types[k] == "sliding_attention" for k in layers]
     if family == "exaone4":
         return [config.sliding_window is None or config.layer_types[k] == "sliding_attention" for k in layers]
     return [True for _ in layers]
@@ -161,7 +163,9 @@ NEW_CASES = [*((family, config_class, settings, layers) for family, config_class
     ("olmo3", "Olmo3Config", {}),
     ("exaone4", "Exaone4Config", {}),
     ("exaone4", "Exaone4Config", {"sliding_window_pattern": 2}),
-    ("exaone4", "Exaone4Config", {"sliding_window_pattern": 3})] for layers in (5, 8)),
+    ("exaone4", "Exaone4Config", {"sliding_window_pattern": 3}),
+    ("cohere2", "Cohere2Config", {}),
+    ("cohere2", "Cohere2Config", {"sliding_window_pattern": 3})] for layers in (5, 8)),
     ("smollm3", "SmolLM3Config", {"use_sliding_window": True, "no_rope_layers": [0, 1, 1, 0, 1]}, 5)]
 
 
@@ -172,7 +176,7 @@ def test_windows_and_nope_layers_of_the_newer_families_are_their_config_classs(t
     import transformers
 
     config = getattr(transformers, config_class)(**{**SMALL, **settings, "num_hidden_layers": layers, "pad_token_id": 0})
-    data = config.to_dict()
+    data = {**settings, **config.to_dict()}  # a key the class reads and drops (Cohere2's sliding_window_pattern) stays
     without = {key: value for key, value in data.items()
                if key != "layer_types" and not (key == "no_rope_layers" and "no_rope_layers" not in settings)}
     for file in (ConfigFile(tmp_path / "c.json", data), ConfigFile(tmp_path / "hub.json", without)):

@@ -7,6 +7,13 @@ by a seeded random matrix W ∈ R^{V×d}, entries N(0, 1/d), and scored by cross
 seeded targets drawn from a Zipf distribution over the V classes, p(k) ∝ 1/(k+1) — real
 text is Zipfian, and uniform targets hide the Post-LN / Pre-LN difference (REFERENCES.md).
 
+A checkpoint's own loss is backpropagated layer by layer (`layerwise_gradient_report`): the
+forward keeps each block's input only, and the backward reloads one block at a time from the top,
+recomputes its forward from that input, backpropagates the gradient arriving at its output,
+reduces its gradients to the reported norms and frees them. The peak is one layer's weights,
+activations and gradients, whatever the model's size; every number equals a whole-model backward
+(the same operations in the same order, per layer).
+
 Reported: the gradient norm at each step's output (tensor hooks; with several mini-batches,
 the mean of the per-batch norms) and, per layer, the Frobenius norms of the gradients of the
 attention projections and of the FFN's W1 and W2, averaged over `batches` seeded
@@ -92,12 +99,50 @@ def _hook_step_outputs(blocks, sums: list[dict]) -> list:
 def _parameter_norms(block) -> dict[str, dict]:
     norms = {}
     for name, parameter in block.named_parameters():
-        if parameter.grad is None:
-            continue
-        grad = torch.linalg.vector_norm(parameter.grad.double()).item()
+        # No .grad: the loss does not reach it (an expert no token chose): its gradient is zero, and says so.
+        grad = 0.0 if parameter.grad is None else torch.linalg.vector_norm(parameter.grad.double()).item()
         weight = torch.linalg.vector_norm(parameter.detach().double()).item()
         norms[name] = {"grad": grad, "weight": weight, "ratio": grad / weight if weight > 0 else float("inf")}
     return norms
+
+
+def _gradients_of_one_block(block, x: torch.Tensor, grad_out: torch.Tensor, step_sums: dict) -> torch.Tensor:
+    """Backpropagate `grad_out` through `block` from its input `x`; the gradient at the input. The block's
+    parameters keep their .grad for the caller to read."""
+    for p in block.parameters():
+        p.requires_grad_(True)
+        p.grad = None
+    x = x.detach().requires_grad_(True)
+    handles = _hook_step_outputs([block], [step_sums])
+    try:
+        block(x).backward(grad_out)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return x.grad
+
+
+def layerwise_gradient_report(load: Callable[[int], torch.nn.Module], inputs: list, output: torch.Tensor,
+                              loss_fn: Callable[[torch.Tensor], torch.Tensor], *,
+                              loss_kind: str) -> GradientReport:
+    """The gradients of `loss_fn(output)` for a stack whose block l (`load(l)`, freshly read) took `inputs[l]` and
+    whose last block gave `output`: one block in memory at a time, from the top down."""
+    n_layers = len(inputs)
+    top = output.detach().requires_grad_(True)
+    loss = loss_fn(top)
+    loss.backward()
+    grad, step_sums = top.grad, [dict() for _ in range(n_layers)]
+    weight_norms, parameter_norms = [None] * n_layers, [None] * n_layers
+    for layer in reversed(range(n_layers)):
+        block = load(layer)
+        grad = _gradients_of_one_block(block, inputs[layer], grad, step_sums[layer])
+        weight_norms[layer] = {name: torch.linalg.vector_norm(w.grad.double()).item()
+                               for name, w in weight_matrices(block).items()}
+        parameter_norms[layer] = _parameter_norms(block)
+        del block  # its weights and gradients go before the next layer is read
+    return GradientReport(loss=loss.item(), batches=1,
+                          step_norms=[{name: value.item() for name, value in sums.items()} for sums in step_sums],
+                          weight_norms=weight_norms, parameter_norms=parameter_norms, loss_kind=loss_kind)
 
 
 def gradient_report(blocks: list, make_batch: Callable[[int], torch.Tensor], loss_fn: LossFn, *,

@@ -1,6 +1,6 @@
 """What turns the last block's output into logits: the final norm and the output projection
 (BERT's masked-LM head has a dense + activation + LayerNorm transform in between; Gemma-2
-soft-caps the logits; Granite divides them by a constant)."""
+soft-caps the logits; Cohere and Granite scale them by a constant)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from blocktrace.vocab import FFNKind, Norm
 class OutputHead(nn.Module):
     def __init__(self, weight: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
                  norm: Optional[nn.Module] = None, transform: Optional[nn.Module] = None,
-                 softcap: Optional[float] = None, logit_divisor: float = 1.0):
+                 softcap: Optional[float] = None, logit_scale: float = 1.0):
         super().__init__()
         self.norm, self.transform = norm, transform
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        self.softcap, self.logit_divisor = softcap, logit_divisor
+        self.softcap, self.logit_scale = softcap, logit_scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.norm is not None:
@@ -30,8 +30,8 @@ class OutputHead(nn.Module):
         if self.transform is not None:
             x = self.transform(x)
         logits = F.linear(x, self.weight, self.bias)
-        if self.logit_divisor != 1.0:  # Granite's logits_scaling, divided as HF divides
-            logits = logits / self.logit_divisor
+        if self.logit_scale != 1.0:  # Cohere's logit_scale, Granite's 1 / logits_scaling
+            logits = logits * self.logit_scale
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

@@ -84,7 +84,8 @@ class MultiHeadAttention(nn.Module):
                                     if config.qk_norm else None for width in widths)
         self.rope = None
         if config.rope_theta is not None:
-            self.rope = RotaryEmbedding(config.rotary_dims, config.rope_theta, config.rope_scaling)
+            self.rope = RotaryEmbedding(config.rotary_dims, config.rope_theta, config.rope_scaling,
+                                        config.rope_interleaved)
             self.q_rope, self.k_rope = HookPoint(), HookPoint()
         if self.rope is not None or config.qk_norm:
             self.q, self.k = HookPoint(), HookPoint()  # q and k as the projections give them

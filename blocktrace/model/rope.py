@@ -85,9 +85,10 @@ class RotaryEmbedding(nn.Module):
     fewer than the head's (partial rotary, GPT-NeoX): the rest pass unchanged. A scaling changes the
     frequencies, and yarn and longrope scale cos and sin too."""
 
-    def __init__(self, dims: int, theta: float, scaling: Optional[RopeScaling] = None):
+    def __init__(self, dims: int, theta: float, scaling: Optional[RopeScaling] = None, interleaved: bool = False):
         super().__init__()
         self.dims, self.theta, self.scaling = dims, theta, scaling
+        self.interleaved = interleaved  # pairs (x0, x1), (x2, x3)… as Cohere turns them; else (x_i, x_i+dims/2)
         self.register_buffer("inv_freq", self._fixed_frequencies(), persistent=False)
 
     @property
@@ -125,7 +126,8 @@ class RotaryEmbedding(nn.Module):
     def cos_sin(self, t: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(t, device=device, dtype=torch.float)
         angles = positions[:, None] * self.frequencies(t).to(device)[None, :]
-        both = torch.cat((angles, angles), dim=-1)  # [T, dims]
+        # [T, dims]: each angle for both members of its pair, side by side (interleaved) or one half apart
+        both = angles.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat((angles, angles), dim=-1)
         cos, sin = both.cos(), both.sin()
         if self.scaling is not None and self.scaling.attention_factor != 1.0:
             cos, sin = cos * self.scaling.attention_factor, sin * self.scaling.attention_factor
@@ -133,7 +135,10 @@ class RotaryEmbedding(nn.Module):
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         turned, passed = x[..., : self.dims], x[..., self.dims:]
-        half = self.dims // 2
-        rotated_half = torch.cat((-turned[..., half:], turned[..., :half]), dim=-1)
+        if self.interleaved:  # Cohere's rotate_half: (x0, x1) -> (-x1, x0) for each adjacent pair
+            rotated_half = torch.stack((-turned[..., 1::2], turned[..., ::2]), dim=-1).flatten(-2)
+        else:
+            half = self.dims // 2
+            rotated_half = torch.cat((-turned[..., half:], turned[..., :half]), dim=-1)
         turned = turned * cos + rotated_half * sin
         return turned if passed.shape[-1] == 0 else torch.cat((turned, passed), dim=-1)

@@ -3,8 +3,9 @@
 Layers are read one at a time (a layer's tensors, traced, then released), so checking a model
 costs about one layer's memory; the traced layers are all of them unless --layer / --layers
 narrow it (the others still run, untraced, so the loss is the whole model's). With --grad the
-whole model is loaded once more, and one backward pass of the model's own loss gives every
-step's and every parameter's gradient.
+forward also keeps each layer's input, and the backward of the model's own loss runs one layer at
+a time from the top (diagnose.grad.layerwise_gradient_report): every step's and every
+parameter's gradient, for about one layer's memory more.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from blocktrace.diagnose.grad import gradient_report
+from blocktrace.diagnose.grad import layerwise_gradient_report
 from blocktrace.diagnose.loss import LossReport, cross_entropy, loss_report, mask_for_mlm, next_token_labels, no_loss
 from blocktrace.diagnose.weights import weight_statistics
 from blocktrace.errors import UsageError
@@ -100,14 +101,17 @@ def _load(checkpoint, info, layer: int, config, dtype, device, request: RunReque
 
 
 def _trace_layers(checkpoint, info, config, x, model_input: ModelInput, traced: range, request: RunRequest,
-                  analysis: Analysis, device, dtype) -> tuple[list, list, torch.Tensor]:
-    """Every layer in turn, one in memory at a time; the traced ones with every statistic and check."""
+                  analysis: Analysis, device, dtype, inputs: Optional[list] = None) -> tuple[list, list, torch.Tensor]:
+    """Every layer in turn, one in memory at a time; the traced ones with every statistic and check. `inputs`, when
+    given, receives each layer's input (what the layer-by-layer backward recomputes from)."""
     from blocktrace.tracing.tracer import trace
 
     traces, weights = [], []
     mask = None if model_input.token_mask is None else model_input.token_mask.to(device)
     for layer in range(info.n_layers):
         tick("layer", layer, info.n_layers)
+        if inputs is not None:
+            inputs.append(x.detach())
         block = _load(checkpoint, info, layer, config, dtype, device, request, mask)
         if layer in traced:
             result = trace(block, x, checks=analysis.checks, token_mask=mask)
@@ -122,12 +126,16 @@ def _trace_layers(checkpoint, info, config, x, model_input: ModelInput, traced: 
     return traces, weights, x
 
 
-def _gradients(checkpoint, info, config, x0, model_input: ModelInput, head, request: RunRequest, device, dtype,
-               kind: str):
+def _gradients(checkpoint, info, config, inputs: list, output, model_input: ModelInput, head, request: RunRequest,
+               device, dtype, kind: str):
     mask = None if model_input.token_mask is None else model_input.token_mask.to(device)
-    blocks = [_load(checkpoint, info, layer, config, dtype, device, request, mask) for layer in range(info.n_layers)]
     labels = model_input.labels.to(device)
-    return gradient_report(blocks, lambda k: x0, lambda x, k: cross_entropy(head(x), labels), loss_kind=kind)
+
+    def load(layer: int):
+        tick("gradient of layer", info.n_layers - layer, info.n_layers)
+        return _load(checkpoint, info, layer, config, dtype, device, request, mask)
+
+    return layerwise_gradient_report(load, inputs, output, lambda x: cross_entropy(head(x), labels), loss_kind=kind)
 
 
 def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bool,
@@ -157,16 +165,17 @@ def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bo
     except NoLoss as reason:
         head, spec = None, str(reason)
         model_input = _model_input(checkpoint, info, request, None)
-    # One layer in memory at a time; every layer at once for the backward pass of --grad.
-    fits = memory_guard(request, analysis, info.n_layers if analysis.grad else 1)
+    # One layer in memory at a time, with its gradients under --grad, which also keeps every layer's input.
+    fits = memory_guard(request, analysis, 1, kept_streams=info.n_layers + 1 if analysis.grad else 0)
     fits(config, Shape(*model_input.ids.shape))
     x0 = _embed(checkpoint, info, model_input, dtype).to(device)
+    inputs = [] if analysis.grad and head is not None else None
     traces, weights, x = _trace_layers(checkpoint, info, config, x0, model_input, traced, request, analysis, device,
-                                       dtype)
+                                       dtype, inputs)
     loss = _loss(head, spec, x, model_input, device)
     grads = None
-    if analysis.grad and head is not None:
-        grads = _gradients(checkpoint, info, config, x0, model_input, head.to(device), request, device,
+    if inputs is not None:
+        grads = _gradients(checkpoint, info, config, inputs, x, model_input, head.to(device), request, device,
                            dtype, spec.kind.value)
     evidence = ModelEvidence(loss=loss, weights=weights, first_layer=traced.start, n_layers=info.n_layers,
                              stored_dtype=_stored_dtype(checkpoint, info), config=config,

@@ -33,10 +33,10 @@ def _stat_cells(stats: dict) -> list:
 
 CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placement", "causal")
 # Shown too where they differ from BlockConfig's defaults: what makes a modern family's block its own.
-CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "nope", "qkv_bias",
-                 "qk_norm", "qk_norm_whole", "norm_offset", "norm_gain_float32", "attn_scale", "attn_softcap",
-                 "sliding_window", "parallel_residual", "residual_multiplier", "n_experts", "experts_per_token",
-                 "renormalise_top_k", "shared_expert_d_ff")
+CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "rope_interleaved", "nope",
+                 "qkv_bias", "qk_norm", "qk_norm_whole", "norm_offset", "norm_gain_float32", "attn_scale",
+                 "attn_softcap", "sliding_window", "parallel_residual", "one_norm", "residual_multiplier",
+                 "n_experts", "experts_per_token", "renormalise_top_k", "shared_expert_d_ff")
 MOE_EXTRAS = ("experts_per_token", "renormalise_top_k")  # said of every mixture of experts, and only of one
 _DEFAULTS = {field.name: field.default for field in dataclasses.fields(BlockConfig)}
 
@@ -175,7 +175,8 @@ def routing_lines(routing: dict, labels: Sequence[str]) -> str:
 
 def explanations(report: dict, lang: Lang) -> str:
     config = report["config"]
-    wiring = wiring_of(Placement(config["placement"]), config.get("parallel_residual", False))
+    wiring = wiring_of(Placement(config["placement"]), config.get("parallel_residual", False),
+                       config.get("one_norm", False))
     lines = [f"{HEADINGS[lang]['why']}:"]
     lines += [f"{e['index']} {e['name']}: {explanation(lang, wiring, e['name'])}" for e in report["steps"]]
     return "\n".join(lines)

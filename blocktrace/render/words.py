@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from blocktrace.vocab import Lang
-from blocktrace.wiring import DEEPNORM, PARALLEL, POST, PRE, REORDERED, SANDWICH, Wiring
+from blocktrace.wiring import DEEPNORM, PARALLEL, PARALLEL_ONE_NORM, POST, PRE, REORDERED, SANDWICH, Wiring
 
 HEADINGS = {
     Lang.EN: {
@@ -141,13 +141,27 @@ _PARALLEL = {
 }
 
 
+_PARALLEL_ONE_NORM = {
+    Lang.EN: {
+        "ffn": "Works on every token of x_norm1, the same normalised input attention reads: the FFN runs beside "
+               "attention, not after it.",
+        "residual2": "Adds ffn_out to x1, so the output is x + attn_out + ffn_out: both updates from the same x_norm1.",
+    },
+    Lang.ZH: {
+        "ffn": "对 x_norm1（注意力读取的同一个归一化输入）的每个 token 单独加工：FFN 与注意力并行，而不是在它之后。",
+        "residual2": "把 ffn_out 加到 x1 上，输出是 x + attn_out + ffn_out：两个更新都来自同一个 x_norm1。",
+    },
+}
+
+
 def _over(base: dict, changes: dict) -> dict:
     return {lang: {**base[lang], **changes[lang]} for lang in base}
 
 
 # Every wiring's sentences, by its name (blocktrace.wiring): DeepNorm is Post-LN with α-scaled adds, sandwich and a
 # parallel residual are Pre-LN with a few steps told differently.
-SENTENCES = {PRE.name: _PRE, PARALLEL.name: _over(_PRE, _PARALLEL), POST.name: _POST,
+SENTENCES = {PRE.name: _PRE, PARALLEL.name: _over(_PRE, _PARALLEL),
+             PARALLEL_ONE_NORM.name: _over(_PRE, _PARALLEL_ONE_NORM), POST.name: _POST,
              DEEPNORM.name: _over(_POST, _DEEPNORM), SANDWICH.name: _over(_PRE, _SANDWICH), REORDERED.name: _REORDERED}
 
 

@@ -78,7 +78,9 @@ def _materialise_buffers(block: TransformerBlock) -> None:
     if rope is not None:
         from blocktrace.model.rope import RotaryEmbedding
 
-        block.attn.rope = RotaryEmbedding(block.config.rotary_dims, block.config.rope_theta, block.config.rope_scaling)
+        config = block.config
+        block.attn.rope = RotaryEmbedding(config.rotary_dims, config.rope_theta, config.rope_scaling,
+                                          config.rope_interleaved)
 
 
 def embed_token_ids(checkpoint: Checkpoint, info: ModelInfo, token_ids: list[int],
@@ -168,5 +170,5 @@ def load_head(checkpoint: Checkpoint, info: ModelInfo, dtype: torch.dtype = torc
     if spec.transform is not None:
         transform = masked_lm_transform(*(get(key) for key in spec.transform), spec.transform_activation, spec.eps)
     head = OutputHead(get(spec.weight), bias=get(spec.bias), norm=norm, transform=transform, softcap=spec.softcap,
-                      logit_divisor=spec.logit_divisor)
+                      logit_scale=spec.logit_scale)
     return head.eval(), spec

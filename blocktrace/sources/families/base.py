@@ -48,7 +48,7 @@ class HeadSpec:
     norm_offset: float = 0.0  # Gemma: the final norm's gain is (1 + w) too
     bias: Optional[str] = None  # a bias on the logits (BERT's MLM head)
     softcap: Optional[float] = None  # Gemma-2: logits become cap·tanh(logits / cap)
-    logit_divisor: float = 1.0  # Granite: logits / logits_scaling, before any cap
+    logit_scale: float = 1.0  # logits × this, before any cap (Cohere's logit_scale; Granite's 1 / logits_scaling)
     transform: Optional[tuple[str, str, str, str]] = None  # BERT: dense weight, bias, LayerNorm weight, bias
     transform_activation: Optional[FFNKind] = None
     tied: bool = False  # the projection is the input embedding

@@ -1,9 +1,9 @@
 """Granite (IBM; Llama's keys and block) with four constants of its own, each a multiplier HF
 applies where this file says: the embedding times `embedding_multiplier`, q·k times
 `attention_multiplier` (in place of 1/√head_dim), each sublayer's output times
-`residual_multiplier` before its residual add, and the logits divided by `logits_scaling`.
+`residual_multiplier` before its residual add, and the logits divided by `logits_scaling` (multiplied by its inverse: a last-bit difference).
 A family whose arithmetic blocktrace lacked, landed as this file: the block's residual
-multiplier and the head's logit divisor are BlockConfig's and HeadSpec's."""
+multiplier and the head's logit scale are BlockConfig's and HeadSpec's."""
 
 from __future__ import annotations
 
@@ -32,5 +32,5 @@ class Granite(Llama):
         return super().embed(checkpoint, info, ids, dtype) * self.setting(info.config, "embedding_multiplier",
                                                                          positive=True)
 
-    def logit_divisor(self, config):
-        return self.setting(config, "logits_scaling", positive=True)
+    def logit_scale(self, config):
+        return 1.0 / self.setting(config, "logits_scaling", positive=True)

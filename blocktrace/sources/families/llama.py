@@ -96,7 +96,7 @@ class Llama(Family):
         config = info.config
         return HeadSpec(LossKind.NEXT_TOKEN, weight, f"{info.prefix}norm.weight", norm=Norm.RMSNORM,
                         eps=self.setting(config, "rms_norm_eps", positive=True), norm_offset=self.norm_offset(),
-                        softcap=self.logit_softcap(config), logit_divisor=self.logit_divisor(config), tied=tied)
+                        softcap=self.logit_softcap(config), logit_scale=self.logit_scale(config), tied=tied)
 
     def norm_offset(self) -> float:
         return 0.0
@@ -104,7 +104,7 @@ class Llama(Family):
     def logit_softcap(self, config) -> Optional[float]:
         return None
 
-    def logit_divisor(self, config) -> float:
+    def logit_scale(self, config) -> float:
         return 1.0
 
     def check(self, config):
