@@ -583,7 +583,7 @@ def test_help_texts_say_what_each_option_does(invoke):
     run_help = invoke("run", "--help").stdout
     assert "--norm [layernorm|rmsnorm]" in run_help and "RMSNorm" in run_help
     compare_help = " ".join(invoke("compare", "--help").stdout.split())
-    assert "--force Let --plot overwrite" in compare_help and "--save" not in compare_help
+    assert "--force Let --plot / --html overwrite" in compare_help and "--save" not in compare_help
     check_help = invoke("check", "--help").stdout
     assert "With --check" not in check_help and "--fail-on" in check_help
 

@@ -7,6 +7,7 @@ import click
 from blocktrace.cli.app import cli, show
 from blocktrace.cli.options import (
     FORMAT_OPTION,
+    HTML_OPTION,
     OUTPUT_FORMAT_OPTIONS,
     LANG_OPTION,
     PLOT_OPTION,
@@ -60,6 +61,20 @@ def choose_axis(ctx: click.Context, params: dict) -> tuple[Axis, list[str]]:
     return axis, values
 
 
+def _prepare_outputs(params: dict) -> None:
+    """Everything that can fail about the output files fails here, before the computation."""
+    from blocktrace.files import check_distinct_outputs, check_output_path
+
+    check_distinct_outputs({"--plot": params["plot_path"], "--html": params["html_path"]})
+    for key in ("plot_path", "html_path"):
+        if params[key] is not None:
+            check_output_path(params[key], params["force"])
+    if params["plot_path"] is not None:
+        from blocktrace.render.plot import require_pyplot
+
+        require_pyplot(params["plot_path"])
+
+
 @cli.command()
 @AXIS_OPTIONS
 @click.option("--norm", type=enum_choice(Norm), default=Norm.LAYERNORM.value, show_default=True, help="The norm of both variants (when the norm is not compared).")
@@ -71,7 +86,8 @@ def choose_axis(ctx: click.Context, params: dict) -> tuple[Axis, list[str]]:
 @FORMAT_OPTION
 @LANG_OPTION
 @PLOT_OPTION
-@force_option("--plot")
+@HTML_OPTION
+@force_option("--plot / --html")
 @click.pass_context
 def compare(ctx, **params):
     """Run two variants of one design axis on the same parameters and the same input.
@@ -92,18 +108,17 @@ def compare(ctx, **params):
     fixed = {"placement": Placement(params["placement"]), "norm": Norm(params["norm"]), "ffn": FFNKind(params["ffn"])}
     request = make_request(ctx, params, **fixed)
     analysis = make_analysis(params)
-    if params["plot_path"] is not None:
-        from blocktrace.files import check_output_path
-        from blocktrace.render.plot import require_pyplot
-
-        require_pyplot(params["plot_path"])
-        check_output_path(params["plot_path"], params["force"])
+    _prepare_outputs(params)
     with shown(progress_wanted(chosen(params) is not None, params["quiet"])):
         report = pipeline.compare_request(request, analysis, axis, values)
     if params["plot_path"] is not None:
         from blocktrace.render.plot import write_plot
 
         write_plot(report, params["plot_path"], params["force"])
+    if params["html_path"] is not None:
+        from blocktrace.render.html import write_html
+
+        write_html(params["html_path"], report, "compare", Lang(params["lang"]), params["force"])
     from blocktrace.render.compare import render_compare
 
     show(report, params, lambda: render_compare(report, fmt=params["fmt"], lang=Lang(params["lang"]),

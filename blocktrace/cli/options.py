@@ -161,6 +161,7 @@ class TableFormat(click.ParamType):
 
 FORMAT_OPTION = click.option("--format", "fmt", type=TableFormat(), default="simple", show_default=True, help="Table format: any tabulate format (e.g. github, simple, plain, grid).")
 LANG_OPTION = click.option("--lang", type=enum_choice(Lang), default=Lang.EN.value, show_default=True, help="Headings and explanations in English or Chinese.")
+HTML_OPTION = click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the report as one self-contained HTML page (nothing fetched to view it): the steps drawn, attention heatmaps, findings linked to their layer and step, charts; every number the --json document's.")
 PLOT_OPTION = click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG: attention heatmaps, or per-layer curves with --layers (needs the [plot] extra).")
 NORM_OPTION = click.option("--norm", type=enum_choice(Norm), default=Norm.LAYERNORM.value, show_default=True, help="The normalisation of norm1 and norm2: LayerNorm, or RMSNorm (x / sqrt(mean(x²) + eps) · g).")
 FFN_OPTION = click.option("--ffn", type=enum_choice(FFNKind), default=FFNKind.GELU_TANH.value, show_default=True, help="The FFN: gelu (exact), gelu_tanh (GPT-2's tanh approximation), relu, swiglu (Llama: down(silu(gate)·up)), geglu (Gemma: down(gelu_tanh(gate)·up)) or geglu_exact (the same with the exact GELU).")

@@ -30,6 +30,10 @@ def any_of(*conditions: Condition) -> Condition:
     return lambda ctx: any(condition(ctx) for condition in conditions)
 
 
+def all_of(*conditions: Condition) -> Condition:
+    return lambda ctx: all(condition(ctx) for condition in conditions)
+
+
 def depth_list(ctx: click.Context) -> bool:
     return len(ctx.params.get("depths") or ()) > 1
 
@@ -62,7 +66,7 @@ class Excludes:
 SPELLED = {"show_steps": "--block-steps", "fmt": "--format", **{f.parameter: f.flag for f in FORMATS},
            "depths": "--layers",
            "n_values": "--values", "module_spec": "--module", "save_path": "--save", "check_only": "--check",
-           "plot_path": "--plot", "tokens_text": "--tokens", "token_types_text": "--token-type-ids",
+           "plot_path": "--plot", "html_path": "--html", "tokens_text": "--tokens", "token_types_text": "--token-type-ids",
            "input_path": "--input", "token_ids_text": "--token-ids",
            "causal": "--causal/--no-causal", "bias": "--bias/--no-bias", "heads": "--heads"}
 
@@ -121,7 +125,9 @@ COMMON_RULES = [
     Excludes("batch", is_set("text_file"), "--batch repeats one sequence; --text-file gives a batch of its own"),
     Excludes("init", is_set("weights"), "--init draws random parameters; --weights loads the checkpoint's own"),
     *beside_documents("fmt", "--format shapes the tables"),
-    *beside_documents("lang", "--lang sets the words of the tables"),
+    *[Excludes("lang", all_of(is_set(f.parameter), lambda ctx: not is_set("html_path")(ctx)),
+               f"--lang sets the words of the tables and of the --html page; {f.flag} prints no table")
+      for f in FORMATS],
     Excludes("seq_len", any_of(is_set("input_path"), is_set("token_ids_text"), is_set("text"), is_set("text_file"),
                                is_set("token_ids_file")),
              "--seq-len sets the length of random input; the input given sets its own length"),
@@ -131,7 +137,7 @@ COMMON_RULES = [
 
 RUN_RULES = [
     *COMMON_RULES,
-    force_needs("save_path", "plot_path"),
+    force_needs("save_path", "plot_path", "html_path"),
     Excludes("seed", lambda ctx: bool(ctx.params.get("weights")) and not ctx.params.get("windows"),
              "--seed draws random parameters and input (or --windows); --weights loads the checkpoint's own and its "
              "input comes from --token-ids, --token-ids-file, --text or --input"),
@@ -155,15 +161,17 @@ RUN_RULES = [
       for name in PLACEMENT_FLAGS],
 ]
 
-CHECK_RULES = [rule for rule in RUN_RULES if rule.option != "fail_on" and not (
+CHECK_RULES = [rule for rule in RUN_RULES if rule.option not in ("fail_on", "force") and not (
     isinstance(rule, Excludes) and rule.message.endswith("--check prints only the findings"))]
+CHECK_RULES.append(force_needs("html_path"))
 CHECK_RULES.append(Excludes("depths", depth_list, "--layers: check checks blocks; a depth list is a gradient sweep"))
 
 COMPARE_RULES = [
     *COMMON_RULES,
-    force_needs("plot_path"),
-    Excludes("lang", lambda ctx: not ctx.params.get("show_steps"),
-             "--lang translates the step tables, which compare shows with --layers N --block-steps"),
+    force_needs("plot_path", "html_path"),
+    Excludes("lang", lambda ctx: not ctx.params.get("show_steps") and not ctx.params.get("html_path"),
+             "--lang translates the step tables, which compare shows with --layers N --block-steps, and the "
+             "--html page"),
     Excludes("plot_path", lambda ctx: not ctx.params.get("depths"),
              "--plot with compare draws per-layer curves: add --layers N"),
 ]

@@ -9,6 +9,7 @@ from blocktrace.cli.options import (
     DISPLAY_OPTIONS,
     FAIL_ON_OPTION,
     FORMAT_OPTION,
+    HTML_OPTION,
     OUTPUT_FORMAT_OPTIONS,
     LANG_OPTION,
     MODULE_OPTIONS,
@@ -38,8 +39,9 @@ from blocktrace.vocab import FFNKind, Lang, Level, Norm
 @FORMAT_OPTION
 @LANG_OPTION
 @PLOT_OPTION
+@HTML_OPTION
 @SAVE_OPTION
-@force_option("--save / --plot")
+@force_option("--save / --plot / --html")
 @DISPLAY_OPTIONS
 @click.option("--check", "check_only", is_flag=True, help="Print only the health-check findings; exit 1 when one reaches --fail-on.")
 @FAIL_ON_OPTION
@@ -63,6 +65,8 @@ def run(ctx, **params):
 @WIRING_OPTIONS
 @SOURCE_OPTIONS
 @OUTPUT_FORMAT_OPTIONS
+@HTML_OPTION
+@force_option("--html")
 @FAIL_ON_OPTION
 @MODULE_OPTIONS
 @click.pass_context
@@ -88,9 +92,11 @@ def _prepare_outputs(params: dict) -> None:
     """Everything that can fail about the output files fails here, before the computation."""
     from blocktrace.files import check_distinct_outputs, check_output_path
 
-    check_distinct_outputs({"--save": params.get("save_path"), "--plot": params.get("plot_path")})
-    if params.get("save_path") is not None:
-        check_output_path(params["save_path"], params["force"])
+    check_distinct_outputs({"--save": params.get("save_path"), "--plot": params.get("plot_path"),
+                            "--html": params.get("html_path")})
+    for key in ("save_path", "html_path"):
+        if params.get(key) is not None:
+            check_output_path(params[key], params["force"])
     if params.get("plot_path") is not None:
         from blocktrace.render.plot import require_pyplot
 
@@ -140,6 +146,11 @@ def _write_outputs(params: dict, report: dict, traces, source) -> None:
         from blocktrace.render.plot import write_bytes
 
         write_bytes(plot_path, plot, params["force"])
+    if params.get("html_path") is not None:
+        from blocktrace.render.html import write_html
+
+        write_html(params["html_path"], report, "check" if params.get("check_only", True) else "run",
+                   Lang(params.get("lang", Lang.EN.value)), params["force"])
 
 
 def _findings(ctx, report: dict, params: dict) -> None:

@@ -13,6 +13,7 @@ from blocktrace.cli.options import (
     DTYPE_OPTION,
     FAIL_ON_OPTION,
     FORMAT_OPTION,
+    HTML_OPTION,
     IDS_FILE_OPTIONS,
     OUTPUT_FORMAT_OPTIONS,
     QUIET_OPTION,
@@ -30,7 +31,7 @@ from blocktrace.cli.progress import progress_wanted
 from blocktrace.cli.rules import IDS_FILE_RULES, Excludes, Needs, beside_documents, enforce, force_needs, is_set
 from blocktrace.errors import FINDINGS_EXIT
 from blocktrace.render.formats import chosen
-from blocktrace.vocab import Level
+from blocktrace.vocab import Lang, Level
 
 TIMELINE_SUFFIXES = (".jsonl", ".ndjson")
 INPUT_PARAMS = ("token_ids_text", "text", "text_file", "token_ids_file")
@@ -62,7 +63,7 @@ TRACK_RULES = [
     _checkpoint_only("device", "--device:"),
     *beside_documents("fmt", "--format shapes the tables"),
     *beside_documents("brief", "--brief shortens the tables", "prints every record whole"),
-    force_needs("out", "plot_path"),
+    force_needs("out", "plot_path", "html_path"),
 ]
 
 
@@ -81,8 +82,8 @@ def _sources(ctx: click.Context, sources: tuple[Path, ...]) -> None:
 def _prepare_outputs(params: dict) -> None:
     from blocktrace.files import check_distinct_outputs, check_output_path
 
-    check_distinct_outputs({"--out": params["out"], "--plot": params["plot_path"]})
-    for key in ("out", "plot_path"):
+    check_distinct_outputs({"--out": params["out"], "--plot": params["plot_path"], "--html": params["html_path"]})
+    for key in ("out", "plot_path", "html_path"):
         if params[key] is not None:
             check_output_path(params[key], params["force"])
     if params["plot_path"] is not None:
@@ -165,7 +166,8 @@ def _write_records(records: list[dict], path: Path, force: bool) -> None:
 @click.option("--against", type=click.Path(path_type=Path), default=None, help="A healthy run to compare with, step by step: a timeline (when RUN is one), or its checkpoints (a directory of step_* checkpoints or a quoted glob) traced on the same input. Reports where the runs part beyond what a different seed explains; exit 1 when they do.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the checkpoints' records as a timeline (JSON lines, the format Watch writes).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG of curves over steps, marking the first sign of trouble (needs the [plot] extra).")
-@force_option("--out / --plot")
+@HTML_OPTION
+@force_option("--out / --plot / --html")
 @OUTPUT_FORMAT_OPTIONS
 @click.option("--brief", is_flag=True, help="Print only the one-row-per-step table and the first sign of trouble.")
 @FORMAT_OPTION
@@ -213,6 +215,10 @@ def track(ctx, **params):
 
     report = {"records": records, "first_flag": first, "last_flags": last, "rollback": rollback,
               **({"against": comparison} if comparison is not None else {})}
+    if params["html_path"] is not None:
+        from blocktrace.render.html import write_html
+
+        write_html(params["html_path"], report, "track", Lang.EN, params["force"])
     show(report, params, lambda: render_track(
         records, first, last, level, "timeline" if timeline else "checkpoints", params["fmt"], brief=params["brief"],
         rollback=rollback)

@@ -1,0 +1,47 @@
+"""`--html FILE`: the report as one self-contained page — its styles and script inlined, nothing fetched —
+drawn in the reader's browser from the very document `--json` prints (embedded in the page), so every number on
+it is the JSON's. Headings in English or Chinese (`--lang` chooses the first; a button switches), tokens in the
+browser's own fonts. The page's script and styles live beside this module (page/page.js, page/page.css)."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from blocktrace.files import write_atomically
+from blocktrace.render.formats.json_document import dumps
+from blocktrace.vocab import Lang
+
+ASSETS = Path(__file__).resolve().parent / "page"
+TEMPLATE = """<!doctype html>
+<html lang="{lang}">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+{css}</style>
+</head>
+<body>
+<header id="top"></header>
+<main id="page"></main>
+<div id="tip" role="tooltip" hidden></div>
+<script type="application/json" id="report">{data}</script>
+<script>
+{js}</script>
+</body>
+</html>
+"""
+
+
+def html_page(report: dict, title: str, lang: Lang = Lang.EN) -> str:
+    """The page. The JSON is escaped for a <script> element ("</" cannot close it early)."""
+    data = dumps(report).replace("</", "<\\/").replace("<!--", "<\\!--")
+    return TEMPLATE.format(lang=Lang(lang).value, title=html.escape(f"blocktrace: {title}"), data=data,
+                           css=(ASSETS / "page.css").read_text(encoding="utf-8"),
+                           js=(ASSETS / "page.js").read_text(encoding="utf-8"))
+
+
+def write_html(path: Path, report: dict, title: str, lang: Lang, force: bool) -> None:
+    text = html_page(report, title, lang).encode("utf-8")
+    write_atomically(Path(path), lambda handle: handle.write(text), force)

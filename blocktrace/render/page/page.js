@@ -1,0 +1,354 @@
+/* blocktrace's page: draws the report embedded above it (the --json document, number for number) with nothing
+   fetched. Every number shown keeps the exact JSON value in data-value; hovering a cell, bar or point shows it. */
+"use strict";
+
+const REPORT = JSON.parse(document.getElementById("report").textContent);
+const WORDS = {
+  en: {
+    block: "One block, step by step", stack: "A stack of blocks", model: "A checkpoint, layer by layer",
+    compare: "Wirings compared on the same weights", track: "A run over training", flow: "The block's steps",
+    table: "Every step", size: "How big the residual stream is after each step (rms)", attention: "Attention weights",
+    head: "head", queries: "rows: queries", keys: "columns: keys", causal: "causal check",
+    causalOk: "no weight on a later token", causalBad: "weight on later tokens", noMatrix:
+    "The attention matrices are kept for inputs up to 16 tokens; this input is longer, so only their statistics are shown.",
+    findings: "Findings", none: "No findings at warning or error level.", diagnosis: "Likely cause", advice: "advice",
+    layers: "Layers", loss: "loss", step: "step", operation: "operation", shape: "shape", layer: "layer",
+    differences: "Where the wirings differ", output: "block output", cosine: "cosine", maxdiff: "max |Δ|",
+    timeline: "Loss over training", perLayer: "Residual stream rms per layer over training",
+    firstSign: "first sign", newFindings: "new findings", rollback: "roll back to", tokens: "tokens",
+    weights: "weights", input: "input", entropy: "entropy per head", language: "中文", flags: "flags",
+    record: "record", gradients: "Gradient norm at each step's output",
+  },
+  zh: {
+    block: "一个 block，逐步展开", stack: "多层 block 堆叠", model: "一个检查点，逐层检查",
+    compare: "同一组权重上比较不同连线方式", track: "训练过程中的一次运行", flow: "block 的各个步骤",
+    table: "每一步", size: "每一步之后残差流的大小（rms）", attention: "注意力权重",
+    head: "头", queries: "行：query", keys: "列：key", causal: "因果检查",
+    causalOk: "后面的 token 没有得到任何权重", causalBad: "后面的 token 得到了权重", noMatrix:
+    "注意力矩阵只为不超过 16 个 token 的输入保存；这个输入更长，所以只显示它们的统计量。",
+    findings: "检查结果", none: "没有警告或错误级别的结果。", diagnosis: "最可能的原因", advice: "建议",
+    layers: "各层", loss: "损失", step: "步骤", operation: "运算", shape: "形状", layer: "层",
+    differences: "连线方式之间的差异", output: "block 输出", cosine: "余弦相似度", maxdiff: "最大 |Δ|",
+    timeline: "训练过程中的损失", perLayer: "训练过程中每层残差流的 rms",
+    firstSign: "最早的迹象", newFindings: "新出现的结果", rollback: "回退到", tokens: "token",
+    weights: "权重", input: "输入", entropy: "每个头的熵", language: "English", flags: "标记",
+    record: "记录", gradients: "每一步输出处的梯度范数",
+  },
+};
+const STATS = ["mean", "std", "min", "max", "rms", "absmax"];
+const STAT_HEADINGS = {absmax: "max|x|"};
+const COLOURS = ["#2f6fdf", "#c62828", "#2e7d32", "#8e24aa", "#ef6c00", "#00838f", "#6d4c41", "#546e7a"];
+let lang = document.documentElement.lang === "zh" ? "zh" : "en";
+const w = (key) => WORDS[lang][key];
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value !== undefined && value !== null) node.setAttribute(key, value);
+  }
+  for (const child of children.flat()) {
+    if (child !== undefined && child !== null) node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+function svg(tag, attrs = {}, ...children) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
+  for (const child of children.flat()) if (child) node.append(child instanceof Node ? child : String(child));
+  return node;
+}
+
+function shown(value) {
+  if (value === null || value === undefined) return "—";
+  if (typeof value !== "number") return String(value);
+  if (Number.isInteger(value)) return String(value);
+  const size = Math.abs(value);
+  return size !== 0 && (size >= 1e5 || size < 1e-3) ? value.toExponential(3) : value.toFixed(4);
+}
+
+/* A table cell holding a JSON number: shown rounded, the exact value in data-value and in its hover text. */
+function numberCell(value, name) {
+  const exact = value === null || value === undefined ? "null" : String(value);
+  return el("td", {"data-value": exact, "data-name": name, "data-tip": `${name} = ${exact}`}, shown(value));
+}
+
+function table(headings, rows, attrs = {}, textColumns = 2) {
+  return el("table", attrs, el("thead", {}, el("tr", {}, headings.map((h, i) =>
+    el("th", {class: i < textColumns ? "text" : undefined}, h)))), el("tbody", {}, rows));
+}
+
+function findingsSection(flags, diagnosis, anchor) {
+  const section = [el("h2", {}, w("findings"))];
+  const serious = (flags || []).filter((f) => f.level !== "info");
+  if (!serious.length) section.push(el("p", {class: "note"}, w("none")));
+  for (const flag of flags || []) {
+    const where = [flag.layer !== null && flag.layer !== undefined ? `${w("layer")} ${flag.layer}` : null,
+                   flag.step].filter(Boolean).join(" · ");
+    const link = anchor(flag);
+    section.push(el("div", {class: "finding", "data-flag": flag.name},
+      el("span", {class: `level-${flag.level}`}, `${flag.level} `), el("b", {}, flag.name), " ",
+      where ? (link ? el("a", {href: `#${link}`}, `[${where}]`) : `[${where}]`) : "",
+      ` ${flag.cause ? "(" + flag.cause + ") " : ""}${flag.detail || ""}`));
+  }
+  for (const cause of diagnosis || []) {
+    section.push(el("h3", {}, `${w("diagnosis")}: ${cause.cause}`), el("p", {}, cause.evidence || ""),
+                 el("p", {class: "note"}, `${w("advice")}: ${cause.advice || ""}`));
+  }
+  return section;
+}
+
+function stepKind(step) {
+  const op = step.operation || "";
+  if (step.name.startsWith("residual")) return "residual";
+  if (step.name === "attn") return "attention";
+  if (step.name === "ffn") return "ffn";
+  if (op.includes("Norm(") || step.name.includes("norm")) return "norm";
+  return "input";
+}
+
+function flow(steps, prefix) {
+  const parts = [el("div", {class: "box input"}, "x", el("small", {}, w("input")))];
+  for (const step of steps.filter((s) => s.name !== "x")) {
+    const kind = stepKind(step);
+    const label = kind === "residual" ? "⊕" : step.name;
+    parts.push(el("span", {class: "arrow"}, "→"),
+      el("a", {href: `#${prefix}step-${step.name}`, "data-tip": step.operation},
+         el("div", {class: `box ${kind}`, "data-step": step.name}, label, el("small", {}, step.name))));
+  }
+  return el("div", {class: "flow"}, parts);
+}
+
+function stepTable(steps, prefix) {
+  const rows = steps.map((step) => el("tr", {id: `${prefix}step-${step.name}`, "data-step": step.name,
+                                             class: step.flags && step.flags.length ? "flagged" : undefined},
+    el("td", {class: "text"}, step.name), el("td", {class: "text"}, step.operation),
+    el("td", {}, JSON.stringify(step.shape)), STATS.map((s) => numberCell(step.stats[s], s)),
+    el("td", {}, `${step.stats.nan}/${step.stats.inf}`), el("td", {class: "text"}, (step.flags || []).join(", "))));
+  return table([w("step"), w("operation"), w("shape"), ...STATS.map((s) => STAT_HEADINGS[s] || s), "nan/inf",
+                w("flags")], rows, {class: "steps"});
+}
+
+/* Bars of one value per item; hovering a bar shows its exact value. */
+function bars(items, valueOf, labelOf, name) {
+  const width = Math.max(360, items.length * 56), height = 180, bottom = 36, top = 10;
+  const values = items.map(valueOf), most = Math.max(...values.filter(Number.isFinite), 1e-30);
+  const slot = width / items.length;
+  const chart = svg("svg", {width, height, role: "img", "aria-label": name});
+  items.forEach((item, i) => {
+    const value = values[i], h = Number.isFinite(value) ? (height - bottom - top) * value / most : 0;
+    chart.append(svg("rect", {class: "hit", x: i * slot + 8, y: height - bottom - h, width: slot - 16,
+                              height: Math.max(h, 1), fill: COLOURS[0], "data-value": String(value),
+                              "data-tip": `${labelOf(item)}: ${name} = ${value}`}),
+                 svg("text", {x: i * slot + slot / 2, y: height - bottom + 14, "text-anchor": "middle"},
+                     labelOf(item)));
+  });
+  return chart;
+}
+
+function heatmap(matrix, tokens, title) {
+  const n = matrix.length, cell = Math.max(22, Math.min(48, Math.floor(360 / n))), margin = 46;
+  const size = margin + n * cell;
+  const chart = svg("svg", {width: size + 4, height: size + 4, role: "img", "aria-label": title, class: "heatmap"});
+  matrix.forEach((row, q) => {
+    chart.append(svg("text", {x: margin - 6, y: margin + q * cell + cell / 2 + 4, "text-anchor": "end"},
+                     tokens[q] ?? String(q)));
+    row.forEach((value, k) => {
+      const shade = Math.round(255 * (1 - Math.min(1, Math.max(0, value))));
+      chart.append(svg("rect", {class: "cell", x: margin + k * cell, y: margin + q * cell, width: cell - 1,
+        height: cell - 1, fill: `rgb(${shade},${shade},255)`, "data-value": String(value), "data-query": q,
+        "data-key": k, "data-tip": `${tokens[q] ?? q} → ${tokens[k] ?? k}: ${value}`}));
+    });
+  });
+  tokens.slice(0, n).forEach((token, k) => chart.append(svg("text", {x: margin + k * cell + cell / 2,
+    y: margin - 8, "text-anchor": "middle"}, token)));
+  return chart;
+}
+
+function attentionSection(attention, tokens, prefix = "") {
+  if (!attention) return [];
+  const ok = attention.future_weight_sum === 0;
+  const parts = [el("h2", {}, w("attention")),
+    el("p", {}, `${w("causal")}: future_weight_sum = `,
+       el("b", {"data-value": String(attention.future_weight_sum), id: `${prefix}future-weight-sum`},
+          Number(attention.future_weight_sum).toFixed(4)), " ",
+       attention.causal ? el("span", {class: ok ? "ok" : "bad"}, ok ? `✓ ${w("causalOk")}` : `✗ ${w("causalBad")}`)
+         : ""),
+    el("p", {class: "note"}, `${w("entropy")}: `, (attention.entropy_per_head || []).map((e, h) =>
+       el("span", {"data-value": String(e), "data-tip": `h${h} entropy = ${e}`}, `h${h}=${shown(e)} `)))];
+  const matrices = attention.weights_first_sequence;
+  if (!matrices) return [...parts, el("p", {class: "note"}, w("noMatrix"))];
+  parts.push(el("p", {class: "note"}, `${w("queries")}, ${w("keys")}`), el("div", {class: "heads"},
+    matrices.map((matrix, h) => el("figure", {"data-head": h}, el("figcaption", {}, `${w("head")} ${h}`),
+                                   heatmap(matrix, tokens, `${w("head")} ${h}`)))));
+  return parts;
+}
+
+function tokensOf(report) {
+  return Array.isArray(report.tokens) ? report.tokens.map(String) : [];
+}
+
+function blockPage(report, prefix = "") {
+  const steps = report.steps || [];
+  const parts = [el("h2", {}, w("flow")), flow(steps, prefix), el("h2", {}, w("table")), stepTable(steps, prefix),
+                 el("h2", {}, w("size")), bars(steps, (s) => s.stats.rms, (s) => s.name, "rms"),
+                 ...attentionSection(report.attention, tokensOf(report))];
+  if (report.gradients && report.gradients.layers && report.gradients.layers[0]) {
+    const norms = report.gradients.layers[0].step_grad_norms || {};
+    const named = Object.keys(norms).map((name) => ({name, value: norms[name]}));
+    parts.push(el("h2", {}, w("gradients")), bars(named, (s) => s.value, (s) => s.name, "‖∂L/∂step‖"));
+  }
+  return parts;
+}
+
+function layerRows(layers) {
+  const columns = ["rms", "attn_share", "ffn_share", "max_logit", "min_head_entropy"]
+    .filter((c) => layers.some((layer) => layer[c] !== undefined));
+  const rows = layers.map((layer) => el("tr", {id: `layer-${layer.layer}`, "data-layer": layer.layer},
+    el("td", {class: "text"}, el("a", {href: `#L${layer.layer}`}, String(layer.layer))),
+    columns.map((c) => numberCell(layer[c], c))));
+  return table([w("layer"), ...columns], rows, {class: "layers"}, 1);
+}
+
+function layeredPage(report) {
+  const layers = report.layers || [];
+  const parts = [];
+  if (report.loss !== undefined && report.loss !== null) {
+    parts.push(el("p", {}, `${w("loss")}: `, el("b", {id: "loss", "data-value": String(report.loss)},
+                                                  shown(report.loss)), report.loss_note ? ` (${report.loss_note})` : ""));
+  }
+  parts.push(el("h2", {}, w("layers")), layerRows(layers),
+             el("h2", {}, w("size")), bars(layers, (l) => l.rms, (l) => `L${l.layer}`, "rms"));
+  for (const layer of layers) {
+    parts.push(el("h3", {id: `L${layer.layer}`}, `${w("layer")} ${layer.layer}`),
+               flow(layer.steps || [], `L${layer.layer}-`), stepTable(layer.steps || [], `L${layer.layer}-`),
+               el("details", {}, el("summary", {}, w("attention")),
+                  attentionSection(layer.attention, tokensOf(report), `L${layer.layer}-`)));
+  }
+  return [...parts, ...findingsSection(report.flags, report.diagnosis, (flag) =>
+    flag.layer === null || flag.layer === undefined ? null
+      : flag.step ? `L${flag.layer}-step-${flag.step}` : `layer-${flag.layer}`)];
+}
+
+function comparePage(report) {
+  const parts = [el("p", {}, `${report.axis}: ${report.values.join(" · ")}`), el("div", {class: "side"},
+    report.variants.map((variant) => el("section", {"data-variant": variant.value},
+      el("h2", {}, String(variant.value)), flow(variant.report.steps || [], `${variant.value}-`),
+      stepTable(variant.report.steps || [], `${variant.value}-`))))];
+  const differences = report.differences;
+  if (differences && differences.steps) {
+    parts.push(el("h2", {}, w("differences")), table([w("step"), "", w("maxdiff"), w("cosine")], [
+      ...differences.steps.map((d) => el("tr", {"data-step": d.name}, el("td", {class: "text"}, d.name),
+        el("td", {class: "text"}, ""), numberCell(d.max_abs_diff, "max_abs_diff"), numberCell(d.cosine, "cosine"))),
+      el("tr", {"data-step": "output"}, el("td", {class: "text"}, w("output")), el("td", {class: "text"}, ""),
+         numberCell(differences.output.max_abs_diff, "max_abs_diff"), numberCell(differences.output.cosine, "cosine"))]));
+  }
+  return parts;
+}
+
+/* Lines over training steps; hovering a point shows its value; vertical marks at given steps. */
+function lines(series, steps, marks, name) {
+  const width = 720, height = 240, left = 64, right = 16, top = 12, bottom = 30;
+  const all = series.flatMap((s) => s.values).filter(Number.isFinite);
+  const low = Math.min(...all, 0), high = Math.max(...all, 1e-30);
+  const first = Math.min(...steps), last = Math.max(...steps, first + 1);
+  const x = (step) => left + (width - left - right) * (step - first) / (last - first);
+  const y = (value) => top + (height - top - bottom) * (1 - (value - low) / ((high - low) || 1));
+  const chart = svg("svg", {width, height, role: "img", "aria-label": name});
+  chart.append(svg("line", {class: "axis", x1: left, y1: height - bottom, x2: width - right, y2: height - bottom}),
+               svg("line", {class: "axis", x1: left, y1: top, x2: left, y2: height - bottom}),
+               svg("text", {x: left - 4, y: top + 10, "text-anchor": "end"}, Number(high).toPrecision(4)),
+               svg("text", {x: left - 4, y: height - bottom, "text-anchor": "end"}, Number(low).toPrecision(4)));
+  steps.forEach((step) => chart.append(svg("text", {x: x(step), y: height - 10, "text-anchor": "middle"}, step)));
+  for (const mark of marks) {
+    chart.append(svg("line", {x1: x(mark.step), x2: x(mark.step), y1: top, y2: height - bottom, stroke: mark.colour,
+                              "stroke-dasharray": mark.dashed ? "4 3" : "", "data-tip": mark.text, class: "hit",
+                              "stroke-width": 3, "data-mark": mark.kind}));
+  }
+  series.forEach((s, i) => {
+    const colour = COLOURS[i % COLOURS.length];
+    const points = steps.map((step, j) => [step, s.values[j]]).filter(([, v]) => Number.isFinite(v));
+    chart.append(svg("polyline", {fill: "none", stroke: colour, "stroke-width": 2,
+                                  points: points.map(([st, v]) => `${x(st)},${y(v)}`).join(" ")}));
+    points.forEach(([step, value]) => chart.append(svg("circle", {class: "hit", cx: x(step), cy: y(value), r: 4,
+      fill: colour, "data-value": String(value), "data-series": s.name, "data-step": step,
+      "data-tip": `${s.name} @ ${w("step")} ${step}: ${value}`})));
+  });
+  const legend = el("div", {class: "legend"}, series.map((s, i) =>
+    el("span", {}, el("i", {style: `background:${COLOURS[i % COLOURS.length]}`}), s.name)));
+  return el("div", {}, chart, legend);
+}
+
+function trackPage(report) {
+  const records = report.records || [];
+  const steps = records.map((r) => r.step);
+  const marks = [];
+  records.forEach((r) => {
+    if ((r.new_flags || []).length) {
+      marks.push({step: r.step, colour: "#ef6c00", dashed: true, kind: "new",
+                  text: `${w("newFindings")} @ ${r.step}: ${r.new_flags.map((f) => f.name).join(", ")}`});
+    }
+  });
+  const first = report.first_flag;
+  if (first) marks.push({step: first.step, colour: "#c62828", kind: "first",
+                         text: `${w("firstSign")} @ ${first.step}: ${first.name} (${first.cause})`});
+  const layerCount = Math.max(0, ...records.map((r) => (r.layers || []).length));
+  const perLayer = [...Array(layerCount).keys()].map((k) => ({name: `L${k}`, values: records.map((r) =>
+    r.layers && r.layers[k] && r.layers[k].rms !== undefined ? r.layers[k].rms : NaN)}));
+  const parts = [el("h2", {}, w("timeline")),
+                 lines([{name: w("loss"), values: records.map((r) => r.loss ?? NaN)}], steps, marks, w("loss")),
+                 el("h2", {}, w("perLayer")), lines(perLayer, steps, marks, "rms")];
+  if (first) {
+    parts.push(el("p", {id: "first-sign"}, el("b", {class: "level-error"}, `${w("firstSign")}: `),
+                  `${w("step")} ${first.step}, ${first.name} (${first.cause}) ${first.detail || ""}`));
+  }
+  if (report.rollback) {
+    const where = report.rollback.path ? ` (${report.rollback.path})` : "";
+    parts.push(el("p", {id: "rollback"}, `${w("rollback")}: ${w("step")} ${report.rollback.step}${where}`));
+  }
+  parts.push(table([w("step"), w("newFindings"), w("loss")], records.map((r) => el("tr", {"data-step": r.step},
+    el("td", {class: "text"}, String(r.step)), el("td", {class: "text"}, (r.new_flags || []).map((f) => f.name)
+      .join(", ")), numberCell(r.loss, "loss"))), {class: "records"}));
+  const last = records[records.length - 1];
+  return [...parts, ...findingsSection(last ? last.flags : [], last ? last.diagnosis : [], () => null)];
+}
+
+const PAGES = {block: blockPage, stack: layeredPage, model: layeredPage, compare: comparePage, track: trackPage};
+
+function kindOf(report) {
+  return report.kind || (Array.isArray(report.records) ? "track" : "block");
+}
+
+function render() {
+  document.documentElement.lang = lang;
+  const kind = kindOf(REPORT);
+  const header = document.getElementById("top");
+  const toggle = el("button", {type: "button", id: "language"}, w("language"));
+  toggle.addEventListener("click", () => { lang = lang === "en" ? "zh" : "en"; render(); });
+  const weights = REPORT.weights && typeof REPORT.weights === "object" ? REPORT.weights.path : REPORT.weights;
+  const facts = [weights ? `${w("weights")}: ${weights}` : null,
+                 Array.isArray(REPORT.tokens) ? `${w("tokens")}: ${REPORT.tokens.join(" ")}` : null].filter(Boolean);
+  header.replaceChildren(el("h1", {}, `blocktrace · ${w(kind)}`), el("span", {class: "meta"}, facts.join(" · ")),
+                         toggle);
+  const body = kind === "block" ? [...blockPage(REPORT), ...findingsSection(REPORT.flags, REPORT.diagnosis,
+                                                                            (f) => f.step ? `step-${f.step}` : null)]
+    : PAGES[kind](REPORT);
+  document.getElementById("page").replaceChildren(...body);
+}
+
+function tooltips() {
+  const tip = document.getElementById("tip");
+  document.addEventListener("mouseover", (event) => {
+    const target = event.target.closest("[data-tip]");
+    if (!target) { tip.hidden = true; return; }
+    tip.textContent = target.getAttribute("data-tip");
+    tip.hidden = false;
+  });
+  document.addEventListener("mousemove", (event) => {
+    tip.style.left = `${event.clientX + 12}px`;
+    tip.style.top = `${event.clientY + 12}px`;
+  });
+}
+
+render();
+tooltips();

@@ -1,0 +1,146 @@
+"""`--html FILE` opened in a real browser (Debian's Chromium, driven by Playwright): each kind of page — a block
+(`run`), a comparison (`compare`), a checkpoint (`check --weights`) and a run (`track`) — renders without a console
+error, shows the numbers of the `--json` document exactly (each cell keeps the JSON value in data-value), shows a
+value on hover, links each finding to its place, switches language, fetches nothing, and is not a blank picture."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+
+import pytest
+from helpers import SAMPLES
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# CI installs Debian's chromium (.ci/run); a machine without it cannot run these, and says so.
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (Debian: apt-get install "
+                                                         "chromium; .ci/run installs it)")
+# Chromium as root in a closed network: no sandbox, no background connections (each would be refused).
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+LR_HIGH = SAMPLES / "training" / "gpt2-lr-high"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield chromium
+        chromium.close()
+
+
+def _both(invoke, tmp_path, *args):
+    """The command's --json document and its --html page, from one run."""
+    page = tmp_path / "page.html"
+    result = invoke(*args, "--json", "--html", str(page))
+    assert result.exit_code in (0, 1), result.output
+    return json.loads(result.stdout), page
+
+
+def _open(browser, path):
+    """The page loaded; every console error and uncaught exception it raised."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    requests = []
+    page.on("request", lambda request: requests.append(request.url) if not request.url.startswith("file:") else None)
+    page.goto(path.as_uri())
+    page.wait_for_selector("#page > *")
+    return page, errors, requests
+
+
+def _values(page, selector: str) -> list[float]:
+    return [float(v) for v in page.eval_on_selector_all(selector, "cells => cells.map(c => c.dataset.value)")]
+
+
+def _not_blank(page) -> None:
+    """A screenshot with real content: many distinct colours, not one background."""
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(io.BytesIO(page.screenshot(full_page=True)), format="png")
+    colours = {tuple(p) for p in pixels[::7, ::7].reshape(-1, pixels.shape[-1]).tolist()}
+    assert len(colours) > 20
+
+
+def test_a_block_page_shows_every_step_and_each_heads_weights(invoke, tmp_path, browser):
+    report, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼")
+    page, errors, requests = _open(browser, path)
+    assert errors == [] and requests == []
+    for step in report["steps"]:
+        row = f'table.steps tr[data-step="{step["name"]}"] td[data-name]'
+        assert _values(page, row) == [step["stats"][s] for s in ("mean", "std", "min", "max", "rms", "absmax")]
+    weights = report["attention"]["weights_first_sequence"]
+    for head, matrix in enumerate(weights):
+        cells = _values(page, f'figure[data-head="{head}"] rect.cell')
+        assert cells == [value for row in matrix for value in row]
+    labels = page.eval_on_selector_all('figure[data-head="0"] svg.heatmap text', "ts => ts.map(t => t.textContent)")
+    assert labels == ["猫", "吃", "鱼"] * 2  # the tokens on both axes, drawn in the browser's own fonts
+    assert float(page.get_attribute("#future-weight-sum", "data-value")) == report["attention"]["future_weight_sum"]
+    cell = page.locator('figure[data-head="1"] rect.cell[data-query="2"][data-key="0"]')
+    cell.hover()
+    assert page.is_visible("#tip") and str(weights[1][2][0]) in page.inner_text("#tip")
+    assert page.locator(".flow .box").count() == 1 + len(report["steps"])  # x, then each step
+    _not_blank(page)
+
+
+def test_the_page_switches_to_chinese_and_back(invoke, tmp_path, browser):
+    _, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼",
+                    "--lang", "zh")
+    page, errors, _ = _open(browser, path)
+    assert "逐步展开" in page.inner_text("header h1") and page.get_attribute("html", "lang") == "zh"
+    page.click("#language")
+    assert "step by step" in page.inner_text("header h1") and errors == []
+
+
+def test_a_checkpoint_page_links_each_finding_to_its_layer_and_step(invoke, tmp_path, browser):
+    report, path = _both(invoke, tmp_path, "check", "--weights", str(LR_HIGH / "step_0010"), "--text-file",
+                         str(SAMPLES / "training" / "eval.txt"))
+    page, errors, requests = _open(browser, path)
+    assert errors == [] and requests == []
+    assert _values(page, 'table.layers td[data-name="rms"]') == [layer["rms"] for layer in report["layers"]]
+    assert float(page.get_attribute("#loss", "data-value")) == report["loss"]
+    located = [flag for flag in report["flags"] if flag["layer"] is not None]
+    assert located
+    for flag in located:
+        link = page.locator(f'.finding[data-flag="{flag["name"]}"] a').first.get_attribute("href")
+        assert page.locator(link).count() == 1, link  # the target row exists
+    _not_blank(page)
+
+
+def test_a_comparison_page_shows_both_wirings_and_their_differences(invoke, tmp_path, browser):
+    report, path = _both(invoke, tmp_path, "compare", "--pre-ln", "--post-ln")
+    page, errors, _ = _open(browser, path)
+    assert errors == []
+    for variant in report["variants"]:
+        for step in variant["report"]["steps"]:
+            row = f'section[data-variant="{variant["value"]}"] tr[data-step="{step["name"]}"] td[data-name="rms"]'
+            assert _values(page, row) == [step["stats"]["rms"]]
+    output = report["differences"]["output"]
+    assert _values(page, 'tr[data-step="output"] td[data-name]') == [output["max_abs_diff"], output["cosine"]]
+
+
+def test_a_run_page_draws_the_timeline_with_its_findings_and_first_sign(invoke, tmp_path, browser):
+    report, path = _both(invoke, tmp_path, "track", str(LR_HIGH / "watch.jsonl"))
+    page, errors, requests = _open(browser, path)
+    assert errors == [] and requests == []
+    losses = [record["loss"] for record in report["records"]]
+    assert _values(page, 'circle[data-series="loss"]') == losses
+    first = report["first_flag"]
+    assert page.locator('line[data-mark="first"]').count() == 2  # on both charts
+    assert f"{first['step']}" in page.inner_text("#first-sign") and first["name"] in page.inner_text("#first-sign")
+    page.locator('circle[data-series="loss"]').nth(1).hover()
+    assert str(losses[1]) in page.inner_text("#tip")
+    _not_blank(page)
+
+
+def test_the_page_is_one_file_that_fetches_nothing(invoke, tmp_path):
+    _, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "a", "</script>", "b")
+    text = path.read_text(encoding="utf-8")
+    # no stylesheet, script or image from elsewhere, and no request made by the script (the browser tests above
+    # also see no request leave the file); the one URL in it is the SVG namespace, a name and not an address
+    assert not any(word in text for word in ("<link", " src=", "fetch(", "XMLHttpRequest", "https://", "import("))
+    assert text.count("</script>") == 2  # the token "</script>" is escaped inside the embedded JSON
