@@ -248,3 +248,18 @@ def test_escape_sequences_in_tokens_never_reach_the_terminal(invoke):
     assert "tokens: a\\x1b[31mred 猫 x\\u202ey" in result.stdout  # shown, escaped; CJK as it is
     compared = invoke("compare", "--pre-ln", "--post-ln", "--tokens", "a\x1b[2Jb", "c")
     assert "\x1b" not in compared.stdout and "a\\x1b[2Jb" in compared.stdout
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_attention_marks_are_explained_and_each_cell_matches_its_legend(invoke, lang):
+    """Every heatmap cell 'w mark' lies in the range the legend line gives that mark (both printed to 2 decimals)."""
+    output = invoke("run", "--d-model", "8", "--heads", "2", "--tokens", *"abcdefgh", "--lang", lang).stdout
+    legend_line = next(line for line in output.splitlines() if line.startswith(("marks:", "标记：")))
+    ranges = {mark: (float(low), float(high)) for mark, low, high in
+              re.findall(r"(\S) (\d(?:\.\d+)?)–(\d(?:\.\d+)?)", legend_line)}
+    assert len(ranges) == 9
+    cells = re.findall(r"(\d\.\d\d) (\S)(?=\s)", output.split(legend_line)[0])  # "0.41 =": 2 decimals, a mark
+    assert cells
+    for value, mark in cells:
+        low, high = ranges[mark]
+        assert low - 0.005 <= float(value) <= high + 0.005, (value, mark)

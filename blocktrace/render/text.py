@@ -113,7 +113,14 @@ def heatmaps(report: dict, labels: Sequence[str], lang: Lang, fmt: str) -> str:
         rows = [[label, *(f"{w:.2f} {_ramp(w)}" for w in row)] for label, row in zip(labels, matrix)]
         title = words["heatmap"].format(head=head, batch_note=batch_note)
         blocks.append(title + "\n" + tabulate(rows, headers=["", *labels], tablefmt=fmt, stralign="right", disable_numparse=True))
-    return "\n\n".join(blocks)
+    return "\n\n".join(blocks) + "\n" + words["heatmap_marks"].format(marks=_ramp_legend())
+
+
+def _ramp_legend() -> str:
+    """Each mark of HEATMAP_RAMP with the weights it stands for: '.' 0.1–0.2, ':' 0.2–0.3, … '@' 0.9–1."""
+    n = len(HEATMAP_RAMP)
+    return "  ".join(f"{mark} {round(k / n, 2):g}–{round((k + 1) / n, 2):g}" for k, mark in enumerate(HEATMAP_RAMP)
+                     if mark != " ")
 
 
 def attention_section(report: dict, labels: Sequence[str], lang: Lang, fmt: str) -> str:
