@@ -297,3 +297,32 @@ def test_the_same_checkpoint_untouched_raises_neither(invoke, tmp_path):
     report = json.loads(invoke("check", "--weights", str(directory), "--token-ids", *map(str, range(20)),
                                "--json").stdout)
     assert not {"weights_non_finite", "weight_outlier"} & {f["name"] for f in report["flags"]}
+
+
+def test_the_findings_count_says_how_many_kinds_the_table_rows_are(invoke):
+    """A table row per kind of finding, its `times` column counting them: the line above says both counts."""
+    from helpers import SAMPLES
+
+    run = SAMPLES / "training" / "gpt2-lr-high" / "step_0050"
+    args = ["check", "--weights", str(run), "--text-file", str(SAMPLES / "training" / "eval.txt")]
+    flags = [f for f in json.loads(invoke(*args, "--json").stdout)["flags"] if f["level"] != "info"]
+    kinds = {f["name"] for f in flags}
+    assert len(kinds) < len(flags)  # the case the line was wrong on
+    text = invoke(*args).stdout
+    assert f"{len(flags)} findings of {len(kinds)} kinds:" in text
+    table = text.split("level    finding")[1].split("\n\n")[0].strip().splitlines()[2:]
+    assert len(table) == len(kinds) and sum(int(row.split()[5]) for row in table) == len(flags)
+
+
+def test_check_grad_prints_the_gradients_it_judged(invoke):
+    """`check --grad` shows each layer's gradient norms, the numbers its --json holds, not only findings."""
+    from helpers import SAMPLES
+
+    args = ["check", "--weights", str(SAMPLES / "gpt2-tiny"), "--token-ids", "1", "2", "3", "--grad"]
+    layers = json.loads(invoke(*args, "--json").stdout)["gradients"]["layers"]
+    text = invoke(*args).stdout
+    assert "the model's own next-token loss" in text
+    for layer in layers:
+        row = next(line.split() for line in text.split("‖∂L/∂W‖_F")[1].splitlines()
+                   if line.split()[:1] == [str(layer["layer"])])
+        assert [float(v) for v in row[1:]] == pytest.approx(list(layer["weight_grad_norms"].values()), rel=1e-3)

@@ -284,12 +284,15 @@ def render_findings(report: dict, fail_on: Level) -> str:
     infos = sorted({f["name"] for f in flags if f["level"] == Level.INFO.value})
     info_line = f"info (context, not a verdict): {', '.join(infos)}" if infos else ""
     notes = [f"note: {note}" for note in report.get("notes") or []]
-    if not shown:
+    gradients = ["", gradients_section(report["gradients"], "simple")] if report.get("gradients") else []
+    if not shown:  # --grad: the numbers the gradient checks judged, findings or none
         lines.append("no findings at warning or error level" + (f"\n{info_line}" if infos else ""))
-        return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+        return "\n".join(lines + gradients + ([""] + notes if notes else [])) + "\n"
     counts = {level: sum(f["level"] == level for f in shown) for level in ("error", "warning")}
-    lines += [f"{len(shown)} finding{'s' if len(shown) > 1 else ''}: {counts['error']} error, {counts['warning']} "
-              f"warning (exit 1 on {Level(fail_on).value} or worse)", "", _findings_table(shown)]
+    kinds = len({f["name"] for f in shown})  # the table has a row per kind; its "times" column counts each
+    of_kinds = f" of {kinds} kind{'s' if kinds > 1 else ''}" if kinds < len(shown) else ""
+    lines += [f"{len(shown)} finding{'s' if len(shown) > 1 else ''}{of_kinds}: {counts['error']} error, "
+              f"{counts['warning']} warning (exit 1 on {Level(fail_on).value} or worse)", "", _findings_table(shown)]
     diagnosis = report.get("diagnosis") or []
     if diagnosis:
         top = diagnosis[0]
@@ -298,6 +301,7 @@ def render_findings(report: dict, fail_on: Level) -> str:
         lines += [f"also possible: {d['cause'].replace('_', ' ')} — {d['evidence']}" for d in diagnosis[1:]]
     if info_line:
         lines += ["", info_line]
+    lines += gradients
     lines.append("")
     for name in dict.fromkeys(f["name"] for f in shown):
         finding = next(f for f in shown if f["name"] == name)
@@ -324,9 +328,13 @@ def gradients_section(gradients: dict, fmt: str) -> str:
     step_rows = [[layer["layer"], *(layer["step_grad_norms"][n] for n in step_names)] for layer in layers]
     weight_rows = [[layer["layer"], *(layer["weight_grad_norms"].get(n, "—") for n in WEIGHT_NAMES)] for layer in layers]
     batches = gradients["batches"]
+    if gradients.get("loss_kind", "xiong") == "xiong":
+        loss = (f"cross-entropy of a seeded random readout against Zipf-distributed targets; {batches} "
+                f"mini-batch{'es' if batches > 1 else ''}")
+    else:
+        loss = f"the model's own {gradients['loss_kind'].replace('_', '-')} loss on the input"
     lines = [
-        f"gradients (loss {gradients['loss']:.4f}: cross-entropy of a seeded random readout against "
-        f"Zipf-distributed targets; {batches} mini-batch{'es' if batches > 1 else ''}):",
+        f"gradients (loss {gradients['loss']:.4f}: {loss}):",
         "‖∂L/∂output‖ of each step",
         tabulate(step_rows, headers=["layer", *step_names], tablefmt=fmt, floatfmt=".4g"),
         "",
