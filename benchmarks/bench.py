@@ -286,6 +286,7 @@ TARGETS = {"traced: 6 steps, all statistics, attention diagnostics": 1.05,
 def main() -> None:
     import torch
     from bench_load import load_section
+    from bench_real_sizes import kept_section
     from bench_training import training_section
 
     facts = machine_facts()
@@ -328,8 +329,11 @@ def main() -> None:
         *training_section(),
     ]
     text = "\n".join(lines) + "\n"
+    results = HERE / "RESULTS.md"
+    real_sizes = kept_section(results.read_text()) if results.is_file() else ""  # bench_real_sizes.py's own
+    text += ("\n" + real_sizes.rstrip("\n") + "\n") if real_sizes else ""
     print(text)
-    (HERE / "RESULTS.md").write_text(text)
+    results.write_text(text)
 
 
 if __name__ == "__main__":

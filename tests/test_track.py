@@ -331,3 +331,19 @@ def test_the_first_sign_and_the_diagnosis_name_the_same_cause(tmp_path):
     most_likely = next(line for line in text.splitlines() if line.startswith("most likely at step 0"))
     first = next(line for line in text.splitlines() if line.startswith("first sign of trouble: step 0"))
     assert "initialisation" in most_likely and "likely cause: initialisation" in first, text
+
+
+def test_a_finding_that_escalates_is_new_at_its_new_level():
+    """loss_above_uniform as info at step 10, an error at step 20: the first sign is the error at step 20, and step
+    20's new findings name it (they listed only (name, layer) pairs never seen, so the escalation went unlisted)."""
+    from blocktrace.training.track import first_sign, mark_new_flags
+    from blocktrace.vocab import Level
+
+    def record(step, level):
+        return {"step": step, "flags": [{"name": "loss_above_uniform", "layer": None, "level": level}]}
+
+    records = mark_new_flags([record(10, "info"), record(20, "error"), record(30, "error")])
+    first = first_sign(records, Level.ERROR)
+    assert first["step"] == 20
+    assert [f["name"] for f in records[1]["new_flags"]] == [first["name"]]
+    assert records[2]["new_flags"] == []  # still an error: nothing new

@@ -162,12 +162,15 @@ def track_checkpoints(points: Sequence[Point], request: RunRequest, analysis: An
 
 
 def mark_new_flags(records: list[dict]) -> list[dict]:
-    """Each record's findings not raised (same name, same layer) by any record before it: `new_flags`."""
-    seen: set = set()
+    """Each record's findings not raised (same name, same layer) at their level or above by any record before it:
+    `new_flags` — a finding that escalates (info, then an error: where a first sign often is) is new again."""
+    highest: dict = {}  # (name, layer) -> the highest level rank raised so far
     for entry in records:
         flags = entry.get("flags") or []
-        entry["new_flags"] = [f for f in flags if (f["name"], f.get("layer")) not in seen]
-        seen |= {(f["name"], f.get("layer")) for f in flags}
+        entry["new_flags"] = [f for f in flags if Level(f["level"]).rank > highest.get((f["name"], f.get("layer")), -1)]
+        for f in flags:
+            key = (f["name"], f.get("layer"))
+            highest[key] = max(highest.get(key, -1), Level(f["level"]).rank)
     return records
 
 
