@@ -1,6 +1,7 @@
 """`compare`, stacks and gradients: shared parameters, and the published measurements' directions."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -282,3 +283,41 @@ def test_plot_without_matplotlib_names_the_extra(invoke, tmp_path, monkeypatch):
 def test_layer_list_needs_grad(invoke):
     result = invoke("run", "--layers", "2,4")
     assert result.exit_code == 2 and "a list of depths is a gradient sweep: add --grad" in result.stderr
+
+
+def test_compare_speaks_chinese_with_lang_zh_and_lines_up(invoke):
+    """The learner's path: `compare --lang zh` was refused; now its title, headings and notes are Chinese (the
+    numbers the same as in English), and every line of its table has one display width."""
+    from wcwidth import wcswidth
+
+    english = invoke("compare", "--pre-ln", "--post-ln").stdout
+    chinese = invoke("compare", "--pre-ln", "--post-ln", "--lang", "zh")
+    assert chinese.exit_code == 0
+    text = chinese.stdout
+    for word in ("same parameters", "common:", "operation", "what differs", "output rms", "the norm sits"):
+        assert word in english and word not in text, word
+    assert "不同之处" in text and "相同的参数" in text
+    numbers = re.compile(r"-?\d+\.\d{4}")
+    assert numbers.findall(text) == numbers.findall(english)  # the same measurements, said in another language
+    table = [line for line in text.splitlines() if line.startswith(("名称", "---", "norm", "attn", "residual", "ffn"))]
+    assert len({wcswidth(line) for line in table}) == 1
+
+
+def test_every_compared_value_has_its_chinese_sentence():
+    from blocktrace.diagnose.compare import _FFNS, _NORMS, _QK_NORMS, _WHERE
+    from blocktrace.render.words import VALUE_SENTENCES_ZH
+
+    assert set(VALUE_SENTENCES_ZH) == {*_WHERE, *_NORMS, *_FFNS, *_QK_NORMS}
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_compare_explain_tells_each_variants_steps_in_its_own_order(invoke, lang):
+    from blocktrace.render.words import explanation
+    from blocktrace.vocab import Lang
+    from blocktrace.wiring import POST, PRE
+
+    text = invoke("compare", "--pre-ln", "--post-ln", "--explain", "--lang", lang).stdout
+    for wiring in (PRE, POST):
+        lines = [f"{k} {step}: {explanation(Lang(lang), wiring, step)}" for k, step in enumerate(wiring.order, 1)]
+        assert "\n".join(lines) in text, wiring.name
+    assert invoke("compare", "--pre-ln", "--post-ln", "--explain", "--json").exit_code == 2

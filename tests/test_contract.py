@@ -473,7 +473,9 @@ REFUSED = [
     (["run", "--weights", str(GPT2), "--token-ids", "1", "--seq-len", "3"], "--seq-len"),
     (["compare", "--pre-ln", "--post-ln", "--block-steps"], "--block-steps"),
     (["compare", "--pre-ln", "--post-ln", "--weights", str(GPT2), "--token-ids", "1", "--seed", "2"], "--seed"),
-    (["compare", "--pre-ln", "--post-ln", "--lang", "zh"], "--lang"),
+    (["compare", "--pre-ln", "--post-ln", "--json", "--lang", "zh"], "--lang"),
+    (["compare", "--pre-ln", "--post-ln", "--json", "--explain"], "--explain"),
+    (["compare", "--pre-ln", "--post-ln", "--layers", "2", "--explain"], "--explain"),
     (["compare", "--pre-ln", "--post-ln", "--plot", "/tmp/never-written.png"], "--plot"),
     (["run", "--force"], "--force lets --save or --plot"),
     (["compare", "--pre-ln", "--post-ln", "--force"], "--force lets --plot"),
@@ -535,6 +537,7 @@ HONOURED = [
     (["compare", "--gelu", "--swiglu", "--weights", str(GPT2), "--token-ids", "1", "2"], ["--seed", "2"]),
     (["compare", "--pre-ln", "--post-ln", "--layers", "2"], ["--block-steps"]),
     (["compare", "--pre-ln", "--post-ln", "--layers", "2", "--block-steps"], ["--lang", "zh"]),
+    (["compare", "--pre-ln", "--post-ln"], ["--lang", "zh"]), (["compare", "--pre-ln", "--post-ln"], ["--explain"]),
 ]
 
 

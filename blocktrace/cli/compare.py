@@ -85,6 +85,7 @@ def _prepare_outputs(params: dict) -> None:
 @OUTPUT_FORMAT_OPTIONS
 @FORMAT_OPTION
 @LANG_OPTION
+@click.option("--explain", is_flag=True, help="Add one sentence per step of each variant on what it does, in its own wiring's order.")
 @PLOT_OPTION
 @HTML_OPTION
 @force_option("--plot / --html")
@@ -122,4 +123,4 @@ def compare(ctx, **params):
     from blocktrace.render.compare import render_compare
 
     show(report, params, lambda: render_compare(report, fmt=params["fmt"], lang=Lang(params["lang"]),
-                                                            steps=params["show_steps"]))
+                                                steps=params["show_steps"], explain=params["explain"]))

@@ -169,9 +169,9 @@ CHECK_RULES.append(Excludes("depths", depth_list, "--layers: check checks blocks
 COMPARE_RULES = [
     *COMMON_RULES,
     force_needs("plot_path", "html_path"),
-    Excludes("lang", lambda ctx: not ctx.params.get("show_steps") and not ctx.params.get("html_path"),
-             "--lang translates the step tables, which compare shows with --layers N --block-steps, and the "
-             "--html page"),
+    *beside_documents("explain", "--explain adds sentences to the tables"),
+    Excludes("explain", is_set("depths"), "--explain describes one block's steps; with --layers compare shows "
+             "per-layer tables"),
     Excludes("plot_path", lambda ctx: not ctx.params.get("depths"),
              "--plot with compare draws per-layer curves: add --layers N"),
 ]

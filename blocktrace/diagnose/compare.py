@@ -109,7 +109,7 @@ _FFNS = {
 }
 
 
-def _output_rms(report: dict) -> float:
+def output_rms(report: dict) -> float:
     if report["kind"] == ReportKind.BLOCK.value:
         return report["steps"][-1]["stats"]["rms"]
     return report["layers"][-1]["rms"]
@@ -120,7 +120,7 @@ def describe(axis: Axis, entries: list[dict], differences: Optional[dict]) -> li
     texts = {Axis.PLACEMENT: _WHERE, Axis.NORM: _NORMS, Axis.FFN: _FFNS, Axis.QK_NORM: _QK_NORMS}[axis]
     notes = [texts[entry["value"]] + "." for entry in entries]
     if differences is not None:
-        sizes = ", ".join(f"{e['value']} {_output_rms(e['report']):.4f}" for e in entries)
+        sizes = ", ".join(f"{e['value']} {output_rms(e['report']):.4f}" for e in entries)
         out = differences["output"]
         notes.append(f"output rms: {sizes}; the outputs differ by max |Δ| {out['max_abs_diff']:.4g} "
                      f"(cosine similarity {out['cosine']:.4f}).")

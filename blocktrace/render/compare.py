@@ -4,35 +4,56 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
+from blocktrace.diagnose.compare import output_rms
 from blocktrace.render.text import (
     _shape,
     config_settings,
+    explanations,
     gradients_section,
     shown_token,
     steps_table,
 )
+from blocktrace.render.words import COMPARE_WORDS, HEADINGS, VALUE_SENTENCES_ZH
 from blocktrace.vocab import Lang, ReportKind
 
 
-def _title(report: dict) -> str:
+def _title(report: dict, lang: Lang) -> str:
+    words, headings = COMPARE_WORDS[lang], HEADINGS[lang]
     a, b = report["values"]
     variant = report["variants"][0]["report"]
     config = dict(variant["config"])
     common = config_settings(config, skip=report["axis"])
-    lines = [f"blocktrace compare: {report['axis']} {a} vs {b}, same parameters, same input",
-             f"common: {common}" + (f" seed={report['seed']}" if report["seed"] is not None else "")]
+    lines = [words["title"].format(axis=report["axis"], a=a, b=b),
+             f"{words['common']}: {common}" + (f" seed={report['seed']}" if report["seed"] is not None else "")]
     if report["weights"]:
         w = report["weights"]
-        lines.append(f"weights: {w['path']} ({w['layout']}), from layer {w['layer']} of 0–{w['n_layers'] - 1}")
+        lines.append(words["weights"].format(path=w["path"], layout=w["layout"], layer=w["layer"],
+                                             last=w["n_layers"] - 1))
     if report["tokens"]:
-        lines.append(f"tokens: {' '.join(map(shown_token, report['tokens']))}")
+        lines.append(f"{headings['tokens']}: {' '.join(map(shown_token, report['tokens']))}")
     if "input" in variant:
         source = variant["input"]
-        lines.append(f"input x: {_shape(source['shape'])} {source['dtype']} ({source['source']})")
+        lines.append(f"{headings['input']}: {_shape(source['shape'])} {source['dtype']} ({source['source']})")
     return "\n".join(lines)
 
 
-def _block_table(report: dict, fmt: str) -> str:
+def _notes(report: dict, lang: Lang) -> list[str]:
+    """What differs: the report's own sentences (English), or the same said in Chinese from the same numbers."""
+    if lang is Lang.EN:
+        return report["notes"]
+    words = COMPARE_WORDS[lang]
+    notes = [VALUE_SENTENCES_ZH[entry["value"]] + "。" for entry in report["variants"]]
+    if report["differences"]:
+        out = report["differences"]["output"]
+        sizes = "，".join(f"{e['value']} {output_rms(e['report']):.4f}" for e in report["variants"])
+        notes.append(words["output_note"].format(sizes=sizes, diff=f"{out['max_abs_diff']:.4g}",
+                                                 cosine=f"{out['cosine']:.4f}"))
+    notes += [words["unshared"].format(value=e["value"], names=", ".join(e["unshared_parameters"]))
+              for e in report["variants"] if e["unshared_parameters"]]
+    return notes
+
+
+def _block_table(report: dict, fmt: str, lang: Lang) -> str:
     """One row per step of either variant (sandwich wiring has two more), in the longer one's order."""
     (a, b), reports = report["values"], [v["report"] for v in report["variants"]]
     by_name = [{step["name"]: step for step in r["steps"]} for r in reports]
@@ -47,8 +68,9 @@ def _block_table(report: dict, fmt: str) -> str:
                 [step["index"], step["operation"], step["stats"]["rms"], step["stats"]["std"]]
         diff = diffs.get(name, {})
         rows.append([name, *cells, diff.get("max_abs_diff", ""), diff.get("cosine", "")])
-    headers = ["step", f"{a} #", f"{a} operation", f"{a} rms", f"{a} std",
-               f"{b} #", f"{b} operation", f"{b} rms", f"{b} std", "max|Δ|", "cosine"]
+    step, operation = COMPARE_WORDS[lang]["step"], COMPARE_WORDS[lang]["operation"]
+    headers = [step, f"{a} #", f"{a} {operation}", f"{a} rms", f"{a} std",
+               f"{b} #", f"{b} {operation}", f"{b} rms", f"{b} std", "max|Δ|", "cosine"]
     return tabulate(rows, headers=headers, tablefmt=fmt, floatfmt=".4f")
 
 
@@ -75,13 +97,18 @@ def _sweep_table(report: dict, fmt: str) -> str:
     return title + "\n" + tabulate(rows, headers=headers, tablefmt=fmt, floatfmt=".4g")
 
 
-def render_compare(report: dict, *, fmt: str = "simple", lang: Lang = Lang.EN, steps: bool = False) -> str:
-    parts = [_title(report)]
+def render_compare(report: dict, *, fmt: str = "simple", lang: Lang = Lang.EN, steps: bool = False,
+                   explain: bool = False) -> str:
+    words = COMPARE_WORDS[lang]
+    parts = [_title(report, lang)]
     kind = ReportKind(report["variants"][0]["report"]["kind"])
     if kind is ReportKind.SWEEP:
         parts.append(_sweep_table(report, fmt))
     elif kind is ReportKind.BLOCK:
-        parts.append(_block_table(report, fmt))
+        parts.append(_block_table(report, fmt, lang))
+        if explain:  # each variant's steps in its own wiring's words: where the two orders part
+            parts += [words["why"].format(value=entry["value"]) + "\n" +
+                      explanations(entry["report"], lang).split("\n", 1)[1] for entry in report["variants"]]
     else:
         parts.append(_stack_table(report, fmt))
         if steps:
@@ -94,6 +121,6 @@ def render_compare(report: dict, *, fmt: str = "simple", lang: Lang = Lang.EN, s
             parts.append(f"{entry['value']}: " + gradients_section(gradients, fmt))
     if report["differences"]:
         out = report["differences"]["output"]
-        parts.append(f"output: max|Δ|={out['max_abs_diff']:.4f} cosine={out['cosine']:.4f}")
-    parts.append("what differs:\n" + "\n".join(f"- {note}" for note in report["notes"]))
+        parts.append(f"{words['output']}: max|Δ|={out['max_abs_diff']:.4f} cosine={out['cosine']:.4f}")
+    parts.append(f"{words['differs']}:\n" + "\n".join(f"- {note}" for note in _notes(report, lang)))
     return "\n\n".join(parts) + "\n"

@@ -42,6 +42,45 @@ HEADINGS = {
     },
 }
 
+COMPARE_WORDS = {
+    Lang.EN: {
+        "title": "blocktrace compare: {axis} {a} vs {b}, same parameters, same input",
+        "common": "common", "weights": "weights: {path} ({layout}), from layer {layer} of 0–{last}",
+        "step": "step", "operation": "operation", "output": "output", "differs": "what differs",
+        "why": "what each step does, under {value}",
+        "output_note": "output rms: {sizes}; the outputs differ by max |Δ| {diff} (cosine similarity {cosine}).",
+        "unshared": "{value} has parameters the other lacks, drawn from the seed: {names}.",
+    },
+    Lang.ZH: {
+        "title": "blocktrace compare：{axis} {a} 对比 {b}，相同的参数，相同的输入",
+        "common": "共同设置", "weights": "权重：{path}（{layout}），从第 {layer} 层起，共 0–{last} 层",
+        "step": "名称", "operation": "操作", "output": "输出", "differs": "不同之处",
+        "why": "{value} 连线下每一步在做什么",
+        "output_note": "输出的 rms：{sizes}；两个输出的最大 |Δ| 为 {diff}（余弦相似度 {cosine}）。",
+        "unshared": "{value} 有另一方没有的参数，由种子随机生成：{names}。",
+    },
+}
+# What each compared value does, said in Chinese (the English is each wiring's summary and diagnose/compare.py's).
+VALUE_SENTENCES_ZH = {
+    "pre": "pre：归一化在每个子层之前，残差流携带 x 加上每个未归一化的更新，所以它的尺度会逐个 block 增长",
+    "post": "post：归一化在每次残差相加之后，所以每个子层之后残差流都被重新缩放到每个 token 单位大小",
+    "deepnorm": "deepnorm：post-LN，每次相加前残差流乘以 α（初始化时 FFN、V、O 权重乘以 β），所以每个更新相对残差流都很小",
+    "sandwich": "sandwich（Peri-LN，Gemma-2）：每个子层前后各有一个归一化；残差流携带 x 加上归一化后的更新，"
+                "每个更新大小有界，而残差流本身从不被重新缩放",
+    "reordered": "reordered（OLMo-2）：归一化在每个子层之后、相加之前；子层读取原始残差流，残差流携带 x 加上归一化后的更新",
+    "layernorm": "layernorm 减去每个 token 的均值并除以标准差，再乘 gain、加 shift",
+    "rmsnorm": "rmsnorm 只把每个 token 除以它的均方根并乘 gain：不去中心化，没有 shift",
+    "gelu": "gelu：Linear，精确 GELU 0.5·x·(1 + erf(x/√2))，Linear",
+    "gelu_tanh": "gelu_tanh：Linear，GPT-2 的 tanh 近似 GELU，Linear",
+    "relu": "relu：Linear，max(0, x)，Linear：负的预激活值恰好为 0",
+    "swiglu": "swiglu：down(silu(gate(x)) · up(x))：带第三个矩阵（gate）的门控单元",
+    "geglu": "geglu：down(gelu_tanh(gate(x)) · up(x))：Gemma 的门控单元",
+    "geglu_exact": "geglu_exact：down(gelu(gate(x)) · up(x))，用精确 GELU：hidden_activation 为 gelu 的 Gemma-2",
+    "off": "qk_norm 关闭：q·k 随 q 和 k 的大小增长，注意力 logit 也会随之增长",
+    "on": "qk_norm 打开：每个头的 q 和 k 在 RoPE 之前做 RMS 归一化（Qwen3，Dehghani et al. 2023），"
+          "注意力 logit 因而受归一化的 gain 约束",
+}
+
 _PRE = {
     Lang.EN: {
         "norm1": "Normalises each token's vector before attention; only attention sees x_norm1, "
