@@ -25,7 +25,16 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from blocktrace.errors import BlocktraceError
-from blocktrace.sources.reading import file_kind
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def file_kind(mode: int) -> str:
+    """What a stat mode that is not a regular file's is, in words ("a FIFO"); "a regular file" otherwise."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
 
 Writer = Callable[[BinaryIO], None]
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from blocktrace.sources.idsfile import DEFAULT_RAW_DTYPE
-from blocktrace.vocab import Device, DType, Init, Placement
+from blocktrace.vocab import DEFAULT_RAW_DTYPE, Device, DType, Init, Placement
 
 DEFAULT_SEQ_LEN = 5
 

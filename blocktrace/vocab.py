@@ -135,3 +135,9 @@ class Axis(Choice):
 
 
 QK_NORM_VALUES = ("off", "on")  # how compare names the two QK-norm variants
+
+
+# The integer dtypes a raw .bin --token-ids-file may hold (numpy names), uint16 first: nanoGPT's and most
+# GPT-2-vocabulary data. Here, below both the request and the reader of those files, which name them.
+RAW_DTYPES = ("uint16", "uint32", "int32", "int64", "uint8")
+DEFAULT_RAW_DTYPE = RAW_DTYPES[0]

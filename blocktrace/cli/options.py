@@ -16,9 +16,9 @@ from tabulate import tabulate_formats
 from blocktrace.render.formats import FORMATS
 from blocktrace.request import Analysis, InputSpec, RunRequest
 from blocktrace.sizing import MAX_BATCHES, MAX_LAYERS, MAX_TOKENS, MAX_WIDTH
-from blocktrace.sources.idsfile import DEFAULT_RAW_DTYPE, MAX_WINDOWS, RAW_DTYPES
+from blocktrace.sources.idsfile import MAX_WINDOWS
 from blocktrace.sources.reading import parse_json
-from blocktrace.vocab import Device, DType, FFNKind, Init, Lang, Level, Norm, Placement
+from blocktrace.vocab import DEFAULT_RAW_DTYPE, RAW_DTYPES, Device, DType, FFNKind, Init, Lang, Level, Norm, Placement
 from blocktrace.wiring import WIRINGS, flag_parameter
 
 SEED_MAX = 2**32 - 1  # derived seeds (seed + layer, seed + 10 000) stay far inside torch's range

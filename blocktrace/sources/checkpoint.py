@@ -19,7 +19,7 @@ import torch
 from blocktrace.errors import WeightsError
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.hf_cache import resolve_weights
-from blocktrace.sources.reading import file_kind
+from blocktrace.files import file_kind
 from blocktrace.sources.torchfile import TORCH_SUFFIXES
 
 PICKLE_SUFFIXES = (".pkl", ".pickle")  # plain pickles: not even the restricted loader is asked

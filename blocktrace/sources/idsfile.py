@@ -18,15 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from blocktrace.errors import InputError, UsageError
+from blocktrace.vocab import RAW_DTYPES
 from blocktrace.sources.reading import parse_json, read_bytes, read_text
 
 if TYPE_CHECKING:
     from blocktrace.request import InputSpec
 
 OPTION = "--token-ids-file"
-# The integer dtypes a raw .bin may hold (numpy names), uint16 first: nanoGPT's and most GPT-2-vocabulary data.
-RAW_DTYPES = ("uint16", "uint32", "int32", "int64", "uint8")
-DEFAULT_RAW_DTYPE = "uint16"
 MAX_WINDOWS = 4096  # more windows than this is a training run, not a check
 
 

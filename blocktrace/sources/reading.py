@@ -12,19 +12,9 @@ import stat
 from pathlib import Path
 
 from blocktrace.errors import InputError
+from blocktrace.files import file_kind
 
 MAX_JSON_DEPTH = 100  # far deeper than any config, trace metadata or timeline record; bounds every recursion after
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def file_kind(mode: int) -> str:
-    """What a stat mode that is not a regular file's is, in words ("a FIFO"); "a regular file" otherwise."""
-    if stat.S_ISREG(mode):
-        return "a regular file"
-    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
-
 
 def _named(path: Path, option: str) -> str:
     return f"{option} {path}" if option else str(path)

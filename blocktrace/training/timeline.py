@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from blocktrace.errors import InputError, UsageError
-from blocktrace.sources.reading import file_kind, parse_json, read_text
+from blocktrace.files import file_kind
+from blocktrace.sources.reading import parse_json, read_text
 from blocktrace.training.schema import NON_FINITE, SchemaError, checked_record
 
 FORMAT, VERSION = "blocktrace.timeline", 1

@@ -1,0 +1,71 @@
+"""blocktrace's parts import one way: each package or top-level module imports only parts below it in LAYERS —
+read from the `import` statements of every file (function bodies included), no import executed — so no two
+parts import each other. A new import that goes up, or closes a loop, fails here naming the file."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "blocktrace"
+
+# Lowest first. pipeline sits above render for now (it builds the report it returns, issue 34 would move that),
+# training above pipeline (track checks each checkpoint through it), cli and the entry points on top.
+LAYERS = ["_version", "vocab", "errors", "wiring", "config", "sizing", "host", "progress", "files", "request",
+          "model", "sources", "tracing", "diagnose", "render", "pipeline", "training", "integrations", "cli",
+          "__init__", "__main__"]
+
+
+def _part(module: str) -> str:
+    """The package or top-level module of `blocktrace.x.y` (x); the package itself, or a name its __init__
+    exports (`from blocktrace import Watch`), is "__init__"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in PARTS else "__init__"
+
+
+PARTS = {path.stem if path.is_file() else path.name for path in PACKAGE.iterdir()
+         if path.suffix == ".py" or (path / "__init__.py").is_file()}
+
+
+def _module_of(path: Path) -> str:
+    relative = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
+    return ".".join(parts)
+
+
+def imports() -> list[tuple[str, str, str]]:
+    """(importing part, imported part, file) for every blocktrace import between two different parts."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = _part(_module_of(path))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "blocktrace":
+                names = [f"blocktrace.{alias.name}" for alias in node.names]  # `from blocktrace import pipeline`
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                if name == "blocktrace" or name.startswith("blocktrace."):
+                    target = _part(name)
+                    if target != source:
+                        found.append((source, target, str(path.relative_to(PACKAGE.parent))))
+    return found
+
+
+def test_every_part_is_placed():
+    parts = {_part(_module_of(path)) for path in PACKAGE.rglob("*.py")}
+    assert parts == set(LAYERS)
+
+
+def test_every_import_goes_down():
+    upward = [f"{file}: {source} imports {target}" for source, target, file in imports()
+              if LAYERS.index(target) > LAYERS.index(source)]
+    assert upward == []
+
+
+def test_the_two_loops_that_stood_are_gone():
+    """request imported a constant from sources (which imports request), files a helper from sources (which
+    imports files): both constants now live below both users (vocab, files)."""
+    assert LAYERS.index("sources") > LAYERS.index("request")
+    assert ("request", "sources") not in {(s, t) for s, t, _ in imports()}
+    assert ("files", "sources") not in {(s, t) for s, t, _ in imports()}
