@@ -151,7 +151,7 @@ RUN_RULES = [
              "--save writes one block's steps; --check --weights checks the whole model: use run --save"),
     Needs("step_names", is_set("module_spec"), "--step-names names the steps of a block given with --module"),
     *[Excludes(name, is_set("check_only"), f"{flag(name)} shapes the table; --check prints only the findings")
-      for name in ("explain", "n_values", "token_index", "lang", "fmt", "show_steps")],
+      for name in ("explain", "n_values", "token_index", "lang", "show_steps")],
     Excludes("check_only", depth_list, "--check checks blocks; a depth list is a gradient sweep"),
     *[Excludes(name, is_set("module_spec"), f"{flag(name)} does not apply with --module: {why}")
       for name, why in MODULE_REFUSES.items()],

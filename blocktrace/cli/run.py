@@ -65,6 +65,7 @@ def run(ctx, **params):
 @WIRING_OPTIONS
 @SOURCE_OPTIONS
 @OUTPUT_FORMAT_OPTIONS
+@FORMAT_OPTION
 @HTML_OPTION
 @force_option("--html")
 @FAIL_ON_OPTION
@@ -157,6 +158,6 @@ def _findings(ctx, report: dict, params: dict) -> None:
     from blocktrace.render.text import render_findings
 
     fail_on = Level(params["fail_on"])
-    show(report, params, lambda: render_findings(report, fail_on))
+    show(report, params, lambda: render_findings(report, fail_on, params["fmt"]))
     levels = [Level(flag["level"]) for flag in report.get("flags") or []]
     ctx.exit(FINDINGS_EXIT if any(level.reaches(fail_on) for level in levels) else 0)

@@ -246,7 +246,7 @@ def render_run(
     return "\n\n".join(parts) + "\n"
 
 
-def _findings_table(shown: list[dict]) -> str:
+def _findings_table(shown: list[dict], fmt: str = "simple") -> str:
     """One row per kind of finding: where it hit (layers, steps) and its worst instance."""
     from blocktrace.diagnose.diagnosis import layer_ranges
 
@@ -260,7 +260,7 @@ def _findings_table(shown: list[dict]) -> str:
         rows.append([hits[0]["level"].upper(), name, hits[0]["cause"], layer_ranges(layers) or "-", steps or "-",
                      len(hits), hits[0]["detail"]])
     return tabulate(rows, headers=["level", "finding", "cause", "layers", "steps", "times", "first"],
-                    disable_numparse=True)
+                    tablefmt=fmt, disable_numparse=True)
 
 
 def _loss_line(report: dict) -> Optional[str]:
@@ -273,7 +273,7 @@ def _loss_line(report: dict) -> Optional[str]:
             f"predicted tokens; uniform guessing: log V = {detail['uniform']:.4f}; mean log Z {detail['log_z_mean']:.3g})")
 
 
-def render_findings(report: dict, fail_on: Level) -> str:
+def render_findings(report: dict, fail_on: Level, fmt: str = "simple") -> str:
     """`blocktrace check`: one row per kind of finding, the most likely cause with its evidence and advice,
     then what each finding means, its threshold and its source."""
     flags = report.get("flags") or []
@@ -284,7 +284,7 @@ def render_findings(report: dict, fail_on: Level) -> str:
     infos = sorted({f["name"] for f in flags if f["level"] == Level.INFO.value})
     info_line = f"info (context, not a verdict): {', '.join(infos)}" if infos else ""
     notes = [f"note: {note}" for note in report.get("notes") or []]
-    gradients = ["", gradients_section(report["gradients"], "simple")] if report.get("gradients") else []
+    gradients = ["", gradients_section(report["gradients"], fmt)] if report.get("gradients") else []
     if not shown:  # --grad: the numbers the gradient checks judged, findings or none
         lines.append("no findings at warning or error level" + (f"\n{info_line}" if infos else ""))
         return "\n".join(lines + gradients + ([""] + notes if notes else [])) + "\n"
@@ -292,7 +292,7 @@ def render_findings(report: dict, fail_on: Level) -> str:
     kinds = len({f["name"] for f in shown})  # the table has a row per kind; its "times" column counts each
     of_kinds = f" of {kinds} kind{'s' if kinds > 1 else ''}" if kinds < len(shown) else ""
     lines += [f"{len(shown)} finding{'s' if len(shown) > 1 else ''}{of_kinds}: {counts['error']} error, "
-              f"{counts['warning']} warning (exit 1 on {Level(fail_on).value} or worse)", "", _findings_table(shown)]
+              f"{counts['warning']} warning (exit 1 on {Level(fail_on).value} or worse)", "", _findings_table(shown, fmt)]
     diagnosis = report.get("diagnosis") or []
     if diagnosis:
         top = diagnosis[0]
