@@ -130,8 +130,13 @@ def test_a_run_page_draws_the_timeline_with_its_findings_and_first_sign(invoke, 
     losses = [record["loss"] for record in report["records"]]
     assert _values(page, 'circle[data-series="loss"]') == losses
     first = report["first_flag"]
-    assert page.locator('line[data-mark="first"]').count() == 2  # on both charts
+    assert page.locator('line[data-mark="first"]').count() == 3  # on each chart: loss, rms, update sizes
     assert f"{first['step']}" in page.inner_text("#first-sign") and first["name"] in page.inner_text("#first-sign")
+    updates = [max((w["update_ratio"] for w in (record["layers"][0].get("weights") or {}).values()
+                    if w.get("update_ratio") is not None), default=None) for record in report["records"]]
+    drawn = page.eval_on_selector_all('svg[aria-label="‖ΔW‖/‖W‖"] circle[data-series="L0"]',
+                                      "cs => cs.map(c => [Number(c.dataset.step), Number(c.dataset.value)])")
+    assert drawn == [[r["step"], u] for r, u in zip(report["records"], updates) if u]  # layer 0's largest update
     page.locator('circle[data-series="loss"]').nth(1).hover()
     assert str(losses[1]) in page.inner_text("#tip")
     _not_blank(page)

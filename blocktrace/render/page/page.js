@@ -18,6 +18,7 @@ const WORDS = {
     firstSign: "first sign", newFindings: "new findings", rollback: "roll back to", tokens: "tokens",
     weights: "weights", input: "input", entropy: "entropy per head", language: "中文", flags: "flags",
     record: "record", gradients: "Gradient norm at each step's output",
+    updates: "Update size per layer over training (largest ‖ΔW‖/‖W‖ of its weights, log scale)",
   },
   zh: {
     block: "一个 block，逐步展开", stack: "多层 block 堆叠", model: "一个检查点，逐层检查",
@@ -33,6 +34,7 @@ const WORDS = {
     firstSign: "最早的迹象", newFindings: "新出现的结果", rollback: "回退到", tokens: "token",
     weights: "权重", input: "输入", entropy: "每个头的熵", language: "English", flags: "标记",
     record: "记录", gradients: "每一步输出处的梯度范数",
+    updates: "训练过程中每层的更新大小（各权重中最大的 ‖ΔW‖/‖W‖，对数坐标）",
   },
 };
 const STATS = ["mean", "std", "min", "max", "rms", "absmax"];
@@ -246,19 +248,23 @@ function comparePage(report) {
   return parts;
 }
 
-/* Lines over training steps; hovering a point shows its value; vertical marks at given steps. */
-function lines(series, steps, marks, name) {
+/* Lines over training steps; hovering a point shows its value; vertical marks at given steps. On a log axis
+   (values over decades, as update sizes are) only positive values are drawn. */
+function lines(series, steps, marks, name, log = false) {
   const width = 720, height = 240, left = 64, right = 16, top = 12, bottom = 30;
-  const all = series.flatMap((s) => s.values).filter(Number.isFinite);
-  const low = Math.min(...all, 0), high = Math.max(...all, 1e-30);
+  const drawn = (v) => Number.isFinite(v) && (!log || v > 0);
+  const place = (v) => (log ? Math.log10(v) : v);
+  const all = series.flatMap((s) => s.values).filter(drawn).map(place);
+  const low = log ? Math.min(...all) : Math.min(...all, 0), high = log ? Math.max(...all) : Math.max(...all, 1e-30);
   const first = Math.min(...steps), last = Math.max(...steps, first + 1);
   const x = (step) => left + (width - left - right) * (step - first) / (last - first);
-  const y = (value) => top + (height - top - bottom) * (1 - (value - low) / ((high - low) || 1));
+  const y = (value) => top + (height - top - bottom) * (1 - (place(value) - low) / ((high - low) || 1));
+  const label = (v) => (log ? Number(10 ** v).toPrecision(3) : Number(v).toPrecision(4));
   const chart = svg("svg", {width, height, role: "img", "aria-label": name});
   chart.append(svg("line", {class: "axis", x1: left, y1: height - bottom, x2: width - right, y2: height - bottom}),
                svg("line", {class: "axis", x1: left, y1: top, x2: left, y2: height - bottom}),
-               svg("text", {x: left - 4, y: top + 10, "text-anchor": "end"}, Number(high).toPrecision(4)),
-               svg("text", {x: left - 4, y: height - bottom, "text-anchor": "end"}, Number(low).toPrecision(4)));
+               svg("text", {x: left - 4, y: top + 10, "text-anchor": "end"}, label(high)),
+               svg("text", {x: left - 4, y: height - bottom, "text-anchor": "end"}, label(low)));
   steps.forEach((step) => chart.append(svg("text", {x: x(step), y: height - 10, "text-anchor": "middle"}, step)));
   for (const mark of marks) {
     chart.append(svg("line", {x1: x(mark.step), x2: x(mark.step), y1: top, y2: height - bottom, stroke: mark.colour,
@@ -267,7 +273,7 @@ function lines(series, steps, marks, name) {
   }
   series.forEach((s, i) => {
     const colour = COLOURS[i % COLOURS.length];
-    const points = steps.map((step, j) => [step, s.values[j]]).filter(([, v]) => Number.isFinite(v));
+    const points = steps.map((step, j) => [step, s.values[j]]).filter(([, v]) => drawn(v));
     chart.append(svg("polyline", {fill: "none", stroke: colour, "stroke-width": 2,
                                   points: points.map(([st, v]) => `${x(st)},${y(v)}`).join(" ")}));
     points.forEach(([step, value]) => chart.append(svg("circle", {class: "hit", cx: x(step), cy: y(value), r: 4,
@@ -277,6 +283,13 @@ function lines(series, steps, marks, name) {
   const legend = el("div", {class: "legend"}, series.map((s, i) =>
     el("span", {}, el("i", {style: `background:${COLOURS[i % COLOURS.length]}`}), s.name)));
   return el("div", {}, chart, legend);
+}
+
+/* A layer's largest ‖ΔW‖/‖W‖ over its kinds of weight at one record (none at the first: nothing before it). */
+function largestUpdate(layer) {
+  const ratios = Object.values((layer && layer.weights) || {}).map((w) => w.update_ratio)
+    .filter((v) => typeof v === "number");
+  return ratios.length ? Math.max(...ratios) : NaN;
 }
 
 function trackPage(report) {
@@ -295,9 +308,12 @@ function trackPage(report) {
   const layerCount = Math.max(0, ...records.map((r) => (r.layers || []).length));
   const perLayer = [...Array(layerCount).keys()].map((k) => ({name: `L${k}`, values: records.map((r) =>
     r.layers && r.layers[k] && r.layers[k].rms !== undefined ? r.layers[k].rms : NaN)}));
+  const updates = [...Array(layerCount).keys()].map((k) => ({name: `L${k}`, values: records.map((r) =>
+    largestUpdate(r.layers && r.layers[k]))}));
   const parts = [el("h2", {}, w("timeline")),
                  lines([{name: w("loss"), values: records.map((r) => r.loss ?? NaN)}], steps, marks, w("loss")),
-                 el("h2", {}, w("perLayer")), lines(perLayer, steps, marks, "rms")];
+                 el("h2", {}, w("perLayer")), lines(perLayer, steps, marks, "rms"),
+                 el("h2", {}, w("updates")), lines(updates, steps, marks, "‖ΔW‖/‖W‖", true)];
   if (first) {
     parts.push(el("p", {id: "first-sign"}, el("b", {class: "level-error"}, `${w("firstSign")}: `),
                   `${w("step")} ${first.step}, ${first.name} (${first.cause}) ${first.detail || ""}`));
