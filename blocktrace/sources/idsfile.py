@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from blocktrace.errors import InputError, UsageError
-from blocktrace.vocab import RAW_DTYPES
 from blocktrace.sources.reading import parse_json, read_bytes, read_text
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ every `sliding_window_pattern`, 4) and rotates q and k in those only: its global
 from __future__ import annotations
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import HeadSpec, HFLayer, LossKind, head_weight, refuse_unless, rope_fields, size
+from blocktrace.sources.families.base import HeadSpec, HFLayer, LossKind, head_weight, refuse_unless, rope_fields
 from blocktrace.sources.families.llama import SLIDING, Llama
 from blocktrace.sources.families.smollm3 import NOPE_FIELDS
 from blocktrace.vocab import FFNKind, Norm
@@ -38,9 +38,7 @@ class Cohere(Llama):
         return config.integer("head_dim")
 
     def shape_fields(self, checkpoint, base):
-        return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0),
-                "d_ff": size(checkpoint, base + "mlp.gate_proj.weight", 0), "ffn": FFNKind.SWIGLU,
-                "norm": Norm.LAYERNORM}
+        return {**super().shape_fields(checkpoint, base), "norm": Norm.LAYERNORM}
 
     def parameters(self, read, c):
         return {"norm1.weight": read("input_layernorm.weight", (c.d_model,)), **self.attention(read, c),
