@@ -263,3 +263,15 @@ def test_the_attention_marks_are_explained_and_each_cell_matches_its_legend(invo
     for value, mark in cells:
         low, high = ranges[mark]
         assert low - 0.005 <= float(value) <= high + 0.005, (value, mark)
+
+
+def test_run_lang_zh_says_its_sentences_in_chinese(invoke):
+    """run --lang zh printed its weights line, the inside-attn title and `measured:` in English; the tutorial's own
+    variable lines (future_weight_sum=, block_shape_preserved=) stay as the tutorial prints them."""
+    from helpers import SAMPLES
+
+    args = ["run", "--weights", str(SAMPLES / "llama-tiny"), "--token-ids", "1", "2", "3"]
+    english, chinese = invoke(*args).stdout, invoke(*args, "--lang", "zh").stdout
+    for word in ("weights: ", "inside attn", "as projected", "measured: "):
+        assert word in english and word not in chinese, word
+    assert "权重：" in chinese and "实测" in chinese and "future_weight_sum=0.0000" in chinese

@@ -5,6 +5,7 @@ parts import each other. A new import that goes up, or closes a loop, fails here
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "blocktrace"
@@ -33,7 +34,8 @@ def _module_of(path: Path) -> str:
     return ".".join(parts)
 
 
-def imports() -> list[tuple[str, str, str]]:
+@functools.lru_cache(maxsize=1)
+def imports() -> tuple[tuple[str, str, str], ...]:
     """(importing part, imported part, file) for every blocktrace import between two different parts."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -49,7 +51,7 @@ def imports() -> list[tuple[str, str, str]]:
                     target = _part(name)
                     if target != source:
                         found.append((source, target, str(path.relative_to(PACKAGE.parent))))
-    return found
+    return tuple(found)
 
 
 def test_every_part_is_placed():

@@ -65,8 +65,8 @@ def _header(report: dict, lang: Lang) -> str:
     lines = [f"blocktrace {report['blocktrace_version']}: {settings}"]
     weights = report.get("weights")
     if weights:
-        lines.append(f"weights: {weights['path']} ({weights['layout']}), "
-                     f"layer {weights['layer']} of 0–{weights['n_layers'] - 1}")
+        lines.append(words["weights"].format(path=weights["path"], layout=weights["layout"], layer=weights["layer"],
+                                             last=weights["n_layers"] - 1))
     if report["tokens"]:
         lines.append(f"{words['tokens']}: {' '.join(map(shown_token, report['tokens']))}")
     source = report.get("input")
@@ -147,21 +147,21 @@ def values_section(report: dict, token_index: int, labels: Sequence[str], lang: 
     return title + "\n" + tabulate(rows, headers=["", *range(n)], tablefmt=fmt, floatfmt=".4f")
 
 
-def measured_line(measured: dict) -> str:
-    parts = []
+def measured_line(measured: dict, lang: Lang = Lang.EN) -> str:
+    words, parts = HEADINGS[lang], []
     if measured["causal"] is not None:
-        parts.append("causal (changing the last token moved no earlier output)" if measured["causal"] else
-                     f"NOT causal (changing the last token moved earlier outputs by {measured['causal_leak']:.3g})")
+        parts.append(words["causal"] if measured["causal"] else
+                     words["not_causal"].format(leak=f"{measured['causal_leak']:.3g}"))
     if measured["norms"]:
-        parts.append("norms: " + ", ".join(f"{name} {kind}" for name, kind in measured["norms"].items()))
-    return "measured: " + "; ".join(parts)
+        parts.append(f"{words['norms']}: " + ", ".join(f"{name} {kind}" for name, kind in measured["norms"].items()))
+    return f"{words['measured']}: " + "; ".join(parts)
 
 
-def _substeps_title(entries: list) -> str:
-    names = {entry["name"] for entry in entries}
-    stages = ["as projected"] + (["after QK-norm"] if "attn.q_norm" in names else []) \
-        + (["after the rotary embedding"] if "attn.q_rope" in names else [])
-    return f"inside attn: q and k {', then '.join(stages)}"
+def _substeps_title(entries: list, lang: Lang = Lang.EN) -> str:
+    words, names = HEADINGS[lang], {entry["name"] for entry in entries}
+    stages = [words["projected"]] + ([words["after_qk_norm"]] if "attn.q_norm" in names else []) \
+        + ([words["after_rope"]] if "attn.q_rope" in names else [])
+    return words["inside_attn"].format(stages=words["then"].join(stages))
 
 
 def routing_lines(routing: dict, labels: Sequence[str]) -> str:
@@ -226,9 +226,10 @@ def render_run(
     labels = token_labels(report)
     parts = [_header(report, lang), steps_table([report["input"], *report["steps"]], lang, fmt)]
     if report.get("attn_substeps"):
-        parts.append(_substeps_title(report["attn_substeps"]) + "\n" + steps_table(report["attn_substeps"], lang, fmt))
+        parts.append(_substeps_title(report["attn_substeps"], lang) + "\n"
+                     + steps_table(report["attn_substeps"], lang, fmt))
     if report.get("ffn_substeps"):
-        parts.append("inside ffn: the router, then the experts it chose\n"
+        parts.append(HEADINGS[lang]["inside_ffn"] + "\n"
                      + steps_table(report["ffn_substeps"], lang, fmt) + "\n" + routing_lines(report["routing"], labels))
     if explain:
         parts.append(explanations(report, lang))
@@ -237,7 +238,7 @@ def render_run(
     if report["attention"] is not None:
         parts.append(attention_section(report, labels, lang, fmt))
     if report.get("measured"):
-        parts.append(measured_line(report["measured"]))
+        parts.append(measured_line(report["measured"], lang))
     if report.get("gradients"):
         parts.append(gradients_section(report["gradients"], fmt))
     if report.get("notes"):

@@ -22,6 +22,13 @@ HEADINGS = {
         "why": "what each step does",
         "tokens": "tokens",
         "input": "input x",
+        "weights": "weights: {path} ({layout}), layer {layer} of 0–{last}",
+        "measured": "measured", "norms": "norms",
+        "causal": "causal (changing the last token moved no earlier output)",
+        "not_causal": "NOT causal (changing the last token moved earlier outputs by {leak})",
+        "inside_attn": "inside attn: q and k {stages}", "then": ", then ", "projected": "as projected",
+        "after_qk_norm": "after QK-norm", "after_rope": "after the rotary embedding",
+        "inside_ffn": "inside ffn: the router, then the experts it chose",
     },
     Lang.ZH: {
         "index": "步骤",
@@ -39,6 +46,13 @@ HEADINGS = {
         "why": "每一步在做什么",
         "tokens": "tokens",
         "input": "输入 x",
+        "weights": "权重：{path}（{layout}），第 {layer} 层，共 0–{last} 层",
+        "measured": "实测", "norms": "归一化",
+        "causal": "因果（改变最后一个 token 没有改动任何更早的输出）",
+        "not_causal": "不是因果的（改变最后一个 token 使更早的输出变化了 {leak}）",
+        "inside_attn": "attn 内部：q 和 k {stages}", "then": "，然后", "projected": "投影之后",
+        "after_qk_norm": "QK-norm 之后", "after_rope": "旋转位置编码之后",
+        "inside_ffn": "ffn 内部：router，然后是它选中的 experts",
     },
 }
 
