@@ -347,3 +347,24 @@ def test_a_finding_that_escalates_is_new_at_its_new_level():
     assert first["step"] == 20
     assert [f["name"] for f in records[1]["new_flags"]] == [first["name"]]
     assert records[2]["new_flags"] == []  # still an error: nothing new
+
+
+def test_plots_say_what_they_show_and_no_layer_is_drawn_pale():
+    """Issue 32's PNG stumbles: a figure names its run (or its checkpoint and layer), and no layer's line has the
+    pale yellow of viridis's top end (relative luminance above 0.75 is lost on white)."""
+    from blocktrace.render.plot import figure_for, require_pyplot, track_figure
+
+    plt = require_pyplot()
+    records = json.loads(invoke("track", f"{RUN}/step_*", "--text-file", EVAL, "--json").output)["records"]
+    figure = track_figure(plt, records, None)
+    assert str(RUN) in figure._suptitle.get_text() and f"steps 0–{records[-1]['step']}" in figure._suptitle.get_text()
+    rms = next(axis for axis in figure.axes if axis.get_title() == "residual rms after each block")
+    for line in rms.lines:
+        r, g, b = line.get_color()[:3] if not isinstance(line.get_color(), str) else (0, 0, 0)
+        assert 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.75, line.get_color()
+    plt.close(figure)
+    report = json.loads(invoke("run", "--weights", SAMPLES / "gpt2-tiny", "--layer", "1", "--token-ids", "1", "2",
+                               "--json").output)
+    heatmaps = figure_for(plt, report)
+    assert "gpt2-tiny (gpt2) layer 1" in heatmaps._suptitle.get_text()
+    plt.close(heatmaps)

@@ -91,12 +91,23 @@ def _heatmaps(plt, report: dict):
         axis.set_xlabel("key")
     axes[0][0].set_ylabel("query")
     figure.colorbar(image, ax=list(axes[0]), shrink=0.8)
+    figure.suptitle(f"attention weights, {_what(report)}", fontsize=9)
     return figure
+
+
+def _what(report: dict) -> str:
+    """Which block a figure shows: the checkpoint's layer, or the seeded block."""
+    weights = report.get("weights")
+    if weights:
+        return f"{weights['path']} ({weights['layout']}) layer {weights['layer']}"
+    return f"a seeded block (seed {report.get('seed')})"
 
 
 def _curves(plt, series: list[tuple[str, dict]]):
     """One panel per quantity, one line per variant, layers on the x axis."""
-    panels = [("‖x‖²/d after the block", "sq_norm_per_d"), ("attn share", "attn_share"), ("ffn share", "ffn_share")]
+    panels = [("‖x‖²/d after the block", "sq_norm_per_d"),
+              ("attn share: Var[attention's update] / Var[residual1]", "attn_share"),
+              ("ffn share: Var[FFN's update] / Var[residual2]", "ffn_share")]
     with_grads = all(report.get("gradients") for _, report in series)
     figure, axes = plt.subplots(1, len(panels) + with_grads, figsize=(4.2 * (len(panels) + with_grads), 3.4))
     for axis, (title, key) in zip(axes, panels):
@@ -206,10 +217,20 @@ def _loss_panel(axis, records: list[dict]) -> None:
     axis.legend(fontsize=7)
 
 
+def _run_title(records: list[dict]) -> str:
+    """Which run a track figure shows: its checkpoints' common folder (or the first one), or a Watch's timeline."""
+    import os
+
+    paths = [entry["path"] for entry in records if entry.get("path")]
+    where = (os.path.commonpath(paths) if len(paths) > 1 else paths[0]) if paths else "a Watch's timeline"
+    return f"{where}: {len(records)} records, steps {records[0]['step']}–{records[-1]['step']}"
+
+
 def track_figure(plt, records: list[dict], first: Optional[dict]):
     """Curves over training steps: the loss, per-layer rms, logits, entropy and gradient norms (layers coloured by
     depth, with a colour bar), weight movement; a marker at the first sign of trouble. Panels without data are
     left out, and values spanning decades get a log axis."""
+    import numpy as np
     from matplotlib import cm, colors
 
     steps = [entry["step"] for entry in records]
@@ -224,7 +245,9 @@ def track_figure(plt, records: list[dict], first: Optional[dict]):
     flat = [a for row in axes for a in row]
     n_layers = max(len(entry["layers"]) for entry in records)
     scale = colors.Normalize(vmin=0, vmax=max(n_layers - 1, 1))
-    colours = lambda layer: cm.viridis(scale(layer))  # noqa: E731  (one colour per depth)
+    # One colour per depth, from viridis's dark end to 0.75 of it: beyond, its yellows are pale on white.
+    depth_map = colors.ListedColormap(cm.viridis(np.linspace(0.0, 0.75, 256)))
+    colours = lambda layer: depth_map(scale(layer))  # noqa: E731
     _loss_panel(flat[0], records)
     for axis, (title, series) in zip(flat[1:], layer_panels):
         _per_layer(axis, steps, series, title, colours)
@@ -239,9 +262,10 @@ def track_figure(plt, records: list[dict], first: Optional[dict]):
     if first is not None:
         flat[0].annotate(f"first sign: {first['name']}", (first["step"], flat[0].get_ylim()[1]), color="red",
                          fontsize=8, ha="left", va="top")
+    figure.suptitle(_run_title(records), fontsize=9)
     figure.tight_layout()
     if layer_panels:
-        bar = figure.colorbar(cm.ScalarMappable(norm=scale, cmap="viridis"), ax=flat[:count], shrink=0.8)
+        bar = figure.colorbar(cm.ScalarMappable(norm=scale, cmap=depth_map), ax=flat[:count], shrink=0.8)
         bar.set_label("layer")
         bar.set_ticks(range(n_layers))
     return figure
