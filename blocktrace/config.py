@@ -127,6 +127,10 @@ class BlockConfig:
     experts_per_token: int = 2
     renormalise_top_k: bool = True  # the chosen experts' probabilities rescaled to sum to 1 (Qwen's norm_topk_prob)
     shared_expert_d_ff: Optional[int] = None  # Qwen2-MoE: an expert every token passes, gated by sigmoid(w·x)
+    router_bias: bool = False  # a bias on the router's logits (gpt-oss)
+    attn_sinks: bool = False  # a learned logit per head that joins every softmax and takes weight from the keys (gpt-oss)
+    glu_limit: float = 7.0  # swiglu_clamped: the gate clamped above at L, the up projection to ±L (gpt-oss's)
+    glu_alpha: float = 1.702  # swiglu_clamped: the gate's sigmoid(α·g) (gpt-oss's)
 
     def __post_init__(self):
         set_field = object.__setattr__  # frozen: normalise fields once, here
@@ -173,6 +177,10 @@ class BlockConfig:
                 not 0 < self.residual_multiplier < float("inf"):
             raise ConfigError(f"residual_multiplier must be a positive number, not {self.residual_multiplier!r}",
                               "residual_multiplier")
+        for name in ("glu_limit", "glu_alpha"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ConfigError(f"{name} must be a positive number, not {value!r}", name)
         if self.one_norm and not self.parallel_residual:
             raise ConfigError("one norm for both sublayers needs them side by side: one_norm needs parallel_residual",
                               "one_norm")

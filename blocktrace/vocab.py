@@ -43,10 +43,12 @@ class FFNKind(Choice):
     SWIGLU = "swiglu"  # Shazeer 2020: down(silu(gate(x)) · up(x))
     GEGLU = "geglu"  # Gemma: down(gelu_tanh(gate(x)) · up(x))
     GEGLU_EXACT = "geglu_exact"  # Gemma-2 with hidden_activation "gelu": down(gelu(gate(x)) · up(x))
+    # gpt-oss: down((clamp(up, ±L) + 1) · g·sigmoid(α·g)) with g = min(gate, L) (BlockConfig's glu_limit, glu_alpha)
+    SWIGLU_CLAMPED = "swiglu_clamped"
 
     @property
     def gated(self) -> bool:
-        return self in (FFNKind.SWIGLU, FFNKind.GEGLU, FFNKind.GEGLU_EXACT)
+        return self in (FFNKind.SWIGLU, FFNKind.GEGLU, FFNKind.GEGLU_EXACT, FFNKind.SWIGLU_CLAMPED)
 
 
 class RopeKind(Choice):

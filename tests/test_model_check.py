@@ -76,6 +76,10 @@ def hf_model(name: str):
         model = transformers.Cohere2ForCausalLM(transformers.Cohere2Config(
             **small, num_key_value_heads=2, sliding_window=4, sliding_window_pattern=2, pad_token_id=0,
             bos_token_id=1, eos_token_id=1))
+    elif name == "gpt_oss":  # sinks, a biased router, clamped experts; sliding, full, sliding
+        model = transformers.GptOssForCausalLM(transformers.GptOssConfig(
+            **small, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"], pad_token_id=0, eos_token_id=1))
     else:
         model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**small))
     randomise_hf(model, seed=7)
@@ -108,7 +112,7 @@ def our_layer_gradients(report: dict) -> list[float]:
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gemma3", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe",
                                   "olmoe", "llama3 rope", "gpt_neox", "starcoder2", "granite", "smollm3", "olmo3",
-                                  "exaone4", "cohere", "cohere2"])
+                                  "exaone4", "cohere", "cohere2", "gpt_oss"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)
@@ -123,7 +127,7 @@ def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     assert report["traced_layers"] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("name", ["llama", "granite", "smollm3", "olmo3", "exaone4", "cohere", "cohere2"])
+@pytest.mark.parametrize("name", ["llama", "granite", "smollm3", "olmo3", "exaone4", "cohere", "cohere2", "gpt_oss"])
 def test_a_padded_batch_predicts_real_tokens_only(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

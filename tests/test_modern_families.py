@@ -111,6 +111,12 @@ FAMILIES = {
     "cohere2": ("Cohere2ForCausalLM", "Cohere2Config", dict(num_key_value_heads=2, sliding_window=4,
                 layer_types=["sliding_attention", "full_attention", "sliding_attention"], pad_token_id=0,
                 bos_token_id=1, eos_token_id=1), COHERE_PLACES),
+    # gpt-oss: attention sinks, a biased router, clamped SwiGLU experts stored fused; YaRN past its context.
+    "gpt_oss": ("GptOssForCausalLM", "GptOssConfig", dict(
+        num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], pad_token_id=0, eos_token_id=1,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 4, "rope_theta": 10000.0}), LLAMA_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -171,7 +177,7 @@ def test_every_step_matches_huggingface(family, layer):
 
 NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama rope-llama3", "llama rope-dynamic",
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
-         "cohere", "cohere2"]
+         "cohere", "cohere2", "gpt_oss"]
 
 
 @pytest.mark.parametrize("name", NEWER)

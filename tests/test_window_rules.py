@@ -165,7 +165,8 @@ NEW_CASES = [*((family, config_class, settings, layers) for family, config_class
     ("exaone4", "Exaone4Config", {"sliding_window_pattern": 2}),
     ("exaone4", "Exaone4Config", {"sliding_window_pattern": 3}),
     ("cohere2", "Cohere2Config", {}),
-    ("cohere2", "Cohere2Config", {"sliding_window_pattern": 3})] for layers in (5, 8)),
+    ("cohere2", "Cohere2Config", {"sliding_window_pattern": 3}),
+    ("gpt_oss", "GptOssConfig", {})] for layers in (5, 8)),
     ("smollm3", "SmolLM3Config", {"use_sliding_window": True, "no_rope_layers": [0, 1, 1, 0, 1]}, 5)]
 
 

@@ -92,7 +92,8 @@ def execution_order(config: BlockConfig) -> tuple[str, ...]:
 
 NORM_NAMES = {Norm.LAYERNORM: "LayerNorm", Norm.RMSNORM: "RMSNorm"}
 FFN_NAMES = {FFNKind.GELU: "FFN_GELU", FFNKind.GELU_TANH: "FFN_GELU_tanh", FFNKind.RELU: "FFN_ReLU",
-             FFNKind.SWIGLU: "SwiGLU", FFNKind.GEGLU: "GeGLU", FFNKind.GEGLU_EXACT: "GeGLU_exact"}
+             FFNKind.SWIGLU: "SwiGLU", FFNKind.GEGLU: "GeGLU", FFNKind.GEGLU_EXACT: "GeGLU_exact",
+             FFNKind.SWIGLU_CLAMPED: "SwiGLU_clamped"}
 
 
 def _norm_name(config: BlockConfig) -> str:
@@ -127,7 +128,9 @@ def step_operations(config: BlockConfig) -> dict[str, str]:
     wiring = config.wiring
     alpha = "" if config.residual_scale == 1.0 else f"{config.residual_scale:.4g}·"
     multiplier = "" if config.residual_multiplier == 1.0 else f"{config.residual_multiplier:.4g}·"
-    attention = "MultiHeadAttention[NoPE]" if config.nope else "MultiHeadAttention"  # a RoPE model's unrotated layer
+    # What sets the layer's attention apart: no rotation in a RoPE model (NoPE), a sink logit per head (gpt-oss)
+    marks = [mark for mark, on in (("NoPE", config.nope), ("sinks", config.attn_sinks)) if on]
+    attention = f"MultiHeadAttention[{', '.join(marks)}]" if marks else "MultiHeadAttention"
     functions = {Kind.NORM: _norm_name(config), Kind.ATTENTION: attention, Kind.FFN: _ffn_name(config)}
     formulas = {}
     for step in wiring.steps:

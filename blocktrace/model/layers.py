@@ -89,6 +89,8 @@ class MultiHeadAttention(nn.Module):
             self.q_rope, self.k_rope = HookPoint(), HookPoint()
         if self.rope is not None or config.qk_norm:
             self.q, self.k = HookPoint(), HookPoint()  # q and k as the projections give them
+        # gpt-oss: one learned logit per head, a column every query row's softmax includes and then drops
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attn_sinks else None
         self.scores = HookPoint()
         self.weights = HookPoint()
         self.query_chunk = None  # rows per chunk; None: as many as fit ATTENTION_CHUNK_BYTES
@@ -133,8 +135,15 @@ class MultiHeadAttention(nn.Module):
         if self.softcap is not None:  # Gemma-2: cap·tanh(s/cap), before the mask
             scores = torch.tanh(scores / self.softcap) * self.softcap  # out of place: tanh's backward needs its output
         self._mask(scores, rows, k.shape[-2])
-        weights = self.weights(torch.softmax(self.scores(scores), dim=-1))
-        return torch.matmul(weights, v)  # [..., H, rows, hd]
+        scores = self.scores(scores)
+        if self.sinks is None:
+            weights = torch.softmax(scores, dim=-1)
+        else:  # HF's: the sink joins each row's softmax (shifted by the row's max), then its column is dropped
+            sink = self.sinks.to(scores.dtype).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+            combined = torch.cat((scores, sink), dim=-1)
+            combined = combined - combined.max(dim=-1, keepdim=True).values
+            weights = torch.softmax(combined, dim=-1)[..., :-1]
+        return torch.matmul(self.weights(weights), v)  # [..., H, rows, hd]
 
     def _heads(self, x: torch.Tensor, which: str, heads: int, rotation) -> torch.Tensor:
         """q or k: projected, split into heads, then QK-norm and RoPE where the block has them (a QK-norm over all
@@ -208,5 +217,23 @@ def _activation(kind: FFNKind) -> nn.Module:
     return nn.GELU()  # exact: GELU, GEGLU_EXACT
 
 
+class ClampedGatedFFN(GatedFFN):
+    """gpt-oss's experts: g = min(gate(x), L), u = clamp(up(x), -L, L), down((u + 1) · g·sigmoid(α·g))."""
+
+    def __init__(self, config: BlockConfig):
+        super().__init__(config)
+        self.limit, self.alpha = config.glu_limit, config.glu_alpha
+        self.act = nn.Identity()  # its gate's activation is written out in forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.gate(x).clamp(max=self.limit)
+        up = self.up(x).clamp(min=-self.limit, max=self.limit)
+        return self.down(self.hidden((up + 1) * (gate * torch.sigmoid(gate * self.alpha))))
+
+
+def gated_ffn(config: BlockConfig) -> GatedFFN:
+    return ClampedGatedFFN(config) if config.ffn is FFNKind.SWIGLU_CLAMPED else GatedFFN(config)
+
+
 def make_ffn(config: BlockConfig) -> nn.Module:
-    return GatedFFN(config) if config.ffn.gated else MLP(config)
+    return gated_ffn(config) if config.ffn.gated else MLP(config)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from blocktrace.config import BlockConfig
-from blocktrace.model.layers import GatedFFN, HookPoint
+from blocktrace.model.layers import GatedFFN, HookPoint, gated_ffn
 
 SUBSTEPS = ("router_logits", "router_probs", "routed", "shared")
 
@@ -31,8 +31,8 @@ class MixtureOfExperts(nn.Module):
     def __init__(self, config: BlockConfig):
         super().__init__()
         self.k, self.renormalise = config.experts_per_token, config.renormalise_top_k
-        self.router = nn.Linear(config.d_model, config.n_experts, bias=False)
-        self.experts = nn.ModuleList(GatedFFN(config) for _ in range(config.n_experts))
+        self.router = nn.Linear(config.d_model, config.n_experts, bias=config.router_bias)
+        self.experts = nn.ModuleList(gated_ffn(config) for _ in range(config.n_experts))
         self.shared_expert = self.shared_gate = None
         if config.shared_expert_d_ff is not None:
             self.shared_expert = GatedFFN(config.replace(d_ff=config.shared_expert_d_ff, n_experts=None,
