@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from blocktrace.errors import UsageError
 from blocktrace.sources.families.base import HeadSpec, HFLayer, LossKind, head_weight, refuse_unless, rope_fields
-from blocktrace.sources.families.llama import SLIDING, Llama
+from blocktrace.sources.families.llama import Llama
 from blocktrace.sources.families.smollm3 import NOPE_FIELDS
 from blocktrace.vocab import FFNKind, Norm
 from blocktrace.wiring import PARALLEL_ONE_NORM
@@ -75,10 +75,7 @@ class Cohere2(Cohere):
                              "it so, whatever the file says)", given)
         return None
 
-    def sliding(self, config, layer: int) -> bool:
-        types = config.layer_types(config.integer("num_hidden_layers"))
-        if types is not None:
-            return types[layer] == SLIDING
+    def sliding_by_default(self, config, layer: int) -> bool:
         return bool((layer + 1) % config.integer("sliding_window_pattern", self.defaults["sliding_window_pattern"]))
 
     def layer_fields(self, config, layer):

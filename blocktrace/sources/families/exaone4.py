@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from blocktrace.errors import UsageError, WeightsError
 from blocktrace.sources.families.base import HFLayer
-from blocktrace.sources.families.llama import SLIDING
 from blocktrace.sources.families.olmo2 import OLMo2
 from blocktrace.sources.families.smollm3 import NOPE_FIELDS
 from blocktrace.vocab import Norm, Placement
@@ -24,10 +23,7 @@ class Exaone4(OLMo2):
     def config_fields(self, config):
         return {**super().config_fields(config), "qk_norm_whole": False, "norm_gain_float32": False}
 
-    def sliding(self, config, layer: int) -> bool:
-        types = config.layer_types(config.integer("num_hidden_layers"))
-        if types is not None:
-            return types[layer] == SLIDING
+    def sliding_by_default(self, config, layer: int) -> bool:
         if self.setting(config, "sliding_window", "integer") is None:
             return False
         pattern = config.raw("sliding_window_pattern", self.defaults["sliding_window_pattern"])

@@ -80,10 +80,8 @@ class Gemma2(Gemma):
     def logit_softcap(self, config):
         return self.setting(config, "final_logit_softcapping", positive=True)
 
-    def sliding(self, config: ConfigFile, layer: int) -> bool:
-        """Whether layer_types marks the layer sliding (without them: every other layer, from the first)."""
-        types = config.layer_types(config.integer("num_hidden_layers"))
-        return types[layer] == SLIDING if types is not None else layer % 2 == 0
+    def sliding_by_default(self, config: ConfigFile, layer: int) -> bool:
+        return layer % 2 == 0  # every other layer, from the first
 
     def layer_fields(self, config, layer):
         if config is None:
@@ -122,10 +120,7 @@ class Gemma3(Gemma2):
     def config_fields(self, config):
         return {**super().config_fields(config), "qk_norm": True, "attn_softcap": None, **self.rope(config, FULL)}
 
-    def sliding(self, config, layer):
-        types = config.layer_types(config.integer("num_hidden_layers"))
-        if types is not None:
-            return types[layer] == SLIDING
+    def sliding_by_default(self, config, layer):
         return bool((layer + 1) % self.setting(config, "sliding_window_pattern", "integer"))
 
     def layer_fields(self, config, layer):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from blocktrace.errors import UsageError
 from blocktrace.sources.families.base import HFLayer, rope_fields
-from blocktrace.sources.families.llama import LLAMA_STEPS, SLIDING, Llama
+from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
 from blocktrace.sources.families.moe import MixtureFamily
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.vocab import FFNKind, Norm
@@ -47,9 +47,8 @@ class GptOss(MixtureFamily, Llama):
     def activation(self, config):
         return FFNKind.SWIGLU_CLAMPED
 
-    def sliding(self, config: ConfigFile, layer: int) -> bool:
-        types = config.layer_types(config.integer("num_hidden_layers"))
-        return types[layer] == SLIDING if types is not None else layer % 2 == 0
+    def sliding_by_default(self, config: ConfigFile, layer: int) -> bool:
+        return layer % 2 == 0  # every other layer, from the first
 
     def layer_fields(self, config, layer):
         if config is None:

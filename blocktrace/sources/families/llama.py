@@ -101,6 +101,15 @@ class Llama(Family):
     def norm_offset(self) -> float:
         return 0.0
 
+    def sliding(self, config: ConfigFile, layer: int) -> bool:
+        """Whether layer_types marks the layer sliding; without them, the family's own HF config class's rule."""
+        types = config.layer_types(config.integer("num_hidden_layers"))
+        return types[layer] == SLIDING if types is not None else self.sliding_by_default(config, layer)
+
+    def sliding_by_default(self, config: ConfigFile, layer: int) -> bool:
+        """The rule a family's HF config class fills layer_types by (none: no layer slides)."""
+        return False
+
     def logit_softcap(self, config) -> Optional[float]:
         return None
 

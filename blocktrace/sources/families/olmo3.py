@@ -26,9 +26,8 @@ class OLMo3(OLMo2):
     def config_fields(self, config):
         return {**super().config_fields(config), **self.rope(config, FULL)}
 
-    def sliding(self, config: ConfigFile, layer: int) -> bool:
-        types = config.layer_types(config.integer("num_hidden_layers"))
-        return types[layer] == SLIDING if types is not None else (layer + 1) % 4 != 0
+    def sliding_by_default(self, config: ConfigFile, layer: int) -> bool:
+        return (layer + 1) % 4 != 0  # three sliding, the fourth global
 
     def layer_fields(self, config, layer):
         if config is None:
