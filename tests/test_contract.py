@@ -473,6 +473,9 @@ REFUSED = [
     (["compare", "--pre-ln", "--post-ln", "--block-steps"], "--block-steps"),
     (["compare", "--pre-ln", "--post-ln", "--weights", str(GPT2), "--token-ids", "1", "--seed", "2"], "--seed"),
     (["compare", "--pre-ln", "--post-ln", "--json", "--lang", "zh"], "--lang"),
+    (["check", "--lang", "zh"], "--lang sets the words of the --html page"),
+    (["track", str(SAMPLES / "training" / "gpt2-lr-high" / "watch.jsonl"), "--lang", "zh"],
+     "--lang sets the words of the --html page"),
     (["compare", "--pre-ln", "--post-ln", "--json", "--explain"], "--explain"),
     (["compare", "--pre-ln", "--post-ln", "--layers", "2", "--explain"], "--explain"),
     (["compare", "--pre-ln", "--post-ln", "--plot", "/tmp/never-written.png"], "--plot"),
@@ -497,7 +500,7 @@ def test_options_that_would_be_ignored_are_refused(invoke, args, option, monkeyp
     one_error_line(invoke(*args), 2, option)
 
 
-@pytest.mark.parametrize("option", ["--explain", "--values", "--lang", "--block-steps", "--token-index"])
+@pytest.mark.parametrize("option", ["--explain", "--values", "--block-steps", "--token-index"])
 def test_check_has_no_display_options_but_the_table_format(invoke, option):
     result = invoke("check", option, "2")
     assert result.exit_code == 2 and f"No such option '{option}'" in result.stderr

@@ -96,6 +96,17 @@ def test_the_page_switches_to_chinese_and_back(invoke, tmp_path, browser):
     assert "step by step" in page.inner_text("header h1") and errors == []
 
 
+@pytest.mark.parametrize("command", [["check", "--weights", str(LR_HIGH / "step_0010"), "--token-ids", "1", "2", "3"],
+                                     ["track", str(LR_HIGH / "watch.jsonl")]])
+def test_check_and_track_pages_start_in_the_language_asked(invoke, tmp_path, browser, command):
+    """check and track print English findings; --lang zh sets the language their page starts in."""
+    path = tmp_path / "page.html"
+    assert invoke(*command, "--lang", "zh", "--html", str(path)).exit_code in (0, 1)
+    page, errors, _ = _open(browser, path)
+    assert page.get_attribute("html", "lang") == "zh" and errors == []
+    assert page.inner_text("#language") == "English"  # the button offers the other language
+
+
 def test_a_checkpoint_page_links_each_finding_to_its_layer_and_step(invoke, tmp_path, browser):
     report, path = _both(invoke, tmp_path, "check", "--weights", str(LR_HIGH / "step_0010"), "--text-file",
                          str(SAMPLES / "training" / "eval.txt"))

@@ -10,6 +10,7 @@ from blocktrace.cli.options import (
     FAIL_ON_OPTION,
     FORMAT_OPTION,
     HTML_OPTION,
+    PAGE_LANG_OPTION,
     OUTPUT_FORMAT_OPTIONS,
     LANG_OPTION,
     MODULE_OPTIONS,
@@ -67,6 +68,7 @@ def run(ctx, **params):
 @OUTPUT_FORMAT_OPTIONS
 @FORMAT_OPTION
 @HTML_OPTION
+@PAGE_LANG_OPTION
 @force_option("--html")
 @FAIL_ON_OPTION
 @MODULE_OPTIONS

@@ -14,6 +14,7 @@ from blocktrace.cli.options import (
     FAIL_ON_OPTION,
     FORMAT_OPTION,
     HTML_OPTION,
+    PAGE_LANG_OPTION,
     IDS_FILE_OPTIONS,
     OUTPUT_FORMAT_OPTIONS,
     QUIET_OPTION,
@@ -64,6 +65,7 @@ TRACK_RULES = [
     *beside_documents("fmt", "--format shapes the tables"),
     *beside_documents("brief", "--brief shortens the tables", "prints every record whole"),
     force_needs("out", "plot_path", "html_path"),
+    Needs("lang", is_set("html_path"), "--lang sets the words of the --html page; add --html FILE"),
 ]
 
 
@@ -167,6 +169,7 @@ def _write_records(records: list[dict], path: Path, force: bool) -> None:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the checkpoints' records as a timeline (JSON lines, the format Watch writes).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG of curves over steps, marking the first sign of trouble (needs the [plot] extra).")
 @HTML_OPTION
+@PAGE_LANG_OPTION
 @force_option("--out / --plot / --html")
 @OUTPUT_FORMAT_OPTIONS
 @click.option("--brief", is_flag=True, help="Print only the one-row-per-step table and the first sign of trouble.")
@@ -218,7 +221,7 @@ def track(ctx, **params):
     if params["html_path"] is not None:
         from blocktrace.render.html import write_html
 
-        write_html(params["html_path"], report, "track", Lang.EN, params["force"])
+        write_html(params["html_path"], report, "track", Lang(params["lang"]), params["force"])
     show(report, params, lambda: render_track(
         records, first, last, level, "timeline" if timeline else "checkpoints", params["fmt"], brief=params["brief"],
         rollback=rollback)
