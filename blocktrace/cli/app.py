@@ -40,6 +40,26 @@ def emit(text: str, nl: bool = True) -> None:
         raise StdoutError(f"cannot write to standard output: {error.strerror or error}") from None
 
 
+# The output files a command may write: the parameter click gives each and its option.
+OUTPUT_FILES = {"save_path": "--save", "out": "--out", "plot_path": "--plot", "html_path": "--html"}
+
+
+def prepare_outputs(params: dict) -> None:
+    """Everything that can fail about the output files fails here, before the computation: two options naming one
+    file, --plot without matplotlib, a path that cannot be written or may not be replaced."""
+    from blocktrace.files import check_distinct_outputs, check_output_path
+
+    outputs = {flag: params.get(name) for name, flag in OUTPUT_FILES.items()}
+    check_distinct_outputs(outputs)
+    if params.get("plot_path") is not None:
+        from blocktrace.render.plot import require_pyplot
+
+        require_pyplot(params["plot_path"])
+    for path in outputs.values():
+        if path is not None:
+            check_output_path(path, params["force"])
+
+
 def show(report, params: dict, text) -> None:
     """The one output stage: the report as the document format the options chose (render/formats: --json), or the
     tables `text()` renders from it."""

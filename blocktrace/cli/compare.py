@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from blocktrace.cli.app import cli, show
+from blocktrace.cli.app import cli, prepare_outputs, show
 from blocktrace.cli.options import (
     FORMAT_OPTION,
     HTML_OPTION,
@@ -61,20 +61,6 @@ def choose_axis(ctx: click.Context, params: dict) -> tuple[Axis, list[str]]:
     return axis, values
 
 
-def _prepare_outputs(params: dict) -> None:
-    """Everything that can fail about the output files fails here, before the computation."""
-    from blocktrace.files import check_distinct_outputs, check_output_path
-
-    check_distinct_outputs({"--plot": params["plot_path"], "--html": params["html_path"]})
-    for key in ("plot_path", "html_path"):
-        if params[key] is not None:
-            check_output_path(params[key], params["force"])
-    if params["plot_path"] is not None:
-        from blocktrace.render.plot import require_pyplot
-
-        require_pyplot(params["plot_path"])
-
-
 @cli.command()
 @AXIS_OPTIONS
 @click.option("--norm", type=enum_choice(Norm), default=Norm.LAYERNORM.value, show_default=True, help="The norm of both variants (when the norm is not compared).")
@@ -109,7 +95,7 @@ def compare(ctx, **params):
     fixed = {"placement": Placement(params["placement"]), "norm": Norm(params["norm"]), "ffn": FFNKind(params["ffn"])}
     request = make_request(ctx, params, **fixed)
     analysis = make_analysis(params)
-    _prepare_outputs(params)
+    prepare_outputs(params)
     with shown(progress_wanted(chosen(params) is not None, params["quiet"])):
         report = pipeline.compare_request(request, analysis, axis, values)
     if params["plot_path"] is not None:

@@ -163,8 +163,9 @@ RUN_RULES = [
 
 CHECK_RULES = [rule for rule in RUN_RULES if rule.option not in ("fail_on", "force") and not (
     isinstance(rule, Excludes) and rule.message.endswith("--check prints only the findings"))]
-CHECK_RULES += [force_needs("html_path"), Needs("lang", is_set("html_path"),
-                                                 "--lang sets the words of the --html page; add --html FILE")]
+# check and track print English findings: their --lang is the language their --html page starts in.
+PAGE_LANG_RULE = Needs("lang", is_set("html_path"), "--lang sets the words of the --html page; add --html FILE")
+CHECK_RULES += [force_needs("html_path"), PAGE_LANG_RULE]
 CHECK_RULES.append(Excludes("depths", depth_list, "--layers: check checks blocks; a depth list is a gradient sweep"))
 
 COMPARE_RULES = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from blocktrace.cli.app import cli, show
+from blocktrace.cli.app import cli, prepare_outputs, show
 from blocktrace.cli.options import (
     DISPLAY_OPTIONS,
     FAIL_ON_OPTION,
@@ -91,22 +91,6 @@ def _weights_exist(params: dict) -> None:
         resolve_weights(params["weights"])
 
 
-def _prepare_outputs(params: dict) -> None:
-    """Everything that can fail about the output files fails here, before the computation."""
-    from blocktrace.files import check_distinct_outputs, check_output_path
-
-    check_distinct_outputs({"--save": params.get("save_path"), "--plot": params.get("plot_path"),
-                            "--html": params.get("html_path")})
-    for key in ("save_path", "html_path"):
-        if params.get(key) is not None:
-            check_output_path(params[key], params["force"])
-    if params.get("plot_path") is not None:
-        from blocktrace.render.plot import require_pyplot
-
-        require_pyplot(params["plot_path"])
-        check_output_path(params["plot_path"], params["force"])
-
-
 def _run(ctx, params: dict, check_only: bool) -> None:
     from blocktrace import pipeline
 
@@ -116,7 +100,7 @@ def _run(ctx, params: dict, check_only: bool) -> None:
     save_path = params.get("save_path")
     analysis = make_analysis(params, keep_tensors=save_path is not None, n_values=params.get("n_values"),
                              token_index=params.get("token_index", 0), checks=True, placement=placement)
-    _prepare_outputs(params)
+    prepare_outputs(params)
     with shown(progress_wanted(chosen(params) is not None, params["quiet"])):
         if check_only and request.weights is not None:
             report, traces, source = pipeline.check_model_request(request, analysis, layer_given=given(ctx, "layer"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from blocktrace.cli.app import cli, show
+from blocktrace.cli.app import cli, prepare_outputs, show
 from blocktrace.cli.options import (
     DEVICE_OPTION,
     DTYPE_OPTION,
@@ -29,7 +29,16 @@ from blocktrace.cli.options import (
     ids_file_fields,
 )
 from blocktrace.cli.progress import progress_wanted
-from blocktrace.cli.rules import IDS_FILE_RULES, Excludes, Needs, beside_documents, enforce, force_needs, is_set
+from blocktrace.cli.rules import (
+    IDS_FILE_RULES,
+    PAGE_LANG_RULE,
+    Excludes,
+    Needs,
+    beside_documents,
+    enforce,
+    force_needs,
+    is_set,
+)
 from blocktrace.errors import FINDINGS_EXIT
 from blocktrace.render.formats import chosen
 from blocktrace.vocab import Lang, Level
@@ -65,7 +74,7 @@ TRACK_RULES = [
     *beside_documents("fmt", "--format shapes the tables"),
     *beside_documents("brief", "--brief shortens the tables", "prints every record whole"),
     force_needs("out", "plot_path", "html_path"),
-    Needs("lang", is_set("html_path"), "--lang sets the words of the --html page; add --html FILE"),
+    PAGE_LANG_RULE,
 ]
 
 
@@ -79,19 +88,6 @@ def _sources(ctx: click.Context, sources: tuple[Path, ...]) -> None:
     if not timelines and not any(given(ctx, name) for name in INPUT_PARAMS):
         raise click.UsageError("checkpoints are compared on one input: give --token-ids, --token-ids-file, --text or "
                                "--text-file")
-
-
-def _prepare_outputs(params: dict) -> None:
-    from blocktrace.files import check_distinct_outputs, check_output_path
-
-    check_distinct_outputs({"--out": params["out"], "--plot": params["plot_path"], "--html": params["html_path"]})
-    for key in ("out", "plot_path", "html_path"):
-        if params[key] is not None:
-            check_output_path(params[key], params["force"])
-    if params["plot_path"] is not None:
-        from blocktrace.render.plot import require_pyplot
-
-        require_pyplot(params["plot_path"])
 
 
 def _checkpoint_records(params: dict, show_progress: bool) -> list[dict]:
@@ -189,7 +185,7 @@ def track(ctx, **params):
 
     enforce(ctx, TRACK_RULES)
     _sources(ctx, params["sources"])
-    _prepare_outputs(params)
+    prepare_outputs(params)
     log = read_log(params["log_path"]) if params["log_path"] is not None else None
     timeline = _reads_timeline(ctx)
     show_progress = progress_wanted(chosen(params) is not None, params["quiet"])

@@ -115,17 +115,32 @@ def output_rms(report: dict) -> float:
     return report["layers"][-1]["rms"]
 
 
-def describe(axis: Axis, entries: list[dict], differences: Optional[dict]) -> list[str]:
-    """A few sentences on what differs between the variants, with the measured numbers."""
-    texts = {Axis.PLACEMENT: _WHERE, Axis.NORM: _NORMS, Axis.FFN: _FFNS, Axis.QK_NORM: _QK_NORMS}[axis]
-    notes = [texts[entry["value"]] + "." for entry in entries]
+@dataclass(frozen=True)
+class Phrasing:
+    """How `describe` says what differs, in one language: a sentence per compared value (the values of every axis
+    are distinct), and the templates of the measured notes."""
+
+    sentences: dict[str, str]
+    stop: str  # ends each value's sentence
+    join: str  # between the variants' output sizes
+    output: str  # {sizes}, {diff}, {cosine}
+    unshared: str  # {value}, {names}
+
+
+ENGLISH = Phrasing({**_WHERE, **_QK_NORMS, **_NORMS, **_FFNS}, ".", ", ",
+                   "output rms: {sizes}; the outputs differ by max |Δ| {diff} (cosine similarity {cosine}).",
+                   "{value} has parameters the other lacks, drawn from the seed: {names}.")
+
+
+def describe(entries: list[dict], differences: Optional[dict], phrasing: Phrasing = ENGLISH) -> list[str]:
+    """A few sentences on what differs between the variants, with the measured numbers (the report's own in English;
+    compare's renderer asks for them in Chinese)."""
+    notes = [phrasing.sentences[entry["value"]] + phrasing.stop for entry in entries]
     if differences is not None:
-        sizes = ", ".join(f"{e['value']} {output_rms(e['report']):.4f}" for e in entries)
+        sizes = phrasing.join.join(f"{e['value']} {output_rms(e['report']):.4f}" for e in entries)
         out = differences["output"]
-        notes.append(f"output rms: {sizes}; the outputs differ by max |Δ| {out['max_abs_diff']:.4g} "
-                     f"(cosine similarity {out['cosine']:.4f}).")
-    for entry in entries:
-        if entry["unshared_parameters"]:
-            notes.append(f"{entry['value']} has parameters the other lacks, drawn from the seed: "
-                         f"{', '.join(entry['unshared_parameters'])}.")
+        notes.append(phrasing.output.format(sizes=sizes, diff=f"{out['max_abs_diff']:.4g}",
+                                            cosine=f"{out['cosine']:.4f}"))
+    notes += [phrasing.unshared.format(value=entry["value"], names=", ".join(entry["unshared_parameters"]))
+              for entry in entries if entry["unshared_parameters"]]
     return notes

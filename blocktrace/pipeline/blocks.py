@@ -228,6 +228,6 @@ def compare_request(request: RunRequest, analysis: Analysis, axis: Axis, values:
         "schema": SCHEMA_VERSION, "kind": ReportKind.COMPARE.value, "axis": axis.value, "values": values,
         "seed": source.seed, "weights": source.weights, "tokens": source.tokens,
         "variants": entries, "differences": differences,
-        "notes": describe(axis, entries, differences),
+        "notes": describe(entries, differences),
     }
 

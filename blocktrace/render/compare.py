@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from blocktrace.diagnose.compare import output_rms
+from blocktrace.diagnose.compare import Phrasing, describe
 from blocktrace.render.text import (
     _shape,
     config_settings,
@@ -13,7 +13,7 @@ from blocktrace.render.text import (
     shown_token,
     steps_table,
 )
-from blocktrace.render.words import COMPARE_WORDS, HEADINGS, VALUE_SENTENCES_ZH
+from blocktrace.render.words import COMPARE_WORDS, HEADINGS, NOTES_ZH, VALUE_SENTENCES_ZH
 from blocktrace.vocab import Lang, ReportKind
 
 
@@ -41,16 +41,7 @@ def _notes(report: dict, lang: Lang) -> list[str]:
     """What differs: the report's own sentences (English), or the same said in Chinese from the same numbers."""
     if lang is Lang.EN:
         return report["notes"]
-    words = COMPARE_WORDS[lang]
-    notes = [VALUE_SENTENCES_ZH[entry["value"]] + "。" for entry in report["variants"]]
-    if report["differences"]:
-        out = report["differences"]["output"]
-        sizes = "，".join(f"{e['value']} {output_rms(e['report']):.4f}" for e in report["variants"])
-        notes.append(words["output_note"].format(sizes=sizes, diff=f"{out['max_abs_diff']:.4g}",
-                                                 cosine=f"{out['cosine']:.4f}"))
-    notes += [words["unshared"].format(value=e["value"], names=", ".join(e["unshared_parameters"]))
-              for e in report["variants"] if e["unshared_parameters"]]
-    return notes
+    return describe(report["variants"], report["differences"] or None, Phrasing(VALUE_SENTENCES_ZH, **NOTES_ZH))
 
 
 def _block_table(report: dict, fmt: str, lang: Lang) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -219,8 +220,6 @@ def _loss_panel(axis, records: list[dict]) -> None:
 
 def _run_title(records: list[dict]) -> str:
     """Which run a track figure shows: its checkpoints' common folder (or the first one), or a Watch's timeline."""
-    import os
-
     paths = [entry["path"] for entry in records if entry.get("path")]
     where = (os.path.commonpath(paths) if len(paths) > 1 else paths[0]) if paths else "a Watch's timeline"
     return f"{where}: {len(records)} records, steps {records[0]['step']}–{records[-1]['step']}"

@@ -62,18 +62,17 @@ COMPARE_WORDS = {
         "common": "common", "weights": "weights: {path} ({layout}), from layer {layer} of 0–{last}",
         "step": "step", "operation": "operation", "output": "output", "differs": "what differs",
         "why": "what each step does, under {value}",
-        "output_note": "output rms: {sizes}; the outputs differ by max |Δ| {diff} (cosine similarity {cosine}).",
-        "unshared": "{value} has parameters the other lacks, drawn from the seed: {names}.",
     },
     Lang.ZH: {
         "title": "blocktrace compare：{axis} {a} 对比 {b}，相同的参数，相同的输入",
         "common": "共同设置", "weights": "权重：{path}（{layout}），从第 {layer} 层起，共 0–{last} 层",
         "step": "名称", "operation": "操作", "output": "输出", "differs": "不同之处",
         "why": "{value} 连线下每一步在做什么",
-        "output_note": "输出的 rms：{sizes}；两个输出的最大 |Δ| 为 {diff}（余弦相似度 {cosine}）。",
-        "unshared": "{value} 有另一方没有的参数，由种子随机生成：{names}。",
     },
 }
+# compare's what-differs notes in Chinese: diagnose.compare.Phrasing's fields besides the sentences below.
+NOTES_ZH = {"stop": "。", "join": "，", "output": "输出的 rms：{sizes}；两个输出的最大 |Δ| 为 {diff}（余弦相似度 {cosine}）。",
+            "unshared": "{value} 有另一方没有的参数，由种子随机生成：{names}。"}
 # What each compared value does, said in Chinese (the English is each wiring's summary and diagnose/compare.py's).
 VALUE_SENTENCES_ZH = {
     "pre": "pre：归一化在每个子层之前，残差流携带 x 加上每个未归一化的更新，所以它的尺度会逐个 block 增长",
