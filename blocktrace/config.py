@@ -12,10 +12,11 @@ from enum import Enum
 from typing import Optional
 
 from blocktrace.errors import ConfigError
-from blocktrace.vocab import STEP_NAMES, FFNKind, Norm, Placement, RopeKind
+from blocktrace.vocab import STEP_NAMES, FFNKind, Norm, Placement, RopeKind, RouterKind
 from blocktrace.wiring import Wiring, wiring_of
 
-__all__ = ["BlockConfig", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind"]
+__all__ = ["BlockConfig", "LatentAttention", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind",
+           "RouterKind"]
 
 
 def _as_enum(enum_cls, value, field_name):
@@ -91,6 +92,45 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention (DeepSeek-V2, 2024; HF's DeepseekV2/V3Attention): keys and values come from one
+    compressed latent per token (kv_a_proj, RMSNorm, then kv_b_proj per head), queries from their own optional latent;
+    each head's query and key are `nope_dims` unrotated dims then `rope_dims` rotated ones, the rotated key shared by
+    all heads; values are `value_dims` wide."""
+
+    kv_rank: int  # kv_lora_rank: the latent keys and values are made from
+    nope_dims: int  # qk_nope_head_dim
+    rope_dims: int  # qk_rope_head_dim
+    value_dims: int  # v_head_dim
+    q_rank: Optional[int] = None  # q_lora_rank; None: the queries are projected from x directly
+    latent_eps: float = 1e-6  # the eps of the two latents' RMSNorms (HF builds them with its default, not rms_norm_eps)
+
+    def __post_init__(self):
+        for name in ("kv_rank", "nope_dims", "rope_dims", "value_dims", "q_rank"):
+            value = getattr(self, name)
+            if value is None and name == "q_rank":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"latent attention's {name} must be a positive integer, not {value!r}", "latent")
+        if self.rope_dims % 2:
+            raise ConfigError(f"RoPE rotates pairs of dims: latent attention's rope_dims must be even, not "
+                              f"{self.rope_dims}", "latent")
+
+    @property
+    def head_dims(self) -> int:
+        """The width of each head's query and key."""
+        return self.nope_dims + self.rope_dims
+
+    def __str__(self) -> str:
+        query = f"q latent {self.q_rank}, " if self.q_rank is not None else ""
+        return f"{query}kv latent {self.kv_rank}, q·k {self.nope_dims}+{self.rope_dims} rope, v {self.value_dims}"
+
+    @classmethod
+    def of(cls, value) -> Optional["LatentAttention"]:
+        return cls(**value) if isinstance(value, dict) else value
+
+
+@dataclass(frozen=True)
 class BlockConfig:
     d_model: int = 16  # width of the residual stream (hidden size)
     n_heads: int = 4  # attention heads; d_model must divide evenly among them
@@ -127,10 +167,17 @@ class BlockConfig:
     experts_per_token: int = 2
     renormalise_top_k: bool = True  # the chosen experts' probabilities rescaled to sum to 1 (Qwen's norm_topk_prob)
     shared_expert_d_ff: Optional[int] = None  # Qwen2-MoE: an expert every token passes, gated by sigmoid(w·x)
+    shared_expert_gated: bool = True  # the shared expert's sigmoid gate (Qwen2-MoE); DeepSeek's has none
+    router: RouterKind = RouterKind.SOFTMAX  # how the router's logits become each token's experts and weights
+    expert_groups: Optional[int] = None  # DeepSeek: the experts split into this many groups (n_group)
+    groups_per_token: Optional[int] = None  # DeepSeek: a token's experts come from its best groups only (topk_group)
+    routed_scaling: float = 1.0  # DeepSeek: the routed experts' weights multiplied by this (routed_scaling_factor)
+    choice_bias: bool = False  # DeepSeek-V3: a bias per expert added to the scores for the choice only
     router_bias: bool = False  # a bias on the router's logits (gpt-oss)
     attn_sinks: bool = False  # a learned logit per head that joins every softmax and takes weight from the keys (gpt-oss)
     glu_limit: float = 7.0  # swiglu_clamped: the gate clamped above at L, the up projection to ±L (gpt-oss's)
     glu_alpha: float = 1.702  # swiglu_clamped: the gate's sigmoid(α·g) (gpt-oss's)
+    latent: Optional[LatentAttention] = None  # DeepSeek's multi-head latent attention in place of q/k/v projections
 
     def __post_init__(self):
         set_field = object.__setattr__  # frozen: normalise fields once, here
@@ -138,6 +185,8 @@ class BlockConfig:
         set_field(self, "ffn", _as_enum(FFNKind, self.ffn, "ffn"))
         set_field(self, "placement", _as_enum(Placement, self.placement, "placement"))
         set_field(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
+        set_field(self, "router", _as_enum(RouterKind, self.router, "router"))
+        set_field(self, "latent", LatentAttention.of(self.latent))
         if self.d_ff is None and isinstance(self.d_model, int):
             set_field(self, "d_ff", 4 * self.d_model)
         self.validate()
@@ -171,6 +220,8 @@ class BlockConfig:
                               "norm")
         if self.qk_norm_whole and not self.qk_norm:
             raise ConfigError("qk_norm_whole says how QK-norm spans the heads: it needs qk_norm", "qk_norm_whole")
+        if self.latent is not None:
+            self._validate_latent()
         if self.nope and self.rope_theta is not None:
             raise ConfigError("a NoPE layer has no rotary embedding: nope needs rope_theta None", "nope")
         if isinstance(self.residual_multiplier, bool) or not isinstance(self.residual_multiplier, (int, float)) or \
@@ -187,6 +238,16 @@ class BlockConfig:
         if self.parallel_residual and self.placement is not Placement.PRE:
             raise ConfigError("a parallel residual reads both branches from the stream before the norms: it needs "
                               "Pre-LN wiring", "placement")
+
+    def _validate_latent(self) -> None:
+        """Latent attention's heads: each as wide as its unrotated and rotated dims, each its own key (no grouping),
+        RoPE on the rotated dims only (no QK-norm, window or sinks: no model combines them with it)."""
+        if self.head_dim != self.latent.head_dims or self.n_kv_heads != self.n_heads:
+            raise ConfigError(f"latent attention needs head_size {self.latent.head_dims} (nope + rope dims) and a key "
+                              f"per head, not {self.head_dim} and {self.n_kv_heads} key heads", "latent")
+        if self.rope_theta is None or self.qk_norm or self.attn_sinks or self.rotary_fraction != 1.0:
+            raise ConfigError("latent attention rotates its rope dims with RoPE and has no QK-norm, sinks or partial "
+                              "rotary of its own", "latent")
 
     def _validate_attention(self) -> None:
         if not 0 < self.rotary_fraction <= 1 or (self.rope_theta is not None and self.rotary_dims % 2):
@@ -215,9 +276,28 @@ class BlockConfig:
         if self.experts_per_token > self.n_experts:
             raise ConfigError(f"each token cannot go to {self.experts_per_token} of {self.n_experts} experts",
                               "experts_per_token")
+        self._validate_groups()
         if not self.ffn.gated:
             raise ConfigError("blocktrace's experts are gated FFNs (SwiGLU, as Mixtral's, Qwen's and OLMoE's): "
                               f"--ffn {self.ffn} has no gate", "ffn")
+
+    def _validate_groups(self) -> None:
+        if not self.router.grouped:
+            if self.expert_groups is not None or self.groups_per_token is not None or self.choice_bias:
+                raise ConfigError("expert groups and a choice bias belong to DeepSeek's routers: set router",
+                                  "router")
+            return
+        groups, kept = self.expert_groups, self.groups_per_token
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (groups, kept)) or \
+                self.n_experts % groups or kept > groups:
+            raise ConfigError(f"a grouped router needs expert_groups dividing the {self.n_experts} experts and "
+                              f"groups_per_token ≤ expert_groups, not {groups!r} and {kept!r}", "expert_groups")
+        if self.experts_per_token > kept * (self.n_experts // groups):
+            raise ConfigError(f"{self.experts_per_token} experts per token cannot come from {kept} groups of "
+                              f"{self.n_experts // groups}", "groups_per_token")
+        if self.router is RouterKind.SIGMOID_GROUPED and self.n_experts // groups < 2:
+            raise ConfigError("DeepSeek-V3's router scores a group by its two best experts: a group needs two",
+                              "expert_groups")
 
     @property
     def head_dim(self) -> int:
@@ -230,6 +310,8 @@ class BlockConfig:
     @property
     def rotary_dims(self) -> int:
         """The leading dims of each head that RoPE rotates (all of them but for partial rotary)."""
+        if self.latent is not None:
+            return self.latent.rope_dims
         return int(self.head_dim * self.rotary_fraction)
 
     @property

@@ -51,6 +51,21 @@ class FFNKind(Choice):
         return self in (FFNKind.SWIGLU, FFNKind.GEGLU, FFNKind.GEGLU_EXACT, FFNKind.SWIGLU_CLAMPED)
 
 
+class RouterKind(Choice):
+    """How a mixture of experts' router turns its logits into each token's experts and their weights."""
+
+    SOFTMAX = "softmax"  # Mixtral, Qwen, OLMoE, gpt-oss: the top-k of softmax(logits), optionally renormalised
+    # DeepSeek-V2's group_limited_greedy: softmax, then only the experts of the groups with the largest maximum
+    SOFTMAX_GROUPED = "softmax_grouped"
+    # DeepSeek-V3: sigmoid scores; the choice adds a bias and keeps the groups whose two best sum highest; the
+    # weights are the chosen scores without the bias
+    SIGMOID_GROUPED = "sigmoid_grouped"
+
+    @property
+    def grouped(self) -> bool:
+        return self is not RouterKind.SOFTMAX
+
+
 class RopeKind(Choice):
     """How RoPE's frequencies are stretched past the context a model was trained on (HF's rope_type)."""
 

@@ -225,3 +225,48 @@ def watched_records(path, steps: int = 2, seed: int = 0) -> list[dict]:
             watch.step()
             optimizer.step()
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# DeepSeek's small test models: latent attention's widths (each head's q and k 8 unrotated + 8 rotated dims, values
+# 12, keys and values from a latent of 16), and per variant what sets it apart.
+DEEPSEEK_LATENT = dict(num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12,
+                       moe_intermediate_size=16)
+DEEPSEEK = {
+    # V3: q through its own latent, YaRN with DeepSeek's mscale past the context; a dense first layer, then experts
+    # chosen by biased sigmoid scores within the best 2 of 4 groups, two shared experts.
+    "deepseek_v3": ("DeepseekV3Config", dict(
+        **DEEPSEEK_LATENT, q_lora_rank=24, n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=3,
+        first_k_dense_replace=1, n_shared_experts=2, routed_scaling_factor=1.7,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "rope_theta": 10000.0})),
+    # V2: q projected directly, softmax scores chosen within the groups with the largest maximum.
+    "deepseek_v2": ("DeepseekV2Config", dict(
+        **DEEPSEEK_LATENT, q_lora_rank=None, n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=3,
+        topk_method="group_limited_greedy", first_k_dense_replace=1, routed_scaling_factor=1.5)),
+    "deepseek_v2 greedy": ("DeepseekV2Config", dict(
+        **DEEPSEEK_LATENT, q_lora_rank=16, n_routed_experts=8, num_experts_per_tok=2, first_k_dense_replace=0,
+        n_shared_experts=1, attention_bias=True)),
+}
+
+
+def make_deepseek(name: str, small: dict, seed: int):
+    """A DeepSeek model of `small`'s sizes, every parameter and the choice bias random (large)."""
+    import transformers
+
+    config_class, extra = DEEPSEEK[name]
+    model = getattr(transformers, config_class.replace("Config", "ForCausalLM"))(
+        getattr(transformers, config_class)(**{**small, **extra}))
+    randomise_hf(model, seed)
+    randomise_choice_bias(model, seed)
+    return model.eval()
+
+
+def randomise_choice_bias(model, seed: int) -> None:
+    """DeepSeek-V3's e_score_correction_bias is a buffer (randomise_hf draws parameters): large enough to change
+    which experts are chosen, so reading it wrongly shows."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            bias = getattr(module, "e_score_correction_bias", None)
+            if bias is not None:
+                bias.copy_(0.5 * torch.randn(bias.shape, generator=generator))

@@ -711,7 +711,8 @@ def test_the_weights_help_names_every_family_and_every_kind_of_file(invoke):
              "mixtral": "Mixtral", "olmo2": "OLMo-2/3", "olmo3": "OLMo-2/3", "olmoe": "OLMoE", "gemma": "Gemma 1–3",
              "gemma2": "Gemma 1–3", "gemma3": "Gemma 1–3", "phi3": "Phi-3", "starcoder2": "StarCoder2",
              "granite": "Granite", "smollm3": "SmolLM3", "exaone4": "EXAONE-4", "cohere": "Cohere 1–2",
-             "cohere2": "Cohere 1–2", "gpt_oss": "gpt-oss", "nanogpt": "nanoGPT"}
+             "cohere2": "Cohere 1–2", "gpt_oss": "gpt-oss", "deepseek_v2": "DeepSeek-V2/V3",
+             "deepseek_v3": "DeepSeek-V2/V3", "nanogpt": "nanoGPT"}
     assert set(shown) == set(FAMILIES)
     text = " ".join(invoke("run", "--help").stdout.split())
     for name in {*shown.values(), ".pt", "sharded index", "HuggingFace cache"}:

@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 import torch
-from helpers import randomise_hf
+from helpers import DEEPSEEK, make_deepseek, randomise_hf
 
 IDS = [5, 17, 99, 3, 42, 7, 63, 11]
 
@@ -19,6 +19,8 @@ def _model(name: str, layers: int = 3, width: int = 32):
 
     small = dict(hidden_size=width, num_attention_heads=4, num_key_value_heads=2, intermediate_size=2 * width,
                  num_hidden_layers=layers, vocab_size=101, max_position_embeddings=64, attn_implementation="eager")
+    if name in DEEPSEEK:  # latent attention, a dense layer, then grouped routers and shared experts
+        return make_deepseek(name, {**small, "num_key_value_heads": 4}, seed=11)
     if name == "mixtral":
         model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**small, num_local_experts=4,
                                                                            num_experts_per_tok=2))
@@ -53,7 +55,7 @@ def _hf_gradients(model) -> tuple[list[list[float]], list[float]]:
     return parameters, outputs
 
 
-@pytest.mark.parametrize("name", ["llama", "mixtral"])
+@pytest.mark.parametrize("name", ["llama", "mixtral", "deepseek_v3", "deepseek_v2"])
 def test_every_parameters_gradient_and_every_layer_outputs_equal_a_whole_hf_backward(invoke, tmp_path, name):
     model = _model(name)
     model.save_pretrained(tmp_path)

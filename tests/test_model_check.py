@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from helpers import make_bert, make_gpt2, randomise_hf
+from helpers import DEEPSEEK, make_bert, make_deepseek, make_gpt2, randomise_hf
 
 IDS = [5, 17, 99, 3, 42, 7, 63, 11]
 SHORT = [8, 9, 10, 12]
@@ -80,6 +80,8 @@ def hf_model(name: str):
         model = transformers.GptOssForCausalLM(transformers.GptOssConfig(
             **small, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
             layer_types=["sliding_attention", "full_attention", "sliding_attention"], pad_token_id=0, eos_token_id=1))
+    elif name in DEEPSEEK:  # latent attention; a dense layer, then grouped routers
+        return make_deepseek(name, small, seed=7)
     else:
         model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**small))
     randomise_hf(model, seed=7)
@@ -112,7 +114,7 @@ def our_layer_gradients(report: dict) -> list[float]:
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gemma3", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe",
                                   "olmoe", "llama3 rope", "gpt_neox", "starcoder2", "granite", "smollm3", "olmo3",
-                                  "exaone4", "cohere", "cohere2", "gpt_oss"])
+                                  "exaone4", "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)
@@ -127,7 +129,8 @@ def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     assert report["traced_layers"] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("name", ["llama", "granite", "smollm3", "olmo3", "exaone4", "cohere", "cohere2", "gpt_oss"])
+@pytest.mark.parametrize("name", ["llama", "granite", "smollm3", "olmo3", "exaone4", "cohere", "cohere2", "gpt_oss",
+                                  "deepseek_v3"])
 def test_a_padded_batch_predicts_real_tokens_only(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import capture, randomise_hf
+from helpers import DEEPSEEK, capture, randomise_choice_bias, randomise_hf
 
 from blocktrace.errors import WeightsError
 from blocktrace.sources.checkpoint import Checkpoint
@@ -117,6 +117,8 @@ FAMILIES = {
         layer_types=["sliding_attention", "full_attention", "sliding_attention"], pad_token_id=0, eos_token_id=1,
         rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                          "original_max_position_embeddings": 4, "rope_theta": 10000.0}), LLAMA_PLACES),
+    **{name: (config_class.replace("Config", "ForCausalLM"), config_class, extra, LLAMA_PLACES)
+       for name, (config_class, extra) in DEEPSEEK.items()},
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -135,7 +137,9 @@ def build(name: str, randomised: bool = True):
     model = getattr(transformers, model_class)(config).eval()
     if randomised:
         randomise_hf(model, seed=sum(map(ord, name)))
+        randomise_choice_bias(model, seed=sum(map(ord, name)))
     return model, places
+
 
 
 def layers_of(model):
@@ -177,7 +181,7 @@ def test_every_step_matches_huggingface(family, layer):
 
 NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama rope-llama3", "llama rope-dynamic",
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
-         "cohere", "cohere2", "gpt_oss"]
+         "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -260,9 +264,9 @@ def test_a_checkpoint_read_as_llama_is_refused_by_its_tensors(tmp_path, name, le
 
 
 def test_unknown_model_types_and_llama_keys_without_config_are_refused(invoke, tmp_path):
-    target = _retyped(tmp_path / "deepseek", "qwen3", "deepseek_v3")
+    target = _retyped(tmp_path / "llama4", "qwen3", "llama4_text")
     result = invoke("run", "--weights", str(target), "--token-ids", "1", "2")
-    assert result.exit_code == 2 and "model_type 'deepseek_v3' is not supported" in result.stderr
+    assert result.exit_code == 2 and "model_type 'llama4_text' is not supported" in result.stderr
     bare = tmp_path / "bare"
     model, _ = build("mistral")
     model.save_pretrained(bare)
@@ -280,6 +284,12 @@ def test_unknown_model_types_and_llama_keys_without_config_are_refused(invoke, t
     ("starcoder2", {"use_bias": False}, "use_bias = False drops the linear biases but keeps LayerNorm's shift"),
     ("cohere", {"use_qk_norm": True}, "use_qk_norm = True adds a LayerNorm per head on q and k"),
     ("cohere2", {"head_dim": 4}, "head_dim must be hidden_size / num_attention_heads = 8"),
+    ("deepseek_v3", {"quantization_config": {"quant_method": "fp8"}}, "quantised weights are not supported"),
+    ("deepseek_v3", {"scoring_func": "softmax"}, "scoring_func = 'softmax' scores the experts otherwise"),
+    ("deepseek_v3", {"moe_layer_freq": 2}, "moe_layer_freq = 2 makes only some layers"),
+    ("deepseek_v3", {"num_key_value_heads": 2}, "latent attention gives every head its own key and value"),
+    ("deepseek_v2", {"topk_method": "noaux_tc"}, "greedy or group_limited_greedy"),
+    ("deepseek_v2", {"mlp_bias": True}, "mlp_bias = True puts biases on the dense MLPs"),
 ])
 def test_config_fields_blocktrace_does_not_implement_are_refused(invoke, tmp_path, name, change, message):
     model, _ = build(name)
@@ -326,7 +336,8 @@ def test_the_samples_load_in_huggingface_and_match(invoke, tmp_path, sample, loa
 FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3", "Phi3Config"),
                   ("gemma", "GemmaConfig"), ("gemma2", "Gemma2Config"), ("gemma3", "Gemma3TextConfig"), ("olmo2", "Olmo2Config"),
                   ("mixtral", "MixtralConfig"), ("qwen2_moe", "Qwen2MoeConfig"), ("qwen3_moe", "Qwen3MoeConfig"),
-                  ("olmoe", "OlmoeConfig"), ("starcoder2", "Starcoder2Config")]
+                  ("olmoe", "OlmoeConfig"), ("starcoder2", "Starcoder2Config"),
+                  ("deepseek_v3", "DeepseekV3Config"), ("deepseek_v2", "DeepseekV2Config")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],
@@ -399,3 +410,29 @@ def test_granites_residual_identity_holds_with_its_multiplier(tmp_path, source):
     traced = trace(block, x, checks=True)
     for step in ("residual1", "residual2"):
         assert traced.step(step).probe.residual_mismatch < 1e-6, step
+
+
+def test_latent_attentions_compressed_query_and_keys_are_traced_substeps(invoke, tmp_path):
+    """MLA's pieces named in the table: the query latent and the key/value latent (what a cache keeps) equal HF's
+    q_a_layernorm and kv_a_layernorm outputs, the query heads HF's q_b_proj split into heads; the header says the
+    latent widths and the router (the attention and every step are compared above)."""
+    model, _ = build("deepseek_v3")
+    model.save_pretrained(tmp_path)
+    attention = model.model.layers[1].self_attn
+    seen = capture(model, {"q_latent": (attention.q_a_layernorm, "out"), "kv_latent": (attention.kv_a_layernorm, "out"),
+                           "q_b": (attention.q_b_proj, "out")}, IDS)
+    checkpoint = Checkpoint(tmp_path)
+    info = model_info(checkpoint)
+    block = load_block(checkpoint, info, 1, checkpoint_config(checkpoint, info, {}))
+    traced = trace(block, seen["hidden_states"][1][0], keep_tensors=True)
+    assert [s.name for s in traced.substeps if s.name.startswith("attn.")] == [
+        "attn.q_latent", "attn.q", "attn.kv_latent", "attn.k", "attn.q_rope", "attn.k_rope"]
+    tensors = traced.tensors()
+    for name in ("q_latent", "kv_latent"):
+        assert (tensors[f"attn.{name}"] - seen[name][0]).abs().max() <= 1e-5, name
+    q = seen["q_b"][0].view(len(IDS), 4, 16).transpose(0, 1)  # HF's q heads, [H, T, 8 + 8]
+    assert (tensors["attn.q"] - q).abs().max() <= 1e-5
+    text = invoke("run", "--weights", str(tmp_path), "--token-ids", *map(str, IDS), "--layer", "1").stdout
+    assert "latent='q latent 24, kv latent 16, q·k 8+8 rope, v 12'" in text and "router=sigmoid_grouped" in text
+    assert "expert_groups=4 groups_per_token=2 routed_scaling=1.7 choice_bias=True" in text
+    assert "attn_out = MultiHeadAttention[latent](x_norm1)" in text

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import randomise_hf
+from helpers import make_deepseek, randomise_hf
 
 from blocktrace.config import BlockConfig
 from blocktrace.diagnose.health import evaluate
@@ -122,7 +122,7 @@ def test_the_table_and_the_json_show_the_router_and_the_routing(invoke, qwen2_mo
     assert "inside ffn: the router, then the experts it chose" in text
     assert "ffn.router_probs" in text and "ffn.shared" in text and "MoE[top-2 of 4 SwiGLU + shared]" in text
     assert "routing: 16 tokens, each to 2 of 4 experts" in text and "load-balance loss" in text
-    assert "experts chosen, most probable first: " in text
+    assert "experts chosen, largest weight first: " in text
     report = json.loads(invoke("run", "--weights", str(directory), "--token-ids", *ids, "--json").stdout)
     assert [s["name"] for s in report["ffn_substeps"]] == ["ffn.router_logits", "ffn.router_probs", "ffn.routed",
                                                            "ffn.shared"]
@@ -205,3 +205,31 @@ def test_a_router_is_a_kind_of_its_own_not_an_ffn_gate(name, kind):
     from blocktrace.diagnose.weights import tensor_kind
 
     assert tensor_kind(name) == kind
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2"])
+def test_deepseeks_grouped_routers_report_the_experts_hf_chose(family, tmp_path):
+    """DeepSeek chooses within groups (V3: by sigmoid scores plus a bias the weights never see), so a token's experts
+    are not the top-k of its probabilities: the routing reported is HF's own router's choice, token by token, from
+    blocktrace's block and from HF's layer traced bare; V3's importance is its normalised sigmoid scores."""
+    model = make_deepseek(family, {**SMALL, "num_hidden_layers": 3, "num_key_value_heads": 4}, seed=5)
+    model.save_pretrained(tmp_path)
+    hf_router = model.model.layers[2].mlp.gate
+    seen = {}
+    hook = hf_router.register_forward_hook(lambda m, a, out: seen.update(logits=out[0], chosen=out[2]))
+    with torch.no_grad():
+        hidden = model(torch.tensor([IDS]), output_hidden_states=True).hidden_states[2]
+    hook.remove()
+    expected = [sorted(row) for row in seen["chosen"].tolist()]
+    checkpoint = Checkpoint(tmp_path)
+    info = model_info(checkpoint)
+    ours = trace(load_block(checkpoint, info, 2, checkpoint_config(checkpoint, info, {})), hidden[0], checks=True)
+    bare = trace(model.model.layers[2], hidden, checks=True)
+    for routing in (ours.routing, bare.routing):
+        assert [sorted(row) for row in routing.chosen] == expected
+    if family == "deepseek_v3":
+        scores = torch.sigmoid(seen["logits"].double())
+        naive = (scores / scores.sum(-1, keepdim=True)).mean(0)
+        assert ours.routing.importance == pytest.approx(naive.tolist(), rel=1e-5)
+        assert any(sorted(row) != sorted(torch.topk(scores[i], 3).indices.tolist())
+                   for i, row in enumerate(seen["chosen"].tolist())), "the groups and the bias changed no choice"

@@ -35,14 +35,18 @@ VOCAB = 256  # classes of the random readout
 
 def weight_matrices(block) -> dict[str, torch.Tensor]:
     """The matrices whose gradients are reported, by the names the tables use. A mixture of experts has no one
-    W1 and W2: its experts' gradients are among the parameters' (parameter_norms), its FFN columns are left out."""
+    W1 and W2: its experts' gradients are among the parameters' (parameter_norms), its FFN columns are left out.
+    Latent attention has no one K and V either: its q and output projections are reported, its latents' matrices
+    are among the parameters'."""
     attn, ffn = block.attn, block.ffn
-    matrices = [attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj]
+    query = getattr(attn, "q_proj", None) or getattr(attn, "q_b_proj")
+    keys_values = [attn.k_proj, attn.v_proj] if hasattr(attn, "k_proj") else [None, None]
+    matrices = [query, *keys_values, attn.out_proj]
     if hasattr(ffn, "down"):
         matrices += [ffn.up, ffn.down]
     elif hasattr(ffn, "fc"):
         matrices += [ffn.fc, ffn.proj]
-    return {name: linear.weight for name, linear in zip(WEIGHT_NAMES, matrices)}
+    return {name: linear.weight for name, linear in zip(WEIGHT_NAMES, matrices) if linear is not None}
 
 
 def zipf_targets(shape: tuple[int, ...], generator: torch.Generator, vocab: int = VOCAB) -> torch.Tensor:

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from blocktrace.config import STEP_NAMES, BlockConfig
-from blocktrace.model.layers import MultiHeadAttention, make_ffn, make_norm
+from blocktrace.model.layers import LatentAttention, MultiHeadAttention, make_ffn, make_norm
 from blocktrace.model.moe import MixtureOfExperts
-from blocktrace.vocab import SANDWICH_STEPS, FFNKind, Init, Norm, Placement
+from blocktrace.vocab import SANDWICH_STEPS, FFNKind, Init, Norm, Placement, RouterKind
 from blocktrace.wiring import INPUT, Kind
 
 
@@ -62,7 +62,7 @@ def _make_step(kind: Kind, config: BlockConfig) -> nn.Module:
     if kind is Kind.NORM:
         return make_norm(config)
     if kind is Kind.ATTENTION:
-        return MultiHeadAttention(config)
+        return LatentAttention(config) if config.latent is not None else MultiHeadAttention(config)
     if kind is Kind.FFN:
         return MixtureOfExperts(config) if config.n_experts else make_ffn(config)
     return Residual(config.residual_scale, config.residual_multiplier)
@@ -105,22 +105,55 @@ def _ffn_name(config: BlockConfig) -> str:
     if config.n_experts is None:
         return FFN_NAMES[config.ffn]
     shared = " + shared" if config.shared_expert_d_ff is not None else ""
-    return f"MoE[top-{config.experts_per_token} of {config.n_experts} {FFN_NAMES[config.ffn]}{shared}]"
+    router = "" if config.router is RouterKind.SOFTMAX else f", {config.router.value} router"
+    return f"MoE[top-{config.experts_per_token} of {config.n_experts} {FFN_NAMES[config.ffn]}{shared}{router}]"
 
 
 def substep_operations(config: BlockConfig) -> dict[str, str]:
     """The traced sub-steps inside attn and ffn, as formulas."""
     scope = "over all heads" if config.qk_norm_whole else "per head"
-    renormalised = ", renormalised" if config.renormalise_top_k else ""
     return {
         "attn.q": "q = heads(q_proj(x_in))", "attn.k": "k = heads(k_proj(x_in))",
         "attn.q_norm": f"q = RMSNorm(q) {scope}", "attn.k_norm": f"k = RMSNorm(k) {scope}",
         "attn.q_rope": "q_rope = RoPE(q, positions)", "attn.k_rope": "k_rope = RoPE(k, positions)",
+        **(_latent_operations(config) if config.latent is not None else {}),
         "ffn.router_logits": "logits = router(x_in)  (one per expert)",
-        "ffn.router_probs": f"p = softmax(logits), top-{config.experts_per_token} kept{renormalised}",
-        "ffn.routed": "Σ over its top-k experts: p_e · expert_e(x_in)",
-        "ffn.shared": "sigmoid(gate(x_in)) · shared_expert(x_in)",
+        "ffn.router_probs": _router_operation(config),
+        "ffn.routed": f"Σ over its top-k experts: {_weight_name(config)} · expert_e(x_in)",
+        "ffn.shared": "shared_expert(x_in)" if not config.shared_expert_gated
+        else "sigmoid(gate(x_in)) · shared_expert(x_in)",
     }
+
+
+def _latent_operations(config: BlockConfig) -> dict[str, str]:
+    """Latent attention's sub-steps: its two latents, then q and k per head and their rotated dims."""
+    latent = config.latent
+    q = "q_b_proj(q_latent)" if latent.q_rank is not None else "q_proj(x_in)"
+    return {"attn.q_latent": f"q_latent = RMSNorm(q_a_proj(x_in))  ({latent.q_rank} wide)",
+            "attn.q": f"q = heads({q})  ({latent.nope_dims} + {latent.rope_dims} dims each)",
+            "attn.kv_latent": f"kv_latent = RMSNorm(kv_a_proj(x_in)[:{latent.kv_rank}])  (what a cache keeps)",
+            "attn.k": f"k = heads(kv_b_proj(kv_latent))[:{latent.nope_dims}] + kv_a_proj(x_in)[{latent.kv_rank}:] "
+                      "(shared by the heads)",
+            "attn.q_rope": f"q_rope = RoPE(q[{latent.nope_dims}:], positions)",
+            "attn.k_rope": f"k_rope = RoPE(k[{latent.nope_dims}:], positions)  (one for every head)"}
+
+
+def _router_operation(config: BlockConfig) -> str:
+    k, renormalised = config.experts_per_token, ", renormalised" if config.renormalise_top_k else ""
+    if config.router is RouterKind.SOFTMAX:
+        return f"p = softmax(logits), top-{k} kept{renormalised}"
+    groups = f"top-{k} within the best {config.groups_per_token} of {config.expert_groups} groups"
+    if config.router is RouterKind.SOFTMAX_GROUPED:
+        return f"p = softmax(logits), {groups} (a group's score: its best p)"
+    bias = " + bias" if config.choice_bias else ""
+    return (f"p = s / Σs, s = sigmoid(logits); chosen by s{bias}: {groups} (a group's score: its two best)"
+            f"{renormalised}")
+
+
+def _weight_name(config: BlockConfig) -> str:
+    """How the router weighs an expert's output: its probability, or DeepSeek's sigmoid score, times the scaling."""
+    weight = "s_e" if config.router is RouterKind.SIGMOID_GROUPED else "p_e"
+    return weight if config.routed_scaling == 1.0 else f"{config.routed_scaling:g} · {weight}"
 
 
 def step_operations(config: BlockConfig) -> dict[str, str]:
@@ -129,7 +162,8 @@ def step_operations(config: BlockConfig) -> dict[str, str]:
     alpha = "" if config.residual_scale == 1.0 else f"{config.residual_scale:.4g}·"
     multiplier = "" if config.residual_multiplier == 1.0 else f"{config.residual_multiplier:.4g}·"
     # What sets the layer's attention apart: no rotation in a RoPE model (NoPE), a sink logit per head (gpt-oss)
-    marks = [mark for mark, on in (("NoPE", config.nope), ("sinks", config.attn_sinks)) if on]
+    marks = [mark for mark, on in (("NoPE", config.nope), ("sinks", config.attn_sinks),
+                                   ("latent", config.latent is not None)) if on]
     attention = f"MultiHeadAttention[{', '.join(marks)}]" if marks else "MultiHeadAttention"
     functions = {Kind.NORM: _norm_name(config), Kind.ATTENTION: attention, Kind.FFN: _ffn_name(config)}
     formulas = {}

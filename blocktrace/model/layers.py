@@ -73,11 +73,7 @@ class MultiHeadAttention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, hd
         self.causal, self.window = config.causal, config.sliding_window
         self.scale, self.softcap = config.scale, config.attn_softcap
-        qkv_bias = config.projection_bias
-        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=qkv_bias)
-        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=qkv_bias)  # fewer heads under grouped-query attention
-        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=qkv_bias)
-        self.out_proj = nn.Linear(self.n_heads * hd, d, bias=config.attention_bias)
+        self._projections(config)
         self.qk_norm_whole = config.qk_norm_whole  # OLMo-2: one norm over all heads, before the split
         widths = (self.n_heads * hd, self.n_kv_heads * hd) if config.qk_norm_whole else (hd, hd)
         self.q_norm, self.k_norm = (RMSNorm(width, config.eps, config.norm_offset, config.norm_gain_float32)
@@ -96,6 +92,13 @@ class MultiHeadAttention(nn.Module):
         self.query_chunk = None  # rows per chunk; None: as many as fit ATTENTION_CHUNK_BYTES
         self.rows = slice(0, 0)  # the query rows of the chunk being computed
         self.key_mask = None  # [B, T] bool, False at padding: those keys get no weight
+
+    def _projections(self, config: BlockConfig) -> None:
+        d, hd, qkv_bias = config.d_model, config.head_dim, config.projection_bias
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=qkv_bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=qkv_bias)  # fewer heads under grouped-query attention
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=qkv_bias)
+        self.out_proj = nn.Linear(self.n_heads * hd, d, bias=config.attention_bias)
 
     @property
     def substeps(self) -> tuple[str, ...]:
@@ -165,16 +168,67 @@ class MultiHeadAttention(nn.Module):
             rotation = self.rope.cos_sin(x.shape[-2], x.device, self.q_proj.weight.dtype)
         return self._heads(x, "q", self.n_heads, rotation), self._heads(x, "k", self.n_kv_heads, rotation)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v split into heads, [..., H, T, hd] (k and v with the key/value heads)."""
         q, k = self._queries_and_keys(x)
-        v = self._split_heads(self.v_proj(x), self.n_kv_heads)
+        return q, k, self._split_heads(self.v_proj(x), self.n_kv_heads)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._project(x)
         if self.n_kv_heads != self.n_heads:  # each key/value head serves n_heads / n_kv_heads query heads
             repeat = self.n_heads // self.n_kv_heads
             k, v = k.repeat_interleave(repeat, dim=-3), v.repeat_interleave(repeat, dim=-3)
         t, step = q.shape[-2], self.chunk_rows(q)
         parts = [self._attend(q[..., a : a + step, :], k, v, slice(a, min(a + step, t))) for a in range(0, t, step)]
         mixed = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)).transpose(-3, -2)  # [..., T, H, hd]
-        return self.out_proj(mixed.reshape(*x.shape[:-1], self.n_heads * self.head_dim))
+        return self.out_proj(mixed.reshape(*x.shape[:-1], self.n_heads * v.shape[-1]))
+
+
+class LatentAttention(MultiHeadAttention):
+    """DeepSeek's multi-head latent attention (config.LatentAttention), HF's DeepseekV2/V3Attention op for op: q from
+    x, or from its own latent (q_a_proj, RMSNorm, q_b_proj); keys and values from one latent per token (kv_a_proj,
+    RMSNorm, kv_b_proj), plus a rotated key every head shares. Sub-steps: `q_latent`, `q`, `kv_latent` (the compressed
+    keys and values, what a cache keeps), `k` (each head's key before RoPE), `q_rope` and `k_rope` (the rotated dims
+    after RoPE). Masking, chunking and the softmax are the parent's."""
+
+    def _projections(self, config: BlockConfig) -> None:
+        latent, d, h = config.latent, config.d_model, config.n_heads
+        self.latent = latent
+        if latent.q_rank is None:
+            self.q_proj = nn.Linear(d, h * latent.head_dims, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(d, latent.q_rank, bias=config.attention_bias)
+            self.q_a_norm = RMSNorm(latent.q_rank, latent.latent_eps)
+            self.q_b_proj = nn.Linear(latent.q_rank, h * latent.head_dims, bias=False)
+            self.q_latent = HookPoint()
+        self.kv_a_proj = nn.Linear(d, latent.kv_rank + latent.rope_dims, bias=config.attention_bias)
+        self.kv_a_norm = RMSNorm(latent.kv_rank, latent.latent_eps)
+        self.kv_b_proj = nn.Linear(latent.kv_rank, h * (latent.nope_dims + latent.value_dims), bias=False)
+        self.kv_latent = HookPoint()
+        self.out_proj = nn.Linear(h * latent.value_dims, d, bias=config.attention_bias)
+
+    @property
+    def substeps(self) -> tuple[str, ...]:
+        return (("q_latent",) if hasattr(self, "q_latent") else ()) + ("q", "kv_latent", "k", "q_rope", "k_rope")
+
+    def _queries(self, x: torch.Tensor) -> torch.Tensor:
+        if self.latent.q_rank is None:
+            return self._split_heads(self.q_proj(x))
+        return self._split_heads(self.q_b_proj(self.q_latent(self.q_a_norm(self.q_a_proj(x)))))
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        nope, rope = self.latent.nope_dims, self.latent.rope_dims
+        q = self.q(self._queries(x))  # [..., H, T, nope + rope]
+        compressed, k_rot = self.kv_a_proj(x).split([self.latent.kv_rank, rope], dim=-1)
+        kv = self._split_heads(self.kv_b_proj(self.kv_latent(self.kv_a_norm(compressed))))  # [..., H, T, nope + v]
+        k_nope, v = kv.split([nope, self.latent.value_dims], dim=-1)
+        k_rot = k_rot.unsqueeze(-3)  # [..., 1, T, rope]: one rotated key for every head
+        self.k(torch.cat((k_nope, k_rot.expand(*k_nope.shape[:-1], rope)), dim=-1))
+        cos, sin = self.rope.cos_sin(x.shape[-2], x.device, self.kv_a_proj.weight.dtype)
+        q_pass, q_rot = q.split([nope, rope], dim=-1)
+        q_rot = self.q_rope(self.rope.rotate(q_rot, cos, sin))
+        k_rot = self.k_rope(self.rope.rotate(k_rot, cos, sin))
+        return torch.cat((q_pass, q_rot), dim=-1), torch.cat((k_nope, k_rot.expand(*k_nope.shape[:-1], rope)), -1), v
 
 
 class MLP(nn.Module):

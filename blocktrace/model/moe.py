@@ -1,11 +1,13 @@
-"""A mixture of experts in place of the FFN (Shazeer et al. 2017; Mixtral, Qwen-MoE, OLMoE).
+"""A mixture of experts in place of the FFN (Shazeer et al. 2017; Mixtral, Qwen-MoE, OLMoE, DeepSeek).
 
 A linear router scores every expert for every token; the softmax of those logits (in float32,
 as HF computes it) picks each token's top-k experts, whose outputs are summed weighted by their
-probabilities (rescaled to sum to 1 where the model says so). Qwen2-MoE adds a shared expert
-that every token passes through, gated by sigmoid(w·x). The router's logits and probabilities,
-the routed sum and the shared expert's share pass through hook points: the traced sub-steps
-of ffn, from which the routing statistics are read (tracing.routing).
+probabilities (rescaled to sum to 1 where the model says so). DeepSeek's routers choose within
+groups of experts (RouterKind; V3's scores are sigmoids, its choice biased) and scale the
+weights. Qwen2-MoE adds a shared expert that every token passes through, gated by sigmoid(w·x);
+DeepSeek's shared experts have no gate. The router's logits and probabilities, the routed sum
+and the shared expert's share pass through hook points: the traced sub-steps of ffn, from which
+the routing statistics are read (tracing.routing), with the experts each token went to.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from torch import nn
 
 from blocktrace.config import BlockConfig
 from blocktrace.model.layers import GatedFFN, HookPoint, gated_ffn
+from blocktrace.vocab import RouterKind
 
 SUBSTEPS = ("router_logits", "router_probs", "routed", "shared")
 
@@ -27,30 +30,86 @@ def top_k_weights(probs: torch.Tensor, k: int, renormalise: bool) -> tuple[torch
     return weights, chosen
 
 
+def router_distribution(kind: RouterKind, logits: torch.Tensor) -> torch.Tensor:
+    """The router's scores as a distribution over the experts, in float32: softmax(logits), or for a sigmoid router
+    its scores divided by their sum (DeepSeek-V3's normalised affinities, which its balance loss reads)."""
+    if kind is RouterKind.SIGMOID_GROUPED:
+        scores = torch.sigmoid(logits.float())
+        return scores / scores.sum(dim=-1, keepdim=True)
+    return torch.softmax(logits, dim=-1, dtype=torch.float)
+
+
+def grouped_choice(scores: torch.Tensor, groups: int, kept: int, k: int, group_score: str,
+                   outside: float) -> torch.Tensor:
+    """DeepSeek's choice: the experts of each token's `kept` best groups (a group scored by its best expert, or by
+    its two best summed: `group_score` "max" or "top2"), the others set to `outside`; then the top k. [N, k]."""
+    grouped = scores.view(-1, groups, scores.shape[-1] // groups)
+    group_scores = grouped.amax(-1) if group_score == "max" else grouped.topk(2, dim=-1).values.sum(-1)
+    best = torch.topk(group_scores, kept, dim=-1, sorted=False).indices
+    keep = torch.zeros_like(group_scores).scatter_(1, best, 1).bool()
+    masked = scores.masked_fill(~keep.repeat_interleave(scores.shape[-1] // groups, dim=-1), outside)
+    return torch.topk(masked, k, dim=-1, sorted=False).indices
+
+
 class MixtureOfExperts(nn.Module):
     def __init__(self, config: BlockConfig):
         super().__init__()
         self.k, self.renormalise = config.experts_per_token, config.renormalise_top_k
+        self.kind, self.groups, self.groups_kept = config.router, config.expert_groups, config.groups_per_token
+        self.scaling = config.routed_scaling
         self.router = nn.Linear(config.d_model, config.n_experts, bias=config.router_bias)
+        # DeepSeek-V3's e_score_correction_bias: moves the choice, never the weights; a buffer, as in HF (set by the
+        # training loop's load balancing, not by gradients)
+        self.register_buffer("choice_bias", torch.zeros(config.n_experts) if config.choice_bias else None)
         self.experts = nn.ModuleList(gated_ffn(config) for _ in range(config.n_experts))
         self.shared_expert = self.shared_gate = None
         if config.shared_expert_d_ff is not None:
             self.shared_expert = GatedFFN(config.replace(d_ff=config.shared_expert_d_ff, n_experts=None,
                                                          shared_expert_d_ff=None))
-            self.shared_gate = nn.Linear(config.d_model, 1, bias=False)
+            if config.shared_expert_gated:
+                self.shared_gate = nn.Linear(config.d_model, 1, bias=False)
             self.shared = HookPoint()
         self.router_logits, self.router_probs, self.routed = HookPoint(), HookPoint(), HookPoint()
+        self.chosen = HookPoint()  # [..., T, k] the experts each token went to (not a sub-step: indices)
 
     @property
     def substeps(self) -> tuple[str, ...]:
         return SUBSTEPS if self.shared_expert is not None else SUBSTEPS[:-1]
 
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind.grouped:  # DeepSeek's routers compute in float32 whatever the model's dtype, as HF's
+            return nn.functional.linear(x.float(), self.router.weight.float())
+        return self.router(x)
+
+    def _route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's experts and their weights, [N, k] each, largest weight first, as the model's router computes
+        them (the order changes no sum: the experts' outputs are added expert by expert)."""
+        logits = logits.reshape(-1, logits.shape[-1])
+        if self.kind is RouterKind.SOFTMAX:
+            return top_k_weights(torch.softmax(logits, dim=-1, dtype=torch.float), self.k, self.renormalise)
+        weights, chosen = self._grouped_route(logits)
+        weights, order = weights.sort(dim=-1, descending=True)
+        return weights, chosen.gather(1, order)
+
+    def _grouped_route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kind is RouterKind.SOFTMAX_GROUPED:  # DeepSeek-V2: the chosen probabilities, never renormalised
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+            chosen = grouped_choice(probs, self.groups, self.groups_kept, self.k, "max", 0.0)
+            return probs.gather(1, chosen) * self.scaling, chosen
+        scores = torch.sigmoid(logits)
+        biased = scores + self.choice_bias if self.choice_bias is not None else scores
+        chosen = grouped_choice(biased, self.groups, self.groups_kept, self.k, "top2", float("-inf"))
+        weights = scores.gather(1, chosen)
+        if self.renormalise:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)  # HF's, with its epsilon
+        return weights * self.scaling, chosen
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., T, d]
-        logits = self.router_logits(self.router(x))  # [..., T, E]
-        probs = self.router_probs(torch.softmax(logits, dim=-1, dtype=torch.float))
-        weights, chosen = top_k_weights(probs, self.k, self.renormalise)
-        flat, weights, chosen = x.reshape(-1, x.shape[-1]), weights.to(x.dtype).reshape(-1, self.k), \
-            chosen.reshape(-1, self.k)
+        logits = self.router_logits(self._logits(x))  # [..., T, E]
+        self.router_probs(router_distribution(self.kind, logits))
+        weights, chosen = self._route(logits)
+        self.chosen(chosen.reshape(*logits.shape[:-1], self.k))
+        flat, weights = x.reshape(-1, x.shape[-1]), weights.to(x.dtype)
         out = torch.zeros_like(flat)
         for index, expert in enumerate(self.experts):  # expert by expert, in order, as HF sums them
             tokens, slot = torch.where(chosen == index)
@@ -58,5 +117,6 @@ class MixtureOfExperts(nn.Module):
                 out.index_add_(0, tokens, expert(flat[tokens]) * weights[tokens, slot, None])
         out = self.routed(out.reshape(x.shape))
         if self.shared_expert is not None:
-            out = out + self.shared(torch.sigmoid(self.shared_gate(x)) * self.shared_expert(x))
+            shared = self.shared_expert(x)
+            out = out + self.shared(shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * shared)
         return out

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from tabulate import tabulate
 
-from blocktrace.config import BlockConfig, RopeScaling
+from blocktrace.config import BlockConfig, LatentAttention, RopeScaling
 from blocktrace.render.words import HEADINGS, explanation
 from blocktrace.tracing.recorder import PREVIEW_MAX_TOKENS
 from blocktrace.tracing.stats import STAT_NAMES
@@ -36,7 +36,9 @@ CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placemen
 CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "rope_interleaved", "nope",
                  "qkv_bias", "qk_norm", "qk_norm_whole", "norm_offset", "norm_gain_float32", "attn_scale",
                  "attn_softcap", "sliding_window", "parallel_residual", "one_norm", "residual_multiplier",
-                 "n_experts", "experts_per_token", "renormalise_top_k", "shared_expert_d_ff")
+                 "attn_sinks", "latent", "n_experts", "experts_per_token", "renormalise_top_k", "shared_expert_d_ff",
+                 "shared_expert_gated", "router", "router_bias", "expert_groups", "groups_per_token", "routed_scaling",
+                 "choice_bias", "glu_limit", "glu_alpha")
 MOE_EXTRAS = ("experts_per_token", "renormalise_top_k")  # said of every mixture of experts, and only of one
 _DEFAULTS = {field.name: field.default for field in dataclasses.fields(BlockConfig)}
 
@@ -44,6 +46,8 @@ _DEFAULTS = {field.name: field.default for field in dataclasses.fields(BlockConf
 def _setting(key: str, value) -> str:
     if key == "rope_scaling":
         return f"'{RopeScaling.of(value)}'"
+    if key == "latent":
+        return f"'{LatentAttention.of(value)}'"
     return f"{value:.4g}" if isinstance(value, float) else f"{value}"
 
 
@@ -175,7 +179,7 @@ def routing_lines(routing: dict, labels: Sequence[str]) -> str:
         f"router entropy {routing['entropy']:.3f} (uniform {routing['uniform_entropy']:.3f}), load-balance loss "
         f"{routing['balance_loss']:.3f} ({k} balanced, {experts} all on {k}), z-loss {routing['z_loss']:.3g}, "
         f"largest |logit| {routing['max_logit']:.3g}",
-        *(["experts chosen, most probable first: " + "  ".join(
+        *(["experts chosen, largest weight first: " + "  ".join(
             f"{label}→{','.join(map(str, row))}" for label, row in zip(labels, routing["chosen"]))]
           if routing.get("chosen") else [])])
 
@@ -327,7 +331,9 @@ def gradients_section(gradients: dict, fmt: str) -> str:
     layers = gradients["layers"]
     step_names = list(layers[0]["step_grad_norms"])
     step_rows = [[layer["layer"], *(layer["step_grad_norms"][n] for n in step_names)] for layer in layers]
-    weight_rows = [[layer["layer"], *(layer["weight_grad_norms"].get(n, "—") for n in WEIGHT_NAMES)] for layer in layers]
+    # None where a layer has no such matrix (a mixture's FFN, latent attention's K and V): shown as —, and the column
+    # still formatted as numbers
+    weight_rows = [[layer["layer"], *(layer["weight_grad_norms"].get(n) for n in WEIGHT_NAMES)] for layer in layers]
     batches = gradients["batches"]
     if gradients.get("loss_kind", "xiong") == "xiong":
         loss = (f"cross-entropy of a seeded random readout against Zipf-distributed targets; {batches} "
@@ -340,7 +346,7 @@ def gradients_section(gradients: dict, fmt: str) -> str:
         tabulate(step_rows, headers=["layer", *step_names], tablefmt=fmt, floatfmt=".4g"),
         "",
         "‖∂L/∂W‖_F of each weight matrix (the gradient averaged over the mini-batches, then the norm)",
-        tabulate(weight_rows, headers=["layer", *WEIGHT_NAMES], tablefmt=fmt, floatfmt=".4g"),
+        tabulate(weight_rows, headers=["layer", *WEIGHT_NAMES], tablefmt=fmt, floatfmt=".4g", missingval="—"),
     ]
     return "\n".join(lines)
 

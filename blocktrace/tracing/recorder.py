@@ -18,6 +18,7 @@ from typing import Optional
 
 import torch
 
+from blocktrace.model.moe import router_distribution
 from blocktrace.tracing.probes import ProbeContext, ffn_probe, step_probe
 from blocktrace.tracing.routing import routing_moments
 from blocktrace.tracing.stats import (
@@ -146,6 +147,7 @@ class Recorder:
         self.derived = {name: (stream, update) for name, stream, update in layout.derived}
         self.held: dict[str, torch.Tensor] = {}  # step values the derived steps still need
         self.router_logits: Optional[torch.Tensor] = None
+        self.router_probs: Optional[torch.Tensor] = None
         self.routing: Optional[torch.Tensor] = None  # a mixture of experts' routing moments (tracing.routing)
         self.routing_k = 0  # the experts each token goes to
         # tolerant (a Watch inside someone's training): a hook that fails is kept in `failure` and the hooks go
@@ -236,7 +238,7 @@ class Recorder:
         self.handles = []
 
     def _routing_hooks(self) -> list:
-        """A mixture of experts' router: from its logits and probabilities, what it did with the tokens."""
+        """A mixture of experts' router: from its logits, probabilities and choice, what it did with the tokens."""
         if not self.own:
             return self._hf_router_hooks()
         ffn = getattr(self.block, "ffn", None)
@@ -247,30 +249,39 @@ class Recorder:
             self.router_logits = logits.detach()
 
         def on_probs(module, inputs, probs):
-            self._route(self.router_logits, probs.detach(), ffn.k)
+            self.router_probs = probs.detach()
+
+        def on_chosen(module, inputs, chosen):
+            self._route(self.router_logits, self.router_probs, chosen)
 
         return [ffn.router_logits.register_forward_hook(self.guard(on_logits)),
-                ffn.router_probs.register_forward_hook(self.guard(on_probs))]
+                ffn.router_probs.register_forward_hook(self.guard(on_probs)),
+                ffn.chosen.register_forward_hook(self.guard(on_chosen))]
 
     def _hf_router_hooks(self) -> list:
-        """HF's routers return (logits, weights, experts) and keep their top_k; their probabilities are the
-        softmax of the logits in float32, as they compute them."""
+        """HF's routers return their logits first and the experts chosen last (an integer tensor), and keep their
+        top_k; their probabilities are the family's distribution of the logits (model.moe), in float32, as they
+        compute them. A router that returns no choice (Mixtral's own top-k of its probabilities) is read by it."""
         if self.layout.router is None:
             return []
-        router = resolve(self.block, StepSpec("ffn", self.layout.router))
+        try:
+            router = self.block.get_submodule(self.layout.router)
+        except AttributeError:  # a dense layer of a mostly sparse model (DeepSeek's first layers, Qwen's mlp_only)
+            return []
 
         def on_output(module, inputs, output):
             logits = first_tensor(output).detach()
             shape = (*self.input.shape[:-1], logits.shape[-1]) if self.input is not None else logits.shape
             logits = logits.reshape(shape)
-            self._route(logits, torch.softmax(logits.float(), dim=-1), module.top_k)
+            probs = router_distribution(self.layout.router_kind, logits)
+            self._route(logits, probs, _hf_choice(output, probs, module.top_k).reshape(*shape[:-1], -1))
 
         return [router.register_forward_hook(self.guard(on_output))]
 
-    def _route(self, logits: torch.Tensor, probs: torch.Tensor, k: int) -> None:
+    def _route(self, logits: torch.Tensor, probs: torch.Tensor, chosen: torch.Tensor) -> None:
         if self.routing is None:  # a block called twice is traced at its first call
-            self.routing = routing_moments(logits, probs, k, self.token_mask, PREVIEW_MAX_TOKENS)
-            self.routing_k = k
+            self.routing = routing_moments(logits, probs, chosen, self.token_mask, PREVIEW_MAX_TOKENS)
+            self.routing_k = chosen.shape[-1]
 
     def _attention_hooks(self) -> list:
         if self.own:  # our attention exposes its scores and weights through hook points
@@ -304,3 +315,15 @@ def _attention_weights(output) -> Optional[torch.Tensor]:
         if isinstance(value, torch.Tensor) and value.dim() >= 3 and value.shape[-1] == value.shape[-2]:
             return value
     return None
+
+
+def _hf_choice(output, probs: torch.Tensor, k: int) -> torch.Tensor:
+    """The experts a HF router chose, largest weight first: its last output when that is an integer tensor (ordered
+    by the weights beside it, where it returns them), else the top-k of its probabilities."""
+    last = output[-1] if isinstance(output, tuple) else None
+    if not isinstance(last, torch.Tensor) or last.is_floating_point():
+        return torch.topk(probs, k, dim=-1).indices
+    chosen, weights = last.detach(), output[-2] if len(output) >= 3 else None
+    if isinstance(weights, torch.Tensor) and weights.shape == chosen.shape:
+        chosen = chosen.gather(-1, weights.detach().argsort(dim=-1, descending=True))
+    return chosen

@@ -18,22 +18,23 @@ import torch
 HEAD = 6  # tokens, entropy, load-balance loss, z-loss, largest |logit|, tokens previewed
 
 
-def routing_moments(logits: torch.Tensor, probs: torch.Tensor, k: int,
+def routing_moments(logits: torch.Tensor, probs: torch.Tensor, chosen: torch.Tensor,
                     token_mask: Optional[torch.Tensor] = None, preview: int = 0) -> torch.Tensor:
     """[tokens, entropy, load-balance loss, z-loss, largest |logit|, P, load_0 … load_E-1, importance_0 …, then the
     k experts each of the first sequence's first P tokens went to] as one float64 vector on the router's device
-    (load: token slots per expert; importance: mean probability; P = its length when ≤ `preview`, else 0)."""
-    experts = probs.shape[-1]
-    first = probs.reshape(-1, probs.shape[-2], experts)[0]  # the first sequence, [T, E]
+    (chosen: [..., T, k] the experts the layer sent each token to; load: token slots per expert; importance: mean
+    probability; P = the first sequence's length when ≤ `preview`, else 0)."""
+    experts, k = probs.shape[-1], chosen.shape[-1]
+    first = chosen.reshape(-1, probs.shape[-2], k)[0]  # the first sequence, [T, k]
     shown = first.shape[0] if first.shape[0] <= preview else 0
-    chosen_first = torch.topk(first[:shown].float(), k, dim=-1).indices.reshape(-1)
+    chosen_first = first[:shown].reshape(-1)
     logits, probs = logits.reshape(-1, experts).float(), probs.reshape(-1, experts).float()
+    chosen = chosen.reshape(-1, k)
     real = torch.ones(probs.shape[0], dtype=torch.float32, device=probs.device)
     if token_mask is not None and token_mask.numel() == probs.shape[0]:
         real = token_mask.reshape(-1).to(probs.device, torch.float32)  # weights, not an index: no host read
     tokens = real.sum()
     per_token = 1 / tokens.clamp_min(1)
-    chosen = torch.topk(probs, k, dim=-1).indices  # the experts the tokens went to (the same topk as the layer's)
     # [k, E]: the real tokens each expert got in each slot (a scatter: one_hot checks its input on the host)
     slots = torch.zeros(k, experts, device=probs.device).scatter_add_(1, chosen.T, real[None].expand(k, -1))
     importance = (probs * real[:, None]).sum(0) * per_token

@@ -16,7 +16,7 @@ from typing import Optional
 from torch import nn
 
 from blocktrace.errors import UsageError
-from blocktrace.vocab import Capture, Norm, Placement
+from blocktrace.vocab import Capture, Norm, Placement, RouterKind
 from blocktrace.sources.families import HF_LAYERS, HFLayer
 from blocktrace.sources.families.gpt2 import GPT2_STEPS
 from blocktrace.wiring import PARALLEL, PRE, Kind, Wiring, wiring_of
@@ -45,6 +45,7 @@ class Layout:
     weights_path: Optional[str] = None  # the module whose output tuple holds the attention weights
     batched: bool = False  # the block wants [B, T, d] (HF layers, nanoGPT): [T, d] input gets a batch of one
     router: Optional[str] = None  # a mixture of experts' router module (HF's TopKRouter: logits first, top_k)
+    router_kind: RouterKind = RouterKind.SOFTMAX  # how that router's logits become probabilities
     residual_multiplier: Optional[str] = None  # the layer's attribute scaling each sublayer's output in its residual
 
     def spec(self, name: str) -> Optional[StepSpec]:
@@ -88,16 +89,17 @@ def recover_specs(names: dict[str, str], wiring: Wiring) -> tuple[StepSpec, ...]
 
 
 def _layout(name, wiring, causal, names, norm=Norm.LAYERNORM, hidden=None, weights=None, batched=False,
-            router=None, residual_multiplier=None) -> Layout:
+            router=None, router_kind=RouterKind.SOFTMAX, residual_multiplier=None) -> Layout:
     return Layout(name, wiring, causal, recover_specs(names, wiring), norm, hidden, weights, batched, router,
-                  residual_multiplier)
+                  router_kind, residual_multiplier)
 
 
 def _hf_layout(class_name: str, layer: HFLayer, parallel: bool) -> Layout:
     # Causal by default; the layer's own attention says otherwise (detect_layout reads its is_causal).
     wiring, label = (PARALLEL, f"{class_name} (parallel residual)") if parallel else (layer.wiring, class_name)
     return _layout(f"HuggingFace {label}", wiring, True, layer.steps, layer.norm, layer.hidden, layer.weights,
-                   batched=True, router=layer.router, residual_multiplier=layer.residual_multiplier)
+                   batched=True, router=layer.router, router_kind=layer.router_kind,
+                   residual_multiplier=layer.residual_multiplier)
 
 
 # Layouts recognised by their submodule names when the class name is not known.

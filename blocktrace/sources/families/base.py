@@ -20,7 +20,7 @@ from blocktrace.config import BlockConfig, RopeScaling
 from blocktrace.errors import WeightsError
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.vocab import Choice, FFNKind, Norm, RopeKind
+from blocktrace.vocab import Choice, FFNKind, Norm, RopeKind, RouterKind
 from blocktrace.wiring import PRE, Wiring
 
 Reader = Callable[..., torch.Tensor]  # (name or names inside the layer, expected shape) -> tensor
@@ -75,6 +75,7 @@ class HFLayer:
     hidden: Optional[str] = None  # the FFN activation module, for the dead-unit checks
     weights: Optional[str] = None  # the module whose output tuple holds the attention weights, when not attn's
     router: Optional[str] = None  # a mixture of experts' router (HF's TopKRouter: logits first, top_k)
+    router_kind: RouterKind = RouterKind.SOFTMAX  # how that router's logits become probabilities
     parallel_flag: Optional[str] = None  # the layer's attribute that, when true, makes its residual parallel
     residual_multiplier: Optional[str] = None  # the layer's attribute that scales each sublayer's output in its
     # residual add (Granite's x + m·f(x))
