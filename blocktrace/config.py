@@ -153,11 +153,16 @@ class BlockConfig:
     qkv_bias: Optional[bool] = None  # biases of q, k and v only (Qwen2); None: as attn_bias
     qk_norm: bool = False  # RMSNorm on each head's q and k before RoPE (Qwen3)
     qk_norm_whole: bool = False  # QK-norm over all heads' q (and all k) at once, before the split into heads (OLMo-2)
+    qk_l2_norm: bool = False  # Llama-4: each head's q and k divided by their RMS after RoPE, no gain
     norm_offset: float = 0.0  # RMSNorm gain is (offset + w), computed in float32 (Gemma: 1)
     norm_gain_float32: bool = False  # RMSNorm multiplies its gain in float32, then casts (OLMo-2); else after (Llama)
     attn_scale: Optional[float] = None  # multiplies q·k; None: 1/√head_dim (Gemma-2: query_pre_attn_scalar^-½)
     attn_softcap: Optional[float] = None  # logits become cap·tanh(s/cap) before the mask (Gemma-2)
     sliding_window: Optional[int] = None  # a query sees only the last W keys (itself included)
+    attention_chunk: Optional[int] = None  # Llama-4: the tokens split into chunks of C, a query sees only its own
+    # Llama-4's NoPE layers: each query multiplied by 1 + temperature_scale·ln(1 + ⌊(position + 1)/temperature_floor⌋)
+    temperature_floor: Optional[int] = None
+    temperature_scale: float = 0.1
     parallel_residual: bool = False  # GPT-NeoX: x + attn(norm1(x)) + ffn(norm2(x)), both from x
     one_norm: bool = False  # a parallel block whose sublayers both read norm1(x) (Cohere): no norm2
     residual_multiplier: float = 1.0  # multiplies each sublayer's output in its residual add (Granite): x + m·f(x)
@@ -259,10 +264,17 @@ class BlockConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name} must be positive, not {value!r}", name)
-        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window < 1
-                                                or not self.causal):
-            raise ConfigError(f"sliding_window {self.sliding_window!r} needs a positive width and causal attention",
-                              "sliding_window")
+        for name in ("sliding_window", "attention_chunk"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1
+                                      or not self.causal):
+                raise ConfigError(f"{name} {value!r} needs a positive width and causal attention", name)
+        if self.temperature_floor is not None and (isinstance(self.temperature_floor, bool) or not isinstance(
+                self.temperature_floor, int) or self.temperature_floor < 1):
+            raise ConfigError(f"temperature_floor must be a positive integer, not {self.temperature_floor!r}",
+                              "temperature_floor")
+        if self.qk_l2_norm and self.qk_norm:
+            raise ConfigError("qk_l2_norm is Llama-4's QK-norm (after RoPE, no gain): it replaces qk_norm", "qk_norm")
 
     def _validate_experts(self) -> None:
         if self.n_experts is None:

@@ -60,10 +60,12 @@ class RouterKind(Choice):
     # DeepSeek-V3: sigmoid scores; the choice adds a bias and keeps the groups whose two best sum highest; the
     # weights are the chosen scores without the bias
     SIGMOID_GROUPED = "sigmoid_grouped"
+    # Llama-4: the top-k logits' sigmoids scale each chosen expert's input (not its output)
+    SIGMOID_TOPK = "sigmoid_topk"
 
     @property
     def grouped(self) -> bool:
-        return self is not RouterKind.SOFTMAX
+        return self in (RouterKind.SOFTMAX_GROUPED, RouterKind.SIGMOID_GROUPED)
 
 
 class RopeKind(Choice):

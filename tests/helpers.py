@@ -231,6 +231,13 @@ def watched_records(path, steps: int = 2, seed: int = 0) -> list[dict]:
 # 12, keys and values from a latent of 16), and per variant what sets it apart.
 DEEPSEEK_LATENT = dict(num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12,
                        moe_intermediate_size=16)
+# Llama-4's small test model: RoPE layers 0 and 2 attend in chunks of 4 (llama3 RoPE past its context, L2 QK-norm),
+# layer 1 is NoPE with a query temperature that grows every 2 tokens; layers 1 and 2 are experts, 0 dense.
+LLAMA4 = dict(num_key_value_heads=2, head_dim=8, intermediate_size=16, intermediate_size_mlp=64, no_rope_layers=[1, 0, 1],
+              moe_layers=[1, 2], num_local_experts=4, attention_chunk_size=4, floor_scale=2, attn_scale=0.3,
+              rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 4, "rope_theta": 500.0})
+
 DEEPSEEK = {
     # V3: q through its own latent, YaRN with DeepSeek's mscale past the context; a dense first layer, then experts
     # chosen by biased sigmoid scores within the best 2 of 4 groups, two shared experts.

@@ -57,6 +57,13 @@ def test_uniform_attention_is_measured_against_the_keys_each_query_sees():
     assert uniform_entropy(3, causal=True) == pytest.approx((0 + math.log(2) + math.log(3)) / 3)  # 0.597
     assert uniform_entropy(3, causal=False) == pytest.approx(math.log(3))
     assert uniform_entropy(6, causal=True, window=2) == pytest.approx(5 * math.log(2) / 6)
+    # Llama-4's chunks of 4: queries 0–3 see 1–4 keys, queries 4 and 5 see 1 and 2
+    assert uniform_entropy(6, causal=True, chunk=4) == pytest.approx((math.log(24) + math.log(2)) / 6)
+    chunked = trace(build_block(BlockConfig(d_model=8, n_heads=2, attention_chunk=2)), torch.randn(5, 8),
+                    keep_tensors=True)
+    weights = chunked.attention.tensor
+    assert weights[..., 2:4, :2].abs().max() == 0 and weights[..., 4, :4].abs().max() == 0  # earlier chunks unseen
+    assert chunked.attention.uniform_entropy == pytest.approx(2 * math.log(2) / 5)
     traced = trace(build_block(BlockConfig(d_model=8, n_heads=2)), torch.randn(3, 8))
     assert traced.attention.uniform_entropy == pytest.approx(0.5973, abs=1e-4)
 

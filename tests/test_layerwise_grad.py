@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 import torch
-from helpers import DEEPSEEK, make_deepseek, randomise_hf
+from helpers import DEEPSEEK, LLAMA4, make_deepseek, randomise_hf
 
 IDS = [5, 17, 99, 3, 42, 7, 63, 11]
 
@@ -21,6 +21,11 @@ def _model(name: str, layers: int = 3, width: int = 32):
                  num_hidden_layers=layers, vocab_size=101, max_position_embeddings=64, attn_implementation="eager")
     if name in DEEPSEEK:  # latent attention, a dense layer, then grouped routers and shared experts
         return make_deepseek(name, {**small, "num_key_value_heads": 4}, seed=11)
+    if name == "llama4_text":  # chunked and NoPE layers, experts stored [E, d, 2f]
+        model = transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(**{**small, **LLAMA4},
+                                                                             num_experts_per_tok=2))
+        randomise_hf(model, seed=11)
+        return model.eval()
     if name == "mixtral":
         model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**small, num_local_experts=4,
                                                                            num_experts_per_tok=2))
@@ -30,11 +35,13 @@ def _model(name: str, layers: int = 3, width: int = 32):
     return model.eval()
 
 
-def _pieces(name: str, grad: torch.Tensor) -> list[torch.Tensor]:
-    """HF 5 keeps a mixture's experts fused (gate_up_proj [E, 2f, d], down_proj [E, d, f]); blocktrace keeps one
-    tensor per expert and matrix, as the checkpoint stores them: HF's split the same way."""
+def _pieces(name: str, grad: torch.Tensor, model) -> list[torch.Tensor]:
+    """HF 5 keeps a mixture's experts fused (gate_up_proj [E, 2f, d], down_proj [E, d, f]; Llama-4's [E, d, 2f] and
+    [E, f, d]); blocktrace keeps one tensor per expert and matrix, as the checkpoint stores them: HF's split the same
+    way."""
     if name.endswith("experts.gate_up_proj"):
-        return [half for expert in grad for half in expert.chunk(2, dim=0)]
+        columns = type(model).__name__.startswith("Llama4")
+        return [half for expert in grad for half in expert.chunk(2, dim=1 if columns else 0)]
     if name.endswith("experts.down_proj"):
         return list(grad)
     return [grad]
@@ -50,12 +57,12 @@ def _hf_gradients(model) -> tuple[list[list[float]], list[float]]:
         h.retain_grad()
     output.loss.backward()
     parameters = [sorted(torch.linalg.vector_norm(piece.double()).item() for name, p in layer.named_parameters()
-                         for piece in _pieces(name, p.grad)) for layer in model.model.layers]
+                         for piece in _pieces(name, p.grad, model)) for layer in model.model.layers]
     outputs = [torch.linalg.vector_norm(hidden[k + 1].grad.double()).item() for k in range(len(model.model.layers) - 1)]
     return parameters, outputs
 
 
-@pytest.mark.parametrize("name", ["llama", "mixtral", "deepseek_v3", "deepseek_v2"])
+@pytest.mark.parametrize("name", ["llama", "mixtral", "deepseek_v3", "deepseek_v2", "llama4_text"])
 def test_every_parameters_gradient_and_every_layer_outputs_equal_a_whole_hf_backward(invoke, tmp_path, name):
     model = _model(name)
     model.save_pretrained(tmp_path)

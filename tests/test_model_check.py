@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from helpers import DEEPSEEK, make_bert, make_deepseek, make_gpt2, randomise_hf
+from helpers import DEEPSEEK, LLAMA4, make_bert, make_deepseek, make_gpt2, randomise_hf
 
 IDS = [5, 17, 99, 3, 42, 7, 63, 11]
 SHORT = [8, 9, 10, 12]
@@ -82,6 +82,8 @@ def hf_model(name: str):
             layer_types=["sliding_attention", "full_attention", "sliding_attention"], pad_token_id=0, eos_token_id=1))
     elif name in DEEPSEEK:  # latent attention; a dense layer, then grouped routers
         return make_deepseek(name, small, seed=7)
+    elif name == "llama4_text":  # chunked RoPE layers, a NoPE layer with its temperature, experts scaling their input
+        model = transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(**{**small, **LLAMA4}, num_experts_per_tok=1))
     else:
         model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**small))
     randomise_hf(model, seed=7)
@@ -114,7 +116,8 @@ def our_layer_gradients(report: dict) -> list[float]:
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gemma3", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe",
                                   "olmoe", "llama3 rope", "gpt_neox", "starcoder2", "granite", "smollm3", "olmo3",
-                                  "exaone4", "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2"])
+                                  "exaone4", "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2",
+                                  "llama4_text"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)
@@ -130,7 +133,7 @@ def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["llama", "granite", "smollm3", "olmo3", "exaone4", "cohere", "cohere2", "gpt_oss",
-                                  "deepseek_v3"])
+                                  "deepseek_v3", "llama4_text"])
 def test_a_padded_batch_predicts_real_tokens_only(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import DEEPSEEK, capture, randomise_choice_bias, randomise_hf
+from helpers import DEEPSEEK, LLAMA4, capture, randomise_choice_bias, randomise_hf
 
 from blocktrace.errors import WeightsError
 from blocktrace.sources.checkpoint import Checkpoint
@@ -32,6 +32,7 @@ OLMO2_PLACES = {"attn": ("self_attn", "out"), "attn_weights": ("self_attn", "wei
 NEOX_PLACES = {"norm1": ("input_layernorm", "out"), "attn": ("attention", "out"),
                "attn_weights": ("attention", "weights"), "norm2": ("post_attention_layernorm", "out"),
                "ffn": ("mlp", "out"), "residual2": ("", "out")}
+LLAMA4_PLACES = {**LLAMA_PLACES, "ffn": ("feed_forward", "out")}
 COHERE_PLACES = {"norm1": ("input_layernorm", "out"), "attn": ("self_attn", "out"),
                  "attn_weights": ("self_attn", "weights"), "ffn": ("mlp", "out"), "residual2": ("", "out")}
 
@@ -119,6 +120,11 @@ FAMILIES = {
                          "original_max_position_embeddings": 4, "rope_theta": 10000.0}), LLAMA_PLACES),
     **{name: (config_class.replace("Config", "ForCausalLM"), config_class, extra, LLAMA_PLACES)
        for name, (config_class, extra) in DEEPSEEK.items()},
+    # Llama-4: chunked RoPE layers with the L2 QK-norm, a NoPE layer with its query temperature, top-1 experts that
+    # scale their input, a shared expert; top-2 too.
+    "llama4_text": ("Llama4ForCausalLM", "Llama4TextConfig", dict(**LLAMA4, num_experts_per_tok=1), LLAMA4_PLACES),
+    "llama4_text top-2": ("Llama4ForCausalLM", "Llama4TextConfig", dict(**LLAMA4, num_experts_per_tok=2),
+                          LLAMA4_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -152,6 +158,8 @@ def reference(model, places: dict, layer: int, ids: list[int]) -> dict:
     block = layers[layer]
     seen = capture(model, {name: (block.get_submodule(path) if path else block, where)
                            for name, (path, where) in places.items()}, ids)
+    if seen["ffn"].shape != seen["hidden_states"][layer].shape:  # Llama-4's experts return [B·T, d]
+        seen["ffn"] = seen["ffn"].reshape(seen["hidden_states"][layer].shape)
     if "residual1" not in seen:  # a parallel residual never forms x + attn_out: it is the sum of HF's own values
         seen["residual1"] = seen["hidden_states"][layer] + seen["attn"]
     return seen
@@ -181,7 +189,8 @@ def test_every_step_matches_huggingface(family, layer):
 
 NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama rope-llama3", "llama rope-dynamic",
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
-         "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy"]
+         "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy",
+         "llama4_text", "llama4_text top-2"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -264,9 +273,9 @@ def test_a_checkpoint_read_as_llama_is_refused_by_its_tensors(tmp_path, name, le
 
 
 def test_unknown_model_types_and_llama_keys_without_config_are_refused(invoke, tmp_path):
-    target = _retyped(tmp_path / "llama4", "qwen3", "llama4_text")
+    target = _retyped(tmp_path / "llama4", "qwen3", "llama4")  # the multimodal model's type
     result = invoke("run", "--weights", str(target), "--token-ids", "1", "2")
-    assert result.exit_code == 2 and "model_type 'llama4_text' is not supported" in result.stderr
+    assert result.exit_code == 2 and "model_type 'llama4' is not supported" in result.stderr
     bare = tmp_path / "bare"
     model, _ = build("mistral")
     model.save_pretrained(bare)
@@ -290,6 +299,14 @@ def test_unknown_model_types_and_llama_keys_without_config_are_refused(invoke, t
     ("deepseek_v3", {"num_key_value_heads": 2}, "latent attention gives every head its own key and value"),
     ("deepseek_v2", {"topk_method": "noaux_tc"}, "greedy or group_limited_greedy"),
     ("deepseek_v2", {"mlp_bias": True}, "mlp_bias = True puts biases on the dense MLPs"),
+    ("llama4_text", {"layer_types": ["sliding_attention", "full_attention", "chunked_attention"]},
+     "full_attention or chunked_attention (Llama-4 has no sliding layers)"),
+    ("llama4_text", {"layer_types": ["full_attention", "chunked_attention", "local"]},
+     "made of full_attention and sliding_attention and chunked_attention"),
+    ("llama4_text", {"no_rope_layers": [1, 2, 1]}, "1 (RoPE) or 0 (none), one per layer"),
+    ("llama4_text", {"moe_layers": [5]}, "a list of layer indices below 3"),
+    ("gemma2", {"layer_types": ["chunked_attention", "full_attention", "full_attention"]},
+     "made of full_attention and sliding_attention (blocktrace traces no other kind here)"),
 ])
 def test_config_fields_blocktrace_does_not_implement_are_refused(invoke, tmp_path, name, change, message):
     model, _ = build(name)
@@ -337,7 +354,8 @@ FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3
                   ("gemma", "GemmaConfig"), ("gemma2", "Gemma2Config"), ("gemma3", "Gemma3TextConfig"), ("olmo2", "Olmo2Config"),
                   ("mixtral", "MixtralConfig"), ("qwen2_moe", "Qwen2MoeConfig"), ("qwen3_moe", "Qwen3MoeConfig"),
                   ("olmoe", "OlmoeConfig"), ("starcoder2", "Starcoder2Config"),
-                  ("deepseek_v3", "DeepseekV3Config"), ("deepseek_v2", "DeepseekV2Config")]
+                  ("deepseek_v3", "DeepseekV3Config"), ("deepseek_v2", "DeepseekV2Config"),
+                  ("llama4_text", "Llama4TextConfig")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],

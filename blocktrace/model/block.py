@@ -119,7 +119,10 @@ def substep_operations(config: BlockConfig) -> dict[str, str]:
         **(_latent_operations(config) if config.latent is not None else {}),
         "ffn.router_logits": "logits = router(x_in)  (one per expert)",
         "ffn.router_probs": _router_operation(config),
-        "ffn.routed": f"Σ over its top-k experts: {_weight_name(config)} · expert_e(x_in)",
+        "ffn.routed": "Σ over its top-k experts: expert_e(s_e · x_in)" if config.router is RouterKind.SIGMOID_TOPK
+        else f"Σ over its top-k experts: {_weight_name(config)} · expert_e(x_in)",
+        "attn.q_l2norm": "q = q / RMS(q) per head, after RoPE (no gain)",
+        "attn.k_l2norm": "k = k / RMS(k) per head, after RoPE (no gain)",
         "ffn.shared": "shared_expert(x_in)" if not config.shared_expert_gated
         else "sigmoid(gate(x_in)) · shared_expert(x_in)",
     }
@@ -142,6 +145,8 @@ def _router_operation(config: BlockConfig) -> str:
     k, renormalised = config.experts_per_token, ", renormalised" if config.renormalise_top_k else ""
     if config.router is RouterKind.SOFTMAX:
         return f"p = softmax(logits), top-{k} kept{renormalised}"
+    if config.router is RouterKind.SIGMOID_TOPK:
+        return f"p = softmax(logits); the top-{k} logits chosen, s = sigmoid(logit)"
     groups = f"top-{k} within the best {config.groups_per_token} of {config.expert_groups} groups"
     if config.router is RouterKind.SOFTMAX_GROUPED:
         return f"p = softmax(logits), {groups} (a group's score: its best p)"
@@ -163,7 +168,9 @@ def step_operations(config: BlockConfig) -> dict[str, str]:
     multiplier = "" if config.residual_multiplier == 1.0 else f"{config.residual_multiplier:.4g}·"
     # What sets the layer's attention apart: no rotation in a RoPE model (NoPE), a sink logit per head (gpt-oss)
     marks = [mark for mark, on in (("NoPE", config.nope), ("sinks", config.attn_sinks),
-                                   ("latent", config.latent is not None)) if on]
+                                   ("latent", config.latent is not None), ("L2 QK-norm", config.qk_l2_norm),
+                                   (f"chunks of {config.attention_chunk}", config.attention_chunk is not None),
+                                   ("query temperature", config.temperature_floor is not None)) if on]
     attention = f"MultiHeadAttention[{', '.join(marks)}]" if marks else "MultiHeadAttention"
     functions = {Kind.NORM: _norm_name(config), Kind.ATTENTION: attention, Kind.FFN: _ffn_name(config)}
     formulas = {}

@@ -31,15 +31,18 @@ class RMSNorm(nn.Module):
     normalised value is cast first (Llama).
     """
 
-    def __init__(self, d_model: int, eps: float, offset: float = 0.0, gain_float32: bool = False):
+    def __init__(self, d_model: int, eps: float, offset: float = 0.0, gain_float32: bool = False, gain: bool = True):
         super().__init__()
         self.eps, self.offset, self.gain_float32 = eps, offset, gain_float32 or bool(offset)
-        self.weight = nn.Parameter(torch.zeros(d_model) if offset else torch.ones(d_model))
+        # gain=False: no learned gain at all (Llama-4's L2 QK-norm)
+        self.weight = nn.Parameter(torch.zeros(d_model) if offset else torch.ones(d_model)) if gain else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 at least: half-precision squares overflow at |x| > 256.
         x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight is None:
+            return normed.to(x.dtype)
         if self.gain_float32:
             return (normed * (self.offset + self.weight.to(normed.dtype))).to(x.dtype)
         return self.weight * normed.to(x.dtype)
@@ -71,7 +74,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         d, hd = config.d_model, config.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, hd
-        self.causal, self.window = config.causal, config.sliding_window
+        self.causal, self.window, self.chunk = config.causal, config.sliding_window, config.attention_chunk
         self.scale, self.softcap = config.scale, config.attn_softcap
         self._projections(config)
         self.qk_norm_whole = config.qk_norm_whole  # OLMo-2: one norm over all heads, before the split
@@ -83,7 +86,12 @@ class MultiHeadAttention(nn.Module):
             self.rope = RotaryEmbedding(config.rotary_dims, config.rope_theta, config.rope_scaling,
                                         config.rope_interleaved)
             self.q_rope, self.k_rope = HookPoint(), HookPoint()
-        if self.rope is not None or config.qk_norm:
+        # Llama-4: q and k divided by their RMS after RoPE (one module each, so each is its own traced sub-step)
+        self.q_l2norm, self.k_l2norm = (RMSNorm(hd, config.eps, gain=False) if config.qk_l2_norm else None
+                                        for _ in range(2))
+        self.temperature = (config.temperature_floor, config.temperature_scale) \
+            if config.temperature_floor is not None else None
+        if self.rope is not None or config.qk_norm or config.qk_l2_norm:
             self.q, self.k = HookPoint(), HookPoint()  # q and k as the projections give them
         # gpt-oss: one learned logit per head, a column every query row's softmax includes and then drops
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attn_sinks else None
@@ -105,7 +113,8 @@ class MultiHeadAttention(nn.Module):
         """The traced sub-steps inside attn, in the order they are computed."""
         names = ("q", "k") if hasattr(self, "q") else ()
         names += ("q_norm", "k_norm") if self.q_norm is not None else ()
-        return names + (("q_rope", "k_rope") if self.rope is not None else ())
+        names += ("q_rope", "k_rope") if self.rope is not None else ()
+        return names + (("q_l2norm", "k_l2norm") if self.q_l2norm is not None else ())
 
     def _split_heads(self, x: torch.Tensor, heads: Optional[int] = None) -> torch.Tensor:
         *lead, t, width = x.shape
@@ -128,6 +137,8 @@ class MultiHeadAttention(nn.Module):
             hidden = keys[None, :] > queries[:, None]
             if self.window is not None:  # HF: key j is visible from query i when i - W < j <= i
                 hidden |= keys[None, :] <= queries[:, None] - self.window
+            if self.chunk is not None:  # Llama-4: only the keys of the query's own chunk
+                hidden |= keys[None, :] // self.chunk != queries[:, None] // self.chunk
             scores.masked_fill_(hidden, lowest)
         if self.key_mask is not None:  # padding of a batch of different lengths
             scores.masked_fill_(~self.key_mask[:, None, None, :], lowest)
@@ -160,7 +171,18 @@ class MultiHeadAttention(nn.Module):
             value = self._split_heads(norm(projected), heads) if self.qk_norm_whole else norm(value)
         if rotation is not None:
             value = getattr(self, f"{which}_rope")(self.rope.rotate(value, *rotation))
+        if self.q_l2norm is not None:
+            value = getattr(self, f"{which}_l2norm")(value)
+        if which == "q" and self.temperature is not None:
+            value = self._temperature(value)
         return value
+
+    def _temperature(self, q: torch.Tensor) -> torch.Tensor:
+        """Llama-4's NoPE layers sharpen later queries: q × (1 + scale·ln(1 + ⌊(position + 1)/floor⌋)), as HF."""
+        floor, scale = self.temperature
+        positions = torch.arange(q.shape[-2], device=q.device).float()
+        factors = torch.log1p(torch.floor((positions + 1.0) / floor)) * scale + 1.0
+        return (q * factors[:, None]).to(q.dtype)
 
     def _queries_and_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rotation = None

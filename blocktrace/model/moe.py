@@ -4,8 +4,8 @@ A linear router scores every expert for every token; the softmax of those logits
 as HF computes it) picks each token's top-k experts, whose outputs are summed weighted by their
 probabilities (rescaled to sum to 1 where the model says so). DeepSeek's routers choose within
 groups of experts (RouterKind; V3's scores are sigmoids, its choice biased) and scale the
-weights. Qwen2-MoE adds a shared expert that every token passes through, gated by sigmoid(w·x);
-DeepSeek's shared experts have no gate. The router's logits and probabilities, the routed sum
+weights; Llama-4's router scales each chosen expert's input by the sigmoid of its logit. Qwen2-MoE adds a shared expert that every token passes through, gated by sigmoid(w·x);
+DeepSeek's and Llama-4's shared experts have no gate. The router's logits and probabilities, the routed sum
 and the shared expert's share pass through hook points: the traced sub-steps of ffn, from which
 the routing statistics are read (tracing.routing), with the experts each token went to.
 """
@@ -36,7 +36,7 @@ def router_distribution(kind: RouterKind, logits: torch.Tensor) -> torch.Tensor:
     if kind is RouterKind.SIGMOID_GROUPED:
         scores = torch.sigmoid(logits.float())
         return scores / scores.sum(dim=-1, keepdim=True)
-    return torch.softmax(logits, dim=-1, dtype=torch.float)
+    return torch.softmax(logits, dim=-1, dtype=torch.float)  # Llama-4's too: its load-balance loss reads this
 
 
 def grouped_choice(scores: torch.Tensor, groups: int, kept: int, k: int, group_score: str,
@@ -87,6 +87,9 @@ class MixtureOfExperts(nn.Module):
         logits = logits.reshape(-1, logits.shape[-1])
         if self.kind is RouterKind.SOFTMAX:
             return top_k_weights(torch.softmax(logits, dim=-1, dtype=torch.float), self.k, self.renormalise)
+        if self.kind is RouterKind.SIGMOID_TOPK:  # Llama-4: the top-k logits' sigmoids, in float32, cast back
+            top, chosen = torch.topk(logits, self.k, dim=-1)
+            return torch.sigmoid(top.float()).to(logits.dtype), chosen
         weights, chosen = self._grouped_route(logits)
         weights, order = weights.sort(dim=-1, descending=True)
         return weights, chosen.gather(1, order)
@@ -111,10 +114,13 @@ class MixtureOfExperts(nn.Module):
         self.chosen(chosen.reshape(*logits.shape[:-1], self.k))
         flat, weights = x.reshape(-1, x.shape[-1]), weights.to(x.dtype)
         out = torch.zeros_like(flat)
+        scales_input = self.kind is RouterKind.SIGMOID_TOPK  # Llama-4 weighs what goes into an expert
         for index, expert in enumerate(self.experts):  # expert by expert, in order, as HF sums them
             tokens, slot = torch.where(chosen == index)
             if tokens.numel():
-                out.index_add_(0, tokens, expert(flat[tokens]) * weights[tokens, slot, None])
+                weight = weights[tokens, slot, None]
+                routed = expert(flat[tokens] * weight) if scales_input else expert(flat[tokens]) * weight
+                out.index_add_(0, tokens, routed)
         out = self.routed(out.reshape(x.shape))
         if self.shared_expert is not None:
             shared = self.shared_expert(x)

@@ -34,8 +34,8 @@ def _stat_cells(stats: dict) -> list:
 CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placement", "causal")
 # Shown too where they differ from BlockConfig's defaults: what makes a modern family's block its own.
 CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "rope_interleaved", "nope",
-                 "qkv_bias", "qk_norm", "qk_norm_whole", "norm_offset", "norm_gain_float32", "attn_scale",
-                 "attn_softcap", "sliding_window", "parallel_residual", "one_norm", "residual_multiplier",
+                 "qkv_bias", "qk_norm", "qk_norm_whole", "qk_l2_norm", "norm_offset", "norm_gain_float32", "attn_scale",
+                 "attn_softcap", "sliding_window", "attention_chunk", "temperature_floor", "temperature_scale", "parallel_residual", "one_norm", "residual_multiplier",
                  "attn_sinks", "latent", "n_experts", "experts_per_token", "renormalise_top_k", "shared_expert_d_ff",
                  "shared_expert_gated", "router", "router_bias", "expert_groups", "groups_per_token", "routed_scaling",
                  "choice_bias", "glu_limit", "glu_alpha")

@@ -82,10 +82,10 @@ class ConfigFile:
     def boolean(self, key: str, default: Any = None) -> Optional[bool]:
         return self._of_type(key, default, bool, "true or false")
 
-    def layer_types(self, layers: Optional[int]) -> Optional[list]:
+    def layer_types(self, layers: Optional[int], known: tuple[str, ...] = LAYER_TYPES) -> Optional[list]:
         """`layer_types` as HF's configs validate it: absent or null, or a list of one known attention type per
-        layer (num_hidden_layers of them). Only full and sliding attention are traced: any other type HF knows
-        is refused by name."""
+        layer (num_hidden_layers of them). Only full and sliding attention are traced (and, where the family says
+        so in `known`, Llama-4's chunked): any other type HF knows is refused by name."""
         value = self.data.get("layer_types")
         if value is None:
             return None
@@ -93,9 +93,9 @@ class ConfigFile:
                 (layers is not None and len(value) != layers):
             raise self.bad("layer_types", f"a list of {layers if layers is not None else 'one'} attention type"
                            f"{'s' if layers != 1 else ''} (one per layer: num_hidden_layers)", value)
-        unknown = sorted(set(value) - set(LAYER_TYPES))
+        unknown = sorted(set(value) - set(known))
         if unknown:
-            raise self.bad("layer_types", f"made of {' and '.join(LAYER_TYPES)} (blocktrace traces no other kind)",
+            raise self.bad("layer_types", f"made of {' and '.join(known)} (blocktrace traces no other kind here)",
                            unknown)
         return value
 

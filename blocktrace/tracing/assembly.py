@@ -127,7 +127,7 @@ class Collected:
             shape=shape, causal=self.layout.causal, future_weight_sum=values["future_weight_sum"],
             entropy_per_head=values["entropy_per_head"], max_weight=values["max_weight"],
             max_logit=values["max_logit"], preview=values.get("preview"), tensor=self.attention.get("tensor"),
-            uniform_entropy=uniform_entropy(shape[-1], bool(self.layout.causal), _window(self.block, self.own)),
+            uniform_entropy=uniform_entropy(shape[-1], bool(self.layout.causal), *_visible(self.block, self.own)),
             first_weight=values["first_weight"], self_weight=values["self_weight"],
             previous_weight=values["previous_weight"])
 
@@ -164,10 +164,11 @@ def _operations(block, layout: Layout, own: bool) -> dict[str, str]:
     return {"x": "input", **{spec.name: spec.describe() for spec in layout.specs}, **derived}
 
 
-def _window(block, own: bool) -> Optional[int]:
+def _visible(block, own: bool) -> tuple[Optional[int], Optional[int]]:
+    """The sliding window and the attention chunk that limit the keys a query sees."""
     if own:
-        return block.config.sliding_window
-    from blocktrace.tracing.calling import attention_module
+        return block.config.sliding_window, block.config.attention_chunk
+    from blocktrace.tracing.calling import attention_chunk, attention_module, hf_config
 
     window = getattr(attention_module(block), "sliding_window", None)
-    return window if isinstance(window, int) else None
+    return (window if isinstance(window, int) else None), attention_chunk(block, hf_config(block))

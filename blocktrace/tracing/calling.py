@@ -38,7 +38,7 @@ def is_huggingface(block: nn.Module) -> bool:
     return type(block).__module__.startswith("transformers.")
 
 
-def _hf_config(block: nn.Module):
+def hf_config(block: nn.Module):
     for module in block.modules():
         config = getattr(module, "config", None)
         if config is not None and hasattr(config, "to_dict") and hasattr(config, "model_type"):
@@ -76,8 +76,15 @@ def _sliding_window(block: nn.Module, config) -> Optional[int]:
     return window
 
 
+def attention_chunk(block: nn.Module, config) -> Optional[int]:
+    """Llama-4's chunked attention: the config's attention_chunk_size on a layer its layer_types mark chunked."""
+    if config is None or _layer_type(attention_module(block), config) != "chunked_attention":
+        return None
+    return getattr(config, "attention_chunk_size", None)
+
+
 def additive_mask(batch: int, tokens: int, dtype: torch.dtype, device, causal: bool, window: Optional[int],
-                  token_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+                  token_mask: Optional[torch.Tensor], chunk: Optional[int] = None) -> Optional[torch.Tensor]:
     """[B, 1, T, T]: 0 where a query may look, finfo.min where not (as HF's eager attention adds it)."""
     if not causal and token_mask is None:
         return None
@@ -88,6 +95,8 @@ def additive_mask(batch: int, tokens: int, dtype: torch.dtype, device, causal: b
         hidden |= keys > queries
         if window is not None:
             hidden |= keys <= queries - window
+        if chunk is not None:
+            hidden |= keys // chunk != queries // chunk
     hidden = hidden.expand(batch, 1, tokens, tokens)
     if token_mask is not None:
         hidden = hidden | ~token_mask.to(device)[:, None, None, :]
@@ -95,10 +104,14 @@ def additive_mask(batch: int, tokens: int, dtype: torch.dtype, device, causal: b
 
 
 def _rotary_class(block: nn.Module):
+    """The rotary classes of the layer's module; where it has several (Llama-4's text and vision), the one named as
+    the layer is (Llama4TextDecoderLayer: Llama4TextRotaryEmbedding)."""
     module = sys.modules.get(type(block).__module__)
     classes = [value for name, value in vars(module).items()
                if name.endswith("RotaryEmbedding") and isinstance(value, type) and issubclass(value, nn.Module)]
-    return classes
+    own = type(block).__name__.replace("DecoderLayer", "RotaryEmbedding")
+    named = [value for value in classes if value.__name__ == own]
+    return named if len(classes) > 1 and named else classes
 
 
 def _layer_type(attention: Optional[nn.Module], config) -> Optional[str]:
@@ -130,15 +143,17 @@ def _position_embeddings(block: nn.Module, config, x: torch.Tensor, positions: t
 
 def huggingface_call(block: nn.Module, x: torch.Tensor, token_mask: Optional[torch.Tensor] = None) -> Call:
     """The arguments a HF layer gets from its model, for input x ([T, d] or [B, T, d])."""
-    config = _hf_config(block)
+    config = hf_config(block)
     parameters = inspect.signature(block.forward).parameters
     batch, tokens = (x.shape[0] if x.dim() == 3 else 1), x.shape[-2]
     batched_x = x if x.dim() == 3 else x.unsqueeze(0)
     call = Call(batched=True, config=config)
     causal = bool(hf_causal(block))
     window = _sliding_window(block, config) if causal else None
+    chunk = attention_chunk(block, config) if causal else None
     if "attention_mask" in parameters:
-        call.kwargs["attention_mask"] = additive_mask(batch, tokens, x.dtype, x.device, causal, window, token_mask)
+        call.kwargs["attention_mask"] = additive_mask(batch, tokens, x.dtype, x.device, causal, window, token_mask,
+                                                      chunk)
     positions = torch.arange(tokens, device=x.device)[None].expand(batch, tokens)
     if "position_ids" in parameters:
         call.kwargs["position_ids"] = positions
@@ -146,6 +161,7 @@ def huggingface_call(block: nn.Module, x: torch.Tensor, token_mask: Optional[tor
         call.kwargs["position_embeddings"] = _position_embeddings(block, config, batched_x, positions)
     what = "causal mask" if causal else "no causal mask (bidirectional)"
     what += f" with a sliding window of {window}" if window is not None else ""
+    what += f" within chunks of {chunk} tokens" if chunk is not None else ""
     call.notes.append(f"called as its model calls it: {what}"
                       + (", rotary position embeddings from its model's rotary module"
                          if "position_embeddings" in call.kwargs else "")

@@ -270,7 +270,7 @@ class Recorder:
             return []
 
         def on_output(module, inputs, output):
-            logits = first_tensor(output).detach()
+            logits = (output[self.layout.router_logits_at] if isinstance(output, tuple) else output).detach()
             shape = (*self.input.shape[:-1], logits.shape[-1]) if self.input is not None else logits.shape
             logits = logits.reshape(shape)
             probs = router_distribution(self.layout.router_kind, logits)

@@ -117,12 +117,13 @@ def _future_mask(rows: int, t: int, start: int, dtype: torch.dtype, device: torc
     return torch.ones(rows, t, dtype=dtype, device=device).triu_(start + 1)
 
 
-def uniform_entropy(t: int, causal: bool, window: Optional[int] = None) -> float:
+def uniform_entropy(t: int, causal: bool, window: Optional[int] = None, chunk: Optional[int] = None) -> float:
     """Mean entropy of uniform attention over the keys each query may see: log T, or, causal,
-    the mean of log(i + 1) over the queries (log min(i + 1, W) with a sliding window W)."""
+    the mean of log(i + 1) over the queries (log min(i + 1, W) with a sliding window W; the keys from the
+    start of its chunk, i mod C + 1, with Llama-4's chunks of C)."""
     if not causal:
         return math.log(t)
-    return sum(math.log(min(i + 1, window or t)) for i in range(t)) / t
+    return sum(math.log(min(i + 1, window or t, i % chunk + 1 if chunk else t)) for i in range(t)) / t
 
 
 def _count(value: int, device: torch.device) -> torch.Tensor:

@@ -46,6 +46,7 @@ class Layout:
     batched: bool = False  # the block wants [B, T, d] (HF layers, nanoGPT): [T, d] input gets a batch of one
     router: Optional[str] = None  # a mixture of experts' router module (HF's TopKRouter: logits first, top_k)
     router_kind: RouterKind = RouterKind.SOFTMAX  # how that router's logits become probabilities
+    router_logits_at: int = 0  # where the logits are in the router's output tuple
     residual_multiplier: Optional[str] = None  # the layer's attribute scaling each sublayer's output in its residual
 
     def spec(self, name: str) -> Optional[StepSpec]:
@@ -89,9 +90,9 @@ def recover_specs(names: dict[str, str], wiring: Wiring) -> tuple[StepSpec, ...]
 
 
 def _layout(name, wiring, causal, names, norm=Norm.LAYERNORM, hidden=None, weights=None, batched=False,
-            router=None, router_kind=RouterKind.SOFTMAX, residual_multiplier=None) -> Layout:
+            router=None, router_kind=RouterKind.SOFTMAX, router_logits_at=0, residual_multiplier=None) -> Layout:
     return Layout(name, wiring, causal, recover_specs(names, wiring), norm, hidden, weights, batched, router,
-                  router_kind, residual_multiplier)
+                  router_kind, router_logits_at, residual_multiplier)
 
 
 def _hf_layout(class_name: str, layer: HFLayer, parallel: bool) -> Layout:
@@ -99,6 +100,7 @@ def _hf_layout(class_name: str, layer: HFLayer, parallel: bool) -> Layout:
     wiring, label = (PARALLEL, f"{class_name} (parallel residual)") if parallel else (layer.wiring, class_name)
     return _layout(f"HuggingFace {label}", wiring, True, layer.steps, layer.norm, layer.hidden, layer.weights,
                    batched=True, router=layer.router, router_kind=layer.router_kind,
+                   router_logits_at=layer.router_logits_at,
                    residual_multiplier=layer.residual_multiplier)
 
 

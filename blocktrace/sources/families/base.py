@@ -76,6 +76,7 @@ class HFLayer:
     weights: Optional[str] = None  # the module whose output tuple holds the attention weights, when not attn's
     router: Optional[str] = None  # a mixture of experts' router (HF's TopKRouter: logits first, top_k)
     router_kind: RouterKind = RouterKind.SOFTMAX  # how that router's logits become probabilities
+    router_logits_at: int = 0  # where the logits are in the router's output tuple (Llama-4's: after its scores)
     parallel_flag: Optional[str] = None  # the layer's attribute that, when true, makes its residual parallel
     residual_multiplier: Optional[str] = None  # the layer's attribute that scales each sublayer's output in its
     # residual add (Granite's x + m·f(x))

@@ -1,0 +1,153 @@
+"""Llama-4's text model (`llama4_text`; Llama's key names, the FFN under `feed_forward`):
+
+- RoPE layers (`no_rope_layers` 1; default all but every `no_rope_layer_interval`-th, 4) turn
+  adjacent pairs (HF's complex rotation), then divide each head's q and k by their RMS
+  (`use_qk_norm`: no gain, eps rms_norm_eps), and attend within chunks of `attention_chunk_size`
+  tokens (the layers `layer_types` marks chunked; by default the RoPE layers);
+- NoPE layers attend over the whole causal context, their queries sharpened with the position
+  (`attn_temperature_tuning`: × 1 + `attn_scale`·ln(1 + ⌊(i + 1)/`floor_scale`⌋));
+- a mixture of experts on `moe_layers` (default every `interleave_moe_layer_step`-th from the
+  step's own): a router whose top-k logits' sigmoids scale the chosen experts' input, experts
+  stored fused (`feed_forward.experts.gate_up_proj` [E, d, 2f], gate first; `down_proj` [E, f, d]),
+  and an ungated shared expert; dense layers have `intermediate_size_mlp`.
+
+The multimodal `llama4` checkpoints (keys under `language_model.`) are refused as another model
+type: save the text model alone (Llama4ForCausalLM) to trace it.
+"""
+
+from __future__ import annotations
+
+from blocktrace.errors import UsageError
+from blocktrace.sources.configfile import LAYER_TYPES, ConfigFile
+from blocktrace.sources.families.base import HFLayer, linear, rope_fields
+from blocktrace.sources.families.llama import Llama
+from blocktrace.sources.families.moe import MixtureFamily
+from blocktrace.sources.families.smollm3 import NOPE_FIELDS
+from blocktrace.vocab import FFNKind, Norm, RouterKind
+
+CHUNKED = "chunked_attention"
+STEPS = {"norm1": "input_layernorm", "attn": "self_attn", "norm2": "post_attention_layernorm", "ffn": "feed_forward"}
+
+
+class Llama4(MixtureFamily, Llama):
+    name, described, model_types = "llama4_text", "llama4_text (chunked and NoPE layers, sigmoid router)", \
+        ("llama4_text",)
+    hf_classes = ("Llama4TextDecoderLayer",)
+    hf_layer = HFLayer(STEPS, norm=Norm.RMSNORM, router="feed_forward.router", router_kind=RouterKind.SIGMOID_TOPK,
+                       router_logits_at=1)
+    defaults = {"rms_norm_eps": 1e-5, "hidden_act": "silu", "head_dim": 128, "num_local_experts": 16,
+                "num_experts_per_tok": 1, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+                "interleave_moe_layer_step": 1, "use_qk_norm": True, "no_rope_layer_interval": 4,
+                "attention_chunk_size": 8192, "attn_temperature_tuning": True, "floor_scale": 8192,
+                "attn_scale": 0.1}
+    default_theta = 500000.0  # Llama4TextConfig's, when neither rope_parameters nor rope_theta gives one
+    config_keys = {**Llama.config_keys, "n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
+                   "attention_chunk": "attention_chunk_size", "temperature_floor": "floor_scale",
+                   "temperature_scale": "attn_scale"}
+
+    def config_fields(self, config):
+        heads = config.integer("num_attention_heads")
+        width = self.setting(config, "intermediate_size", "integer")
+        return {"d_model": config.integer("hidden_size"), "n_heads": heads,
+                "kv_heads": config.integer("num_key_value_heads") or heads,
+                "head_size": self.setting(config, "head_dim", "integer"), "norm": Norm.RMSNORM,
+                "eps": self.setting(config, "rms_norm_eps", positive=True), "ffn": self.activation(config),
+                "bias": False, "attn_bias": config.boolean("attention_bias", False), "rope_interleaved": True,
+                **rope_fields(config, default_theta=self.default_theta),
+                "n_experts": self.setting(config, "num_local_experts", "integer"), "d_ff": width,
+                "experts_per_token": self.setting(config, "num_experts_per_tok", "integer"),
+                "shared_expert_d_ff": width, "shared_expert_gated": False, "router": RouterKind.SIGMOID_TOPK,
+                "renormalise_top_k": False}
+
+    def rotates(self, config: ConfigFile, layer: int) -> bool:
+        """no_rope_layers[layer] (1: RoPE), or Llama4TextConfig's default: every no_rope_layer_interval-th not."""
+        layers = config.integer("num_hidden_layers")
+        given = config.raw("no_rope_layers")
+        if not given:  # HF takes an empty list as none given
+            return (layer + 1) % self.setting(config, "no_rope_layer_interval", "integer") != 0
+        if not isinstance(given, list) or len(given) != layers or any(type(v) is not int or v not in (0, 1)
+                                                                      for v in given):
+            raise config.bad("no_rope_layers", f"a list of {layers} values, 1 (RoPE) or 0 (none), one per layer",
+                             given)
+        return bool(given[layer])
+
+    def chunked(self, config: ConfigFile, layer: int) -> bool:
+        """layer_types' word for the layer, or Llama4TextConfig's default: the RoPE layers, when chunks are set."""
+        types = config.layer_types(config.integer("num_hidden_layers"), (*LAYER_TYPES, CHUNKED))
+        if types is not None:
+            if "sliding_attention" in types:
+                raise config.bad("layer_types", "full_attention or chunked_attention (Llama-4 has no sliding layers)",
+                                 types)
+            return types[layer] == CHUNKED
+        return self.rotates(config, layer) and self.setting(config, "attention_chunk_size", "integer") is not None
+
+    def sparse(self, config: ConfigFile, layer: int) -> bool:
+        layers, step = config.integer("num_hidden_layers"), self.setting(config, "interleave_moe_layer_step", "integer")
+        given = config.raw("moe_layers")
+        if given is None:
+            return layer in range(step - 1, layers, step)
+        if not isinstance(given, list) or any(type(v) is not int or not 0 <= v < layers for v in given):
+            raise config.bad("moe_layers", f"a list of layer indices below {layers}", given)
+        return layer in given
+
+    def layer_fields(self, config, layer):
+        if config is None:
+            return {}
+        attention = {"attention_chunk": self.setting(config, "attention_chunk_size", "integer")
+                     if self.chunked(config, layer) else None}
+        if self.rotates(config, layer):
+            attention["qk_l2_norm"] = self.setting(config, "use_qk_norm", "boolean")
+        else:
+            attention.update(NOPE_FIELDS)
+            if self.setting(config, "attn_temperature_tuning", "boolean"):
+                attention.update(temperature_floor=self.setting(config, "floor_scale", "integer"),
+                                 temperature_scale=self.setting(config, "attn_scale"))
+        ffn = {} if self.sparse(config, layer) else {
+            "n_experts": None, "shared_expert_d_ff": None, "router": RouterKind.SOFTMAX,
+            "d_ff": self.setting(config, "intermediate_size_mlp", "integer")}
+        return {**attention, **ffn}
+
+    def shape_fields(self, checkpoint, base):
+        return {**MixtureFamily.shape_fields(self, checkpoint, base)}
+
+    def parameters(self, read, c):
+        d = c.d_model
+        return {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
+                "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.feed_forward(read, c)}
+
+    @staticmethod
+    def feed_forward(read, c) -> dict:
+        d, f = c.d_model, c.d_ff
+        if c.n_experts is None:
+            return {**linear(read, "feed_forward.gate_proj", "ffn.gate", f, d, False),
+                    **linear(read, "feed_forward.up_proj", "ffn.up", f, d, False),
+                    **linear(read, "feed_forward.down_proj", "ffn.down", d, f, False)}
+        e = c.n_experts
+        gate_up, down = read("feed_forward.experts.gate_up_proj", (e, d, 2 * f)), \
+            read("feed_forward.experts.down_proj", (e, f, d))
+        state = {"ffn.router.weight": read("feed_forward.router.weight", (e, d)),
+                 **linear(read, "feed_forward.shared_expert.gate_proj", "ffn.shared_expert.gate", f, d, False),
+                 **linear(read, "feed_forward.shared_expert.up_proj", "ffn.shared_expert.up", f, d, False),
+                 **linear(read, "feed_forward.shared_expert.down_proj", "ffn.shared_expert.down", d, f, False)}
+        for k in range(e):  # HF computes x @ gate_up_proj[k] and takes the gate from the first half of the columns
+            state.update({f"ffn.experts.{k}.gate.weight": gate_up[k][:, :f].t().contiguous(),
+                          f"ffn.experts.{k}.up.weight": gate_up[k][:, f:].t().contiguous(),
+                          f"ffn.experts.{k}.down.weight": down[k].t().contiguous()})
+        return state
+
+    def check(self, config):
+        if config.ffn is not FFNKind.SWIGLU or config.norm is not Norm.RMSNORM or config.sandwich:
+            raise UsageError(f"{self.name} weights need --norm rmsnorm, --ffn swiglu and Pre-LN wiring")
+
+    def notes(self, config):
+        notes = super().notes(config)
+        if config is not None:
+            layers = range(config.integer("num_hidden_layers"))
+            unrotated = [k for k in layers if not self.rotates(config, k)]
+            notes.append(f"layers without RoPE (NoPE, full causal attention): {', '.join(map(str, unrotated)) or 'none'}"
+                         "; the router's probabilities in the routing statistics are softmax(logits), what HF's "
+                         "load-balance loss reads, while the experts are weighed by the sigmoids of the chosen logits")
+        return notes
+
+    def top_level_defaults(self, config):
+        return [key for key in self.defaults if key != "no_rope_layer_interval" or not config.raw("no_rope_layers")]
