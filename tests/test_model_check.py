@@ -133,7 +133,7 @@ def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["llama", "granite", "smollm3", "olmo3", "exaone4", "cohere", "cohere2", "gpt_oss",
-                                  "deepseek_v3", "llama4_text"])
+                                  "deepseek_v3", "deepseek_v2", "llama4_text"])
 def test_a_padded_batch_predicts_real_tokens_only(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

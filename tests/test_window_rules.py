@@ -208,3 +208,28 @@ def test_olmo3_rope_settings_hf_reads_surprisingly_are_refused(tmp_path, data, m
     file = ConfigFile(tmp_path / "config.json", {"num_hidden_layers": 4, "max_position_embeddings": 64, **data})
     with pytest.raises(WeightsError, match=message):
         FAMILIES["olmo3"].layer_fields(file, 0)
+
+
+@pytest.mark.parametrize("settings", [{}, {"no_rope_layer_interval": 2}, {"attention_chunk_size": None},
+                                      {"interleave_moe_layer_step": 2}, {"no_rope_layers": [0, 1, 1, 0, 1]},
+                                      {"moe_layers": [0, 3]}])
+@pytest.mark.parametrize("layers", [5, 8])
+def test_llama4s_chunked_nope_and_sparse_layers_are_its_config_classs(tmp_path, settings, layers):
+    """Which layers attend in chunks, which rotate and which are sparse: from the file as Llama4TextConfig writes it,
+    and from one without its computed layer_types, no_rope_layers and moe_layers."""
+    import transformers
+
+    if layers == 8 and "no_rope_layers" in settings:
+        settings = {**settings, "no_rope_layers": [0, 1, 1, 0, 1, 1, 1, 0]}
+    config = transformers.Llama4TextConfig(**{**SMALL, "head_dim": 8, **settings, "num_hidden_layers": layers})
+    data = config.to_dict()
+    without = {key: value for key, value in data.items()
+               if key not in ("layer_types", "moe_layers", "no_rope_layers") or key in settings}
+    family = FAMILIES["llama4_text"]
+    for file in (ConfigFile(tmp_path / "c.json", data), ConfigFile(tmp_path / "hub.json", without)):
+        fields = [family.layer_fields(file, layer) for layer in range(layers)]
+        assert [f["attention_chunk"] is not None for f in fields] == \
+            [kind == "chunked_attention" for kind in config.layer_types]
+        assert [not f.get("nope", False) for f in fields] == [bool(v) for v in config.no_rope_layers]
+        assert [f.get("n_experts", True) is not None for f in fields] == \
+            [layer in config.moe_layers for layer in range(layers)]
