@@ -160,3 +160,40 @@ def test_the_page_is_one_file_that_fetches_nothing(invoke, tmp_path):
     # also see no request leave the file); the one URL in it is the SVG namespace, a name and not an address
     assert not any(word in text for word in ("<link", " src=", "fetch(", "XMLHttpRequest", "https://", "import("))
     assert text.count("</script>") == 2  # the token "</script>" is escaped inside the embedded JSON
+
+
+def test_a_long_inputs_page_draws_each_heads_attention_map(invoke, tmp_path, browser):
+    """Past 16 tokens the page draws the --json document's attention map (each cell the largest weight of its block
+    of query-key pairs), says what a cell is, and shows a cell's value and its token ranges on hover."""
+    words = [f"w{i}" for i in range(100)]
+    report, path = _both(invoke, tmp_path, "run", "--d-model", "8", "--heads", "2", "--tokens", *words)
+    pooled = report["attention"]["weights_map"]
+    assert report["attention"]["weights_first_sequence"] is None and pooled["cell"] == 3
+    page, errors, requests = _open(browser, path)
+    assert errors == [] and requests == []
+    for head, matrix in enumerate(pooled["heads"]):
+        assert _values(page, f'figure[data-head="{head}"] rect.cell') == [v for row in matrix for v in row]
+    assert "the largest weight among the 3 × 3 query–key pairs" in page.inner_text("main")
+    page.locator('figure[data-head="1"] rect.cell[data-query="10"][data-key="4"]').hover()
+    assert page.inner_text("#tip") == f"q 30–32 → k 12–14: largest weight {pooled['heads'][1][10][4]}"
+    _not_blank(page)
+
+
+def test_a_checkpoints_layers_draw_their_maps_when_opened(invoke, tmp_path, browser):
+    """A checkpoint's page keeps each layer's attention closed, and draws its maps when the reader opens it."""
+    ids = [str(i % 50 + 1) for i in range(40)]
+    report, path = _both(invoke, tmp_path, "check", "--weights", str(LR_HIGH / "step_0010"), "--token-ids", *ids)
+    page, errors, _ = _open(browser, path)
+    assert page.locator("rect.cell").count() == 0  # nothing drawn before it is opened
+    page.locator("#L1 + .flow + table + details summary").click()
+    matrix = report["layers"][1]["attention"]["weights_map"]["heads"][0]
+    assert _values(page, 'figure[data-head="0"] rect.cell') == [v for row in matrix for v in row] and errors == []
+
+
+def test_a_gpt2_small_layers_page_at_1024_tokens_stays_small(invoke, tmp_path):
+    """The page's size is the attention map's (heads × at most 48 × 48 cells) and the tokens', whatever the width:
+    GPT-2 small's 12 heads at T = 1,024 (a narrow block: d_model changes no cell)."""
+    path = tmp_path / "page.html"
+    result = invoke("run", "--d-model", "48", "--heads", "12", "--tokens", *map(str, range(1024)), "--html", str(path))
+    assert result.exit_code in (0, 1), result.output
+    assert path.stat().st_size < 300_000

@@ -105,3 +105,47 @@ def _masked_scores(block, x):
     values = seen["s"].flatten().tolist()
     assert masked in values  # the filter below removes something: the mask was applied
     return [v for v in values if v != masked]
+
+
+def _naive_map(weights: torch.Tensor, cell: int) -> list:
+    """[H][G][G]: the largest weight of each cell × cell block of queries and keys, by plain loops."""
+    heads, t, _ = weights.shape
+    grid, weights = -(-t // cell), weights.tolist()
+    return [[[max(weights[h][q][k] for q in range(i * cell, min(t, (i + 1) * cell))
+                  for k in range(j * cell, min(t, (j + 1) * cell))) for j in range(grid)] for i in range(grid)]
+            for h in range(heads)]
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_a_long_inputs_attention_map_is_the_largest_weight_of_each_block(chunk):
+    """For inputs longer than the text heatmap shows, the page's map: each cell the largest weight among its
+    query-key pairs (the first sequence, every chunk of query rows folded in), as plain loops over the weights find
+    it; kept only when asked, rounded to 4 decimals in the document."""
+    from blocktrace.render.report import attention_dict
+    from blocktrace.tracing.recorder import MAP_CELLS
+
+    block = build_block(BlockConfig(d_model=16, n_heads=2, sliding_window=30))
+    x = torch.randn(2, 2 * MAP_CELLS + 5, 16, generator=torch.Generator().manual_seed(3))
+    traced = trace(block, x, attention_map=True, keep_tensors=True, attn_chunk=chunk)
+    document = attention_dict(traced)["weights_map"]
+    assert document["cell"] == 3 and document["tokens"] == x.shape[1] and len(document["heads"][0]) == 34
+    expected = _naive_map(traced.attention.tensor[0], 3)
+    assert document["heads"] == [[[round(v, 4) for v in row] for row in head] for head in expected]
+    assert "weights_map" not in attention_dict(trace(block, x))
+    assert "weights_map" not in attention_dict(trace(block, x[:, :16], attention_map=True))
+
+
+def test_an_hf_layers_attention_map_is_pooled_from_its_whole_matrix():
+    """HF's eager attention hands over the whole matrix at once (no chunk of rows): the same map."""
+    import transformers
+
+    from blocktrace.render.report import attention_dict
+
+    config = transformers.LlamaConfig(hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=1,
+                                      vocab_size=11, attn_implementation="eager")
+    layer = transformers.LlamaForCausalLM(config).model.layers[0].eval()
+    x = torch.randn(1, 70, 16, generator=torch.Generator().manual_seed(4))
+    traced = trace(layer, x, attention_map=True, keep_tensors=True)
+    document = attention_dict(traced)["weights_map"]
+    expected = _naive_map(traced.attention.tensor.reshape(2, 70, 70), 2)
+    assert document["heads"] == [[[round(v, 4) for v in row] for row in head] for head in expected]

@@ -99,7 +99,8 @@ def _run(ctx, params: dict, check_only: bool) -> None:
                            qk_norm=params["qk_norm"])
     save_path = params.get("save_path")
     analysis = make_analysis(params, keep_tensors=save_path is not None, n_values=params.get("n_values"),
-                             token_index=params.get("token_index", 0), checks=True, placement=placement)
+                             token_index=params.get("token_index", 0), checks=True, placement=placement,
+                             attention_map=params.get("html_path") is not None)
     prepare_outputs(params)
     with shown(progress_wanted(chosen(params) is not None, params["quiet"])):
         if check_only and request.weights is not None:

@@ -107,7 +107,7 @@ def _traced(blocks, source: Source, analysis: Analysis, request: RunRequest):
     return trace_stack(blocks, source.x, keep_tensors=analysis.keep_tensors, sample_token=analysis.token_index,
                        sample_size=analysis.n_values or 0, checks=analysis.checks, steps=request.step_names,
                        placement=analysis.placement, token_mask=source.token_mask,
-                       expect_causal=request.expect_causal)
+                       expect_causal=request.expect_causal, attention_map=analysis.attention_map)
 
 
 def run_blocks(blocks, source: Source, request: RunRequest, analysis: Analysis) -> tuple[dict, list]:

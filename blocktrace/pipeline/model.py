@@ -114,7 +114,7 @@ def _trace_layers(checkpoint, info, config, x, model_input: ModelInput, traced: 
             inputs.append(x.detach())
         block = _load(checkpoint, info, layer, config, dtype, device, request, mask)
         if layer in traced:
-            result = trace(block, x, checks=analysis.checks, token_mask=mask)
+            result = trace(block, x, checks=analysis.checks, token_mask=mask, attention_map=analysis.attention_map)
             traces.append(result)
             weights.append(weight_statistics(block))
             x = result.output

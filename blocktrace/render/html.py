@@ -36,7 +36,7 @@ TEMPLATE = """<!doctype html>
 
 def html_page(report: dict, title: str, lang: Lang = Lang.EN) -> str:
     """The page. The JSON is escaped for a <script> element ("</" cannot close it early)."""
-    data = dumps(report).replace("</", "<\\/").replace("<!--", "<\\!--")
+    data = dumps(report, indent=None).replace("</", "<\\/").replace("<!--", "<\\!--")
     return TEMPLATE.format(lang=Lang(lang).value, title=html.escape(f"blocktrace: {title}"), data=data,
                            css=(ASSETS / "page.css").read_text(encoding="utf-8"),
                            js=(ASSETS / "page.js").read_text(encoding="utf-8"))

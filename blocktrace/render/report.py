@@ -29,7 +29,18 @@ def attention_dict(trace: Trace) -> Optional[dict]:
             "entropy_per_head": a.entropy_per_head, "uniform_entropy": a.uniform_entropy,
             "max_weight": a.max_weight, "max_logit": a.max_logit, "first_weight": a.first_weight,
             "self_weight": a.self_weight, "previous_weight": a.previous_weight,
-            "weights_first_sequence": a.preview}
+            "weights_first_sequence": a.preview,
+            **({"weights_map": map_dict(a)} if a.map is not None else {})}
+
+
+MAP_DECIMALS = 4  # a map's cells as the document gives them: a picture's precision, and ~7 bytes a cell
+
+
+def map_dict(a) -> dict:
+    """A long input's attention map: each cell the largest weight of its cell × cell block of queries and keys,
+    rounded to MAP_DECIMALS; `tokens` is the input's length (the last row and column may cover fewer)."""
+    return {"cell": a.map_cell, "tokens": a.shape[-1], "decimals": MAP_DECIMALS,
+            "heads": [[[round(value, MAP_DECIMALS) for value in row] for row in head] for head in a.map]}
 
 
 def measured_dict(trace: Trace) -> Optional[dict]:

@@ -27,6 +27,7 @@ from blocktrace.tracing.probes import (
     flat_fraction,
     massive_median,
 )
+from blocktrace.tracing.recorder import map_cell
 from blocktrace.tracing.records import AttentionSummary, FFNActivity, Probe, Stats, StepRecord, Trace
 from blocktrace.tracing.routing import RoutingSummary
 from blocktrace.tracing.stats import (
@@ -127,6 +128,7 @@ class Collected:
             shape=shape, causal=self.layout.causal, future_weight_sum=values["future_weight_sum"],
             entropy_per_head=values["entropy_per_head"], max_weight=values["max_weight"],
             max_logit=values["max_logit"], preview=values.get("preview"), tensor=self.attention.get("tensor"),
+            map=values.get("map"), map_cell=map_cell(shape[-1]) if "map" in values else None,
             uniform_entropy=uniform_entropy(shape[-1], bool(self.layout.causal), *_visible(self.block, self.own)),
             first_weight=values["first_weight"], self_weight=values["self_weight"],
             previous_weight=values["previous_weight"])

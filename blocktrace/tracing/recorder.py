@@ -30,6 +30,29 @@ from blocktrace.tracing.steps import Layout, StepSpec, resolve
 from blocktrace.vocab import Capture
 
 PREVIEW_MAX_TOKENS = 16  # attention matrices up to this size are kept for the text heatmap
+# Longer inputs get an attention map instead (for the HTML page, when asked): the first sequence's weights pooled to
+# at most this many cells a side, each cell the largest weight among the query-key pairs it covers. A GPT-2-small
+# layer at T = 1024: 12 heads × 47 × 47 cells of 22 × 22 pairs.
+MAP_CELLS = 48
+
+
+def map_cell(t: int) -> int:
+    """The tokens one side of a map cell covers: as few as keep the map within MAP_CELLS a side."""
+    return -(-t // MAP_CELLS)
+
+
+def pooled_attention(weights: torch.Tensor, rows: slice, cell: int, grid: int,
+                     into: Optional[torch.Tensor]) -> torch.Tensor:
+    """The first sequence's weights of the query rows `rows` ([..., H, rows, T]) folded into `into` ([H, grid, grid],
+    made when None): each cell keeps the largest weight of its cell × cell block of queries and keys. On the device;
+    the weights are ≥ 0, so the zeros of a fresh map and of the padding past T change no maximum."""
+    first = weights.reshape(-1, *weights.shape[-3:])[0].float()  # [H, rows, T]
+    heads, count, t = first.shape
+    by_key = torch.nn.functional.pad(first, (0, grid * cell - t)).view(heads, count, grid, cell).amax(-1)
+    query_cells = torch.arange(rows.start, rows.start + count, device=first.device) // cell
+    if into is None:
+        into = first.new_zeros(heads, grid, grid)
+    return into.scatter_reduce_(1, query_cells[None, :, None].expand(heads, count, grid), by_key, "amax")
 
 
 class HookFailure(Exception):
@@ -79,8 +102,10 @@ def first_tensor(value) -> Optional[torch.Tensor]:
 class AttentionAccumulator:
     """Attention diagnostics summed over the chunks of query rows the attention computes."""
 
-    def __init__(self, keep_tensors: bool, token_mask: Optional[torch.Tensor] = None):
+    def __init__(self, keep_tensors: bool, token_mask: Optional[torch.Tensor] = None, attention_map: bool = False):
         self.keep_tensors = keep_tensors
+        self.attention_map = attention_map  # pool a long input's weights into a map (MAP_CELLS)
+        self.map: Optional[torch.Tensor] = None
         self.token_mask = token_mask  # [B, T], False at padding
         self.scores = None  # the current chunk's scores, until its weights arrive
         self.chunks: list[dict] = []
@@ -95,8 +120,13 @@ class AttentionAccumulator:
             self.chunks.append(weights_only_stats(weights))
         self.scores = None
         self.shape_lead = tuple(weights.shape[:-2]), weights.shape[-1]
-        if self.keep_tensors or weights.shape[-1] <= PREVIEW_MAX_TOKENS:
+        t = weights.shape[-1]
+        if self.keep_tensors or t <= PREVIEW_MAX_TOKENS:
             self.kept.append(weights)
+        if self.attention_map and t > PREVIEW_MAX_TOKENS:
+            cell = map_cell(t)
+            self.map = pooled_attention(weights, rows if rows is not None else slice(0, weights.shape[-2]), cell,
+                                        -(-t // cell), self.map)
 
     def result(self, reducer=None) -> dict:
         """The chunks merged; with a reducer (a distributed watch), summed and maximised across ranks too."""
@@ -121,6 +151,8 @@ class AttentionAccumulator:
             "first_weight": summed["first_sum"] / rows, "self_weight": summed["self_sum"] / rows,
             "previous_weight": summed["previous_sum"] / previous_rows,
         }
+        if self.map is not None:
+            merged["map"] = self.map
         if self.kept:
             full = torch.cat(self.kept, dim=-2)
             merged["tensor"] = full if self.keep_tensors else None
@@ -133,7 +165,7 @@ class Recorder:
     """Hooks on one block's steps; `attach`, let the block run, `detach`, read `steps`."""
 
     def __init__(self, block, layout: Layout, own: bool, *, keep_tensors=False, sample_token=0, sample_size=0,
-                 checks=False, token_mask=None, tolerant=False):
+                 checks=False, token_mask=None, tolerant=False, attention_map=False):
         self.block, self.layout, self.own = block, layout, own  # own: blocktrace's TransformerBlock
         self.keep_tensors = keep_tensors
         self.sample_token, self.sample_size = sample_token, sample_size
@@ -141,7 +173,7 @@ class Recorder:
         self.probes = ProbeContext.of(block, layout, own, token_mask) if checks else None
         self.steps: list[Pending] = []
         self.substeps: list[Pending] = []
-        self.attention = AttentionAccumulator(keep_tensors, token_mask)
+        self.attention = AttentionAccumulator(keep_tensors, token_mask, attention_map)
         self.handles: list = []
         self.input: Optional[Pending] = None  # the block input, once start() has seen it
         self.derived = {name: (stream, update) for name, stream, update in layout.derived}

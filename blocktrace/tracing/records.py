@@ -90,6 +90,10 @@ class AttentionSummary:
     previous_weight: list[float] = field(default_factory=list)
     preview: Optional[list] = None  # [H][T][T] weights of the first sequence, for small T
     tensor: Optional[torch.Tensor] = None
+    # for longer inputs, when asked: [H][G][G] the first sequence's weights pooled, each cell the largest weight of
+    # its map_cell × map_cell block of queries and keys
+    map: Optional[list] = None
+    map_cell: Optional[int] = None
 
 
 @dataclass

@@ -51,6 +51,7 @@ def trace(
     forward_kwargs: Optional[dict] = None,
     token_mask: Optional[torch.Tensor] = None,
     expect_causal: Optional[bool] = None,
+    attention_map: bool = False,
 ) -> Trace:
     """Run `block` on `x` once with every step hooked; return the steps in execution order.
 
@@ -68,6 +69,8 @@ def trace(
     expect_causal: what a user's block is meant to be, when its layout does not say (a known
     decoder layout is meant to be causal); with checks, a measured leak in a block meant to be
     causal is an error.
+    attention_map: for an input longer than the text heatmap shows, pool the first sequence's
+    attention weights into a map (recorder.MAP_CELLS; the HTML page draws it).
 
     An exception from the block's own forward (a user's block) is raised as InputError naming
     it; one from blocktrace's hooks is a bug in blocktrace and propagates as it is.
@@ -82,7 +85,7 @@ def trace(
     if sample_size and not -x.shape[-2] <= sample_token < x.shape[-2]:
         raise IndexError(f"token index {sample_token} is out of range for {x.shape[-2]} tokens")
     recorder = Recorder(block, layout, own, keep_tensors=keep_tensors, sample_token=sample_token,
-                        sample_size=sample_size, checks=checks, token_mask=token_mask)
+                        sample_size=sample_size, checks=checks, token_mask=token_mask, attention_map=attention_map)
     recorder.start(x)
     saved_chunk = getattr(getattr(block, "attn", None), "query_chunk", None)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Optional
 
 from blocktrace.render.formats import OutputFormat
 
@@ -20,12 +21,15 @@ def _strict(value, path: str, found: list):
     return value
 
 
-def dumps(report: dict) -> str:
+def dumps(report: dict, indent: Optional[int] = 2) -> str:
+    """The document; `indent=None` writes it compact (the HTML page embeds it: an attention map's thousands of
+    numbers one per line would triple the page)."""
     found: list = []
     clean = _strict(report, "$", found)
     if found:
         clean["non_finite"] = found
-    return json.dumps(clean, ensure_ascii=False, indent=2, allow_nan=False)
+    separators = None if indent is not None else (",", ":")
+    return json.dumps(clean, ensure_ascii=False, indent=indent, separators=separators, allow_nan=False)
 
 
 FORMAT = OutputFormat("--json", "Print one JSON document (its fields in the command's page under docs/) instead of "

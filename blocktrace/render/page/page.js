@@ -19,6 +19,9 @@ const WORDS = {
     weights: "weights", input: "input", entropy: "entropy per head", language: "中文", flags: "flags",
     record: "record", gradients: "Gradient norm at each step's output",
     updates: "Update size per layer over training (largest ‖ΔW‖/‖W‖ of its weights, log scale)",
+    largest: "largest weight", mapNote: "The input has {tokens} tokens, too many to show one by one: each cell is " +
+      "the largest weight among the {cell} × {cell} query–key pairs it covers (the first sequence; rows: queries, " +
+      "columns: keys, labelled by their first token's position; shaded by √weight so that small weights show).",
   },
   zh: {
     block: "一个 block，逐步展开", stack: "多层 block 堆叠", model: "一个检查点，逐层检查",
@@ -35,6 +38,8 @@ const WORDS = {
     weights: "权重", input: "输入", entropy: "每个头的熵", language: "English", flags: "标记",
     record: "记录", gradients: "每一步输出处的梯度范数",
     updates: "训练过程中每层的更新大小（各权重中最大的 ‖ΔW‖/‖W‖，对数坐标）",
+    largest: "最大权重", mapNote: "输入有 {tokens} 个 token，无法逐个显示：每个格子是它覆盖的 {cell} × {cell} 个 " +
+      "query–key 对中的最大权重（第一个序列；行：query，列：key，标注为其第一个 token 的位置；颜色按 √权重，小权重也看得见）。",
   },
 };
 const STATS = ["mean", "std", "min", "max", "rms", "absmax"];
@@ -167,6 +172,31 @@ function heatmap(matrix, tokens, title) {
   return chart;
 }
 
+/* A long input's attention map: each cell the largest weight of its cell × cell block of queries and keys. */
+function mapHeatmap(weightsMap, matrix, title) {
+  const n = matrix.length, size = Math.max(3, Math.min(12, Math.floor(480 / n))), margin = 46;
+  const span = (i) => `${i * weightsMap.cell}–${Math.min(weightsMap.tokens, (i + 1) * weightsMap.cell) - 1}`;
+  const side = margin + n * size;
+  const chart = svg("svg", {width: side + 4, height: side + 4, role: "img", "aria-label": title, class: "heatmap"});
+  const every = Math.ceil(n / 6);
+  matrix.forEach((row, q) => {
+    if (q % every === 0) {
+      chart.append(svg("text", {x: margin - 6, y: margin + q * size + size, "text-anchor": "end"},
+                       String(q * weightsMap.cell)),
+                   svg("text", {x: margin + q * size, y: margin - 8, "text-anchor": "start"},
+                       String(q * weightsMap.cell)));
+    }
+    row.forEach((value, k) => {
+      // shaded by √weight: a long input's weights are small, and a linear shade would leave them all white
+      const shade = Math.round(255 * (1 - Math.sqrt(Math.min(1, Math.max(0, value)))));
+      chart.append(svg("rect", {class: "cell", x: margin + k * size, y: margin + q * size, width: size,
+        height: size, fill: `rgb(${shade},${shade},255)`, "data-value": String(value), "data-query": q,
+        "data-key": k, "data-tip": `q ${span(q)} → k ${span(k)}: ${w("largest")} ${value}`}));
+    });
+  });
+  return chart;
+}
+
 function attentionSection(attention, tokens, prefix = "") {
   if (!attention) return [];
   const ok = attention.future_weight_sum === 0;
@@ -178,7 +208,14 @@ function attentionSection(attention, tokens, prefix = "") {
          : ""),
     el("p", {class: "note"}, `${w("entropy")}: `, (attention.entropy_per_head || []).map((e, h) =>
        el("span", {"data-value": String(e), "data-tip": `h${h} entropy = ${e}`}, `h${h}=${shown(e)} `)))];
-  const matrices = attention.weights_first_sequence;
+  const matrices = attention.weights_first_sequence, pooled = attention.weights_map;
+  if (!matrices && pooled) {
+    parts.push(el("p", {class: "note"}, w("mapNote").replace(/\{cell\}/g, pooled.cell)
+                                          .replace("{tokens}", pooled.tokens)),
+               el("div", {class: "heads"}, pooled.heads.map((matrix, h) => el("figure", {"data-head": h},
+                 el("figcaption", {}, `${w("head")} ${h}`), mapHeatmap(pooled, matrix, `${w("head")} ${h}`)))));
+    return parts;
+  }
   if (!matrices) return [...parts, el("p", {class: "note"}, w("noMatrix"))];
   parts.push(el("p", {class: "note"}, `${w("queries")}, ${w("keys")}`), el("div", {class: "heads"},
     matrices.map((matrix, h) => el("figure", {"data-head": h}, el("figcaption", {}, `${w("head")} ${h}`),
@@ -212,6 +249,16 @@ function layerRows(layers) {
   return table([w("layer"), ...columns], rows, {class: "layers"}, 1);
 }
 
+/* A closed section whose content is drawn when first opened: a checkpoint's every layer's attention maps at once
+   would be hundreds of thousands of elements. */
+function lazyDetails(title, content) {
+  const details = el("details", {}, el("summary", {}, title));
+  details.addEventListener("toggle", () => {
+    if (details.open && details.children.length === 1) details.append(...content());
+  });
+  return details;
+}
+
 function layeredPage(report) {
   const layers = report.layers || [];
   const parts = [];
@@ -224,8 +271,8 @@ function layeredPage(report) {
   for (const layer of layers) {
     parts.push(el("h3", {id: `L${layer.layer}`}, `${w("layer")} ${layer.layer}`),
                flow(layer.steps || [], `L${layer.layer}-`), stepTable(layer.steps || [], `L${layer.layer}-`),
-               el("details", {}, el("summary", {}, w("attention")),
-                  attentionSection(layer.attention, tokensOf(report), `L${layer.layer}-`)));
+               lazyDetails(w("attention"), () => attentionSection(layer.attention, tokensOf(report),
+                                                                  `L${layer.layer}-`)));
   }
   return [...parts, ...findingsSection(report.flags, report.diagnosis, (flag) =>
     flag.layer === null || flag.layer === undefined ? null
