@@ -10,7 +10,7 @@ import json
 import shutil
 
 import pytest
-from helpers import SAMPLES
+from helpers import ROOT, SAMPLES
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # CI installs Debian's chromium (.ci/run); a machine without it cannot run these, and says so.
@@ -197,3 +197,32 @@ def test_a_gpt2_small_layers_page_at_1024_tokens_stays_small(invoke, tmp_path):
     result = invoke("run", "--d-model", "48", "--heads", "12", "--tokens", *map(str, range(1024)), "--html", str(path))
     assert result.exit_code in (0, 1), result.output
     assert path.stat().st_size < 300_000
+
+
+SCREENSHOT = ROOT / "docs" / "block-page.png"
+SCREENSHOT_SIZE = {"width": 1100, "height": 760}
+
+
+def test_the_readmes_screenshot_is_the_page_of_its_html_command(invoke, tmp_path, browser):
+    """The README shows its --html command's page: this test takes that screenshot in the suite's browser (written to
+    docs/ with BLOCKTRACE_UPDATE_SCREENSHOT=1); otherwise it checks the committed one is a picture of that size, shown
+    by the README under that command, and that a fresh one is not blank."""
+    import os
+
+    import matplotlib.image
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    command = next(line for line in readme.splitlines() if line.startswith("blocktrace run") and "--html" in line)
+    args = command.split()[1:]
+    args[args.index("--html") + 1] = str(tmp_path / "block.html")
+    assert invoke(*args).exit_code == 0
+    page, errors, _ = _open(browser, tmp_path / "block.html")
+    page.set_viewport_size(SCREENSHOT_SIZE)
+    shot = page.screenshot()
+    assert errors == [] and len({tuple(p) for p in matplotlib.image.imread(io.BytesIO(shot), format="png")
+                                 .reshape(-1, 4)[::11].tolist()}) > 20
+    if os.environ.get("BLOCKTRACE_UPDATE_SCREENSHOT") == "1":
+        SCREENSHOT.write_bytes(shot)
+    committed = matplotlib.image.imread(str(SCREENSHOT))
+    assert committed.shape[:2] == (SCREENSHOT_SIZE["height"], SCREENSHOT_SIZE["width"])
+    assert "(docs/block-page.png)" in readme.split(command, 1)[1].split("## ", 1)[0]

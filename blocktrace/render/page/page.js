@@ -7,7 +7,8 @@ const WORDS = {
   en: {
     block: "One block, step by step", stack: "A stack of blocks", model: "A checkpoint, layer by layer",
     compare: "Wirings compared on the same weights", track: "A run over training", flow: "The block's steps",
-    table: "Every step", size: "How big the residual stream is after each step (rms)", attention: "Attention weights",
+    table: "Every step", size: "The size of each step's output (rms; the residual stream is x, x1 and x2)",
+    layerSize: "The residual stream's size after each layer (rms)", attention: "Attention weights",
     head: "head", queries: "rows: queries", keys: "columns: keys", causal: "causal check",
     causalOk: "no weight on a later token", causalBad: "weight on later tokens", noMatrix:
     "The attention matrices are kept for inputs up to 16 tokens; this input is longer, so only their statistics are shown.",
@@ -26,7 +27,8 @@ const WORDS = {
   zh: {
     block: "一个 block，逐步展开", stack: "多层 block 堆叠", model: "一个检查点，逐层检查",
     compare: "同一组权重上比较不同连线方式", track: "训练过程中的一次运行", flow: "block 的各个步骤",
-    table: "每一步", size: "每一步之后残差流的大小（rms）", attention: "注意力权重",
+    table: "每一步", size: "每一步输出的大小（rms；残差流是 x、x1 和 x2）", layerSize: "每一层之后残差流的大小（rms）",
+    attention: "注意力权重",
     head: "头", queries: "行：query", keys: "列：key", causal: "因果检查",
     causalOk: "后面的 token 没有得到任何权重", causalBad: "后面的 token 得到了权重", noMatrix:
     "注意力矩阵只为不超过 16 个 token 的输入保存；这个输入更长，所以只显示它们的统计量。",
@@ -114,14 +116,18 @@ function stepKind(step) {
   return "input";
 }
 
+/* A step's box as the tutorials draw it: what it computes (LayerNorm, Attention, ⊕ …) over the value it makes
+   (x_norm1, attn_out, x1 …), its step name on hover with the whole formula. */
 function flow(steps, prefix) {
   const parts = [el("div", {class: "box input"}, "x", el("small", {}, w("input")))];
   for (const step of steps.filter((s) => s.name !== "x")) {
-    const kind = stepKind(step);
-    const label = kind === "residual" ? "⊕" : step.name;
+    const kind = stepKind(step), op = step.operation || "";
+    const [value, formula] = op.includes(" = ") ? op.split(" = ", 2) : [step.name, ""];
+    const called = (formula.match(/^([A-Za-z_][\w]*)/) || [null, step.name])[1];
+    const label = kind === "residual" ? "⊕" : called.replace("MultiHeadAttention", "Attention");
     parts.push(el("span", {class: "arrow"}, "→"),
-      el("a", {href: `#${prefix}step-${step.name}`, "data-tip": step.operation},
-         el("div", {class: `box ${kind}`, "data-step": step.name}, label, el("small", {}, step.name))));
+      el("a", {href: `#${prefix}step-${step.name}`, "data-tip": `${step.name}: ${op}`},
+         el("div", {class: `box ${kind}`, "data-step": step.name}, label, el("small", {}, value))));
   }
   return el("div", {class: "flow"}, parts);
 }
@@ -267,7 +273,7 @@ function layeredPage(report) {
                                                   shown(report.loss)), report.loss_note ? ` (${report.loss_note})` : ""));
   }
   parts.push(el("h2", {}, w("layers")), layerRows(layers),
-             el("h2", {}, w("size")), bars(layers, (l) => l.rms, (l) => `L${l.layer}`, "rms"));
+             el("h2", {}, w("layerSize")), bars(layers, (l) => l.rms, (l) => `L${l.layer}`, "rms"));
   for (const layer of layers) {
     parts.push(el("h3", {id: `L${layer.layer}`}, `${w("layer")} ${layer.layer}`),
                flow(layer.steps || [], `L${layer.layer}-`), stepTable(layer.steps || [], `L${layer.layer}-`),
