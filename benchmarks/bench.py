@@ -19,7 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import DATA, interleaved, machine_facts  # noqa: E402
+from common import DATA, OWN_SECTIONS, RESULTS, interleaved, kept_section, machine_facts  # noqa: E402
 
 ROUNDS, WARMUP = 15, 2
 SIZES = {"GPT-2 small": (768, 12), "GPT-2 XL": (1600, 25)}
@@ -286,7 +286,6 @@ TARGETS = {"traced: 6 steps, all statistics, attention diagnostics": 1.05,
 def main() -> None:
     import torch
     from bench_load import load_section
-    from bench_real_sizes import kept_section
     from bench_training import training_section
 
     facts = machine_facts()
@@ -329,11 +328,12 @@ def main() -> None:
         *training_section(),
     ]
     text = "\n".join(lines) + "\n"
-    results = HERE / "RESULTS.md"
-    real_sizes = kept_section(results.read_text()) if results.is_file() else ""  # bench_real_sizes.py's own
-    text += ("\n" + real_sizes.rstrip("\n") + "\n") if real_sizes else ""
+    old = RESULTS.read_text() if RESULTS.is_file() else ""
+    for heading in OWN_SECTIONS:  # written by their own scripts (bench_real_sizes.py, bench_trace_cost.py)
+        section = kept_section(old, heading)
+        text += ("\n" + section.rstrip("\n") + "\n") if section else ""
     print(text)
-    results.write_text(text)
+    RESULTS.write_text(text)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,10 @@ import threading
 import time
 from pathlib import Path
 
-from common import DATA, machine_facts
+from common import DATA, OWN_SECTIONS, machine_facts, write_section
 
 HERE = Path(__file__).resolve().parent
-SECTION = "## Real sizes: 3B and 8B checkpoints, `check` beside HF"
+SECTION = OWN_SECTIONS[0]
 SHAPES = {  # Llama-3.2-1B / 3B and Llama-3.1-8B's config.json, as on the hub
     "1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, intermediate_size=8192,
                tie_word_embeddings=True, factor=32.0),
@@ -235,24 +235,6 @@ def section(sizes: list[str], cases: list[tuple[str, bool]]) -> list[str]:
             *rows, ""]
 
 
-def kept_section(text: str) -> str:
-    """This section of a RESULTS.md text, as last written ("" when absent): bench.py keeps it when it rewrites the
-    file, since this benchmark takes half an hour and is run on its own."""
-    _, found, after = text.partition(SECTION)
-    return found + after.split("\n## ", 1)[0] if found else ""
-
-
-def write_section(lines: list[str]) -> None:
-    """Replace this section of RESULTS.md (or append it), leaving every other section as bench.py wrote it."""
-    path = HERE / "RESULTS.md"
-    text = path.read_text() if path.is_file() else ""
-    before, found, after = text.partition(SECTION)
-    if found:
-        rest = after.split("\n## ", 1)
-        after = "\n## " + rest[1] if len(rest) > 1 else ""
-    path.write_text(before.rstrip("\n") + "\n\n" + "\n".join(lines) + after)
-
-
 # No bfloat16 backward: on this project's CPUs (no AVX512-BF16/AMX) torch's bf16 matmul with the weight as
 # stored ([out, in], the backward's dx = g @ W) takes a slow path — 33 s for one 256×8192 · 8192×2048 product
 # against 0.14 s in float32 (measured with torch 2.13.0, see the section's text) — so neither HF's nor blocktrace's
@@ -267,7 +249,7 @@ def main() -> None:
     lines = section(args.sizes, CASES)
     print("\n".join(lines))
     if args.sizes == ["3b", "8b"]:
-        write_section(lines)
+        write_section(SECTION, lines)
 
 
 if __name__ == "__main__":

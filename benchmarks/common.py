@@ -86,3 +86,23 @@ def in_subprocess(code: str) -> dict:
     return json.loads(output.stdout.strip().splitlines()[-1])
 
 
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+# Sections of RESULTS.md written by scripts of their own (long runs): bench.py keeps them when it rewrites the file.
+OWN_SECTIONS = ("## Real sizes: 3B and 8B checkpoints, `check` beside HF",
+                "## Where the trace's time goes (GPT-2 small and XL, T 1024, CPU)")
+
+
+def kept_section(text: str, heading: str) -> str:
+    """The section under `heading` of a RESULTS.md text, as last written ("" when absent)."""
+    _, found, after = text.partition(heading)
+    return found + after.split("\n## ", 1)[0] if found else ""
+
+
+def write_section(heading: str, lines: list[str]) -> None:
+    """Replace the section under `heading` in RESULTS.md (or append it), leaving every other section as it was."""
+    text = RESULTS.read_text() if RESULTS.is_file() else ""
+    before, found, after = text.partition(heading)
+    if found:
+        rest = after.split("\n## ", 1)
+        after = "\n## " + rest[1] if len(rest) > 1 else ""
+    RESULTS.write_text(before.rstrip("\n") + "\n\n" + "\n".join(lines) + after)
