@@ -153,3 +153,19 @@ def test_json_has_stable_top_level_keys(invoke):
     assert report["loss"] is None and "no model loss" in report["loss_note"]
     assert {"name", "level", "cause", "layer", "step"} <= set(report["flags"][0])
     assert report["diagnosis"][0]["cause"] == "residual" and report["diagnosis"][0]["evidence"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_statistics_equal_float64_sums_in_any_dtype(dtype):
+    """Each linear map's std (unbiased), norm and fan-in, as float64 arithmetic on the same values gives them; a
+    half-precision weight larger than one widened piece (WIDEN_CHUNK) is summed piece by piece."""
+    from blocktrace.diagnose.weights import WIDEN_CHUNK, weight_statistics
+
+    block = build_block(BlockConfig(d_model=512, n_heads=8), seed=2).to(dtype)
+    assert block.ffn.fc.weight.numel() > WIDEN_CHUNK
+    found = weight_statistics(block)
+    for name in ("attn.q_proj.weight", "ffn.fc.weight", "ffn.proj.weight"):
+        values = block.get_parameter(name).detach().double()
+        assert found[name]["std"] == pytest.approx(values.std().item(), rel=1e-5), name  # float32 sums
+        assert found[name]["norm"] == pytest.approx(values.norm().item(), rel=1e-5), name
+        assert found[name]["fan_in"] == values.shape[1]

@@ -51,10 +51,29 @@ def weight_moments(block: nn.Module) -> dict[str, dict]:
         weight = getattr(module, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or isinstance(module, nn.Embedding):
             continue
-        values = widened(weight)
-        moments[f"{module_name}.weight"] = {"sum": values.sum().double(), "squares": _square(values),
-                                            "count": values.numel(), "fan_in": _fan_in(module, weight)}
+        total, squares = sum_and_squares(weight)
+        moments[f"{module_name}.weight"] = {"sum": total, "squares": squares, "count": weight.numel(),
+                                            "fan_in": _fan_in(module, weight)}
     return moments
+
+
+WIDEN_CHUNK = 1 << 18  # elements widened at a time on a CPU: the float32 piece stays in cache
+
+
+def sum_and_squares(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σw and Σw² as float64 device scalars, summed in float32 at least. A half-precision weight on a CPU is widened
+    a piece at a time: an 8B checkpoint's 14336 × 4096 MLP matrix widened whole is a 235 MB copy, 173 ms on this
+    project's 2-core CPU against 28 ms by pieces that stay in cache. Elsewhere in one piece (a GPU's bandwidth makes
+    one copy cheap; hundreds of small kernels would not be)."""
+    weight = weight.detach()
+    if weight.dtype not in (torch.float16, torch.bfloat16) or weight.device.type != "cpu":
+        values = widened(weight)
+        return values.sum().double(), _square(values)
+    total = squares = torch.zeros((), dtype=torch.float64)
+    for piece in weight.reshape(-1).split(WIDEN_CHUNK):
+        piece = piece.float()
+        total, squares = total + piece.sum().double(), squares + torch.dot(piece, piece).double()
+    return total, squares
 
 
 def weight_summary(moments: dict[str, dict]) -> dict[str, dict]:
