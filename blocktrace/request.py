@@ -11,9 +11,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from blocktrace.vocab import DEFAULT_RAW_DTYPE, Device, DType, Init, Placement
+from blocktrace.vocab import DEFAULT_RAW_DTYPE, Choice, Device, DType, Init, Placement
 
 DEFAULT_SEQ_LEN = 5
+
+
+class InputKind(Choice):
+    """Where a block's input comes from; the value is the option that gives it, as messages name it."""
+
+    TOKENS = "--tokens"  # seeded embeddings of words (no weights)
+    TOKEN_IDS = "--token-ids"
+    TOKEN_IDS_FILE = "--token-ids-file"
+    TEXT = "--text"
+    TEXT_FILE = "--text-file"
+    TENSOR = "--input"  # the exact block input, a safetensors file
+
+    @property
+    def through_checkpoint(self) -> bool:
+        """Token ids, however given: they need the checkpoint's embeddings (and, for text, its tokenizer)."""
+        return self in (InputKind.TOKEN_IDS, InputKind.TOKEN_IDS_FILE, InputKind.TEXT, InputKind.TEXT_FILE)
 
 
 @dataclass(frozen=True)
@@ -35,12 +51,13 @@ class InputSpec:
     seq_len: Optional[int] = None  # random input of this many tokens
     batch: Optional[int] = None  # a batch dimension of this size
 
-    OPTION_NAMES = {"tokens": "--tokens", "token_ids": "--token-ids", "text": "--text", "text_file": "--text-file",
-                    "token_ids_file": "--token-ids-file", "input_path": "--input"}
+    FIELDS = {"tokens": InputKind.TOKENS, "token_ids": InputKind.TOKEN_IDS, "text": InputKind.TEXT,
+              "text_file": InputKind.TEXT_FILE, "token_ids_file": InputKind.TOKEN_IDS_FILE,
+              "input_path": InputKind.TENSOR}
 
-    def given(self) -> list[str]:
-        """The options that give the input, as the user typed them."""
-        return [option for name, option in self.OPTION_NAMES.items() if getattr(self, name) is not None]
+    def given(self) -> list[InputKind]:
+        """The kinds of input given (more than one is refused where the input is read)."""
+        return [kind for name, kind in self.FIELDS.items() if getattr(self, name) is not None]
 
 
 @dataclass(frozen=True)
@@ -56,7 +73,7 @@ class RunRequest:
     seed: int = 0
     init: Init = Init.DEFAULT
     weights: Optional[Path] = None
-    layer: int = 0
+    layer: Optional[int] = None  # --layer: the checkpoint layer; None: run traces layer 0, check every layer
     dtype: DType = DType.FLOAT32
     device: Device = Device.CPU
     attn_chunk: Optional[int] = None  # query rows per attention chunk; None: the memory budget decides
@@ -64,6 +81,11 @@ class RunRequest:
     step_names: Optional[dict] = None  # --step-names: its norm1/attn/norm2/ffn submodules
     expect_causal: Optional[bool] = None  # --causal / --no-causal with --module: what the block is meant to be
     training_step: Optional[int] = None  # the checkpoint's training step when known (track --steps); else its name
+
+    @property
+    def first_layer(self) -> int:
+        """The checkpoint layer run traces first: the one asked for, else 0."""
+        return self.layer if self.layer is not None else 0
 
 
 @dataclass(frozen=True)

@@ -222,7 +222,8 @@ def make_request(ctx: click.Context, params: dict, **config_fields) -> RunReques
                        **ids_file_fields(params), input_path=params["input_path"], seq_len=params["seq_len"],
                        batch=params["batch"])
     return RunRequest(config_fields=fields, explicit=frozenset(explicit), inputs=inputs, seed=params["seed"],
-                      init=Init(params["init"]), weights=params["weights"], layer=params["layer"],
+                      init=Init(params["init"]), weights=params["weights"],
+                      layer=params["layer"] if given(ctx, "layer") else None,
                       dtype=DType(params["dtype"]), device=Device(params["device"]), attn_chunk=params["attn_chunk"],
                       module=params.get("module_spec"), step_names=params.get("step_names"),
                       expect_causal=params["causal"] if params.get("module_spec") and given(ctx, "causal") else None)

@@ -21,7 +21,6 @@ from blocktrace.cli.options import (
     WIRING_OPTIONS,
     chosen_placement,
     force_option,
-    given,
     make_analysis,
     make_request,
 )
@@ -104,7 +103,7 @@ def _run(ctx, params: dict, check_only: bool) -> None:
     prepare_outputs(params)
     with shown(progress_wanted(chosen(params) is not None, params["quiet"])):
         if check_only and request.weights is not None:
-            report, traces, source = pipeline.check_model_request(request, analysis, layer_given=given(ctx, "layer"))
+            report, traces, source = pipeline.check_model_request(request, analysis)
         else:
             report, traces, source = pipeline.run_request(request, analysis)
     _write_outputs(params, report, traces, source)

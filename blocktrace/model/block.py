@@ -7,6 +7,8 @@ which (Pre-LN, Post-LN, DeepNorm, sandwich, reordered, a parallel residual) is t
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -53,6 +55,11 @@ class TransformerBlock(nn.Module):
             for name in released:  # dropped as soon as no later step reads it, as a written-out forward would
                 del values[name]
         return values[self.wiring.output]
+
+    def attend_with(self, key_mask: Optional[torch.Tensor] = None, query_chunk: Optional[int] = None) -> None:
+        """How the next inputs are attended: `key_mask` [B, T] (False at padding: no weight on those keys) and the
+        query rows computed at once (None: as many as fit layers.ATTENTION_CHUNK_BYTES). Neither changes a number."""
+        self.attn.key_mask, self.attn.query_chunk = key_mask, query_chunk
 
     def step_modules(self) -> dict[str, nn.Module]:
         return {name: getattr(self, name) for name in self.wiring.order}

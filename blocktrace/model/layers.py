@@ -72,7 +72,7 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, config: BlockConfig):
         super().__init__()
-        d, hd = config.d_model, config.head_dim
+        hd = config.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, hd
         self.causal, self.window, self.chunk = config.causal, config.sliding_window, config.attention_chunk
         self.scale, self.softcap = config.scale, config.attn_softcap

@@ -19,7 +19,7 @@ from blocktrace.model.stack import build_stack
 from blocktrace.progress import tick
 from blocktrace.render.report import block_report, stack_report, sweep_report
 from blocktrace.request import Analysis, RunRequest
-from blocktrace.sizing import Shape, estimate_bytes, require_fit
+from blocktrace.pipeline.guard import memory_guard
 from blocktrace.sources.inputs import random_input
 from blocktrace.sources.source import (
     Source,
@@ -32,23 +32,6 @@ from blocktrace.tracing.stack import trace_stack
 from blocktrace.vocab import SCHEMA_VERSION, Axis, ReportKind
 
 
-def memory_guard(request: RunRequest, analysis: Analysis, n_layers: int, kept_streams: int = 0):
-    """The memory guard for `n_layers` blocks of whatever config and input shape the source settles on, and
-    `kept_streams` copies of the residual stream held besides (each layer's input, for a layer-by-layer backward)."""
-    from blocktrace.model.layers import ATTENTION_CHUNK_BYTES
-
-    element = torch.empty((), dtype=torch_dtype(request.dtype)).element_size()
-
-    def fits(config: BlockConfig, shape: Shape) -> None:
-        needed = estimate_bytes(config, n_layers, shape, element, grad=analysis.grad,
-                                keep_tensors=analysis.keep_tensors, chunk_bytes=ATTENTION_CHUNK_BYTES,
-                                attn_chunk=request.attn_chunk, kept_streams=kept_streams)
-        what = (f"{n_layers} block{'s' if n_layers > 1 else ''} of d_model {config.d_model}, d_ff {config.d_ff} "
-                f"on {shape.batch}×{shape.tokens} tokens{', with gradients' if analysis.grad else ''}")
-        require_fit(needed, resolve_device(request.device), what)
-    return fits
-
-
 def make_blocks(source: Source, request: RunRequest, n_layers: int,
                 config: Optional[BlockConfig] = None) -> list[torch.nn.Module]:
     """n_layers blocks: seeded (layer l from seed + l) or the checkpoint's layers K..K+n-1."""
@@ -59,11 +42,12 @@ def make_blocks(source: Source, request: RunRequest, n_layers: int,
     if source.checkpoint is None:
         blocks = build_stack(config, n_layers, request.seed, request.init)
     else:
-        last = request.layer + n_layers - 1
+        first = request.first_layer
+        last = first + n_layers - 1
         if last >= source.info.n_layers:
-            raise WeightsError(f"--layer {request.layer} with --layers {n_layers} needs layers up to {last}, "
+            raise WeightsError(f"--layer {first} with --layers {n_layers} needs layers up to {last}, "
                                f"but the checkpoint has {source.info.n_layers} layers: 0–{source.info.n_layers - 1}")
-        blocks = [load_block(source.checkpoint, source.info, request.layer + i, config, torch_dtype(request.dtype))
+        blocks = [load_block(source.checkpoint, source.info, first + i, config, torch_dtype(request.dtype))
                   for i in range(n_layers)]
     return place_blocks(blocks, request, source)
 
@@ -72,8 +56,7 @@ def place_blocks(blocks: list, request: RunRequest, source: Source) -> list:
     """Move blocks to the requested device and dtype; set their attention chunking and padding mask."""
     device, dtype = resolve_device(request.device), torch_dtype(request.dtype)
     for block in blocks:
-        block.attn.query_chunk = request.attn_chunk
-        block.attn.key_mask = None if source.token_mask is None else source.token_mask.to(device)
+        block.attend_with(None if source.token_mask is None else source.token_mask.to(device), request.attn_chunk)
     return [block.to(device=device, dtype=dtype) for block in blocks]
 
 

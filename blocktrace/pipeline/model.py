@@ -19,7 +19,7 @@ from blocktrace.diagnose.grad import layerwise_gradient_report
 from blocktrace.diagnose.loss import LossReport, cross_entropy, loss_report, mask_for_mlm, next_token_labels, no_loss
 from blocktrace.diagnose.weights import weight_statistics
 from blocktrace.errors import UsageError
-from blocktrace.pipeline.blocks import memory_guard
+from blocktrace.pipeline.guard import memory_guard
 from blocktrace.progress import tick
 from blocktrace.request import Analysis, RunRequest
 from blocktrace.sizing import Shape
@@ -38,18 +38,20 @@ class ModelInput:
     token_types: Optional[list[list[int]]] = None  # [B, T] segment ids (BERT), padded with 0; None: none given
 
 
-def _traced_range(request: RunRequest, analysis: Analysis, n_layers: int, layer_given: bool) -> range:
-    """Every layer by default; --layer K alone: that layer; --layer K --layers N: N layers from K."""
+def _traced_range(request: RunRequest, analysis: Analysis, n_layers: int) -> range:
+    """Every layer by default; --layer K alone: that layer; --layer K --layers N: N layers from K (from 0 without
+    --layer)."""
     from blocktrace.sources.loader import check_layer_index
 
-    check_layer_index(request.layer, n_layers)
+    first = request.first_layer
+    check_layer_index(first, n_layers)
     if analysis.stacked:
         count = analysis.depths[0]
-        if request.layer + count > n_layers:
-            raise UsageError(f"--layer {request.layer} with --layers {count} needs layers up to "
-                             f"{request.layer + count - 1}, but the checkpoint has {n_layers}: 0–{n_layers - 1}")
-        return range(request.layer, request.layer + count)
-    return range(request.layer, request.layer + 1) if layer_given else range(n_layers)
+        if first + count > n_layers:
+            raise UsageError(f"--layer {first} with --layers {count} needs layers up to "
+                             f"{first + count - 1}, but the checkpoint has {n_layers}: 0–{n_layers - 1}")
+        return range(first, first + count)
+    return range(first, first + 1) if request.layer is not None else range(n_layers)
 
 
 def _model_input(checkpoint, info, request: RunRequest, head_spec) -> ModelInput:
@@ -95,8 +97,7 @@ def _load(checkpoint, info, layer: int, config, dtype, device, request: RunReque
     from blocktrace.sources.loader import load_block
 
     block = load_block(checkpoint, info, layer, config, dtype).to(device)
-    block.attn.query_chunk = request.attn_chunk
-    block.attn.key_mask = mask
+    block.attend_with(mask, request.attn_chunk)
     return block
 
 
@@ -138,8 +139,7 @@ def _gradients(checkpoint, info, config, inputs: list, output, model_input: Mode
     return layerwise_gradient_report(load, inputs, output, lambda x: cross_entropy(head(x), labels), loss_kind=kind)
 
 
-def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bool,
-                        checkpoint=None) -> tuple[dict, list, object]:
+def check_model_request(request: RunRequest, analysis: Analysis, checkpoint=None) -> tuple[dict, list, object]:
     """`check --weights`: the model's layers (all by default), its loss, gradients with --grad.
     `checkpoint`: request.weights already open (track reads each checkpoint once)."""
     from blocktrace.diagnose.diagnosis import Context, conclude
@@ -149,7 +149,7 @@ def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bo
     from blocktrace.sources.families import SIZE_FIELDS, checkpoint_config, model_info
 
     given = request.inputs.given()
-    if not given or given[0] not in ("--token-ids", "--token-ids-file", "--text", "--text-file") or len(given) > 1:
+    if len(given) != 1 or not given[0].through_checkpoint:
         raise UsageError("checking a checkpoint takes its input as token ids: one of --token-ids, --token-ids-file, "
                          "--text or --text-file")
     dtype, device = torch_dtype(request.dtype), resolve_device(request.device)
@@ -158,7 +158,7 @@ def check_model_request(request: RunRequest, analysis: Analysis, layer_given: bo
     info = model_info(checkpoint)
     overrides = {key: value for key, value in request.config_fields.items() if key in request.explicit}
     config = checkpoint_config(checkpoint, info, {k: v for k, v in overrides.items() if k in SIZE_FIELDS})
-    traced = _traced_range(request, analysis, info.n_layers, layer_given)
+    traced = _traced_range(request, analysis, info.n_layers)
     head, spec = _head(checkpoint, info, dtype)
     try:
         model_input = _model_input(checkpoint, info, request, spec if head is not None else None)

@@ -149,7 +149,7 @@ def hidden_state_before(checkpoint: Checkpoint, info: ModelInfo, native_config: 
     with torch.no_grad():
         for earlier in range(layer):
             block = load_block(checkpoint, info, earlier, native_config, dtype).to(x.device)
-            block.attn.key_mask = key_mask
+            block.attend_with(key_mask)
             x = block(x)
     return x
 

@@ -14,7 +14,7 @@ import torch
 
 from blocktrace.config import BlockConfig
 from blocktrace.errors import UsageError
-from blocktrace.request import DEFAULT_SEQ_LEN, RunRequest
+from blocktrace.request import DEFAULT_SEQ_LEN, InputKind, RunRequest
 from blocktrace.sizing import Shape
 from blocktrace.sources.inputs import (
     RANDOM_INPUT_NOTE,
@@ -65,9 +65,9 @@ def resolve_device(device: Device) -> torch.device:
     return torch.device(device.value)
 
 
-def _one_input(given: list[str]) -> None:
+def _one_input(given: list[InputKind]) -> None:
     if len(given) > 1:
-        raise UsageError(f"{' and '.join(given)} both give the input: use one of them")
+        raise UsageError(f"{' and '.join(kind.value for kind in given)} both give the input: use one of them")
 
 
 def _no_budget(config: BlockConfig, shape: Shape) -> None:
@@ -84,8 +84,8 @@ def _seeded(request: RunRequest, config: BlockConfig, budget: Budget) -> Source:
     inputs, seed = request.inputs, request.seed
     given = inputs.given()
     _one_input(given)
-    if given and given[0] in ("--token-ids", "--token-ids-file", "--text", "--text-file"):
-        raise UsageError(f"{given[0]} needs real weights: add --weights PATH (or use --tokens)")
+    if given and given[0].through_checkpoint:
+        raise UsageError(f"{given[0].value} needs real weights: add --weights PATH (or use --tokens)")
     if inputs.input_path is not None:
         x = _input_file(inputs.input_path, config, inputs.batch, budget)
         return Source(config, x, None, f"tensor from {inputs.input_path}", seed, input_varies=False)
@@ -110,7 +110,7 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     inputs = request.inputs
     given = inputs.given()
     _one_input(given)
-    if not given or given[0] == "--tokens":
+    if not given or given[0] is InputKind.TOKENS:
         raise UsageError("with --weights the input must come from the checkpoint: --token-ids 464 3797 ..., "
                          "--token-ids-file FILE, --text \"...\" or --text-file FILE (need tokenizer.json beside the weights), or "
                          "--input "
@@ -118,11 +118,12 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     dtype = torch_dtype(request.dtype)
     checkpoint = Checkpoint(request.weights)
     info = model_info(checkpoint)
-    check_layer(info, request.layer)
+    layer = request.first_layer
+    check_layer(info, layer)
     overrides = {key: value for key, value in request.config_fields.items() if key in request.explicit}
     native = checkpoint_config(checkpoint, info, {k: v for k, v in overrides.items() if k in SIZE_FIELDS})
     config = native.replace(**{k: v for k, v in overrides.items() if k not in SIZE_FIELDS})
-    weights = {"path": str(request.weights), "layout": info.layout, "layer": request.layer,
+    weights = {"path": str(request.weights), "layout": info.layout, "layer": layer,
                "n_layers": info.n_layers}
     common = dict(seed=None, weights=weights, checkpoint=checkpoint, info=info, native=native, input_varies=False,
                   notes=list(info.notes))
@@ -137,8 +138,8 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     x = embed_batch(checkpoint, info, padded, dtype, padded_types)
     x = (x[0] if mask is None else x).to(resolve_device(request.device))  # earlier layers run there too
     device_mask = None if mask is None else mask.to(x.device)
-    x = hidden_state_before(checkpoint, info, native, x, request.layer, dtype, key_mask=device_mask)
-    via = {0: "", 1: " and block 0"}.get(request.layer, f" and blocks 0–{request.layer - 1}")
+    x = hidden_state_before(checkpoint, info, native, x, layer, dtype, key_mask=device_mask)
+    via = {0: "", 1: " and block 0"}.get(layer, f" and blocks 0–{layer - 1}")
     note = f"token ids through the model's embeddings{via}"
     if mask is not None:
         note += f"; {len(sequences)} sequences right-padded to {mask.shape[1]}, padding masked and left out of the statistics"

@@ -139,7 +139,7 @@ def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, cur
     if before is not None:
         _same_model(point, current, info, before)
     report, traces, _ = check_model_request(dataclasses.replace(request, weights=point.path, training_step=point.step),
-                                            analysis, layer_given=False, checkpoint=current)
+                                            analysis, checkpoint=current)
     moved = weight_movement(current, before, info.layer_prefix(0)[:-2], info.n_layers, info.family.ignored)
     grads = _block_grad_norms(report, len(traces))
     layers = [layer_entry(i, trace, grads[i], moved[i]) for i, trace in enumerate(traces)]
