@@ -221,14 +221,15 @@ def test_stack_table_shows_each_layers_flags(invoke):
 
 
 def test_a_check_is_one_entry_its_function_is_asked_in_its_scope():
-    """Adding a check is one decorated function in diagnose/health.py (its docs row is generated): evaluate asks it, its
-    findings carry its entry's cause and threshold, and the diagnosis reads it like any other."""
-    from blocktrace.diagnose.checks import Cause, Scope, check, flag
+    """Adding a check is one decorated function in diagnose/health.py (its docs row is generated), its name written
+    once: evaluate asks it, its findings carry its entry's name, cause and threshold, and the diagnosis reads it like
+    any other."""
+    from blocktrace.diagnose.checks import Cause, Scope, check, finding
     from blocktrace.vocab import Level
 
     @check(Scope.STEP, "test_only_wide_output", "any step wider than 3", "this test", "a test's check", Cause.DATA)
     def _wide(record, layer, evidence):
-        return [flag("test_only_wide_output", Level.WARNING, record.name, layer, record.shape[-1], "wide")] \
+        return [finding(Level.WARNING, record.name, layer, record.shape[-1], "wide")] \
             if record.shape[-1] > 3 else []
 
     try:
@@ -242,14 +243,14 @@ def test_a_check_is_one_entry_its_function_is_asked_in_its_scope():
 
 def test_a_check_over_training_is_one_entry_too():
     """dynamics.judge asks every Scope.TRAINING entry: a check over records is its one decorated function."""
-    from blocktrace.diagnose.checks import Cause, Scope, check, flag
+    from blocktrace.diagnose.checks import Cause, Scope, check, finding
     from blocktrace.diagnose.dynamics import judge
     from blocktrace.vocab import Level
 
     @check(Scope.TRAINING, "test_only_loss_rose", "the loss above the record before's", "this test", "a test's check",
            Cause.LEARNING_RATE)
     def _rose(history, entry):
-        return [flag("test_only_loss_rose", Level.WARNING, None, None, entry["loss"], "rose")] \
+        return [finding(Level.WARNING, None, None, entry["loss"], "rose")] \
             if history and entry["loss"] > history[-1]["loss"] else []
 
     try:

@@ -71,12 +71,18 @@ CHECKS: dict[str, Check] = {}  # filled by the @check entries of diagnose.health
 
 def check(scope: Scope, name: str, *entry, **extra):
     """A check is one entry: its name, threshold, source, meaning and cause, on the function that raises it. Given
-    the name alone, the function is a second detector of a check declared before, for other evidence."""
+    the name alone, the function is a second detector of a check declared before, for other evidence. The function
+    returns Findings; the check names each one (its name is written here only) and gives it the check's cause
+    unless the finding says another."""
     def register(detect: Callable[..., list]) -> Callable[..., list]:
+        def named(*evidence) -> list[Flag]:
+            return [Flag(name, f.level, f.step, f.layer, f.value, f.detail, f.cause or CHECKS[name].cause)
+                    for f in detect(*evidence)]
+
         if entry or extra:
-            CHECKS[name] = Check(name, *entry, **extra, detectors=((scope, detect),))
+            CHECKS[name] = Check(name, *entry, **extra, detectors=((scope, named),))
         else:
-            CHECKS[name] = dataclasses.replace(CHECKS[name], detectors=(*CHECKS[name].detectors, (scope, detect)))
+            CHECKS[name] = dataclasses.replace(CHECKS[name], detectors=(*CHECKS[name].detectors, (scope, named)))
         return detect
     return register
 
@@ -115,4 +121,21 @@ class Flag:
 
 
 def flag(name: str, level: Level, step, layer, value: float, detail: str, cause: Optional[Cause] = None) -> Flag:
+    """A finding of the check `name`, made outside its detector (a diagnosis's own tests, a timeline's replay)."""
     return Flag(name, level, step, layer, value, detail, cause or CHECKS[name].cause)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a check's detector returns: the check it belongs to names it (see `check`)."""
+
+    level: Level
+    step: Optional[str]
+    layer: Optional[int]
+    value: float
+    detail: str
+    cause: Optional[Cause] = None  # None: the check's own cause
+
+
+def finding(level: Level, step, layer, value: float, detail: str, cause: Optional[Cause] = None) -> Finding:
+    return Finding(level, step, layer, value, detail, cause)

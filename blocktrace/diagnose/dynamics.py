@@ -18,7 +18,7 @@ import math
 import statistics
 from typing import Optional, Sequence
 
-from blocktrace.diagnose.checks import Cause, Flag, Scope, check, detectors, flag
+from blocktrace.diagnose.checks import Cause, Finding, Flag, Scope, check, detectors, finding
 from blocktrace.diagnose.health import LOSS_MARGIN
 from blocktrace.vocab import Level
 
@@ -86,7 +86,7 @@ def _median_update(before: dict, entry: dict) -> Optional[float]:
        "other layers get one (a Watch)", "invariant: every trainable parameter on the loss's graph gets a "
        "gradient", "the layer is cut off from the loss: a .detach(), a no_grad block, or a gradient hook zeroes "
        "it; it never learns", Cause.GRADIENT_FLOW)
-def _no_gradient(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _no_gradient(history: Sequence[dict], entry: dict) -> list[Finding]:
     """Layers whose parameters require a gradient and get none while others do (a Watch saw the gradients)."""
     if entry.get("source") != WATCH:
         return []
@@ -94,9 +94,9 @@ def _no_gradient(history: Sequence[dict], entry: dict) -> list[Flag]:
     flowing = [n for n in norms.values() if _finite(n) and n > 0]
     if not flowing:
         return []  # nothing has a gradient: the Watch warns that step() came before backward()
-    return [flag("no_gradient", Level.ERROR, None, layer["layer"], 0.0 if norm is None else norm,
-                 f"gradient norm {'null' if norm is None else f'{norm:g}'} while other layers get up to "
-                 f"{max(flowing):.3g}")
+    return [finding(Level.ERROR, None, layer["layer"], 0.0 if norm is None else norm,
+                    f"gradient norm {'null' if norm is None else f'{norm:g}'} while other layers get up to "
+                    f"{max(flowing):.3g}")
             for layer in entry["layers"] for norm in [norms[layer["layer"]]]
             if layer.get("trainable", True) is not False and (norm is None or norm == 0)]
 
@@ -115,29 +115,29 @@ def _above_uniform(entry: dict) -> bool:
 
 
 @check(Scope.TRAINING, "loss_above_uniform")  # declared in diagnose.health, for a checkpoint's loss
-def _loss_above_uniform(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _loss_above_uniform(history: Sequence[dict], entry: dict) -> list[Finding]:
     """Over training, one record above uniform is a transient a healthy run can recover from (an SGD run's spike):
     info; an error when it is not finite, was above uniform at the record before too, or is at step 0 (before
     any update: the initialisation's)."""
     if not _above_uniform(entry):
         return []
     lasting = not math.isfinite(entry["loss"]) or entry["step"] == 0 or (bool(history) and _above_uniform(history[-1]))
-    return [flag("loss_above_uniform", Level.ERROR if lasting else Level.INFO, None, None, entry["loss"],
-                 f"loss {entry['loss']:.4g} against log V = {_uniform(entry):.4g} for uniform guessing"
-                 + ("" if lasting else " (at this record only, so far)"))]
+    return [finding(Level.ERROR if lasting else Level.INFO, None, None, entry["loss"],
+                    f"loss {entry['loss']:.4g} against log V = {_uniform(entry):.4g} for uniform guessing"
+                    + ("" if lasting else " (at this record only, so far)"))]
 
 
 @check(Scope.TRAINING, "loss_stuck",
        f"after {STUCK_STEPS} steps the loss is still above log V − {STUCK_MARGIN:g} (V: the "
        "vocabulary)", "definition: log V is the loss of predicting every token equally likely",
        "the model has learned nothing in a hundred steps", Cause.UNKNOWN, symptom=True)
-def _loss_stuck(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _loss_stuck(history: Sequence[dict], entry: dict) -> list[Finding]:
     loss, uniform = entry.get("loss"), _uniform(entry)
     if loss is None or uniform is None or _above_uniform(entry) or entry["step"] < STUCK_STEPS or \
             not loss > uniform - STUCK_MARGIN:
         return []
-    return [flag("loss_stuck", Level.ERROR, None, None, loss,
-                 f"loss {loss:.4g} at step {entry['step']}, log V = {uniform:.4g}")]
+    return [finding(Level.ERROR, None, None, loss,
+                    f"loss {loss:.4g} at step {entry['step']}, log V = {uniform:.4g}")]
 
 
 @check(Scope.TRAINING, "loss_near_zero",
@@ -145,11 +145,11 @@ def _loss_stuck(history: Sequence[dict], entry: dict) -> list[Flag]:
        "healthy-run measurement: language models stay far above (benchmarks/FAILURES.md: ≥ 1 nat on "
        "characters)", "the model predicts its targets almost perfectly: they leak into its input (labels "
        "equal to the inputs, no shift) or it memorises one repeated batch", Cause.DATA)
-def _loss_near_zero(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _loss_near_zero(history: Sequence[dict], entry: dict) -> list[Finding]:
     loss = entry.get("loss")
     if loss is None or not math.isfinite(loss) or entry["step"] <= 0 or not loss < LEAK_LOSS:
         return []
-    return [flag("loss_near_zero", Level.ERROR, None, None, loss, f"loss {loss:.3g} nats per token")]
+    return [finding(Level.ERROR, None, None, loss, f"loss {loss:.3g} nats per token")]
 
 
 @check(Scope.TRAINING, "loss_spike",
@@ -157,7 +157,7 @@ def _loss_near_zero(history: Sequence[dict], entry: dict) -> list[Flag]:
        f"(at least 8) and > mean + {LOSS_SPIKE_FLOOR:g} nats",
        "OLMo-core's stability monitor (a spike is > 6σ above the last 128 values), on the recorded steps",
        "the loss jumped well beyond its recent noise", Cause.UNKNOWN, symptom=True)
-def _loss_spike(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _loss_spike(history: Sequence[dict], entry: dict) -> list[Finding]:
     loss = entry.get("loss")
     recent = [r["loss"] for r in history[-LOSS_SPIKE_WINDOW:] if _finite(r.get("loss"))]
     if loss is None or not math.isfinite(loss) or len(recent) < MIN_SPIKE_HISTORY:
@@ -165,8 +165,8 @@ def _loss_spike(history: Sequence[dict], entry: dict) -> list[Flag]:
     mean, spread = statistics.fmean(recent), statistics.pstdev(recent)
     if not (loss > mean + LOSS_SPIKE_SIGMAS * spread and loss > mean + LOSS_SPIKE_FLOOR):
         return []
-    return [flag("loss_spike", Level.ERROR, None, None, loss,
-                 f"loss {loss:.4g} against {mean:.4g} ± {spread:.2g} over the previous {len(recent)} records")]
+    return [finding(Level.ERROR, None, None, loss,
+                    f"loss {loss:.4g} against {mean:.4g} ± {spread:.2g} over the previous {len(recent)} records")]
 
 
 # --- the data a Watch saw ----------------------------------------------------------------------------
@@ -175,11 +175,11 @@ def _loss_spike(history: Sequence[dict], entry: dict) -> list[Flag]:
        "the recorded batch equals the one recorded before (a Watch)",
        "invariant: a data loader over a corpus gives other batches at other steps",
        "the model sees the same batch again and again: a loader that restarts or a fixed batch", Cause.DATA)
-def _repeated_batch(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _repeated_batch(history: Sequence[dict], entry: dict) -> list[Finding]:
     if not (entry.get("data") or {}).get("repeated"):
         return []
-    return [flag("repeated_batch", Level.ERROR, None, None, 1.0,
-                 "this step's batch equals the batch of the record before")]
+    return [finding(Level.ERROR, None, None, 1.0,
+                    "this step's batch equals the batch of the record before")]
 
 
 @check(Scope.TRAINING, "labels_are_inputs",
@@ -188,14 +188,14 @@ def _repeated_batch(history: Sequence[dict], entry: dict) -> list[Flag]:
        "per token", "definition of next-token prediction: the target of position t is the token at t + 1; the "
        "loss level from the calibration half of the failure benchmark", "the targets are the inputs unshifted: "
        "unless the model shifts them, each position learns to copy its own token", Cause.DATA)
-def _labels_are_inputs(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _labels_are_inputs(history: Sequence[dict], entry: dict) -> list[Finding]:
     loss = entry.get("loss")
     if not (entry.get("data") or {}).get("labels_are_inputs"):
         return []
     copying = _finite(loss) and loss < LABEL_COPY_LOSS
-    return [flag("labels_are_inputs", Level.ERROR if copying else Level.INFO, None, None, 1.0,
-                 "the targets passed to the model are its input ids, unshifted" +
-                 (f", and the loss is {loss:.3g} nats per token: the model copies them" if copying else ""))]
+    return [finding(Level.ERROR if copying else Level.INFO, None, None, 1.0,
+                    "the targets passed to the model are its input ids, unshifted" +
+                    (f", and the loss is {loss:.3g} nats per token: the model copies them" if copying else ""))]
 
 
 # --- how the weights moved since the record before ---------------------------------------------------
@@ -217,15 +217,15 @@ def _still(history: Sequence[dict], entry: dict) -> bool:
        "learning rate is above 0", "invariant: an optimizer step with lr > 0 and a gradient moves the weights",
        "the optimizer changes nothing: optimizer.step() is not called, or it holds other parameters than the "
        "model's", Cause.OPTIMIZER)
-def _no_update(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _no_update(history: Sequence[dict], entry: dict) -> list[Finding]:
     if not _still(history, entry):
         return []
     before, largest, lr = history[-1], _largest_moves(history, entry), interval_lr(history[-1], entry)
     if lr is not None and lr <= 0:
         return []  # a learning rate of 0 is a choice (a frozen phase), not a fault
-    return [flag("no_update", Level.ERROR, None, None, max(largest.values()),
-                 f"no layer moved between steps {before['step']} and {entry['step']}"
-                 + (f" at learning rate {lr:g}" if lr is not None else ""))]
+    return [finding(Level.ERROR, None, None, max(largest.values()),
+                    f"no layer moved between steps {before['step']} and {entry['step']}"
+                    + (f" at learning rate {lr:g}" if lr is not None else ""))]
 
 
 @check(Scope.TRAINING, "layer_frozen",
@@ -235,7 +235,7 @@ def _no_update(history: Sequence[dict], entry: dict) -> list[Flag]:
        "healthy-run measurement: layers of one model move within 10× of each other (benchmarks/FAILURES.md)",
        "the layer's weights do not move while the others train: frozen by mistake or cut off from the loss",
        Cause.GRADIENT_FLOW)
-def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Finding]:
     largest = _largest_moves(history, entry)
     if largest is None or _still(history, entry):
         return []
@@ -243,11 +243,11 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Flag]:
     # only a Watch knows whether a layer's parameters require a gradient; between checkpoints a layer frozen on
     # purpose (a fine-tune) and one cut off from the loss look the same: info, said so, never a verdict
     trainable = {layer["layer"]: layer.get("trainable") for layer in entry["layers"]}
-    return [flag("layer_frozen", Level.ERROR if trainable.get(layer) is True else Level.INFO, None, layer, moved,
-                 f"per-step ‖ΔW‖/‖W‖ at most {moved:.3g} against the median layer's {typical:.3g}"
-                 + {True: "", False: " (its parameters do not require a gradient)"}.get(
-                     trainable.get(layer), " (frozen on purpose or cut off from the loss: checkpoints cannot tell; "
-                                           "a Watch can)"))
+    return [finding(Level.ERROR if trainable.get(layer) is True else Level.INFO, None, layer, moved,
+                    f"per-step ‖ΔW‖/‖W‖ at most {moved:.3g} against the median layer's {typical:.3g}"
+                    + {True: "", False: " (its parameters do not require a gradient)"}.get(
+                        trainable.get(layer), " (frozen on purpose or cut off from the loss: checkpoints cannot tell; "
+                                              "a Watch can)"))
             for layer, moved in largest.items() if moved < FROZEN_FRACTION * typical]
 
 
@@ -261,7 +261,7 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Flag]:
        Cause.OPTIMIZER,
        advice="make the updates reach the weights: check the optimizer's learning rate, eps (Adam's 1e-8) and "
        "betas, and that every parameter is in a param group")
-def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Finding]:
     if _largest_moves(history, entry) is None or _still(history, entry):
         return []
     lr = interval_lr(history[-1], entry)
@@ -270,8 +270,8 @@ def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Flag]:
     if not (median < TINY_UPDATE or (adam and lr and median < ADAM_TINY * lr)):
         return []
     cause = Cause.LEARNING_RATE if lr is not None and lr < TINY_LR else Cause.OPTIMIZER
-    return [flag("updates_tiny", Level.ERROR, None, None, median, f"the median matrix moves {median:.3g} of its norm "
-                 "per step" + (f" at learning rate {lr:g}" if lr is not None else ""), cause)]
+    return [finding(Level.ERROR, None, None, median, f"the median matrix moves {median:.3g} of its norm "
+                    "per step" + (f" at learning rate {lr:g}" if lr is not None else ""), cause)]
 
 
 @check(Scope.TRAINING, "update_spike",
@@ -281,7 +281,7 @@ def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Flag]:
        "learning rate it stays steady; Marin #1368: update-norm spikes precede loss spikes",
        "one update was far larger than the ones before: a spike that can "
        "throw the model off", Cause.LEARNING_RATE, symptom=True)
-def _update_spike(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _update_spike(history: Sequence[dict], entry: dict) -> list[Finding]:
     """An update far larger, per unit of learning rate, than the ones before."""
     if not history:
         return []
@@ -291,9 +291,9 @@ def _update_spike(history: Sequence[dict], entry: dict) -> list[Flag]:
     if now is None or len(earlier) < MIN_HISTORY or not now > SPIKE_FACTOR * statistics.median(earlier):
         return []
     factor = now / statistics.median(earlier)
-    return [flag("update_spike", Level.ERROR, None, None, factor,
-                 f"‖ΔW‖/‖W‖ per unit of learning rate {factor:.3g}× its median over the previous "
-                 f"{len(earlier)} intervals")]
+    return [finding(Level.ERROR, None, None, factor,
+                    f"‖ΔW‖/‖W‖ per unit of learning rate {factor:.3g}× its median over the previous "
+                    f"{len(earlier)} intervals")]
 
 
 @check(Scope.TRAINING, "lr_jump",
@@ -303,14 +303,14 @@ def _update_spike(history: Sequence[dict], entry: dict) -> list[Flag]:
        Cause.LEARNING_RATE,
        advice="fix the learning-rate schedule: warm-up and decay change it gradually (check the scheduler's "
        "state when resuming, and the units of the peak)")
-def _lr_jump(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _lr_jump(history: Sequence[dict], entry: dict) -> list[Finding]:
     rates = [r["lr"] for r in history if _finite(r.get("lr"))]
     lr = entry.get("lr")
     if not history or not _finite(lr) or len(rates) < MIN_HISTORY - 1 or max(rates) <= 0 or \
             not lr > LR_JUMP * max(rates):
         return []
-    return [flag("lr_jump", Level.ERROR, None, None, lr,
-                 f"learning rate {lr:g}, {lr / max(rates):.3g}× the largest recorded before ({max(rates):g})")]
+    return [finding(Level.ERROR, None, None, lr,
+                    f"learning rate {lr:g}, {lr / max(rates):.3g}× the largest recorded before ({max(rates):g})")]
 
 
 # --- the weights' norms ------------------------------------------------------------------------------
@@ -340,10 +340,10 @@ def _zeroed(history: Sequence[dict], entry: dict) -> dict[int, tuple[str, float]
        "record before", "invariant: no optimizer step zeroes a tensor; AdamW's decay shrinks it by lr·λ ≈ 1e-4 "
        "per step", "a tensor was set to 0 outside the optimizer: a bug in "
        "loading, surgery or a hook", Cause.WEIGHTS)
-def _weights_zeroed(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _weights_zeroed(history: Sequence[dict], entry: dict) -> list[Finding]:
     previous = kind_norms(history[-1]) if history else {}
-    return [flag("weights_zeroed", Level.ERROR, None, layer, norm,
-                 f"{kind}: ‖W‖ {norm:.3g}, {previous[(layer, kind)]:.3g} at step {history[-1]['step']}")
+    return [finding(Level.ERROR, None, layer, norm,
+                    f"{kind}: ‖W‖ {norm:.3g}, {previous[(layer, kind)]:.3g} at step {history[-1]['step']}")
             for layer, (kind, norm) in _zeroed(history, entry).items()]
 
 
@@ -354,7 +354,7 @@ def _weights_zeroed(history: Sequence[dict], entry: dict) -> list[Flag]:
        Cause.OPTIMIZER,
        advice="lower the weight decay and keep it off the norms' gains and the biases (param groups with "
        "weight_decay 0)")
-def _weight_norm_collapse(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _weight_norm_collapse(history: Sequence[dict], entry: dict) -> list[Finding]:
     """Tensor kinds whose norm collapsed since the first record (a layer already zeroed is that finding's)."""
     if not history:
         return []
@@ -362,9 +362,9 @@ def _weight_norm_collapse(history: Sequence[dict], entry: dict) -> list[Flag]:
     for (layer, kind), norm in now.items():
         origin = start.get((layer, kind), 0)
         if layer not in seen and norm > 0 and origin > 0 and norm < NORM_COLLAPSE * origin:
-            flags.append(flag("weight_norm_collapse", Level.ERROR, None, layer, norm / origin,
-                              f"{kind}: ‖W‖ {norm:.3g}, {norm / origin:.2g}× its {origin:.3g} at step "
-                              f"{history[0]['step']}"))
+            flags.append(finding(Level.ERROR, None, layer, norm / origin,
+                                 f"{kind}: ‖W‖ {norm:.3g}, {norm / origin:.2g}× its {origin:.3g} at step "
+                                 f"{history[0]['step']}"))
             seen.add(layer)
     return flags
 

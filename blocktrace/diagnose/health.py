@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from blocktrace.diagnose.checks import Cause, Flag, Scope, check, detectors, flag
+from blocktrace.diagnose.checks import Cause, Finding, Flag, Scope, check, detectors, finding
 from blocktrace.tracing.behaviour import NormKind
 from blocktrace.vocab import Level
 
@@ -64,25 +64,25 @@ class ModelEvidence:
 @check(Scope.STEP, "non_finite",
        "any NaN or Inf in a step's output", "IEEE 754; the first step in execution order is the origin",
        "this step produced NaN/Inf; if its inputs were finite, the fault is inside this step", Cause.LEARNING_RATE)
-def _non_finite(record, layer, evidence) -> list[Flag]:
+def _non_finite(record, layer, evidence) -> list[Finding]:
     stats, finite_inputs = record.stats, record.probe.inputs_finite
     if not (stats.nan or stats.inf):
         return []
     detail = f"{stats.nan} NaN, {stats.inf} Inf" + (f"; inputs finite: {finite_inputs}"
                                                   if finite_inputs is not None else "")
     cause = Cause.PRECISION if evidence.stored_dtype in ("F16", "BF16") else None
-    return [flag("non_finite", Level.ERROR, record.name, layer, stats.nan + stats.inf, detail, cause)]
+    return [finding(Level.ERROR, record.name, layer, stats.nan + stats.inf, detail, cause)]
 
 
 @check(Scope.STEP, "precision_overflow", "a float16 checkpoint whose activations exceed float16's largest value, 65504",
        "IEEE 754 half precision", "in float16 these values become Inf: the training run overflowed",
        Cause.PRECISION)
-def _precision_overflow(record, layer, evidence) -> list[Flag]:
+def _precision_overflow(record, layer, evidence) -> list[Finding]:
     stats = record.stats
     if stats.nan or stats.inf or evidence.stored_dtype != "F16" or not stats.absmax > FLOAT16_MAX:
         return []  # a non-finite step is non_finite's
-    return [flag("precision_overflow", Level.ERROR, record.name, layer, stats.absmax,
-                 f"max |x| {stats.absmax:.4g} > {FLOAT16_MAX:g} in a float16 checkpoint")]
+    return [finding(Level.ERROR, record.name, layer, stats.absmax,
+                    f"max |x| {stats.absmax:.4g} > {FLOAT16_MAX:g} in a float16 checkpoint")]
 
 
 @check(Scope.STEP, "norm_not_normalising",
@@ -92,24 +92,24 @@ def _precision_overflow(record, layer, evidence) -> list[Flag]:
        "Zhang & Sennrich 2019)",
        "the norm step does not normalise each token: it is missing, replaced, or applied over the wrong axis",
        Cause.NORM)
-def _norm_not_normalising(record, layer, evidence) -> list[Flag]:
+def _norm_not_normalising(record, layer, evidence) -> list[Finding]:
     norm = record.probe.norm
     if norm is None or norm.kind is not NormKind.NONE:
         return []
-    return [flag("norm_not_normalising", Level.ERROR, record.name, layer, norm.scale_error,
-                 f"rescaling each token changed the output by {norm.scale_error:.3g} (relative rms)")]
+    return [finding(Level.ERROR, record.name, layer, norm.scale_error,
+                    f"rescaling each token changed the output by {norm.scale_error:.3g} (relative rms)")]
 
 
 @check(Scope.STEP, "norm_gain_extreme",
        "rms of the effective gain (g, or 1 + w for Gemma) < 0.1 or > 10, measured on the "
        "module (info: trained models have such gains)", "rule of thumb: gains start at 1",
        "the norm's learned gain has drifted far from 1, rescaling everything downstream", Cause.LEARNING_RATE)
-def _norm_gain_extreme(record, layer, evidence) -> list[Flag]:
+def _norm_gain_extreme(record, layer, evidence) -> list[Finding]:
     norm = record.probe.norm
     if norm is None or norm.kind is NormKind.NONE or norm.gain_rms is None or 0.1 <= norm.gain_rms <= 10:
         return []
-    return [flag("norm_gain_extreme", Level.INFO, record.name, layer, norm.gain_rms,
-                 f"rms of the effective gain {norm.gain_rms:.3g}")]
+    return [finding(Level.INFO, record.name, layer, norm.gain_rms,
+                    f"rms of the effective gain {norm.gain_rms:.3g}")]
 
 
 @check(Scope.ATTENTION, "causal_leak",
@@ -117,18 +117,18 @@ def _norm_gain_extreme(record, layer, evidence) -> list[Flag]:
        "(relative) when the last token is perturbed", "definition of causal attention",
        "tokens attend to later tokens although the block is causal: the mask is missing or misaligned",
        Cause.MASK)
-def _causal_leak(trace, layer) -> list[Flag]:
+def _causal_leak(trace, layer) -> list[Finding]:
     """A causal block whose attention weighs later tokens, or whose earlier outputs move when the last
     token changes (measured by perturbation: a user's block is judged by what it does)."""
     attention, causal = trace.attention, trace.step("attn").probe.causal
     if not trace.expected_causal:
         return []
     if attention is not None and attention.future_weight_sum > 1e-6:
-        return [flag("causal_leak", Level.ERROR, "attn", layer, attention.future_weight_sum,
-                     f"future_weight_sum={attention.future_weight_sum:.4g} with a causal mask")]
+        return [finding(Level.ERROR, "attn", layer, attention.future_weight_sum,
+                        f"future_weight_sum={attention.future_weight_sum:.4g} with a causal mask")]
     if causal is not None and causal.causal is False:
-        return [flag("causal_leak", Level.ERROR, "attn", layer, causal.leak,
-                     f"perturbing the last token moved earlier outputs by {causal.leak:.3g} (relative rms)")]
+        return [finding(Level.ERROR, "attn", layer, causal.leak,
+                        f"perturbing the last token moved earlier outputs by {causal.leak:.3g} (relative rms)")]
     return []
 
 
@@ -136,12 +136,12 @@ def _causal_leak(trace, layer) -> list[Flag]:
        "definition of the residual connection (He et al. 2016)",
        "the residual step does not return stream + update: the skip connection is missing or adds the wrong "
        "tensor", Cause.RESIDUAL)
-def _residual_not_added(record, layer, evidence) -> list[Flag]:
+def _residual_not_added(record, layer, evidence) -> list[Finding]:
     mismatch = record.probe.residual_mismatch
     if not (mismatch or 0) > RESIDUAL_MISMATCH:
         return []
-    return [flag("residual_not_added", Level.ERROR, record.name, layer, mismatch,
-                 f"‖output − (α·stream + update)‖ / ‖output‖ = {mismatch:.3g}")]
+    return [finding(Level.ERROR, record.name, layer, mismatch,
+                    f"‖output − (α·stream + update)‖ / ‖output‖ = {mismatch:.3g}")]
 
 
 def _judged_attention(trace):
@@ -155,13 +155,13 @@ def _judged_attention(trace):
        "(≈ 4–5 at init; runs with logits above 1e4 diverged)",
        "attention logits have grown large, so the softmax is saturated and its gradient vanishes",
        Cause.LEARNING_RATE)
-def _attention_logit_growth(trace, layer) -> list[Flag]:
+def _attention_logit_growth(trace, layer) -> list[Finding]:
     attention = _judged_attention(trace)
     logit = attention.max_logit if attention is not None else None
     if logit is None or not logit > LOGIT_WARNING:
         return []
     level = Level.ERROR if logit > LOGIT_ERROR else Level.WARNING
-    return [flag("attention_logit_growth", level, "attn", layer, logit, f"largest pre-softmax logit {logit:.4g}")]
+    return [finding(level, "attn", layer, logit, f"largest pre-softmax logit {logit:.4g}")]
 
 
 def _positional(attention, head: int) -> Optional[str]:
@@ -182,7 +182,7 @@ def _sharp_heads(attention) -> list[int]:
        "Zhai et al. 2023, Stabilizing Transformer Training by Preventing Attention Entropy Collapse",
        "most heads put all their weight on one key while the logits grow: collapse preceded divergence in "
        "their runs", Cause.LEARNING_RATE)
-def _attention_entropy_collapse(trace, layer) -> list[Flag]:
+def _attention_entropy_collapse(trace, layer) -> list[Finding]:
     attention = _judged_attention(trace)
     if attention is None or attention.max_logit is None or not attention.max_logit > LOGIT_WARNING:
         return []
@@ -190,22 +190,22 @@ def _attention_entropy_collapse(trace, layer) -> list[Flag]:
     heads = len(attention.entropy_per_head)
     if 2 * len(unexplained) < heads:
         return []
-    return [flag("attention_entropy_collapse", Level.ERROR, "attn", layer, len(unexplained) / heads,
-                 f"{len(unexplained)} of {heads} heads near zero entropy (uniform {attention.uniform_entropy:.3f}), "
-                 f"largest logit {attention.max_logit:.4g}")]
+    return [finding(Level.ERROR, "attn", layer, len(unexplained) / heads,
+                    f"{len(unexplained)} of {heads} heads near zero entropy (uniform {attention.uniform_entropy:.3f}), "
+                    f"largest logit {attention.max_logit:.4g}")]
 
 
 @check(Scope.ATTENTION, "attention_sharp_head", "a head below 0.1 × the entropy of uniform attention (info)",
        "Zhai et al. 2023: a single sharp head (previous-token, first-token sink) is a learned feature",
        "the head attends to one key; with ≥ 50% of its weight on the first key, itself or the previous token "
        "it is a positional head", Cause.LEARNING_RATE)
-def _attention_sharp_head(trace, layer) -> list[Flag]:
+def _attention_sharp_head(trace, layer) -> list[Finding]:
     attention = _judged_attention(trace)
     if attention is None:
         return []
-    return [flag("attention_sharp_head", Level.INFO, "attn", layer, attention.entropy_per_head[head],
-                 f"head {head}: entropy {attention.entropy_per_head[head]:.3g} (uniform "
-                 f"{attention.uniform_entropy:.3f}), {_positional(attention, head) or 'content'} head")
+    return [finding(Level.INFO, "attn", layer, attention.entropy_per_head[head],
+                    f"head {head}: entropy {attention.entropy_per_head[head]:.3g} (uniform "
+                    f"{attention.uniform_entropy:.3f}), {_positional(attention, head) or 'content'} head")
             for head in _sharp_heads(attention)]
 
 
@@ -213,13 +213,13 @@ def _attention_sharp_head(trace, layer) -> list[Flag]:
        "Zhai et al. 2023 (the opposite end); uniform = the mean of log(i+1) per query when causal",
        "the head attends uniformly: it carries no positional or content preference (normal at initialisation)",
        Cause.INITIALISATION)
-def _attention_uniform(trace, layer) -> list[Flag]:
+def _attention_uniform(trace, layer) -> list[Finding]:
     attention = _judged_attention(trace)
     if attention is None:
         return []
     uniform = attention.uniform_entropy
-    return [flag("attention_uniform", Level.INFO, "attn", layer, entropy,
-                 f"head {head}: entropy {entropy:.4f} of uniform {uniform:.4f}")
+    return [finding(Level.INFO, "attn", layer, entropy,
+                    f"head {head}: entropy {entropy:.4f} of uniform {uniform:.4f}")
             for head, entropy in enumerate(attention.entropy_per_head) if entropy >= 0.98 * uniform]
 
 
@@ -234,55 +234,55 @@ def _judged_ffn(record):
        "Voita et al. 2023, Neurons in Large Language Models: Dead, N-gram, Positional (> 70% dead in trained "
        "OPT layers)", "almost every FFN unit outputs nothing for every token: they get no gradient and are "
        "wasted", Cause.ARCHITECTURE)
-def _ffn_dead_units(record, layer, evidence) -> list[Flag]:
+def _ffn_dead_units(record, layer, evidence) -> list[Finding]:
     ffn = _judged_ffn(record)
     if ffn is None or not ffn.dead_fraction > DEAD_INFO:
         return []
     level = Level.ERROR if ffn.dead_fraction > DEAD_ERROR else Level.INFO
-    return [flag("ffn_dead_units", level, record.name, layer, ffn.dead_fraction,
-                 f"{ffn.dead_fraction:.1%} of {ffn.units} hidden units never active over {ffn.tokens} tokens")]
+    return [finding(level, record.name, layer, ffn.dead_fraction,
+                    f"{ffn.dead_fraction:.1%} of {ffn.units} hidden units never active over {ffn.tokens} tokens")]
 
 
 @check(Scope.STEP, "ffn_saturated", "fraction of FFN hidden activations in the flat region > 0.9 (info)",
        "activation-function definitions (ReLU ≤ 0; GELU/SiLU pre-activation < -4)",
        "almost every hidden activation sits where the activation has ~zero slope", Cause.ARCHITECTURE)
-def _ffn_saturated(record, layer, evidence) -> list[Flag]:
+def _ffn_saturated(record, layer, evidence) -> list[Finding]:
     ffn = _judged_ffn(record)
     if ffn is None or not ffn.flat_fraction > 0.9:
         return []
-    return [flag("ffn_saturated", Level.INFO, record.name, layer, ffn.flat_fraction,
-                 f"{ffn.flat_fraction:.1%} of hidden activations in the flat region")]
+    return [finding(Level.INFO, record.name, layer, ffn.flat_fraction,
+                    f"{ffn.flat_fraction:.1%} of hidden activations in the flat region")]
 
 
 @check(Scope.STEP, "update_too_small", "‖update‖ / ‖stream‖ < 1e-3 at a sublayer (info)",
        "Liu et al. 2020 (Admin): branch/stream balance", "the sublayer barely changes the stream",
        Cause.INITIALISATION)
-def _update_too_small(record, layer, evidence) -> list[Flag]:
+def _update_too_small(record, layer, evidence) -> list[Finding]:
     ratio = record.probe.update_ratio
     if ratio is None or not ratio < UPDATE_SMALL:
         return []
-    return [flag("update_too_small", Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}")]
+    return [finding(Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}")]
 
 
 @check(Scope.STEP, "update_too_large",
        "‖update‖ / ‖stream‖ > 10 at a sublayer (info: the first layers of trained models)",
        "Liu et al. 2020 (Admin)", "the sublayer's update swamps the stream it is added to", Cause.INITIALISATION)
-def _update_too_large(record, layer, evidence) -> list[Flag]:
+def _update_too_large(record, layer, evidence) -> list[Finding]:
     ratio = record.probe.update_ratio
     if ratio is None or not ratio > UPDATE_LARGE:
         return []
-    return [flag("update_too_large", Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}")]
+    return [finding(Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}")]
 
 
 @check(Scope.STEP, "massive_activation", "|x| > 100 and > 1000 × the median |x| of the hidden state (info)",
        "Sun et al. 2024, Massive Activations in Large Language Models",
        "a few features are orders of magnitude above the rest (normal in trained LLMs)", Cause.ARCHITECTURE)
-def _massive_activation(record, layer, evidence) -> list[Flag]:
+def _massive_activation(record, layer, evidence) -> list[Finding]:
     ratio = record.probe.massive_ratio
     if not (ratio or 0) > MASSIVE_RATIO:
         return []
-    return [flag("massive_activation", Level.INFO, record.name, layer, record.stats.absmax,
-                 f"max |x| {record.stats.absmax:.4g} = {ratio:.4g} × median |x|")]
+    return [finding(Level.INFO, record.name, layer, record.stats.absmax,
+                    f"max |x| {record.stats.absmax:.4g} = {ratio:.4g} × median |x|")]
 
 
 # --- the layers together, the model, its gradients ---------------------------------------------------
@@ -292,7 +292,7 @@ def _massive_activation(record, layer, evidence) -> list[Flag]:
        "Xiong et al. 2020, Lemma 2 (Pre-LN ‖x_l‖²/d ≤ 1 + 3l/2 at init); Wortsman et al. 2023",
        "the residual stream grows by orders of magnitude from layer to layer: the model is diverging",
        Cause.LEARNING_RATE)
-def _residual_explosion(traces, first_layer: int) -> list[Flag]:
+def _residual_explosion(traces, first_layer: int) -> list[Finding]:
     """Growth of the median token's ‖x‖²/d across the traced layers, against Xiong et al.'s bound."""
     sizes = [(first_layer + i, t.steps[-1].probe.token_sq_median) for i, t in enumerate(traces)]
     sizes = [(layer, size) for layer, size in sizes if size is not None and math.isfinite(size) and size > 0]
@@ -302,9 +302,9 @@ def _residual_explosion(traces, first_layer: int) -> list[Flag]:
     for layer, size in sizes[1:]:
         growth, bound = size / reference, bound_of(layer) / bound_of(first)
         if growth > STREAM_GROWTH_ERROR * bound:
-            return [flag("residual_explosion", Level.ERROR, traces[layer - first_layer].steps[-1].name, layer, growth,
-                         f"the median token's ‖x‖²/d grew {growth:.3g}× from layer {first} to layer {layer} "
-                         f"(bound {bound:.3g}×)")]
+            return [finding(Level.ERROR, traces[layer - first_layer].steps[-1].name, layer, growth,
+                            f"the median token's ‖x‖²/d grew {growth:.3g}× from layer {first} to layer {layer} "
+                            f"(bound {bound:.3g}×)")]
     return []
 
 
@@ -313,14 +313,14 @@ def _residual_explosion(traces, first_layer: int) -> list[Flag]:
        "tenfold; ≈ 0.5–1.5 at the usual inits: N(0, 0.02), Xavier, 1/√d)",
        "Glorot & Bengio 2010; Radford et al. 2019 (GPT-2: N(0, 0.02))",
        "the weights are far larger than any usual initialisation", Cause.INITIALISATION)
-def _weight_scale(evidence) -> list[Flag]:
+def _weight_scale(evidence) -> list[Finding]:
     flags = []
     for index, matrices in enumerate(evidence.weights):
         gains = sorted(entry["std"] * math.sqrt(entry["fan_in"]) for entry in matrices.values())
         if gains and gains[len(gains) // 2] > WEIGHT_GAIN_ERROR:
             median = gains[len(gains) // 2]
-            flags.append(flag("weight_scale", Level.ERROR, None, evidence.first_layer + index, median,
-                              f"the median matrix has std·√fan_in = {median:.3g}"))
+            flags.append(finding(Level.ERROR, None, evidence.first_layer + index, median,
+                                 f"the median matrix has std·√fan_in = {median:.3g}"))
     return flags
 
 
@@ -332,15 +332,15 @@ def _weight_scale(evidence) -> list[Flag]:
        Cause.WEIGHTS, direct=True,
        advice="reload the last checkpoint whose weights are finite, and find what wrote the NaN (a diverged step "
        "saved without a check, a corrupt copy, a conversion that overflowed)")
-def _weights_non_finite(evidence) -> list[Flag]:
+def _weights_non_finite(evidence) -> list[Finding]:
     flags = []
     if evidence.in_training:
         return flags
     for index, matrices in enumerate(evidence.weights):
         broken = [name for name, entry in matrices.items() if not math.isfinite(entry["norm"])]
         if broken:
-            flags.append(flag("weights_non_finite", Level.ERROR, None, evidence.first_layer + index, math.nan,
-                              f"{', '.join(broken[:3])}{' …' if len(broken) > 3 else ''} hold NaN or Inf"))
+            flags.append(finding(Level.ERROR, None, evidence.first_layer + index, math.nan,
+                                 f"{', '.join(broken[:3])}{' …' if len(broken) > 3 else ''} hold NaN or Inf"))
     return flags
 
 
@@ -361,7 +361,7 @@ def _siblings(weights: list[dict]) -> dict[str, list[float]]:
        "projections at 0.02/√(2L)), and training moves them by far less than an order of magnitude",
        "one layer's weights are unlike all their siblings: scaled, zeroed or overwritten outside the optimizer "
        "(surgery, a bad merge, a loading bug)", Cause.WEIGHTS)
-def _weight_outlier(evidence) -> list[Flag]:
+def _weight_outlier(evidence) -> list[Finding]:
     if evidence.in_training or len(evidence.weights) < MIN_SIBLINGS:
         return []
     siblings, flags = _siblings(evidence.weights), []
@@ -371,9 +371,9 @@ def _weight_outlier(evidence) -> list[Flag]:
             median = values[len(values) // 2] if len(values) >= MIN_SIBLINGS else 0.0
             std = entry["std"]
             if median > 0 and math.isfinite(std) and not 1 / SIBLING_RATIO <= std / median <= SIBLING_RATIO:
-                flags.append(flag("weight_outlier", Level.ERROR, None, evidence.first_layer + index, std / median,
-                                  f"{name}: std {std:.3g}, {std / median:.3g}× the median of its "
-                                  f"{len(values)} siblings ({median:.3g})"))
+                flags.append(finding(Level.ERROR, None, evidence.first_layer + index, std / median,
+                                     f"{name}: std {std:.3g}, {std / median:.3g}× the median of its "
+                                     f"{len(values)} siblings ({median:.3g})"))
                 break  # one per layer: its first outlier names it
     return flags
 
@@ -383,23 +383,23 @@ def _weight_outlier(evidence) -> list[Flag]:
        "definition: log V is the loss of predicting every token equally likely",
        "the model predicts worse than an untrained uniform guess: its training failed (a symptom: alone it names "
        "no mechanism)", Cause.UNKNOWN, symptom=True)
-def _loss_above_uniform(evidence) -> list[Flag]:
+def _loss_above_uniform(evidence) -> list[Finding]:
     loss = evidence.loss
     if loss is None or loss.value is None or (math.isfinite(loss.value) and loss.value <= loss.uniform + LOSS_MARGIN):
         return []
-    return [flag("loss_above_uniform", Level.ERROR, None, None, loss.value,
-                 f"loss {loss.value:.4g} against log V = {loss.uniform:.4g} for uniform guessing")]
+    return [finding(Level.ERROR, None, None, loss.value,
+                    f"loss {loss.value:.4g} against log V = {loss.uniform:.4g} for uniform guessing")]
 
 
 @check(Scope.MODEL, "output_logit_drift", "the mean log Z = log Σ exp(logits) of the predictions beyond ±1000",
        "Wortsman et al. 2023 (output-logit divergence; z-loss 1e-4·log²Z)",
        "the output logits' normaliser has drifted far from 0: the output layer is diverging",
        Cause.LEARNING_RATE)
-def _output_logit_drift(evidence) -> list[Flag]:
+def _output_logit_drift(evidence) -> list[Finding]:
     loss = evidence.loss
     if loss is None or loss.value is None or loss.log_z_mean is None or not abs(loss.log_z_mean) > LOG_Z_ERROR:
         return []
-    return [flag("output_logit_drift", Level.ERROR, None, None, loss.log_z_mean, f"mean log Z = {loss.log_z_mean:.4g}")]
+    return [finding(Level.ERROR, None, None, loss.log_z_mean, f"mean log Z = {loss.log_z_mean:.4g}")]
 
 
 @check(Scope.MODEL, "optimizer_eps_underflow",
@@ -408,9 +408,9 @@ def _output_logit_drift(evidence) -> list[Flag]:
        "IEEE 754 half precision; Micikevicius et al. 2018, Mixed Precision Training (float32 master weights)",
        "Adam divides by √v + eps: with eps 0, an element whose gradients have all been 0 gets 0/0 = NaN at "
        "the next update", Cause.PRECISION)
-def _optimizer_eps_underflow(evidence) -> list[Flag]:
-    return [flag("optimizer_eps_underflow", Level.ERROR, None, None, group["eps"],
-                 f"eps {group['eps']:g} is {group['eps_in_dtype']:g} in {group['dtype']}")
+def _optimizer_eps_underflow(evidence) -> list[Finding]:
+    return [finding(Level.ERROR, None, None, group["eps"],
+                    f"eps {group['eps']:g} is {group['eps_in_dtype']:g} in {group['dtype']}")
             for group in evidence.optimizer if group["eps"] > 0 and group["eps_in_dtype"] == 0]
 
 
@@ -430,15 +430,15 @@ def _collapse(routing) -> Optional[float]:
        "expert, P = its mean router probability, as HF's load_balancing_loss_func computes it",
        "the router sends most tokens to a few experts: the others barely train and the layer's capacity is "
        "wasted", Cause.ROUTING)
-def _router_collapse(routing, layer) -> list[Flag]:
+def _router_collapse(routing, layer) -> list[Finding]:
     collapse = _collapse(routing)
     if collapse is None or collapse < COLLAPSE_WARNING:
         return []
     level = Level.ERROR if collapse >= COLLAPSE_ERROR else Level.WARNING
-    return [flag("router_collapse", level, "ffn", layer, routing.balance_loss,
-                 f"load-balance loss {routing.balance_loss:.3g} (balanced {routing.per_token}, collapsed "
-                 f"{routing.experts}); the busiest expert takes {max(routing.load):.0%} of the token slots (uniform "
-                 f"{1 / routing.experts:.0%})")]
+    return [finding(level, "ffn", layer, routing.balance_loss,
+                    f"load-balance loss {routing.balance_loss:.3g} (balanced {routing.per_token}, collapsed "
+                    f"{routing.experts}); the busiest expert takes {max(routing.load):.0%} of the token slots (uniform "
+                    f"{1 / routing.experts:.0%})")]
 
 
 @check(Scope.ROUTING, "dead_experts",
@@ -447,12 +447,12 @@ def _router_collapse(routing, layer) -> list[Flag]:
        "token of a 2048-token batch, its router near uniform; router_collapse is the verdict)",
        "Fedus et al. 2022; Shazeer et al. 2017 (load balancing); benchmarks/FAILURES.md (mixtral-healthy)",
        "some experts receive no token of this batch: they get no gradient from it", Cause.ROUTING)
-def _dead_experts(routing, layer) -> list[Flag]:
+def _dead_experts(routing, layer) -> list[Finding]:
     if _collapse(routing) is None or not routing.dead:
         return []
-    return [flag("dead_experts", Level.INFO, "ffn", layer, len(routing.dead),
-                 f"{len(routing.dead)} of {routing.experts} experts received no token of {routing.tokens}: "
-                 f"experts {', '.join(map(str, routing.dead[:10]))}")]
+    return [finding(Level.INFO, "ffn", layer, len(routing.dead),
+                    f"{len(routing.dead)} of {routing.experts} experts received no token of {routing.tokens}: "
+                    f"experts {', '.join(map(str, routing.dead[:10]))}")]
 
 
 @check(Scope.ROUTING, "router_logit_growth", "largest |router logit| > 64 (≈ 1 at initialisation)",
@@ -460,11 +460,11 @@ def _dead_experts(routing, layer) -> list[Flag]:
        "logits changes the routing; at 64 bf16's step is 0.5, so near-tied experts' probabilities are off by "
        "up to e^0.25 ≈ 1.28×",
        "the router's logits have grown so large that rounding decides between experts", Cause.ROUTING)
-def _router_logit_growth(routing, layer) -> list[Flag]:
+def _router_logit_growth(routing, layer) -> list[Finding]:
     if not routing.max_logit > ROUTER_LOGIT_WARNING:
         return []
-    return [flag("router_logit_growth", Level.WARNING, "ffn", layer, routing.max_logit,
-                 f"largest |router logit| {routing.max_logit:.4g}, router z-loss {routing.z_loss:.4g}")]
+    return [finding(Level.WARNING, "ffn", layer, routing.max_logit,
+                    f"largest |router logit| {routing.max_logit:.4g}, router z-loss {routing.z_loss:.4g}")]
 
 
 def _gradient_means(gradients) -> Optional[list[float]]:
@@ -486,30 +486,30 @@ def _gradient_detail(means: list[float], first_layer: int) -> str:
        "the first layer's mean step gradient < 1e-3 × the last layer's (with --grad)",
        "Xiong et al. 2020; Liu et al. 2020", "gradients shrink towards the input: early layers barely learn",
        Cause.WARMUP)
-def _gradient_vanishing(gradients, first_layer: int) -> list[Flag]:
+def _gradient_vanishing(gradients, first_layer: int) -> list[Finding]:
     if _non_finite_gradient(gradients) is not None:
         return []  # gradient_exploding's
     means = _gradient_means(gradients)
     if means is None or not means[0] / means[-1] < 1 / GRADIENT_RATIO:
         return []
-    return [flag("gradient_vanishing", Level.ERROR, None, first_layer, means[0] / means[-1],
-                 _gradient_detail(means, first_layer))]
+    return [finding(Level.ERROR, None, first_layer, means[0] / means[-1],
+                    _gradient_detail(means, first_layer))]
 
 
 @check(Scope.GRADIENTS, "gradient_exploding",
        "the first layer's mean step gradient > 1e3 × the last layer's, or any non-finite "
        "gradient (with --grad)", "Xiong et al. 2020 (Post-LN gradients at initialisation)",
        "gradients grow towards the input: training steps will be unstable", Cause.LEARNING_RATE)
-def _gradient_exploding(gradients, first_layer: int) -> list[Flag]:
+def _gradient_exploding(gradients, first_layer: int) -> list[Finding]:
     bad = _non_finite_gradient(gradients)
     if bad is not None:
-        return [flag("gradient_exploding", Level.ERROR, bad[1], first_layer + bad[0], float("nan"),
-                     "non-finite gradient")]
+        return [finding(Level.ERROR, bad[1], first_layer + bad[0], float("nan"),
+                        "non-finite gradient")]
     means = _gradient_means(gradients)
     if means is None or not means[0] / means[-1] > GRADIENT_RATIO:
         return []
-    return [flag("gradient_exploding", Level.ERROR, None, first_layer, means[0] / means[-1],
-                 _gradient_detail(means, first_layer))]
+    return [finding(Level.ERROR, None, first_layer, means[0] / means[-1],
+                    _gradient_detail(means, first_layer))]
 
 
 def _asked(scope: Scope, *evidence) -> list[Flag]:

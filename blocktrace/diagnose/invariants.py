@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from blocktrace.diagnose.checks import Cause, Flag, Scope, check, flag
+from blocktrace.diagnose.checks import Cause, Finding, Scope, check, finding
 from blocktrace.vocab import Level
 
 EXACT = 0.99  # share of target positions a relation must hold on to be the loop's relation (a few padding slips)
@@ -53,13 +53,13 @@ def _finite(value) -> bool:
        "length and points where the model was, not where it is", Cause.TRAINING_LOOP, direct=True,
        advice="call optimizer.zero_grad() once per optimizer step: after optimizer.step(), or before the first "
        "backward of the next step")
-def _gradients_not_zeroed(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _gradients_not_zeroed(history: Sequence[dict], entry: dict) -> list[Finding]:
     before = _loop(entry).get("grads_before_backward")
     if not _finite(before) or before <= 0:
         return []
-    return [flag("gradients_not_zeroed", Level.ERROR, None, None, before,
-                 f"the backward of step {entry['step']} found gradients of norm {before:.3g} left from before the "
-                 "last optimizer step")]
+    return [finding(Level.ERROR, None, None, before,
+                    f"the backward of step {entry['step']} found gradients of norm {before:.3g} left from before the "
+                    "last optimizer step")]
 
 
 @check(Scope.TRAINING, "step_without_gradient",
@@ -71,7 +71,7 @@ def _gradients_not_zeroed(history: Sequence[dict], entry: dict) -> list[Flag]:
        "weight decay and the momentum", Cause.TRAINING_LOOP, direct=True,
        advice="call optimizer.zero_grad() after optimizer.step() (or before the next backward), never between "
        "backward() and step()")
-def _step_without_gradient(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _step_without_gradient(history: Sequence[dict], entry: dict) -> list[Finding]:
     loop = _loop(entry)
     at, norm = loop.get("step_gradient_at"), loop.get("step_gradient")
     before = next((r for r in reversed(history) if r.get("step") == at), None)
@@ -80,9 +80,9 @@ def _step_without_gradient(history: Sequence[dict], entry: dict) -> list[Flag]:
     if at is None or norm != 0 or before is None or not _finite(before.get("grad_norm")) or \
             not before["grad_norm"] > 0:
         return []
-    return [flag("step_without_gradient", Level.ERROR, None, None, 0.0,
-                 f"at step {at} backward() left gradients of norm {before['grad_norm']:.3g}, but optimizer.step() "
-                 "found none")]
+    return [finding(Level.ERROR, None, None, 0.0,
+                    f"at step {at} backward() left gradients of norm {before['grad_norm']:.3g}, but optimizer.step() "
+                    "found none")]
 
 
 @check(Scope.TRAINING, "optimizer_lacks_parameters",
@@ -93,15 +93,15 @@ def _step_without_gradient(history: Sequence[dict], entry: dict) -> list[Flag]:
        "model, or before the model was replaced", Cause.OPTIMIZER, direct=True,
        advice="build the optimizer from the very model that is trained (after any re-creation, loading or "
        "wrapping that replaces its parameters), and put every trainable parameter in a param group")
-def _optimizer_lacks_parameters(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _optimizer_lacks_parameters(history: Sequence[dict], entry: dict) -> list[Finding]:
     loop = _loop(entry)
     share = loop.get("optimizer_share")
     if not _finite(share) or share >= 1:
         return []
     names = ", ".join(loop.get("outside_optimizer") or [])
-    return [flag("optimizer_lacks_parameters", Level.ERROR if share == 0 else Level.INFO, None, None, share,
-                 f"the optimizer holds {share:.0%} of the trainable parameters with a gradient"
-                 + (f" (not: {names})" if names else ""))]
+    return [finding(Level.ERROR if share == 0 else Level.INFO, None, None, share,
+                    f"the optimizer holds {share:.0%} of the trainable parameters with a gradient"
+                    + (f" (not: {names})" if names else ""))]
 
 
 @check(Scope.TRAINING, "learning_rate_zero",
@@ -112,15 +112,15 @@ def _optimizer_lacks_parameters(history: Sequence[dict], entry: dict) -> list[Fl
        "multiplier of 0", Cause.LEARNING_RATE, direct=True,
        advice="print the learning rate of each param group over the first steps: the scheduler gives 0 (an "
        "integer division, a schedule that ended, a factor of 0)")
-def _learning_rate_zero(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _learning_rate_zero(history: Sequence[dict], entry: dict) -> list[Finding]:
     def all_zero(record: dict) -> bool:
         rates = _loop(record).get("lr_groups") or []
         return bool(rates) and all(_finite(r) and r == 0 for r in rates)
 
     if not history or entry["step"] <= 0 or not (all_zero(entry) and all_zero(history[-1])):
         return []
-    return [flag("learning_rate_zero", Level.ERROR, None, None, 0.0,
-                 f"every param group's learning rate is 0 at steps {history[-1]['step']} and {entry['step']}")]
+    return [finding(Level.ERROR, None, None, 0.0,
+                    f"every param group's learning rate is 0 at steps {history[-1]['step']} and {entry['step']}")]
 
 
 @check(Scope.TRAINING, "updates_rounded_away",
@@ -133,7 +133,7 @@ def _learning_rate_zero(history: Sequence[dict], entry: dict) -> list[Flag]:
        "stand still although every step computes an update", Cause.PRECISION, direct=True,
        advice="keep float32 master weights (torch.autocast with float32 parameters, or the optimizer's master "
        "copy) instead of updating float16/bfloat16 parameters in place")
-def _updates_rounded_away(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _updates_rounded_away(history: Sequence[dict], entry: dict) -> list[Finding]:
     rates = [r for r in (_loop(entry).get("lr_groups") or [entry.get("lr")]) if _finite(r)]
     if not history or (rates and max(rates) <= 0):
         return []
@@ -143,9 +143,9 @@ def _updates_rounded_away(history: Sequence[dict], entry: dict) -> list[Flag]:
                  if _finite(w.get("unchanged")) and w["unchanged"] > FROZEN_BY_ROUNDING]
         if stuck:
             kind, share = max(stuck, key=lambda item: item[1])
-            flags.append(flag("updates_rounded_away", Level.ERROR, None, layer["layer"], share,
-                              f"{share:.0%} of {kind}'s 16-bit elements did not change "
-                              f"between steps {history[-1]['step']} and {entry['step']}"))
+            flags.append(finding(Level.ERROR, None, layer["layer"], share,
+                                 f"{share:.0%} of {kind}'s 16-bit elements did not change "
+                                 f"between steps {history[-1]['step']} and {entry['step']}"))
     return flags
 
 
@@ -159,13 +159,13 @@ def _updates_rounded_away(history: Sequence[dict], entry: dict) -> list[Flag]:
        "the model is trained in evaluation mode: its regularisation is off (and batch norm does not learn its "
        "statistics), usually since an evaluation inside the loop left it there", Cause.TRAINING_LOOP, direct=True,
        advice="call model.train() after every evaluation inside the loop (and model.eval() before it)")
-def _trained_in_eval_mode(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _trained_in_eval_mode(history: Sequence[dict], entry: dict) -> list[Finding]:
     count = _loop(entry).get("eval_mode_modules")
     if not isinstance(count, int) or count <= 0:
         return []
-    return [flag("trained_in_eval_mode", Level.ERROR, None, None, float(count),
-                 f"{count} dropout or batch-norm module{'s' if count > 1 else ''} in eval mode in the forward "
-                 "that training backpropagated")]
+    return [finding(Level.ERROR, None, None, float(count),
+                    f"{count} dropout or batch-norm module{'s' if count > 1 else ''} in eval mode in the forward "
+                    "that training backpropagated")]
 
 
 # --- the loss against its own definition -------------------------------------------------------------------
@@ -179,11 +179,11 @@ def _trained_in_eval_mode(history: Sequence[dict], entry: dict) -> list[Flag]:
        Cause.LOSS_FUNCTION, direct=True,
        advice="give the loss the raw logits: drop the softmax before F.cross_entropy (or use F.nll_loss on "
        "log_softmax)")
-def _outputs_are_probabilities(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _outputs_are_probabilities(history: Sequence[dict], entry: dict) -> list[Finding]:
     if _loop(entry).get("outputs_are_probabilities") is not True:
         return []
-    return [flag("outputs_are_probabilities", Level.ERROR, None, None, 1.0,
-                 "every output row is ≥ 0 and sums to 1: the model returns probabilities, not logits")]
+    return [finding(Level.ERROR, None, None, 1.0,
+                    "every output row is ≥ 0 and sums to 1: the model returns probabilities, not logits")]
 
 
 def _sum_over(ratio: float, counts: dict) -> Optional[str]:
@@ -202,7 +202,7 @@ def _sum_over(ratio: float, counts: dict) -> Optional[str]:
        "the loss is a sum, not a mean", Cause.LOSS_FUNCTION, direct=True,
        advice="average the loss over the counted targets (reduction='mean'), or divide the learning rate by the "
        "count the sum runs over")
-def _loss_not_mean(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _loss_not_mean(history: Sequence[dict], entry: dict) -> list[Finding]:
     loop = _loop(entry)
     ratio = loop.get("loss_over_cross_entropy")
     if not _finite(ratio) or ratio < 2:
@@ -212,9 +212,9 @@ def _loss_not_mean(history: Sequence[dict], entry: dict) -> list[Flag]:
     over = _sum_over(ratio, counts)
     if over is None:
         return []
-    return [flag("loss_not_mean", Level.ERROR, None, None, ratio,
-                 f"the loss is {ratio:.4g} × the mean cross-entropy of the model's logits: a sum over its "
-                 f"{counts[over]} {over}")]
+    return [finding(Level.ERROR, None, None, ratio,
+                    f"the loss is {ratio:.4g} × the mean cross-entropy of the model's logits: a sum over its "
+                    f"{counts[over]} {over}")]
 
 
 # --- the targets beside the inputs -------------------------------------------------------------------------
@@ -227,10 +227,10 @@ def _loss_not_mean(history: Sequence[dict], entry: dict) -> list[Flag]:
        "the wrong tensor)", Cause.DATA, direct=True,
        advice="set the ignore index (-100) only at padding and prompt positions: check the mask that builds "
        "the labels")
-def _targets_not_counted(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _targets_not_counted(history: Sequence[dict], entry: dict) -> list[Finding]:
     if _data(entry).get("counted") != 0:
         return []
-    return [flag("targets_not_counted", Level.ERROR, None, None, 0.0, "every target of the batch is -100")]
+    return [finding(Level.ERROR, None, None, 0.0, "every target of the batch is -100")]
 
 
 def _relation(match: dict) -> Optional[str]:
@@ -252,7 +252,7 @@ def _relation(match: dict) -> Optional[str]:
        Cause.DATA, direct=True,
        advice="build the targets as the same token sequence shifted by one, once: targets[t] = ids[t + 1] for a "
        "model that does not shift, labels = ids for one that does (HF)")
-def _targets_misaligned(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _targets_misaligned(history: Sequence[dict], entry: dict) -> list[Finding]:
     data = _data(entry)
     match = data.get("target_match")
     if not isinstance(match, dict):
@@ -261,7 +261,7 @@ def _targets_misaligned(history: Sequence[dict], entry: dict) -> list[Flag]:
                           bool(data.get("language_model")) and _finite(data.get("counted")) and data["counted"] >= CHANCE)
     if detail is None:
         return []
-    return [flag("targets_misaligned", Level.ERROR, None, None, max(match.values()), detail)]
+    return [finding(Level.ERROR, None, None, max(match.values()), detail)]
 
 
 def misalignment(match: dict, inside: bool, judged_at_no_shift: bool = True) -> Optional[str]:
@@ -300,11 +300,11 @@ def causal_expected(entry: dict) -> bool:
        advice="make each position see only itself and earlier tokens: apply the causal mask to the scores "
        "(is_causal=True), and split the heads with .view(B, T, heads, d).transpose(1, 2), never .view(B, heads, "
        "T, d)")
-def _future_leak(history: Sequence[dict], entry: dict) -> list[Flag]:
+def _future_leak(history: Sequence[dict], entry: dict) -> list[Finding]:
     leak = (entry.get("probe") or {}).get("future_leak")
     if not _finite(leak) or leak <= LEAK_TOLERANCE or not causal_expected(entry):
         return []
     position = (entry.get("probe") or {}).get("leak_position")
-    return [flag("future_leak", Level.ERROR, None, None, leak,
-                 f"changing only later tokens moved earlier positions' logits by up to {leak:.3g} (relative; most "
-                 f"at position {position})")]
+    return [finding(Level.ERROR, None, None, leak,
+                    f"changing only later tokens moved earlier positions' logits by up to {leak:.3g} (relative; most "
+                    f"at position {position})")]
