@@ -142,6 +142,7 @@ class ReportKind(Choice):
     COMPARE = "compare"  # two variants side by side
     DIFF = "diff"  # two trace files step by step
     MODEL = "model"  # a checkpoint as a whole model: its layers, its loss
+    TRACK = "track"  # a run over training: its records, the first sign, the rollback point
 
 
 class Axis(Choice):

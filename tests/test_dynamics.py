@@ -292,7 +292,7 @@ def test_track_judges_a_timeline_written_without_the_dynamics(tmp_path):
     result = CliRunner().invoke(cli, ["track", str(tmp_path / "old.jsonl"), "--json"])
     assert result.exit_code == 1, result.output
     report = json.loads(result.output)
-    assert report["first_flag"]["name"] == "no_gradient" and report["first_flag"]["cause"] == "gradient_flow"
+    assert report["first_sign"]["name"] == "no_gradient" and report["first_sign"]["cause"] == "gradient_flow"
     assert report["last_flags"]["names"] == ["layer_frozen", "no_gradient"]  # its weights stand still too
     assert report["records"][0]["diagnosis"][0]["cause"] == "gradient_flow"
     text = CliRunner().invoke(cli, ["track", str(tmp_path / "old.jsonl"), "--brief"]).output

@@ -140,7 +140,7 @@ def test_a_run_page_draws_the_timeline_with_its_findings_and_first_sign(invoke, 
     assert errors == [] and requests == []
     losses = [record["loss"] for record in report["records"]]
     assert _values(page, 'circle[data-series="loss"]') == losses
-    first = report["first_flag"]
+    first = report["first_sign"]
     assert page.locator('line[data-mark="first"]').count() == 3  # on each chart: loss, rms, update sizes
     assert f"{first['step']}" in page.inner_text("#first-sign") and first["name"] in page.inner_text("#first-sign")
     updates = [max((w["update_ratio"] for w in (record["layers"][0].get("weights") or {}).values()

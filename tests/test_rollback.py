@@ -33,7 +33,7 @@ def test_track_names_the_step_on_a_real_run_cut_from_the_loss_at_step_50(invoke)
     """The twin run of the failure benchmark: block 0 detached from step 50 on; its records at 0–40 are clean."""
     result = invoke("track", TWIN, "--json")
     report = json.loads(result.stdout)
-    assert report["first_flag"]["step"] == 50
+    assert report["first_sign"]["step"] == 50
     assert report["rollback"]["step"] == 40
     text = invoke("track", TWIN, "--brief").stdout
     assert "roll back to: step 40 (reload the last checkpoint saved at or before it)" in text
@@ -43,7 +43,7 @@ def test_track_over_checkpoints_names_the_checkpoint(invoke):
     result = invoke("track", "sample_weights/training/gpt2-lr-high/step_*", "--text-file", "sample_weights/training/eval.txt",
                     "--json")
     report = json.loads(result.stdout)
-    first, point = report["first_flag"], report["rollback"]
+    first, point = report["first_sign"], report["rollback"]
     assert first is not None
     assert point is None or (point["step"] < first["step"] and point["path"].endswith(f"step_{point['step']:04d}"))
 

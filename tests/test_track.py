@@ -90,11 +90,11 @@ def test_weight_movement_is_the_checkpoints_own_difference(tracked):
     assert all(w["update_ratio"] is None for w in tracked["records"][0]["layers"][0]["weights"].values())
 
 
-def test_first_flag_is_the_first_error_over_the_records(tracked):
+def test_first_sign_is_the_first_error_over_the_records(tracked):
     firsts = [(r["step"], f) for r in tracked["records"] for f in r["flags"] if f["level"] == "error"]
     step, finding = firsts[0]
-    assert tracked["first_flag"]["step"] == step and tracked["first_flag"]["name"] == finding["name"]
-    assert tracked["first_flag"]["layer"] == finding["layer"]
+    assert tracked["first_sign"]["step"] == step and tracked["first_sign"]["name"] == finding["name"]
+    assert tracked["first_sign"]["layer"] == finding["layer"]
     assert step > 0  # step 0 is the initialisation: healthy here
 
 
@@ -119,7 +119,7 @@ def test_a_healthy_checkpoint_exits_0_and_identical_weights_five_steps_apart_are
     report = json.loads(result.output)
     assert all(w["update_ratio"] == 0.0 for layer in report["records"][1]["layers"] for w in layer["weights"].values())
     assert result.exit_code == 1
-    assert (report["first_flag"]["step"], report["first_flag"]["name"], report["first_flag"]["cause"]) == \
+    assert (report["first_sign"]["step"], report["first_sign"]["name"], report["first_sign"]["cause"]) == \
         (5, "no_update", "optimizer")
 
 
@@ -141,7 +141,7 @@ def test_a_watch_timeline_is_tracked_as_checkpoints_are():
     raw = [json.loads(line) for line in (RUN / "watch.jsonl").read_text().splitlines()]
     assert [r["step"] for r in report["records"]] == [r["step"] for r in raw] == list(range(0, 100, 10))
     first = next((r["step"], f) for r in raw for f in r["flags"] if f["level"] == "error")
-    assert (report["first_flag"]["step"], report["first_flag"]["name"]) == (first[0], first[1]["name"])
+    assert (report["first_sign"]["step"], report["first_sign"]["name"]) == (first[0], first[1]["name"])
     assert result.exit_code == 1
     text = invoke("track", RUN / "watch.jsonl").output
     assert text.startswith("10 watch records, 2 blocks (steps 0–90)")
@@ -158,7 +158,7 @@ def test_out_writes_the_timeline_track_reads_back(tmp_path, tracked):
     records = read_timeline(out)
     assert [r["step"] for r in records] == STEPS and all(r["source"] == "checkpoint" for r in records)
     again = json.loads(invoke("track", out, "--json").output)
-    assert again["first_flag"] == tracked["first_flag"]
+    assert again["first_sign"] == tracked["first_sign"]
     assert [r["layers"] for r in again["records"]] == [r["layers"] for r in tracked["records"]]
     refused = invoke("track", f"{RUN}/step_*", "--text-file", EVAL, "--out", out)
     assert refused.exit_code == 2 and "already exists: pass --force" in refused.output

@@ -41,7 +41,7 @@ from blocktrace.cli.rules import (
 )
 from blocktrace.errors import FINDINGS_EXIT
 from blocktrace.render.formats import chosen
-from blocktrace.vocab import Lang, Level
+from blocktrace.vocab import SCHEMA_VERSION, Lang, Level, ReportKind
 
 TIMELINE_SUFFIXES = (".jsonl", ".ndjson")
 INPUT_PARAMS = ("token_ids_text", "text", "text_file", "token_ids_file")
@@ -212,7 +212,8 @@ def track(ctx, **params):
         save_figure(plt, track_figure(plt, records, first), params["plot_path"], params["force"])
     from blocktrace.render.track import render_against, render_track
 
-    report = {"records": records, "first_flag": first, "last_flags": last, "rollback": rollback,
+    report = {"schema": SCHEMA_VERSION, "kind": ReportKind.TRACK.value, "records": records, "first_sign": first,
+              "last_flags": last, "rollback": rollback,
               **({"against": comparison} if comparison is not None else {})}
     if params["html_path"] is not None:
         from blocktrace.render.html import write_html

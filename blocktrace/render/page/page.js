@@ -355,7 +355,7 @@ function trackPage(report) {
                   text: `${w("newFindings")} @ ${r.step}: ${r.new_flags.map((f) => f.name).join(", ")}`});
     }
   });
-  const first = report.first_flag;
+  const first = report.first_sign;
   if (first) marks.push({step: first.step, colour: "#c62828", kind: "first",
                          text: `${w("firstSign")} @ ${first.step}: ${first.name} (${first.cause})`});
   const layerCount = Math.max(0, ...records.map((r) => (r.layers || []).length));
