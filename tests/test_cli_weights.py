@@ -52,15 +52,15 @@ def test_input_file_feeds_the_exact_hidden_state(invoke, tmp_path):
     assert report["input"]["stats"]["max"] == pytest.approx(x.max().item())
 
 
-def test_inspect_reports_layout_config_and_tensors(invoke):
+def test_inspect_reports_family_config_and_tensors(invoke):
     report = json.loads(invoke("inspect", str(SAMPLE), "--json").stdout)
-    assert (report["layout"], report["n_layers"], report["config"]["n_heads"]) == ("gpt2", 4, 4)
+    assert (report["family"], report["n_layers"], report["config"]["n_heads"]) == ("gpt2", 4, 4)
     tensors = load_file(str(SAMPLE / "model.safetensors"))
     entry = next(t for t in report["layers"][3]["tensors"] if t["name"] == "mlp.c_fc.weight")
     assert entry["shape"] == [64, 256] and entry["dtype"] == "F32"
     assert entry["norm"] == pytest.approx(tensors["h.3.mlp.c_fc.weight"].norm().item(), rel=1e-6)
     text = invoke("inspect", str(SAMPLE)).stdout
-    assert "layout gpt2" in text and "h.0" not in text.splitlines()[0]
+    assert "family gpt2" in text and "h.0" not in text.splitlines()[0]
 
 
 def test_only_the_traced_layer_is_read(monkeypatch):

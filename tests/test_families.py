@@ -40,7 +40,7 @@ def test_every_step_matches_huggingface(family_checkpoint, layer):
     expected = reference(model, layer, IDS)
     checkpoint = Checkpoint(directory)
     info = model_info(checkpoint)
-    assert info.layout == layout
+    assert info.family_name == layout
     config = checkpoint_config(checkpoint, info, {})
     block = load_block(checkpoint, info, layer, config)
     traced = trace(block, expected["hidden_states"][layer][0], keep_tensors=True).tensors()

@@ -179,7 +179,7 @@ def test_every_step_matches_huggingface(family, layer):
     expected = reference(model, places, layer, IDS)
     checkpoint = Checkpoint(directory)
     info = model_info(checkpoint)
-    assert info.layout == name.split()[0]
+    assert info.family_name == name.split()[0]
     block = load_block(checkpoint, info, layer, checkpoint_config(checkpoint, info, {}))
     traced = trace(block, expected["hidden_states"][layer][0], keep_tensors=True).tensors()
     for step in (*places, "residual1"):

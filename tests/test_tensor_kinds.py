@@ -105,7 +105,7 @@ def test_a_lightning_model_prefix_is_removed_with_a_config_beside_it_too(invoke,
     save_file({f"model.{k}": v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
     model.config.to_json_file(tmp_path / "config.json")
     report = json.loads(invoke("check", "--weights", str(tmp_path), "--token-ids", *IDS, "--json").stdout)
-    assert report["weights"]["layout"] == "gpt2"
+    assert report["weights"]["family"] == "gpt2"
     assert any("'model.'" in note for note in report["notes"])
 
 

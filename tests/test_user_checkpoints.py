@@ -39,7 +39,7 @@ def test_nanogpt_ckpt_pt_reads_every_block_as_nanogpt_computes_it(tmp_path, bias
     save_ckpt(model, tmp_path / "ckpt.pt", iter_num=250, compiled_prefix=True)
     checkpoint = Checkpoint(tmp_path / "ckpt.pt")
     info = model_info(checkpoint)
-    assert info.layout == "nanogpt" and checkpoint.step == 250
+    assert info.family_name == "nanogpt" and checkpoint.step == 250
     assert any("_orig_mod." in note for note in info.notes) and any("restricted loader" in n for n in info.notes)
     config = checkpoint_config(checkpoint, info, {})
     assert (config.n_heads, config.bias, config.ffn.value) == (4, bias, "gelu")
@@ -55,7 +55,7 @@ def test_nanogpt_ckpt_pt_gives_nanogpts_own_loss_and_its_step(invoke, tmp_path):
     save_ckpt(model, tmp_path / "ckpt.pt", iter_num=1200)
     report = check_json(invoke, "--weights", str(tmp_path))  # the directory holding ckpt.pt
     assert report["loss"] == pytest.approx(nano_loss(model), rel=1e-5)
-    assert report["step"] == 1200 and report["weights"]["layout"] == "nanogpt"
+    assert report["step"] == 1200 and report["weights"]["family"] == "nanogpt"
 
 
 def test_save_model_of_a_tied_model_keeps_only_the_head_and_is_read(invoke, tmp_path):

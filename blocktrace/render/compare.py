@@ -27,7 +27,7 @@ def _title(report: dict, lang: Lang) -> str:
              f"{words['common']}: {common}" + (f" seed={report['seed']}" if report["seed"] is not None else "")]
     if report["weights"]:
         w = report["weights"]
-        lines.append(words["weights"].format(path=w["path"], layout=w["layout"], layer=w["layer"],
+        lines.append(words["weights"].format(path=w["path"], family=w["family"], layer=w["layer"],
                                              last=w["n_layers"] - 1))
     if report["tokens"]:
         lines.append(f"{headings['tokens']}: {' '.join(map(shown_token, report['tokens']))}")

@@ -22,7 +22,7 @@ def render_inspection(report: dict, fmt: str) -> str:
     config = report["config"]
     settings = _settings(config) if config else "no config.json: pass --heads to run it"
     header = [
-        f"{report['path']}: layout {report['layout']} (key prefix {report['key_prefix']!r}), "
+        f"{report['path']}: family {report['family']} (key prefix {report['key_prefix']!r}), "
         f"{report['n_layers']} layers, vocab {report['vocab_size']}, positions {report['n_positions']}",
         f"block config: {settings}",
     ]

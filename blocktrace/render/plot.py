@@ -100,7 +100,7 @@ def _what(report: dict) -> str:
     """Which block a figure shows: the checkpoint's layer, or the seeded block."""
     weights = report.get("weights")
     if weights:
-        return f"{weights['path']} ({weights['layout']}) layer {weights['layer']}"
+        return f"{weights['path']} ({weights['family']}) layer {weights['layer']}"
     return f"a seeded block (seed {report.get('seed')})"
 
 

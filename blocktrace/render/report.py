@@ -185,7 +185,7 @@ def model_report(checkpoint, info, config, traces: list[Trace], model_input, los
     report = {
         "schema": SCHEMA_VERSION, "blocktrace_version": __version__, "kind": ReportKind.MODEL.value,
         "config": config.to_dict(), "seed": None, "tokens": model_input.labels_text,
-        "weights": {"path": path, "layout": info.layout, "layer": first, "n_layers": info.n_layers},
+        "weights": {"path": path, "family": info.family_name, "layer": first, "n_layers": info.n_layers},
         "input": {"sequences": ids.shape[0], "tokens": real, "shape": [*ids.shape, config.d_model],
                   "dtype": str(traces[0].input.dtype) if traces else "float32",
                   "source": "token ids through the model's embeddings, every layer run in turn"},

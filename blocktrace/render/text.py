@@ -69,7 +69,7 @@ def _header(report: dict, lang: Lang) -> str:
     lines = [f"blocktrace {report['blocktrace_version']}: {settings}"]
     weights = report.get("weights")
     if weights:
-        lines.append(words["weights"].format(path=weights["path"], layout=weights["layout"], layer=weights["layer"],
+        lines.append(words["weights"].format(path=weights["path"], family=weights["family"], layer=weights["layer"],
                                              last=weights["n_layers"] - 1))
     if report["tokens"]:
         lines.append(f"{words['tokens']}: {' '.join(map(shown_token, report['tokens']))}")
@@ -321,7 +321,7 @@ def _model_header(report: dict) -> str:
     span = f"layers {traced[0]}–{traced[-1]}" if len(traced) > 1 else f"layer {traced[0]}"
     return "\n".join([
         f"blocktrace {report['blocktrace_version']}: {config_settings(config)}",
-        f"weights: {weights['path']} ({weights['layout']}), {weights['n_layers']} layers, checked: {span}",
+        f"weights: {weights['path']} ({weights['family']}), {weights['n_layers']} layers, checked: {span}",
         f"input: {source['sequences']} sequence{'s' if source['sequences'] > 1 else ''}, {source['tokens']} tokens",
     ])
 

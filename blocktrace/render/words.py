@@ -22,7 +22,7 @@ HEADINGS = {
         "why": "what each step does",
         "tokens": "tokens",
         "input": "input x",
-        "weights": "weights: {path} ({layout}), layer {layer} of 0–{last}",
+        "weights": "weights: {path} ({family}), layer {layer} of 0–{last}",
         "measured": "measured", "norms": "norms",
         "causal": "causal (changing the last token moved no earlier output)",
         "not_causal": "NOT causal (changing the last token moved earlier outputs by {leak})",
@@ -46,7 +46,7 @@ HEADINGS = {
         "why": "每一步在做什么",
         "tokens": "tokens",
         "input": "输入 x",
-        "weights": "权重：{path}（{layout}），第 {layer} 层，共 0–{last} 层",
+        "weights": "权重：{path}（{family}），第 {layer} 层，共 0–{last} 层",
         "measured": "实测", "norms": "归一化",
         "causal": "因果（改变最后一个 token 没有改动任何更早的输出）",
         "not_causal": "不是因果的（改变最后一个 token 使更早的输出变化了 {leak}）",
@@ -59,13 +59,13 @@ HEADINGS = {
 COMPARE_WORDS = {
     Lang.EN: {
         "title": "blocktrace compare: {axis} {a} vs {b}, same parameters, same input",
-        "common": "common", "weights": "weights: {path} ({layout}), from layer {layer} of 0–{last}",
+        "common": "common", "weights": "weights: {path} ({family}), from layer {layer} of 0–{last}",
         "step": "step", "operation": "operation", "output": "output", "differs": "what differs",
         "why": "what each step does, under {value}",
     },
     Lang.ZH: {
         "title": "blocktrace compare：{axis} {a} 对比 {b}，相同的参数，相同的输入",
-        "common": "共同设置", "weights": "权重：{path}（{layout}），从第 {layer} 层起，共 0–{last} 层",
+        "common": "共同设置", "weights": "权重：{path}（{family}），从第 {layer} 层起，共 0–{last} 层",
         "step": "名称", "operation": "操作", "output": "输出", "differs": "不同之处",
         "why": "{value} 连线下每一步在做什么",
     },

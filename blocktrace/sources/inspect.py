@@ -36,7 +36,7 @@ def inspect_checkpoint(path: Path) -> dict:
             others.append(_tensor_entry(checkpoint, key, key))
     return {
         "path": str(path),
-        "layout": info.layout,
+        "family": info.family_name,
         "key_prefix": info.prefix,
         "n_layers": info.n_layers,
         "vocab_size": info.vocab_size,

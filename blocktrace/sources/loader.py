@@ -48,7 +48,7 @@ def _refuse_unread(checkpoint: Checkpoint, info: ModelInfo, layer: int, read_key
     unread = sorted(key[len(base):] for key in checkpoint.keys
                     if key.startswith(base) and key not in read_keys and key not in ignored)
     if unread:
-        raise WeightsError(f"layer {layer} of {checkpoint.path} holds tensors that blocktrace's {info.layout} block "
+        raise WeightsError(f"layer {layer} of {checkpoint.path} holds tensors that blocktrace's {info.family_name} block "
                            f"does not use: {', '.join(unread[:6])}{' …' if len(unread) > 6 else ''}; the checkpoint "
                            "computes something else, so it is refused rather than traced wrongly")
 
@@ -127,7 +127,7 @@ def padding_id(info: ModelInfo, sequences: list[list[int]]) -> int:
 
 def _check_token_types(checkpoint: Checkpoint, info: ModelInfo, token_ids: list[int], token_types: list[int]) -> None:
     if not info.family.token_types:
-        raise UsageError(f"--token-type-ids: {info.layout} checkpoints have no token types (BERT's segment ids)")
+        raise UsageError(f"--token-type-ids: {info.family_name} checkpoints have no token types (BERT's segment ids)")
     if len(token_types) != len(token_ids):
         raise UsageError(f"--token-type-ids gives {len(token_types)} types for {len(token_ids)} tokens: give one per "
                          "token")

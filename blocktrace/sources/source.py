@@ -123,7 +123,7 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     overrides = {key: value for key, value in request.config_fields.items() if key in request.explicit}
     native = checkpoint_config(checkpoint, info, {k: v for k, v in overrides.items() if k in SIZE_FIELDS})
     config = native.replace(**{k: v for k, v in overrides.items() if k not in SIZE_FIELDS})
-    weights = {"path": str(request.weights), "layout": info.layout, "layer": layer,
+    weights = {"path": str(request.weights), "family": info.family_name, "layer": layer,
                "n_layers": info.n_layers}
     common = dict(seed=None, weights=weights, checkpoint=checkpoint, info=info, native=native, input_varies=False,
                   notes=list(info.notes))

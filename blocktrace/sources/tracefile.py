@@ -68,7 +68,7 @@ def save_trace(trace, path, tokens: Optional[Sequence[str]] = None, force: bool 
     path = Path(path)
     check_output_path(path, force)
     save_trace_file(path, trace.tensors(), config=trace.describe(), step_order=[s.name for s in trace.steps],
-                    tokens=tokens, extra={"layout": trace.layout, "placement": trace.placement}, force=force)
+                    tokens=tokens, extra={"module": trace.module, "placement": trace.placement}, force=force)
 
 
 def open_trace(path: Path):

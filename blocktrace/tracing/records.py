@@ -103,7 +103,7 @@ class Trace:
     steps: list[StepRecord] = field(default_factory=list)  # in execution order
     attention: Optional[AttentionSummary] = None
     output: Optional[torch.Tensor] = None
-    layout: str = "blocktrace TransformerBlock"
+    module: str = "blocktrace TransformerBlock"  # the block traced: its layout's name
     wiring: Wiring = PRE  # which step reads which (blocktrace.wiring)
     missing: list[str] = field(default_factory=list)  # steps whose hooks never fired
     notes: list[str] = field(default_factory=list)  # what could not be seen, and why
@@ -129,7 +129,7 @@ class Trace:
         """The block's settings: its config, or what is known of a user's block."""
         if self.config is not None:
             return self.config.to_dict()
-        return {"module": self.layout, "placement": self.placement.value, "causal": self.expected_causal}
+        return {"module": self.module, "placement": self.placement.value, "causal": self.expected_causal}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Kept tensors by their step names, plus `x` and `attn_weights` (needs keep_tensors)."""

@@ -95,7 +95,7 @@ class ModelInfo:
     notes: tuple[str, ...] = ()  # how the checkpoint was read, and every default assumed
 
     @property
-    def layout(self) -> str:
+    def family_name(self) -> str:
         return self.family.name
 
     @property
