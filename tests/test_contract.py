@@ -675,24 +675,24 @@ def test_every_wiring_flag_is_refused_for_a_module_block_without_step_names(invo
     one_error_line(invoke("run", "--module", MODULE, flag), 2, flag, "a --module block has its own")
 
 
-def test_an_output_format_is_one_module_that_show_and_the_options_read(monkeypatch, capsys):
-    """render/formats: --json is json_document.py's FORMAT; show renders whichever format the options chose, and
-    two documents at once are refused (a format added as a module of that package gets its flag the same way)."""
-    import blocktrace.render.formats as formats
+def test_a_document_kind_is_one_module_that_show_and_the_options_read(monkeypatch, capsys):
+    """render/documents: --json is json_document.py's DOCUMENT; show renders whichever document the options chose,
+    and two documents at once are refused (a kind added as a module of that package gets its flag the same way)."""
+    import blocktrace.render.documents as documents
     from blocktrace.cli.app import show
-    from blocktrace.cli.options import OUTPUT_FORMAT_OPTIONS
+    from blocktrace.cli.options import DOCUMENT_OPTIONS
     from blocktrace.errors import UsageError
 
-    assert [f.flag for f in formats.FORMATS] == ["--json"] and formats.FORMATS[0].parameter == "as_json"
-    assert formats.FORMATS[0].render.__module__ == "blocktrace.render.formats.json_document"
+    assert [f.flag for f in documents.DOCUMENTS] == ["--json"] and documents.DOCUMENTS[0].parameter == "as_json"
+    assert documents.DOCUMENTS[0].render.__module__ == "blocktrace.render.documents.json_document"
 
-    @OUTPUT_FORMAT_OPTIONS
+    @DOCUMENT_OPTIONS
     def command(**params):
         return params
 
     assert [p.opts for p in command.__click_params__] == [["--json"]]
-    shouting = formats.OutputFormat("--shout", "Every key in capitals.", lambda report: str(sorted(report)).upper())
-    monkeypatch.setattr(formats, "FORMATS", [*formats.FORMATS, shouting])
+    shouting = documents.Document("--shout", "Every key in capitals.", lambda report: str(sorted(report)).upper())
+    monkeypatch.setattr(documents, "DOCUMENTS", [*documents.DOCUMENTS, shouting])
     show({"kind": "block"}, {"as_shout": True}, lambda: "the tables")
     assert capsys.readouterr().out == "['KIND']\n"
     show({"kind": "block"}, {}, lambda: "the tables")

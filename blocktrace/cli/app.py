@@ -16,7 +16,7 @@ import click
 
 from blocktrace._version import __version__
 from blocktrace.errors import ERROR_EXIT, BlocktraceError
-from blocktrace.render.formats import chosen
+from blocktrace.render.documents import chosen
 
 # Options that take several words: `--tokens 猫 吃 鱼` as well as `--tokens "猫 吃 鱼"`.
 GREEDY_OPTIONS = ("--tokens", "--token-ids", "--token-type-ids")
@@ -61,7 +61,7 @@ def prepare_outputs(params: dict) -> None:
 
 
 def show(report, params: dict, text) -> None:
-    """The one output stage: the report as the document format the options chose (render/formats: --json), or the
+    """The one output stage: the report as the document the options chose (render/documents: --json), or the
     tables `text()` renders from it."""
     document = chosen(params)
     if document is not None:

@@ -8,7 +8,7 @@ from blocktrace.cli.app import cli, prepare_outputs, show
 from blocktrace.cli.options import (
     FORMAT_OPTION,
     HTML_OPTION,
-    OUTPUT_FORMAT_OPTIONS,
+    DOCUMENT_OPTIONS,
     LANG_OPTION,
     PLOT_OPTION,
     SOURCE_OPTIONS,
@@ -23,7 +23,7 @@ from blocktrace.cli.options import (
 from blocktrace.cli.progress import progress_wanted, shown
 from blocktrace.cli.rules import COMPARE_RULES, enforce
 from blocktrace.errors import UsageError
-from blocktrace.render.formats import chosen
+from blocktrace.render.documents import chosen
 from blocktrace.vocab import QK_NORM_VALUES, Axis, FFNKind, Lang, Norm, Placement
 from blocktrace.wiring import WIRINGS
 
@@ -68,7 +68,7 @@ def choose_axis(ctx: click.Context, params: dict) -> tuple[Axis, list[str]]:
 @click.option("--placement", type=enum_choice(Placement), default=Placement.PRE.value, show_default=True, help="The wiring of both variants (when the wiring is not compared).")
 @SOURCE_OPTIONS
 @STEPS_OPTION
-@OUTPUT_FORMAT_OPTIONS
+@DOCUMENT_OPTIONS
 @FORMAT_OPTION
 @LANG_OPTION
 @click.option("--explain", is_flag=True, help="Add one sentence per step of each variant on what it does, in its own wiring's order.")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from blocktrace.cli.app import cli, show
-from blocktrace.cli.options import FORMAT_OPTION, OUTPUT_FORMAT_OPTIONS, FiniteNumber
+from blocktrace.cli.options import FORMAT_OPTION, DOCUMENT_OPTIONS, FiniteNumber
 from blocktrace.cli.rules import beside_documents, enforce
 
 OUTPUT_RULES = beside_documents("fmt", "--format shapes the tables")
@@ -19,7 +19,7 @@ OUTPUT_RULES = beside_documents("fmt", "--format shapes the tables")
 @click.option("--atol", type=FiniteNumber(positive=False), default=1e-5, show_default=True, help="Absolute tolerance (a finite number ≥ 0).")
 @click.option("--rtol", type=FiniteNumber(positive=False), default=1e-4, show_default=True, help="Relative tolerance (a finite number ≥ 0).")
 @FORMAT_OPTION
-@OUTPUT_FORMAT_OPTIONS
+@DOCUMENT_OPTIONS
 @click.pass_context
 def diff(ctx, trace_a, trace_b, atol, rtol, fmt, **document):
     """Compare two trace files (from --save) step by step: max |Δ|, relative error, cosine
@@ -37,7 +37,7 @@ def diff(ctx, trace_a, trace_b, atol, rtol, fmt, **document):
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @FORMAT_OPTION
-@OUTPUT_FORMAT_OPTIONS
+@DOCUMENT_OPTIONS
 @click.pass_context
 def inspect(ctx, path, fmt, **document):
     """Show a checkpoint's layout, config and per-layer tensors (names, shapes, dtypes, norms)."""

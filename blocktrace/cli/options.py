@@ -13,7 +13,7 @@ from typing import Optional
 import click
 from tabulate import tabulate_formats
 
-from blocktrace.render.formats import FORMATS
+from blocktrace.render.documents import DOCUMENTS
 from blocktrace.request import Analysis, InputSpec, RunRequest
 from blocktrace.sizing import MAX_BATCHES, MAX_LAYERS, MAX_TOKENS, MAX_WIDTH
 from blocktrace.sources.idsfile import MAX_WINDOWS
@@ -143,8 +143,9 @@ DEPTH_OPTIONS = options(
 
 STEPS_OPTION = click.option("--block-steps", "show_steps", is_flag=True, help="With --layers: print every block's six steps (norm1 … residual2).")
 QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress line on stderr (it is shown only on a terminal anyway).")
-# One flag per output format other than the tables (render/formats: a format is its module).
-OUTPUT_FORMAT_OPTIONS = options(*[click.option(f.flag, f.parameter, is_flag=True, help=f.help) for f in FORMATS])
+# One flag per document the report can be printed as instead of the tables (render/documents: a document kind
+# is its module). "Format" is the tables' word: --format chooses their style.
+DOCUMENT_OPTIONS = options(*[click.option(f.flag, f.parameter, is_flag=True, help=f.help) for f in DOCUMENTS])
 
 
 class TableFormat(click.ParamType):

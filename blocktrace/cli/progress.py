@@ -12,7 +12,7 @@ from blocktrace.progress import listening
 
 
 def progress_wanted(document: bool, quiet: bool = False) -> bool:
-    """document: the output is a document format (render/formats), read by a program, not tables."""
+    """document: the output is a document (render/documents), read by a program, not tables."""
     return not quiet and not document and sys.stderr.isatty() and sys.stdout.isatty()
 
 

@@ -12,7 +12,7 @@ from typing import Callable
 import click
 
 from blocktrace.cli.options import PLACEMENT_FLAGS, given
-from blocktrace.render.formats import FORMATS
+from blocktrace.render.documents import DOCUMENTS
 
 Condition = Callable[[click.Context], bool]
 
@@ -63,7 +63,7 @@ class Excludes:
 
 
 # Parameter names whose option is spelled differently.
-SPELLED = {"show_steps": "--block-steps", "fmt": "--format", **{f.parameter: f.flag for f in FORMATS},
+SPELLED = {"show_steps": "--block-steps", "fmt": "--format", **{f.parameter: f.flag for f in DOCUMENTS},
            "depths": "--layers",
            "n_values": "--values", "module_spec": "--module", "save_path": "--save", "check_only": "--check",
            "plot_path": "--plot", "html_path": "--html", "tokens_text": "--tokens", "token_types_text": "--token-type-ids",
@@ -76,8 +76,8 @@ def flag(name: str) -> str:
 
 
 def beside_documents(option: str, tables: str, document: str = "prints no table") -> list["Excludes"]:
-    """`option` refused beside each document format (render/formats): "{tables}; --json {document}"."""
-    return [Excludes(option, is_set(f.parameter), f"{tables}; {f.flag} {document}") for f in FORMATS]
+    """`option` refused beside each document kind (render/documents): "{tables}; --json {document}"."""
+    return [Excludes(option, is_set(f.parameter), f"{tables}; {f.flag} {document}") for f in DOCUMENTS]
 
 
 MODULE_REFUSES = {  # the user's block has its own wiring, sizes and parameters
@@ -127,7 +127,7 @@ COMMON_RULES = [
     *beside_documents("fmt", "--format shapes the tables"),
     *[Excludes("lang", all_of(is_set(f.parameter), lambda ctx: not is_set("html_path")(ctx)),
                f"--lang sets the words of the tables and of the --html page; {f.flag} prints no table")
-      for f in FORMATS],
+      for f in DOCUMENTS],
     Excludes("seq_len", any_of(is_set("input_path"), is_set("token_ids_text"), is_set("text"), is_set("text_file"),
                                is_set("token_ids_file")),
              "--seq-len sets the length of random input; the input given sets its own length"),

@@ -11,7 +11,7 @@ from blocktrace.cli.options import (
     FORMAT_OPTION,
     HTML_OPTION,
     PAGE_LANG_OPTION,
-    OUTPUT_FORMAT_OPTIONS,
+    DOCUMENT_OPTIONS,
     LANG_OPTION,
     MODULE_OPTIONS,
     PLOT_OPTION,
@@ -27,7 +27,7 @@ from blocktrace.cli.options import (
 from blocktrace.cli.progress import progress_wanted, shown
 from blocktrace.cli.rules import CHECK_RULES, RUN_RULES, enforce
 from blocktrace.errors import FINDINGS_EXIT
-from blocktrace.render.formats import chosen
+from blocktrace.render.documents import chosen
 from blocktrace.vocab import FFNKind, Lang, Level, Norm
 
 
@@ -35,7 +35,7 @@ from blocktrace.vocab import FFNKind, Lang, Level, Norm
 @WIRING_OPTIONS
 @SOURCE_OPTIONS
 @STEPS_OPTION
-@OUTPUT_FORMAT_OPTIONS
+@DOCUMENT_OPTIONS
 @FORMAT_OPTION
 @LANG_OPTION
 @PLOT_OPTION
@@ -64,7 +64,7 @@ def run(ctx, **params):
 @cli.command()
 @WIRING_OPTIONS
 @SOURCE_OPTIONS
-@OUTPUT_FORMAT_OPTIONS
+@DOCUMENT_OPTIONS
 @FORMAT_OPTION
 @HTML_OPTION
 @PAGE_LANG_OPTION

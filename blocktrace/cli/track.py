@@ -16,7 +16,7 @@ from blocktrace.cli.options import (
     HTML_OPTION,
     PAGE_LANG_OPTION,
     IDS_FILE_OPTIONS,
-    OUTPUT_FORMAT_OPTIONS,
+    DOCUMENT_OPTIONS,
     QUIET_OPTION,
     SEED_OPTION,
     TEXT_FILE_OPTION,
@@ -40,7 +40,7 @@ from blocktrace.cli.rules import (
     is_set,
 )
 from blocktrace.errors import FINDINGS_EXIT
-from blocktrace.render.formats import chosen
+from blocktrace.render.documents import chosen
 from blocktrace.vocab import SCHEMA_VERSION, Lang, Level, ReportKind
 
 TIMELINE_SUFFIXES = (".jsonl", ".ndjson")
@@ -167,7 +167,7 @@ def _write_records(records: list[dict], path: Path, force: bool) -> None:
 @HTML_OPTION
 @PAGE_LANG_OPTION
 @force_option("--out / --plot / --html")
-@OUTPUT_FORMAT_OPTIONS
+@DOCUMENT_OPTIONS
 @click.option("--brief", is_flag=True, help="Print only the one-row-per-step table and the first sign of trouble.")
 @FORMAT_OPTION
 @FAIL_ON_OPTION

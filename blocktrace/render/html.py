@@ -9,7 +9,7 @@ import html
 from pathlib import Path
 
 from blocktrace.files import write_atomically
-from blocktrace.render.formats.json_document import dumps
+from blocktrace.render.documents.json_document import dumps
 from blocktrace.vocab import Lang
 
 ASSETS = Path(__file__).resolve().parent / "page"

@@ -7,7 +7,7 @@ import json
 import math
 from typing import Optional
 
-from blocktrace.render.formats import OutputFormat
+from blocktrace.render.documents import Document
 
 
 def _strict(value, path: str, found: list):
@@ -32,5 +32,5 @@ def dumps(report: dict, indent: Optional[int] = 2) -> str:
     return json.dumps(clean, ensure_ascii=False, indent=indent, separators=separators, allow_nan=False)
 
 
-FORMAT = OutputFormat("--json", "Print one JSON document (its fields in the command's page under docs/) instead of "
-                      "tables.", dumps)
+DOCUMENT = Document("--json", "Print one JSON document (its fields in the command's page under docs/) instead of "
+                    "tables.", dumps)
