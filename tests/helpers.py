@@ -6,6 +6,8 @@ suite runs from any directory and under --import-mode=importlib.
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -277,3 +279,30 @@ def randomise_choice_bias(model, seed: int) -> None:
             bias = getattr(module, "e_score_correction_bias", None)
             if bias is not None:
                 bias.copy_(0.5 * torch.randn(bias.shape, generator=generator))
+
+
+# The bad-input contract's helpers (docs/reference.md: Errors).
+GPT2 = SAMPLES / "gpt2-tiny"
+
+
+def strict_json(text: str):
+    """JSON without NaN / Infinity, which json.loads would otherwise accept."""
+    def refuse(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def one_error_line(result, code: int, *fragments: str) -> None:
+    """One `Error:` line naming each fragment, exit `code`, no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert "Traceback" not in result.output
+
+
+def copy_sample(tmp_path: Path, name: str = "gpt2-tiny") -> Path:
+    target = tmp_path / name
+    shutil.copytree(SAMPLES / name, target)
+    return target

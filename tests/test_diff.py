@@ -1,9 +1,13 @@
 """`blocktrace diff`: a trace against itself, and against one with a perturbed step."""
 
 import json
+from pathlib import Path
 
+import pytest
+import torch
+from helpers import one_error_line, strict_json
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 
 def _saved(invoke, path, *args):
@@ -50,3 +54,44 @@ def test_a_file_that_is_not_a_trace(invoke, tmp_path):
     assert result.exit_code == 2 and "is not a blocktrace trace file" in result.stderr
     missing = invoke("diff", str(tmp_path / "nope.safetensors"), str(tmp_path / "w.safetensors"))
     assert missing.exit_code == 2 and missing.stderr.startswith("Error: ") and "does not exist" in missing.stderr
+
+
+def _trace_file(invoke, path: Path, *args: str) -> Path:
+    assert invoke("run", "--seq-len", "4", "--save", str(path), *args).exit_code == 0
+    return path
+
+
+def test_a_trace_with_nan_does_not_differ_from_itself(invoke, tmp_path):
+    x = torch.randn(4, 16)
+    x[0, 0] = float("nan")
+    save_file({"x": x}, str(tmp_path / "x.safetensors"))
+    path = tmp_path / "t.safetensors"
+    assert invoke("run", "--input", str(tmp_path / "x.safetensors"), "--save", str(path)).exit_code == 0
+    result = invoke("diff", str(path), str(path))
+    assert result.exit_code == 0, result.output
+    other = tmp_path / "u.safetensors"
+    assert invoke("run", "--seq-len", "4", "--save", str(other)).exit_code == 0
+    assert invoke("diff", str(path), str(other)).exit_code == 1  # NaN against a number differs
+
+
+def test_a_step_missing_on_either_side_diverges(invoke, tmp_path):
+    full = _trace_file(invoke, tmp_path / "full.safetensors")
+    tensors = load_file(str(full))
+    with open(full, "rb"):
+        from safetensors import safe_open
+
+        metadata = safe_open(str(full), "pt").metadata()
+    del tensors["ffn"]
+    save_file(tensors, str(tmp_path / "less.safetensors"), metadata=metadata)
+    for a, b in ((tmp_path / "less.safetensors", full), (full, tmp_path / "less.safetensors")):
+        result = invoke("diff", str(a), str(b), "--json")
+        assert result.exit_code == 1
+        report = strict_json(result.stdout)
+        assert report["first_divergence"] == "ffn"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_tolerances_must_be_finite_and_non_negative(invoke, tmp_path, value):
+    path = _trace_file(invoke, tmp_path / "t.safetensors")
+    one_error_line(invoke("diff", str(path), str(path), "--atol", value), 2, "--atol")
+    one_error_line(invoke("diff", str(path), str(path), "--rtol", value), 2, "--rtol")

@@ -71,3 +71,13 @@ def test_the_two_loops_that_stood_are_gone():
     assert LAYERS.index("sources") > LAYERS.index("request")
     assert ("request", "sources") not in {(s, t) for s, t, _ in imports()}
     assert ("files", "sources") not in {(s, t) for s, t, _ in imports()}
+
+
+def test_test_modules_do_not_import_each_other():
+    """So the suite runs under --import-mode=importlib and from any directory."""
+    for path in (PACKAGE.parent / "tests").glob("test_*.py"):
+        if path.name == Path(__file__).name:
+            continue  # this test spells the imports it looks for
+        text = path.read_text(encoding="utf-8")
+        assert "from conftest" not in text and "import conftest" not in text, path.name
+        assert not any(line.lstrip().startswith(("from test_", "import test_")) for line in text.splitlines()), path.name

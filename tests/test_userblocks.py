@@ -2,10 +2,11 @@
 without naming the steps; the recovered residual sums equal what the modules compute."""
 
 import json
+import sys
 
 import pytest
 import torch
-from helpers import make_gpt2, randomise_
+from helpers import make_gpt2, randomise_, strict_json
 from torch import nn
 from torch.nn import functional as F
 
@@ -184,3 +185,58 @@ def test_my_implementation_against_the_reference_with_diff(invoke, tmp_path):
     report = json.loads(result.stdout)
     assert result.exit_code == 0 and report["diverged"] is False, report
     assert [s["name"] for s in report["steps"]] == ["x", *SIX, "attn_weights"]
+
+
+def test_module_leaves_sys_path_and_sys_modules_as_they_were(invoke, tmp_path, monkeypatch):
+    block = ("import torch\nfrom torch import nn\n"
+             "class B(nn.Module):\n"
+             "    def __init__(self, scale):\n"
+             "        super().__init__()\n"
+             "        self.ln1, self.ln2 = nn.LayerNorm(16), nn.LayerNorm(16)\n"
+             "        self.attn, self.ffn = nn.Linear(16, 16), nn.Linear(16, 16)\n"
+             "        self.scale = scale\n"
+             "    def forward(self, x):\n"
+             "        x = x + self.attn(self.ln1(x))\n"
+             "        return x + self.scale * self.ffn(self.ln2(x))\n"
+             "def make():\n"
+             "    torch.manual_seed(0)\n"
+             "    return B({scale})\n")
+    outputs = []
+    for name, scale in (("one", 1.0), ("two", 5.0)):
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "ub.py").write_text(block.replace("{scale}", str(scale)))
+        monkeypatch.chdir(directory)
+        path_before = list(sys.path)
+        outputs.append(invoke("run", "--module", "ub:make", "--json"))
+        assert sys.path == path_before and "ub" not in sys.modules
+    first, second = (strict_json(r.stdout)["steps"][-1]["stats"]["rms"] for r in outputs)
+    assert first != second  # the second directory's own block, not the cached first one
+
+
+def test_module_keeps_the_packages_of_a_virtual_environment_below_the_working_directory(invoke, tmp_path,
+                                                                                       monkeypatch):
+    """Once: run from a project holding its .venv, --module forgot transformers' own modules (they live below
+    the working directory too) and the next import of them crashed."""
+    packages = tmp_path / ".venv" / "lib" / "site-packages"
+    (packages / "venvpkg").mkdir(parents=True)
+    (packages / "venvpkg" / "__init__.py").write_text("from torch import nn\nmake = lambda: nn.Identity()\n")
+    (tmp_path / "userblock_v.py").write_text(
+        "import torch\nfrom torch import nn\nimport venvpkg\n"
+        "class B(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.ln1, self.ln2 = nn.LayerNorm(16), nn.LayerNorm(16)\n"
+        "        self.attn, self.ffn = nn.Linear(16, 16), nn.Linear(16, 16)\n"
+        "        self.extra = venvpkg.make()\n"
+        "    def forward(self, x):\n"
+        "        x = x + self.attn(self.ln1(x))\n"
+        "        return x + self.ffn(self.ln2(x))\n"
+        "def make():\n"
+        "    return B()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(packages))
+    monkeypatch.delitem(sys.modules, "venvpkg", raising=False)
+    assert invoke("run", "--module", "userblock_v:make", "--json").exit_code == 0
+    assert "venvpkg" in sys.modules and "userblock_v" not in sys.modules
+    sys.modules.pop("venvpkg")
