@@ -15,7 +15,7 @@ from blocktrace.errors import ConfigError
 from blocktrace.vocab import STEP_NAMES, FFNKind, Norm, Placement, RopeKind, RouterKind
 from blocktrace.wiring import Wiring, wiring_of
 
-__all__ = ["BlockConfig", "LatentAttention", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind",
+__all__ = ["BlockConfig", "LatentWidths", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind",
            "RouterKind"]
 
 
@@ -92,11 +92,11 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
-class LatentAttention:
-    """Multi-head latent attention (DeepSeek-V2, 2024; HF's DeepseekV2/V3Attention): keys and values come from one
-    compressed latent per token (kv_a_proj, RMSNorm, then kv_b_proj per head), queries from their own optional latent;
-    each head's query and key are `nope_dims` unrotated dims then `rope_dims` rotated ones, the rotated key shared by
-    all heads; values are `value_dims` wide."""
+class LatentWidths:
+    """The widths of multi-head latent attention (DeepSeek-V2, 2024; HF's DeepseekV2/V3Attention; the module is
+    model.layers.LatentAttention): keys and values come from one compressed latent per token (kv_a_proj, RMSNorm,
+    then kv_b_proj per head), queries from their own optional latent; each head's query and key are `nope_dims`
+    unrotated dims then `rope_dims` rotated ones, the rotated key shared by all heads; values are `value_dims` wide."""
 
     kv_rank: int  # kv_lora_rank: the latent keys and values are made from
     nope_dims: int  # qk_nope_head_dim
@@ -126,7 +126,7 @@ class LatentAttention:
         return f"{query}kv latent {self.kv_rank}, q·k {self.nope_dims}+{self.rope_dims} rope, v {self.value_dims}"
 
     @classmethod
-    def of(cls, value) -> Optional["LatentAttention"]:
+    def of(cls, value) -> Optional["LatentWidths"]:
         return cls(**value) if isinstance(value, dict) else value
 
 
@@ -182,7 +182,7 @@ class BlockConfig:
     attn_sinks: bool = False  # a learned logit per head that joins every softmax and takes weight from the keys (gpt-oss)
     glu_limit: float = 7.0  # swiglu_clamped: the gate clamped above at L, the up projection to ±L (gpt-oss's)
     glu_alpha: float = 1.702  # swiglu_clamped: the gate's sigmoid(α·g) (gpt-oss's)
-    latent: Optional[LatentAttention] = None  # DeepSeek's multi-head latent attention in place of q/k/v projections
+    latent: Optional[LatentWidths] = None  # DeepSeek's multi-head latent attention in place of q/k/v projections
 
     def __post_init__(self):
         set_field = object.__setattr__  # frozen: normalise fields once, here
@@ -191,7 +191,7 @@ class BlockConfig:
         set_field(self, "placement", _as_enum(Placement, self.placement, "placement"))
         set_field(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
         set_field(self, "router", _as_enum(RouterKind, self.router, "router"))
-        set_field(self, "latent", LatentAttention.of(self.latent))
+        set_field(self, "latent", LatentWidths.of(self.latent))
         if self.d_ff is None and isinstance(self.d_model, int):
             set_field(self, "d_ff", 4 * self.d_model)
         self.validate()

@@ -207,7 +207,7 @@ class MultiHeadAttention(nn.Module):
 
 
 class LatentAttention(MultiHeadAttention):
-    """DeepSeek's multi-head latent attention (config.LatentAttention), HF's DeepseekV2/V3Attention op for op: q from
+    """DeepSeek's multi-head latent attention (its widths: config.LatentWidths), HF's DeepseekV2/V3Attention op for op: q from
     x, or from its own latent (q_a_proj, RMSNorm, q_b_proj); keys and values from one latent per token (kv_a_proj,
     RMSNorm, kv_b_proj), plus a rotated key every head shares. Sub-steps: `q_latent`, `q`, `kv_latent` (the compressed
     keys and values, what a cache keeps), `k` (each head's key before RoPE), `q_rope` and `k_rope` (the rotated dims

@@ -4,10 +4,12 @@ A linear router scores every expert for every token; the softmax of those logits
 as HF computes it) picks each token's top-k experts, whose outputs are summed weighted by their
 probabilities (rescaled to sum to 1 where the model says so). DeepSeek's routers choose within
 groups of experts (RouterKind; V3's scores are sigmoids, its choice biased) and scale the
-weights; Llama-4's router scales each chosen expert's input by the sigmoid of its logit. Qwen2-MoE adds a shared expert that every token passes through, gated by sigmoid(w·x);
-DeepSeek's and Llama-4's shared experts have no gate. The router's logits and probabilities, the routed sum
-and the shared expert's share pass through hook points: the traced sub-steps of ffn, from which
-the routing statistics are read (tracing.routing), with the experts each token went to.
+weights; Llama-4's router scales each chosen expert's input by the sigmoid of its logit.
+Qwen2-MoE adds a shared expert that every token passes through, gated by sigmoid(w·x);
+DeepSeek's and Llama-4's shared experts have no gate. The router's logits and probabilities,
+the routed sum and the shared expert's share pass through hook points: the traced sub-steps of
+ffn, from which the routing statistics are read (tracing.routing), with the experts each token
+went to.
 """
 
 from __future__ import annotations
@@ -39,12 +41,12 @@ def router_distribution(kind: RouterKind, logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits, dim=-1, dtype=torch.float)  # Llama-4's too: its load-balance loss reads this
 
 
-def grouped_choice(scores: torch.Tensor, groups: int, kept: int, k: int, group_score: str,
+def grouped_choice(scores: torch.Tensor, groups: int, kept: int, k: int, by_two_best: bool,
                    outside: float) -> torch.Tensor:
-    """DeepSeek's choice: the experts of each token's `kept` best groups (a group scored by its best expert, or by
-    its two best summed: `group_score` "max" or "top2"), the others set to `outside`; then the top k. [N, k]."""
+    """DeepSeek's choice: the experts of each token's `kept` best groups (a group scored by its best expert, V2's, or
+    by its two best summed, V3's), the others set to `outside`; then the top k. [N, k]."""
     grouped = scores.view(-1, groups, scores.shape[-1] // groups)
-    group_scores = grouped.amax(-1) if group_score == "max" else grouped.topk(2, dim=-1).values.sum(-1)
+    group_scores = grouped.topk(2, dim=-1).values.sum(-1) if by_two_best else grouped.amax(-1)
     best = torch.topk(group_scores, kept, dim=-1, sorted=False).indices
     keep = torch.zeros_like(group_scores).scatter_(1, best, 1).bool()
     masked = scores.masked_fill(~keep.repeat_interleave(scores.shape[-1] // groups, dim=-1), outside)
@@ -97,11 +99,11 @@ class MixtureOfExperts(nn.Module):
     def _grouped_route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kind is RouterKind.SOFTMAX_GROUPED:  # DeepSeek-V2: the chosen probabilities, never renormalised
             probs = torch.softmax(logits, dim=-1, dtype=torch.float)
-            chosen = grouped_choice(probs, self.groups, self.groups_kept, self.k, "max", 0.0)
+            chosen = grouped_choice(probs, self.groups, self.groups_kept, self.k, False, 0.0)
             return probs.gather(1, chosen) * self.scaling, chosen
         scores = torch.sigmoid(logits)
         biased = scores + self.choice_bias if self.choice_bias is not None else scores
-        chosen = grouped_choice(biased, self.groups, self.groups_kept, self.k, "top2", float("-inf"))
+        chosen = grouped_choice(biased, self.groups, self.groups_kept, self.k, True, float("-inf"))
         weights = scores.gather(1, chosen)
         if self.renormalise:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)  # HF's, with its epsilon
@@ -124,5 +126,7 @@ class MixtureOfExperts(nn.Module):
         out = self.routed(out.reshape(x.shape))
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
-            out = out + self.shared(shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * shared)
+            if self.shared_gate is not None:  # Qwen2-MoE's gate; DeepSeek's and Llama-4's shared experts have none
+                shared = torch.sigmoid(self.shared_gate(x)) * shared
+            out = out + self.shared(shared)
         return out

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from tabulate import tabulate
 
-from blocktrace.config import BlockConfig, LatentAttention, RopeScaling
+from blocktrace.config import BlockConfig, LatentWidths, RopeScaling
 from blocktrace.render.words import HEADINGS, explanation
 from blocktrace.tracing.recorder import PREVIEW_MAX_TOKENS
 from blocktrace.tracing.stats import STAT_NAMES
@@ -47,7 +47,7 @@ def _setting(key: str, value) -> str:
     if key == "rope_scaling":
         return f"'{RopeScaling.of(value)}'"
     if key == "latent":
-        return f"'{LatentAttention.of(value)}'"
+        return f"'{LatentWidths.of(value)}'"
     return f"{value:.4g}" if isinstance(value, float) else f"{value}"
 
 

@@ -292,6 +292,11 @@ def rope_scaling(config: ConfigFile, parameters: ConfigFile, original_default: O
                        long_factor=_factors(parameters, "long_factor"), attention_factor=attention)
 
 
+def yarn_mscale(factor: float, weight: float) -> float:
+    """YaRN's mscale (HF's yarn_get_mscale): 0.1·weight·ln(factor) + 1, or 1 where the context is not stretched."""
+    return 1.0 if factor <= 1 else 0.1 * weight * math.log(factor) + 1.0
+
+
 def _yarn_attention_factor(parameters: ConfigFile, factor: float) -> float:
     """YaRN's cos/sin scale: given, or 0.1·ln(factor) + 1 (the paper's), or DeepSeek's ratio of two mscales."""
     given = parameters.number("attention_factor", None, positive=True)
@@ -299,7 +304,7 @@ def _yarn_attention_factor(parameters: ConfigFile, factor: float) -> float:
         return given
 
     def mscale(weight: float) -> float:
-        return 1.0 if factor <= 1 else 0.1 * weight * math.log(factor) + 1.0
+        return yarn_mscale(factor, weight)
 
     top, bottom = parameters.number("mscale", None), parameters.number("mscale_all_dim", None)
     if not (top and bottom):
@@ -330,3 +335,20 @@ def _factors(parameters: ConfigFile, key: str) -> tuple[float, ...]:
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in values):
         raise parameters.bad(key, "a list of positive numbers (longrope's factor per frequency)", values)
     return tuple(float(v) for v in values)
+
+
+NOPE_FIELDS = {"rope_theta": None, "rope_scaling": None, "nope": True}  # a layer of a RoPE model left unrotated
+
+
+def rotates(config: ConfigFile, layer: int, interval: int, empty_is_none: bool = False) -> bool:
+    """Whether a layer rotates q and k: no_rope_layers[layer] (1: RoPE, 0: NoPE), or, where the file gives none, every
+    layer but each `interval`-th, as SmolLM3's and Llama-4's config classes fill it (Llama-4's takes an empty list as
+    none: `empty_is_none`)."""
+    layers = config.integer("num_hidden_layers")
+    given = config.raw("no_rope_layers")
+    if given is None or (empty_is_none and given == []):
+        return (layer + 1) % interval != 0
+    if not isinstance(given, list) or len(given) != layers or any(type(v) is not int or v not in (0, 1)
+                                                                  for v in given):
+        raise config.bad("no_rope_layers", f"a list of {layers} values, 1 (RoPE) or 0 (none), one per layer", given)
+    return bool(given[layer])

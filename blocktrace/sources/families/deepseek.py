@@ -19,12 +19,10 @@ prediction layer V3 files hold after the last layer (`layers.61`) is not one of 
 
 from __future__ import annotations
 
-import math
-
-from blocktrace.config import LatentAttention
+from blocktrace.config import LatentWidths
 from blocktrace.errors import UsageError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import HFLayer, linear, refuse_unless, rope_fields
+from blocktrace.sources.families.base import HFLayer, linear, refuse_unless, rope_fields, yarn_mscale
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
 from blocktrace.sources.families.moe import MixtureFamily
 from blocktrace.vocab import FFNKind, Norm, RouterKind
@@ -54,11 +52,11 @@ class DeepSeekV3(MixtureFamily, Llama):
         if kv_heads != heads:
             raise config.bad("num_key_value_heads", f"num_attention_heads ({heads}): latent attention gives every "
                              "head its own key and value", kv_heads)
-        latent = LatentAttention(kv_rank=self.setting(config, "kv_lora_rank", "integer"),
-                                 nope_dims=self.setting(config, "qk_nope_head_dim", "integer"),
-                                 rope_dims=self.setting(config, "qk_rope_head_dim", "integer"),
-                                 value_dims=self.setting(config, "v_head_dim", "integer"),
-                                 q_rank=self.setting(config, "q_lora_rank", "integer"), latent_eps=LATENT_EPS)
+        latent = LatentWidths(kv_rank=self.setting(config, "kv_lora_rank", "integer"),
+                              nope_dims=self.setting(config, "qk_nope_head_dim", "integer"),
+                              rope_dims=self.setting(config, "qk_rope_head_dim", "integer"),
+                              value_dims=self.setting(config, "v_head_dim", "integer"),
+                              q_rank=self.setting(config, "q_lora_rank", "integer"), latent_eps=LATENT_EPS)
         rope = rope_fields(config)
         return {"d_model": config.integer("hidden_size"), "n_heads": heads, "kv_heads": heads,
                 "head_size": latent.head_dims, "latent": latent, "norm": Norm.RMSNORM, "ffn": self.activation(config),
@@ -75,17 +73,14 @@ class DeepSeekV3(MixtureFamily, Llama):
         return {"bias": False, "attn_bias": config.boolean("attention_bias", False)}
 
     @staticmethod
-    def scale(config: ConfigFile, latent: LatentAttention) -> float:
-        """qk_head_dim^-½, times mscale² where the RoPE is scaled and gives mscale_all_dim (HF's yarn_apply_mscale)."""
-        scale = latent.head_dims ** -0.5
+    def scale(config: ConfigFile, latent: LatentWidths) -> float:
+        """qk_head_dim^-½, times mscale² where the RoPE is scaled and gives mscale_all_dim (HF's
+        yarn_apply_mscale)."""
         parameters = config.merged("rope_scaling", "rope_parameters")
         kind = parameters.string("rope_type") or parameters.string("type") or "default"
         weight = parameters.number("mscale_all_dim", 0)
-        factor = parameters.number("factor", 1.0)
-        if kind != "default" and weight and factor > 1:
-            mscale = 0.1 * weight * math.log(factor) + 1.0
-            scale = scale * mscale * mscale
-        return scale
+        mscale = yarn_mscale(parameters.number("factor", 1.0), weight) if kind != "default" and weight else 1.0
+        return latent.head_dims ** -0.5 * mscale * mscale
 
     def router_fields(self, config: ConfigFile) -> dict:
         refuse_unless(config, "scoring_func", (None, "sigmoid"), "scores the experts otherwise than HF's V3 (sigmoid)")
@@ -179,9 +174,9 @@ class DeepSeekV2(DeepSeekV3):
     hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, router="mlp.gate", router_kind=RouterKind.SOFTMAX_GROUPED)
     defaults = {"rms_norm_eps": 1e-6, "hidden_act": "silu", "n_routed_experts": 64, "n_shared_experts": 2,
                 "moe_intermediate_size": 1407, "intermediate_size": 11008, "first_k_dense_replace": 0,
-                "n_group": None, "topk_group": None, "topk_method": "greedy", "num_experts_per_tok": None, "routed_scaling_factor": 1.0,
-                "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-                "v_head_dim": 128}
+                "n_group": None, "topk_group": None, "topk_method": "greedy", "num_experts_per_tok": None,
+                "routed_scaling_factor": 1.0, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+                "qk_nope_head_dim": 128, "v_head_dim": 128}
 
     def interleaved(self, config: ConfigFile) -> bool:
         return True  # HF's V2 turns adjacent pairs as complex numbers, always

@@ -6,9 +6,8 @@ Exaone4Config's default — every `sliding_window_pattern`-th layer global — s
 from __future__ import annotations
 
 from blocktrace.errors import UsageError, WeightsError
-from blocktrace.sources.families.base import HFLayer
+from blocktrace.sources.families.base import NOPE_FIELDS, HFLayer
 from blocktrace.sources.families.olmo2 import OLMo2
-from blocktrace.sources.families.smollm3 import NOPE_FIELDS
 from blocktrace.vocab import Norm, Placement
 from blocktrace.wiring import REORDERED
 

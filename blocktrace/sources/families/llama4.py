@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from blocktrace.errors import UsageError
 from blocktrace.sources.configfile import LAYER_TYPES, ConfigFile
-from blocktrace.sources.families.base import HFLayer, linear, rope_fields
+from blocktrace.sources.families.base import NOPE_FIELDS, HFLayer, linear, rope_fields, rotates
 from blocktrace.sources.families.llama import Llama
 from blocktrace.sources.families.moe import MixtureFamily
-from blocktrace.sources.families.smollm3 import NOPE_FIELDS
 from blocktrace.vocab import FFNKind, Norm, RouterKind
 
 CHUNKED = "chunked_attention"
@@ -60,16 +59,7 @@ class Llama4(MixtureFamily, Llama):
                 "renormalise_top_k": False}
 
     def rotates(self, config: ConfigFile, layer: int) -> bool:
-        """no_rope_layers[layer] (1: RoPE), or Llama4TextConfig's default: every no_rope_layer_interval-th not."""
-        layers = config.integer("num_hidden_layers")
-        given = config.raw("no_rope_layers")
-        if not given:  # HF takes an empty list as none given
-            return (layer + 1) % self.setting(config, "no_rope_layer_interval", "integer") != 0
-        if not isinstance(given, list) or len(given) != layers or any(type(v) is not int or v not in (0, 1)
-                                                                      for v in given):
-            raise config.bad("no_rope_layers", f"a list of {layers} values, 1 (RoPE) or 0 (none), one per layer",
-                             given)
-        return bool(given[layer])
+        return rotates(config, layer, self.setting(config, "no_rope_layer_interval", "integer"), empty_is_none=True)
 
     def chunked(self, config: ConfigFile, layer: int) -> bool:
         """layer_types' word for the layer, or Llama4TextConfig's default: the RoPE layers, when chunks are set."""
@@ -107,9 +97,6 @@ class Llama4(MixtureFamily, Llama):
             "d_ff": self.setting(config, "intermediate_size_mlp", "integer")}
         return {**attention, **ffn}
 
-    def shape_fields(self, checkpoint, base):
-        return {**MixtureFamily.shape_fields(self, checkpoint, base)}
-
     def parameters(self, read, c):
         d = c.d_model
         return {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
@@ -144,7 +131,8 @@ class Llama4(MixtureFamily, Llama):
         if config is not None:
             layers = range(config.integer("num_hidden_layers"))
             unrotated = [k for k in layers if not self.rotates(config, k)]
-            notes.append(f"layers without RoPE (NoPE, full causal attention): {', '.join(map(str, unrotated)) or 'none'}"
+            unrotated_text = ", ".join(map(str, unrotated)) or "none"
+            notes.append(f"layers without RoPE (NoPE, full causal attention): {unrotated_text}"
                          "; the router's probabilities in the routing statistics are softmax(logits), what HF's "
                          "load-balance loss reads, while the experts are weighed by the sigmoids of the chosen logits")
         return notes

@@ -6,11 +6,10 @@ by default the NoPE layers, when use_sliding_window is on — as SmolLM3Config c
 from __future__ import annotations
 
 from blocktrace.errors import WeightsError
-from blocktrace.sources.families.base import HFLayer
+from blocktrace.sources.families.base import NOPE_FIELDS, HFLayer, rotates
 from blocktrace.sources.families.llama import LLAMA_STEPS, SLIDING, Llama
 from blocktrace.vocab import Norm
 
-NOPE_FIELDS = {"rope_theta": None, "rope_scaling": None, "nope": True}  # a layer of a RoPE model left unrotated
 
 
 class SmolLM3(Llama):
@@ -21,16 +20,7 @@ class SmolLM3(Llama):
     tie_default = True
 
     def rotates(self, config, layer: int) -> bool:
-        """no_rope_layers[layer] (1: RoPE), or SmolLM3Config's default: every no_rope_layer_interval-th layer not."""
-        layers = config.integer("num_hidden_layers")
-        given = config.raw("no_rope_layers")
-        if given is None:
-            return (layer + 1) % self.setting(config, "no_rope_layer_interval", "integer") != 0
-        if not isinstance(given, list) or len(given) != layers or any(type(v) is not int or v not in (0, 1)
-                                                                      for v in given):
-            raise config.bad("no_rope_layers", f"a list of {layers} values, 1 (RoPE) or 0 (none), one per layer",
-                             given)
-        return bool(given[layer])
+        return rotates(config, layer, self.setting(config, "no_rope_layer_interval", "integer"))
 
     def sliding(self, config, layer: int) -> bool:
         types = config.layer_types(config.integer("num_hidden_layers"))
