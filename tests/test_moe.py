@@ -233,3 +233,31 @@ def test_deepseeks_grouped_routers_report_the_experts_hf_chose(family, tmp_path)
         assert ours.routing.importance == pytest.approx(naive.tolist(), rel=1e-5)
         assert any(sorted(row) != sorted(torch.topk(scores[i], 3).indices.tolist())
                    for i, row in enumerate(seen["chosen"].tolist())), "the groups and the bias changed no choice"
+
+
+def test_llama4s_router_reports_the_experts_hf_chose_and_their_softmax(tmp_path):
+    """Llama-4's router returns its scores first and its logits second (HFLayer.router_logits_at): the routing
+    blocktrace reports, from its own block and from HF's layer traced bare, is HF's choice (the top-k logits) and
+    softmax(logits) as the importance."""
+    import transformers
+    from helpers import LLAMA4
+
+    config = transformers.Llama4TextConfig(**{**SMALL, **LLAMA4, "num_hidden_layers": 3}, num_experts_per_tok=2)
+    model = transformers.Llama4ForCausalLM(config).eval()
+    randomise_hf(model, seed=9)
+    model.save_pretrained(tmp_path)
+    seen = {}
+    hook = model.model.layers[2].feed_forward.router.register_forward_hook(
+        lambda m, a, out: seen.update(logits=out[1]))
+    with torch.no_grad():
+        hidden = model(torch.tensor([IDS]), output_hidden_states=True).hidden_states[2]
+    hook.remove()
+    expected = [sorted(row) for row in torch.topk(seen["logits"], 2, dim=-1).indices.tolist()]
+    importance = torch.softmax(seen["logits"].double(), dim=-1).mean(0).tolist()
+    checkpoint = Checkpoint(tmp_path)
+    info = model_info(checkpoint)
+    ours = trace(load_block(checkpoint, info, 2, checkpoint_config(checkpoint, info, {})), hidden[0], checks=True)
+    bare = trace(model.model.layers[2], hidden, checks=True)
+    for routing in (ours.routing, bare.routing):
+        assert [sorted(row) for row in routing.chosen] == expected
+        assert routing.importance == pytest.approx(importance, rel=1e-5)

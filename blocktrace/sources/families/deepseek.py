@@ -114,13 +114,10 @@ class DeepSeekV3(MixtureFamily, Llama):
     def layer_fields(self, config, layer):
         return self.dense_fields(config, layer)
 
-    def parameters(self, read, c):
-        d = c.d_model
-        return {"norm1.weight": read("input_layernorm.weight", (d,)), **self.latent_attention(read, c),
-                "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.expert_parameters(read, c)}
-
     @staticmethod
-    def latent_attention(read, c) -> dict:
+    def attention(read, c) -> dict:
+        """Latent attention's projections, its two latent norms and its output projection (MixtureFamily.parameters
+        reads them here, around the norms and the experts)."""
         d, h, latent, bias = c.d_model, c.n_heads, c.latent, c.attention_bias
         state = {}
         if latent.q_rank is None:

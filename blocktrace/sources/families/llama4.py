@@ -97,13 +97,10 @@ class Llama4(MixtureFamily, Llama):
             "d_ff": self.setting(config, "intermediate_size_mlp", "integer")}
         return {**attention, **ffn}
 
-    def parameters(self, read, c):
-        d = c.d_model
-        return {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
-                "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.feed_forward(read, c)}
-
     @staticmethod
-    def feed_forward(read, c) -> dict:
+    def expert_parameters(read, c) -> dict:
+        """The feed_forward of a layer: dense, or the router, the fused experts and the shared expert
+        (MixtureFamily.parameters reads it after the norms and the attention)."""
         d, f = c.d_model, c.d_ff
         if c.n_experts is None:
             return {**linear(read, "feed_forward.gate_proj", "ffn.gate", f, d, False),
