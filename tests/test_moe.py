@@ -207,32 +207,37 @@ def test_a_router_is_a_kind_of_its_own_not_an_ffn_gate(name, kind):
     assert tensor_kind(name) == kind
 
 
+def _layer_two_routed(model, router, directory):
+    """HF's router output at layer 2 of `model` on IDS, and the routing blocktrace reports there from its own block
+    (read from the model saved to `directory`) and from HF's layer traced bare."""
+    model.save_pretrained(directory)
+    seen = {}
+    hook = router.register_forward_hook(lambda m, a, out: seen.update(output=out))
+    with torch.no_grad():
+        hidden = model(torch.tensor([IDS]), output_hidden_states=True).hidden_states[2]
+    hook.remove()
+    checkpoint = Checkpoint(directory)
+    info = model_info(checkpoint)
+    ours = trace(load_block(checkpoint, info, 2, checkpoint_config(checkpoint, info, {})), hidden[0], checks=True)
+    return seen["output"], ours.routing, trace(model.model.layers[2], hidden, checks=True).routing
+
+
 @pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2"])
 def test_deepseeks_grouped_routers_report_the_experts_hf_chose(family, tmp_path):
     """DeepSeek chooses within groups (V3: by sigmoid scores plus a bias the weights never see), so a token's experts
     are not the top-k of its probabilities: the routing reported is HF's own router's choice, token by token, from
     blocktrace's block and from HF's layer traced bare; V3's importance is its normalised sigmoid scores."""
     model = make_deepseek(family, {**SMALL, "num_hidden_layers": 3, "num_key_value_heads": 4}, seed=5)
-    model.save_pretrained(tmp_path)
-    hf_router = model.model.layers[2].mlp.gate
-    seen = {}
-    hook = hf_router.register_forward_hook(lambda m, a, out: seen.update(logits=out[0], chosen=out[2]))
-    with torch.no_grad():
-        hidden = model(torch.tensor([IDS]), output_hidden_states=True).hidden_states[2]
-    hook.remove()
-    expected = [sorted(row) for row in seen["chosen"].tolist()]
-    checkpoint = Checkpoint(tmp_path)
-    info = model_info(checkpoint)
-    ours = trace(load_block(checkpoint, info, 2, checkpoint_config(checkpoint, info, {})), hidden[0], checks=True)
-    bare = trace(model.model.layers[2], hidden, checks=True)
-    for routing in (ours.routing, bare.routing):
+    output, ours, bare = _layer_two_routed(model, model.model.layers[2].mlp.gate, tmp_path)
+    expected = [sorted(row) for row in output[2].tolist()]
+    for routing in (ours, bare):
         assert [sorted(row) for row in routing.chosen] == expected
     if family == "deepseek_v3":
-        scores = torch.sigmoid(seen["logits"].double())
+        scores = torch.sigmoid(output[0].double())
         naive = (scores / scores.sum(-1, keepdim=True)).mean(0)
-        assert ours.routing.importance == pytest.approx(naive.tolist(), rel=1e-5)
+        assert ours.importance == pytest.approx(naive.tolist(), rel=1e-5)
         assert any(sorted(row) != sorted(torch.topk(scores[i], 3).indices.tolist())
-                   for i, row in enumerate(seen["chosen"].tolist())), "the groups and the bias changed no choice"
+                   for i, row in enumerate(output[2].tolist())), "the groups and the bias changed no choice"
 
 
 def test_llama4s_router_reports_the_experts_hf_chose_and_their_softmax(tmp_path):
@@ -245,19 +250,9 @@ def test_llama4s_router_reports_the_experts_hf_chose_and_their_softmax(tmp_path)
     config = transformers.Llama4TextConfig(**{**SMALL, **LLAMA4, "num_hidden_layers": 3}, num_experts_per_tok=2)
     model = transformers.Llama4ForCausalLM(config).eval()
     randomise_hf(model, seed=9)
-    model.save_pretrained(tmp_path)
-    seen = {}
-    hook = model.model.layers[2].feed_forward.router.register_forward_hook(
-        lambda m, a, out: seen.update(logits=out[1]))
-    with torch.no_grad():
-        hidden = model(torch.tensor([IDS]), output_hidden_states=True).hidden_states[2]
-    hook.remove()
-    expected = [sorted(row) for row in torch.topk(seen["logits"], 2, dim=-1).indices.tolist()]
-    importance = torch.softmax(seen["logits"].double(), dim=-1).mean(0).tolist()
-    checkpoint = Checkpoint(tmp_path)
-    info = model_info(checkpoint)
-    ours = trace(load_block(checkpoint, info, 2, checkpoint_config(checkpoint, info, {})), hidden[0], checks=True)
-    bare = trace(model.model.layers[2], hidden, checks=True)
-    for routing in (ours.routing, bare.routing):
+    output, ours, bare = _layer_two_routed(model, model.model.layers[2].feed_forward.router, tmp_path)
+    expected = [sorted(row) for row in torch.topk(output[1], 2, dim=-1).indices.tolist()]
+    importance = torch.softmax(output[1].double(), dim=-1).mean(0).tolist()
+    for routing in (ours, bare):
         assert [sorted(row) for row in routing.chosen] == expected
         assert routing.importance == pytest.approx(importance, rel=1e-5)
