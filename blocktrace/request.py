@@ -14,6 +14,7 @@ from typing import Optional
 from blocktrace.vocab import DEFAULT_RAW_DTYPE, Choice, Device, DType, Init, Placement
 
 DEFAULT_SEQ_LEN = 5
+MAX_WINDOWS = 4096  # --windows: more windows than this is a training run, not a check
 
 
 class InputKind(Choice):

@@ -65,7 +65,7 @@ def estimate_bytes(config, n_layers: int, shape: Shape, element_size: int, *, gr
 def available_bytes(device) -> Optional[int]:
     """Free memory of the device: CUDA's own count, or MemAvailable of /proc/meminfo."""
     if getattr(device, "type", "cpu") == "cuda":
-        import torch
+        import torch  # here, not at the top: the CLI's options read this module, and --help stays free of torch
 
         return torch.cuda.mem_get_info(device)[0]
     try:

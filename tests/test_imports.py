@@ -10,11 +10,18 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "blocktrace"
 
-# Lowest first. pipeline sits above render for now (it builds the report it returns, issue 34 would move that),
-# training above pipeline (track checks each checkpoint through it), cli and the entry points on top.
+# Lowest first. The pipeline returns results (the report dicts of pipeline/report.py) and render only shows them,
+# so render sits above it; training is below the pipeline (`track` checks each checkpoint through
+# pipeline/track.py, as every command goes through the pipeline); cli and the entry points on top.
 LAYERS = ["_version", "vocab", "errors", "wiring", "config", "sizing", "host", "progress", "files", "request",
-          "model", "sources", "tracing", "diagnose", "render", "pipeline", "training", "integrations", "cli",
+          "model", "sources", "tracing", "diagnose", "training", "pipeline", "render", "integrations", "cli",
           "__init__", "__main__"]
+
+# What a function body outside cli/ may import, and why there: optional packages (the plot and text extras,
+# tensorboard) where they are used, so a missing one is one error line; a platform's module (fcntl: POSIX only);
+# torch in sizing.py, which the CLI's options read before --help (kept free of torch: tests/test_startup.py).
+LAZY_IMPORTS = {"matplotlib", "matplotlib.pyplot", "tokenizers", "torch.utils.tensorboard", "fcntl",
+                ("blocktrace/sizing.py", "torch")}
 
 
 def _part(module: str) -> str:
@@ -63,6 +70,33 @@ def test_every_import_goes_down():
     upward = [f"{file}: {source} imports {target}" for source, target, file in imports()
               if LAYERS.index(target) > LAYERS.index(source)]
     assert upward == []
+
+
+def _function_body_imports():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = str(path.relative_to(PACKAGE.parent))
+        if relative.startswith("blocktrace/cli/"):
+            continue  # the CLI imports each command's machinery when that command runs, so --help loads none of it
+        for function in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(function):
+                    if isinstance(node, ast.Import):
+                        yield relative, node.names[0].name
+                    elif isinstance(node, ast.ImportFrom):
+                        yield relative, node.module
+
+
+def test_imports_sit_at_the_top_but_for_optional_packages_and_what_keeps_help_light():
+    inside = [f"{file}: {module}" for file, module in _function_body_imports()
+              if module not in LAZY_IMPORTS and (file, module) not in LAZY_IMPORTS]
+    assert inside == []
+
+
+def test_the_pipeline_does_not_import_render_nor_training_the_pipeline():
+    """The two upward imports issue 34 named: the report was built in render/, and track checked through the
+    pipeline from training/."""
+    pairs = {(source, target) for source, target, _ in imports()}
+    assert ("pipeline", "render") not in pairs and ("training", "pipeline") not in pairs
 
 
 def test_the_two_loops_that_stood_are_gone():

@@ -121,7 +121,7 @@ def test_a_long_inputs_attention_map_is_the_largest_weight_of_each_block(chunk):
     """For inputs longer than the text heatmap shows, the page's map: each cell the largest weight among its
     query-key pairs (the first sequence, every chunk of query rows folded in), as plain loops over the weights find
     it; kept only when asked, rounded to 4 decimals in the document."""
-    from blocktrace.render.report import attention_dict
+    from blocktrace.pipeline.report import attention_dict
     from blocktrace.tracing.recorder import MAP_CELLS
 
     block = build_block(BlockConfig(d_model=16, n_heads=2, sliding_window=30))
@@ -139,7 +139,7 @@ def test_an_hf_layers_attention_map_is_pooled_from_its_whole_matrix():
     """HF's eager attention hands over the whole matrix at once (no chunk of rows): the same map."""
     import transformers
 
-    from blocktrace.render.report import attention_dict
+    from blocktrace.pipeline.report import attention_dict
 
     config = transformers.LlamaConfig(hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=1,
                                       vocab_size=11, attn_implementation="eager")

@@ -14,9 +14,8 @@ import click
 from tabulate import tabulate_formats
 
 from blocktrace.render.documents import DOCUMENTS
-from blocktrace.request import Analysis, InputSpec, RunRequest
+from blocktrace.request import MAX_WINDOWS, Analysis, InputSpec, RunRequest
 from blocktrace.sizing import MAX_BATCHES, MAX_LAYERS, MAX_TOKENS, MAX_WIDTH
-from blocktrace.sources.idsfile import MAX_WINDOWS
 from blocktrace.sources.reading import parse_json
 from blocktrace.vocab import DEFAULT_RAW_DTYPE, RAW_DTYPES, Device, DType, FFNKind, Init, Lang, Level, Norm, Placement
 from blocktrace.wiring import WIRINGS, flag_parameter

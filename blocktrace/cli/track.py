@@ -92,7 +92,8 @@ def _sources(ctx: click.Context, sources: tuple[Path, ...]) -> None:
 
 def _checkpoint_records(params: dict, show_progress: bool) -> list[dict]:
     from blocktrace.request import Analysis, InputSpec, RunRequest
-    from blocktrace.training.track import expand, order, track_checkpoints
+    from blocktrace.pipeline.track import track_checkpoints
+    from blocktrace.training.track import expand, order
     from blocktrace.vocab import Device, DType
 
     points = order(expand(list(params["sources"])), params["steps"])

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from blocktrace.host import to_host
 from blocktrace.tracing.stats import widened
 
 KIND_RULES = (  # (pattern on the parameter name, kind); the first match wins
@@ -89,8 +90,6 @@ def weight_summary(moments: dict[str, dict]) -> dict[str, dict]:
 
 def weight_statistics(block: nn.Module) -> dict[str, dict]:
     """weight_summary of the block's weights, in one copy to the host."""
-    from blocktrace.host import to_host
-
     return weight_summary(to_host(weight_moments(block)))
 
 
@@ -144,8 +143,6 @@ class Movement:
         """{kind: {norm, update_ratio[, unchanged]}} from `values()` on the host (read here, in one copy, when not
         given)."""
         if values is None:
-            from blocktrace.host import to_host
-
             values = to_host(self.values())
         return {kind: {"norm": norm ** 0.5,
                        "update_ratio": (delta / before) ** 0.5 if self.comparable[kind] and before > 0 else None,

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from blocktrace.config import STEP_NAMES, BlockConfig
+from blocktrace.model.init import apply_deepnorm_beta, initialise
 from blocktrace.model.layers import LatentAttention, MultiHeadAttention, make_ffn, make_norm
 from blocktrace.model.moe import MixtureOfExperts
 from blocktrace.vocab import SANDWICH_STEPS, FFNKind, Init, Norm, Placement, RouterKind
@@ -82,8 +83,6 @@ def build_block(config: BlockConfig, seed: int = 0, init: Init = Init.DEFAULT) -
     scaling of the FFN, V and O weights is applied on top, as its definition requires.
     The global RNG is forked so that building a block never disturbs the caller's random state.
     """
-    from blocktrace.model.init import apply_deepnorm_beta, initialise
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         block = TransformerBlock(config)

@@ -13,14 +13,17 @@ import torch
 
 from blocktrace.config import BlockConfig
 from blocktrace.diagnose.compare import build_variants, describe, difference
+from blocktrace.diagnose.diagnosis import block_context, conclude
 from blocktrace.diagnose.grad import gradient_report, xiong_loss
+from blocktrace.diagnose.health import evaluate
 from blocktrace.errors import BlocktraceError, UsageError, WeightsError
 from blocktrace.model.stack import build_stack
-from blocktrace.progress import tick
-from blocktrace.render.report import block_report, stack_report, sweep_report
-from blocktrace.request import Analysis, RunRequest
 from blocktrace.pipeline.guard import memory_guard
+from blocktrace.pipeline.report import block_report, stack_report, sweep_report
+from blocktrace.progress import tick
+from blocktrace.request import Analysis, RunRequest
 from blocktrace.sources.inputs import random_input
+from blocktrace.sources.loader import load_block
 from blocktrace.sources.source import (
     Source,
     prepare_source,
@@ -28,6 +31,7 @@ from blocktrace.sources.source import (
     torch_dtype,
     user_block_source,
 )
+from blocktrace.sources.userblock import load_user_block
 from blocktrace.tracing.stack import trace_stack
 from blocktrace.vocab import SCHEMA_VERSION, Axis, ReportKind
 
@@ -35,8 +39,6 @@ from blocktrace.vocab import SCHEMA_VERSION, Axis, ReportKind
 def make_blocks(source: Source, request: RunRequest, n_layers: int,
                 config: Optional[BlockConfig] = None) -> list[torch.nn.Module]:
     """n_layers blocks: seeded (layer l from seed + l) or the checkpoint's layers K..K+n-1."""
-    from blocktrace.sources.loader import load_block
-
     config = (config or source.config).replace(n_layers=n_layers if source.checkpoint is None
                                                else source.config.n_layers)
     if source.checkpoint is None:
@@ -99,9 +101,6 @@ def run_blocks(blocks, source: Source, request: RunRequest, analysis: Analysis) 
     grads = _gradients(blocks, source, request, analysis.batches) if analysis.grad else None
     found = None
     if analysis.checks:
-        from blocktrace.diagnose.diagnosis import block_context, conclude
-        from blocktrace.diagnose.health import evaluate
-
         found = conclude(evaluate(traces, grads), block_context(traces[0]))
     if len(traces) == 1 and not analysis.stacked:
         return block_report(source, traces[0], grads, found), traces
@@ -129,8 +128,6 @@ def _check_token_index(source: Source, analysis: Analysis) -> None:
 
 def run_user_block(request: RunRequest, analysis: Analysis) -> tuple[dict, list, Source]:
     """A user's own nn.Module block (from --module): its forward is the user's code."""
-    from blocktrace.sources.userblock import load_user_block
-
     block = load_user_block(request.module)
     source = user_block_source(request, block)
     _check_token_index(source, analysis)

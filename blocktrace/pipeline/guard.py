@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from blocktrace.config import BlockConfig
+from blocktrace.model.layers import ATTENTION_CHUNK_BYTES
 from blocktrace.request import Analysis, RunRequest
 from blocktrace.sizing import Shape, estimate_bytes, require_fit
 from blocktrace.sources.source import resolve_device, torch_dtype
@@ -14,8 +15,6 @@ from blocktrace.sources.source import resolve_device, torch_dtype
 def memory_guard(request: RunRequest, analysis: Analysis, n_layers: int, kept_streams: int = 0):
     """The memory guard for `n_layers` blocks of whatever config and input shape the source settles on, and
     `kept_streams` copies of the residual stream held besides (each layer's input, for a layer-by-layer backward)."""
-    from blocktrace.model.layers import ATTENTION_CHUNK_BYTES
-
     element = torch.empty((), dtype=torch_dtype(request.dtype)).element_size()
 
     def fits(config: BlockConfig, shape: Shape) -> None:

@@ -15,17 +15,25 @@ from typing import Optional
 
 import torch
 
+from blocktrace.diagnose.diagnosis import Context, conclude
 from blocktrace.diagnose.grad import layerwise_gradient_report
+from blocktrace.diagnose.health import ModelEvidence, evaluate
 from blocktrace.diagnose.loss import LossReport, cross_entropy, loss_report, mask_for_mlm, next_token_labels, no_loss
 from blocktrace.diagnose.weights import weight_statistics
 from blocktrace.errors import UsageError
 from blocktrace.pipeline.guard import memory_guard
+from blocktrace.pipeline.report import model_report
 from blocktrace.progress import tick
 from blocktrace.request import Analysis, RunRequest
 from blocktrace.sizing import Shape
+from blocktrace.sources.checkpoint import Checkpoint
+from blocktrace.sources.families import SIZE_FIELDS, checkpoint_config, model_info
 from blocktrace.sources.families.base import LossKind, NoLoss
-from blocktrace.sources.source import resolve_device, torch_dtype
+from blocktrace.sources.loader import check_layer_index, embed_batch, load_block, load_head
+from blocktrace.sources.source import resolve_device, token_batch, token_sequences, torch_dtype
+from blocktrace.sources.tokenizer import mask_token, token_labels
 from blocktrace.sources.training_step import step_named
+from blocktrace.tracing.tracer import trace
 
 
 @dataclass
@@ -41,8 +49,6 @@ class ModelInput:
 def _traced_range(request: RunRequest, analysis: Analysis, n_layers: int) -> range:
     """Every layer by default; --layer K alone: that layer; --layer K --layers N: N layers from K (from 0 without
     --layer)."""
-    from blocktrace.sources.loader import check_layer_index
-
     first = request.first_layer
     check_layer_index(first, n_layers)
     if analysis.stacked:
@@ -55,9 +61,6 @@ def _traced_range(request: RunRequest, analysis: Analysis, n_layers: int) -> ran
 
 
 def _model_input(checkpoint, info, request: RunRequest, head_spec) -> ModelInput:
-    from blocktrace.sources.source import token_batch, token_sequences
-    from blocktrace.sources.tokenizer import mask_token, token_labels
-
     sequences, ids_note = token_sequences(checkpoint.directory, request.inputs, info.n_positions)
     padded, mask, types = token_batch(info, request.inputs, sequences)
     ids = torch.tensor(padded)
@@ -78,14 +81,10 @@ def _model_input(checkpoint, info, request: RunRequest, head_spec) -> ModelInput
 
 
 def _embed(checkpoint, info, model_input: ModelInput, dtype) -> torch.Tensor:
-    from blocktrace.sources.loader import embed_batch
-
     return embed_batch(checkpoint, info, model_input.ids.tolist(), dtype, model_input.token_types)
 
 
 def _head(checkpoint, info, dtype):
-    from blocktrace.sources.loader import load_head
-
     try:
         return load_head(checkpoint, info, dtype)
     except NoLoss as reason:
@@ -94,8 +93,6 @@ def _head(checkpoint, info, dtype):
 
 def _load(checkpoint, info, layer: int, config, dtype, device, request: RunRequest, mask):
     """One layer on the device, with the request's attention chunking and the input's padding mask."""
-    from blocktrace.sources.loader import load_block
-
     block = load_block(checkpoint, info, layer, config, dtype).to(device)
     block.attend_with(mask, request.attn_chunk)
     return block
@@ -105,8 +102,6 @@ def _trace_layers(checkpoint, info, config, x, model_input: ModelInput, traced: 
                   analysis: Analysis, device, dtype, inputs: Optional[list] = None) -> tuple[list, list, torch.Tensor]:
     """Every layer in turn, one in memory at a time; the traced ones with every statistic and check. `inputs`, when
     given, receives each layer's input (what the layer-by-layer backward recomputes from)."""
-    from blocktrace.tracing.tracer import trace
-
     traces, weights = [], []
     mask = None if model_input.token_mask is None else model_input.token_mask.to(device)
     for layer in range(info.n_layers):
@@ -142,12 +137,6 @@ def _gradients(checkpoint, info, config, inputs: list, output, model_input: Mode
 def check_model_request(request: RunRequest, analysis: Analysis, checkpoint=None) -> tuple[dict, list, object]:
     """`check --weights`: the model's layers (all by default), its loss, gradients with --grad.
     `checkpoint`: request.weights already open (track reads each checkpoint once)."""
-    from blocktrace.diagnose.diagnosis import Context, conclude
-    from blocktrace.diagnose.health import ModelEvidence, evaluate
-    from blocktrace.render.report import model_report
-    from blocktrace.sources.checkpoint import Checkpoint
-    from blocktrace.sources.families import SIZE_FIELDS, checkpoint_config, model_info
-
     given = request.inputs.given()
     if len(given) != 1 or not given[0].through_checkpoint:
         raise UsageError("checking a checkpoint takes its input as token ids: one of --token-ids, --token-ids-file, "

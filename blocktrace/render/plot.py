@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
 from blocktrace.errors import UsageError
 from blocktrace.files import write_atomically
 from blocktrace.vocab import ReportKind
@@ -56,7 +58,7 @@ def _labels(plt, tokens, count: int) -> tuple[list[str], str]:
         return positional, ""
     if all(ord(ch) < 0x2E80 for token in tokens for ch in token):
         return list(tokens), ""
-    from matplotlib import font_manager
+    from matplotlib import font_manager  # matplotlib is optional (the plot extra): imported where a plot is drawn
 
     installed = {font.name for font in font_manager.fontManager.ttflist}
     available = [name for name in CJK_FONTS if name in installed]
@@ -229,8 +231,7 @@ def track_figure(plt, records: list[dict], first: Optional[dict]):
     """Curves over training steps: the loss, per-layer rms, logits, entropy and gradient norms (layers coloured by
     depth, with a colour bar), weight movement; a marker at the first sign of trouble. Panels without data are
     left out, and values spanning decades get a log axis."""
-    import numpy as np
-    from matplotlib import cm, colors
+    from matplotlib import cm, colors  # optional, as above
 
     steps = [entry["step"] for entry in records]
     layer_panels = [(title, series) for key, title in LAYER_PANELS

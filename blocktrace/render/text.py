@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 from tabulate import tabulate
 
 from blocktrace.config import BlockConfig, LatentWidths, RopeScaling
+from blocktrace.diagnose.diagnosis import layer_ranges
 from blocktrace.render.words import HEADINGS, explanation
 from blocktrace.tracing.recorder import PREVIEW_MAX_TOKENS
 from blocktrace.tracing.stats import STAT_NAMES
@@ -253,8 +254,6 @@ def render_run(
 
 def _findings_table(shown: list[dict], fmt: str = "simple") -> str:
     """One row per kind of finding: where it hit (layers, steps) and its worst instance."""
-    from blocktrace.diagnose.diagnosis import layer_ranges
-
     kinds: dict[str, list[dict]] = {}
     for finding in shown:
         kinds.setdefault(finding["name"], []).append(finding)

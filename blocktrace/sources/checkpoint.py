@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import torch
+from safetensors import safe_open
 
 from blocktrace.errors import WeightsError
+from blocktrace.files import file_kind
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.hf_cache import resolve_weights
-from blocktrace.files import file_kind
-from blocktrace.sources.torchfile import TORCH_SUFFIXES
+from blocktrace.sources.torchfile import TORCH_SUFFIXES, read_torch_file
 
 PICKLE_SUFFIXES = (".pkl", ".pickle")  # plain pickles: not even the restricted loader is asked
 # Prefixes that wrappers put before every key; never part of a model's own names.
@@ -192,8 +193,6 @@ class _LoadedFile:
 
 
 def _open_safetensors(file: Path):
-    from safetensors import safe_open
-
     try:
         return safe_open(str(file), framework="pt")
     except OSError as error:
@@ -235,8 +234,6 @@ class Checkpoint:
     """
 
     def __init__(self, path: Path):
-        from blocktrace.sources.torchfile import read_torch_file
-
         self.path = resolve_weights(Path(path))
         self.directory = self.path if self.path.is_dir() else self.path.parent
         self.notes: list[str] = []

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+import numpy as np
+import torch
+
 from blocktrace.errors import InputError, UsageError
 from blocktrace.sources.reading import parse_json, read_bytes, read_text
 
@@ -24,7 +27,6 @@ if TYPE_CHECKING:
     from blocktrace.request import InputSpec
 
 OPTION = "--token-ids-file"
-MAX_WINDOWS = 4096  # more windows than this is a training run, not a check
 
 
 @dataclass
@@ -36,8 +38,6 @@ class IdsFromFile:
 def _npy_header(path: Path, data: bytes):
     """The .npy header's dtype and shape, checked against the file's size before anything is allocated (a header
     may claim 10^12 elements in a 64-byte file)."""
-    import numpy as np
-
     stream = io.BytesIO(data)
     try:
         major, _ = np.lib.format.read_magic(stream)
@@ -56,8 +56,6 @@ def _npy_header(path: Path, data: bytes):
 
 
 def _from_npy(path: Path):
-    import numpy as np
-
     data = read_bytes(path, OPTION)
     _npy_header(path, data)
     try:
@@ -72,8 +70,6 @@ def _from_npy(path: Path):
 
 
 def _from_raw(path: Path, dtype: str):
-    import numpy as np
-
     data = read_bytes(path, OPTION)
     width = np.dtype(dtype).itemsize
     if len(data) % width:
@@ -127,8 +123,6 @@ def _rows(path: Path, raw_dtype: str) -> list[list[int]]:
 
 
 def _draw_windows(stream: list[int], context: int, count: int, seed: int) -> tuple[list[list[int]], list[int]]:
-    import torch
-
     generator = torch.Generator().manual_seed(seed)
     starts = torch.randint(len(stream) - context + 1, (count,), generator=generator).tolist()
     return [stream[start : start + context] for start in starts], starts

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import torch
 
 from blocktrace.errors import InputError, UsageError
+from blocktrace.sources.checkpoint import Checkpoint
 
 TOKEN_EMBEDDING_NOTE = "seeded random embedding per token + sinusoidal position encoding"
 RANDOM_INPUT_NOTE = "standard normal noise drawn from seed + 1"
@@ -103,8 +104,6 @@ def load_input_file(path: Path, d_model: int, check_shape=lambda shape: None) ->
 
     `check_shape` sees the tensor's shape (from the file's header) before it is read.
     """
-    from blocktrace.sources.checkpoint import Checkpoint
-
     checkpoint = Checkpoint(path)
     names = checkpoint.keys
     name = "x" if "x" in names else (names[0] if len(names) == 1 else None)

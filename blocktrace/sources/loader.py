@@ -14,6 +14,8 @@ import torch
 from blocktrace.config import BlockConfig
 from blocktrace.errors import UsageError, WeightsError, valid_indices
 from blocktrace.model.block import TransformerBlock
+from blocktrace.model.head import OutputHead, final_norm, masked_lm_transform
+from blocktrace.model.rope import RotaryEmbedding
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.families.base import ModelInfo, Reader
 
@@ -76,8 +78,6 @@ def _materialise_buffers(block: TransformerBlock) -> None:
     """Buffers computed, not loaded (RoPE's inverse frequencies), rebuilt off the meta device."""
     rope = block.attn.rope
     if rope is not None:
-        from blocktrace.model.rope import RotaryEmbedding
-
         config = block.config
         block.attn.rope = RotaryEmbedding(config.rotary_dims, config.rope_theta, config.rope_scaling,
                                           config.rope_interleaved)
@@ -156,8 +156,6 @@ def hidden_state_before(checkpoint: Checkpoint, info: ModelInfo, native_config: 
 
 def load_head(checkpoint: Checkpoint, info: ModelInfo, dtype: torch.dtype = torch.float32):
     """The model's final norm and output projection as one module, and its HeadSpec (NoLoss: there is none)."""
-    from blocktrace.model.head import OutputHead, final_norm, masked_lm_transform
-
     spec = info.family.head(checkpoint, info)
 
     def get(key):

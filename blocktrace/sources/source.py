@@ -16,6 +16,9 @@ from blocktrace.config import BlockConfig
 from blocktrace.errors import UsageError
 from blocktrace.request import DEFAULT_SEQ_LEN, InputKind, RunRequest
 from blocktrace.sizing import Shape
+from blocktrace.sources.checkpoint import Checkpoint
+from blocktrace.sources.families import SIZE_FIELDS, checkpoint_config, model_info
+from blocktrace.sources.idsfile import read_token_ids_file
 from blocktrace.sources.inputs import (
     RANDOM_INPUT_NOTE,
     TOKEN_EMBEDDING_NOTE,
@@ -27,6 +30,9 @@ from blocktrace.sources.inputs import (
     tokens_to_input,
     with_batch,
 )
+from blocktrace.sources.loader import check_layer, check_token_ids, embed_batch, hidden_state_before, padding_id
+from blocktrace.sources.tokenizer import encode_text, read_text_file, token_labels
+from blocktrace.sources.userblock import block_width
 from blocktrace.vocab import Device, DType
 
 # Called with the config and the input's shape before the input exists: refuses what cannot fit.
@@ -102,11 +108,6 @@ def _seeded(request: RunRequest, config: BlockConfig, budget: Budget) -> Source:
 
 
 def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
-    from blocktrace.sources.checkpoint import Checkpoint
-    from blocktrace.sources.families import SIZE_FIELDS, checkpoint_config, model_info
-    from blocktrace.sources.loader import check_layer, embed_batch, hidden_state_before
-    from blocktrace.sources.tokenizer import token_labels
-
     inputs = request.inputs
     given = inputs.given()
     _one_input(given)
@@ -159,9 +160,6 @@ def token_sequences(directory, inputs, positions: Optional[int]) -> tuple[list[l
     """The token ids the input options give, and a note on where they came from: --token-ids, --token-ids-file,
     --text, or --text-file (one sequence per line; a line longer than the model's positions becomes consecutive
     windows of them)."""
-    from blocktrace.sources.idsfile import read_token_ids_file
-    from blocktrace.sources.tokenizer import encode_text, read_text_file
-
     if inputs.token_ids_file is not None:
         read = read_token_ids_file(inputs, positions)
         return read.sequences, f"token ids: {read.note}"
@@ -176,8 +174,6 @@ def token_sequences(directory, inputs, positions: Optional[int]) -> tuple[list[l
 def token_batch(info, inputs, sequences: list[list[int]]):
     """The sequences as one batch: (ids right-padded with the model's pad id, the padding mask or None, the token
     types padded with 0 or None). Ids are checked against the vocabulary before anything reads them."""
-    from blocktrace.sources.loader import check_token_ids, padding_id
-
     check_token_ids(info, sequences)
     types = _token_types(inputs, sequences)
     padded, mask = pad_sequences(sequences, padding_id(info, sequences))
@@ -211,8 +207,6 @@ def prepare_source(request: RunRequest, budget: Budget = _no_budget) -> Source:
 
 def user_block_source(request: RunRequest, block: torch.nn.Module) -> Source:
     """The input for a user's block: --tokens, --input or random, at the block's own width."""
-    from blocktrace.sources.userblock import block_width
-
     width = block_width(block)
     explicit = "d_model" in request.explicit
     if width is not None and explicit and width != request.config_fields["d_model"]:

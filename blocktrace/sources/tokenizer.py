@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from blocktrace.errors import InputError, UsageError
+from blocktrace.sources.reading import read_text
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -79,8 +80,6 @@ def mask_token(directory: Path) -> tuple[Optional[int], set]:
 
 def read_text_file(path: Path) -> list[str]:
     """The non-empty lines of a UTF-8 text file: one sequence each."""
-    from blocktrace.sources.reading import read_text
-
     text = read_text(Path(path), "--text-file")
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:

@@ -14,8 +14,10 @@ from typing import BinaryIO, Optional, Sequence
 
 import torch
 
+from blocktrace._version import __version__
 from blocktrace.errors import InputError
 from blocktrace.files import check_output_path, write_atomically
+from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.reading import parse_json
 
 # safetensors' dtype codes (https://github.com/huggingface/safetensors, format description)
@@ -47,8 +49,6 @@ def write_safetensors(handle: BinaryIO, tensors: dict[str, torch.Tensor], metada
 def save_trace_file(path: Path, tensors: dict, *, config: dict, step_order: Sequence[str],
                     tokens: Optional[Sequence[str]] = None, extra: Optional[dict] = None,
                     force: bool = False) -> None:
-    from blocktrace._version import __version__
-
     metadata = {
         "format": "pt",
         "blocktrace_version": __version__,
@@ -73,8 +73,6 @@ def save_trace(trace, path, tokens: Optional[Sequence[str]] = None, force: bool 
 
 def open_trace(path: Path):
     """(checkpoint, step order) of a trace file; refuses files that are not blocktrace traces."""
-    from blocktrace.sources.checkpoint import Checkpoint
-
     checkpoint = Checkpoint(path)
     raw = checkpoint.metadata().get("step_order")
     hint = "make one with `blocktrace run --save` or blocktrace.sources.tracefile.save_trace"

@@ -10,7 +10,10 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from blocktrace.errors import WeightsError
+from blocktrace.sources.checkpoint import resolve_files
 from blocktrace.sources.reading import parse_json
+from blocktrace.sources.torchfile import TORCH_SUFFIXES, read_torch_file
 
 STEP_IN_NAME = re.compile(r"(?:^|[^a-z])(?:step|checkpoint|ckpt|iter|iteration|global_step|epoch)[-_]?(\d+)$",
                           re.IGNORECASE)
@@ -18,10 +21,6 @@ STEP_IN_NAME = re.compile(r"(?:^|[^a-z])(?:step|checkpoint|ckpt|iter|iteration|g
 
 def _stored_step(path: Path) -> Optional[int]:
     """The step a training script stored inside a PyTorch checkpoint (nanoGPT's iter_num, Lightning's global_step)."""
-    from blocktrace.errors import WeightsError
-    from blocktrace.sources.checkpoint import resolve_files
-    from blocktrace.sources.torchfile import TORCH_SUFFIXES, read_torch_file
-
     try:
         files = resolve_files(path)
         return read_torch_file(files[0]).step if len(files) == 1 and files[0].suffix.lower() in TORCH_SUFFIXES else None

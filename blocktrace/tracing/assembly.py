@@ -20,6 +20,8 @@ from typing import Any, Optional
 import torch
 
 from blocktrace.host import to_host
+from blocktrace.model.block import step_operations, substep_operations
+from blocktrace.tracing.calling import attention_chunk, attention_module, hf_config
 from blocktrace.tracing.probes import (
     DEAD_WORTH_A_LOOK,
     MASSIVE_ABS,
@@ -157,8 +159,6 @@ def finish(collected: list[Collected], extra: Any = None) -> tuple[list[Trace], 
 
 def _operations(block, layout: Layout, own: bool) -> dict[str, str]:
     if own:
-        from blocktrace.model.block import step_operations, substep_operations
-
         return {"x": "input", **step_operations(block.config), **substep_operations(block.config)}
     wiring = layout.wiring
     derived = {name: f"{wiring.value_of(name)} = {wiring.value_of(stream)} + {wiring.value_of(update)}, summed by "
@@ -170,7 +170,5 @@ def _visible(block, own: bool) -> tuple[Optional[int], Optional[int]]:
     """The sliding window and the attention chunk that limit the keys a query sees."""
     if own:
         return block.config.sliding_window, block.config.attention_chunk
-    from blocktrace.tracing.calling import attention_chunk, attention_module, hf_config
-
     window = getattr(attention_module(block), "sliding_window", None)
     return (window if isinstance(window, int) else None), attention_chunk(block, hf_config(block))

@@ -12,6 +12,8 @@ from typing import Optional
 
 import torch
 
+from blocktrace.host import to_host
+
 STAT_NAMES = ("mean", "std", "min", "max", "rms", "absmax", "nan", "inf")
 
 
@@ -85,8 +87,6 @@ def stats_from_moments(moments: list[float], counts: Optional[list[float]] = Non
 
 def tensor_stats(t: torch.Tensor) -> list[float]:
     """The statistics of one tensor, as Python floats in STAT_NAMES order."""
-    from blocktrace.host import to_host
-
     moments, counts = to_host((tensor_moments(t), nonfinite_counts(t)))
     return stats_from_moments(moments, counts if not finite(moments) else None)
 

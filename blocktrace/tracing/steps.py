@@ -16,9 +16,10 @@ from typing import Optional
 from torch import nn
 
 from blocktrace.errors import UsageError
-from blocktrace.vocab import Capture, Norm, Placement, RouterKind
 from blocktrace.sources.families import HF_LAYERS, HFLayer
 from blocktrace.sources.families.gpt2 import GPT2_STEPS
+from blocktrace.tracing.calling import hf_causal
+from blocktrace.vocab import Capture, Norm, Placement, RouterKind
 from blocktrace.wiring import PARALLEL, PRE, Kind, Wiring, wiring_of
 
 
@@ -117,7 +118,6 @@ def _known(block: nn.Module) -> Optional[Layout]:
     layer = HF_LAYERS.get(class_name)
     if layer is None:
         return None
-    from blocktrace.tracing.calling import hf_causal
 
     parallel = layer.parallel_flag is not None and bool(getattr(block, layer.parallel_flag, False))
     layout = _hf_layout(class_name, layer, parallel)

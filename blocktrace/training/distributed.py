@@ -17,6 +17,7 @@ rank 0's is written: ESTIMATED names them, and each record's layers say so in th
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 ESTIMATED = ("median token size", "massive-activation ratio", "dead FFN's flat-region share", "residual identity")
 SUMMED_MOMENTS, MIN_MOMENT, MAX_MOMENT = [0, 1, 2], 3, 4  # columns of tensor_moments' output
@@ -24,8 +25,6 @@ SUMMED_MOMENTS, MIN_MOMENT, MAX_MOMENT = [0, 1, 2], 3, 4  # columns of tensor_mo
 
 class Reducer:
     def __init__(self):
-        import torch.distributed as dist
-
         self.dist = dist
         self.active = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self.is_writer = not self.active or dist.get_rank() == 0

@@ -1,29 +1,22 @@
-"""A model over training time: checkpoints (or a watch's timeline) as one story, step by step.
-
-`track_checkpoints` runs the same input through every checkpoint in step order — each one the
-whole-model check of `check --weights`: every layer read and traced one at a time, the model's
-own loss, its gradients with --grad — and measures how far each layer's weights moved since the
-previous checkpoint (‖ΔW‖/‖W‖ per tensor kind, streamed tensor by tensor: memory does not grow
-with the number of checkpoints). Each checkpoint becomes one timeline record
-(training/timeline.py), the same records a Watch writes, so everything after — the findings
-first raised, the first sign of trouble, a training log's numbers — works on both.
-"""
+"""A model over training time: the records of checkpoints (pipeline/track.py makes them) or of a Watch's timeline
+as one story, step by step — the checkpoints named and put in step order, the findings each record raised first,
+the first and last sign of trouble, a training log's numbers beside each record."""
 
 from __future__ import annotations
 
-import dataclasses
 import glob
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from blocktrace.diagnose.weights import Movement, tensor_kind
+from blocktrace.diagnose.checks import Flag
+from blocktrace.diagnose.diagnosis import Context, conclude
+from blocktrace.diagnose.dynamics import judge
 from blocktrace.errors import InputError, UsageError
-from blocktrace.request import Analysis, RunRequest
+from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.training_step import step_of
-from blocktrace.training.timeline import flag_entries, json_lines, layer_entry, record
+from blocktrace.training.timeline import diagnosis_entries, flag_entries, json_lines
 from blocktrace.vocab import Level
 
 GLOB_CHARACTERS = "*?["
@@ -77,90 +70,6 @@ def order(paths: Sequence[Path], steps: Optional[Sequence[int]] = None) -> list[
     return sorted(points, key=lambda point: point.step)
 
 
-def _layer_of(key: str, prefix: str) -> Optional[int]:
-    """The layer index of a tensor named `<prefix><layer>.…` (prefix: the family's path to its layers)."""
-    if not key.startswith(prefix):
-        return None
-    head = key[len(prefix):].split(".", 1)[0]
-    return int(head) if head.isdigit() else None
-
-
-def weight_movement(current, previous, layers_prefix: str, n_layers: int, ignored: tuple = ()) -> list[dict]:
-    """Per layer, per tensor kind: ‖W‖ now and ‖W − W_previous‖/‖W_previous‖ (diagnose.weights.Movement). One
-    tensor of each checkpoint in memory at a time, read in float32."""
-    import torch
-
-    layers = [Movement() for _ in range(n_layers)]
-    for key in current.keys:
-        layer = _layer_of(key, layers_prefix)
-        if layer is None or layer >= n_layers or key[len(layers_prefix):].split(".", 1)[1] in ignored:
-            continue  # not a layer's tensor, or a buffer (a stored causal mask), not a weight
-        now = current.get(key, torch.float32)
-        before = previous.get(key, torch.float32) if previous is not None and key in previous \
-            and tuple(previous.shape(key)) == tuple(now.shape) else None
-        layers[layer].add(tensor_kind(key[len(layers_prefix):].split(".", 1)[1]), now, before)
-    return [movement.result() for movement in layers]
-
-
-def _block_grad_norms(report: dict, n_layers: int) -> list[Optional[float]]:
-    gradients = report.get("gradients")
-    if not gradients:
-        return [None] * n_layers
-    norms = []
-    for layer in gradients["layers"]:
-        parameters = layer.get("parameters") or {}
-        norms.append(math.sqrt(sum(p["grad"] ** 2 for p in parameters.values())) if parameters else None)
-    return norms
-
-
-def _same_model(point: Point, current, info, before) -> None:
-    """Two checkpoints of one model over training: the same family and depth, and every tensor they share of the
-    same shape (a wider model or another vocabulary is another model, whose ‖ΔW‖ would mean nothing)."""
-    from blocktrace.sources.families import model_info
-
-    earlier = model_info(before)
-    if (earlier.family.name, earlier.n_layers) != (info.family.name, info.n_layers):
-        raise InputError(f"{point.path} is a {info.n_layers}-layer {info.family.name} model but {before.path} is "
-                         f"a {earlier.n_layers}-layer {earlier.family.name}: track follows one model over training")
-    for key in current.keys:
-        if key in before and tuple(current.shape(key)) != tuple(before.shape(key)):
-            raise InputError(f"{point.path} and {before.path} hold {key} of different shapes "
-                             f"({list(current.shape(key))} and {list(before.shape(key))}): a model of another width "
-                             "or vocabulary; track follows one model over training")
-
-
-def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, current, before) -> dict:
-    """One checkpoint as a timeline record: the whole-model check, and its weights against the previous one's.
-    `current` and `before` are open Checkpoints (before: None at the first), each opened once for the whole track."""
-    from blocktrace.pipeline import check_model_request
-    from blocktrace.sources.families import model_info
-
-    info = model_info(current)
-    if before is not None:
-        _same_model(point, current, info, before)
-    report, traces, _ = check_model_request(dataclasses.replace(request, weights=point.path, training_step=point.step),
-                                            analysis, checkpoint=current)
-    moved = weight_movement(current, before, info.layer_prefix(0)[:-2], info.n_layers, info.family.ignored)
-    grads = _block_grad_norms(report, len(traces))
-    layers = [layer_entry(i, trace, grads[i], moved[i]) for i, trace in enumerate(traces)]
-    return record(point.step, "checkpoint", layers, flag_entries(report.get("flags") or []),
-                  report.get("diagnosis") or [],
-                  loss=report.get("loss"), path=str(point.path),
-                  extra={"family": info.family.name, "tokens": report["input"]["tokens"],
-                         "width": traces[0].input.shape[-1] if traces else None, "vocab": info.vocab_size})
-
-
-def track_checkpoints(points: Sequence[Point], request: RunRequest, analysis: Analysis) -> Iterator[dict]:
-    """The records of the checkpoints, in step order, one at a time (for a progress bar)."""
-    from blocktrace.sources.checkpoint import Checkpoint
-
-    previous = None
-    for point in points:
-        current = Checkpoint(point.path)
-        yield checkpoint_record(point, request, analysis, current, previous)
-        previous = current
-
-
 def mark_new_flags(records: list[dict]) -> list[dict]:
     """Each record's findings not raised (same name, same layer) at their level or above by any record before it:
     `new_flags` — a finding that escalates (info, then an error: where a first sign often is) is new again."""
@@ -178,11 +87,6 @@ def judged(records: list[dict]) -> list[dict]:
     """Each record with the findings over training (diagnose/dynamics.py) judged against the records before it,
     and its diagnosis made again over all its findings where some were added (a Watch's records hold them
     already; checkpoints and older timelines gain them here)."""
-    from blocktrace.diagnose.diagnosis import Context, conclude
-    from blocktrace.diagnose.dynamics import judge
-    from blocktrace.diagnose.checks import Flag
-    from blocktrace.training.timeline import diagnosis_entries
-
     for index, entry in enumerate(records):
         added = judge(records[:index], entry)
         if added:
@@ -220,8 +124,6 @@ TRAINER_STATE_NAMES = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad
 
 def _log_entries(path: Path) -> Iterator[dict]:
     """The entries of a training log: JSON lines, or HF Trainer's trainer_state.json (its log_history)."""
-    from blocktrace.sources.configfile import ConfigFile
-
     if Path(path).suffix.lower() == ".json":
         history = ConfigFile.read(path).raw("log_history")
         if not isinstance(history, list):

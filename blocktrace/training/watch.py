@@ -37,10 +37,19 @@ from blocktrace.diagnose.health import ModelEvidence, evaluate
 from blocktrace.diagnose.weights import movement, snapshot, weight_moments, weight_summary
 from blocktrace.errors import UsageError
 from blocktrace.tracing.assembly import finish
+from blocktrace.tracing.steps import detect_layout
 from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
+from blocktrace.tracing.tracer import is_own_block
 from blocktrace.training.distributed import Reducer
-from blocktrace.training.loop import LoopObserver, causal_model, grad_norm, logits_of, loss_checks, probe_causality, \
-    target_match
+from blocktrace.training.loop import (
+    LoopObserver,
+    causal_model,
+    grad_norm,
+    logits_of,
+    loss_checks,
+    probe_causality,
+    target_match,
+)
 from blocktrace.training.rollback import healthy
 from blocktrace.training.timeline import TimelineWriter, diagnosis_entries, flag_entries, layer_entry, record
 from blocktrace.vocab import Level
@@ -56,9 +65,6 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def _known(block: nn.Module) -> bool:
-    from blocktrace.tracing.steps import detect_layout
-    from blocktrace.tracing.tracer import is_own_block
-
     if is_own_block(block):
         return True
     try:

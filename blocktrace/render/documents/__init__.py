@@ -13,6 +13,8 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from blocktrace.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Document:
@@ -41,7 +43,5 @@ def chosen(params: dict) -> Optional[Document]:
     """The document the command line asked for; None: the tables. Two at once are refused."""
     asked = [f for f in DOCUMENTS if params.get(f.parameter)]
     if len(asked) > 1:
-        from blocktrace.errors import UsageError
-
         raise UsageError(f"{' and '.join(f.flag for f in asked)} each print the whole report: choose one")
     return asked[0] if asked else None

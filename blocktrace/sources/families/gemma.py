@@ -9,6 +9,8 @@ layer by default).
 
 from __future__ import annotations
 
+import torch
+
 from blocktrace.errors import UsageError, WeightsError
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.base import HFLayer, rope_fields
@@ -47,8 +49,6 @@ class Gemma(Llama):
 
     def embed(self, checkpoint, info, ids, dtype, token_types=None):
         """Gemma scales the embedding by √d_model, in the embedding's own dtype."""
-        import torch
-
         x = super().embed(checkpoint, info, ids, dtype)
         return x * torch.tensor(x.shape[-1] ** 0.5).to(x.dtype)
 

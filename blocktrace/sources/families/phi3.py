@@ -6,9 +6,9 @@ layer."""
 
 from __future__ import annotations
 
-from blocktrace.sources.families.base import HFLayer, linear
+from blocktrace.sources.families.base import HFLayer, linear, size
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
-from blocktrace.vocab import Norm
+from blocktrace.vocab import FFNKind, Norm
 
 
 class Phi3(Llama):
@@ -24,9 +24,6 @@ class Phi3(Llama):
         return {"sliding_window": config.integer("sliding_window") if config is not None else None}
 
     def shape_fields(self, checkpoint, base):
-        from blocktrace.sources.families.base import size
-        from blocktrace.vocab import FFNKind, Norm
-
         return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0),
                 "d_ff": size(checkpoint, base + "mlp.gate_up_proj.weight", 0) // 2, "ffn": FFNKind.SWIGLU,
                 "norm": Norm.RMSNORM}

@@ -10,6 +10,7 @@ from typing import Optional
 
 from blocktrace._version import __version__
 from blocktrace.tracing.records import StepRecord, Trace
+from blocktrace.tracing.stack import summarise
 from blocktrace.vocab import SCHEMA_VERSION, ReportKind
 
 
@@ -128,8 +129,6 @@ def block_report(source, trace: Trace, grads=None, found=None) -> dict:
 
 def stack_report(source, traces: list[Trace], grads=None, found=None) -> dict:
     """N blocks: per layer the stream's size, the branch shares and the steps."""
-    from blocktrace.tracing.stack import summarise
-
     flags = _flags(found)
     layers = []
     for index, trace in enumerate(traces):
@@ -161,8 +160,6 @@ def sweep_report(source, config, rows: list[dict]) -> dict:
 
 
 def _layer_entry(layer: int, trace: Trace, flags, weights: Optional[dict]) -> dict:
-    from blocktrace.tracing.stack import summarise
-
     summary = summarise(layer, trace)
     attention = trace.attention
     size = trace.steps[-1].probe.token_sq_median
