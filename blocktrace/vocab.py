@@ -16,8 +16,9 @@ SANDWICH_STEPS = ("post_attn_norm", "post_ffn_norm")
 NORM_STEPS = ("norm1", "norm2", *SANDWICH_STEPS)
 # The weight matrices whose gradients are reported, by the names the tables and JSON use.
 WEIGHT_NAMES = ("attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2")
-# The version of every JSON document blocktrace prints (docs/tutorial.md: Scripting).
-SCHEMA_VERSION = 1
+# The version of every JSON document blocktrace prints (docs/tutorial.md: Scripting); 2 renamed two keys
+# (docs/reference.md: Documents and their versions).
+SCHEMA_VERSION = 2
 
 
 class Choice(str, Enum):
@@ -143,6 +144,7 @@ class ReportKind(Choice):
     DIFF = "diff"  # two trace files step by step
     MODEL = "model"  # a checkpoint as a whole model: its layers, its loss
     TRACK = "track"  # a run over training: its records, the first sign, the rollback point
+    INSPECT = "inspect"  # a checkpoint's layout, config and tensors, nothing run
 
 
 class Axis(Choice):

@@ -98,7 +98,7 @@ def test_json_statistics_equal_statistics_of_the_saved_tensors(invoke, tmp_path)
         expected = [a.mean(), a.std(), a.min(), a.max(), np.sqrt((a**2).mean()), np.abs(a).max(), 0, 0]
         assert list(step["stats"].values()) == pytest.approx(expected, rel=1e-5, abs=1e-6), step["name"]
         assert step["shape"] == list(a.shape)
-    assert report["schema"] == 1 and report["block_shape_preserved"] is True
+    assert report["schema"] == 2 and report["block_shape_preserved"] is True
 
 
 def test_values_show_the_first_numbers_of_the_chosen_token(invoke, tmp_path):

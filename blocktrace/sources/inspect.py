@@ -10,6 +10,7 @@ import torch
 from blocktrace.errors import UsageError
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.families import checkpoint_config, model_info
+from blocktrace.vocab import SCHEMA_VERSION, ReportKind
 
 
 def _tensor_entry(checkpoint: Checkpoint, key: str, name: str) -> dict:
@@ -35,6 +36,8 @@ def inspect_checkpoint(path: Path) -> dict:
         else:
             others.append(_tensor_entry(checkpoint, key, key))
     return {
+        "schema": SCHEMA_VERSION,
+        "kind": ReportKind.INSPECT.value,
         "path": str(path),
         "family": info.family_name,
         "key_prefix": info.prefix,
