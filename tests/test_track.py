@@ -30,6 +30,22 @@ def tracked():
     return json.loads(result.output)
 
 
+@pytest.fixture(scope="module")
+def records_without_grad():
+    """The records of `track` over the run's checkpoints without --grad (no gradient panel in its figure)."""
+    return json.loads(invoke("track", f"{RUN}/step_*", "--text-file", EVAL, "--json").output)["records"]
+
+
+@pytest.fixture(scope="module")
+def figure_without_grad(records_without_grad):
+    from blocktrace.render.plot import require_pyplot, track_figure
+
+    plt = require_pyplot()
+    figure = track_figure(plt, records_without_grad, None)
+    yield figure
+    plt.close(figure)
+
+
 def _hf_batch(path):
     from tokenizers import Tokenizer
 
@@ -288,18 +304,16 @@ def test_long_commands_show_progress_on_a_terminal_only(monkeypatch, args):
     assert CliRunner().invoke(cli, [*args, "--quiet"]).stderr == ""
 
 
-def test_plots_have_no_empty_panel_log_axes_for_decades_and_a_layer_colour_bar():
+def test_plots_have_no_empty_panel_log_axes_for_decades_and_a_layer_colour_bar(figure_without_grad):
     from blocktrace.render.plot import require_pyplot, track_figure
 
     plt = require_pyplot()
-    without_grad = json.loads(invoke("track", f"{RUN}/step_*", "--text-file", EVAL, "--json").output)["records"]
-    figure = track_figure(plt, without_grad, None)
+    figure = figure_without_grad
     titles = [axis.get_title() for axis in figure.axes]
     assert "block gradient norm" not in titles and "layer" in [axis.get_ylabel() for axis in figure.axes]
     rms = next(axis for axis in figure.axes if axis.get_title() == "residual rms after each block")
     assert rms.get_yscale() == "log"  # 0.03 at step 0 to hundreds later
     assert all(axis.lines for axis in figure.axes if axis.get_ylabel() != "layer")
-    plt.close(figure)
     with_grad = track_figure(plt, read_timeline(RUN / "watch.jsonl"), None)
     assert "block gradient norm" in [axis.get_title() for axis in with_grad.axes]
     plt.close(with_grad)
@@ -349,20 +363,18 @@ def test_a_finding_that_escalates_is_new_at_its_new_level():
     assert records[2]["new_flags"] == []  # still an error: nothing new
 
 
-def test_plots_say_what_they_show_and_no_layer_is_drawn_pale():
+def test_plots_say_what_they_show_and_no_layer_is_drawn_pale(records_without_grad, figure_without_grad):
     """Issue 32's PNG stumbles: a figure names its run (or its checkpoint and layer), and no layer's line has the
     pale yellow of viridis's top end (relative luminance above 0.75 is lost on white)."""
-    from blocktrace.render.plot import figure_for, require_pyplot, track_figure
+    from blocktrace.render.plot import figure_for, require_pyplot
 
     plt = require_pyplot()
-    records = json.loads(invoke("track", f"{RUN}/step_*", "--text-file", EVAL, "--json").output)["records"]
-    figure = track_figure(plt, records, None)
+    records, figure = records_without_grad, figure_without_grad
     assert str(RUN) in figure._suptitle.get_text() and f"steps 0–{records[-1]['step']}" in figure._suptitle.get_text()
     rms = next(axis for axis in figure.axes if axis.get_title() == "residual rms after each block")
     for line in rms.lines:
         r, g, b = line.get_color()[:3] if not isinstance(line.get_color(), str) else (0, 0, 0)
         assert 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.75, line.get_color()
-    plt.close(figure)
     report = json.loads(invoke("run", "--weights", SAMPLES / "gpt2-tiny", "--layer", "1", "--token-ids", "1", "2",
                                "--json").output)
     heatmaps = figure_for(plt, report)
