@@ -7,9 +7,11 @@ suite runs from any directory and under --import-mode=importlib.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -306,3 +308,10 @@ def copy_sample(tmp_path: Path, name: str = "gpt2-tiny") -> Path:
     target = tmp_path / name
     shutil.copytree(SAMPLES / name, target)
     return target
+
+
+def numpy_stats(a) -> list[float]:
+    """tracing.stats' STAT_NAMES of a numpy array, computed by numpy in float64 (none of it non-finite)."""
+    finite = a.astype(np.float64)
+    return [finite.mean(), finite.std(), finite.min(), finite.max(), math.sqrt((finite**2).mean()),
+            np.abs(finite).max(), 0, 0]

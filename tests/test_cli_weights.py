@@ -63,20 +63,6 @@ def test_inspect_reports_family_config_and_tensors(invoke):
     assert "family gpt2" in text and "h.0" not in text.splitlines()[0]
 
 
-def test_only_the_traced_layer_is_read(monkeypatch):
-    from blocktrace.sources.checkpoint import Checkpoint
-    from blocktrace.sources.families import checkpoint_config, model_info
-    from blocktrace.sources.loader import load_block
-
-    read = []
-    original = Checkpoint.get
-    monkeypatch.setattr(Checkpoint, "get", lambda self, key, *a, **k: read.append(key) or original(self, key, *a, **k))
-    checkpoint = Checkpoint(SAMPLE)
-    info = model_info(checkpoint)
-    load_block(checkpoint, info, 3, checkpoint_config(checkpoint, info, {}))
-    assert read and all(key.startswith("h.3.") for key in read)
-
-
 def test_sample_weights_regenerate_byte_for_byte(tmp_path):
     import importlib.util
 

@@ -252,59 +252,6 @@ def test_run_grad_reports_step_and_weight_gradients(invoke):
     assert "‖∂L/∂W‖_F of each weight matrix" in invoke("run", "--grad").stdout
 
 
-def _png_pixels(path):
-    import matplotlib.image
-
-    return matplotlib.image.imread(str(path))
-
-
-@pytest.mark.parametrize("args", [["run", "--tokens", "猫", "吃", "鱼"], ["run", "--layers", "4", "--grad"],
-                                  ["compare", "--pre-ln", "--post-ln", "--layers", "4", "--grad"],
-                                  ["compare", "--pre-ln", "--post-ln", "--layers", "2,3", "--grad"]])
-def test_plot_writes_a_png_with_content(invoke, tmp_path, args):
-    path = tmp_path / "plot.png"
-    result = invoke(*args, "--plot", str(path))
-    assert result.exit_code == 0, result.output
-    pixels = _png_pixels(path)
-    assert pixels.shape[0] >= 200 and pixels.shape[1] >= 300
-    assert float(np.std(pixels[..., :3])) > 0.05  # not blank
-
-
-@pytest.mark.parametrize("fonts, labels, note", [
-    ([], ["t0", "t1", "t2"], "(tokens by position: no CJK font installed)"),
-    (["Noto Sans CJK SC"], ["猫", "吃", "鱼"], None)])
-def test_a_heatmap_labels_cjk_tokens_by_position_when_no_font_has_them(monkeypatch, fonts, labels, note):
-    """matplotlib draws a glyph no font has as a box: with no CJK font installed the axes say t0…t2 and the title
-    says why; with one, the tokens themselves (the HTML page always uses the browser's fonts)."""
-    from matplotlib import font_manager
-
-    from blocktrace.render import plot
-
-    plt = plot.require_pyplot()
-    present = [entry for entry in font_manager.fontManager.ttflist if entry.name not in plot.CJK_FONTS]
-    present += [font_manager.FontEntry(fname=f"/nowhere/{name}.ttf", name=name) for name in fonts]
-    monkeypatch.setattr(font_manager.fontManager, "ttflist", present)
-    report = {"tokens": ["猫", "吃", "鱼"], "notes": [], "weights": None, "config": {}, "kind": "block",
-              "attention": {"weights_first_sequence": [[[1.0, 0, 0], [0.5, 0.5, 0], [0.2, 0.3, 0.5]]],
-                            "shape": [1, 3, 3]}}
-    with plt.rc_context():  # the font it picks goes with the figure
-        figure = plot._heatmaps(plt, report)
-    axis = figure.axes[0]
-    assert [t.get_text() for t in axis.get_xticklabels()] == labels
-    assert (note in axis.get_title()) if note else "position" not in axis.get_title()
-    plt.close(figure)
-
-
-def test_plot_without_matplotlib_names_the_extra(invoke, tmp_path, monkeypatch):
-    import sys
-
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    result = invoke("run", "--plot", str(tmp_path / "p.png"))
-    assert result.exit_code == 2
-    assert result.stderr == "Error: --plot needs matplotlib: pip install -e '.[plot]'\n"
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_layer_list_needs_grad(invoke):
     result = invoke("run", "--layers", "2,4")
     assert result.exit_code == 2 and "a list of depths is a gradient sweep: add --grad" in result.stderr

@@ -30,22 +30,6 @@ def tracked():
     return json.loads(result.output)
 
 
-@pytest.fixture(scope="module")
-def records_without_grad():
-    """The records of `track` over the run's checkpoints without --grad (no gradient panel in its figure)."""
-    return json.loads(invoke("track", f"{RUN}/step_*", "--text-file", EVAL, "--json").output)["records"]
-
-
-@pytest.fixture(scope="module")
-def figure_without_grad(records_without_grad):
-    from blocktrace.render.plot import require_pyplot, track_figure
-
-    plt = require_pyplot()
-    figure = track_figure(plt, records_without_grad, None)
-    yield figure
-    plt.close(figure)
-
-
 def _hf_batch(path):
     from tokenizers import Tokenizer
 
@@ -193,16 +177,6 @@ def test_log_lines_up_the_training_log_by_step(tmp_path):
     assert "log loss" in table.splitlines()[2]
 
 
-def test_plot_writes_a_png_and_never_clobbers(tmp_path):
-    plot = tmp_path / "track.png"
-    assert invoke("track", RUN / "watch.jsonl", "--plot", plot).exit_code == 1
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    before = plot.read_bytes()
-    refused = invoke("track", RUN / "watch.jsonl", "--plot", plot)
-    assert refused.exit_code == 2 and "already exists" in refused.output and plot.read_bytes() == before
-    assert invoke("track", RUN / "watch.jsonl", "--plot", plot, "--force").exit_code == 1
-
-
 def test_the_progress_bar_goes_to_a_terminals_stderr_only(monkeypatch):
     import blocktrace.cli.track as track_cli
 
@@ -304,31 +278,6 @@ def test_long_commands_show_progress_on_a_terminal_only(monkeypatch, args):
     assert CliRunner().invoke(cli, [*args, "--quiet"]).stderr == ""
 
 
-def test_plots_have_no_empty_panel_log_axes_for_decades_and_a_layer_colour_bar(figure_without_grad):
-    from blocktrace.render.plot import require_pyplot, track_figure
-
-    plt = require_pyplot()
-    figure = figure_without_grad
-    titles = [axis.get_title() for axis in figure.axes]
-    assert "block gradient norm" not in titles and "layer" in [axis.get_ylabel() for axis in figure.axes]
-    rms = next(axis for axis in figure.axes if axis.get_title() == "residual rms after each block")
-    assert rms.get_yscale() == "log"  # 0.03 at step 0 to hundreds later
-    assert all(axis.lines for axis in figure.axes if axis.get_ylabel() != "layer")
-    with_grad = track_figure(plt, read_timeline(RUN / "watch.jsonl"), None)
-    assert "block gradient norm" in [axis.get_title() for axis in with_grad.axes]
-    plt.close(with_grad)
-
-
-def test_a_plots_format_follows_its_suffix_or_is_refused(tmp_path):
-    assert invoke("track", RUN / "watch.jsonl", "--plot", tmp_path / "t.pdf").exit_code == 1
-    assert (tmp_path / "t.pdf").read_bytes()[:5] == b"%PDF-"
-    refused = invoke("track", RUN / "watch.jsonl", "--plot", tmp_path / "t.jpg")
-    assert refused.exit_code == 2 and "the suffix says the format" in refused.output
-    assert not (tmp_path / "t.jpg").exists()
-    same = invoke("run", "--save", tmp_path / "x.png", "--plot", tmp_path / "x.png")
-    assert same.exit_code == 2 and "--save and --plot both name" in same.output and not (tmp_path / "x.png").exists()
-
-
 def test_the_first_sign_and_the_diagnosis_name_the_same_cause(tmp_path):
     """Once: "most likely at step 0: initialisation", then "first sign of trouble: step 0 … (likely cause:
     learning rate)" — at step 0 no update has happened, so every finding's cause is the initialisation."""
@@ -361,22 +310,3 @@ def test_a_finding_that_escalates_is_new_at_its_new_level():
     assert first["step"] == 20
     assert [f["name"] for f in records[1]["new_flags"]] == [first["name"]]
     assert records[2]["new_flags"] == []  # still an error: nothing new
-
-
-def test_plots_say_what_they_show_and_no_layer_is_drawn_pale(records_without_grad, figure_without_grad):
-    """Issue 32's PNG stumbles: a figure names its run (or its checkpoint and layer), and no layer's line has the
-    pale yellow of viridis's top end (relative luminance above 0.75 is lost on white)."""
-    from blocktrace.render.plot import figure_for, require_pyplot
-
-    plt = require_pyplot()
-    records, figure = records_without_grad, figure_without_grad
-    assert str(RUN) in figure._suptitle.get_text() and f"steps 0–{records[-1]['step']}" in figure._suptitle.get_text()
-    rms = next(axis for axis in figure.axes if axis.get_title() == "residual rms after each block")
-    for line in rms.lines:
-        r, g, b = line.get_color()[:3] if not isinstance(line.get_color(), str) else (0, 0, 0)
-        assert 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.75, line.get_color()
-    report = json.loads(invoke("run", "--weights", SAMPLES / "gpt2-tiny", "--layer", "1", "--token-ids", "1", "2",
-                               "--json").output)
-    heatmaps = figure_for(plt, report)
-    assert "gpt2-tiny (gpt2) layer 1" in heatmaps._suptitle.get_text()
-    plt.close(heatmaps)

@@ -50,7 +50,7 @@ class Source:
     tokens: Optional[list[str]]  # labels for tables and heatmaps
     note: str  # how x was made
     seed: Optional[int]  # None with real weights
-    weights: Optional[dict] = None  # path, layout, layer, n_layers
+    weights: Optional[dict] = None  # path, family, layer, n_layers
     checkpoint: object = None
     info: object = None
     native: Optional[BlockConfig] = None  # the checkpoint's own wiring

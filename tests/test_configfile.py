@@ -1,5 +1,6 @@
-"""Config numbers and lists validated before use (issue 33): each value that used to raise a traceback deep inside
-(a division by zero, a log of a negative number, an index list that is not one) is one error line naming the key."""
+"""sources/configfile.py: config numbers and lists validated before use (issue 33): each value that used to raise a
+traceback deep inside (a division by zero, a log of a negative number, an index list that is not one) is one error
+line naming the key."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Statistics and attention diagnostics against numpy and naive loops."""
+"""tracing/recorder.py: what the hooks gather of attention — the entropy and the causal check over every chunk of
+query rows, against naive loops, and a long input's attention map, against plain loops over the weights."""
 
 import math
 
@@ -8,25 +9,9 @@ import torch
 
 from blocktrace.config import BlockConfig
 from blocktrace.model.block import build_block
-from blocktrace.tracing.stats import attention_stats, tensor_stats
+from blocktrace.pipeline.report import attention_dict
+from blocktrace.tracing.recorder import MAP_CELLS
 from blocktrace.tracing.tracer import trace
-
-
-def numpy_stats(a: np.ndarray) -> list[float]:
-    finite = a.astype(np.float64)
-    return [finite.mean(), finite.std(), finite.min(), finite.max(), math.sqrt((finite**2).mean()),
-            np.abs(finite).max(), 0, 0]
-
-
-def test_tensor_stats_match_numpy():
-    a = np.random.default_rng(0).normal(2.0, 3.0, size=(3, 7, 5)).astype(np.float32)
-    assert tensor_stats(torch.from_numpy(a)) == pytest.approx(numpy_stats(a), rel=1e-5, abs=1e-6)
-
-
-def test_nan_and_inf_are_counted():
-    t = torch.tensor([1.0, float("nan"), float("inf"), float("-inf"), 2.0])
-    values = tensor_stats(t)
-    assert values[6:] == [1, 2]
 
 
 def naive_attention_stats(w: np.ndarray):
@@ -58,32 +43,6 @@ def test_attention_diagnostics_match_naive_loops_for_any_chunk(chunk, causal):
     whole = trace(block, x, keep_tensors=True, attn_chunk=7)
     assert torch.allclose(whole.attention.tensor, w, atol=1e-6) and torch.allclose(whole.output, traced.output, atol=1e-6)
     assert block.attn.query_chunk is None  # the trace's chunk size does not outlive the call
-
-
-def test_entropy_is_exact_for_peaked_and_extreme_logits():
-    """The log-free entropy formula against −Σ p log p in float64, from uniform to collapsed rows."""
-
-    for scale in (0.0, 1.0, 30.0, 1e4):
-        scores = torch.randn(1, 2, 9, 9, generator=torch.Generator().manual_seed(3)) * scale
-        weights = torch.softmax(scores, -1)
-        expected = torch.special.entr(weights.double()).sum(-1).mean(dim=(0, 2))
-        got = attention_stats(weights, scores)["entropy_per_head"]
-        assert torch.allclose(got, expected, atol=2e-6 * max(1.0, scale)), scale
-
-
-def test_trace_keeps_no_tensors_unless_asked():
-    traced = trace(build_block(BlockConfig(d_model=8, n_heads=2)), torch.randn(4, 8))
-    assert all(step.tensor is None for step in traced.steps) and traced.attention.tensor is None
-    with pytest.raises(ValueError, match="keep_tensors=True"):
-        traced.tensors()
-
-
-def test_trace_stats_equal_stats_of_the_kept_tensors_and_samples_are_the_first_values():
-    traced = trace(build_block(BlockConfig(d_model=8, n_heads=2)), torch.randn(2, 4, 8),
-                   keep_tensors=True, sample_token=2, sample_size=3)
-    for step in [traced.input, *traced.steps]:
-        assert list(step.stats.to_dict().values()) == pytest.approx(numpy_stats(step.tensor.numpy()), rel=1e-5, abs=1e-6)
-        assert step.sample == pytest.approx(step.tensor[0, 2, :3].tolist())
 
 
 def test_future_weight_is_zero_with_the_mask_and_positive_without():
@@ -121,9 +80,6 @@ def test_a_long_inputs_attention_map_is_the_largest_weight_of_each_block(chunk):
     """For inputs longer than the text heatmap shows, the page's map: each cell the largest weight among its
     query-key pairs (the first sequence, every chunk of query rows folded in), as plain loops over the weights find
     it; kept only when asked, rounded to 4 decimals in the document."""
-    from blocktrace.pipeline.report import attention_dict
-    from blocktrace.tracing.recorder import MAP_CELLS
-
     block = build_block(BlockConfig(d_model=16, n_heads=2, sliding_window=30))
     x = torch.randn(2, 2 * MAP_CELLS + 5, 16, generator=torch.Generator().manual_seed(3))
     traced = trace(block, x, attention_map=True, keep_tensors=True, attn_chunk=chunk)
@@ -138,8 +94,6 @@ def test_a_long_inputs_attention_map_is_the_largest_weight_of_each_block(chunk):
 def test_an_hf_layers_attention_map_is_pooled_from_its_whole_matrix():
     """HF's eager attention hands over the whole matrix at once (no chunk of rows): the same map."""
     import transformers
-
-    from blocktrace.pipeline.report import attention_dict
 
     config = transformers.LlamaConfig(hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=1,
                                       vocab_size=11, attn_implementation="eager")

@@ -1,6 +1,6 @@
-"""Checkpoints as people save them: each written by the code that really writes it (nanoGPT's
-train.py, safetensors' save_model, torch.compile, DDP, Lightning, HF's sharded and .bin forms),
-each read to the numbers the writing model computes itself."""
+"""sources/torchfile.py and sources/training_step.py: checkpoints as people save them: each written by the code that
+really writes it (nanoGPT's train.py, safetensors' save_model, torch.compile, DDP, Lightning, HF's sharded and .bin
+forms), each read to the numbers the writing model computes itself."""
 
 from __future__ import annotations
 

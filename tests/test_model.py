@@ -1,4 +1,4 @@
-"""`check --weights`: every layer, the model's own loss and its gradients, each equal to what
+"""pipeline/model.py, `check --weights`: every layer, the model's own loss and its gradients, each equal to what
 HuggingFace computes for the same model, the same tokens and the same labels."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Watch under torch.distributed: two gloo processes on CPU record what one process records on the
-concatenated batch, under DDP (every rank holds every weight) and under FSDP2 (each rank holds a shard of
-each weight: norms, updates and gradient norms must cover every shard)."""
+"""training/distributed.py: the Watch under torch.distributed: two gloo processes on CPU record what one process
+records on the concatenated batch, under DDP (every rank holds every weight) and under FSDP2 (each rank holds a
+shard of each weight: norms, updates and gradient norms must cover every shard)."""
 
 from __future__ import annotations
 

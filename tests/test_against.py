@@ -1,6 +1,6 @@
-"""A reference is checked against the run it judges (issue 33): runs of another family, model, width, depth or
-vocabulary are refused by name, so is a run or reference without layer records, and nothing is written (--out)
-before every input is read and matched."""
+"""training/against.py: a reference is checked against the run it judges (issue 33): runs of another family, model,
+width, depth or vocabulary are refused by name, so is a run or reference without layer records, and nothing is
+written (--out) before every input is read and matched."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""Statistics stay on the device until one transfer: counted on CPU, so CI guards what a GPU would pay.
+"""host.py and tracing/assembly.py: statistics stay on the device until one transfer: counted on CPU, so CI guards what
+a GPU would pay.
 
-A host synchronisation is anything that makes the host wait for the device: reading a scalar
-(`.item()`, `float(t)`, `bool(t)`: all `aten::_local_scalar_dense`), `torch.equal`, a boolean mask or
-`nonzero` (the result's size depends on the data), and copying to the host (`.tolist()`, `.numpy()`,
-`.cpu()`). The profiler sees the first group on any device; the copies are counted by wrapping the
-three Tensor methods, since on a CPU tensor they launch no operator.
-"""
+A host synchronisation is anything that makes the host wait for the device: reading a scalar (`.item()`, `float(t)`,
+`bool(t)`: all `aten::_local_scalar_dense`), `torch.equal`, a boolean mask or `nonzero` (the result's size depends
+on the data), and copying to the host (`.tolist()`, `.numpy()`, `.cpu()`). The profiler sees the first group on any
+device; the copies are counted by wrapping the three Tensor methods, since on a CPU tensor they launch no operator."""
 
 from __future__ import annotations
 

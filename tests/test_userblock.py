@@ -1,5 +1,5 @@
-"""Your own block: HF GPT2Block, BertLayer, LlamaDecoderLayer and a nanoGPT block, traced
-without naming the steps; the recovered residual sums equal what the modules compute."""
+"""sources/userblock.py and tracing/steps.py: your own block: HF GPT2Block, BertLayer, LlamaDecoderLayer and a nanoGPT
+block, traced without naming the steps; the recovered residual sums equal what the modules compute."""
 
 import json
 import sys

@@ -1,7 +1,8 @@
-"""`--html FILE` opened in a real browser (Debian's Chromium, driven by Playwright): each kind of page — a block
-(`run`), a comparison (`compare`), a checkpoint (`check --weights`) and a run (`track`) — renders without a console
-error, shows the numbers of the `--json` document exactly (each cell keeps the JSON value in data-value), shows a
-value on hover, links each finding to its place, switches language, fetches nothing, and is not a blank picture."""
+"""render/html.py and render/page/: `--html FILE` opened in a real browser (Debian's Chromium, driven by Playwright):
+each kind of page — a block (`run`), a comparison (`compare`), a checkpoint (`check --weights`) and a run (`track`)
+— renders without a console error, shows the numbers of the `--json` document exactly (each cell keeps the JSON
+value in data-value), shows a value on hover, links each finding to its place, switches language, fetches nothing,
+and is not a blank picture."""
 
 from __future__ import annotations
 

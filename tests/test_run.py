@@ -1,4 +1,4 @@
-"""`blocktrace run` as a user types it: the tutorial's table, --json, --save, and every error."""
+"""cli/run.py: `blocktrace run` as a user types it: the tutorial's table, --json, --save, and every error."""
 
 import json
 import re
@@ -6,7 +6,6 @@ import re
 import numpy as np
 import pytest
 from safetensors import safe_open
-from wcwidth import wcswidth
 
 STEPS = ["norm1", "attn", "residual1", "norm2", "ffn", "residual2"]
 
@@ -112,54 +111,6 @@ def test_values_show_the_first_numbers_of_the_chosen_token(invoke, tmp_path):
     assert "first 3 values of token 1 (吃) at every step" in text
 
 
-def grid_tables(text: str) -> list[list[str]]:
-    tables, current = [], []
-    for line in text.splitlines():
-        if line.startswith(("+", "|")):
-            current.append(line)
-        elif current:
-            tables.append(current)
-            current = []
-    return tables + ([current] if current else [])
-
-
-@pytest.mark.parametrize("lang", ["en", "zh"])
-def test_cjk_tokens_and_headings_line_up(invoke, lang):
-    text = invoke("run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼", "--format", "grid",
-                  "--lang", lang).stdout
-    tables = grid_tables(text)
-    assert len(tables) == 3  # the step table and one heatmap per head
-    for table in tables:
-        assert len({wcswidth(line) for line in table}) == 1, "\n".join(table)
-
-
-def test_chinese_headings_and_explanations(invoke):
-    text = invoke("run", "--d-model", "4", "--heads", "2", "--tokens", "猫 吃 鱼", "--lang", "zh", "--explain").stdout
-    assert all(word in text for word in ("步骤", "操作", "输出shape", "加的是原始 x，不是 x_norm1"))
-    english = invoke("run", "--explain").stdout
-    assert "Adds the original x, not x_norm1" in english
-
-
-@pytest.mark.parametrize("lang", ["en", "zh"])
-@pytest.mark.parametrize("wiring, says", [
-    (["--pre-ln"], {"residual1": "x_norm1"}), (["--post-ln"], {"norm1": "x + attn_out"}),
-    (["--deepnorm"], {"residual1": "α·x"}),
-    # Once: --sandwich --explain was a KeyError traceback (no sentence for post_attn_norm).
-    (["--sandwich"], {"post_attn_norm": "attn_out", "residual1": "attn_normed"}),
-    (["--reordered"], {"norm1": "attn_out", "residual1": "attn_normed", "ffn": "x1"}),
-])
-def test_every_wiring_explains_each_of_its_steps(invoke, lang, wiring, says):
-    result = invoke("run", "--d-model", "8", "--heads", "2", "--norm", "rmsnorm", *wiring, "--explain", "--lang", lang)
-    assert result.exit_code == 0, result.output
-    why = [line for line in result.stdout.splitlines() if re.match(r"^\d+ \w+: ", line)]
-    steps = [line.split()[1].rstrip(":") for line in why]
-    assert steps == [step["name"] for step in json.loads(invoke(
-        "run", "--d-model", "8", "--heads", "2", "--norm", "rmsnorm", *wiring, "--json").stdout)["steps"]]
-    sentences = {line.split(": ", 1)[0].split()[1]: line.split(": ", 1)[1] for line in why}
-    for step, word in says.items():
-        assert word in sentences[step], (step, sentences[step])
-
-
 ERROR_CASES = [
     (["--d-model", "6", "--heads", "4"], 2, "Error: Invalid value for '--heads': d_model 6 is not divisible by heads 4"),
     (["--d-model", "0"], 2, "Error: Invalid value for '--d-model': 0 is not in the range 1<=x<="),
@@ -239,39 +190,3 @@ def test_device_cuda_without_a_gpu_is_a_clear_error_and_auto_falls_back(invoke):
     assert result.exit_code == 2
     assert result.stderr == "Error: --device cuda: no CUDA device is available here (use --device cpu or auto)\n"
     assert invoke("run", "--device", "auto").stdout == invoke("run").stdout
-
-
-def test_escape_sequences_in_tokens_never_reach_the_terminal(invoke):
-    result = invoke("run", "--tokens", "a\x1b[31mred", "猫", "x\u202ey")
-    assert result.exit_code == 0
-    assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
-    assert "tokens: a\\x1b[31mred 猫 x\\u202ey" in result.stdout  # shown, escaped; CJK as it is
-    compared = invoke("compare", "--pre-ln", "--post-ln", "--tokens", "a\x1b[2Jb", "c")
-    assert "\x1b" not in compared.stdout and "a\\x1b[2Jb" in compared.stdout
-
-
-@pytest.mark.parametrize("lang", ["en", "zh"])
-def test_the_attention_marks_are_explained_and_each_cell_matches_its_legend(invoke, lang):
-    """Every heatmap cell 'w mark' lies in the range the legend line gives that mark (both printed to 2 decimals)."""
-    output = invoke("run", "--d-model", "8", "--heads", "2", "--tokens", *"abcdefgh", "--lang", lang).stdout
-    legend_line = next(line for line in output.splitlines() if line.startswith(("marks:", "标记：")))
-    ranges = {mark: (float(low), float(high)) for mark, low, high in
-              re.findall(r"(\S) (\d(?:\.\d+)?)–(\d(?:\.\d+)?)", legend_line)}
-    assert len(ranges) == 9
-    cells = re.findall(r"(\d\.\d\d) (\S)(?=\s)", output.split(legend_line)[0])  # "0.41 =": 2 decimals, a mark
-    assert cells
-    for value, mark in cells:
-        low, high = ranges[mark]
-        assert low - 0.005 <= float(value) <= high + 0.005, (value, mark)
-
-
-def test_run_lang_zh_says_its_sentences_in_chinese(invoke):
-    """run --lang zh printed its weights line, the inside-attn title and `measured:` in English; the tutorial's own
-    variable lines (future_weight_sum=, block_shape_preserved=) stay as the tutorial prints them."""
-    from helpers import SAMPLES
-
-    args = ["run", "--weights", str(SAMPLES / "llama-tiny"), "--token-ids", "1", "2", "3"]
-    english, chinese = invoke(*args).stdout, invoke(*args, "--lang", "zh").stdout
-    for word in ("weights: ", "inside attn", "as projected", "measured: "):
-        assert word in english and word not in chinese, word
-    assert "权重：" in chinese and "实测" in chinese and "future_weight_sum=0.0000" in chinese

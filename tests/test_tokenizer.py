@@ -1,10 +1,9 @@
-"""Tokenizers as their models use them (no padding reaches the block, special tokens by name,
-BERT's token types), and checkpoints where users keep them (the local HuggingFace cache)."""
+"""sources/tokenizer.py: tokenizers as their models use them (no padding reaches the block, special tokens by name,
+BERT's token types)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -83,33 +82,3 @@ def test_token_types_on_a_family_without_them(invoke):
     result = invoke("run", "--weights", str(SAMPLES / "gpt2-tiny"), "--token-ids", "1", "2", "--token-type-ids", "0",
                     "0")
     assert result.exit_code == 2 and "gpt2 checkpoints have no token types" in result.stderr
-
-
-def _fake_cache(root, repo: str, sample: str):
-    folder = root / ("models--" + repo.replace("/", "--"))
-    snapshot = folder / "snapshots" / "0123abcd"
-    shutil.copytree(SAMPLES / sample, snapshot)
-    (folder / "refs").mkdir(parents=True)
-    (folder / "refs" / "main").write_text("0123abcd")
-    return snapshot
-
-
-def test_weights_by_model_id_from_the_local_cache(invoke, tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    _fake_cache(tmp_path / "hub", "someone/tiny-gpt2", "gpt2-tiny")
-    by_id = invoke("run", "--weights", "someone/tiny-gpt2", "--token-ids", "1", "2", "--json")
-    by_path = invoke("run", "--weights", str(SAMPLES / "gpt2-tiny"), "--token-ids", "1", "2", "--json")
-    assert by_id.exit_code == 0, by_id.output
-    assert json.loads(by_id.stdout)["steps"] == json.loads(by_path.stdout)["steps"]
-    assert invoke("inspect", "someone/tiny-gpt2").exit_code == 0
-    missing = invoke("run", "--weights", "someone/not-here", "--token-ids", "1")
-    assert missing.exit_code == 2 and "is in the local HuggingFace cache" in missing.stderr
-    assert "never downloads" in missing.stderr
-
-
-def test_hf_home_is_honoured_too(invoke, tmp_path, monkeypatch):
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
-    _fake_cache(tmp_path / "home" / "hub", "llama-tiny", "llama-tiny")
-    assert invoke("run", "--weights", "llama-tiny", "--token-ids", "1", "2").exit_code == 0

@@ -1,0 +1,76 @@
+"""Tests a newcomer can find: each module of blocktrace with logic has its test file, tests/test_<its name>.py (one
+file for the modules of one name: test_track.py is the command's, from cli/ through pipeline/, training/ and
+render/), or is listed below with the files that test it and how. A new module fails here until it has one or the
+other; a listed module that gains its own file fails here until its entry goes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+
+# module → (the test files that hold its tests, how they reach it)
+TESTED_IN = {
+    "cli/progress.py": (["test_track.py"], "the progress bar of a long track, on a terminal's stderr only"),
+    "progress.py": (["test_track.py"], "the ticks a long command reports, through the bar above"),
+    "diagnose/checks.py": (["test_health.py", "test_diagnosis.py"], "the registry: every entry's source, threshold, "
+                           "cause and the findings it names"),
+    "diagnose/loss.py": (["test_model.py"], "the model's own loss, equal to HF's for every family"),
+    "model/head.py": (["test_model.py"], "the final norm and output head, through the loss equal to HF's"),
+    "model/init.py": (["test_compare.py"], "Xiong et al.'s initialisation, through their Lemma 2 and Theorem 1"),
+    "model/stack.py": (["test_report.py", "test_compare.py"], "N blocks, each from its own seed"),
+    "integrations.py": (["test_watch.py"], "the WatchCallback in HF's own Trainer"),
+    "pipeline/blocks.py": (["test_run.py", "test_compare.py"], "run and compare through the CLI"),
+    "pipeline/guard.py": (["test_sizing.py"], "the memory guard's refusals, before any allocation"),
+    "render/documents/json_document.py": (["test_errors.py", "test_app.py"], "strict JSON (non-finite numbers as "
+                                          "null, listed), and the document chosen by its flag"),
+    "render/inspect.py": (["test_cli_weights.py"], "inspect's table"),
+    "sources/inspect.py": (["test_cli_weights.py"], "inspect's document against the file's own tensors"),
+    "sources/reading.py": (["test_hostile_inputs.py", "test_fuzz_files.py"], "every file read: size limits, "
+                           "encodings, JSON that is not"),
+    "sources/source.py": (["test_inputs.py", "test_run.py", "test_model.py"], "the block's input from each option"),
+    "sources/tracefile.py": (["test_diff.py", "test_files.py"], "--save files written and compared"),
+    "sources/training_step.py": (["test_torchfile.py", "test_track.py"], "a checkpoint's step from its file, its "
+                                 "name or trainer_state.json"),
+    "tracing/assembly.py": (["test_host.py"], "what the hooks saw, to Traces in one copy to the host"),
+    "tracing/behaviour.py": (["test_hf_layers.py", "test_userblock.py"], "a block's causality and norm kinds, "
+                             "measured"),
+    "tracing/calling.py": (["test_hf_layers.py", "test_families.py"], "HF layers called as their models call them"),
+    "tracing/records.py": (["test_tracer.py", "test_report.py"], "the typed results a trace returns"),
+    "tracing/routing.py": (["test_moe.py"], "a router's load, importance and choices against HF's router"),
+    "tracing/stack.py": (["test_report.py", "test_compare.py"], "blocks traced in turn, the stream over depth"),
+    "tracing/steps.py": (["test_userblock.py", "test_hf_layers.py"], "where a block's steps live, found unnamed"),
+    "tracing/tap.py": (["test_watch.py"], "a block inside someone else's forward, sdpa's attention"),
+    "training/loop.py": (["test_invariants.py"], "what the Watch measures of the loop itself"),
+    "training/schema.py": (["test_fuzz_files.py", "test_hostile_inputs.py"], "every field of a timeline record "
+                           "replaced by anything"),
+}
+
+
+def _modules_with_logic() -> list[str]:
+    """Every module with a function or method, but the families (one file each, tested together in test_families.py
+    and test_modern_families.py) and the package entry points."""
+    found = []
+    for path in sorted((ROOT / "blocktrace").rglob("*.py")):
+        relative = path.relative_to(ROOT / "blocktrace").as_posix()
+        if path.name.startswith("_") or relative.startswith("sources/families/"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) for node in ast.walk(tree)):
+            found.append(relative)
+    return found
+
+
+def test_every_module_with_logic_has_its_test_file_or_says_where_it_is_tested():
+    unplaced = [module for module in _modules_with_logic()
+                if not (TESTS / f"test_{Path(module).stem}.py").is_file() and module not in TESTED_IN]
+    assert unplaced == []
+
+
+def test_the_map_names_files_that_exist_and_no_module_that_has_its_own():
+    for module, (files, how) in TESTED_IN.items():
+        assert (ROOT / "blocktrace" / module).is_file(), module
+        assert not (TESTS / f"test_{Path(module).stem}.py").is_file(), f"{module} has its own file now"
+        assert files and how and all((TESTS / name).is_file() for name in files), module
