@@ -2,6 +2,8 @@
 
     python benchmarks/bench_real_sizes.py                 # 3b and 8b; writes the "Real sizes" section of RESULTS.md
     python benchmarks/bench_real_sizes.py --sizes 1b      # a quick look (not written to RESULTS.md)
+    python benchmarks/bench_real_sizes.py --grad-where-hf-fits   # 1b, --grad beside HF's forward + backward: the
+                                                          # largest size whose HF backward fits here (its own section)
 
 The checkpoints are written here, once, with random weights (std 0.02, norm gains 1) as sharded bfloat16
 safetensors with the real config.json shapes (llama3 RoPE scaling, GQA 8, vocabulary 128,256), under
@@ -27,7 +29,7 @@ from pathlib import Path
 from common import DATA, OWN_SECTIONS, machine_facts, write_section
 
 HERE = Path(__file__).resolve().parent
-SECTION = OWN_SECTIONS[0]
+SECTION, GRAD_SECTION = OWN_SECTIONS[0], OWN_SECTIONS[2]
 SHAPES = {  # Llama-3.2-1B / 3B and Llama-3.1-8B's config.json, as on the hub
     "1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, intermediate_size=8192,
                tie_word_embeddings=True, factor=32.0),
@@ -208,7 +210,7 @@ def row(size: str, dtype: str, grad: bool, ours: dict, theirs: dict) -> str:
             f"({'equal' if same else 'DIFFERENT'}) |")
 
 
-def section(sizes: list[str], cases: list[tuple[str, bool]]) -> list[str]:
+def section(sizes: list[str], cases: list[tuple[str, bool]], heading: str = SECTION) -> list[str]:
     facts = machine_facts()
     available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     ids = token_ids()
@@ -220,7 +222,7 @@ def section(sizes: list[str], cases: list[tuple[str, bool]]) -> list[str]:
             theirs = hf_case(directory, ids, dtype, grad, size, available)
             rows.append(row(size, dtype, grad, ours, theirs))
             print(rows[-1], flush=True)
-    return [SECTION, "",
+    return [heading, "",
             f"Written by `python benchmarks/bench_real_sizes.py` on {facts['date']}: {facts['cpu']}, "
             f"{os.cpu_count()} cores, {available / 2**30:.0f} GiB memory, torch {facts['torch']}. "
             f"Random Llama-3-shaped checkpoints ({', '.join(sizes)}; sharded bfloat16 safetensors, llama3 RoPE, GQA 8, "
@@ -245,7 +247,14 @@ CASES = [("float32", False), ("bfloat16", False), ("float32", True)]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["3b", "8b"], choices=sorted(SHAPES))
+    parser.add_argument("--grad-where-hf-fits", action="store_true",
+                        help="1b only, float32 --grad beside HF's forward + backward (whose 3B and 8B do not fit here)")
     args = parser.parse_args()
+    if args.grad_where_hf_fits:
+        lines = section(["1b"], [("float32", True)], GRAD_SECTION)
+        print("\n".join(lines))
+        write_section(GRAD_SECTION, lines)
+        return
     lines = section(args.sizes, CASES)
     print("\n".join(lines))
     if args.sizes == ["3b", "8b"]:
