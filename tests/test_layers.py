@@ -121,3 +121,25 @@ def test_rmsnorm_multiplies_its_gain_where_each_family_does_in_bfloat16():
         results[name] = ours(x)
         assert torch.equal(results[name], theirs(x)), name
     assert not torch.equal(results["llama"], results["olmo2"])
+
+
+def test_latent_attention_builds_the_unrotated_key_only_when_a_hook_would_see_it():
+    """The attn.k sub-step (each head's key before RoPE, as HF's layer holds it) is one [H, T, nope + rope] copy:
+    an untraced forward does not make it, a hooked one does, and neither changes the output."""
+    from blocktrace.config import LatentWidths
+    from blocktrace.model.block import build_block
+    from blocktrace.vocab import Norm
+
+    config = BlockConfig(d_model=16, n_heads=2, norm=Norm.RMSNORM, rope_theta=10000.0,
+                         latent=LatentWidths(kv_rank=8, nope_dims=4, rope_dims=4, value_dims=6))
+    block = build_block(config, seed=3)
+    x = torch.randn(5, 16, generator=torch.Generator().manual_seed(3))
+    seen = []
+    block.attn.k.forward = lambda value: seen.append(value.shape) or value
+    with torch.no_grad():
+        plain = block(x)
+        assert seen == []
+        handle = block.attn.k.register_forward_hook(lambda module, args, output: None)
+        hooked = block(x)
+        handle.remove()
+    assert seen == [(2, 5, 8)] and torch.equal(plain, hooked)

@@ -22,6 +22,12 @@ class HookPoint(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
+    @property
+    def watched(self) -> bool:
+        """Whether a hook would see what passes: a value built only to be seen need not be built otherwise."""
+        return bool(self._forward_hooks or self._forward_pre_hooks or nn.modules.module._global_forward_hooks
+                    or nn.modules.module._global_forward_pre_hooks)
+
 
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x²) + eps) · g (Zhang & Sennrich 2019; eps inside the root, as HF Llama).
@@ -245,7 +251,8 @@ class LatentAttention(MultiHeadAttention):
         kv = self._split_heads(self.kv_b_proj(self.kv_latent(self.kv_a_norm(compressed))))  # [..., H, T, nope + v]
         k_nope, v = kv.split([nope, self.latent.value_dims], dim=-1)
         k_rot = k_rot.unsqueeze(-3)  # [..., 1, T, rope]: one rotated key for every head
-        self.k(torch.cat((k_nope, k_rot.expand(*k_nope.shape[:-1], rope)), dim=-1))
+        if self.k.watched:  # the key before RoPE, as HF's layer holds it: one [H, T, nope + rope] copy, only if seen
+            self.k(torch.cat((k_nope, k_rot.expand(*k_nope.shape[:-1], rope)), dim=-1))
         cos, sin = self.rope.cos_sin(x.shape[-2], x.device, self.kv_a_proj.weight.dtype)
         q_pass, q_rot = q.split([nope, rope], dim=-1)
         q_rot = self.q_rope(self.rope.rotate(q_rot, cos, sin))
