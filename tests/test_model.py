@@ -336,3 +336,28 @@ def test_check_grad_prints_the_gradients_it_judged(invoke):
         row = next(line.split() for line in text.split("‖∂L/∂W‖_F")[1].splitlines()
                    if line.split()[:1] == [str(layer["layer"])])
         assert [float(v) for v in row[1:]] == pytest.approx(list(layer["weight_grad_norms"].values()), rel=1e-3)
+
+
+def test_each_layers_settings_are_the_header_with_its_own_differences_as_hf_configures_it(invoke, tmp_path):
+    """A layer whose block differs from the model's config (a dense layer among experts, a global layer among
+    windowed ones) says so in the document (config_differences) and under the table's header; read as the header
+    plus its differences, every layer has the window and FFN that HF's config gives it."""
+    windowed, experts = hf_model("olmo3"), hf_model("deepseek_v3")
+    for name, model in (("olmo3", windowed), ("deepseek_v3", experts)):
+        model.save_pretrained(tmp_path / name)
+    for name, model in (("olmo3", windowed), ("deepseek_v3", experts)):
+        report = json.loads(invoke("check", "--weights", str(tmp_path / name), "--token-ids", *map(str, IDS),
+                                   "--json").stdout)
+        settings = [{**report["config"], **layer["config_differences"]} for layer in report["layers"]]
+        hf = model.config
+        if name == "olmo3":
+            assert [s["sliding_window"] for s in settings] == \
+                [hf.sliding_window if kind == "sliding_attention" else None for kind in hf.layer_types]
+        else:
+            dense = [layer < hf.first_k_dense_replace for layer in range(hf.num_hidden_layers)]
+            assert [(s["d_ff"], s["n_experts"]) for s in settings] == \
+                [(hf.intermediate_size, None) if d else (hf.moe_intermediate_size, hf.n_routed_experts) for d in dense]
+        assert any(layer["config_differences"] for layer in report["layers"])
+    text = invoke("check", "--weights", str(tmp_path / "deepseek_v3"), "--token-ids", *map(str, IDS)).stdout
+    line = text.splitlines()[text.splitlines().index("where a layer's block differs from that:") + 1]
+    assert line == f"  layer 0: d_ff={experts.config.intermediate_size} n_experts=None"  # no router said of it

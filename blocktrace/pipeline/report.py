@@ -159,7 +159,13 @@ def sweep_report(source, config, rows: list[dict]) -> dict:
     return {**_header(source, config.to_dict()), "kind": ReportKind.SWEEP.value, "depths": [row["depth"] for row in rows], "sweep": rows}
 
 
-def _layer_entry(layer: int, trace: Trace, flags, weights: Optional[dict]) -> dict:
+def config_differences(layer_config: dict, config: dict) -> dict:
+    """The settings of one layer's block that differ from the model's (a dense layer among experts, a global layer
+    among windowed ones, a layer without RoPE): what the document's `config` does not say of that layer."""
+    return {key: value for key, value in layer_config.items() if config.get(key) != value}
+
+
+def _layer_entry(layer: int, trace: Trace, flags, weights: Optional[dict], config: dict) -> dict:
     summary = summarise(layer, trace)
     attention = trace.attention
     size = trace.steps[-1].probe.token_sq_median
@@ -168,7 +174,8 @@ def _layer_entry(layer: int, trace: Trace, flags, weights: Optional[dict]) -> di
             "max_logit": attention.max_logit if attention else None,
             "min_head_entropy": min(attention.entropy_per_head) if attention else None,
             "steps": _with_flags([step_dict(i, r) for i, r in enumerate(trace.steps, start=1)], flags, layer),
-            "attention": attention_dict(trace), "weights": weights}
+            "attention": attention_dict(trace), "weights": weights,
+            "config_differences": config_differences(trace.describe(), config)}
 
 
 def model_report(checkpoint, info, config, traces: list[Trace], model_input, loss, grads, found, evidence,
@@ -187,7 +194,8 @@ def model_report(checkpoint, info, config, traces: list[Trace], model_input, los
                   "dtype": str(traces[0].input.dtype) if traces else "float32",
                   "source": "token ids through the model's embeddings, every layer run in turn"},
         "n_layers": info.n_layers, "traced_layers": [first + i for i in range(len(traces))],
-        "layers": [_layer_entry(first + i, trace, flags, w) for i, (trace, w) in enumerate(zip(traces, weights))],
+        "layers": [_layer_entry(first + i, trace, flags, w, config.to_dict())
+                   for i, (trace, w) in enumerate(zip(traces, weights))],
         "loss_detail": loss.to_dict(), "gradients": gradients_dict(grads), "stored_dtype": evidence.stored_dtype,
         "step": evidence.step,
         "notes": [*info.notes, *model_input.notes],

@@ -41,6 +41,9 @@ CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_
                  "shared_expert_gated", "router", "router_bias", "expert_groups", "groups_per_token", "routed_scaling",
                  "choice_bias", "glu_limit", "glu_alpha")
 MOE_EXTRAS = ("experts_per_token", "renormalise_top_k")  # said of every mixture of experts, and only of one
+# The router's and the experts' settings: nothing to say of a dense layer (n_experts None) among sparse ones.
+EXPERT_SETTINGS = (*MOE_EXTRAS, "shared_expert_d_ff", "shared_expert_gated", "router", "router_bias", "expert_groups",
+                   "groups_per_token", "routed_scaling", "choice_bias")
 _DEFAULTS = {field.name: field.default for field in dataclasses.fields(BlockConfig)}
 
 
@@ -314,12 +317,28 @@ def render_findings(report: dict, fail_on: Level, fmt: str = "simple") -> str:
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
+def _layers_that_differ(layers: list[dict]) -> list[str]:
+    """One line per set of settings some traced layers have in place of the header's, naming those layers."""
+    groups: dict[str, list[int]] = {}
+    for entry in layers:
+        differences = entry.get("config_differences") or {}
+        if "n_experts" in differences and differences["n_experts"] is None:
+            differences = {key: value for key, value in differences.items() if key not in EXPERT_SETTINGS}
+        if differences:
+            said = " ".join(f"{key}={_setting(key, value)}" for key, value in differences.items())
+            groups.setdefault(said, []).append(entry["layer"])
+    return [f"  {'layers' if len(found) > 1 else 'layer'} {layer_ranges(found)}: {said}"
+            for said, found in groups.items()]
+
+
 def _model_header(report: dict) -> str:
     config, weights, source = report["config"], report["weights"], report["input"]
     traced = report["traced_layers"]
     span = f"layers {traced[0]}–{traced[-1]}" if len(traced) > 1 else f"layer {traced[0]}"
+    differ = _layers_that_differ(report["layers"])
     return "\n".join([
         f"blocktrace {report['blocktrace_version']}: {config_settings(config)}",
+        *(["where a layer's block differs from that:", *differ] if differ else []),
         f"weights: {weights['path']} ({weights['family']}), {weights['n_layers']} layers, checked: {span}",
         f"input: {source['sequences']} sequence{'s' if source['sequences'] > 1 else ''}, {source['tokens']} tokens",
     ])
