@@ -228,3 +228,15 @@ def test_the_readmes_screenshot_is_the_page_of_its_html_command(invoke, tmp_path
     committed = matplotlib.image.imread(str(SCREENSHOT))
     assert committed.shape[:2] == (SCREENSHOT_SIZE["height"], SCREENSHOT_SIZE["width"])
     assert "(docs/block-page.png)" in readme.split(command, 1)[1].split("## ", 1)[0]
+
+
+def test_a_layer_whose_block_differs_from_the_models_says_how(invoke, tmp_path, browser):
+    """Gemma-2's first layer attends through a window its second does not: the page says so under that layer, as
+    the document's config_differences do, and says nothing under the other."""
+    report, path = _both(invoke, tmp_path, "check", "--weights", str(SAMPLES / "gemma2-tiny"), "--token-ids", "1", "2")
+    page, errors, _ = _open(browser, path)
+    differs = [layer["config_differences"] for layer in report["layers"]]
+    assert differs[0] and not differs[1] and errors == []
+    assert page.locator("#L0 + p.differs").inner_text().endswith(
+        " ".join(f"{key}={json.dumps(value)}" for key, value in differs[0].items()))
+    assert page.locator("#L1 + p.differs").count() == 0

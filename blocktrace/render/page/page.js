@@ -14,6 +14,7 @@ const WORDS = {
     "The attention matrices are kept for inputs up to 16 tokens; this input is longer, so only their statistics are shown.",
     findings: "Findings", none: "No findings at warning or error level.", diagnosis: "Likely cause", advice: "advice",
     layers: "Layers", loss: "loss", step: "step", operation: "operation", shape: "shape", layer: "layer",
+    differs: "this layer's block differs from the model's",
     differences: "Where the wirings differ", output: "block output", cosine: "cosine", maxdiff: "max |Δ|",
     timeline: "Loss over training", perLayer: "Residual stream rms per layer over training",
     firstSign: "first sign", newFindings: "new findings", rollback: "roll back to", tokens: "tokens",
@@ -34,6 +35,7 @@ const WORDS = {
     "注意力矩阵只为不超过 16 个 token 的输入保存；这个输入更长，所以只显示它们的统计量。",
     findings: "检查结果", none: "没有警告或错误级别的结果。", diagnosis: "最可能的原因", advice: "建议",
     layers: "各层", loss: "损失", step: "步骤", operation: "运算", shape: "形状", layer: "层",
+    differs: "这一层的 block 与模型的不同之处",
     differences: "连线方式之间的差异", output: "block 输出", cosine: "余弦相似度", maxdiff: "最大 |Δ|",
     timeline: "训练过程中的损失", perLayer: "训练过程中每层残差流的 rms",
     firstSign: "最早的迹象", newFindings: "新出现的结果", rollback: "回退到", tokens: "token",
@@ -275,7 +277,11 @@ function layeredPage(report) {
   parts.push(el("h2", {}, w("layers")), layerRows(layers),
              el("h2", {}, w("layerSize")), bars(layers, (l) => l.rms, (l) => `L${l.layer}`, "rms"));
   for (const layer of layers) {
+    const differences = Object.entries(layer.config_differences || {});
     parts.push(el("h3", {id: `L${layer.layer}`}, `${w("layer")} ${layer.layer}`),
+               ...(differences.length ? [el("p", {class: "differs"}, `${w("differs")}: `,
+                                            differences.map(([key, value]) => `${key}=${JSON.stringify(value)}`)
+                                              .join(" "))] : []),
                flow(layer.steps || [], `L${layer.layer}-`), stepTable(layer.steps || [], `L${layer.layer}-`),
                lazyDetails(w("attention"), () => attentionSection(layer.attention, tokensOf(report),
                                                                   `L${layer.layer}-`)));
