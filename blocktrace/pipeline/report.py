@@ -1,7 +1,8 @@
-"""Results as JSON-ready dicts: what `--json` prints and what the text renderer reads.
+"""Results as JSON-ready dicts: what every command returns, what `--json` prints and what render/ shows.
 
-Every document has `schema` (1) and `kind`: "block" (one block), "stack" (`--layers N`),
-"sweep" (`--layers 6,8,…` with `--grad`) or "compare".
+Every document has `schema` (vocab.SCHEMA_VERSION; docs/reference.md says what each version changed) and `kind`
+(vocab.ReportKind): "block" (one block), "stack" (`--layers N`), "sweep" (`--layers 6,8,…` with `--grad`), "model"
+(a checkpoint, layer by layer); compare's, diff's, track's and inspect's documents are built beside their commands.
 """
 
 from __future__ import annotations
@@ -186,15 +187,16 @@ def model_report(checkpoint, info, config, traces: list[Trace], model_input, los
     weights = evidence.weights or [None] * len(traces)
     ids = model_input.ids
     real = int(model_input.token_mask.sum()) if model_input.token_mask is not None else ids.numel()
+    settings = config.to_dict()
     report = {
         "schema": SCHEMA_VERSION, "blocktrace_version": __version__, "kind": ReportKind.MODEL.value,
-        "config": config.to_dict(), "seed": None, "tokens": model_input.labels_text,
+        "config": settings, "seed": None, "tokens": model_input.labels_text,
         "weights": {"path": path, "family": info.family_name, "layer": first, "n_layers": info.n_layers},
         "input": {"sequences": ids.shape[0], "tokens": real, "shape": [*ids.shape, config.d_model],
                   "dtype": str(traces[0].input.dtype) if traces else "float32",
                   "source": "token ids through the model's embeddings, every layer run in turn"},
         "n_layers": info.n_layers, "traced_layers": [first + i for i in range(len(traces))],
-        "layers": [_layer_entry(first + i, trace, flags, w, config.to_dict())
+        "layers": [_layer_entry(first + i, trace, flags, w, settings)
                    for i, (trace, w) in enumerate(zip(traces, weights))],
         "loss_detail": loss.to_dict(), "gradients": gradients_dict(grads), "stored_dtype": evidence.stored_dtype,
         "step": evidence.step,
