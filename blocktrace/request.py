@@ -11,10 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from blocktrace.vocab import DEFAULT_RAW_DTYPE, Choice, Device, DType, Init, Placement
+from blocktrace.vocab import DEFAULT_RAW_DTYPE, Choice, Device, DType, Init, Level, Placement
 
 DEFAULT_SEQ_LEN = 5
 MAX_WINDOWS = 4096  # --windows: more windows than this is a training run, not a check
+TIMELINE_SUFFIXES = (".jsonl", ".ndjson")  # a file track reads as a Watch's timeline, not as a checkpoint
+
+
+def is_timeline(path: Path) -> bool:
+    return Path(path).suffix.lower() in TIMELINE_SUFFIXES
 
 
 class InputKind(Choice):
@@ -103,3 +108,23 @@ class Analysis:
     checks: bool = False  # health checks (diagnose.health): flags column, `check`
     attention_map: bool = False  # long inputs' attention pooled into a map, for a page that draws it (--html)
     placement: Placement = Placement.PRE  # the wiring of a user's block with named steps
+
+
+@dataclass(frozen=True)
+class TrackRequest:
+    """What `track` was asked: one timeline, or checkpoints traced on one input (`run` holds the input, dtype and
+    device), and what to judge them with."""
+
+    sources: tuple[Path, ...]
+    run: RunRequest = field(default_factory=lambda: RunRequest(config_fields={}))
+    steps: Optional[tuple[int, ...]] = None  # --steps: each checkpoint's step, in the order given
+    grad: bool = False
+    log: Optional[Path] = None  # --log: a training log's numbers beside each record
+    against: Optional[Path] = None  # --against: a healthy run, of the same kind as the sources
+    fail_on: Level = Level.ERROR  # the level of the first sign of trouble (and of the exit code)
+
+    @property
+    def timeline(self) -> bool:
+        """Whether the sources are one Watch timeline (else checkpoints)."""
+        return len(self.sources) == 1 and is_timeline(self.sources[0])
+

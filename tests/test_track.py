@@ -310,3 +310,15 @@ def test_a_finding_that_escalates_is_new_at_its_new_level():
     assert first["step"] == 20
     assert [f["name"] for f in records[1]["new_flags"]] == [first["name"]]
     assert records[2]["new_flags"] == []  # still an error: nothing new
+
+
+def test_track_goes_through_the_pipeline_like_every_command():
+    """pipeline/track.py's track_request returns the report `track --json` prints: the CLI only parses, writes the
+    outputs and renders (issue 34)."""
+    from blocktrace.pipeline.track import track_request
+    from blocktrace.request import TrackRequest
+    from blocktrace.vocab import Level
+
+    report, torn = track_request(TrackRequest(sources=(RUN / "watch.jsonl",), fail_on=Level.WARNING))
+    printed = json.loads(invoke("track", RUN / "watch.jsonl", "--fail-on", "warning", "--json").output)
+    assert torn == [] and json.loads(json.dumps(report)) == printed

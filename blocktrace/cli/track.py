@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -28,7 +27,7 @@ from blocktrace.cli.options import (
     given,
     ids_file_fields,
 )
-from blocktrace.cli.progress import progress_wanted
+from blocktrace.cli.progress import progress_wanted, shown
 from blocktrace.cli.rules import (
     IDS_FILE_RULES,
     PAGE_LANG_RULE,
@@ -41,19 +40,15 @@ from blocktrace.cli.rules import (
 )
 from blocktrace.errors import FINDINGS_EXIT
 from blocktrace.render.documents import chosen
-from blocktrace.vocab import SCHEMA_VERSION, Lang, Level, ReportKind
+from blocktrace.request import InputSpec, RunRequest, TrackRequest, is_timeline
+from blocktrace.vocab import Device, DType, Lang, Level
 
-TIMELINE_SUFFIXES = (".jsonl", ".ndjson")
 INPUT_PARAMS = ("token_ids_text", "text", "text_file", "token_ids_file")
-
-
-def _is_timeline(path: Path) -> bool:
-    return path.suffix.lower() in TIMELINE_SUFFIXES
 
 
 def _reads_timeline(ctx: click.Context) -> bool:
     sources = ctx.params.get("sources") or ()
-    return len(sources) == 1 and _is_timeline(sources[0])
+    return len(sources) == 1 and is_timeline(sources[0])
 
 
 def _checkpoint_only(name: str, what: str) -> Excludes:
@@ -82,7 +77,7 @@ def _sources(ctx: click.Context, sources: tuple[Path, ...]) -> None:
     if not sources:
         raise click.UsageError("give the checkpoints to follow (directories, files or a quoted glob such as "
                                "'run/step_*'), or one timeline file written by Watch (run.jsonl)")
-    timelines = [path for path in sources if _is_timeline(path)]
+    timelines = [path for path in sources if is_timeline(path)]
     if timelines and len(sources) > 1:
         raise click.UsageError(f"{timelines[0]} is a timeline: track reads one timeline, or checkpoints, not both")
     if not timelines and not any(given(ctx, name) for name in INPUT_PARAMS):
@@ -90,54 +85,12 @@ def _sources(ctx: click.Context, sources: tuple[Path, ...]) -> None:
                                "--text-file")
 
 
-def _checkpoint_records(params: dict, show_progress: bool) -> list[dict]:
-    from blocktrace.request import Analysis, InputSpec, RunRequest
-    from blocktrace.pipeline.track import track_checkpoints
-    from blocktrace.training.track import expand, order
-    from blocktrace.vocab import Device, DType
-
-    points = order(expand(list(params["sources"])), params["steps"])
+def _request(params: dict) -> TrackRequest:
     inputs = InputSpec(token_ids=params["token_ids_text"], token_types=params["token_types_text"],
                        text=params["text"], text_file=params["text_file"], **ids_file_fields(params))
-    request = RunRequest(config_fields={}, inputs=inputs, dtype=DType(params["dtype"]), device=Device(params["device"]))
-    records = track_checkpoints(points, request, Analysis(checks=True, grad=params["grad"]))
-    if not show_progress:
-        return list(records)
-    with click.progressbar(records, length=len(points), label="tracking", file=sys.stderr,
-                           item_show_func=lambda entry: f"step {entry['step']}" if entry else "") as bar:
-        return list(bar)
-
-
-def _reference_records(params: dict, show_progress: bool) -> list[dict]:
-    """The healthy run --against names: a timeline when the run is one, else checkpoints traced on the same input."""
-    from blocktrace.errors import InputError
-    from blocktrace.training.timeline import read_timeline
-
-    path = params["against"]
-    reads_timeline = _is_timeline(params["sources"][0])
-    if reads_timeline != _is_timeline(path):
-        raise click.UsageError(f"--against {path}: compare like with like — a timeline against a timeline, checkpoints "
-                               "against checkpoints (traced on the same input)")
-    if reads_timeline:
-        return read_timeline(path)
-    records = _checkpoint_records({**params, "sources": (path,), "steps": None}, show_progress)
-    if not records:
-        raise InputError(f"--against {path} holds no checkpoint")
-    return records
-
-
-def _compared(records: list[dict], reference: list[dict], name) -> dict:
-    """The run against its reference, refused when they are runs of different models or share no step."""
-    from blocktrace.errors import InputError
-    from blocktrace.training.against import compare_runs, require_comparable
-
-    require_comparable(records, reference, name)
-    comparison = compare_runs(records, reference)
-    if not comparison["matched"]:
-        raise InputError(f"--against {name}: no step in common with the run (the run's steps "
-                         f"{records[0]['step']}–{records[-1]['step']}, the reference's {reference[0]['step']}–"
-                         f"{reference[-1]['step']}): record both at the same steps")
-    return comparison
+    run = RunRequest(config_fields={}, inputs=inputs, dtype=DType(params["dtype"]), device=Device(params["device"]))
+    return TrackRequest(sources=tuple(params["sources"]), run=run, steps=params["steps"], grad=params["grad"],
+                        log=params["log_path"], against=params["against"], fail_on=Level(params["fail_on"]))
 
 
 def _write_records(records: list[dict], path: Path, force: bool) -> None:
@@ -180,49 +133,33 @@ def track(ctx, **params):
     step: the loss, each layer's residual rms, largest attention logit and lowest head entropy,
     ‖ΔW‖/‖W‖ against the previous checkpoint by tensor kind, the findings first raised; then the
     first sign of trouble. Exit 1 when a finding reaches --fail-on."""
-    from blocktrace.training.timeline import read_timeline
-    from blocktrace.training.rollback import rollback_point
-    from blocktrace.training.track import attach_log, first_sign, judged, last_sign, mark_new_flags, read_log
+    from blocktrace.pipeline.track import track_request
+    from blocktrace.render.track import render_against, render_track
 
     enforce(ctx, TRACK_RULES)
     _sources(ctx, params["sources"])
     prepare_outputs(params)
-    log = read_log(params["log_path"]) if params["log_path"] is not None else None
-    timeline = _reads_timeline(ctx)
-    show_progress = progress_wanted(chosen(params) is not None, params["quiet"])
-    torn: list[int] = []
-    records = judged(read_timeline(params["sources"][0], torn) if timeline else
-                     _checkpoint_records(params, show_progress))
+    request = _request(params)
+    with shown(progress_wanted(chosen(params) is not None, params["quiet"])):
+        report, torn = track_request(request)
     for number in torn:
         click.echo(f"note: line {number} of {params['sources'][0]} is cut short (a run stopped while writing it): "
                    "left out", err=True)
-    reference = _reference_records(params, show_progress) if params["against"] is not None else None
-    comparison = _compared(records, reference, params["against"]) if reference is not None else None
+    records, first, comparison = report["records"], report["first_sign"], report.get("against")
     if params["out"] is not None:  # written once every input is read and matched: an error leaves no file
         _write_records(records, params["out"], params["force"])
-    mark_new_flags(records)
-    if log is not None:
-        attach_log(records, log)
-    level = Level(params["fail_on"])
-    first, last = first_sign(records, level), last_sign(records, level)
-    rollback = rollback_point(records, first["step"] if first else None)
     if params["plot_path"] is not None:
         from blocktrace.render.plot import require_pyplot, save_figure, track_figure
 
         plt = require_pyplot()
         save_figure(plt, track_figure(plt, records, first), params["plot_path"], params["force"])
-    from blocktrace.render.track import render_against, render_track
-
-    report = {"schema": SCHEMA_VERSION, "kind": ReportKind.TRACK.value, "records": records, "first_sign": first,
-              "last_flags": last, "rollback": rollback,
-              **({"against": comparison} if comparison is not None else {})}
     if params["html_path"] is not None:
         from blocktrace.render.html import write_html
 
         write_html(params["html_path"], report, "track", Lang(params["lang"]), params["force"])
     show(report, params, lambda: render_track(
-        records, first, last, level, "timeline" if timeline else "checkpoints", params["fmt"], brief=params["brief"],
-        rollback=rollback)
+        records, first, report["last_flags"], request.fail_on, "timeline" if request.timeline else "checkpoints",
+        params["fmt"], brief=params["brief"], rollback=report["rollback"])
         + ("" if comparison is None else "\n" + render_against(comparison, params["against"], params["fmt"])))
     parted = comparison is not None and comparison["first_parted"] is not None
     ctx.exit(FINDINGS_EXIT if first is not None or parted else 0)

@@ -1,9 +1,11 @@
-"""`track` over checkpoints: each checkpoint, in step order, through the whole-model check of `check --weights`
-(every layer read and traced one at a time, the model's own loss, its gradients with --grad), and how far each
-layer's weights moved since the previous checkpoint (‖ΔW‖/‖W‖ per tensor kind, streamed tensor by tensor: memory
-does not grow with the number of checkpoints). Each checkpoint becomes one timeline record (training/timeline.py),
-the same records a Watch writes, so everything after — the findings first raised, the first sign of trouble, a
-training log's numbers — works on both (training/track.py)."""
+"""`track`: a model over training, as the report every command returns (`track_request`).
+
+Checkpoints go, in step order, through the whole-model check of `check --weights` (every layer read and traced one
+at a time, the model's own loss, its gradients with --grad), with how far each layer's weights moved since the
+previous checkpoint (‖ΔW‖/‖W‖ per tensor kind, streamed tensor by tensor: memory does not grow with the number of
+checkpoints). Each checkpoint becomes one timeline record (training/timeline.py), the same records a Watch writes,
+so everything after — the findings over training, the findings first raised, the first sign of trouble, the step to
+roll back to, a training log's numbers, a healthy run beside it — works on both (training/)."""
 
 from __future__ import annotations
 
@@ -14,13 +16,27 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 from blocktrace.diagnose.weights import Movement, tensor_kind
-from blocktrace.errors import InputError
+from blocktrace.errors import InputError, UsageError
 from blocktrace.pipeline.model import check_model_request
-from blocktrace.request import Analysis, RunRequest
+from blocktrace.progress import tick
+from blocktrace.request import Analysis, RunRequest, TrackRequest, is_timeline
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.families import model_info
-from blocktrace.training.timeline import flag_entries, layer_entry, record
-from blocktrace.training.track import Point
+from blocktrace.training.against import compare_runs, require_comparable
+from blocktrace.training.rollback import rollback_point
+from blocktrace.training.timeline import flag_entries, layer_entry, read_timeline, record
+from blocktrace.training.track import (
+    Point,
+    attach_log,
+    expand,
+    first_sign,
+    judged,
+    last_sign,
+    mark_new_flags,
+    order,
+    read_log,
+)
+from blocktrace.vocab import SCHEMA_VERSION, ReportKind
 
 
 def _layer_of(key: str, prefix: str) -> Optional[int]:
@@ -90,9 +106,60 @@ def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, cur
 
 
 def track_checkpoints(points: Sequence[Point], request: RunRequest, analysis: Analysis) -> Iterator[dict]:
-    """The records of the checkpoints, in step order, one at a time (for a progress bar)."""
+    """The records of the checkpoints, in step order, one at a time (each one ticked: progress.tick)."""
     previous = None
-    for point in points:
+    for done, point in enumerate(points):
+        tick("tracking", done, len(points))
         current = Checkpoint(point.path)
         yield checkpoint_record(point, request, analysis, current, previous)
         previous = current
+
+
+def _checkpoint_records(request: TrackRequest, sources: Sequence, steps) -> list[dict]:
+    points = order(expand(list(sources)), steps)
+    return list(track_checkpoints(points, request.run, Analysis(checks=True, grad=request.grad)))
+
+
+def _reference_records(request: TrackRequest) -> list[dict]:
+    """The healthy run --against names: a timeline when the run is one, else checkpoints traced on the same input."""
+    path = request.against
+    if request.timeline != is_timeline(path):
+        raise UsageError(f"--against {path}: compare like with like — a timeline against a timeline, checkpoints "
+                         "against checkpoints (traced on the same input)")
+    if request.timeline:
+        return read_timeline(path)
+    records = _checkpoint_records(request, (path,), None)
+    if not records:
+        raise InputError(f"--against {path} holds no checkpoint")
+    return records
+
+
+def _compared(records: list[dict], reference: list[dict], name) -> dict:
+    """The run against its reference, refused when they are runs of different models or share no step."""
+    require_comparable(records, reference, name)
+    comparison = compare_runs(records, reference)
+    if not comparison["matched"]:
+        raise InputError(f"--against {name}: no step in common with the run (the run's steps "
+                         f"{records[0]['step']}–{records[-1]['step']}, the reference's {reference[0]['step']}–"
+                         f"{reference[-1]['step']}): record both at the same steps")
+    return comparison
+
+
+def track_request(request: TrackRequest) -> tuple[dict, list[int]]:
+    """`track`'s report — the records judged over training, each one's new findings and training-log numbers, the
+    first and last sign of trouble at request.fail_on, the step to roll back to, the run beside a healthy one — and
+    the numbers of the timeline's lines cut short (left out, for the caller to say)."""
+    log = read_log(request.log) if request.log is not None else None  # a bad log fails before any checkpoint
+    torn: list[int] = []
+    records = judged(read_timeline(request.sources[0], torn) if request.timeline else
+                     _checkpoint_records(request, request.sources, request.steps))
+    comparison = _compared(records, _reference_records(request), request.against) \
+        if request.against is not None else None
+    mark_new_flags(records)
+    if log is not None:
+        attach_log(records, log)
+    first, last = first_sign(records, request.fail_on), last_sign(records, request.fail_on)
+    report = {"schema": SCHEMA_VERSION, "kind": ReportKind.TRACK.value, "records": records, "first_sign": first,
+              "last_flags": last, "rollback": rollback_point(records, first["step"] if first else None),
+              **({"against": comparison} if comparison is not None else {})}
+    return report, torn
