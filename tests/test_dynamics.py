@@ -347,4 +347,5 @@ def test_a_run_parts_from_its_healthy_twin_at_the_step_and_layer_of_its_bug(runs
 
 def test_against_compares_like_with_like(runs):
     result = CliRunner().invoke(cli, ["track", str(runs["healthy"]), "--against", "sample_weights/gpt2-tiny"])
-    assert result.exit_code == 2 and "compare like with like" in result.output
+    assert result.exit_code == 2 and result.stderr.startswith("Error: --against sample_weights/gpt2-tiny: compare like")
+    assert len(result.stderr.strip().splitlines()) == 1  # one line, not click's usage block
