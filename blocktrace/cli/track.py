@@ -89,7 +89,8 @@ def _request(params: dict) -> TrackRequest:
     inputs = InputSpec(token_ids=params["token_ids_text"], token_types=params["token_types_text"],
                        text=params["text"], text_file=params["text_file"], **ids_file_fields(params))
     run = RunRequest(config_fields={}, inputs=inputs, dtype=DType(params["dtype"]), device=Device(params["device"]))
-    return TrackRequest(sources=tuple(params["sources"]), run=run, steps=params["steps"], grad=params["grad"],
+    steps = tuple(params["steps"]) if params["steps"] is not None else None
+    return TrackRequest(sources=tuple(params["sources"]), run=run, steps=steps, grad=params["grad"],
                         log=params["log_path"], against=params["against"], fail_on=Level(params["fail_on"]))
 
 
