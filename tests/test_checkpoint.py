@@ -132,3 +132,14 @@ def test_a_torch_files_suffix_is_read_in_any_case(invoke, tmp_path, suffix):
     result = invoke("check", "--weights", str(tmp_path), "--token-ids", *IDS, "--json")
     assert result.exit_code in (0, 1), result.output
     assert path.name in " ".join(json.loads(result.stdout)["notes"])
+
+
+def test_rows_come_back_in_the_order_asked_repeats_included(tmp_path):
+    """An embedding lookup reads only the rows its ids name (each distinct row once) and returns one per id."""
+    from blocktrace.sources.checkpoint import Checkpoint
+
+    table = torch.arange(40.0).reshape(10, 4)
+    save_file({"wte.weight": table}, tmp_path / "model.safetensors")
+    ids = [7, 2, 7, 7, 0, 2]
+    assert torch.equal(Checkpoint(tmp_path / "model.safetensors").get("wte.weight", torch.float32, rows=ids),
+                       table[ids])

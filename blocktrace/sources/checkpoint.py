@@ -350,8 +350,10 @@ class Checkpoint:
             elif isinstance(rows, slice):
                 tensor = handle.get_slice(name)[rows]
             else:
-                part = handle.get_slice(name)
-                tensor = torch.cat([part[row : row + 1] for row in rows])
+                part, distinct = handle.get_slice(name), sorted(set(rows))  # a repeated token's row is read once
+                read = torch.cat([part[row : row + 1] for row in distinct])
+                position = {row: i for i, row in enumerate(distinct)}
+                tensor = read[[position[row] for row in rows]]
         except Exception as error:  # truncated data is found only when it is read
             raise WeightsError(f"cannot read tensor {key!r} from {file}: {error}") from None
         return tensor if dtype is None else tensor.to(dtype)
