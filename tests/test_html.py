@@ -240,3 +240,13 @@ def test_a_layer_whose_block_differs_from_the_models_says_how(invoke, tmp_path, 
     assert page.locator("#L0 + p.differs").inner_text().endswith(
         " ".join(f"{key}={json.dumps(value)}" for key, value in differs[0].items()))
     assert page.locator("#L1 + p.differs").count() == 0
+
+
+def test_the_page_says_the_blocks_settings_as_the_document_holds_them(invoke, tmp_path, browser):
+    report, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--norm", "rmsnorm", "--tokens", "a", "b")
+    page, errors, _ = _open(browser, path)
+    page.click("details.settings summary")
+    said = page.inner_text("details.settings p").split()
+    config = report["config"]
+    assert errors == [] and {"d_model=4", "n_heads=2", "norm=rmsnorm", f"d_ff={config['d_ff']}"} <= set(said)
+    assert len(said) == sum(value is not None for value in config.values())

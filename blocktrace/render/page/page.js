@@ -14,7 +14,7 @@ const WORDS = {
     "The attention matrices are kept for inputs up to 16 tokens; this input is longer, so only their statistics are shown.",
     findings: "Findings", none: "No findings at warning or error level.", diagnosis: "Likely cause", advice: "advice",
     layers: "Layers", loss: "loss", step: "step", operation: "operation", shape: "shape", layer: "layer",
-    differs: "this layer's block differs from the model's",
+    differs: "this layer's block differs from the model's", settings: "The block's settings",
     differences: "Where the wirings differ", output: "block output", cosine: "cosine", maxdiff: "max |Δ|",
     timeline: "Loss over training", perLayer: "Residual stream rms per layer over training",
     firstSign: "first sign", newFindings: "new findings", rollback: "roll back to", tokens: "tokens",
@@ -35,7 +35,7 @@ const WORDS = {
     "注意力矩阵只为不超过 16 个 token 的输入保存；这个输入更长，所以只显示它们的统计量。",
     findings: "检查结果", none: "没有警告或错误级别的结果。", diagnosis: "最可能的原因", advice: "建议",
     layers: "各层", loss: "损失", step: "步骤", operation: "运算", shape: "形状", layer: "层",
-    differs: "这一层的 block 与模型的不同之处",
+    differs: "这一层的 block 与模型的不同之处", settings: "block 的设置",
     differences: "连线方式之间的差异", output: "block 输出", cosine: "余弦相似度", maxdiff: "最大 |Δ|",
     timeline: "训练过程中的损失", perLayer: "训练过程中每层残差流的 rms",
     firstSign: "最早的迹象", newFindings: "新出现的结果", rollback: "回退到", tokens: "token",
@@ -390,6 +390,14 @@ function trackPage(report) {
 
 const PAGES = {block: blockPage, stack: layeredPage, model: layeredPage, compare: comparePage, track: trackPage};
 
+/* The document's config, every setting that is set (key=value, as the table's header writes them), closed. */
+function settingsSection(config) {
+  if (!config || typeof config !== "object") return [];
+  const said = Object.entries(config).filter(([, value]) => value !== null && value !== undefined)
+    .map(([key, value]) => `${key}=${typeof value === "object" ? JSON.stringify(value) : value}`);
+  return [el("details", {class: "settings"}, el("summary", {}, w("settings")), el("p", {}, said.join(" ")))];
+}
+
 function kindOf(report) {
   return report.kind || (Array.isArray(report.records) ? "track" : "block");
 }
@@ -408,7 +416,7 @@ function render() {
   const body = kind === "block" ? [...blockPage(REPORT), ...findingsSection(REPORT.flags, REPORT.diagnosis,
                                                                             (f) => f.step ? `step-${f.step}` : null)]
     : PAGES[kind](REPORT);
-  document.getElementById("page").replaceChildren(...body);
+  document.getElementById("page").replaceChildren(...settingsSection(REPORT.config), ...body);
 }
 
 function tooltips() {
