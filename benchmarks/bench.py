@@ -329,7 +329,7 @@ def main() -> None:
     ]
     text = "\n".join(lines) + "\n"
     old = RESULTS.read_text() if RESULTS.is_file() else ""
-    for heading in OWN_SECTIONS:  # written by their own scripts (bench_real_sizes.py, bench_trace_cost.py)
+    for heading in OWN_SECTIONS:  # written by their own scripts (bench_real_sizes.py, bench_trace_cost.py, …)
         section = kept_section(old, heading)
         text += ("\n" + section.rstrip("\n") + "\n") if section else ""
     print(text)

@@ -90,7 +90,8 @@ RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 # Sections of RESULTS.md written by scripts of their own (long runs): bench.py keeps them when it rewrites the file.
 OWN_SECTIONS = ("## Real sizes: 3B and 8B checkpoints, `check` beside HF",
                 "## Where the trace's time goes (GPT-2 small and XL, T 1024, CPU)",
-                "## Gradients where HF's backward fits: 1B, `check --grad` beside HF")
+                "## Gradients where HF's backward fits: 1B, `check --grad` beside HF",
+                "## Reading ahead: `check` from a cold page cache")
 
 
 def kept_section(text: str, heading: str) -> str:

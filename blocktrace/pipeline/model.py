@@ -143,7 +143,11 @@ def check_model_request(request: RunRequest, analysis: Analysis, checkpoint=None
                          "--text or --text-file")
     dtype, device = torch_dtype(request.dtype), resolve_device(request.device)
     checkpoint = checkpoint if checkpoint is not None else Checkpoint(request.weights)
-    checkpoint.prefetch()  # every layer will be read: let the kernel read the files ahead
+    with checkpoint.reading_ahead():  # every layer will be read: the kernel reads the files ahead of them
+        return _checked(checkpoint, request, analysis, dtype, device)
+
+
+def _checked(checkpoint, request: RunRequest, analysis: Analysis, dtype, device) -> tuple[dict, list, object]:
     info = model_info(checkpoint)
     overrides = {key: value for key, value in request.config_fields.items() if key in request.explicit}
     config = checkpoint_config(checkpoint, info, {k: v for k, v in overrides.items() if k in SIZE_FIELDS})

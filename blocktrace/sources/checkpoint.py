@@ -8,11 +8,12 @@ of a multi-GB checkpoint costs about one layer's bytes. PyTorch checkpoint files
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import torch
 from safetensors import safe_open
@@ -20,6 +21,8 @@ from safetensors import safe_open
 from blocktrace.errors import WeightsError
 from blocktrace.files import file_kind
 from blocktrace.sources.configfile import ConfigFile
+from blocktrace.sizing import available_bytes
+from blocktrace.sources import readahead
 from blocktrace.sources.hf_cache import resolve_weights
 from blocktrace.sources.torchfile import TORCH_SUFFIXES, read_torch_file
 
@@ -38,6 +41,10 @@ DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
 COMPUTED_DTYPES = ("F64", "F32", "F16", "BF16")
 UPCAST_DTYPES = ("F8_E4M3", "F8_E5M2")
 READ_DTYPES = COMPUTED_DTYPES + UPCAST_DTYPES
+# How far the files may be read ahead of the layers that use them: a share of the memory available when a check
+# starts (the page cache it fills is the kernel's to drop, but a read-ahead past memory would be evicted unused).
+READ_AHEAD_SHARE = 0.25
+READ_AHEAD_UNKNOWN_MEMORY = 1 << 30  # the budget where the available memory cannot be read
 
 
 def _refuse_pickle(path: Path) -> None:
@@ -241,6 +248,7 @@ class Checkpoint:
         self.step: Optional[int] = None
         self._handles = {}
         self._entry = {}  # the model's name -> (file, name inside it)
+        self.bytes_read = 0  # of tensors read from safetensors files: how far a read-ahead is ahead (reading_ahead)
         for file in resolve_files(self.path):
             if file.suffix.lower() in TORCH_SUFFIXES:
                 loaded = read_torch_file(file)
@@ -288,23 +296,21 @@ class Checkpoint:
         self._entry[name] = self._entry[existing]
         self.notes.append(why)
 
-    def prefetch(self) -> None:
-        """Ask the kernel to read every file ahead, sequentially (a whole-model pass reads every byte; without
-        this, tensors arrive by page faults in the order they are used). Advisory: nothing happens where the
-        platform has no posix_fadvise."""
-        if not hasattr(os, "posix_fadvise"):
+    @contextlib.contextmanager
+    def reading_ahead(self) -> Iterator[None]:
+        """While inside, the kernel reads the safetensors files ahead of the tensors read, in file order, at most
+        READ_AHEAD_SHARE of the available memory ahead (sources/readahead.py): for a pass that reads every layer."""
+        files = [file for file, handle in self._handles.items() if not isinstance(handle, _LoadedFile)]
+        if not files or not readahead.supported():
+            yield
             return
-        for file in self._handles:
-            try:
-                descriptor = os.open(file, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                pass
-            finally:
-                os.close(descriptor)
+        available = available_bytes(torch.device("cpu"))
+        budget = int(READ_AHEAD_SHARE * available) if available else READ_AHEAD_UNKNOWN_MEMORY
+        ahead = readahead.ReadAhead(files, lambda: self.bytes_read, budget).start()
+        try:
+            yield
+        finally:
+            ahead.stop()
 
     def metadata(self) -> dict:
         """The string metadata of the (first) file's header."""
@@ -356,6 +362,8 @@ class Checkpoint:
                 tensor = read[[position[row] for row in rows]]
         except Exception as error:  # truncated data is found only when it is read
             raise WeightsError(f"cannot read tensor {key!r} from {file}: {error}") from None
+        if not isinstance(handle, _LoadedFile):
+            self.bytes_read += tensor.numel() * tensor.element_size()
         return tensor if dtype is None else tensor.to(dtype)
 
     def read_json(self, name: str) -> Optional[ConfigFile]:
