@@ -20,9 +20,9 @@ from safetensors import safe_open
 
 from blocktrace.errors import WeightsError
 from blocktrace.files import file_kind
-from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sizing import available_bytes
 from blocktrace.sources import readahead
+from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.hf_cache import resolve_weights
 from blocktrace.sources.torchfile import TORCH_SUFFIXES, read_torch_file
 
@@ -306,7 +306,8 @@ class Checkpoint:
             return
         available = available_bytes(torch.device("cpu"))
         budget = int(READ_AHEAD_SHARE * available) if available else READ_AHEAD_UNKNOWN_MEMORY
-        ahead = readahead.ReadAhead(files, lambda: self.bytes_read, budget).start()
+        start = self.bytes_read  # what was read before (track reads a checkpoint's weights again) is not ahead
+        ahead = readahead.ReadAhead(files, lambda: self.bytes_read - start, budget).start()
         try:
             yield
         finally:
