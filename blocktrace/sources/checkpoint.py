@@ -41,10 +41,6 @@ DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
 COMPUTED_DTYPES = ("F64", "F32", "F16", "BF16")
 UPCAST_DTYPES = ("F8_E4M3", "F8_E5M2")
 READ_DTYPES = COMPUTED_DTYPES + UPCAST_DTYPES
-# How far the files may be read ahead of the layers that use them: a share of the memory available when a check
-# starts (the page cache it fills is the kernel's to drop, but a read-ahead past memory would be evicted unused).
-READ_AHEAD_SHARE = 0.25
-READ_AHEAD_UNKNOWN_MEMORY = 1 << 30  # the budget where the available memory cannot be read
 
 
 def _refuse_pickle(path: Path) -> None:
@@ -299,14 +295,13 @@ class Checkpoint:
     @contextlib.contextmanager
     def reading_ahead(self) -> Iterator[None]:
         """While inside, the kernel reads the safetensors files ahead of the tensors read, in file order, at most
-        READ_AHEAD_SHARE of the available memory ahead (sources/readahead.py): for a pass that reads every layer."""
+        readahead.budget ahead (sources/readahead.py): for a pass that reads every layer."""
         files = [file for file, handle in self._handles.items() if not isinstance(handle, _LoadedFile)]
         if not files or not readahead.supported():
             yield
             return
-        available = available_bytes(torch.device("cpu"))
-        budget = int(READ_AHEAD_SHARE * available) if available else READ_AHEAD_UNKNOWN_MEMORY
-        start = self.bytes_read  # what was read before (track reads a checkpoint's weights again) is not ahead
+        budget = readahead.budget(available_bytes(torch.device("cpu")))
+        start = self.bytes_read  # what this checkpoint gave before the pass began is not ahead of the pass
         ahead = readahead.ReadAhead(files, lambda: self.bytes_read - start, budget).start()
         try:
             yield

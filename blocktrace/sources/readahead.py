@@ -18,10 +18,19 @@ from typing import Callable, Optional, Sequence
 # shard on this project's machines (Linux 6.18), while 8 MB calls cached all of it (benchmarks/bench_read_ahead.py).
 CHUNK = 8 << 20
 WAIT_SECONDS = 0.05  # how often a read-ahead that is far enough ahead looks again
+# How far ahead of the reads: a share of the memory available when a check starts (the page cache it fills is the
+# kernel's to drop, but a read-ahead past memory would be evicted unused), or a fixed amount where that is unknown.
+SHARE_OF_AVAILABLE = 0.25
+UNKNOWN_MEMORY_BUDGET = 1 << 30
 
 
 def supported() -> bool:
     return hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_WILLNEED")
+
+
+def budget(available: Optional[int]) -> int:
+    """Bytes a read-ahead may run ahead of the reads, given the memory available (None: unknown)."""
+    return int(SHARE_OF_AVAILABLE * available) if available else UNKNOWN_MEMORY_BUDGET
 
 
 class ReadAhead:
