@@ -106,6 +106,24 @@ def test_same_seed_same_parameters_and_caller_rng_untouched():
     assert not torch.equal(build_block(config, seed=8).attn.q_proj.weight, a.attn.q_proj.weight)
 
 
+def test_building_a_block_leaves_every_accelerators_generator_alone(monkeypatch):
+    """The block is built on the CPU from the CPU's generator: reseeding CUDA's (or another device's) generators, as
+    torch.manual_seed does, would change the caller's random state there, which fork_rng(devices=[]) does not
+    restore."""
+    def reseeded(*args, **kwargs):
+        raise AssertionError("an accelerator's generator was reseeded")
+
+    for device in ("cuda", "mps", "xpu", "mtia"):
+        module = getattr(torch, device, None)
+        if module is not None and hasattr(module, "manual_seed_all"):
+            monkeypatch.setattr(module, "manual_seed_all", reseeded)
+        if module is not None and hasattr(module, "manual_seed"):
+            monkeypatch.setattr(module, "manual_seed", reseeded)
+    config = BlockConfig(d_model=8, n_heads=2)
+    a, b = build_block(config, seed=7), build_block(config, seed=7)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
 def _copy_into_hf_gpt2_block(ours, hf_block):
     """Our nn.Linear [out, in] parameters into HF's Conv1D [in, out] layout."""
     with torch.no_grad():

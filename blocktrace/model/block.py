@@ -84,7 +84,9 @@ def build_block(config: BlockConfig, seed: int = 0, init: Init = Init.DEFAULT) -
     The global RNG is forked so that building a block never disturbs the caller's random state.
     """
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        # The CPU's generator only: the block is built on the CPU, and torch.manual_seed would also reseed every
+        # accelerator's generator, which fork_rng(devices=[]) does not restore (and costs ~1 ms formatting a stack).
+        torch.default_generator.manual_seed(seed)
         block = TransformerBlock(config)
         initialise(block, Init(init))
     if config.placement is Placement.DEEPNORM:
