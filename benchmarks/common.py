@@ -91,7 +91,8 @@ RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 OWN_SECTIONS = ("## Real sizes: 3B and 8B checkpoints, `check` beside HF",
                 "## Where the trace's time goes (GPT-2 small and XL, T 1024, CPU)",
                 "## Gradients where HF's backward fits: 1B, `check --grad` beside HF",
-                "## Reading ahead: `check` from a cold page cache")
+                "## Reading ahead: `check` from a cold page cache",
+                "## A command's process, start to exit")
 
 
 def kept_section(text: str, heading: str) -> str:

@@ -22,3 +22,24 @@ def test_python_dash_m_runs_the_cli():
     # An error refused at parsing (before torch is imported: the error path through main() costs no second start-up).
     bad = subprocess.run([sys.executable, "-m", "blocktrace", "run", "--heads", "0"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("Error: ") and "Traceback" not in bad.stderr
+
+
+def test_the_console_script_freezes_what_it_holds_before_the_interpreter_exits(monkeypatch):
+    """The interpreter's last garbage collection would traverse every object torch made, to free nothing the exit
+    does not free anyway (~0.6 s of a 3.7 s `blocktrace run`: benchmarks/bench_startup.py); main() freezes them,
+    on an error's exit too. The library's cli() freezes nothing: a caller's process goes on."""
+    import gc
+
+    import blocktrace.cli as package
+
+    def fails(**kwargs):
+        sys.exit(2)
+
+    monkeypatch.setattr(package, "cli", fails)
+    gc.unfreeze()
+    try:
+        with pytest.raises(SystemExit):
+            package.main()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

@@ -5,6 +5,7 @@ app.py holds the group and its error boundary; each command lives in a module of
 package is imported here, and a command registers itself on import: a new command is its module.
 """
 
+import gc
 import importlib
 import pkgutil
 
@@ -15,7 +16,13 @@ for _module in pkgutil.iter_modules(__path__):
 
 
 def main():
-    cli(prog_name="blocktrace")
+    """The console script: the command, then the process ends."""
+    try:
+        cli(prog_name="blocktrace")
+    finally:
+        # Nothing is freed by the interpreter's last garbage collection that the exit does not free anyway: frozen,
+        # torch's objects are not traversed (that collection cost ~0.6 s of a 3.7 s `blocktrace run`).
+        gc.freeze()
 
 
 __all__ = ["cli", "main"]

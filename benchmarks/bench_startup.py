@@ -1,0 +1,65 @@
+"""A command's whole process, start to exit: what a shell user waits for beyond the work itself.
+
+    python benchmarks/bench_startup.py            # 10 interleaved rounds
+    python benchmarks/bench_startup.py --rounds 20
+
+Cases, each a fresh process: `python -c "import torch"` (what any command that computes pays to start, and the
+exit after it, the interpreter's last garbage collection of torch's objects included), `blocktrace
+--help` (imports no torch), the README's first command as the console script runs it (blocktrace.cli:main, which
+freezes the process's objects before the interpreter's last garbage collection), and the same command without that
+freeze. Writes its section of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+from common import OWN_SECTIONS, machine_facts, write_section
+
+SECTION = OWN_SECTIONS[4]
+RUN = ["run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼"]
+UNFROZEN = "import sys; from blocktrace.cli import cli; sys.argv[0] = 'blocktrace'; cli(prog_name='blocktrace')"
+CASES = {
+    "python -c 'import torch' (and its exit)": [sys.executable, "-c", "import torch"],
+    "blocktrace --help": [sys.executable, "-m", "blocktrace", "--help"],
+    "blocktrace run … (main: frozen before exit)": [sys.executable, "-m", "blocktrace", *RUN],
+    "blocktrace run … (cli() alone: not frozen)": [sys.executable, "-c", UNFROZEN, *RUN],
+}
+
+
+def seconds(command: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    rounds = parser.parse_args().rounds
+    for command in CASES.values():  # warm the page cache and .pyc files
+        seconds(command)
+    times: dict = {name: [] for name in CASES}
+    for _ in range(rounds):
+        for name, command in CASES.items():
+            times[name].append(seconds(command))
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    facts = machine_facts()
+    lines = [SECTION, "",
+             f"{facts['date']}, Python {facts['python']}, torch {facts['torch']}, {facts['cpu']}; median of {rounds} "
+             "interleaved rounds, each a fresh process (`python benchmarks/bench_startup.py`).", "",
+             "| process | seconds |", "|---|---|"]
+    lines += [f"| {name} | {value:.2f} |" for name, value in medians.items()]
+    frozen, unfrozen = (medians[name] for name in list(CASES)[2:])
+    lines += ["", f"Freezing before exit saves {unfrozen - frozen:.2f} s of {unfrozen:.2f} s "
+                  f"({(unfrozen - frozen) / unfrozen:.0%}).", ""]
+    write_section(SECTION, lines)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
