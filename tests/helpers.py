@@ -6,6 +6,8 @@ suite runs from any directory and under --import-mode=importlib.
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import math
 import shutil
@@ -315,3 +317,9 @@ def numpy_stats(a) -> list[float]:
     finite = a.astype(np.float64)
     return [finite.mean(), finite.std(), finite.min(), finite.max(), math.sqrt((finite**2).mean()),
             np.abs(finite).max(), 0, 0]
+
+
+@functools.lru_cache(maxsize=None)
+def parsed_source(path: Path) -> ast.Module:
+    """A source file's syntax tree, parsed once per process (test_imports and test_suite_map read every module)."""
+    return ast.parse(path.read_text(encoding="utf-8"))

@@ -8,6 +8,8 @@ import ast
 import functools
 from pathlib import Path
 
+from helpers import parsed_source
+
 PACKAGE = Path(__file__).resolve().parents[1] / "blocktrace"
 
 # Lowest first. The pipeline returns results (the report dicts of pipeline/report.py) and render only shows them,
@@ -47,7 +49,7 @@ def imports() -> tuple[tuple[str, str, str], ...]:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         source = _part(_module_of(path))
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed_source(path)):
             names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "blocktrace":
                 names = [f"blocktrace.{alias.name}" for alias in node.names]  # `from blocktrace import pipeline`
@@ -77,7 +79,7 @@ def _function_body_imports():
         relative = str(path.relative_to(PACKAGE.parent))
         if relative.startswith("blocktrace/cli/"):
             continue  # the CLI imports each command's machinery when that command runs, so --help loads none of it
-        for function in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for function in ast.walk(parsed_source(path)):
             if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for node in ast.walk(function):
                     if isinstance(node, ast.Import):

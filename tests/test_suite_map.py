@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from helpers import parsed_source
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 
@@ -57,7 +59,7 @@ def _modules_with_logic() -> list[str]:
         relative = path.relative_to(ROOT / "blocktrace").as_posix()
         if path.name.startswith("_") or relative.startswith("sources/families/"):
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parsed_source(path)
         if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) for node in ast.walk(tree)):
             found.append(relative)
     return found
