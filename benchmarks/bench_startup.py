@@ -22,7 +22,7 @@ from common import OWN_SECTIONS, machine_facts, write_section
 
 SECTION = OWN_SECTIONS[4]
 RUN = ["run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼"]
-UNFROZEN = "import sys; from blocktrace.cli import cli; sys.argv[0] = 'blocktrace'; cli(prog_name='blocktrace')"
+UNFROZEN = "from blocktrace.cli import cli; cli(prog_name='blocktrace')"  # main() without its freeze
 CASES = {
     "python -c 'import torch' (and its exit)": [sys.executable, "-c", "import torch"],
     "blocktrace --help": [sys.executable, "-m", "blocktrace", "--help"],

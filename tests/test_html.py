@@ -27,7 +27,7 @@ VIEWPORT = {"width": 1280, "height": 900}
 
 
 @pytest.fixture(scope="module")
-def browser():
+def tab():
     """One tab for the module's pages, each loaded in turn (a new tab per page cost ~0.3 s); with the console errors,
     uncaught exceptions and non-file requests of the page loaded last."""
     from playwright.sync_api import sync_playwright
@@ -75,9 +75,9 @@ def _not_blank(page) -> None:
     assert len(colours) > 20
 
 
-def test_a_block_page_shows_every_step_and_each_heads_weights(invoke, tmp_path, browser):
+def test_a_block_page_shows_every_step_and_each_heads_weights(invoke, tmp_path, tab):
     report, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼")
-    page, errors, requests = _open(browser, path)
+    page, errors, requests = _open(tab, path)
     assert errors == [] and requests == []
     for step in report["steps"]:
         row = f'table.steps tr[data-step="{step["name"]}"] td[data-name]'
@@ -96,10 +96,10 @@ def test_a_block_page_shows_every_step_and_each_heads_weights(invoke, tmp_path, 
     _not_blank(page)
 
 
-def test_the_page_switches_to_chinese_and_back(invoke, tmp_path, browser):
+def test_the_page_switches_to_chinese_and_back(invoke, tmp_path, tab):
     _, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼",
                     "--lang", "zh")
-    page, errors, _ = _open(browser, path)
+    page, errors, _ = _open(tab, path)
     assert "逐步展开" in page.inner_text("header h1") and page.get_attribute("html", "lang") == "zh"
     page.click("#language")
     assert "step by step" in page.inner_text("header h1") and errors == []
@@ -107,19 +107,19 @@ def test_the_page_switches_to_chinese_and_back(invoke, tmp_path, browser):
 
 @pytest.mark.parametrize("command", [["check", "--weights", str(LR_HIGH / "step_0010"), "--token-ids", "1", "2", "3"],
                                      ["track", str(LR_HIGH / "watch.jsonl")]])
-def test_check_and_track_pages_start_in_the_language_asked(invoke, tmp_path, browser, command):
+def test_check_and_track_pages_start_in_the_language_asked(invoke, tmp_path, tab, command):
     """check and track print English findings; --lang zh sets the language their page starts in."""
     path = tmp_path / "page.html"
     assert invoke(*command, "--lang", "zh", "--html", str(path)).exit_code in (0, 1)
-    page, errors, _ = _open(browser, path)
+    page, errors, _ = _open(tab, path)
     assert page.get_attribute("html", "lang") == "zh" and errors == []
     assert page.inner_text("#language") == "English"  # the button offers the other language
 
 
-def test_a_checkpoint_page_links_each_finding_to_its_layer_and_step(invoke, tmp_path, browser):
+def test_a_checkpoint_page_links_each_finding_to_its_layer_and_step(invoke, tmp_path, tab):
     report, path = _both(invoke, tmp_path, "check", "--weights", str(LR_HIGH / "step_0010"), "--text-file",
                          str(SAMPLES / "training" / "eval.txt"))
-    page, errors, requests = _open(browser, path)
+    page, errors, requests = _open(tab, path)
     assert errors == [] and requests == []
     assert _values(page, 'table.layers td[data-name="rms"]') == [layer["rms"] for layer in report["layers"]]
     assert float(page.get_attribute("#loss", "data-value")) == report["loss"]
@@ -131,9 +131,9 @@ def test_a_checkpoint_page_links_each_finding_to_its_layer_and_step(invoke, tmp_
     _not_blank(page)
 
 
-def test_a_comparison_page_shows_both_wirings_and_their_differences(invoke, tmp_path, browser):
+def test_a_comparison_page_shows_both_wirings_and_their_differences(invoke, tmp_path, tab):
     report, path = _both(invoke, tmp_path, "compare", "--pre-ln", "--post-ln")
-    page, errors, _ = _open(browser, path)
+    page, errors, _ = _open(tab, path)
     assert errors == []
     for variant in report["variants"]:
         for step in variant["report"]["steps"]:
@@ -143,9 +143,9 @@ def test_a_comparison_page_shows_both_wirings_and_their_differences(invoke, tmp_
     assert _values(page, 'tr[data-step="output"] td[data-name]') == [output["max_abs_diff"], output["cosine"]]
 
 
-def test_a_run_page_draws_the_timeline_with_its_findings_and_first_sign(invoke, tmp_path, browser):
+def test_a_run_page_draws_the_timeline_with_its_findings_and_first_sign(invoke, tmp_path, tab):
     report, path = _both(invoke, tmp_path, "track", str(LR_HIGH / "watch.jsonl"))
-    page, errors, requests = _open(browser, path)
+    page, errors, requests = _open(tab, path)
     assert errors == [] and requests == []
     losses = [record["loss"] for record in report["records"]]
     assert _values(page, 'circle[data-series="loss"]') == losses
@@ -171,14 +171,14 @@ def test_the_page_is_one_file_that_fetches_nothing(invoke, tmp_path):
     assert text.count("</script>") == 2  # the token "</script>" is escaped inside the embedded JSON
 
 
-def test_a_long_inputs_page_draws_each_heads_attention_map(invoke, tmp_path, browser):
+def test_a_long_inputs_page_draws_each_heads_attention_map(invoke, tmp_path, tab):
     """Past 16 tokens the page draws the --json document's attention map (each cell the largest weight of its block
     of query-key pairs), says what a cell is, and shows a cell's value and its token ranges on hover."""
     words = [f"w{i}" for i in range(100)]
     report, path = _both(invoke, tmp_path, "run", "--d-model", "8", "--heads", "2", "--tokens", *words)
     pooled = report["attention"]["weights_map"]
     assert report["attention"]["weights_first_sequence"] is None and pooled["cell"] == 3
-    page, errors, requests = _open(browser, path)
+    page, errors, requests = _open(tab, path)
     assert errors == [] and requests == []
     for head, matrix in enumerate(pooled["heads"]):
         assert _values(page, f'figure[data-head="{head}"] rect.cell') == [v for row in matrix for v in row]
@@ -188,11 +188,11 @@ def test_a_long_inputs_page_draws_each_heads_attention_map(invoke, tmp_path, bro
     _not_blank(page)
 
 
-def test_a_checkpoints_layers_draw_their_maps_when_opened(invoke, tmp_path, browser):
+def test_a_checkpoints_layers_draw_their_maps_when_opened(invoke, tmp_path, tab):
     """A checkpoint's page keeps each layer's attention closed, and draws its maps when the reader opens it."""
     ids = [str(i % 50 + 1) for i in range(40)]
     report, path = _both(invoke, tmp_path, "check", "--weights", str(LR_HIGH / "step_0010"), "--token-ids", *ids)
-    page, errors, _ = _open(browser, path)
+    page, errors, _ = _open(tab, path)
     assert page.locator("rect.cell").count() == 0  # nothing drawn before it is opened
     page.locator("#L1 + .flow + table + details summary").click()
     matrix = report["layers"][1]["attention"]["weights_map"]["heads"][0]
@@ -212,7 +212,7 @@ SCREENSHOT = ROOT / "docs" / "block-page.png"
 SCREENSHOT_SIZE = {"width": 1100, "height": 760}
 
 
-def test_the_readmes_screenshot_is_the_page_of_its_html_command(invoke, tmp_path, browser):
+def test_the_readmes_screenshot_is_the_page_of_its_html_command(invoke, tmp_path, tab):
     """The README shows its --html command's page: this test takes that screenshot in the suite's browser (written to
     docs/ with BLOCKTRACE_UPDATE_SCREENSHOT=1); otherwise it checks the committed one is a picture of that size, shown
     by the README under that command, and that a fresh one is not blank."""
@@ -225,7 +225,7 @@ def test_the_readmes_screenshot_is_the_page_of_its_html_command(invoke, tmp_path
     args = command.split()[1:]
     args[args.index("--html") + 1] = str(tmp_path / "block.html")
     assert invoke(*args).exit_code == 0
-    page, errors, _ = _open(browser, tmp_path / "block.html")
+    page, errors, _ = _open(tab, tmp_path / "block.html")
     page.set_viewport_size(SCREENSHOT_SIZE)
     shot = page.screenshot()
     assert errors == [] and len({tuple(p) for p in matplotlib.image.imread(io.BytesIO(shot), format="png")
@@ -237,11 +237,11 @@ def test_the_readmes_screenshot_is_the_page_of_its_html_command(invoke, tmp_path
     assert "(docs/block-page.png)" in readme.split(command, 1)[1].split("## ", 1)[0]
 
 
-def test_a_layer_whose_block_differs_from_the_models_says_how(invoke, tmp_path, browser):
+def test_a_layer_whose_block_differs_from_the_models_says_how(invoke, tmp_path, tab):
     """Gemma-2's first layer attends through a window its second does not: the page says so under that layer, as
     the document's config_differences do, and says nothing under the other."""
     report, path = _both(invoke, tmp_path, "check", "--weights", str(SAMPLES / "gemma2-tiny"), "--token-ids", "1", "2")
-    page, errors, _ = _open(browser, path)
+    page, errors, _ = _open(tab, path)
     differs = [layer["config_differences"] for layer in report["layers"]]
     assert differs[0] and not differs[1] and errors == []
     assert page.locator("#L0 + p.differs").inner_text().endswith(
@@ -249,9 +249,9 @@ def test_a_layer_whose_block_differs_from_the_models_says_how(invoke, tmp_path, 
     assert page.locator("#L1 + p.differs").count() == 0
 
 
-def test_the_page_says_the_blocks_settings_as_the_document_holds_them(invoke, tmp_path, browser):
+def test_the_page_says_the_blocks_settings_as_the_document_holds_them(invoke, tmp_path, tab):
     report, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--norm", "rmsnorm", "--tokens", "a", "b")
-    page, errors, _ = _open(browser, path)
+    page, errors, _ = _open(tab, path)
     page.click("details.settings summary")
     said = page.inner_text("details.settings p").split()
     config = report["config"]
