@@ -195,6 +195,7 @@ def test_a_checkpoints_layers_draw_their_maps_when_opened(invoke, tmp_path, tab)
     page, errors, _ = _open(tab, path)
     assert page.locator("rect.cell").count() == 0  # nothing drawn before it is opened
     page.locator("#L1 + .flow + table + details summary").click()
+    page.wait_for_selector('figure[data-head="0"] rect.cell')  # drawn by the toggle event, after the click returns
     matrix = report["layers"][1]["attention"]["weights_map"]["heads"][0]
     assert _values(page, 'figure[data-head="0"] rect.cell') == [v for row in matrix for v in row] and errors == []
 
