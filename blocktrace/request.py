@@ -107,7 +107,7 @@ class Analysis:
     token_index: int = 0
     checks: bool = False  # health checks (diagnose.health): flags column, `check`
     attention_map: bool = False  # long inputs' attention pooled into a map, for a page that draws it (--html)
-    placement: Placement = Placement.PRE  # the wiring of a user's block with named steps
+    placement: Placement = Placement.PRE  # where the norms of a user's block with named steps sit
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ def choose_axis(ctx: click.Context, params: dict) -> tuple[Axis, list[str]]:
 @AXIS_OPTIONS
 @click.option("--norm", type=enum_choice(Norm), default=Norm.LAYERNORM.value, show_default=True, help="The norm of both variants (when the norm is not compared).")
 @click.option("--ffn", type=enum_choice(FFNKind), default=FFNKind.GELU_TANH.value, show_default=True, help="The FFN of both variants (when the FFN is not compared).")
-@click.option("--placement", type=enum_choice(Placement), default=Placement.PRE.value, show_default=True, help="The wiring of both variants (when the wiring is not compared).")
+@click.option("--placement", type=enum_choice(Placement), default=Placement.PRE.value, show_default=True, help="Where both variants' norms sit (when placement is not the axis compared).")
 @SOURCE_OPTIONS
 @STEPS_OPTION
 @DOCUMENT_OPTIONS

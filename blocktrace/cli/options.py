@@ -173,15 +173,16 @@ MODULE_OPTIONS = options(
     click.option("--step-names", type=StepNames(), default=None, help='With --module, for a block of unknown layout: its submodules, e.g. \'{"norm1": "ln_1", "attn": "attn", "norm2": "ln_2", "ffn": "mlp"}\'.'),
 )
 SAVE_OPTION = click.option("--save", "save_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write every step's tensor to this .safetensors file (one block).")
-# One flag per wiring, as blocktrace.wiring declares them.
+# One flag per placement, declared with its wiring (blocktrace.wiring.WIRINGS).
 PLACEMENT_OPTIONS = options(*[click.option(wiring.flag, flag_parameter(wiring), is_flag=True, help=wiring.help)
                               for wiring in WIRINGS.values()])
 PLACEMENT_FLAGS = {flag_parameter(wiring): placement for placement, wiring in WIRINGS.items()}
 QK_NORM_OPTION = click.option("--qk-norm", is_flag=True, help="RMSNorm on each head's q and k before RoPE (Qwen3).")
 # What run, check and compare share: the block, its input, where it runs, how many layers.
 SOURCE_OPTIONS = options(BLOCK_OPTIONS, INPUT_OPTIONS, COMPUTE_OPTIONS, DEPTH_OPTIONS, QUIET_OPTION)
-# The wiring of one block (compare sets these per variant through its axis flags instead).
-WIRING_OPTIONS = options(PLACEMENT_OPTIONS, NORM_OPTION, FFN_OPTION, QK_NORM_OPTION)
+# One value of each axis compare can vary — the norms' placement, the norm, the FFN, the QK-norm — for run and check
+# (compare sets them per variant through its axis flags instead).
+AXIS_VALUE_OPTIONS = options(PLACEMENT_OPTIONS, NORM_OPTION, FFN_OPTION, QK_NORM_OPTION)
 DISPLAY_OPTIONS = options(
     click.option("--values", "n_values", type=click.IntRange(min=1), default=None, help="Show the first N numbers of one token's vector at every step."),
     click.option("--token-index", type=int, default=0, show_default=True, help="Which token --values shows (first sequence of a batch)."),

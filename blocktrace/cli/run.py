@@ -6,19 +6,19 @@ import click
 
 from blocktrace.cli.app import cli, prepare_outputs, show
 from blocktrace.cli.options import (
+    AXIS_VALUE_OPTIONS,
     DISPLAY_OPTIONS,
+    DOCUMENT_OPTIONS,
     FAIL_ON_OPTION,
     FORMAT_OPTION,
     HTML_OPTION,
-    PAGE_LANG_OPTION,
-    DOCUMENT_OPTIONS,
     LANG_OPTION,
     MODULE_OPTIONS,
+    PAGE_LANG_OPTION,
     PLOT_OPTION,
     SAVE_OPTION,
     SOURCE_OPTIONS,
     STEPS_OPTION,
-    WIRING_OPTIONS,
     chosen_placement,
     force_option,
     make_analysis,
@@ -32,7 +32,7 @@ from blocktrace.vocab import FFNKind, Lang, Level, Norm
 
 
 @cli.command()
-@WIRING_OPTIONS
+@AXIS_VALUE_OPTIONS
 @SOURCE_OPTIONS
 @STEPS_OPTION
 @DOCUMENT_OPTIONS
@@ -62,7 +62,7 @@ def run(ctx, **params):
 
 
 @cli.command()
-@WIRING_OPTIONS
+@AXIS_VALUE_OPTIONS
 @SOURCE_OPTIONS
 @DOCUMENT_OPTIONS
 @FORMAT_OPTION
