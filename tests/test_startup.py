@@ -1,9 +1,12 @@
 """The entry points, as a shell runs them: `python -m blocktrace`, and help without torch."""
 
+import gc
 import subprocess
 import sys
 
 import pytest
+
+import blocktrace.cli as package
 
 PROBE = "import sys; sys.argv = ['blocktrace', *{args!r}]\ntry:\n    from blocktrace.cli import main; main()\n" \
         "except SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')"
@@ -26,12 +29,8 @@ def test_python_dash_m_runs_the_cli():
 
 def test_the_console_script_freezes_what_it_holds_before_the_interpreter_exits(monkeypatch):
     """The interpreter's last garbage collection would traverse every object torch made, to free nothing the exit
-    does not free anyway (~0.6 s of a 3.7 s `blocktrace run`: benchmarks/bench_startup.py); main() freezes them,
+    does not free anyway (0.88 s of a 3.90 s `blocktrace run`: benchmarks/bench_startup.py); main() freezes them,
     on an error's exit too. The library's cli() freezes nothing: a caller's process goes on."""
-    import gc
-
-    import blocktrace.cli as package
-
     def fails(**kwargs):
         sys.exit(2)
 
