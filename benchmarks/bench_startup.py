@@ -13,12 +13,10 @@ freeze. Writes its section of RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
-import time
 
-from common import OWN_SECTIONS, machine_facts, write_section
+from common import OWN_SECTIONS, interleaved, machine_facts, write_section
 
 SECTION = OWN_SECTIONS[4]
 RUN = ["run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼"]
@@ -31,23 +29,16 @@ CASES = {
 }
 
 
-def seconds(command: list[str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
+def process(command: list[str]):
+    return lambda: subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     rounds = parser.parse_args().rounds
-    for command in CASES.values():  # warm the page cache and .pyc files
-        seconds(command)
-    times: dict = {name: [] for name in CASES}
-    for _ in range(rounds):
-        for name, command in CASES.items():
-            times[name].append(seconds(command))
-    medians = {name: statistics.median(values) for name, values in times.items()}
+    # one warm-up round: the page cache and the compiled files
+    medians = interleaved({name: process(command) for name, command in CASES.items()}, rounds, warmup=1)
     facts = machine_facts()
     lines = [SECTION, "",
              f"{facts['date']}, Python {facts['python']}, torch {facts['torch']}, {facts['cpu']}; median of {rounds} "
