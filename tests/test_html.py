@@ -171,6 +171,23 @@ def test_the_page_is_one_file_that_fetches_nothing(invoke, tmp_path):
     assert text.count("</script>") == 2  # the token "</script>" is escaped inside the embedded JSON
 
 
+HOSTILE_TOKENS = ["<!--", "<script>", "</script>", "x-->", "&amp;", "]]>"]
+
+
+def test_no_string_in_the_document_can_end_or_break_the_pages_script(invoke, tmp_path, tab):
+    """Issue 45.1: "<!--" in a token blanked the page (it was written "<\\!--", which is not JSON). Every token the
+    HTML parser treats specially inside a <script> element reaches the page's document as it was given."""
+    report, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", *HOSTILE_TOKENS)
+    text = path.read_text(encoding="utf-8")
+    embedded = text.split('<script type="application/json" id="report">', 1)[1].split("</script>", 1)[0]
+    assert "<" not in embedded and json.loads(embedded) == report  # the same document, nothing for the parser
+    page, errors, _ = _open(tab, path)
+    assert errors == []
+    assert page.evaluate("JSON.parse(document.getElementById('report').textContent)") == report
+    labels = page.eval_on_selector_all('figure[data-head="0"] svg.heatmap text', "ts => ts.map(t => t.textContent)")
+    assert labels == HOSTILE_TOKENS * 2
+
+
 def test_a_long_inputs_page_draws_each_heads_attention_map(invoke, tmp_path, tab):
     """Past 16 tokens the page draws the --json document's attention map (each cell the largest weight of its block
     of query-key pairs), says what a cell is, and shows a cell's value and its token ranges on hover."""

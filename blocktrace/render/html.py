@@ -34,9 +34,15 @@ TEMPLATE = """<!doctype html>
 """
 
 
+# Inside a <script> element the HTML parser ends the data at "</script" and enters an escaped state at "<!--"
+# (where a "<script" makes "</script>" no longer end it): no "<" may reach it. "<", ">" and "&" only occur inside
+# JSON strings, where "\u003c" is the same character, so the document JSON.parse reads is unchanged.
+SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
 def html_page(report: dict, title: str, lang: Lang = Lang.EN) -> str:
-    """The page. The JSON is escaped for a <script> element ("</" cannot close it early)."""
-    data = dumps(report, indent=None).replace("</", "<\\/").replace("<!--", "<\\!--")
+    """The page, its document embedded so that no string in it can end or break the <script> element."""
+    data = dumps(report, indent=None).translate(SCRIPT_SAFE)
     return TEMPLATE.format(lang=Lang(lang).value, title=html.escape(f"blocktrace: {title}"), data=data,
                            css=(ASSETS / "page.css").read_text(encoding="utf-8"),
                            js=(ASSETS / "page.js").read_text(encoding="utf-8"))
