@@ -186,7 +186,37 @@ class LoopObserver:
                 "lr_groups": [float(group["lr"]) for group in self.optimizer.param_groups
                               if isinstance(group.get("lr"), (int, float, torch.Tensor))]
                 if self.optimizer is not None else None,
-                **loss_checks}
+                "optimizer": optimizer_hyperparameters(self.optimizer), **loss_checks}
+
+
+# the hyperparameters of a param group the audit reads (diagnose/audit.py), wherever an optimizer defines them
+AUDITED = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "maximize")
+
+
+def _plain(value):
+    """A setting as the timeline holds it: a bool, a number, or a list of numbers (betas); None for anything else."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value)  # a tensor lr (capturable optimizers), read as lr_groups reads it
+    if isinstance(value, bool) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value if isinstance(value, bool) else float(value)
+    if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return [float(v) for v in value]
+    return None
+
+
+def optimizer_hyperparameters(optimizer) -> Optional[dict]:
+    """The optimizer's class and, per param group, every audited setting it holds (None without an optimizer).
+    Decoupled weight decay (AdamW's p ← p·(1 − lr·λ)) is said apart from an L2 term added to the gradient."""
+    if optimizer is None:
+        return None
+    name = type(optimizer).__name__
+    groups = []
+    for group in optimizer.param_groups:
+        plain = {key: _plain(group[key]) for key in AUDITED if key in group}
+        settings = {key: value for key, value in plain.items() if value is not None}
+        settings["decoupled_weight_decay"] = bool(group.get("decoupled_weight_decay", name.startswith("AdamW")))
+        groups.append(settings)
+    return {"class": name, "groups": groups}
 
 
 # --- the batch: targets against inputs, the loss against the logits ----------------------------------------------

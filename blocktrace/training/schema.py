@@ -125,7 +125,32 @@ def _loop(value: Any, field: str) -> dict:
                                                  f"{field}.outputs_are_probabilities")
     loop["outside_optimizer"] = _listed(loop.get("outside_optimizer", []), f"{field}.outside_optimizer", _text)
     loop["lr_groups"] = _listed(loop.get("lr_groups"), f"{field}.lr_groups", number, optional=True)
+    loop["optimizer"] = _optimizer(loop.get("optimizer"), f"{field}.optimizer")
     return loop
+
+
+OPTIMIZER_FLAGS = ("nesterov", "maximize", "decoupled_weight_decay")
+
+
+def _setting(value: Any, field: str):
+    """A param group's setting: a flag, a number, or a list of numbers (betas)."""
+    if isinstance(value, bool):
+        return value
+    return _listed(value, field, number) if isinstance(value, list) else number(value, field)
+
+
+def _optimizer(value: Any, field: str):
+    """The optimizer's class and its param groups' settings (training/loop.optimizer_hyperparameters)."""
+    optimizer = _mapped(value, field, lambda item, name: item, optional=True)
+    if optimizer is None:
+        return None
+    optimizer["class"] = _text(optimizer.get("class"), f"{field}.class")
+    groups = _listed(optimizer.get("groups", []), f"{field}.groups", lambda group, name: _mapped(group, name, _setting))
+    for i, group in enumerate(groups):
+        for key in OPTIMIZER_FLAGS:
+            group[key] = _boolean(group.get(key), f"{field}.groups[{i}].{key}")
+    optimizer["groups"] = groups
+    return optimizer
 
 
 def _probe(value: Any, field: str) -> dict:

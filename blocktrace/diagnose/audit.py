@@ -1,0 +1,121 @@
+"""The audit of the setup: the optimizer's hyperparameters against the region its definition is valid in.
+
+A setting outside that region is a fault whatever the run's statistics say: an optimizer told to maximize
+climbs the loss at every step; moment rates outside [0, 1) do not average; Adam's first moment decaying slower
+than the square root of its second is outside the region where Adam is known to converge. The Watch records every
+param group's settings (training/loop.optimizer_hyperparameters) in each record's "loop"; these checks read them
+at every record (a schedule may move a group out of the region later), so `track` over a timeline finds the same. Each bound is the definition's, not a level fitted to runs; the
+variants published recipes use (β = (0.9, 0.95) of GPT-3 and Llama, (0.9, 0.98) of the Transformer and RoBERTa,
+(0.9, 0.999) of Adam's paper and BERT, β1 = 0 as in Adafactor's recipe, Lion's (0.9, 0.99), SGD with Nesterov
+momentum 0.9, decoupled decay 0.1 at lr 6e-4) lie inside it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+from blocktrace.diagnose.checks import Cause, Finding, Scope, check, finding
+from blocktrace.vocab import Level
+
+# optimizers whose update divides a first moment by the square root of a second (Adam, AdamW, NAdam, RAdam,
+# Adamax, fused and 8-bit AdamW): the convergence region β1 < √β2 is theirs; Lion's and Adan's betas mean otherwise
+ADAM_FAMILY = "adam"
+# decoupled decay multiplies each weight by (1 − lr·λ) per step: at this product a weight no gradient holds up
+# halves within 100 steps; published recipes stay near 1e-4 (GPT-3 and nanoGPT 6e-4 × 0.1, Llama 2 3e-4 × 0.1)
+DECAY_HALVES_IN = 100
+DECAY_TOO_STRONG = 1 - 0.5 ** (1 / DECAY_HALVES_IN)
+
+
+def _groups(entry: dict) -> list[tuple[int, dict]]:
+    optimizer = (entry.get("loop") or {}).get("optimizer") or {}
+    return list(enumerate(optimizer.get("groups") or []))
+
+
+def _class(entry: dict) -> str:
+    return ((entry.get("loop") or {}).get("optimizer") or {}).get("class") or "the optimizer"
+
+
+def _number(value) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        else None
+
+
+@check(Scope.TRAINING, "optimizer_ascends",
+       "a param group of the optimizer the Watch is given has maximize=True, or a learning rate below 0",
+       "definition (torch.optim): maximize=True steps along +∇L, and a negative learning rate along +∇L as well; "
+       "a loss is minimised only by steps along −∇L",
+       "every optimizer step climbs the loss: a flag copied from another model's optimizer, or a schedule that "
+       "went below 0", Cause.OPTIMIZER, direct=True,
+       advice="build the optimizer with maximize=False (the default) and keep every learning rate ≥ 0")
+def _optimizer_ascends(history: Sequence[dict], entry: dict) -> list[Finding]:
+    flags = []
+    for index, group in _groups(entry):
+        lr = _number(group.get("lr"))
+        if group.get("maximize") is True:
+            flags.append(finding(Level.ERROR, None, None, 1.0,
+                                 f"{_class(entry)}'s param group {index} has maximize=True: each step climbs the loss"))
+        elif lr is not None and lr < 0:
+            flags.append(finding(Level.ERROR, None, None, lr,
+                                 f"{_class(entry)}'s param group {index} has lr={lr:g} < 0: each step climbs the loss"))
+    return flags
+
+
+@check(Scope.TRAINING, "moment_rates_invalid",
+       "a param group's betas or momentum lie outside [0, 1); or, for an Adam-family optimizer, β1 ≥ √β2",
+       "definition: an exponential moving average m ← β·m + (1 − β)·g averages only for β in [0, 1) (at 1 it never "
+       "forgets, above it grows without bound), and SGD's velocity v ← μ·v + g stays bounded only for μ < 1; "
+       "Adam's convergence analysis needs β1 < √β2 (Kingma & Ba 2015, γ = β1²/√β2 < 1; Reddi et al. 2018, "
+       "'On the Convergence of Adam and Beyond', β1 < √β2)",
+       "the optimizer's moments do not average the gradients as its definition requires: swapped betas (0.999, "
+       "0.9), a rate of 1 or above, a momentum of 1 — its steps are stale or unbounded", Cause.OPTIMIZER,
+       direct=True,
+       advice="use betas in [0, 1) with β1 < √β2 — published recipes use (0.9, 0.95), (0.9, 0.98) or (0.9, 0.999) "
+       "— and a momentum below 1 (0.9 is usual)")
+def _moment_rates_invalid(history: Sequence[dict], entry: dict) -> list[Finding]:
+    adam = ADAM_FAMILY in _class(entry).lower()
+    flags = []
+    for index, group in _groups(entry):
+        fault = _moment_fault(group, adam)
+        if fault:
+            value, detail = fault
+            flags.append(finding(Level.ERROR, None, None, value, f"{_class(entry)}'s param group {index}: {detail}"))
+    return flags
+
+
+def _moment_fault(group: dict, adam: bool) -> Optional[tuple[float, str]]:
+    """The rate at fault in a group's moment rates and what is wrong with it (None: nothing)."""
+    betas = [b for b in (group.get("betas") or []) if _number(b) is not None]
+    outside = [b for b in betas if not 0 <= b < 1]
+    if outside:
+        return outside[0], f"betas={tuple(betas)} has {outside[0]:g} outside [0, 1)"
+    momentum = _number(group.get("momentum"))
+    if momentum is not None and not 0 <= momentum < 1:
+        return momentum, f"momentum={momentum:g} is outside [0, 1)"
+    if adam and len(betas) == 2 and betas[0] >= math.sqrt(betas[1]):
+        return betas[0], (f"betas={tuple(betas)}: β1 = {betas[0]:g} ≥ √β2 = {math.sqrt(betas[1]):.4g}, outside the region "
+                "where Adam converges (β1 < √β2)")
+    return None
+
+
+@check(Scope.TRAINING, "weight_decay_too_strong",
+       f"a param group's decoupled weight decay has lr·λ ≥ {DECAY_TOO_STRONG:.3g} (a weight halves in "
+       f"{DECAY_HALVES_IN} steps without a gradient: warning), or ≥ 1 (error)",
+       "definition (Loshchilov & Hutter 2019, torch.optim.AdamW): each step multiplies every weight by (1 − lr·λ); "
+       "at lr·λ ≥ 1 that factor is ≤ 0, so the weights are zeroed or flip sign at every step; published recipes "
+       "use about 1e-4 (GPT-3 and nanoGPT: lr 6e-4 × λ 0.1)",
+       "the weight decay shrinks the weights faster than the gradients can hold them up: a decay meant for L2 "
+       "(λ around 1e-4 × lr⁻¹) given to AdamW, or λ and lr swapped", Cause.OPTIMIZER, direct=True,
+       advice="use a decoupled weight decay λ around 0.1 with learning rates around 1e-3 or below (lr·λ near 1e-4)")
+def _weight_decay_too_strong(history: Sequence[dict], entry: dict) -> list[Finding]:
+    flags = []
+    for index, group in _groups(entry):
+        lr, decay = _number(group.get("lr")), _number(group.get("weight_decay"))
+        if group.get("decoupled_weight_decay") is not True or lr is None or decay is None:
+            continue
+        product = lr * decay
+        if product >= DECAY_TOO_STRONG:
+            flags.append(finding(Level.ERROR if product >= 1 else Level.WARNING, None, None, product,
+                                 f"{_class(entry)}'s param group {index}: lr·weight_decay = {lr:g} × {decay:g} = "
+                                 f"{product:.3g}: each step multiplies the weights by {1 - product:.3g}"))
+    return flags

@@ -1,0 +1,122 @@
+"""diagnose/audit.py: the optimizer's settings against the region its definition is valid in — each rule on both
+sides: the fault (a Watch over a real loop, and the record alone) and the legitimate settings published recipes
+use beside it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import NanoGPT, nano_batch
+
+from blocktrace import Watch
+from blocktrace.diagnose.audit import DECAY_HALVES_IN, DECAY_TOO_STRONG
+from blocktrace.diagnose.dynamics import judge
+from blocktrace.training.loop import optimizer_hyperparameters
+from blocktrace.training.timeline import read_timeline
+
+AUDIT = {"optimizer_ascends", "moment_rates_invalid", "weight_decay_too_strong"}
+
+
+def _train(path, make_optimizer, steps=6, every=5) -> list[dict]:
+    """A nanoGPT loop with the README's Watch lines; the records as `track` reads them back."""
+    torch.manual_seed(0)
+    model = NanoGPT()
+    optimizer = make_optimizer(model.parameters())
+    watch = Watch(model, path, every=every, optimizer=optimizer, overwrite=True)
+    for step in range(steps):
+        ids, targets = nano_batch(step)
+        _, loss = model(ids, targets)
+        loss.backward()
+        watch.step(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    watch.close()
+    return read_timeline(path)
+
+
+def _audited(optimizer) -> dict:
+    """The audit's findings, by name, on a record holding this optimizer's settings."""
+    entry = {"step": 0, "layers": [], "loop": {"optimizer": optimizer_hyperparameters(optimizer)}}
+    return {f.name: f for f in judge([], entry) if f.name in AUDIT}
+
+
+def _parameters() -> list[torch.nn.Parameter]:
+    return [torch.nn.Parameter(torch.ones(2, 2))]
+
+
+def test_an_optimizer_told_to_maximize_is_caught_at_the_first_record_with_its_cause(tmp_path):
+    records = _train(tmp_path / "run.jsonl", lambda ps: torch.optim.AdamW(ps, lr=1e-3, maximize=True))
+    found = [f for f in records[0]["flags"] if f["name"] == "optimizer_ascends"]
+    assert found and found[0]["level"] == "error" and "maximize=True" in found[0]["detail"]
+    assert records[0]["diagnosis"][0]["cause"] == "optimizer"
+    assert records[0]["loop"]["optimizer"]["groups"][0]["maximize"] is True  # read back through the schema
+
+    healthy = _train(tmp_path / "healthy.jsonl", lambda ps: torch.optim.AdamW(ps, lr=1e-3))
+    assert not {f["name"] for r in healthy for f in r["flags"]} & AUDIT
+
+
+def test_a_learning_rate_below_zero_climbs_the_loss():
+    optimizer = torch.optim.SGD(_parameters(), lr=0.1)
+    optimizer.param_groups[0]["lr"] = -0.1  # what a schedule gone below 0 leaves (torch refuses it at construction)
+    assert "lr=-0.1 < 0" in _audited(optimizer)["optimizer_ascends"].detail
+    assert "optimizer_ascends" not in _audited(torch.optim.SGD(_parameters(), lr=0.0))  # 0 is not a climb
+
+
+def test_swapped_adam_betas_lie_outside_the_region_where_adam_converges(tmp_path):
+    records = _train(tmp_path / "run.jsonl", lambda ps: torch.optim.Adam(ps, lr=1e-3, betas=(0.999, 0.9)))
+    found = [f for f in records[0]["flags"] if f["name"] == "moment_rates_invalid"]
+    assert found and found[0]["level"] == "error" and "β1 = 0.999 ≥ √β2" in found[0]["detail"]
+    assert records[0]["diagnosis"][0]["cause"] == "optimizer"
+
+
+# the betas of published recipes: GPT-3 and Llama, the Transformer and RoBERTa, Adam's paper and BERT, β1 = 0
+# (Adafactor's recipe), a GAN's Adam (0.5, 0.999); and just inside the bound
+PUBLISHED_BETAS = [(0.9, 0.95), (0.9, 0.98), (0.9, 0.999), (0.0, 0.99), (0.5, 0.999), (0.94, 0.8836 + 1e-6)]
+
+
+@pytest.mark.parametrize("kind", [torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.optim.RAdam])
+@pytest.mark.parametrize("betas", PUBLISHED_BETAS)
+def test_published_adam_betas_pass(kind, betas):
+    assert _audited(kind(_parameters(), lr=1e-3, betas=betas)) == {}
+
+
+@pytest.mark.parametrize("betas", [(0.95, 0.9), (0.99, 0.98), (1.0, 0.999), (0.9, 1.0)])
+def test_adam_betas_on_or_past_the_bound_are_said_with_the_bound(betas):
+    optimizer = torch.optim.Adam(_parameters(), lr=1e-3)
+    optimizer.param_groups[0]["betas"] = betas  # torch refuses a beta of 1 at construction; a group can still hold it
+    detail = _audited(optimizer)["moment_rates_invalid"].detail
+    assert ("outside [0, 1)" in detail) if max(betas) >= 1 else (f"√β2 = {math.sqrt(betas[1]):.4g}" in detail)
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion's param groups (Chen et al. 2023): betas that interpolate signs, not Adam's moment rates."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+
+
+def test_the_adam_bound_is_not_applied_to_an_optimizer_whose_betas_mean_otherwise():
+    assert _audited(Lion(_parameters(), betas=(0.95, 0.9))) == {}  # β1 ≥ √β2, but not Adam's moments
+    assert "outside [0, 1)" in _audited(Lion(_parameters(), betas=(0.9, 1.5)))["moment_rates_invalid"].detail
+
+
+def test_sgd_momentum_of_one_never_forgets_nesterov_and_heavy_ball_pass():
+    assert "momentum=1" in _audited(torch.optim.SGD(_parameters(), lr=0.1, momentum=1.0))["moment_rates_invalid"].detail
+    assert _audited(torch.optim.SGD(_parameters(), lr=0.1, momentum=0.9, nesterov=True)) == {}
+    assert _audited(torch.optim.SGD(_parameters(), lr=0.1, momentum=0.99)) == {}
+    assert _audited(torch.optim.SGD(_parameters(), lr=0.1)) == {}
+
+
+def test_decoupled_weight_decay_that_zeroes_or_halves_the_weights_is_caught_published_decay_passes():
+    assert (1 - DECAY_TOO_STRONG) ** DECAY_HALVES_IN == pytest.approx(0.5)  # the bound is what its comment says
+    strong = _audited(torch.optim.AdamW(_parameters(), lr=1e-2, weight_decay=200.0))["weight_decay_too_strong"]
+    assert strong.level.value == "error" and strong.value == pytest.approx(2.0)
+    halving = _audited(torch.optim.AdamW(_parameters(), lr=1e-2, weight_decay=1.0))["weight_decay_too_strong"]
+    assert halving.level.value == "warning"
+    for lr, decay in ((6e-4, 0.1), (3e-4, 0.1), (1e-2, 0.1), (1e-3, 0.01)):  # nanoGPT, Llama 2, a high lr, a small λ
+        assert _audited(torch.optim.AdamW(_parameters(), lr=lr, weight_decay=decay)) == {}
+    # an L2 term added to the gradient (Adam's and SGD's weight_decay) is not a multiplication of the weights
+    assert _audited(torch.optim.Adam(_parameters(), lr=1e-2, weight_decay=1.0)) == {}
+    assert _audited(torch.optim.SGD(_parameters(), lr=1e-2, weight_decay=1.0)) == {}
