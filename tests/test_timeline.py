@@ -79,3 +79,30 @@ def test_a_writer_continues_or_replaces_a_timeline_only_when_told(tmp_path):
     assert [entry["step"] for entry in read_timeline(path)] == [0, 5]
     _write(path, 7, overwrite=True)
     assert [entry["step"] for entry in read_timeline(path)] == [7]
+
+
+# the characters str.splitlines breaks a line at that JSON leaves unescaped in a string (issue 45.6)
+LINE_BREAKS_JSON_KEEPS = ["\u2028", "\u2029", "\x85", "\x1c", "\x1d", "\x1e", "\x0b", "\x0c"]
+
+
+@pytest.mark.parametrize("character", LINE_BREAKS_JSON_KEEPS)
+def test_a_string_holding_any_line_break_of_str_splitlines_reads_back_as_written(tmp_path, character):
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(path)
+    note = f"probe not run: ValueError: a{character}b"
+    for step in (0, 10):
+        writer.write(record(step, "watch", [dict(_layer(1.0), notes=[note])], [], [], path=f"dir{character}/ckpt"))
+    writer.close()
+    assert path.read_bytes().count(b"\n") == 2  # one record a line, the character escaped in it
+    assert [r["layers"][0]["notes"] for r in read_timeline(path)] == [[note], [note]]
+    assert read_timeline(path)[1]["path"] == f"dir{character}/ckpt"
+
+
+def test_a_line_another_writer_left_unescaped_still_ends_only_at_a_newline(tmp_path):
+    """A reader takes a line as JSON lines define it (ended by \\n, a \\r before it dropped), whoever wrote it."""
+    path = tmp_path / "t.jsonl"
+    _write(path, 0, 10)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    raw = [line.replace('"steps": {}', '"steps": {}, "notes": ["a\u2028b"]') for line in lines]
+    path.write_text("\r\n".join(raw) + "\r\n", encoding="utf-8")
+    assert [r["layers"][0]["notes"] for r in read_timeline(path)] == [["a\u2028b"], ["a\u2028b"]]

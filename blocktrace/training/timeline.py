@@ -88,8 +88,22 @@ def _finite(value):
     return value
 
 
+# Characters JSON leaves unescaped in a string that str.splitlines (and so many a reader of JSON lines) ends a line
+# at: written as JSON escapes, a record is one line by every definition of a line.
+LINE_BREAKS_IN_STRINGS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def dumps(entry: dict) -> str:
-    return json.dumps(_finite(entry), ensure_ascii=False, allow_nan=False)
+    return json.dumps(_finite(entry), ensure_ascii=False, allow_nan=False).translate(LINE_BREAKS_IN_STRINGS)
+
+
+def text_lines(text: str) -> list[str]:
+    """The lines of a JSON-lines text as the format defines them: ended by "\n" alone (a "\r" before it dropped),
+    never at the other characters str.splitlines breaks at, which a string inside a record may hold."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 class TimelineWriter:
@@ -190,7 +204,7 @@ def json_lines(path: Path, what: str, torn: Optional[list] = None) -> Iterator[t
     """(line number, value) of a JSON-lines file, blank lines skipped. A last line cut short (a run killed
     mid-write) ends the file, its number added to `torn` so the caller can say so; any other line that is not
     JSON is refused, naming `what` the file should hold."""
-    lines = read_text(Path(path)).splitlines()
+    lines = text_lines(read_text(Path(path)))
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
