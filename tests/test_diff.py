@@ -90,6 +90,53 @@ def test_a_step_missing_on_either_side_diverges(invoke, tmp_path):
         assert report["first_divergence"] == "ffn"
 
 
+def _without(source: Path, path: Path, *names: str, order=None) -> Path:
+    """The trace file `source` less the tensors `names` (and, given `order`, with that step order)."""
+    tensors = load_file(str(source))
+    metadata = safe_open(str(source), "pt").metadata()
+    if order is not None:
+        metadata = {**metadata, "step_order": json.dumps(order)}
+    save_file({k: v for k, v in tensors.items() if k not in names}, str(path), metadata=metadata)
+    return path
+
+
+def test_attention_weights_only_one_side_traced_are_said_and_the_rest_compared(invoke, tmp_path):
+    """Issue 42.4: an implementation whose attention a fused kernel hides saves no attention weights; against one
+    that saves them, every step both hold is compared, and what only one side has is said, not a divergence."""
+    full = _trace_file(invoke, tmp_path / "full.safetensors")
+    assert "attn_weights" in load_file(str(full))
+    fused = _without(full, tmp_path / "fused.safetensors", "attn_weights")
+    for a, b, side in ((full, fused, "A"), (fused, full, "B")):
+        report = strict_json(invoke("diff", str(a), str(b), "--json").stdout)
+        assert report["diverged"] is False and report["only_in_one"] == [{"name": "attn_weights", "only_in": side}]
+        assert [s["name"] for s in report["steps"]] == ["x", *json.loads(safe_open(str(full), "pt").metadata()
+                                                                         ["step_order"])]
+        result = invoke("diff", str(a), str(b))
+        assert result.exit_code == 0 and f"only in {side}, not compared: attn_weights" in result.stdout
+
+    perturbed = load_file(str(fused))
+    perturbed["residual2"] = perturbed["residual2"] + 1e-2  # a real difference still fails with the rest compared
+    save_file(perturbed, str(tmp_path / "off.safetensors"), metadata=safe_open(str(fused), "pt").metadata())
+    report = strict_json(invoke("diff", str(full), str(tmp_path / "off.safetensors"), "--json").stdout)
+    assert report["first_divergence"] == "residual2"
+
+
+def test_a_step_only_one_sides_order_names_is_said_not_a_divergence(invoke, tmp_path):
+    full = _trace_file(invoke, tmp_path / "full.safetensors")
+    order = json.loads(safe_open(str(full), "pt").metadata()["step_order"])
+    shorter = _without(full, tmp_path / "short.safetensors", "residual2", order=order[:-1])
+    report = strict_json(invoke("diff", str(full), str(shorter), "--json").stdout)
+    assert report["diverged"] is False and {"name": "residual2", "only_in": "A"} in report["only_in_one"]
+
+
+def test_two_traces_with_no_step_in_common_are_refused_in_one_line(invoke, tmp_path):
+    for name in ("norm1", "y"):
+        save_file({name: torch.ones(2, 4)}, str(tmp_path / f"{name}.safetensors"),
+                  metadata={"step_order": json.dumps([name])})
+    result = invoke("diff", str(tmp_path / "norm1.safetensors"), str(tmp_path / "y.safetensors"))
+    one_error_line(result, 2, "hold no traced step in common (only in one: norm1, y)")
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])
 def test_tolerances_must_be_finite_and_non_negative(invoke, tmp_path, value):
     path = _trace_file(invoke, tmp_path / "t.safetensors")

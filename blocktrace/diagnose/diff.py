@@ -5,7 +5,10 @@ then steps only B has; the input `x` first and `attn_weights` last. A step is wi
 tolerance when both files hold it with the same shape, their non-finite values sit at the
 same places with the same values (a NaN equals a NaN there: a trace with NaN does not
 differ from itself), and every finite pair satisfies |a − b| ≤ atol + rtol·|b| (numpy's
-allclose). The first step that is not is named.
+allclose). The first step that is not is named. What only one side traced — attention
+weights that the other's fused kernel never showed, a step only its own order names — is
+said under "only_in_one" and compared with nothing; a step both orders name that one file
+lacks is a divergence (that file does not hold the trace it claims).
 """
 
 from __future__ import annotations
@@ -57,18 +60,26 @@ def diff_traces(path_a: Path, path_b: Path, atol: float = 1e-5, rtol: float = 1e
     a, order_a = open_trace(path_a)
     b, order_b = open_trace(path_b)
     names = list(dict.fromkeys(["x", *order_a, *order_b, "attn_weights"]))
-    steps = []
+    claimed_by_both = {"x", *(set(order_a) & set(order_b))}
+    steps, only_in_one = [], []
     for name in names:
         in_a, in_b = name in a, name in b
         if not (in_a or in_b):
             continue
         if not (in_a and in_b):
-            steps.append({"name": name, "missing_in": "B" if in_a else "A", "within": False})
+            side = "A" if in_a else "B"
+            if name in claimed_by_both:  # both ran the step and one file lacks it: that file is not the trace
+                steps.append({"name": name, "missing_in": "B" if in_a else "A", "within": False})
+            else:  # one side traced what the other did not (attention weights a fused kernel hides, its own step)
+                only_in_one.append({"name": name, "only_in": side})
             continue
         steps.append({"name": name, **compare_step(a.get(name), b.get(name), atol, rtol)})
+    if only_in_one and not any("missing_in" not in step for step in steps):
+        raise InputError(f"{path_a} and {path_b} hold no traced step in common (only in one: "
+                         f"{', '.join(step['name'] for step in only_in_one)}): there is nothing to compare")
     if not steps:
         raise InputError(f"neither {path_a} nor {path_b} holds a traced step (x, {', '.join(order_a[:3]) or 'norm1'} …): "
                          "there is nothing to compare; save traces with `blocktrace run --save`")
     first = next((step["name"] for step in steps if not step["within"]), None)
     return {"schema": SCHEMA_VERSION, "kind": ReportKind.DIFF.value, "a": str(path_a), "b": str(path_b), "atol": atol, "rtol": rtol,
-            "steps": steps, "first_divergence": first, "diverged": first is not None}
+            "steps": steps, "only_in_one": only_in_one, "first_divergence": first, "diverged": first is not None}

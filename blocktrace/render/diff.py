@@ -17,10 +17,20 @@ def _row(step: dict) -> list:
     return [step["name"], shape, *("n/a" if value is None else value for value in cells), within]
 
 
+def _only_in_one(report: dict) -> str:
+    """A line per side for what only that side traced (compared with nothing, so no verdict of its own)."""
+    lines = []
+    for side in ("A", "B"):
+        names = [step["name"] for step in report["only_in_one"] if step["only_in"] == side]
+        if names:
+            lines.append(f"only in {side}, not compared: {', '.join(names)}\n")
+    return "".join(lines)
+
+
 def render_diff(report: dict, fmt: str) -> str:
     rows = [_row(step) for step in report["steps"]]
     table = tabulate(rows, headers=["step", "shape", "max|Δ|", "max|Δ| / max|B|", "cosine", "within"],
                      tablefmt=fmt, floatfmt=".3g")
     verdict = (f"first step beyond atol={report['atol']:g}, rtol={report['rtol']:g}: {report['first_divergence']}"
                if report["diverged"] else f"every step within atol={report['atol']:g}, rtol={report['rtol']:g}")
-    return f"A: {report['a']}\nB: {report['b']}\n\n{table}\n\n{verdict}\n"
+    return f"A: {report['a']}\nB: {report['b']}\n\n{table}\n\n{_only_in_one(report)}{verdict}\n"
