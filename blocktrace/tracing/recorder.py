@@ -21,6 +21,7 @@ import torch
 from blocktrace.model.moe import router_distribution
 from blocktrace.tracing.probes import ProbeContext, ffn_probe, step_probe
 from blocktrace.tracing.routing import routing_moments
+from blocktrace.tracing.softmax import SoftmaxSeen, as_heads
 from blocktrace.tracing.stats import (
     attention_chunk_stats,
     tensor_moments,
@@ -330,13 +331,35 @@ class Recorder:
                     attention.weights.register_forward_hook(self.guard(
                         lambda m, i, weights: self.attention.add(weights, attention.rows)))]
         module = resolve(self.block, StepSpec("attn", self.layout.attention_path))
+        seen: list[SoftmaxSeen] = []
+
+        def on_input(module, args):
+            if not seen:  # a module called twice is traced at its first call
+                seen.append(SoftmaxSeen())
+                seen[0].__enter__()
 
         def on_output(module, inputs, output):
+            softmaxes = _leave(seen)
             weights = _attention_weights(output)
             if weights is not None:
                 self.attention.add(weights, None)
+            elif not self.attention.chunks:  # no weights returned, none measured from sdpa: the ones computed by hand
+                for scores, weights in softmaxes:
+                    self.attention.scores, weights = as_heads(scores, weights)
+                    self.attention.add(weights, slice(0, weights.shape[-2]))
 
-        return [module.register_forward_hook(self.guard(on_output))]
+        # always_call: a forward that raises leaves the mode too
+        return [module.register_forward_pre_hook(self.guard(on_input)),
+                module.register_forward_hook(self.guard(on_output), always_call=True)]
+
+
+def _leave(seen: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The softmaxes the attention module's call computed, its mode left (once: a second call finds it gone)."""
+    if not seen or seen[0] is None:
+        return []
+    mode, seen[0] = seen[0], None
+    mode.__exit__(None, None, None)
+    return mode.seen
 
 
 def _attention_weights(output) -> Optional[torch.Tensor]:

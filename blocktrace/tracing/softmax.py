@@ -1,0 +1,53 @@
+"""Attention written by hand, seen: the softmax an attention module computes, and the scores it is computed from.
+
+The tutorials' attention is `softmax(q·kᵀ/√d + mask)` in plain torch calls, with no fused kernel to wrap and no
+weights returned. While the attention module of a traced block runs, `SoftmaxSeen` — a TorchFunctionMode, as
+torch's FlopCounterMode and DebugMode intercept calls — keeps each softmax over the last dimension of a tensor of
+two or more dimensions: its input is the scores as masked (a bool mask's masked_fill, an additive mask or bias such
+as ALiBi already applied), its output the weights. A softmax elsewhere in the block (a router, the output layer)
+is outside the module, so it is never taken for the attention. Nothing is intercepted outside that module's call,
+and the mode's calls go to the same kernels: what training computes is unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
+
+SOFTMAXES = frozenset({torch.softmax, F.softmax, torch.Tensor.softmax, torch.special.softmax})
+
+
+def _dim(args: tuple, kwargs: dict) -> Optional[int]:
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    return dim if isinstance(dim, int) else None
+
+
+class SoftmaxSeen(TorchFunctionMode):
+    """Every softmax over the last dimension computed while active, as (scores, weights), detached."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        output = func(*args, **kwargs)
+        if func in SOFTMAXES and isinstance(output, torch.Tensor) and output.dim() >= 2 \
+                and _dim(args, kwargs) in (-1, output.dim() - 1) and isinstance(args[0], torch.Tensor):
+            self.seen.append((args[0].detach(), output.detach()))
+        return output
+
+
+def as_heads(scores: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores and weights as `[B, H, rows, keys]` in float32 (one head, one sequence where the code has none), the
+    scores' masked entries (−inf) at float32's lowest finite value, as sdpa's measurement writes them: p·s is then
+    0 where p is 0, never NaN."""
+    if weights.dim() == 2:  # [rows, keys]: one sequence
+        scores, weights = scores.unsqueeze(0), weights.unsqueeze(0)
+    if weights.dim() == 3:  # [B, rows, keys]: one head
+        scores, weights = scores.unsqueeze(1), weights.unsqueeze(1)
+    scores = scores.float().clamp_min(torch.finfo(torch.float32).min)
+    return scores, weights.float()
