@@ -155,3 +155,38 @@ def test_a_traced_user_block_sees_its_hand_written_attention(tmp_path):
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(8)
         expected = scores.masked_fill(~_causal(T), float("-inf")).amax().item()
     assert attention.max_logit == pytest.approx(expected, abs=1e-6)
+
+
+class WrongScale(Manual):
+    """The tutorial's line with the scale inverted: q·kᵀ × √d_head instead of ÷ √d_head."""
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.heads_of(x)
+        scores = (q @ k.transpose(-2, -1)) * math.sqrt(k.size(-1))
+        weights = F.softmax(scores.masked_fill(~_causal(t)[None, None], float("-inf")), dim=-1)
+        return self.c_proj((weights @ v).transpose(1, 2).contiguous().view(b, t, c))
+
+
+def _first_record(model, path) -> dict:
+    _layers(model, path)
+    return read_timeline(path)[0]
+
+
+def test_scores_multiplied_by_the_square_root_of_the_head_width_are_caught_with_their_cause(tmp_path):
+    record = _first_record(_model(WrongScale, "nanogpt"), tmp_path / "w.jsonl")
+    found = [f for f in record["flags"] if f["name"] == "attention_scale_wrong"]
+    assert found and found[0]["level"] == "error" and "× √8" in found[0]["detail"]
+    assert record["diagnosis"][0]["cause"] == "architecture"
+
+
+@pytest.mark.parametrize("way", ["nanogpt", "bool-1e9"])
+def test_scores_divided_by_the_square_root_or_scaled_by_one_over_it_pass(tmp_path, way):
+    record = _first_record(_model(Manual, way), tmp_path / "m.jsonl")  # × (1/√d) and its variants
+    assert "attention_scale_wrong" not in {f["name"] for f in record["flags"]}
+    from blocktrace.tracing.softmax import SoftmaxSeen
+
+    with SoftmaxSeen() as seen:  # ÷ √d written as a division: the same scale, seen
+        q = torch.randn(1, 2, 4, 8)
+        torch.softmax((q @ q.transpose(-2, -1)) / math.sqrt(8), dim=-1)
+    assert seen.scale == pytest.approx((1 / math.sqrt(8), 8))

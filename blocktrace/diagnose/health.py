@@ -164,6 +164,29 @@ def _attention_logit_growth(trace, layer) -> list[Finding]:
     return [finding(level, "attn", layer, logit, f"largest pre-softmax logit {logit:.4g}")]
 
 
+@check(Scope.ATTENTION, "attention_scale_wrong",
+       "the block's own code multiplies q·kᵀ by a number c above 1 (c·√d_head = √d_head · c; c = √d_head: "
+       "multiplied where the definition divides)",
+       "definition (Vaswani et al. 2017): scores are q·kᵀ/√d_head, so unit-variance q and k give scores of "
+       "variance 1; published models scale by 1/√d_head (most), 1/d_head (μP, Yang et al. 2022) or 1 (T5, "
+       "Raffel et al. 2020): none by more than 1",
+       "the attention scores are amplified instead of scaled down: the softmax saturates from the first step, "
+       "each query attends to one key, and its gradient vanishes", Cause.ARCHITECTURE, direct=True,
+       advice="divide the scores by √d_head: att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1)) (or multiply "
+       "by 1 / math.sqrt(...)); F.scaled_dot_product_attention does it for you")
+def _attention_scale_wrong(trace, layer) -> list[Finding]:
+    attention = trace.attention
+    scale = attention.score_scale if attention is not None else None
+    if scale is None or not scale > 1:
+        return []
+    width = attention.head_dim
+    multiplied = width is not None and math.isclose(scale, math.sqrt(width), rel_tol=1e-3)
+    return [finding(Level.ERROR, "attn", layer, scale,
+                    f"the scores are q·kᵀ × {scale:.4g}" + (f" = × √{width}: multiplied by √d_head where the "
+                                                              f"definition divides by it" if multiplied else
+                                                              f" (the definition: ÷ √{width})" if width else ""))]
+
+
 def _positional(attention, head: int) -> Optional[str]:
     for name, weights in (("first-token", attention.first_weight), ("self", attention.self_weight),
                           ("previous-token", attention.previous_weight)):

@@ -133,7 +133,11 @@ class Collected:
             map=values.get("map"), map_cell=map_cell(shape[-1]) if "map" in values else None,
             uniform_entropy=uniform_entropy(shape[-1], bool(self.layout.causal), *_visible(self.block, self.own)),
             first_weight=values["first_weight"], self_weight=values["self_weight"],
-            previous_weight=values["previous_weight"])
+            previous_weight=values["previous_weight"], **_score_scale(self.recorder.attention.score_scale))
+
+
+def _score_scale(seen: Optional[tuple[float, int]]) -> dict:
+    return {} if seen is None else {"score_scale": seen[0], "head_dim": seen[1]}
 
 
 def _probe(values: dict, moments: list[float], found: dict, measured: dict) -> Probe:

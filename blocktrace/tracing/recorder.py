@@ -109,6 +109,8 @@ class AttentionAccumulator:
         self.map: Optional[torch.Tensor] = None
         self.token_mask = token_mask  # [B, T], False at padding
         self.scores = None  # the current chunk's scores, until its weights arrive
+        # (c, head width) where the code scaled q·kᵀ by a plain number c (tracing/softmax.py); None where not seen
+        self.score_scale: Optional[tuple[float, int]] = None
         self.chunks: list[dict] = []
         self.kept: list[torch.Tensor] = []
         self.shape_lead = None
@@ -339,12 +341,15 @@ class Recorder:
                 seen[0].__enter__()
 
         def on_output(module, inputs, output):
-            softmaxes = _leave(seen)
+            mode = _leave(seen)
+            if mode is None:
+                return
+            self.attention.score_scale = mode.scale
             weights = _attention_weights(output)
             if weights is not None:
                 self.attention.add(weights, None)
             elif not self.attention.chunks:  # no weights returned, none measured from sdpa: the ones computed by hand
-                for scores, weights in softmaxes:
+                for scores, weights in mode.seen:
                     self.attention.scores, weights = as_heads(scores, weights)
                     self.attention.add(weights, slice(0, weights.shape[-2]))
 
@@ -353,13 +358,13 @@ class Recorder:
                 module.register_forward_hook(self.guard(on_output), always_call=True)]
 
 
-def _leave(seen: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The softmaxes the attention module's call computed, its mode left (once: a second call finds it gone)."""
+def _leave(seen: list) -> Optional[SoftmaxSeen]:
+    """What the attention module's first call computed, its mode left (None after: a second call finds it gone)."""
     if not seen or seen[0] is None:
-        return []
+        return None
     mode, seen[0] = seen[0], None
     mode.__exit__(None, None, None)
-    return mode.seen
+    return mode
 
 
 def _attention_weights(output) -> Optional[torch.Tensor]:

@@ -94,6 +94,10 @@ class AttentionSummary:
     # its map_cell × map_cell block of queries and keys
     map: Optional[list] = None
     map_cell: Optional[int] = None
+    # the number the block's own code scaled q·kᵀ by, and q's width it contracted (None: not seen — sdpa, or a
+    # scale folded into q)
+    score_scale: Optional[float] = None
+    head_dim: Optional[int] = None
 
 
 @dataclass

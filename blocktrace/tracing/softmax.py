@@ -18,6 +18,9 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
 SOFTMAXES = frozenset({torch.softmax, F.softmax, torch.Tensor.softmax, torch.special.softmax})
+PRODUCTS = frozenset({torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm})
+DIVISIONS = frozenset({torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.__truediv__})
+SCALINGS = DIVISIONS | {torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__}
 
 
 def _dim(args: tuple, kwargs: dict) -> Optional[int]:
@@ -26,11 +29,15 @@ def _dim(args: tuple, kwargs: dict) -> Optional[int]:
 
 
 class SoftmaxSeen(TorchFunctionMode):
-    """Every softmax over the last dimension computed while active, as (scores, weights), detached."""
+    """Every softmax over the last dimension computed while active, as (scores, weights), detached; and the scale
+    the code multiplied a matrix product by (q·kᵀ × c, or ÷ 1/c), with that product's contracted width (the head
+    dimension), when it did so by a plain number — None where the scale was folded in elsewhere (into q)."""
 
     def __init__(self):
         super().__init__()
         self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.products: list[tuple[torch.Tensor, int]] = []  # matrix products made, with their contracted width
+        self.scale: Optional[tuple[float, int]] = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -38,7 +45,19 @@ class SoftmaxSeen(TorchFunctionMode):
         if func in SOFTMAXES and isinstance(output, torch.Tensor) and output.dim() >= 2 \
                 and _dim(args, kwargs) in (-1, output.dim() - 1) and isinstance(args[0], torch.Tensor):
             self.seen.append((args[0].detach(), output.detach()))
+        elif func in PRODUCTS and isinstance(output, torch.Tensor) and output.dim() >= 2 and not self.seen:
+            self.products.append((output, args[0].shape[-1]))
+        elif func in SCALINGS and self.scale is None and len(args) == 2:
+            self._scaled(func, *args)
         return output
+
+    def _scaled(self, func, left, right) -> None:
+        tensor, number = (left, right) if isinstance(right, (int, float)) else (right, left)
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or number == 0:
+            return
+        width = next((width for product, width in self.products if product is tensor), None)
+        if width is not None:
+            self.scale = (1 / number if func in DIVISIONS else float(number), width)
 
 
 def as_heads(scores: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
