@@ -291,6 +291,55 @@ def test_a_causal_hand_written_model_moves_no_earlier_logit_and_keeps_its_modes(
     assert not errors(records)
 
 
+class TargetsRequired(HandLM):
+    """A learner's model whose forward always computes its loss: called without its targets it fails (issue 42)."""
+
+    def forward(self, ids, targets):
+        logits = super().forward(ids)[0]
+        return logits, F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+
+class KeywordsRequired(HandLM):
+    """A forward called with keywords only, its positions passed in (a collator's position ids, a padding mask)."""
+
+    def forward(self, *, input_ids, labels, position_ids, attention_mask):
+        assert position_ids.shape == input_ids.shape == attention_mask.shape == labels.shape
+        x = self.wte(input_ids) + self.wpe(position_ids)
+        for block in self.h:
+            x = block(x)
+        logits = self.ln_f(x) @ self.wte.weight.T
+        return logits, F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+
+
+def _keyword_loop(model, path) -> list[dict]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(6):
+            ids, targets = nano_batch(step)
+            positions = torch.arange(ids.shape[1]).expand_as(ids)
+            _, loss = model(input_ids=ids, labels=targets, position_ids=positions, attention_mask=torch.ones_like(ids))
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return read_timeline(path)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_probe_calls_the_forward_as_training_did_its_targets_included(tmp_path, causal):
+    records = train(TargetsRequired(causal=causal), tmp_path / "run.jsonl")
+    assert "note" not in records[0]["probe"] or records[0]["probe"]["note"] is None, records[0]["probe"]
+    assert (records[0]["probe"]["future_leak"] > 1e-3) is not causal
+    assert ("future_leak" in errors(records)) is not causal
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_probe_replays_keywords_masks_and_position_ids_cut_to_the_probed_sequence(tmp_path, causal):
+    records = _keyword_loop(KeywordsRequired(causal=causal), tmp_path / "run.jsonl")
+    assert records[0]["probe"].get("note") is None, records[0]["probe"]
+    assert ("future_leak" in errors(records)) is not causal
+
+
 def test_the_probe_does_not_change_what_training_computes(tmp_path):
     """The same loop with and without the Watch ends with the same weights, to the last bit."""
     def final(watched: bool):

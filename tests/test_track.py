@@ -322,3 +322,23 @@ def test_track_goes_through_the_pipeline_like_every_command():
     report, torn = track_request(TrackRequest(sources=(RUN / "watch.jsonl",), fail_on=Level.WARNING))
     printed = json.loads(invoke("track", RUN / "watch.jsonl", "--fail-on", "warning", "--json").output)
     assert torn == [] and json.loads(json.dumps(report)) == printed
+
+
+def test_what_a_record_could_not_measure_is_printed_once_with_its_steps(tmp_path):
+    """Issue 42.2: a probe that did not run, or attention that is not visible, is a note `track` prints — each
+    distinct note once, with the steps it was made at — not only a null in the JSON."""
+    from blocktrace.training.timeline import TimelineWriter, record
+
+    path = tmp_path / "run.jsonl"
+    writer = TimelineWriter(path)
+    for step in (0, 10, 20):
+        layers = [{"layer": i, "steps": {}, "rms": 1.0, "notes": ["attention weights are not visible: x"]}
+                  for i in range(2)]
+        writer.write(record(step, "watch", layers, [], [], loss=2.0,
+                            extra={"probe": {"note": "causal probe not run: TypeError: y"} if step else {}}))
+    writer.close()
+    result = invoke("track", str(path))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "note: attention weights are not visible: x (at 3 records, steps 0–20)" in lines
+    assert "note: causal probe not run: TypeError: y (at 2 records, steps 10–20)" in lines

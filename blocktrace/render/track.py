@@ -187,9 +187,33 @@ def render_track(records: list[dict], first: Optional[dict], last: Optional[dict
             lines.append(f"most likely at step {first['step']}: {top['cause'].replace('_', ' ')} — {top['evidence']}")
             if top.get("advice"):
                 lines.append(f"advice: {top['advice']}")
+    lines += note_lines(records)
     lines.append(first_sign_line(first, records, level))
     lines += [line for line in [last_sign_line(first, last, records), rollback_line(first, rollback, records)] if line]
     return "\n".join(lines) + "\n"
+
+
+NOTES_SHOWN = 5  # distinct notes; --json has every record's
+
+
+def note_lines(records: list[dict]) -> list[str]:
+    """What the records say they could not measure — a probe that did not run, attention that is not visible — each
+    distinct note once, with the steps it was made at: a measurement missing is said, not only left null."""
+    steps_of: dict[str, list] = {}
+    for entry in records:
+        probe = (entry.get("probe") or {}).get("note")
+        said = ([probe] if probe else []) + [note for layer in entry["layers"] for note in layer.get("notes") or []]
+        for note in dict.fromkeys(said):
+            steps_of.setdefault(note, []).append(entry["step"])
+    lines = [f"note: {note} (at {_steps(steps)})" for note, steps in list(steps_of.items())[:NOTES_SHOWN]]
+    more = len(steps_of) - NOTES_SHOWN
+    return lines + ([f"note: {more} more distinct notes (--json has them)"] if more > 0 else [])
+
+
+def _steps(steps: list) -> str:
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    return f"{len(steps)} records, steps {steps[0]}–{steps[-1]}"
 
 
 def _parted_cell(parted: dict) -> str:

@@ -24,6 +24,7 @@ fails inside a measurement becomes a note, never an exception in the training lo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Callable, Optional
 
 import torch
@@ -309,10 +310,40 @@ def future_leak(call: Callable[[torch.Tensor], object], ids: torch.Tensor, vocab
     return {"future_leak": relative.amax(), "leak_position": torch.argmax(relative)}
 
 
-def probe_causality(model: nn.Module, by_keyword: bool, ids: torch.Tensor, vocab: int) -> Optional[dict]:
-    """future_leak through the model in eval mode, its ids passed as the training forward passed them."""
+@dataclasses.dataclass
+class ForwardCall:
+    """How the training forward was called: its arguments as given (held until the record is made), the ids
+    among them."""
+
+    args: tuple
+    kwargs: dict
+    ids: torch.Tensor  # the very tensor passed (found among the arguments by identity)
+
+    def with_ids(self, new: torch.Tensor) -> tuple[tuple, dict]:
+        """The same call on `new` (the first `new.shape[1]` tokens of one sequence) in place of the ids: every
+        other tensor of the batch cut alike — its batch dimension to the first sequence, each later dimension as
+        long as the sequence to the probe's length — so targets, masks and position ids follow the probed input."""
+        batch, length = self.ids.shape[0], self.ids.shape[1]
+
+        def cut(value):
+            if value is self.ids:
+                return new
+            if not isinstance(value, torch.Tensor) or value.dim() == 0:
+                return value
+            index = [slice(0, 1) if i == 0 and size == batch else
+                     slice(0, new.shape[1]) if i > 0 and size == length else slice(None)
+                     for i, size in enumerate(value.shape)]
+            return value[tuple(index)]
+
+        return tuple(cut(v) for v in self.args), {key: cut(v) for key, v in self.kwargs.items()}
+
+
+def probe_causality(model: nn.Module, forward: ForwardCall, ids: torch.Tensor, vocab: int) -> Optional[dict]:
+    """future_leak through the model in eval mode, called as the training forward was called (its targets, masks
+    and position ids cut to the probed sequence alike)."""
     def call(x):
-        return model(input_ids=x) if by_keyword else model(x)
+        args, kwargs = forward.with_ids(x)
+        return model(*args, **kwargs)
 
     with _evaluating(model):
         return future_leak(call, ids, vocab)

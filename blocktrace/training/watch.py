@@ -42,6 +42,7 @@ from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
 from blocktrace.tracing.tracer import is_own_block
 from blocktrace.training.distributed import Reducer
 from blocktrace.training.loop import (
+    ForwardCall,
     LoopObserver,
     causal_model,
     grad_norm,
@@ -334,7 +335,7 @@ class Watch:
             return None
         found = {"causal_model": causal_model(_unwrap(self.model))}
         try:
-            leak = probe_causality(_unwrap(self.model), batch.by_keyword, batch.ids, batch.vocab)
+            leak = probe_causality(_unwrap(self.model), batch.call, batch.ids, batch.vocab)
         except Exception as error:  # the model may want more than its ids: say so, and go on
             return {**found, "note": f"causal probe not run: {type(error).__name__}: {error}"[:200]}
         return {**found, **(leak or {})}
@@ -476,7 +477,7 @@ class Batch:
         self.ids: Optional[torch.Tensor] = None
         self.targets: Optional[torch.Tensor] = None
         self.logits: Optional[torch.Tensor] = None
-        self.by_keyword = False  # the ids came as input_ids=
+        self.call: Optional[ForwardCall] = None  # how the training forward was called
         self.vocab: Optional[int] = None
 
     def see(self, args, kwargs, output) -> None:
@@ -487,7 +488,8 @@ class Batch:
         ids = kwargs.get("input_ids", integers[0] if integers else None)
         if ids is None:
             return
-        self.ids, self.by_keyword = ids.detach(), "input_ids" in kwargs
+        self.ids = ids.detach()
+        self.call = ForwardCall(tuple(args), dict(kwargs), ids)  # the probe calls the model as training did
         labels = kwargs.get("labels", kwargs.get("targets"))
         self.targets = labels if isinstance(labels, torch.Tensor) else (integers[1] if len(integers) > 1 else None)
         if self.targets is not None and self.targets.shape != self.ids.shape:
@@ -511,7 +513,7 @@ class Batch:
             found.update(target_match(self.ids, self.targets))
         if trained:  # a copy: a loop that refills one buffer in place would otherwise compare the batch with itself
             self.previous = self.ids.clone()
-        self.ids, self.targets, self.logits = None, None, None
+        self.ids, self.targets, self.logits, self.call = None, None, None, None
         return found
 
 
