@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+import warnings
 
 import pytest
 import torch
@@ -547,11 +548,50 @@ def test_a_watch_given_wrong_types_says_which_argument(tmp_path, arguments, name
     assert not (tmp_path / "run.jsonl").exists()
 
 
-@pytest.mark.parametrize("loss, lr", [("abc", None), ([1.0], None), (torch.ones(3), None), (None, "x"), (None, [1])])
-def test_watch_step_given_wrong_types_says_which_argument(tmp_path, loss, lr):
+@pytest.mark.parametrize("loss, lr", [("abc", None), ([1.0], None), (torch.ones(3, dtype=torch.long), None),
+                                      (None, "x"), (None, [1])])
+def test_watch_step_given_wrong_types_warns_naming_the_argument_and_training_goes_on(tmp_path, loss, lr):
+    """Issue 45.4: after construction nothing the Watch does raises into the loop — an unusable argument of step()
+    is said once and taken as not given, and recording goes on."""
+    model = NanoGPT()
+    with Watch(model, tmp_path / "run.jsonl", every=1) as watch:
+        for step in range(2):
+            ids, targets = nano_batch(step)
+            model(ids, targets)[1].backward()
+            with pytest.warns(RuntimeWarning, match="loss must be" if lr is None else "lr must be") if step == 0 \
+                    else warnings.catch_warnings():
+                assert watch.step(loss, lr=lr) is not None
+    assert watch.stopped == "closed" and len(read_timeline(tmp_path / "run.jsonl")) == 2  # closed, never stopped
+
+
+def test_watch_step_takes_numpy_numbers_and_a_per_device_loss_vector_as_its_mean(tmp_path):
+    import numpy as np
+
     model = NanoGPT()
     with Watch(model, tmp_path / "run.jsonl", every=1) as watch:
         ids, targets = nano_batch(0)
         model(ids, targets)[1].backward()
-        with pytest.raises(UsageError, match="loss must be" if lr is None else "lr must be"):
-            watch.step(loss, lr=lr)
+        assert watch.step(np.float32(2.5), lr=np.float64(1e-3))["loss"] == 2.5
+        model(ids, targets)[1].backward()
+        with pytest.warns(RuntimeWarning, match=r"loss of shape \[2\] recorded as its mean"):
+            assert watch.step(torch.tensor([1.0, 3.0]))["loss"] == pytest.approx(2.0)
+
+
+class ListIds(torch.nn.Module):
+    """A model that converts the ids it is given itself (a Python list)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = NanoGPT()
+
+    def forward(self, input_ids, targets):
+        return self.inner(torch.tensor(input_ids), targets)
+
+
+def test_a_forward_given_ids_as_a_python_list_is_recorded_without_raising(tmp_path):
+    model = ListIds()
+    with Watch(model, tmp_path / "run.jsonl", every=1, blocks="inner.h") as watch:
+        ids, targets = nano_batch(0)
+        _, loss = model(input_ids=ids.tolist(), targets=targets)
+        loss.backward()
+        assert watch.step(loss) is not None and watch.stopped is None

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import collections
 import math
+import numbers
 import struct
 import warnings
 from os import PathLike
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -116,14 +117,21 @@ def _check_arguments(model, path, every, start, blocks, optimizer, tensorboard, 
             raise UsageError(f"{name} must be True or False, not {value!r:.80}")
 
 
-def _require_scalar(name: str, value) -> None:
-    """step()'s loss and lr: None, a number or a one-element tensor."""
-    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        return
+def _scalar(name: str, value) -> tuple[Any, Optional[str]]:
+    """step()'s loss or lr as the record takes it, and what was wrong with it (None: nothing). A number of any real
+    type (numpy's too) or a one-element tensor is taken as it is; a tensor of several floating elements (the
+    per-device losses nn.DataParallel gathers) as its mean; anything else as not given (the model output's own loss,
+the optimizer's lr, are then taken where there are ones). Never raises: step() runs
+    inside the training loop."""
+    if value is None or (isinstance(value, numbers.Real) and not isinstance(value, bool)):
+        return (None if value is None else float(value)), None
     if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return
-    raise UsageError(f"watch.step(): {name} must be a number or a one-element tensor (or None), not "
-                     f"{type(value).__name__}{' of shape ' + str(list(value.shape)) if isinstance(value, torch.Tensor) else ''}")
+        return value, None
+    if isinstance(value, torch.Tensor) and value.numel() > 1 and value.is_floating_point():
+        return value.detach().mean(), f"{name} of shape {list(value.shape)} recorded as its mean"
+    shape = f" of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else ""
+    return None, (f"{name} must be a number or a one-element tensor (or None), not {type(value).__name__}{shape}: "
+                  "ignored, as if not given")
 
 
 def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[nn.Module]:
@@ -177,6 +185,7 @@ class Watch:
         self.snapshots: Optional[list[dict]] = None
         self.armed = None  # the context that measures sdpa attention during a recording forward
         self.warned_no_gradients = False
+        self.warned_arguments: set[str] = set()  # step()'s arguments already said to be unusable
         self.last_healthy: Optional[int] = None  # the last record's step that raised no warning or error
         self.trouble_seen = False
         self.captured_loss: Optional[torch.Tensor] = None
@@ -211,8 +220,14 @@ class Watch:
     def _capture_loss(self, module, args, kwargs, output):
         """The recording step's training forward — the first with gradients (an evaluation inside the loop runs
         under torch.no_grad()): its loss, its batch, and the loop's evidence of it."""
-        if not torch.is_grad_enabled() or self.batch.ids is not None:
+        if not torch.is_grad_enabled() or self.batch.ids is not None or self.stopped is not None:
             return
+        try:
+            self._see_forward(args, kwargs, output)
+        except Exception as error:  # inside the training forward: never raise into it
+            self._stop(f"reading the forward failed at step {self.count}: {type(error).__name__}: {error}")
+
+    def _see_forward(self, args, kwargs, output) -> None:
         loss = getattr(output, "loss", None)
         if not isinstance(loss, torch.Tensor) and isinstance(output, (tuple, list)) and len(output) > 1:
             loss = output[1] if isinstance(output[1], torch.Tensor) and output[1].dim() == 0 else None
@@ -225,10 +240,9 @@ class Watch:
         """Call after loss.backward() and before optimizer.step(); returns the record written, if any. Whatever
         goes wrong while recording (a full disk, a folder gone read-only, a statistic that fails), the training
         loop goes on: one warning, and the Watch stops recording; the timeline keeps every record written."""
-        _require_scalar("loss", loss)
-        _require_scalar("lr", lr)
         if self.stopped is not None:
             return None
+        loss, lr = self._taken("loss", loss), self._taken("lr", lr)
         entry = None
         try:
             if self.recording:
@@ -243,6 +257,15 @@ class Watch:
             self._stop(f"recording failed at step {self.count}: {type(error).__name__}: {error}")
             return None
         return entry
+
+    def _taken(self, name: str, value):
+        """An argument of step() as the record takes it; what was wrong with it warned once per argument."""
+        value, problem = _scalar(name, value)
+        if problem is not None and name not in self.warned_arguments:
+            self.warned_arguments.add(name)
+            warnings.warn(f"blocktrace.Watch: watch.step(): {problem} (said once); training goes on", RuntimeWarning,
+                          stacklevel=3)
+        return value
 
     def _stop(self, why: str) -> None:
         """Recording ends here, said once; the hooks come off, the file is closed with every whole record in it."""
@@ -486,8 +509,8 @@ class Batch:
         tensors = [*args, *kwargs.values()]
         integers = [t for t in tensors if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dim() == 2]
         ids = kwargs.get("input_ids", integers[0] if integers else None)
-        if ids is None:
-            return
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+            return  # ids the model takes some other way (a list it converts itself): no batch seen beside them
         self.ids = ids.detach()
         self.call = ForwardCall(tuple(args), dict(kwargs), ids)  # the probe calls the model as training did
         labels = kwargs.get("labels", kwargs.get("targets"))
