@@ -340,6 +340,34 @@ def test_the_probe_replays_keywords_masks_and_position_ids_cut_to_the_probed_seq
     assert ("future_leak" in errors(records)) is not causal
 
 
+class MaskSecond(HandLM):
+    """A forward taking its padding mask second, as HF's Llama does (forward(input_ids, attention_mask, …))."""
+
+    def forward(self, input_ids, attention_mask, labels=None):
+        return super().forward(input_ids)[0]
+
+
+def test_a_mask_passed_second_is_not_taken_for_the_targets(tmp_path):
+    """Issue 45.5: model(ids, attention_mask) took the mask for the targets (targets_misaligned at every record)."""
+    model = MaskSecond()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, tmp_path / "run.jsonl", every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(6):
+            ids, targets = nano_batch(step)
+            logits = model(ids, torch.ones_like(ids))  # the loss computed in the loop, from the logits
+            loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert "targets_misaligned" not in errors(records)
+    assert records[0]["data"].get("target_match") is None  # no targets seen: none judged
+
+    delayed = train(HandLM(), tmp_path / "delayed.jsonl", targets=lambda ids, shifted: ids.roll(1, 1))
+    assert "targets_misaligned" in errors(delayed)  # targets passed second, as named, are still judged
+
+
 def test_the_probe_does_not_change_what_training_computes(tmp_path):
     """The same loop with and without the Watch ends with the same weights, to the last bit."""
     def final(watched: bool):

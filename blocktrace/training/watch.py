@@ -20,6 +20,7 @@ and only rank 0 writes.
 from __future__ import annotations
 
 import collections
+import inspect
 import math
 import numbers
 import struct
@@ -189,7 +190,7 @@ class Watch:
         self.last_healthy: Optional[int] = None  # the last record's step that raised no warning or error
         self.trouble_seen = False
         self.captured_loss: Optional[torch.Tensor] = None
-        self.batch = Batch(_shifts_labels(_unwrap(model)))
+        self.batch = Batch(_shifts_labels(_unwrap(model)), _targets_position(_unwrap(model)))
         self.loop = LoopObserver(_unwrap(model), optimizer)
         # the records before, for the dynamics (diagnose/dynamics.py): the first (trends start there) and the last few
         self.first_record: Optional[dict] = None
@@ -485,6 +486,21 @@ def _trainable(block: nn.Module) -> bool:
     return any(p.requires_grad for p in block.parameters())
 
 
+# the names a forward gives its targets (nanoGPT's targets, HF's labels, a tutorial's y)
+TARGET_NAMES = frozenset({"targets", "target", "labels", "label", "y", "tgt", "next_tokens"})
+
+
+def _targets_position(model: nn.Module) -> Optional[int]:
+    """Where the forward takes its targets positionally (None: nowhere known). A second integer argument is a
+    target only where the forward names it one: HF's forward(input_ids, attention_mask, …) takes a mask there."""
+    try:
+        parameters = [p for p in inspect.signature(model.forward).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return None
+    return next((i for i, p in enumerate(parameters) if p.name in TARGET_NAMES), None)
+
+
 def _shifts_labels(model: nn.Module) -> bool:
     """HF models take labels equal to the inputs and shift them inside; a hand-written model takes shifted targets."""
     return type(model).__module__.startswith("transformers.")
@@ -494,8 +510,9 @@ class Batch:
     """What a recording forward was given: its input ids (kept, on their device, until the next record, to tell a
     repeated batch), whether its targets equal its inputs, and the vocabulary its logits span."""
 
-    def __init__(self, shifts_labels: bool):
+    def __init__(self, shifts_labels: bool, targets_at: Optional[int] = None):
         self.shifts_labels = shifts_labels
+        self.targets_at = targets_at  # the forward's positional argument that holds the targets, if any
         self.previous: Optional[torch.Tensor] = None
         self.ids: Optional[torch.Tensor] = None
         self.targets: Optional[torch.Tensor] = None
@@ -513,8 +530,9 @@ class Batch:
             return  # ids the model takes some other way (a list it converts itself): no batch seen beside them
         self.ids = ids.detach()
         self.call = ForwardCall(tuple(args), dict(kwargs), ids)  # the probe calls the model as training did
-        labels = kwargs.get("labels", kwargs.get("targets"))
-        self.targets = labels if isinstance(labels, torch.Tensor) else (integers[1] if len(integers) > 1 else None)
+        labels = next((kwargs[name] for name in TARGET_NAMES if isinstance(kwargs.get(name), torch.Tensor)), None)
+        positional = args[self.targets_at] if self.targets_at is not None and self.targets_at < len(args) else None
+        self.targets = labels if labels is not None else (positional if isinstance(positional, torch.Tensor) else None)
         if self.targets is not None and self.targets.shape != self.ids.shape:
             self.targets = None  # not a target per position (a class per sequence): nothing to set beside the ids
         logits = logits_of(output)
