@@ -67,6 +67,23 @@ def test_between_checkpoints_a_still_layer_is_information_since_they_cannot_say_
     assert "checkpoints cannot tell" in flags[0].detail
 
 
+def test_blocks_frozen_on_purpose_standing_still_are_no_update_fault():
+    """Issue 45.5: a fine-tune that trains only the embeddings or the head leaves every block still on purpose."""
+    assert judge([_moving(0, [None] * 2, trainable=False)], _moving(10, [0.0, 0.0], trainable=False)) == []
+    flags = judge([_moving(0, [None] * 2, trainable=True)], _moving(10, [0.0, 0.0], trainable=True))
+    assert _names(flags) == [("no_update", None)]  # trainable and still: the optimizer
+
+
+def test_a_step_a_loss_scaler_skipped_on_non_finite_gradients_is_no_update_fault():
+    """Issue 45.5: a GradScaler skips optimizer.step() when the gradients overflowed; the record before that step
+    holds their norm, inf or NaN."""
+    for norm in (float("inf"), float("nan")):
+        before = {**_moving(0, [None] * 2), "grad_norm": norm}
+        assert judge([before], _moving(1, [0.0, 0.0])) == []
+    flags = judge([{**_moving(0, [None] * 2), "grad_norm": 0.7}], _moving(1, [0.0, 0.0]))
+    assert _names(flags) == [("no_update", None)]  # finite gradients and no step: the optimizer
+
+
 def test_a_layer_frozen_on_purpose_is_only_information():
     flags = judge([_moving(0, [None] * 2)], _moving(10, [0.0, 0.03], trainable=False))
     assert [(f.name, f.level.value) for f in flags] == [("layer_frozen", "info")]

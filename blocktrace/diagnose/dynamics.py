@@ -212,6 +212,14 @@ def _still(history: Sequence[dict], entry: dict) -> bool:
     return largest is not None and max(largest.values()) < STILL
 
 
+def _skipped_by_scaler(record: dict) -> bool:
+    """Whether the step right after this record had non-finite gradients (its grad_norm inf or NaN): a GradScaler
+    then skips optimizer.step() on purpose, so the weights standing still over that step is the scaler's choice.
+    Only a record one step before the next can say so: over a longer interval the other steps moved the weights."""
+    norm = record.get("grad_norm")
+    return isinstance(norm, float) and not math.isfinite(norm)
+
+
 @check(Scope.TRAINING, "no_update",
        f"no layer's weights move (per-step ‖ΔW‖/‖W‖ < {STILL:g}) between two records while the "
        "learning rate is above 0", "invariant: an optimizer step with lr > 0 and a gradient moves the weights",
@@ -223,6 +231,10 @@ def _no_update(history: Sequence[dict], entry: dict) -> list[Finding]:
     before, largest, lr = history[-1], _largest_moves(history, entry), interval_lr(history[-1], entry)
     if lr is not None and lr <= 0:
         return []  # a learning rate of 0 is a choice (a frozen phase), not a fault
+    if entry["layers"] and all(layer.get("trainable") is False for layer in entry["layers"]):
+        return []  # the blocks are frozen on purpose (only the embeddings or the head train): nothing to move
+    if _skipped_by_scaler(before):
+        return []  # the gradients of the step after `before` were not finite: a loss scaler skips that step
     return [finding(Level.ERROR, None, None, max(largest.values()),
                     f"no layer moved between steps {before['step']} and {entry['step']}"
                     + (f" at learning rate {lr:g}" if lr is not None else ""))]
