@@ -119,3 +119,38 @@ def _weight_decay_too_strong(history: Sequence[dict], entry: dict) -> list[Findi
                                  f"{_class(entry)}'s param group {index}: lr·weight_decay = {lr:g} × {decay:g} = "
                                  f"{product:.3g}: each step multiplies the weights by {1 - product:.3g}"))
     return flags
+
+
+# pairs of weight kinds each of which is the other's gradient factor: both zero, neither ever moves
+# (∂L/∂W1 ∝ W2 and ∂L/∂W2 ∝ act(x·W1) = act(0) = 0 for GELU, SiLU and ReLU; ∂L/∂Wq ∝ Wk and ∂L/∂Wk ∝ Wq)
+STUCK_TOGETHER = (("ffn_w1", "ffn_w2"), ("attn_q", "attn_k"), ("attn_qkv", "attn_qkv"))
+
+
+@check(Scope.TRAINING, "weights_zero_stuck",
+       "a layer's FFN input and output matrices, or its query and key matrices (a fused qkv), are exactly 0 "
+       "since the run's first record (zeroed later: weights_zeroed)",
+       "calculus of the zero saddle: each matrix of such a pair is the other's gradient factor (∂L/∂W1 ∝ W2, "
+       "∂L/∂W2 ∝ act(x·W1) = 0; ∂L/∂Wq ∝ Wk, ∂L/∂Wk ∝ Wq), so at 0 both get a zero gradient at every step and "
+       "never move. One matrix of a pair at 0 is a published recipe (zero-initialised output projections) and "
+       "passes",
+       "the layer cannot learn from this point: an initialisation that zeroes every matrix (nn.init.zeros_ "
+       "applied to all Linear layers), or weights zeroed by a loader", Cause.INITIALISATION, direct=True,
+       advice="initialise weight matrices randomly (nn.init.normal_(std=0.02) as GPT-2 does); zero only a "
+       "residual branch's output projection if a recipe asks for it")
+def _weights_zero_stuck(history: Sequence[dict], entry: dict) -> list[Finding]:
+    first = history[0] if history else entry  # the run's first record: zero there is the initialisation's
+    flags = []
+    for layer in entry["layers"]:
+        stuck = [pair for pair in STUCK_TOGETHER if _zero(layer, pair)
+                 and any(_zero(start, pair) for start in first["layers"] if start["layer"] == layer["layer"])]
+        if stuck:  # (weights zeroed after the first record are weights_zeroed's)
+            kinds = list(dict.fromkeys(stuck[0]))
+            flags.append(finding(Level.ERROR, None, layer["layer"], 0.0,
+                                 f"{' and '.join(kinds)} {'are' if len(kinds) > 1 else 'is'} exactly 0 since the "
+                                 f"first record (step {first['step']}): no gradient can move them"))
+    return flags
+
+
+def _zero(layer: dict, kinds: tuple) -> bool:
+    weights = layer.get("weights") or {}
+    return all(_number((weights.get(kind) or {}).get("norm")) == 0 for kind in kinds)

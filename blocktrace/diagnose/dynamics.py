@@ -101,6 +101,26 @@ def _no_gradient(history: Sequence[dict], entry: dict) -> list[Finding]:
             if layer.get("trainable", True) is not False and (norm is None or norm == 0)]
 
 
+@check(Scope.TRAINING, "gradient_zero_everywhere",
+       "every layer whose parameters require a gradient gets one of exactly 0 (not null: a backward ran) (a Watch)",
+       "invariant: a loss that depends on the parameters gives some of them a non-zero gradient; exactly 0 "
+       "everywhere means no path from the loss reaches any parameter with a non-zero derivative",
+       "the backward reaches no parameter: the loss is clamped or thresholded where its derivative is 0, "
+       "multiplied by 0, or computed from detached values — no update can follow", Cause.GRADIENT_FLOW,
+       direct=True,
+       advice="make the loss differentiable in the parameters where it is: no clamp, round or threshold on it "
+       "(use the plain mean cross-entropy), no .detach() or .item() on the way from the logits to the loss")
+def _gradient_zero_everywhere(history: Sequence[dict], entry: dict) -> list[Finding]:
+    if entry.get("source") != WATCH:
+        return []
+    norms = [layer.get("grad_norm") for layer in entry["layers"] if layer.get("trainable", True) is not False]
+    if not norms or not all(isinstance(n, (int, float)) and n == 0 for n in norms):
+        return []
+    return [finding(Level.ERROR, None, None, 0.0,
+                    f"every trainable layer's gradient is exactly 0 at step {entry['step']}: the backward reached "
+                    "no parameter")]
+
+
 # --- the loss ----------------------------------------------------------------------------------------
 
 def _uniform(entry: dict) -> Optional[float]:
