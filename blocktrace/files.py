@@ -156,9 +156,30 @@ def _copy_exclusively(source: Path, path: Path) -> None:
         raise
 
 
+_GROUPS: list[list[Path]] = []  # the files created inside each open all_or_none(), innermost last
+
+
+@contextlib.contextmanager
+def all_or_none():
+    """A command's outputs, kept only if every one is written: an error inside removes the files it created (a file
+    `force` replaced is not restored: its old content was given up when --force was passed)."""
+    created: list[Path] = []
+    _GROUPS.append(created)
+    try:
+        yield
+    except BaseException:
+        for path in reversed(created):
+            with contextlib.suppress(OSError):
+                path.unlink()
+        raise
+    finally:
+        _GROUPS.remove(created)
+
+
 def write_atomically(path: Path, write: Writer, force: bool) -> None:
     """Write through `write(handle)` to a temporary file, then commit it as `path`."""
     path = Path(path)
+    new = _existing(path) is None
     temporary = None
     try:
         with _terminate_cleanly():
@@ -169,6 +190,8 @@ def write_atomically(path: Path, write: Writer, force: bool) -> None:
                 with os.fdopen(fd, "wb") as handle:
                     write(handle)
                 _commit(temporary, path, force)
+                if new and _GROUPS:
+                    _GROUPS[-1].append(path)
             finally:
                 if temporary is not None:
                     with contextlib.suppress(OSError):

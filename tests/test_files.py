@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import one_error_line
+from helpers import SAMPLES, one_error_line
 from safetensors.torch import load_file
+
+from blocktrace.files import OutputError
 
 
 def test_force_replaces_only_regular_files(invoke, tmp_path):
@@ -130,3 +132,43 @@ def test_a_plot_that_cannot_be_drawn_leaves_no_trace_file_behind(invoke, tmp_pat
     one_error_line(invoke("run", "--seq-len", "200", "--save", str(trace), "--plot", str(plot)), 2,
                    "--plot draws heatmaps for up to 16 tokens")
     assert not trace.exists() and not plot.exists()
+
+
+def _html_fails(monkeypatch):
+    """The --html page's write fails (a full disk), after the command's other outputs were written."""
+    import blocktrace.render.html as html
+
+    def full_disk(path, write, force):
+        raise OutputError(f"cannot write {path}: No space left on device")
+
+    monkeypatch.setattr(html, "write_atomically", full_disk)
+
+
+def test_a_run_whose_page_cannot_be_written_leaves_none_of_its_outputs(invoke, tmp_path, monkeypatch):
+    """Issue 45.2: `run --plot P --html H` left P when writing H failed; every output is kept or none is."""
+    _html_fails(monkeypatch)
+    outputs = [tmp_path / "t.safetensors", tmp_path / "p.png", tmp_path / "page.html"]
+    result = invoke("run", "--d-model", "4", "--heads", "2", "--tokens", "a", "b", "--save", str(outputs[0]),
+                    "--plot", str(outputs[1]), "--html", str(outputs[2]))
+    one_error_line(result, 2, "No space left on device")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_track_whose_page_cannot_be_written_leaves_no_timeline(invoke, tmp_path, monkeypatch):
+    _html_fails(monkeypatch)
+    timeline = tmp_path / "t.jsonl"
+    run = SAMPLES / "training" / "gpt2-lr-high"
+    result = invoke("track", str(run / "step_0000"), str(run / "step_0010"), "--token-ids", *"1 2 3 4 5 6 7 8".split(),
+                    "--out", str(timeline), "--html", str(tmp_path / "page.html"))
+    one_error_line(result, 2, "No space left on device")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_forced_over_an_existing_file_is_not_removed_by_a_later_failure(invoke, tmp_path, monkeypatch):
+    """What --force replaced stays replaced (its old content was given up); only files the command created go."""
+    _html_fails(monkeypatch)
+    plot = tmp_path / "p.png"
+    plot.write_bytes(b"old")
+    result = invoke("run", "--d-model", "4", "--heads", "2", "--tokens", "a", "b", "--plot", str(plot), "--html",
+                    str(tmp_path / "page.html"), "--force")
+    assert result.exit_code == 2 and plot.exists()

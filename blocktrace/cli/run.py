@@ -118,7 +118,14 @@ def _run(ctx, params: dict, check_only: bool) -> None:
 
 
 def _write_outputs(params: dict, report: dict, traces, source) -> None:
-    """--plot is drawn before --save is written, so a plot that cannot be drawn leaves no trace file behind."""
+    """Every output or none (files.all_or_none); --plot is drawn before anything is written."""
+    from blocktrace.files import all_or_none
+
+    with all_or_none():
+        _write_each(params, report, traces, source)
+
+
+def _write_each(params: dict, report: dict, traces, source) -> None:
     plot_path, save_path = params.get("plot_path"), params.get("save_path")
     plot = None
     if plot_path is not None:

@@ -39,6 +39,7 @@ from blocktrace.cli.rules import (
     is_set,
 )
 from blocktrace.errors import FINDINGS_EXIT
+from blocktrace.files import all_or_none
 from blocktrace.render.documents import chosen
 from blocktrace.request import InputSpec, RunRequest, TrackRequest, is_timeline
 from blocktrace.vocab import Device, DType, Lang, Level
@@ -94,6 +95,21 @@ def _request(params: dict) -> TrackRequest:
                         log=params["log_path"], against=params["against"], fail_on=Level(params["fail_on"]))
 
 
+def _write_outputs(params: dict, report: dict) -> None:
+    records, first = report["records"], report["first_sign"]
+    if params["out"] is not None:
+        _write_records(records, params["out"], params["force"])
+    if params["plot_path"] is not None:
+        from blocktrace.render.plot import require_pyplot, save_figure, track_figure
+
+        plt = require_pyplot()
+        save_figure(plt, track_figure(plt, records, first), params["plot_path"], params["force"])
+    if params["html_path"] is not None:
+        from blocktrace.render.html import write_html
+
+        write_html(params["html_path"], report, "track", Lang(params["lang"]), params["force"])
+
+
 def _write_records(records: list[dict], path: Path, force: bool) -> None:
     from blocktrace.files import write_atomically
     from blocktrace.training.timeline import dumps
@@ -147,17 +163,8 @@ def track(ctx, **params):
         click.echo(f"note: line {number} of {params['sources'][0]} is cut short (a run stopped while writing it): "
                    "left out", err=True)
     records, first, comparison = report["records"], report["first_sign"], report.get("against")
-    if params["out"] is not None:  # written once every input is read and matched: an error leaves no file
-        _write_records(records, params["out"], params["force"])
-    if params["plot_path"] is not None:
-        from blocktrace.render.plot import require_pyplot, save_figure, track_figure
-
-        plt = require_pyplot()
-        save_figure(plt, track_figure(plt, records, first), params["plot_path"], params["force"])
-    if params["html_path"] is not None:
-        from blocktrace.render.html import write_html
-
-        write_html(params["html_path"], report, "track", Lang(params["lang"]), params["force"])
+    with all_or_none():  # written once every input is read and matched, each or none: an error leaves no file
+        _write_outputs(params, report)
     show(report, params, lambda: render_track(
         records, first, report["last_flags"], request.fail_on, "timeline" if request.timeline else "checkpoints",
         params["fmt"], brief=params["brief"], rollback=report["rollback"])
