@@ -19,20 +19,21 @@ from blocktrace.training.timeline import read_timeline
 AUDIT = {"optimizer_ascends", "moment_rates_invalid", "weight_decay_too_strong"}
 
 
-def _train(path, make_optimizer, steps=6, every=5) -> list[dict]:
-    """A nanoGPT loop with the README's Watch lines; the records as `track` reads them back."""
+def _train(path, make_optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3), model=None, clamp=None) -> list[dict]:
+    """A nanoGPT loop with the README's Watch lines (a loss clamped at `clamp` if given: a clamp meant to tame
+    spikes); the records as `track` reads them back."""
     torch.manual_seed(0)
-    model = NanoGPT()
+    model = model or NanoGPT()
     optimizer = make_optimizer(model.parameters())
-    watch = Watch(model, path, every=every, optimizer=optimizer, overwrite=True)
-    for step in range(steps):
-        ids, targets = nano_batch(step)
-        _, loss = model(ids, targets)
-        loss.backward()
-        watch.step(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-    watch.close()
+    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(6):
+            ids, targets = nano_batch(step)
+            _, loss = model(ids, targets)
+            loss = loss if clamp is None else loss.clamp(max=clamp)
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
     return read_timeline(path)
 
 
@@ -122,20 +123,6 @@ def test_decoupled_weight_decay_that_zeroes_or_halves_the_weights_is_caught_publ
     assert _audited(torch.optim.SGD(_parameters(), lr=1e-2, weight_decay=1.0)) == {}
 
 
-def _loop(path, model, clamp=None) -> list[dict]:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(6):
-            ids, targets = nano_batch(step)
-            _, loss = model(ids, targets)
-            loss = loss if clamp is None else loss.clamp(max=clamp)  # a clamp meant to tame spikes
-            loss.backward()
-            watch.step(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-    return read_timeline(path)
-
-
 def _zeroed(*, everything: bool) -> NanoGPT:
     torch.manual_seed(0)
     model = NanoGPT()
@@ -149,14 +136,14 @@ def _zeroed(*, everything: bool) -> NanoGPT:
 def test_every_linear_layer_zeroed_at_step_0_is_initialisation_one_output_projection_zeroed_is_a_recipe(tmp_path):
     """Issue 41.3: every nn.Linear zero-initialised was called architecture (dead FFN units): a matrix pair that is
     its own gradient's factor, zero at step 0, is the initialisation."""
-    records = _loop(tmp_path / "zero.jsonl", _zeroed(everything=True))
+    records = _train(tmp_path / "zero.jsonl", model=_zeroed(everything=True))
     found = [f for f in records[0]["flags"] if f["name"] == "weights_zero_stuck"]
     assert {f["layer"] for f in found} == {0, 1} and "since the first record (step 0)" in found[0]["detail"]
     assert records[0]["diagnosis"][0]["cause"] == "initialisation"
     assert records[1]["diagnosis"][0]["cause"] == "initialisation"  # still zero later: still the initialisation
 
     # zero-initialised residual-branch output projections (modded-nanoGPT, Fixup): their inputs are not zero
-    recipe = _loop(tmp_path / "recipe.jsonl", _zeroed(everything=False))
+    recipe = _train(tmp_path / "recipe.jsonl", model=_zeroed(everything=False))
     assert recipe[0]["layers"][0]["weights"]["ffn_w2"]["norm"] == 0 == recipe[0]["layers"][0]["weights"]["attn_o"]["norm"]
     assert not {f["name"] for r in recipe for f in r["flags"]} & {"weights_zero_stuck"}
 
@@ -164,11 +151,9 @@ def test_every_linear_layer_zeroed_at_step_0_is_initialisation_one_output_projec
 def test_a_loss_whose_gradient_is_zero_everywhere_is_gradient_flow_from_the_first_record(tmp_path):
     """Issue 41.3: a loss clamped below its value has gradient exactly 0 for every parameter — it was found at step
     10 as updates_tiny (cause optimizer); a backward that reaches no parameter is gradient flow."""
-    torch.manual_seed(0)
-    records = _loop(tmp_path / "clamp.jsonl", NanoGPT(), clamp=1.0)
+    records = _train(tmp_path / "clamp.jsonl", clamp=1.0)
     assert "gradient_zero_everywhere" in {f["name"] for f in records[0]["flags"]}
     assert all(r["diagnosis"][0]["cause"] == "gradient_flow" for r in records)
 
-    torch.manual_seed(0)
-    loose = _loop(tmp_path / "loose.jsonl", NanoGPT(), clamp=1e6)  # a clamp above the loss: a gradient flows
+    loose = _train(tmp_path / "loose.jsonl", clamp=1e6)  # a clamp above the loss: a gradient flows
     assert "gradient_zero_everywhere" not in {f["name"] for r in loose for f in r["flags"]}
