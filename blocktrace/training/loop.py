@@ -198,8 +198,10 @@ def _plain(value):
     """A setting as the timeline holds it: a bool, a number, or a list of numbers (betas); None for anything else."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return float(value)  # a tensor lr (capturable optimizers), read as lr_groups reads it
-    if isinstance(value, bool) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        return value if isinstance(value, bool) else float(value)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
     if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
         return [float(v) for v in value]
     return None

@@ -121,9 +121,8 @@ def _check_arguments(model, path, every, start, blocks, optimizer, tensorboard, 
 def _scalar(name: str, value) -> tuple[Any, Optional[str]]:
     """step()'s loss or lr as the record takes it, and what was wrong with it (None: nothing). A number of any real
     type (numpy's too) or a one-element tensor is taken as it is; a tensor of several floating elements (the
-    per-device losses nn.DataParallel gathers) as its mean; anything else as not given (the model output's own loss,
-the optimizer's lr, are then taken where there are ones). Never raises: step() runs
-    inside the training loop."""
+    per-device losses nn.DataParallel gathers) as its mean; anything else as not given (the model output's own
+    loss, the optimizer's lr, are then taken where there are ones). Never raises: step() runs inside the loop."""
     if value is None or (isinstance(value, numbers.Real) and not isinstance(value, bool)):
         return (None if value is None else float(value)), None
     if isinstance(value, torch.Tensor) and value.numel() == 1:
