@@ -59,3 +59,18 @@ def test_an_odd_head_dim_is_blamed_on_head_dim_not_rope_theta(invoke, tmp_path):
     result = invoke("check", "--weights", str(_llama_with(tmp_path, head_dim=15)), "--token-ids", "1", "2")
     _one_error(result, "head_dim = 15", "even")
     assert "rope_theta" not in result.output
+
+
+def test_a_null_cohere_logit_scale_is_refused_by_key_not_traced_back(invoke, tmp_path):
+    """Issue 45.3: Cohere's "logit_scale": null raised a TypeError in the head; HF multiplies its logits by it and
+    cannot run such a config either, so no default stands in for it."""
+    import transformers
+
+    config = transformers.CohereConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                                       num_key_value_heads=2, num_hidden_layers=1, vocab_size=50, pad_token_id=0,
+                                       bos_token_id=1, eos_token_id=1)
+    transformers.CohereForCausalLM(config).save_pretrained(tmp_path / "cohere")
+    path = tmp_path / "cohere" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "logit_scale": None}))
+    _one_error(invoke("check", "--weights", str(tmp_path / "cohere"), "--token-ids", "1", "2", "3"),
+               "logit_scale is null", "config.json")
