@@ -1,13 +1,16 @@
-"""The audit of the setup: the optimizer's hyperparameters against the region its definition is valid in.
+"""The audit of the setup: the optimizer's hyperparameters against the region its definition is valid in, and
+weights that no gradient can ever move.
 
-A setting outside that region is a fault whatever the run's statistics say: an optimizer told to maximize
-climbs the loss at every step; moment rates outside [0, 1) do not average; Adam's first moment decaying slower
-than the square root of its second is outside the region where Adam is known to converge. The Watch records every
-param group's settings (training/loop.optimizer_hyperparameters) in each record's "loop"; these checks read them
-at every record (a schedule may move a group out of the region later), so `track` over a timeline finds the same. Each bound is the definition's, not a level fitted to runs; the
-variants published recipes use (β = (0.9, 0.95) of GPT-3 and Llama, (0.9, 0.98) of the Transformer and RoBERTa,
-(0.9, 0.999) of Adam's paper and BERT, β1 = 0 as in Adafactor's recipe, Lion's (0.9, 0.99), SGD with Nesterov
-momentum 0.9, decoupled decay 0.1 at lr 6e-4) lie inside it.
+A setting outside that region is a fault whatever the run's statistics say: an optimizer told to maximize climbs
+the loss at every step; moment rates outside [0, 1) do not average; Adam's first moment decaying slower than the
+square root of its second is outside the region where Adam is known to converge. The Watch records every param
+group's settings (training/loop.optimizer_hyperparameters) in each record's "loop"; these checks read them at every
+record (a schedule may move a group out of the region later), so `track` over a timeline finds the same. Each bound
+is the definition's, not a level fitted to runs; the variants published recipes use (β = (0.9, 0.95) of GPT-3 and
+Llama, (0.9, 0.98) of the Transformer and RoBERTa, (0.9, 0.999) of Adam's paper and BERT, β1 = 0 as in Adafactor's
+recipe, Lion's (0.9, 0.99), SGD with Nesterov momentum 0.9, decoupled decay 0.1 at lr 6e-4) lie inside it. A pair
+of weight matrices that are each other's gradient factor, both zero from the start, is the initialisation's fault
+by the same kind of reasoning: calculus, not a level.
 """
 
 from __future__ import annotations

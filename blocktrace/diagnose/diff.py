@@ -67,9 +67,9 @@ def diff_traces(path_a: Path, path_b: Path, atol: float = 1e-5, rtol: float = 1e
         if not (in_a or in_b):
             continue
         if not (in_a and in_b):
-            side = "A" if in_a else "B"
+            side, other = ("A", "B") if in_a else ("B", "A")
             if name in claimed_by_both:  # both ran the step and one file lacks it: that file is not the trace
-                steps.append({"name": name, "missing_in": "B" if in_a else "A", "within": False})
+                steps.append({"name": name, "missing_in": other, "within": False})
             else:  # one side traced what the other did not (attention weights a fused kernel hides, its own step)
                 only_in_one.append({"name": name, "only_in": side})
             continue

@@ -234,8 +234,8 @@ def _still(history: Sequence[dict], entry: dict) -> bool:
 
 def _skipped_by_scaler(record: dict) -> bool:
     """Whether the step right after this record had non-finite gradients (its grad_norm inf or NaN): a GradScaler
-    then skips optimizer.step() on purpose, so the weights standing still over that step is the scaler's choice.
-    Only a record one step before the next can say so: over a longer interval the other steps moved the weights."""
+    then skips optimizer.step() on purpose, so the weights standing still after it are the scaler's choice. (Over a
+    longer interval with nothing moving, the skips went on: the non-finite gradients are gradient_exploding's.)"""
     norm = record.get("grad_norm")
     return isinstance(norm, float) and not math.isfinite(norm)
 

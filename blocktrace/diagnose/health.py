@@ -165,8 +165,8 @@ def _attention_logit_growth(trace, layer) -> list[Finding]:
 
 
 @check(Scope.ATTENTION, "attention_scale_wrong",
-       "the block's own code multiplies q·kᵀ by a number c above 1 (c·√d_head = √d_head · c; c = √d_head: "
-       "multiplied where the definition divides)",
+       "the block's own code multiplies q·kᵀ by a number c above 1 (c = √d_head: multiplied where the definition "
+       "divides)",
        "definition (Vaswani et al. 2017): scores are q·kᵀ/√d_head, so unit-variance q and k give scores of "
        "variance 1; published models scale by 1/√d_head (most), 1/d_head (μP, Yang et al. 2022) or 1 (T5, "
        "Raffel et al. 2020): none by more than 1",

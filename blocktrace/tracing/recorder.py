@@ -333,17 +333,21 @@ class Recorder:
                     attention.weights.register_forward_hook(self.guard(
                         lambda m, i, weights: self.attention.add(weights, attention.rows)))]
         module = resolve(self.block, StepSpec("attn", self.layout.attention_path))
-        seen: list[SoftmaxSeen] = []
+        watching: Optional[SoftmaxSeen] = None
+        called = False
 
         def on_input(module, args):
-            if not seen:  # a module called twice is traced at its first call
-                seen.append(SoftmaxSeen())
-                seen[0].__enter__()
+            nonlocal watching, called
+            if not called:  # a module called twice is traced at its first call
+                called, watching = True, SoftmaxSeen()
+                watching.__enter__()
 
         def on_output(module, inputs, output):
-            mode = _leave(seen)
-            if mode is None:
+            nonlocal watching
+            if watching is None:
                 return
+            mode, watching = watching, None
+            mode.__exit__(None, None, None)
             self.attention.score_scale = mode.scale
             weights = _attention_weights(output)
             if weights is not None:
@@ -356,15 +360,6 @@ class Recorder:
         # always_call: a forward that raises leaves the mode too
         return [module.register_forward_pre_hook(self.guard(on_input)),
                 module.register_forward_hook(self.guard(on_output), always_call=True)]
-
-
-def _leave(seen: list) -> Optional[SoftmaxSeen]:
-    """What the attention module's first call computed, its mode left (None after: a second call finds it gone)."""
-    if not seen or seen[0] is None:
-        return None
-    mode, seen[0] = seen[0], None
-    mode.__exit__(None, None, None)
-    return mode
 
 
 def _attention_weights(output) -> Optional[torch.Tensor]:
