@@ -414,6 +414,28 @@ def _loss_above_uniform(evidence) -> list[Finding]:
                     f"loss {loss.value:.4g} against log V = {loss.uniform:.4g} for uniform guessing")]
 
 
+@check(Scope.MODEL, "learned_wrong_shift",
+       f"a next-token model's loss with each position labelled by its own token (shift 0) or by the token two "
+       f"ahead (shift 2) is > {LOSS_MARGIN:g} nats below its loss at shift 1, on the same positions",
+       "definition of next-token prediction: position t is trained on token t + 1, so a model trained as it "
+       "should be predicts t + 1 better than any other position of the text",
+       "the model learned another target than the next token: the labels were not shifted (it copies its input) or "
+       "were shifted twice (it predicts two ahead)", Cause.DATA, direct=True,
+       advice="build the targets as the token sequence shifted by one, once: targets[t] = ids[t + 1] for a model "
+       "that does not shift, labels = ids for one that does (HF)")
+def _learned_wrong_shift(evidence) -> list[Finding]:
+    by_shift = evidence.loss.by_shift if evidence.loss is not None else None
+    if not by_shift or not math.isfinite(by_shift[1]):
+        return []
+    best = min(by_shift, key=by_shift.get)
+    if best == 1 or not by_shift[best] < by_shift[1] - LOSS_MARGIN:
+        return []
+    learned = "its own input token (shift 0)" if best == 0 else f"the token {best} ahead (shift {best})"
+    shown = ", ".join(f"shift {shift} {value:.4g}" for shift, value in sorted(by_shift.items()))
+    return [finding(Level.ERROR, None, None, by_shift[best],
+                    f"the model predicts {learned} better than the next token: loss {shown}")]
+
+
 @check(Scope.MODEL, "output_logit_drift", "the mean log Z = log Σ exp(logits) of the predictions beyond ±1000",
        "Wortsman et al. 2023 (output-logit divergence; z-loss 1e-4·log²Z)",
        "the output logits' normaliser has drifted far from 0: the output layer is diverging",

@@ -28,23 +28,52 @@ class LossReport:
     log_z_mean: Optional[float] = None
     log_z_max_abs: Optional[float] = None
     note: Optional[str] = None  # why there is no loss, or how it was computed
+    # next-token models: the loss with position t labelled by token t + s, for each s of SHIFTS, on the same
+    # positions (those with a token two ahead): which shift the model learned (None: not measured)
+    by_shift: Optional[dict] = None
 
     def to_dict(self) -> dict:
         return {"value": self.value, "kind": self.kind, "tokens": self.tokens, "uniform": self.uniform,
-                "log_z_mean": self.log_z_mean, "log_z_max_abs": self.log_z_max_abs, "note": self.note}
+                "log_z_mean": self.log_z_mean, "log_z_max_abs": self.log_z_max_abs, "note": self.note,
+                "by_shift": None if self.by_shift is None else {str(s): v for s, v in self.by_shift.items()}}
 
 
 def no_loss(reason: str) -> LossReport:
     return LossReport(None, None, 0, None, note=reason)
 
 
+SHIFTS = (0, 1, 2)  # the target a next-token model may have learned: its own input, the next token, the one after
+
+
 def next_token_labels(ids: torch.Tensor, token_mask: Optional[torch.Tensor]) -> torch.Tensor:
     """[B, T] labels: position t is labelled with token t+1; the last position and padding predict nothing."""
+    return shifted_labels(ids, token_mask, 1)
+
+
+def shifted_labels(ids: torch.Tensor, token_mask: Optional[torch.Tensor], shift: int,
+                   last: Optional[int] = None) -> torch.Tensor:
+    """[B, T] labels: position t < `last` (default T - shift) is labelled with token t + shift; padding is never
+    predicted (a padded position predicting a real token counts, as in HF's shifted labels)."""
+    length = ids.shape[1]
+    last = length - shift if last is None else last
     labels = torch.full_like(ids, IGNORE)
-    labels[:, :-1] = ids[:, 1:]
+    labels[:, :last] = ids[:, shift:shift + last]
     if token_mask is not None:
-        labels[:, :-1][~token_mask[:, 1:].to(ids.device)] = IGNORE
+        labels[:, :last][~token_mask[:, shift:shift + last].to(ids.device)] = IGNORE
     return labels
+
+
+def shift_losses(logits: torch.Tensor, ids: torch.Tensor, token_mask: Optional[torch.Tensor]) -> Optional[dict]:
+    """The loss at each shift of SHIFTS over the same positions (those with a token max(SHIFTS) ahead); None when a
+    sequence is too short to have one."""
+    last = ids.shape[1] - max(SHIFTS)
+    if last < 1:
+        return None
+    with torch.no_grad():
+        labels = {shift: shifted_labels(ids, token_mask, shift, last) for shift in SHIFTS}
+        if not bool((labels[0] != IGNORE).any()):
+            return None
+        return {shift: cross_entropy(logits, label).item() for shift, label in labels.items()}
 
 
 def mask_for_mlm(ids: torch.Tensor, token_mask: Optional[torch.Tensor], mask_id: int,
@@ -71,7 +100,7 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
                            labels.reshape(-1), ignore_index=IGNORE)
 
 
-def loss_report(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> LossReport:
+def loss_report(logits: torch.Tensor, labels: torch.Tensor, kind: str, by_shift: Optional[dict] = None) -> LossReport:
     with torch.no_grad():
         predicted = labels != IGNORE
         count = int(predicted.sum())
@@ -80,4 +109,5 @@ def loss_report(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> LossRe
             return LossReport(None, kind, 0, math.log(vocabulary), note="no token to predict (one token per sequence)")
         value = cross_entropy(logits, labels).item()
         log_z = torch.logsumexp(logits.float(), dim=-1)[predicted]
-        return LossReport(value, kind, count, math.log(vocabulary), log_z.mean().item(), log_z.abs().max().item())
+        return LossReport(value, kind, count, math.log(vocabulary), log_z.mean().item(), log_z.abs().max().item(),
+                          by_shift=by_shift)

@@ -18,7 +18,8 @@ import torch
 from blocktrace.diagnose.diagnosis import Context, conclude
 from blocktrace.diagnose.grad import layerwise_gradient_report
 from blocktrace.diagnose.health import ModelEvidence, evaluate
-from blocktrace.diagnose.loss import LossReport, cross_entropy, loss_report, mask_for_mlm, next_token_labels, no_loss
+from blocktrace.diagnose.loss import LossReport, cross_entropy, loss_report, mask_for_mlm, next_token_labels, no_loss, \
+    shift_losses
 from blocktrace.diagnose.weights import weight_statistics
 from blocktrace.errors import UsageError
 from blocktrace.pipeline.guard import memory_guard
@@ -193,7 +194,10 @@ def _loss(head, spec, x: torch.Tensor, model_input: ModelInput, device) -> LossR
         return no_loss(spec)
     with torch.no_grad():
         logits = head.to(device)(x)
-    return loss_report(logits, model_input.labels.to(device), spec.kind.value)
+    by_shift = None
+    if spec.kind is LossKind.NEXT_TOKEN:
+        by_shift = shift_losses(logits, model_input.ids.to(device), model_input.token_mask)
+    return loss_report(logits, model_input.labels.to(device), spec.kind.value, by_shift)
 
 
 def _stored_dtype(checkpoint, info) -> str:
