@@ -131,3 +131,8 @@ def save_ckpt(model: GPT, path, iter_num: int = 0, compiled_prefix: bool = False
     model_args = {k: v for k, v in asdict(model.config).items() if k != "dropout"}
     torch.save({"model": state, "optimizer": optimizer.state_dict(), "model_args": model_args, "iter_num": iter_num,
                 "best_val_loss": torch.tensor(3.5), "config": {"learning_rate": 1e-3, "batch_size": 12}}, path)
+
+
+def from_model_args(**model_args) -> GPT:
+    """The factory a nanoGPT user points `check --model` at: the checkpoint's model_args build the model."""
+    return GPT(GPTConfig(**model_args))

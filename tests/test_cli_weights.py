@@ -147,8 +147,10 @@ BAD_FILES = {
     "truncated": (_truncated, "is not a valid safetensors file"),
     "header lies about sizes": (_lying_header, "is not a valid safetensors file"),
     "wrong shape": (_wrong_shape, "tensor 'h.1.mlp.c_fc.weight' has shape [64, 200], expected [64, 256]"),
-    "unknown layout": (_unknown_layout, "unknown checkpoint layout (keys found: decoder.bias, encoder.weight, ...); "
-                       "supported layouts: gpt2"),
+    "unknown layout": (_unknown_layout, "unknown checkpoint layout; tried gpt2 (h.{k}.* or transformer.h.{k}.*); "
+                       "bert"),
+    "unknown layout, what it holds": (_unknown_layout, "the file holds 2 tensors in no numbered layer: decoder.bias [2], "
+                                      "encoder.weight [2]"),
 }
 
 

@@ -174,8 +174,11 @@ def test_a_stray_layer_index_is_refused_before_anything_is_sized(invoke, tmp_pat
     weights = _gpt2_copy(tmp_path)
     _edit_weights(weights, lambda t: t.update({"h.999999999.ln_1.weight": torch.ones(64)}))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    for command in (["inspect", str(weights)], ["check", "--weights", str(weights), "--token-ids", "1"]):
-        one_error_line(invoke(*command), "layer 4 is missing but layer 999999999 is there")
+    one_error_line(invoke("check", "--weights", str(weights), "--token-ids", "1"),
+                   "layer 4 is missing but layer 999999999 is there")
+    shown = json.loads(invoke("inspect", str(weights), "--json").stdout)  # inspect shows the file, and why it fails
+    assert "layer 4 is missing but layer 999999999 is there" in shown["layout_note"]
+    assert "h.999999999.ln_1.weight" in {t["name"] for t in shown["other_tensors"]} and shown["n_layers"] == 5
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: nothing sized from it
 
 

@@ -67,8 +67,12 @@ def test_the_python_examples_run(code, monkeypatch, tmp_path):
 
         exec(compile(code, "README.md", "exec"), {})  # and a reader who runs it a second time meets no traceback
 
-        steps = [record["step"] for record in read_timeline(tmp_path / "run.jsonl")]
+        records = read_timeline(tmp_path / "run.jsonl")
+        steps = [record["step"] for record in records]
         assert steps[0] == 0 and len(steps) >= 2 and len({b - a for a, b in zip(steps, steps[1:])}) == 1, steps
+        # the model's attention is written by hand: seen all the same, in every layer of every record
+        assert all(layer["max_logit"] is not None and layer["min_entropy"] is not None
+                   for record in records for layer in record["layers"])
 
 
 def test_ci_runs_the_readme_test_command():

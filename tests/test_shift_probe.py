@@ -58,11 +58,12 @@ def test_shift_losses_equal_cross_entropy_by_hand():
         by_hand = F.cross_entropy(logits[:, :4].reshape(-1, 9), ids[:, shift:shift + 4].reshape(-1))
         assert losses[shift] == pytest.approx(by_hand.item(), rel=1e-6)
     assert shift_losses(logits[:, :2], ids[:, :2], None) is None  # no position has a token two ahead
+    assert shift_losses(logits[:1, :6], ids[:1, :6], None) is None  # 4 positions: fewer than SHIFT_MIN_POSITIONS
 
 
-def _flags(by_shift):
+def _flags(by_shift, step=None):
     loss = LossReport(by_shift[1], "next_token", 10, 2.77, by_shift=by_shift)
-    return [f.name for f in evaluate([], None, ModelEvidence(loss=loss))]
+    return [f.name for f in evaluate([], None, ModelEvidence(loss=loss, step=step))]
 
 
 def test_the_rule_on_both_sides():
@@ -70,13 +71,15 @@ def test_the_rule_on_both_sides():
     assert "learned_wrong_shift" in _flags({0: 3.0, 1: 2.9, 2: 0.2})  # predicts two ahead
     assert "learned_wrong_shift" not in _flags({0: 4.1, 1: 0.3, 2: 3.9})  # trained as it should be
     assert "learned_wrong_shift" not in _flags({0: 2.70, 1: 2.78, 2: 2.76})  # untrained: within the margin
+    assert "learned_wrong_shift" not in _flags({0: 9.0, 1: 14.0, 2: 12.0})  # broken: no shift better than uniform
+    assert "learned_wrong_shift" not in _flags({0: 0.05, 1: 2.9, 2: 3.1}, step=0)  # step 0 learned nothing
 
 
 @pytest.mark.parametrize("copy", [True, False])
 def test_check_names_a_checkpoint_trained_on_its_own_input(tmp_path, invoke, copy):
-    model = trained_gpt2(tmp_path, copy)
+    model = trained_gpt2(tmp_path / "model", copy)  # a name with no step in it (tmp_path's ends in _0: step 0)
     ids = counting(1, 999)[0].tolist()
-    result = invoke("check", "--weights", str(tmp_path), "--token-ids", *map(str, ids), "--json")
+    result = invoke("check", "--weights", str(tmp_path / "model"), "--token-ids", *map(str, ids), "--json")
     report = json.loads(result.stdout)
     by_shift = {int(k): v for k, v in report["loss_detail"]["by_shift"].items()}
     with torch.no_grad():  # HF's own loss at shift 1, on the positions the probe uses

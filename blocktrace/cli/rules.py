@@ -65,7 +65,7 @@ class Excludes:
 # Parameter names whose option is spelled differently.
 SPELLED = {"show_steps": "--block-steps", "fmt": "--format", **{f.parameter: f.flag for f in DOCUMENTS},
            "depths": "--layers",
-           "n_values": "--values", "module_spec": "--module", "save_path": "--save", "check_only": "--check",
+           "n_values": "--values", "module_spec": "--module", "model_spec": "--model", "save_path": "--save", "check_only": "--check",
            "plot_path": "--plot", "html_path": "--html", "tokens_text": "--tokens", "token_types_text": "--token-type-ids",
            "input_path": "--input", "token_ids_text": "--token-ids",
            "causal": "--causal/--no-causal", "bias": "--bias/--no-bias", "heads": "--heads"}
@@ -177,6 +177,24 @@ COMPARE_RULES = [
     Excludes("plot_path", lambda ctx: not ctx.params.get("depths"),
              "--plot with compare draws per-layer curves: add --layers N"),
 ]
+
+
+# What `check --model` takes: the model's own code computes everything else (wiring, dtype, layers, gradients).
+MODEL_TAKES = ("model_spec", "weights", "token_ids_text", "token_ids_file", "ids_dtype", "windows", "context", "seed",
+               "text", "text_file", "fail_on", "fmt", "quiet", *(f.parameter for f in DOCUMENTS))
+
+
+def refuse_beside_model(ctx: click.Context) -> None:
+    """With --model, an option blocktrace's own blocks would read is refused by name: the user's code ignores it."""
+    if not ctx.params.get("model_spec"):
+        return
+    if not ctx.params.get("weights"):
+        raise click.UsageError("--model runs your model on its checkpoint: add --weights PATH")
+    extra = next((name for name in ctx.params if name not in MODEL_TAKES and given(ctx, name)), None)
+    if extra is not None:
+        raise click.UsageError(f"{flag(extra)} does not apply with --model: your model's own code computes it "
+                               f"(--model takes {', '.join(flag(name) for name in MODEL_TAKES[1:])})")
+    enforce(ctx, IDS_FILE_RULES)
 
 
 def enforce(ctx: click.Context, rules) -> None:

@@ -25,7 +25,7 @@ from blocktrace.cli.options import (
     make_request,
 )
 from blocktrace.cli.progress import progress_wanted, shown
-from blocktrace.cli.rules import CHECK_RULES, RUN_RULES, enforce
+from blocktrace.cli.rules import CHECK_RULES, RUN_RULES, enforce, refuse_beside_model
 from blocktrace.errors import FINDINGS_EXIT
 from blocktrace.render.documents import chosen
 from blocktrace.vocab import FFNKind, Lang, Level, Norm
@@ -71,15 +71,41 @@ def run(ctx, **params):
 @force_option("--html")
 @FAIL_ON_OPTION
 @MODULE_OPTIONS
+@click.option("--model", "model_spec", metavar="FILE.py:FACTORY", default=None, help="Check your own model on its checkpoint (--weights, read as it is, no key renamed): imports FILE.py (or PKG.MOD) and calls FACTORY (with the model arguments stored in the checkpoint when it takes them), then one forward and backward on the input, judged as a Watch record. This RUNS YOUR CODE.")
 @click.pass_context
 def check(ctx, **params):
     """Run the health checks and print the findings, a likely cause and advice; exit 1 when a
     finding reaches --fail-on (to guard a training script or CI). With --weights: every layer of
     the checkpoint (--layer / --layers narrow it) and the model's own loss (--grad: its gradients).
+    With --model FILE.py:FACTORY --weights: your own model's code on its checkpoint.
     Takes the block, input and checkpoint options of `run`."""
     _weights_exist(params)
+    refuse_beside_model(ctx)
+    if params["model_spec"]:
+        _check_user_model(ctx, params)
+        return
     enforce(ctx, CHECK_RULES)
     _run(ctx, params, check_only=True)
+
+
+def _check_user_model(ctx, params: dict) -> None:
+    """`check --model`: one Watch record of the user's model, shown as `track` shows a timeline."""
+    from blocktrace.pipeline.user_model import check_user_model
+    from blocktrace.render.track import render_track
+
+    request = make_request(ctx, params, norm=Norm(params["norm"]), ffn=FFNKind(params["ffn"]),
+                           placement=chosen_placement(ctx), qk_norm=params["qk_norm"])
+    fail_on = Level(params["fail_on"])
+    with shown(progress_wanted(chosen(params) is not None, params["quiet"])):
+        report, notes = check_user_model(params["model_spec"], request, fail_on)
+    records = report["records"]
+    header = (f"{params['model_spec']} on {params['weights']}: {records[0].get('model')} with {len(records[0]['layers'])} "
+              "blocks, one forward and backward on the input, judged as a Watch record")
+    show(report, params, lambda: render_track(records, report["first_sign"], report["last_flags"], fail_on,
+                                              "timeline", params["fmt"], header=header,
+                                              trained=False)
+         + "".join(f"note: {note}\n" for note in notes))
+    ctx.exit(FINDINGS_EXIT if report["first_sign"] is not None else 0)
 
 
 def _weights_exist(params: dict) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from blocktrace.diagnose.checks import Cause, Finding, Flag, Scope, check, detectors, finding
+from blocktrace.diagnose.loss import SHIFT_MIN_POSITIONS
 from blocktrace.tracing.behaviour import NormKind
 from blocktrace.vocab import Level
 
@@ -416,19 +417,21 @@ def _loss_above_uniform(evidence) -> list[Finding]:
 
 @check(Scope.MODEL, "learned_wrong_shift",
        f"a next-token model's loss with each position labelled by its own token (shift 0) or by the token two "
-       f"ahead (shift 2) is > {LOSS_MARGIN:g} nats below its loss at shift 1, on the same positions",
+       f"ahead (shift 2) is > {LOSS_MARGIN:g} nats below both its loss at shift 1, on the same positions (at least "
+       f"{SHIFT_MIN_POSITIONS}), and log V; not at step 0",
        "definition of next-token prediction: position t is trained on token t + 1, so a model trained as it "
-       "should be predicts t + 1 better than any other position of the text",
+       "should be predicts t + 1 better than any other position of the text; a target predicted better than "
+       "uniform guessing (log V) was learned, where an untrained or broken model's losses differ by noise",
        "the model learned another target than the next token: the labels were not shifted (it copies its input) or "
        "were shifted twice (it predicts two ahead)", Cause.DATA, direct=True,
        advice="build the targets as the token sequence shifted by one, once: targets[t] = ids[t + 1] for a model "
        "that does not shift, labels = ids for one that does (HF)")
 def _learned_wrong_shift(evidence) -> list[Finding]:
     by_shift = evidence.loss.by_shift if evidence.loss is not None else None
-    if not by_shift or not math.isfinite(by_shift[1]):
+    if not by_shift or not math.isfinite(by_shift[1]) or evidence.step == 0:  # at step 0 nothing was learned
         return []
     best = min(by_shift, key=by_shift.get)
-    if best == 1 or not by_shift[best] < by_shift[1] - LOSS_MARGIN:
+    if best == 1 or not by_shift[best] < min(by_shift[1], evidence.loss.uniform) - LOSS_MARGIN:
         return []
     learned = "its own input token (shift 0)" if best == 0 else f"the token {best} ahead (shift {best})"
     shown = ", ".join(f"shift {shift} {value:.4g}" for shift, value in sorted(by_shift.items()))

@@ -43,6 +43,8 @@ def no_loss(reason: str) -> LossReport:
 
 
 SHIFTS = (0, 1, 2)  # the target a next-token model may have learned: its own input, the next token, the one after
+# Fewer positions than this say nothing of a shift learned: one position's loss of a random model can be anything
+SHIFT_MIN_POSITIONS = 8
 
 
 def next_token_labels(ids: torch.Tensor, token_mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -64,14 +66,14 @@ def shifted_labels(ids: torch.Tensor, token_mask: Optional[torch.Tensor], shift:
 
 
 def shift_losses(logits: torch.Tensor, ids: torch.Tensor, token_mask: Optional[torch.Tensor]) -> Optional[dict]:
-    """The loss at each shift of SHIFTS over the same positions (those with a token max(SHIFTS) ahead); None when a
-    sequence is too short to have one."""
+    """The loss at each shift of SHIFTS over the same positions (those with a token max(SHIFTS) ahead); None when
+    fewer than SHIFT_MIN_POSITIONS positions have one."""
     last = ids.shape[1] - max(SHIFTS)
     if last < 1:
         return None
     with torch.no_grad():
         labels = {shift: shifted_labels(ids, token_mask, shift, last) for shift in SHIFTS}
-        if not bool((labels[0] != IGNORE).any()):
+        if int((labels[max(SHIFTS)] != IGNORE).sum()) < SHIFT_MIN_POSITIONS:
             return None
         return {shift: cross_entropy(logits, label).item() for shift, label in labels.items()}
 

@@ -18,14 +18,19 @@ def _settings(config: dict) -> str:
                     if key in CORE_FIELDS or (value is not None and value != DEFAULTS.get(key)))
 
 
-def render_inspection(report: dict, fmt: str) -> str:
+def _header(report: dict) -> list[str]:
+    if report["family"] is None:  # the file as it is stored: why no layout reads it
+        return [f"{report['path']}: read as no family, {report['n_layers']} numbered layers "
+                f"(key prefix {report['key_prefix']!r}): listed as stored", f"why: {report['layout_note']}"]
     config = report["config"]
     settings = _settings(config) if config else "no config.json: pass --heads to run it"
-    header = [
-        f"{report['path']}: family {report['family']} (key prefix {report['key_prefix']!r}), "
-        f"{report['n_layers']} layers, vocab {report['vocab_size']}, positions {report['n_positions']}",
-        f"block config: {settings}",
-    ]
+    return [f"{report['path']}: family {report['family']} (key prefix {report['key_prefix']!r}), "
+            f"{report['n_layers']} layers, vocab {report['vocab_size']}, positions {report['n_positions']}",
+            f"block config: {settings}"]
+
+
+def render_inspection(report: dict, fmt: str) -> str:
+    header = _header(report)
     rows = [[layer["layer"], t["name"], str(t["shape"]), t["dtype"], t["norm"]]
             for layer in report["layers"] for t in layer["tensors"]]
     rows += [["-", t["name"], str(t["shape"]), t["dtype"], t["norm"]] for t in report["other_tensors"]]

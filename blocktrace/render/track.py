@@ -175,8 +175,11 @@ def rollback_line(first: Optional[dict], rollback: Optional[dict], records: list
 
 
 def render_track(records: list[dict], first: Optional[dict], last: Optional[dict], level: Level, source: str,
-                 fmt: str = "simple", brief: bool = False, rollback: Optional[dict] = None) -> str:
-    lines = [_header(records, source), "", summary_table(records, fmt), ""]
+                 fmt: str = "simple", brief: bool = False, rollback: Optional[dict] = None,
+                 header: Optional[str] = None, trained: bool = True) -> str:
+    """The records' tables and signs; `header` in place of the one the source gives, and no rollback point when
+    the records were not `trained` (check --model's one record)."""
+    lines = [header or _header(records, source), "", summary_table(records, fmt), ""]
     if not brief:
         lines += _layer_tables(records, fmt)
         lines += _weight_tables(records, fmt)
@@ -189,7 +192,8 @@ def render_track(records: list[dict], first: Optional[dict], last: Optional[dict
                 lines.append(f"advice: {top['advice']}")
     lines += note_lines(records)
     lines.append(first_sign_line(first, records, level))
-    lines += [line for line in [last_sign_line(first, last, records), rollback_line(first, rollback, records)] if line]
+    rolled = rollback_line(first, rollback, records) if trained else None
+    lines += [line for line in [last_sign_line(first, last, records), rolled] if line]
     return "\n".join(lines) + "\n"
 
 

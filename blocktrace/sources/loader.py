@@ -17,6 +17,7 @@ from blocktrace.model.block import TransformerBlock
 from blocktrace.model.head import OutputHead, final_norm, masked_lm_transform
 from blocktrace.model.rope import RotaryEmbedding
 from blocktrace.sources.checkpoint import Checkpoint
+from blocktrace.sources.families import reading_as
 from blocktrace.sources.families.base import ModelInfo, Reader
 
 
@@ -62,8 +63,9 @@ def load_block(checkpoint: Checkpoint, info: ModelInfo, layer: int, config: Bloc
     info.family.check(config)
     check_layer(info, layer)
     read_keys: set = set()
-    state = info.family.parameters(_reader(checkpoint, info.layer_prefix(layer), dtype, read_keys), config)
-    _refuse_unread(checkpoint, info, layer, read_keys)
+    with reading_as(checkpoint, info):
+        state = info.family.parameters(_reader(checkpoint, info.layer_prefix(layer), dtype, read_keys), config)
+        _refuse_unread(checkpoint, info, layer, read_keys)
     with torch.device("meta"):  # no random init of weights about to be replaced
         block = TransformerBlock(config)
     block.load_state_dict(state, strict=False, assign=True)

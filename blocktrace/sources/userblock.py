@@ -1,4 +1,5 @@
-"""The user's own block, from `--module package.module:factory` or `--module path/to/file.py:factory`.
+"""The user's own block, from `--module package.module:factory` or `--module path/to/file.py:factory`, and the
+user's own model (`check --model`, the same forms).
 
 Importing it RUNS THE USER'S CODE, by design: that is how a user's block gets traced. The
 working directory is searched too, for that one import only; afterwards sys.path is as it
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -24,24 +26,24 @@ FORMS = "package.module:factory or path/to/file.py:factory"
 FILE_MODULE_PREFIX = "blocktrace_user_block_"  # a .py file's module name: forgotten afterwards like the others
 
 
-def _parse(spec: str) -> tuple[str, str]:
+def _parse(spec: str, option: str = "--module") -> tuple[str, str]:
     module_name, _, factory_name = spec.rpartition(":")
     if module_name.endswith(".py") and factory_name.isidentifier():
         return module_name, factory_name
     parts = module_name.split(".")
     if not module_name or not factory_name or not all(p.isidentifier() for p in parts) \
             or not factory_name.isidentifier():
-        raise UsageError(f"--module takes {FORMS}, not {spec!r}")
+        raise UsageError(f"{option} takes {FORMS}, not {spec!r}")
     return module_name, factory_name
 
 
-def _import(spec: str, module_name: str):
+def _import(spec: str, option: str, module_name: str):
     """A module by its dotted name, or a .py file by its path (under a name of its own, so it shadows nothing)."""
     if not module_name.endswith(".py"):
         return importlib.import_module(module_name)
     path = Path(module_name)
     if not path.is_file():
-        raise InputError(f"--module {spec}: {module_name} is not a file; --module takes {FORMS}")
+        raise InputError(f"{option} {spec}: {module_name} is not a file; {option} takes {FORMS}")
     loaded = importlib.util.spec_from_file_location(f"{FILE_MODULE_PREFIX}{path.stem}", path)
     module = importlib.util.module_from_spec(loaded)
     sys.modules[loaded.name] = module
@@ -62,7 +64,30 @@ def _forget_modules_from(directory: Path, before: set) -> None:
 
 def load_user_block(spec: str) -> torch.nn.Module:
     """Import `package.module:factory` (from the working directory too) and call the factory."""
-    module_name, factory_name = _parse(spec)
+    return _load(spec, "--module", lambda factory: (factory(), None))[0].eval()
+
+
+def load_user_model(spec: str, arguments: dict) -> tuple[torch.nn.Module, str]:
+    """`check --model`: the factory called with the model's arguments a training script stored in the checkpoint
+    (nanoGPT's model_args) when its signature takes them as keywords, else with none; and how it was called."""
+    def call(factory):
+        if arguments and _takes(factory, arguments):
+            return factory(**arguments), f"{spec.rpartition(':')[2]}(**the checkpoint's model arguments)"
+        return factory(), f"{spec.rpartition(':')[2]}() (no arguments{' it takes' if arguments else ' stored'})"
+    return _load(spec, "--model", call)
+
+
+def _takes(factory, arguments: dict) -> bool:
+    try:
+        inspect.signature(factory).bind(**arguments)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _load(spec: str, option: str, call) -> tuple[torch.nn.Module, Optional[str]]:
+    """Import the spec's module and `call(factory)` → (what it made, how it was called)."""
+    module_name, factory_name = _parse(spec, option)
     # A file's own directory is searched (its sibling imports), else the working directory.
     directory = (Path(module_name).parent if module_name.endswith(".py") else Path(os.getcwd())).resolve()
     before = set(sys.modules)
@@ -70,32 +95,32 @@ def load_user_block(spec: str) -> torch.nn.Module:
     if inserted:
         sys.path.insert(0, str(directory))
     try:
-        block = _call_factory(spec, module_name, factory_name)
+        module, called = _call_factory(spec, option, module_name, factory_name, call)
     finally:
         if inserted and str(directory) in sys.path:
             sys.path.remove(str(directory))
         _forget_modules_from(directory, before)
-    if not isinstance(block, torch.nn.Module):
-        raise InputError(f"--module {spec}: {factory_name}() returned {type(block).__name__}, not a torch.nn.Module")
-    return block.eval()
+    if not isinstance(module, torch.nn.Module):
+        raise InputError(f"{option} {spec}: {factory_name}() returned {type(module).__name__}, not a torch.nn.Module")
+    return module, called
 
 
-def _call_factory(spec: str, module_name: str, factory_name: str):
+def _call_factory(spec: str, option: str, module_name: str, factory_name: str, call):
     try:
-        module = _import(spec, module_name)
+        module = _import(spec, option, module_name)
     except InputError:
         raise
     except BaseException as error:  # the user's module failed to import (SystemExit included): one line
         if isinstance(error, KeyboardInterrupt):
             raise
-        raise InputError(f"--module {spec}: importing {module_name} failed: {type(error).__name__}: {error}") from None
+        raise InputError(f"{option} {spec}: importing {module_name} failed: {type(error).__name__}: {error}") from None
     factory = getattr(module, factory_name, None)
     if not callable(factory):
-        raise InputError(f"--module {spec}: {module_name} has no callable {factory_name!r}")
+        raise InputError(f"{option} {spec}: {module_name} has no callable {factory_name!r}")
     try:
-        return factory()
+        return call(factory)
     except Exception as error:
-        raise InputError(f"--module {spec}: {factory_name}() raised {type(error).__name__}: {error}") from None
+        raise InputError(f"{option} {spec}: {factory_name}() raised {type(error).__name__}: {error}") from None
 
 
 def block_width(block: torch.nn.Module) -> Optional[int]:

@@ -158,6 +158,9 @@ def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[nn.Module]:
     return max(candidates, key=len)
 
 
+FIRST_ERROR_WARNING = "blocktrace.Watch: first error at step"  # the rollback warning's opening words
+
+
 class Watch:
     """Records the model's blocks every `every` training steps into a timeline file (see the module docstring)."""
 
@@ -387,7 +390,7 @@ class Watch:
         where = (f"the last healthy record is step {self.last_healthy}: roll back to the last checkpoint saved at or "
                  "before it" if self.last_healthy is not None else "no record before it was healthy: the run was "
                  "broken from its start")
-        warnings.warn(f"blocktrace.Watch: first error at step {entry['step']} ({errors[0]['name']}: "
+        warnings.warn(f"{FIRST_ERROR_WARNING} {entry['step']} ({errors[0]['name']}: "
                       f"{errors[0]['detail']}); {where}", RuntimeWarning, stacklevel=4)
 
     def _loss(self, loss) -> Optional[torch.Tensor]:

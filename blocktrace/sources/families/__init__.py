@@ -8,6 +8,7 @@ their own. A model_type blocktrace does not implement is refused by name.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
 from pathlib import Path
@@ -19,8 +20,10 @@ from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.base import Family, HFLayer, ModelInfo, refuse_quantised
 from blocktrace.sources.families.gpt2 import GPT2
+from blocktrace.sources.families.layouts import describe_file
 
-__all__ = ["FAMILIES", "HF_LAYERS", "Family", "HFLayer", "ModelInfo", "SIZE_FIELDS", "checkpoint_config", "model_info"]
+__all__ = ["FAMILIES", "HF_LAYERS", "Family", "HFLayer", "ModelInfo", "SIZE_FIELDS", "checkpoint_config", "model_info",
+           "reading_as"]
 
 
 def _declared_families() -> list[Family]:
@@ -79,10 +82,42 @@ def _family_of(checkpoint: Checkpoint, config: Optional[ConfigFile]) -> Family:
     if family is None and _strip_module_prefix(checkpoint):
         family = _keyed_family(checkpoint)
     if family is None:
-        sample = ", ".join(sorted(checkpoint.keys)[:5]) or "none"
-        raise WeightsError(f"{checkpoint.path}: unknown checkpoint layout (keys found: {sample}, ...); "
-                           f"supported layouts: {'; '.join(SUPPORTED_LAYOUTS)}")
+        raise WeightsError(f"{checkpoint.path}: unknown checkpoint layout; tried {'; '.join(SUPPORTED_LAYOUTS)}; "
+                           f"{describe_file(checkpoint, _keyed_layouts())}{_WAYS_ON.format(path=checkpoint.path)}")
     return family
+
+
+# What a user whose file fits no layout can do next (check --model runs the model's own code on the file).
+_WAYS_ON = ("; `blocktrace inspect {path}` lists every tensor, and `blocktrace check --model FILE.py:FACTORY "
+            "--weights {path}` runs your model's own code on it")
+
+
+def _keyed_layouts() -> list[Family]:
+    return [FAMILIES[name] for name in KEYED_FAMILIES + ("nanogpt",)]
+
+
+@contextlib.contextmanager
+def reading_as(checkpoint: Checkpoint, info: "ModelInfo"):
+    """A tensor the family's layout reads and the file lacks (or holds in another shape): the error says which
+    layout the file was read as and why, what the file holds, and what to do."""
+    try:
+        yield
+    except WeightsError as error:
+        model_type = info.config.string("model_type") if info.config is not None else None
+        why = f"{info.config.path.name} says model_type {model_type!r}" if model_type is not None else \
+            f"guessed from its keys {info.prefix}{info.family.layers_path}.{{k}}.{info.family.marker}"
+        layouts = [info.family] + [family for family in _keyed_layouts() if family.name != info.family_name]
+        raise WeightsError(f"{error}: the file was read as the {info.family_name} layout ({why}); "
+                           f"{describe_file(checkpoint, layouts)}{_WAYS_ON.format(path=checkpoint.path)}") from None
+
+
+def _guessed(family: Family, config: Optional[ConfigFile]) -> list[str]:
+    """A layout named by no model_type is an assumption about the code that trained the weights: said."""
+    if config is not None and config.string("model_type") is not None:
+        return []
+    return [f"no model_type: the layout was guessed from the keys, so blocktrace's {family.name} block computes "
+            "them (its attention, mask and norms), not the code that trained them (`check --model FILE.py:FACTORY` "
+            "runs that code)"]
 
 
 def _strip_module_prefix(checkpoint: Checkpoint) -> bool:
@@ -170,7 +205,7 @@ def model_info(checkpoint: Checkpoint) -> ModelInfo:
             config.integer("block_size")
     if f"{prefix}wpe.weight" in checkpoint and isinstance(family, GPT2):
         positions = checkpoint.shape(f"{prefix}wpe.weight")[0]
-    notes = (*checkpoint.notes, *config_notes, *family.notes(config))
+    notes = (*checkpoint.notes, *config_notes, *family.notes(config), *_guessed(family, config))
     return ModelInfo(family, prefix, n_layers, positions, vocab, config, notes)
 
 
@@ -206,7 +241,8 @@ def checkpoint_config(checkpoint: Checkpoint, info: ModelInfo, overrides: dict) 
                            "weights): add the checkpoint's config.json")
     from_config = {} if info.config is None else \
         {key: value for key, value in family.config_fields(info.config).items() if value is not None}
-    shapes = family.shape_fields(checkpoint, base)
+    with reading_as(checkpoint, info):
+        shapes = family.shape_fields(checkpoint, base)
     _config_fits_tensors(info, shapes, from_config)
     fields = {**shapes, **from_config}
     for name in SIZE_FIELDS:
