@@ -280,6 +280,38 @@ def misalignment(match: dict, inside: bool, judged_at_no_shift: bool = True) -> 
     return None
 
 
+# --- the forward's other inputs ------------------------------------------------------------------------------
+
+@check(Scope.TRAINING, "position_ids_constant",
+       "the forward's position_ids hold one value throughout every sequence of 2 or more tokens (a Watch)",
+       "definition: position ids index the positions of a sequence, so T tokens have T distinct positions "
+       "(packed documents restart at 0, but none is one value throughout)",
+       "every token is told it sits at one position: RoPE rotates every query and key alike, a learned position "
+       "table adds one vector, and word order is invisible but for the causal mask", Cause.DATA, direct=True,
+       advice="give position_ids = arange(T) per sequence (restarting at each packed document), or leave them "
+       "out and let the model make them")
+def _position_ids_constant(history: Sequence[dict], entry: dict) -> list[Finding]:
+    if _data(entry).get("positions_constant") is not True:
+        return []
+    return [finding(Level.ERROR, None, None, 1.0, "every sequence's position_ids are one value throughout")]
+
+
+@check(Scope.TRAINING, "attention_mask_inverted",
+       "the forward's attention_mask keeps positions that all hold one id and drops positions that hold "
+       "several (a Watch)",
+       "HF's attention_mask: 1 keeps a token, 0 drops padding; padding is one repeated id (the pad id), text "
+       "never is",
+       "the mask is inverted: the model attends to the padding and ignores the text", Cause.MASK, direct=True,
+       advice="attention_mask = (input_ids != pad_id): 1 at the text, 0 at the padding (a mask built as == pad_id, "
+       "or 1 - mask applied twice, inverts it)")
+def _attention_mask_inverted(history: Sequence[dict], entry: dict) -> list[Finding]:
+    mask = _data(entry).get("mask")
+    if not isinstance(mask, dict) or mask.get("kept_one_id") is not True or mask.get("dropped_one_id") is not False:
+        return []
+    return [finding(Level.ERROR, None, None, 1.0, "the positions the mask keeps all hold one id; those it drops "
+                                                  "hold several")]
+
+
 # --- a probe of causality ------------------------------------------------------------------------------------
 
 def causal_expected(entry: dict) -> bool:

@@ -238,6 +238,29 @@ def target_match(ids: torch.Tensor, targets: torch.Tensor) -> dict:
             "counted": counted.double().mean(), "targets_counted": counted.sum()}
 
 
+def input_evidence(ids: torch.Tensor, kwargs: dict) -> dict:
+    """Device facts about the forward's other inputs, as HF names them: whether every sequence's `position_ids`
+    are one value throughout (T ≥ 2), and, for an `attention_mask` [B, T] (1 keeps a token),
+    whether the ids it keeps and the ids it drops are each one repeated value (padding is one repeated id)."""
+    found: dict = {}
+    positions = kwargs.get("position_ids")
+    if isinstance(positions, torch.Tensor) and not positions.is_floating_point() and positions.dim() in (1, 2) \
+            and positions.shape[-1] >= 2:
+        found["positions_constant"] = (positions == positions[..., :1]).all()
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.shape == ids.shape:
+        kept = mask.bool() if mask.dtype == torch.bool else mask != 0
+        found["mask"] = {"kept_one_id": _one_value(ids, kept), "dropped_one_id": _one_value(ids, ~kept)}
+    return found
+
+
+def _one_value(ids: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """Whether the ids at `where` are all one value (True where there are none), without leaving the device."""
+    largest = torch.where(where, ids, torch.full_like(ids, torch.iinfo(ids.dtype).min)).max()
+    smallest = torch.where(where, ids, torch.full_like(ids, torch.iinfo(ids.dtype).max)).min()
+    return (largest <= smallest) | ~where.any()
+
+
 def _mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, shift: int) -> torch.Tensor:
     """The mean cross-entropy of logits[:, t] against targets[:, t + shift], in float32, chunk by chunk."""
     vocab = logits.shape[-1]

@@ -48,6 +48,7 @@ from blocktrace.training.loop import (
     LoopObserver,
     causal_model,
     grad_norm,
+    input_evidence,
     logits_of,
     loss_checks,
     probe_causality,
@@ -520,6 +521,7 @@ class Batch:
         self.targets: Optional[torch.Tensor] = None
         self.logits: Optional[torch.Tensor] = None
         self.call: Optional[ForwardCall] = None  # how the training forward was called
+        self.inputs: dict = {}  # the forward's position ids and attention mask, as device facts (loop.input_evidence)
         self.vocab: Optional[int] = None
 
     def see(self, args, kwargs, output) -> None:
@@ -532,6 +534,7 @@ class Batch:
             return  # ids the model takes some other way (a list it converts itself): no batch seen beside them
         self.ids = ids.detach()
         self.call = ForwardCall(tuple(args), dict(kwargs), ids)  # the probe calls the model as training did
+        self.inputs = input_evidence(self.ids, kwargs)
         labels = next((kwargs[name] for name in TARGET_NAMES if isinstance(kwargs.get(name), torch.Tensor)), None)
         positional = args[self.targets_at] if self.targets_at is not None and self.targets_at < len(args) else None
         self.targets = labels if labels is not None else (positional if isinstance(positional, torch.Tensor) else None)
@@ -554,9 +557,10 @@ class Batch:
                  "language_model": self.ids.max() < self.vocab if self.vocab is not None and self.ids.numel() else None}
         if self.targets is not None:
             found.update(target_match(self.ids, self.targets))
+        found.update(self.inputs)
         if trained:  # a copy: a loop that refills one buffer in place would otherwise compare the batch with itself
             self.previous = self.ids.clone()
-        self.ids, self.targets, self.logits, self.call = None, None, None, None
+        self.ids, self.targets, self.logits, self.call, self.inputs = None, None, None, None, {}
         return found
 
 
