@@ -223,7 +223,45 @@ def test_an_evaluation_inside_the_loop_under_no_grad_is_neither_traced_nor_a_rep
 def test_softmaxed_outputs_handed_to_cross_entropy_are_caught(tmp_path):
     records = train(HandLM(softmax_output=True), tmp_path / "run.jsonl")
     assert "outputs_are_probabilities" in {f["name"] for f in records[0]["flags"]}
+    assert "loss_of_probabilities" not in {f["name"] for f in records[0]["flags"]}  # one finding of one fault
     assert records[0]["diagnosis"][0]["cause"] == "loss_function"
+
+
+@pytest.mark.parametrize("outside, found", [
+    (lambda z: torch.softmax(z, -1), True),  # probabilities made in the loop, not in the model
+    (lambda z: torch.log_softmax(z, -1), False),  # log-probabilities: their cross-entropy is the logits'
+    (lambda z: z, False),
+])
+def test_probabilities_made_outside_the_model_and_given_to_the_loss(tmp_path, outside, found):
+    """The model returns logits; the loop applies a softmax before F.cross_entropy (found from the loss's graph,
+    at the first record, whatever the logits' values), log_softmax (legitimate), or nothing."""
+    torch.manual_seed(0)
+    model = HandLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(2):
+            ids, targets = nano_batch(step)
+            logits, _ = model(ids)
+            loss = F.cross_entropy(outside(logits).reshape(-1, VOCAB), targets.reshape(-1))
+            loss.backward()
+            watch.step(loss)
+            optimizer.step(), optimizer.zero_grad()
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert ("loss_of_probabilities" in {f["name"] for f in records[0]["flags"]}) == found
+    if found:
+        assert records[0]["diagnosis"][0]["cause"] == "loss_function"
+
+
+def test_a_label_smoothed_loss_is_not_taken_for_probabilities(tmp_path):
+    torch.manual_seed(0)
+    model = HandLM()
+    with Watch(model, tmp_path / "run.jsonl", every=1, overwrite=True) as watch:
+        ids, targets = nano_batch(0)
+        logits, _ = model(ids)
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1), label_smoothing=0.1)
+        loss.backward()
+        watch.step(loss)
+    assert "loss_of_probabilities" not in errors(read_timeline(tmp_path / "run.jsonl"))
 
 
 def test_a_loss_summed_over_the_tokens_is_caught_a_mean_is_not(tmp_path):
@@ -396,3 +434,17 @@ def test_gradients_left_on_parameters_the_optimizer_does_not_hold_are_not_a_forg
     records = train(model, tmp_path / "run.jsonl", optimizer=optimizer)
     assert records[1]["loop"]["grads_before_backward"] == 0.0
     assert "gradients_not_zeroed" not in errors(records)
+
+
+def test_the_loss_graph_probe_on_both_sides():
+    from blocktrace.training.loop import softmax_before_loss
+
+    z = torch.randn(2, 5, 7, requires_grad=True)
+    y = torch.randint(0, 7, (2, 5)).reshape(-1)
+    assert softmax_before_loss(F.cross_entropy(torch.softmax(z, -1).reshape(-1, 7), y)) is True
+    assert softmax_before_loss(F.cross_entropy(torch.softmax(z.bfloat16(), -1).float().reshape(-1, 7), y)) is True
+    assert softmax_before_loss(F.cross_entropy(z.reshape(-1, 7), y)) is False
+    assert softmax_before_loss(F.cross_entropy(torch.log_softmax(z, -1).reshape(-1, 7), y)) is False
+    assert softmax_before_loss(F.nll_loss(torch.log(torch.softmax(z, -1)).reshape(-1, 7), y)) is None  # legitimate
+    assert softmax_before_loss(F.cross_entropy(z.reshape(-1, 7), y) + 0.01 * z.pow(2).mean()) is False  # z-loss
+    assert softmax_before_loss(torch.tensor(1.0)) is None

@@ -186,6 +186,22 @@ def _outputs_are_probabilities(history: Sequence[dict], entry: dict) -> list[Fin
                     "every output row is ≥ 0 and sums to 1: the model returns probabilities, not logits")]
 
 
+@check(Scope.TRAINING, "loss_of_probabilities",
+       "the loss's own autograd graph applies cross-entropy's log-softmax to the output of a softmax, made in the "
+       "model or in the loop (a Watch given the loss)",
+       "definition: F.cross_entropy applies log-softmax to what it is given, so it must be given logits; the graph "
+       "says what it was given, wherever the softmax was computed. log_softmax before it, or F.nll_loss on "
+       "log(softmax), pass: neither applies a softmax twice",
+       "softmax is applied twice: the loss can barely fall below log V and its gradients are squashed",
+       Cause.LOSS_FUNCTION, direct=True,
+       advice="give the loss the raw logits: drop the softmax between the model and F.cross_entropy (or use "
+       "F.nll_loss on log_softmax)")
+def _loss_of_probabilities(history: Sequence[dict], entry: dict) -> list[Finding]:
+    if _loop(entry).get("softmax_before_loss") is not True or _loop(entry).get("outputs_are_probabilities") is True:
+        return []  # the model's own outputs already said so (outputs_are_probabilities): one finding, not two
+    return [finding(Level.ERROR, None, None, 1.0, "the loss's graph runs cross-entropy on the output of a softmax")]
+
+
 def _sum_over(ratio: float, counts: dict) -> Optional[str]:
     for name, count in counts.items():
         if isinstance(count, int) and count >= 2 and abs(ratio / count - 1) < SUM_TOLERANCE:

@@ -261,6 +261,39 @@ def _one_value(ids: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
     return (largest <= smallest) | ~where.any()
 
 
+# Autograd nodes that only move, reshape or cast their input: a softmax behind them is what the next node was given
+SHAPE_ONLY_NODES = frozenset({"ViewBackward0", "ReshapeAliasBackward0", "UnsafeViewBackward0", "CloneBackward0",
+                              "ToCopyBackward0", "TransposeBackward0", "PermuteBackward0", "ExpandBackward0",
+                              "SliceBackward0", "SelectBackward0", "SqueezeBackward0", "SqueezeBackward1",
+                              "UnsqueezeBackward0", "AliasBackward0"})
+LOSS_GRAPH_NODES = 64  # the nodes of the loss's graph searched from its top: cross-entropy sits near it
+
+
+def softmax_before_loss(loss: Optional[torch.Tensor]) -> Optional[bool]:
+    """Whether the loss's own autograd graph applies log-softmax (cross-entropy's first step) to a softmax's
+    output — probabilities given to the loss, made in the model or in the loop; None when no log-softmax is found
+    near the graph's top (another loss, or no graph). A structural fact of the graph: no value is compared."""
+    if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+        return None
+    pending, seen, found = [loss.grad_fn], 0, None
+    while pending and seen < LOSS_GRAPH_NODES:
+        node = pending.pop(0)
+        seen += 1
+        if type(node).__name__ == "LogSoftmaxBackward0":
+            found = bool(found) or _behind_shape_nodes(node) == "SoftmaxBackward0"
+            continue
+        pending += [parent for parent, _ in node.next_functions if parent is not None]
+    return found
+
+
+def _behind_shape_nodes(node) -> Optional[str]:
+    """The first node behind `node`'s input that does more than move, reshape or cast it."""
+    parent = node.next_functions[0][0] if node.next_functions else None
+    while parent is not None and type(parent).__name__ in SHAPE_ONLY_NODES:
+        parent = parent.next_functions[0][0] if parent.next_functions else None
+    return type(parent).__name__ if parent is not None else None
+
+
 def _mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, shift: int) -> torch.Tensor:
     """The mean cross-entropy of logits[:, t] against targets[:, t + shift], in float32, chunk by chunk."""
     vocab = logits.shape[-1]
@@ -278,7 +311,8 @@ def _mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, shift: int)
 def loss_checks(logits: Optional[torch.Tensor], targets: Optional[torch.Tensor], loss: Optional[torch.Tensor]) -> dict:
     """Whether the outputs are probabilities, and the loss over the mean cross-entropy of the model's own logits
     (at the targets' shift that fits best: 0 for a hand-written model's targets, 1 for HF's labels)."""
-    found: dict = {"outputs_are_probabilities": None, "loss_over_cross_entropy": None}
+    found: dict = {"outputs_are_probabilities": None, "loss_over_cross_entropy": None,
+                   "softmax_before_loss": softmax_before_loss(loss)}
     if logits is None or logits.dim() != 3 or not logits.is_floating_point():
         return found
     logits = logits.detach()

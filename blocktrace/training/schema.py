@@ -111,6 +111,7 @@ def _data(value: Any, field: str) -> dict:
 
 
 LOOP_NUMBERS = ("grads_before_backward", "step_gradient", "optimizer_share", "loss_over_cross_entropy")
+LOOP_FLAGS = ("outputs_are_probabilities", "softmax_before_loss")
 LOOP_COUNTS = ("step_gradient_at", "eval_mode_modules", "sequences", "positions")
 
 
@@ -121,8 +122,8 @@ def _loop(value: Any, field: str) -> dict:
         loop[key] = number(loop.get(key), f"{field}.{key}")
     for key in LOOP_COUNTS:
         loop[key] = _index(loop.get(key), f"{field}.{key}", optional=True)
-    loop["outputs_are_probabilities"] = _boolean(loop.get("outputs_are_probabilities"),
-                                                 f"{field}.outputs_are_probabilities")
+    for key in LOOP_FLAGS:
+        loop[key] = _boolean(loop.get(key), f"{field}.{key}")
     loop["outside_optimizer"] = _listed(loop.get("outside_optimizer", []), f"{field}.outside_optimizer", _text)
     loop["lr_groups"] = _listed(loop.get("lr_groups"), f"{field}.lr_groups", number, optional=True)
     loop["optimizer"] = _optimizer(loop.get("optimizer"), f"{field}.optimizer")
