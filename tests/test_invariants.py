@@ -448,3 +448,63 @@ def test_the_loss_graph_probe_on_both_sides():
     assert softmax_before_loss(F.nll_loss(torch.log(torch.softmax(z, -1)).reshape(-1, 7), y)) is None  # legitimate
     assert softmax_before_loss(F.cross_entropy(z.reshape(-1, 7), y) + 0.01 * z.pow(2).mean()) is False  # z-loss
     assert softmax_before_loss(torch.tensor(1.0)) is None
+
+
+# --- the descent probe ---------------------------------------------------------------------------------------------
+
+class AddsTheGradient(torch.optim.Optimizer):
+    """A hand-written SGD with its sign wrong (p += lr·g): no setting of it says so, only what its steps do."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=group["lr"])
+
+
+def _descent_run(tmp_path, make_optimizer, accumulate=1):
+    torch.manual_seed(0)
+    model = HandLM(dropout=0.1)  # dropout on: the replay must draw the training forward's masks again
+    return train(model, tmp_path / "run.jsonl", steps=16, optimizer=make_optimizer(model.parameters()),
+                 accumulate=accumulate)
+
+
+def test_the_descent_probe_predicts_the_change_of_its_own_batchs_loss(tmp_path):
+    """g·Δw against the batch's loss after the step, on a healthy AdamW run: the first-order prediction and the
+    replayed loss agree to within 10% (an Adam step of lr 1e-3 is small), both below 0."""
+    records = _descent_run(tmp_path, lambda p: torch.optim.AdamW(p, lr=1e-3))
+    descent = records[1]["loop"]["descent"]
+    assert descent["at"] == 0 and descent["predicted"] < 0
+    assert descent["loss_after"] - descent["loss_before"] == pytest.approx(descent["predicted"], rel=0.1)
+    assert descent["loss_before"] == pytest.approx(records[0]["loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("make_optimizer, accumulate", [
+    (lambda p: torch.optim.AdamW(p, lr=1e-3), 1),
+    (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True), 1),
+    (lambda p: torch.optim.Adam(p, lr=1e-3), 4),  # gradients accumulated over 4 micro-batches, the first replayed
+])
+def test_descending_loops_pass_the_descent_probe(tmp_path, make_optimizer, accumulate):
+    records = _descent_run(tmp_path, make_optimizer, accumulate)
+    assert all(r["loop"]["descent"] is not None for r in records[1:])
+    assert "update_ascends" not in errors(records)
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda p: torch.optim.AdamW(p, lr=1e-3, maximize=True),
+    lambda p: AddsTheGradient(p, lr=0.05),
+])
+def test_an_update_that_climbs_is_found_by_what_it_does(tmp_path, make_optimizer):
+    records = _descent_run(tmp_path, make_optimizer)
+    assert "update_ascends" in {f["name"] for f in records[1]["flags"]}
+    assert records[1]["diagnosis"][0]["cause"] == "optimizer"
+
+
+def test_a_step_past_its_gradients_neighbourhood_is_info_not_an_alarm(tmp_path):
+    records = _descent_run(tmp_path, lambda p: torch.optim.SGD(p, lr=50.0))
+    found = [f for f in records[1]["flags"] if f["name"] == "step_raises_batch_loss"]
+    assert found and found[0]["level"] == "info"

@@ -296,6 +296,57 @@ def misalignment(match: dict, inside: bool, judged_at_no_shift: bool = True) -> 
     return None
 
 
+# --- each recorded step's effect on its own batch: the descent probe ----------------------------------------------
+
+def _descent(entry: dict) -> Optional[dict]:
+    """The probe of the optimizer step after an earlier record (training/loop.py): g·Δw and the batch's loss before
+    and after the step, all finite; None where it was not run."""
+    found = _loop(entry).get("descent")
+    if not isinstance(found, dict) or not all(_finite(found.get(key)) for key in ("predicted", "loss_before")):
+        return None
+    return found
+
+
+@check(Scope.TRAINING, "update_ascends",
+       "a recorded step's update climbs on both counts: the first-order change it predicts, g·Δw, is above 0 and "
+       "the same batch's loss after the step (the same forward, the same dropout draws) is above its loss before "
+       "(a Watch given the optimizer)",
+       "definition of descent: an optimizer's step moves the weights against the gradient, so g·Δw < 0 and, for a "
+       "step small enough to follow its gradient, the batch's loss falls. Momentum can turn one step against a "
+       "noisy gradient, but not the batch's own loss with it",
+       "the update climbs the loss: a sign flipped in the optimizer or in the gradient (maximize, a negative "
+       "learning rate, a custom step that adds the gradient, a loss negated before backward)",
+       Cause.OPTIMIZER, direct=True,
+       advice="make the step descend: p ← p − lr·update(g) with lr > 0 and maximize=False; check a custom "
+       "optimizer's sign and what backward() is called on")
+def _update_ascends(history: Sequence[dict], entry: dict) -> list[Finding]:
+    descent = _descent(entry)
+    if descent is None or not _finite(descent.get("loss_after")) or not descent["predicted"] > 0 \
+            or not descent["loss_after"] > descent["loss_before"]:
+        return []
+    return [finding(Level.ERROR, None, None, descent["predicted"],
+                    f"the step after the record at step {descent.get('at')}: g·Δw = {descent['predicted']:.3g} > 0, and "
+                    f"its batch's loss went from {descent['loss_before']:.4g} to {descent['loss_after']:.4g}")]
+
+
+@check(Scope.TRAINING, "step_raises_batch_loss",
+       "a recorded step's update descends to first order (g·Δw < 0) while the same batch's loss after it rises: "
+       "info (context, not a verdict)",
+       "a step descends along its gradient only as far as the loss stays near linear; a loss that rises on its own "
+       "batch despite g·Δw < 0 took a step past that region (noisy and legitimate near the edge of stability: "
+       "Cohen et al. 2021)",
+       "the step is larger than its gradient's neighbourhood: if it repeats with a loss that does not fall, the "
+       "learning rate is too high", Cause.LEARNING_RATE)
+def _step_raises_batch_loss(history: Sequence[dict], entry: dict) -> list[Finding]:
+    descent = _descent(entry)
+    if descent is None or not _finite(descent.get("loss_after")) or not descent["predicted"] < 0 \
+            or not descent["loss_after"] > descent["loss_before"]:
+        return []
+    return [finding(Level.INFO, None, None, descent["loss_after"] - descent["loss_before"],
+                    f"the step after the record at step {descent.get('at')}: g·Δw = {descent['predicted']:.3g}, its "
+                    f"batch's loss {descent['loss_before']:.4g} → {descent['loss_after']:.4g}")]
+
+
 # --- the forward's other inputs ------------------------------------------------------------------------------
 
 @check(Scope.TRAINING, "position_ids_constant",

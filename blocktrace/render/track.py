@@ -205,8 +205,8 @@ def note_lines(records: list[dict]) -> list[str]:
     distinct note once, with the steps it was made at: a measurement missing is said, not only left null."""
     steps_of: dict[str, list] = {}
     for entry in records:
-        probe = (entry.get("probe") or {}).get("note")
-        said = ([probe] if probe else []) + [note for layer in entry["layers"] for note in layer.get("notes") or []]
+        probes = [(entry.get("probe") or {}).get("note"), (((entry.get("loop") or {}).get("descent")) or {}).get("note")]
+        said = [note for note in probes if note] + [note for layer in entry["layers"] for note in layer.get("notes") or []]
         for note in dict.fromkeys(said):
             steps_of.setdefault(note, []).append(entry["step"])
     lines = [f"note: {note} (at {_steps(steps)})" for note, steps in list(steps_of.items())[:NOTES_SHOWN]]

@@ -89,6 +89,82 @@ def _step_pre_hook(optimizer, hook):
         return None
 
 
+def _step_post_hook(optimizer, hook):
+    """As _step_pre_hook, after the step."""
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+    try:
+        return optimizer.register_step_post_hook(hook)
+    except AttributeError:
+        return None
+
+
+def _gradient_dot_weights(parameters: list[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Σ g·w over the parameters with a gradient, in float64 on the device (None when none has one): taken before
+    and after a step, the difference is g·Δw without a copy of the weights (float64 keeps the difference, ~lr·‖g‖²,
+    far above the rounding of the two sums, ~1e-16·‖g‖‖w‖)."""
+    dots = [torch.dot(p.grad.detach().reshape(-1).double(), p.detach().reshape(-1).double())
+            for p in parameters if p.grad is not None and p.grad.shape == p.shape]
+    if not dots:
+        return None
+    device = dots[0].device
+    return torch.stack([dot.to(device) for dot in dots]).sum()
+
+
+def _not_run(error: Exception) -> str:
+    return f"descent probe not run: {type(error).__name__}: {error}"[:200]
+
+
+def _loss_of(output) -> Optional[torch.Tensor]:
+    """A model output's loss: HF's .loss, or a (logits, loss) tuple's scalar."""
+    loss = getattr(output, "loss", None)
+    if not isinstance(loss, torch.Tensor) and isinstance(output, (tuple, list)) and len(output) > 1:
+        loss = output[1]
+    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomState:
+    """The CPU generator's state, and the CUDA device's where the model lives there (dropout draws from it)."""
+
+    cpu: torch.Tensor
+    device: Optional[torch.device] = None
+    on_device: Optional[torch.Tensor] = None
+
+    @classmethod
+    def now(cls, device: torch.device) -> "RandomState":
+        if device.type == "cuda":
+            return cls(torch.get_rng_state(), device, torch.cuda.get_rng_state(device))
+        return cls(torch.get_rng_state())
+
+    @contextlib.contextmanager
+    def restored(self):
+        with torch.random.fork_rng(devices=[self.device] if self.device is not None else []):
+            torch.set_rng_state(self.cpu)
+            if self.device is not None:
+                torch.cuda.set_rng_state(self.on_device, self.device)
+            yield
+
+
+@dataclasses.dataclass
+class Descent:
+    """A recorded step's effect on its own batch (the descent probe): the forward to replay, its random state and
+    loss, and Σ g·w before the optimizer's step."""
+
+    step: int
+    call: ForwardCall
+    rng: "RandomState"  # at the training forward: dropout draws the same masks again
+    loss_before: torch.Tensor
+    dot_before: Optional[torch.Tensor] = None
+
+    def replay_loss(self, model: nn.Module) -> Optional[torch.Tensor]:
+        """The same forward on the same batch, after the step: the same modes, the same random state (forked: the
+        training's own stream is untouched), under no_grad."""
+        with torch.no_grad(), self.rng.restored():
+            loss = _loss_of(model(*self.call.args, **self.call.kwargs))
+        return None if loss is None else loss.detach().double().reshape(())
+
+
 def causal_model(model: nn.Module) -> bool:
     """An HF model class for next-token prediction (its name says so)."""
     name = type(model).__name__
@@ -102,9 +178,12 @@ class LoopObserver:
     def __init__(self, model: nn.Module, optimizer):
         self.model, self.optimizer = model, optimizer
         self.step_hook = _step_pre_hook(optimizer, self._at_optimizer_step)
+        self.after_step_hook = _step_post_hook(optimizer, self._after_optimizer_step)
         self.step_due: Optional[int] = None  # the training step whose optimizer.step() is to be measured
         self.step_gradient: Optional[torch.Tensor] = None
         self.step_gradient_at: Optional[int] = None
+        self.descent: Optional[Descent] = None  # the recorded step whose update is probed (at its optimizer step)
+        self.descended: Optional[dict] = None  # what the probe found, for the next record
         self.reset()
 
     def reset(self) -> None:
@@ -115,9 +194,10 @@ class LoopObserver:
         self.eval_mode: Optional[int] = None
 
     def close(self) -> None:
-        if self.step_hook is not None:
-            self.step_hook.remove()
-            self.step_hook = None
+        for hook in (self.step_hook, self.after_step_hook):
+            if hook is not None:
+                hook.remove()
+        self.step_hook = self.after_step_hook = None
 
     # -- the recording step's forward and backward -------------------------------------------------------------
 
@@ -148,15 +228,34 @@ class LoopObserver:
 
     # -- the optimizer's step after a record ---------------------------------------------------------------------
 
-    def expect_step(self, step: int) -> None:
-        """Measure the gradients at the next optimizer.step() (the one after this record's backward)."""
-        self.step_due = step
+    def expect_step(self, step: int, descent: Optional[Descent] = None) -> None:
+        """Measure the gradients at the next optimizer.step() (the one after this record's backward), and, given
+        the recorded forward to replay, that step's effect on its own batch."""
+        self.step_due, self.descent = step, descent
 
     def _at_optimizer_step(self, optimizer, args, kwargs) -> None:
         if self.step_due is None:
             return
         self.step_gradient, self.step_gradient_at = _zero_if_none(grad_norm(_held(optimizer))), self.step_due
         self.step_due = None
+        if self.descent is not None:
+            try:  # inside the user's optimizer.step(): never raise into it
+                self.descent.dot_before = _gradient_dot_weights(_held(optimizer))
+            except Exception as error:
+                self.descent, self.descended = None, {"at": self.step_gradient_at, "note": _not_run(error)}
+
+    def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
+        """g·Δw, the first-order change of the loss the update predicts, and the batch's loss after the update.
+        A failure is a note: the probe never stops training."""
+        descent, self.descent = self.descent, None
+        if descent is None or descent.dot_before is None:
+            return
+        try:
+            after = _gradient_dot_weights(_held(optimizer))
+            self.descended = {"at": descent.step, "predicted": after - descent.dot_before,
+                              "loss_before": descent.loss_before, "loss_after": descent.replay_loss(self.model)}
+        except Exception as error:  # the replayed forward may fail where the training one did not: said, not raised
+            self.descended = {"at": descent.step, "note": _not_run(error)}
 
     # -- the record --------------------------------------------------------------------------------------------
 
@@ -181,13 +280,14 @@ class LoopObserver:
         share, outside = self._optimizer_share()
         step_gradient, at = self.step_gradient, self.step_gradient_at
         self.step_gradient = self.step_gradient_at = None
+        descended, self.descended = self.descended, None
         return {"grads_before_backward": self.grads_before, "step_gradient": step_gradient, "step_gradient_at": at,
                 "eval_mode_modules": self.eval_mode if self.trained else None,
                 "optimizer_share": share, "outside_optimizer": outside,
                 "lr_groups": [float(group["lr"]) for group in self.optimizer.param_groups
                               if isinstance(group.get("lr"), (int, float, torch.Tensor))]
                 if self.optimizer is not None else None,
-                "optimizer": optimizer_hyperparameters(self.optimizer), **loss_checks}
+                "optimizer": optimizer_hyperparameters(self.optimizer), "descent": descended, **loss_checks}
 
 
 # the hyperparameters of a param group the audit reads (diagnose/audit.py), wherever an optimizer defines them

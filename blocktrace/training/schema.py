@@ -127,7 +127,19 @@ def _loop(value: Any, field: str) -> dict:
     loop["outside_optimizer"] = _listed(loop.get("outside_optimizer", []), f"{field}.outside_optimizer", _text)
     loop["lr_groups"] = _listed(loop.get("lr_groups"), f"{field}.lr_groups", number, optional=True)
     loop["optimizer"] = _optimizer(loop.get("optimizer"), f"{field}.optimizer")
+    loop["descent"] = _descent(loop.get("descent"), f"{field}.descent")
     return loop
+
+
+def _descent(value: Any, field: str) -> Optional[dict]:
+    """The descent probe of the step after an earlier record (training/loop.py): its numbers, or a note."""
+    descent = _mapped(value, field, lambda item, name: item, optional=True)
+    if descent is None:
+        return None
+    for key in ("predicted", "loss_before", "loss_after"):
+        descent[key] = number(descent.get(key), f"{field}.{key}")
+    descent["at"] = _index(descent.get("at"), f"{field}.at", optional=True)
+    return descent
 
 
 OPTIMIZER_FLAGS = ("nesterov", "maximize", "decoupled_weight_decay")

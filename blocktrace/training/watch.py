@@ -44,8 +44,10 @@ from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
 from blocktrace.tracing.tracer import is_own_block
 from blocktrace.training.distributed import Reducer
 from blocktrace.training.loop import (
+    Descent,
     ForwardCall,
     LoopObserver,
+    RandomState,
     causal_model,
     grad_norm,
     input_evidence,
@@ -193,6 +195,7 @@ class Watch:
         self.last_healthy: Optional[int] = None  # the last record's step that raised no warning or error
         self.trouble_seen = False
         self.captured_loss: Optional[torch.Tensor] = None
+        self.random_state: Optional[RandomState] = None  # at the recording step's training forward
         self.batch = Batch(_shifts_labels(_unwrap(model)), _targets_position(_unwrap(model)))
         self.loop = LoopObserver(_unwrap(model), optimizer)
         # the records before, for the dynamics (diagnose/dynamics.py): the first (trends start there) and the last few
@@ -210,6 +213,7 @@ class Watch:
         for tap in self.taps:
             tap.attach()
         self.loss_hook = self.model.register_forward_hook(self._capture_loss, with_kwargs=True)
+        self.rng_hook = self.model.register_forward_pre_hook(self._remember_random_state)
         self.loop.reset()
         self.armed = attention_through_sdpa()
         self.armed.__enter__()
@@ -218,8 +222,15 @@ class Watch:
         for tap in self.taps:
             tap.detach()
         self.loss_hook.remove()
+        self.rng_hook.remove()
         self.armed.__exit__(None, None, None)
         self.armed = None
+
+    def _remember_random_state(self, module, args) -> None:
+        """Before the recording step's training forward: the random state its dropout draws from (the descent
+        probe replays the forward with it)."""
+        if torch.is_grad_enabled() and self.batch.ids is None and self.random_state is None:
+            self.random_state = RandomState.now(_device(self.blocks[0]))
 
     def _capture_loss(self, module, args, kwargs, output):
         """The recording step's training forward — the first with gradients (an evaluation inside the loop runs
@@ -251,9 +262,10 @@ class Watch:
         try:
             if self.recording:
                 self._disarm()
+                descent = self._descent()
                 entry = self._record(loss if loss is not None else self.captured_loss, lr)
-                self.captured_loss = None
-                self.loop.expect_step(entry["step"])
+                self.captured_loss, self.random_state = None, None
+                self.loop.expect_step(entry["step"], descent)
             self.count += 1
             if self.count % self.every == 0:
                 self._arm()
@@ -353,6 +365,15 @@ class Watch:
                     "weights": [weight_moments(block) for block in self.blocks] if self.checks else None}
         traces, host = finish([c for _, c in present], measured)
         return [index for index, _ in present], moved, traces, host
+
+    def _descent(self) -> Optional[Descent]:
+        """The recorded step's forward, to replay after its optimizer step (the descent probe): only where the
+        model returns its loss (the replay must give the same quantity), one process, checks on."""
+        batch = self.batch
+        if not self.checks or batch.call is None or self.captured_loss is None or self.random_state is None \
+                or self.reducer.world_size > 1:
+            return None
+        return Descent(self.count, batch.call, self.random_state, self.captured_loss.double().reshape(()))
 
     def _probe(self) -> Optional[dict]:
         """The causal probe on the recorded batch's first sequence (not under torch.distributed: every rank would
