@@ -172,3 +172,15 @@ def test_an_output_forced_over_an_existing_file_is_not_removed_by_a_later_failur
     result = invoke("run", "--d-model", "4", "--heads", "2", "--tokens", "a", "b", "--plot", str(plot), "--html",
                     str(tmp_path / "page.html"), "--force")
     assert result.exit_code == 2 and plot.exists()
+
+
+@pytest.mark.parametrize("args", [
+    ("run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼", "--html", "{d}/newdir/"),
+    ("run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼", "--save", "{d}/newdir/"),
+    ("track", str(SAMPLES / "learner" / "watch.jsonl"), "--out", "{d}/newdir/"),
+])
+def test_an_output_that_names_a_directory_is_refused_and_nothing_is_written(invoke, tmp_path, args):
+    """`--html dir/newdir/` once wrote a file `newdir`: a Path drops the trailing separator."""
+    result = invoke(*[arg.format(d=tmp_path) for arg in args])
+    one_error_line(result, 2, "names a directory", "newdir/report.")
+    assert list(tmp_path.iterdir()) == []

@@ -370,7 +370,7 @@ def train_one(name, spec, steps, work, data):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", nargs="+", metavar="NAME", help="run names (or unique prefixes, e.g. F03)")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="run names, or prefixes (F03, F, H)")
     ap.add_argument("--steps", type=int, default=STEPS, help=f"optimizer steps per run [{STEPS}]")
     ap.add_argument("--work", default=os.environ.get("BLIND_WORK", "/work/bench-out/blind"))
     a = ap.parse_args(argv)
@@ -378,10 +378,10 @@ def main(argv=None):
     if a.only:
         pick = []
         for q in a.only:
-            m = [n for n in names if n == q or n.startswith(q)]
-            if len(m) != 1:
-                ap.error(f"--only {q}: matches {m or 'nothing'}")
-            pick += m
+            m = [n for n in names if n == q] or [n for n in names if n.startswith(q)]
+            if not m:
+                ap.error(f"--only {q}: matches no run")
+            pick += [n for n in m if n not in pick]
         names = pick
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ it excludes) and into `make_request`/`make_analysis` (where its value lands).
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -25,6 +26,23 @@ SEED_MAX = 2**32 - 1  # derived seeds (seed + layer, seed + 10 000) stay far ins
 
 def enum_choice(enum_cls) -> click.Choice:
     return click.Choice(enum_cls.values())
+
+
+class OutputFile(click.Path):
+    """A file to write: a name that ends in a separator (`dir/newdir/`) names a directory, refused by name — as a
+    Path it would lose the separator and become a file `newdir`."""
+
+    def __init__(self):
+        super().__init__(dir_okay=False, path_type=Path)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.endswith(("/", os.sep)):
+            self.fail(f"{value} names a directory: give a file in it, e.g. {value}report{_SUFFIXES.get(param.name, '')}",
+                      param, ctx)
+        return super().convert(value, param, ctx)
+
+
+_SUFFIXES = {"html_path": ".html", "plot_path": ".png", "save_path": ".safetensors", "out": ".jsonl"}
 
 
 class IntegerList(click.ParamType):
@@ -161,10 +179,10 @@ class TableFormat(click.ParamType):
 
 FORMAT_OPTION = click.option("--format", "fmt", type=TableFormat(), default="simple", show_default=True, help="Table format: any tabulate format (e.g. github, simple, plain, grid).")
 LANG_OPTION = click.option("--lang", type=enum_choice(Lang), default=Lang.EN.value, show_default=True, help="Headings and explanations in English or Chinese.")
-HTML_OPTION = click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the report as one self-contained HTML page (nothing fetched to view it): the steps drawn, attention heatmaps, findings linked to their layer and step, charts; every number the --json document's.")
+HTML_OPTION = click.option("--html", "html_path", type=OutputFile(), default=None, help="Also write the report as one self-contained HTML page (nothing fetched to view it): the steps drawn, attention heatmaps, findings linked to their layer and step, charts; every number the --json document's.")
 # check and track print their findings in English; their --html page can start in Chinese (it switches either way).
 PAGE_LANG_OPTION = click.option("--lang", type=enum_choice(Lang), default=Lang.EN.value, show_default=True, help="The language the --html page starts in (a button on it switches); the printed findings are English.")
-PLOT_OPTION = click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG: attention heatmaps, or per-layer curves with --layers (needs the [plot] extra).")
+PLOT_OPTION = click.option("--plot", "plot_path", type=OutputFile(), default=None, help="Write a PNG: attention heatmaps, or per-layer curves with --layers (needs the [plot] extra).")
 NORM_OPTION = click.option("--norm", type=enum_choice(Norm), default=Norm.LAYERNORM.value, show_default=True, help="The normalisation of norm1 and norm2: LayerNorm, or RMSNorm (x / sqrt(mean(x²) + eps) · g).")
 FFN_OPTION = click.option("--ffn", type=enum_choice(FFNKind), default=FFNKind.GELU_TANH.value, show_default=True, help="The FFN: gelu (exact), gelu_tanh (GPT-2's tanh approximation), relu, swiglu (Llama: down(silu(gate)·up)), geglu (Gemma: down(gelu_tanh(gate)·up)), geglu_exact (the same with the exact GELU) or swiglu_clamped (gpt-oss: down((clamp(up, ±7) + 1)·g·sigmoid(1.702·g)), g = min(gate, 7)).")
 FAIL_ON_OPTION = click.option("--fail-on", type=enum_choice(Level), default=Level.ERROR.value, show_default=True, help="The finding level that makes the exit code 1.")
@@ -172,7 +190,7 @@ MODULE_OPTIONS = options(
     click.option("--module", "module_spec", metavar="PKG.MOD:FACTORY", default=None, help="Trace your own block: imports PKG.MOD (or a file, path/to/file.py:FACTORY) and calls FACTORY() for an nn.Module. This RUNS YOUR CODE."),
     click.option("--step-names", type=StepNames(), default=None, help='With --module, for a block of unknown layout: its submodules, e.g. \'{"norm1": "ln_1", "attn": "attn", "norm2": "ln_2", "ffn": "mlp"}\'.'),
 )
-SAVE_OPTION = click.option("--save", "save_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write every step's tensor to this .safetensors file (one block).")
+SAVE_OPTION = click.option("--save", "save_path", type=OutputFile(), default=None, help="Write every step's tensor to this .safetensors file (one block).")
 # One flag per placement, declared with its wiring (blocktrace.wiring.WIRINGS).
 PLACEMENT_OPTIONS = options(*[click.option(wiring.flag, flag_parameter(wiring), is_flag=True, help=wiring.help)
                               for wiring in WIRINGS.values()])

@@ -23,6 +23,7 @@ from blocktrace.cli.options import (
     TOKEN_IDS_OPTION,
     TOKEN_TYPES_OPTION,
     IntegerList,
+    OutputFile,
     force_option,
     given,
     ids_file_fields,
@@ -133,8 +134,8 @@ def _write_records(records: list[dict], path: Path, force: bool) -> None:
 @DEVICE_OPTION
 @click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="A training log of JSON lines with a \"step\" key: its loss, lr and grad_norm beside each row.")
 @click.option("--against", type=click.Path(path_type=Path), default=None, help="A healthy run to compare with, step by step: a timeline (when RUN is one), or its checkpoints (a directory of step_* checkpoints or a quoted glob) traced on the same input. Reports where the runs part beyond what a different seed explains; exit 1 when they do.")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the checkpoints' records as a timeline (JSON lines, the format Watch writes).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write a PNG of curves over steps, marking the first sign of trouble (needs the [plot] extra).")
+@click.option("--out", type=OutputFile(), default=None, help="Write the checkpoints' records as a timeline (JSON lines, the format Watch writes).")
+@click.option("--plot", "plot_path", type=OutputFile(), default=None, help="Write a PNG of curves over steps, marking the first sign of trouble (needs the [plot] extra).")
 @HTML_OPTION
 @PAGE_LANG_OPTION
 @force_option("--out / --plot / --html")
