@@ -74,3 +74,35 @@ def test_a_null_cohere_logit_scale_is_refused_by_key_not_traced_back(invoke, tmp
     path.write_text(json.dumps({**json.loads(path.read_text()), "logit_scale": None}))
     _one_error(invoke("check", "--weights", str(tmp_path / "cohere"), "--token-ids", "1", "2", "3"),
                "logit_scale is null", "config.json")
+
+
+@pytest.mark.parametrize("key, value, said", [
+    ("topk_group", 8, "topk_group ≤ n_group, not 4 and 8"),
+    ("qk_rope_head_dim", 7, "qk_rope_head_dim must be even, not 7"),
+])
+def test_deepseeks_config_errors_are_said_in_its_own_keys(invoke, tmp_path, key, value, said):
+    """Issue 45.3: a DeepSeek config.json's bad group or latent size was refused in blocktrace's internal field
+    names (groups_per_token, rope_dims), without the file."""
+    from helpers import make_deepseek
+
+    small = dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64, vocab_size=101,
+                 max_position_embeddings=64)
+    make_deepseek("deepseek_v3", small, 7).save_pretrained(tmp_path / "ds")
+    path = tmp_path / "ds" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
+    result = invoke("check", "--weights", str(tmp_path / "ds"), "--token-ids", "1", "2", "3")
+    _one_error(result, said, "config.json")
+    assert "groups_per_token" not in result.stderr and "rope_dims" not in result.stderr
+
+
+@pytest.mark.parametrize("family, key", [("gpt_oss", "sliding_window"), ("llama4_text", "attention_chunk_size")])
+def test_a_null_window_or_chunk_of_a_layer_that_needs_one_is_refused_by_key(invoke, tmp_path, family, key):
+    """Issue 45.3: gpt-oss's sliding_window null and Llama-4's attention_chunk_size null (which HF cannot run) were
+    traced as full attention without a word."""
+    from test_model import hf_model
+
+    hf_model(family).save_pretrained(tmp_path / family)
+    path = tmp_path / family / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: None}))
+    _one_error(invoke("check", "--weights", str(tmp_path / family), "--token-ids", "1", "2", "3"),
+               f"{key} is null", "config.json", "HF's default")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import pkgutil
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -223,7 +224,26 @@ def _native_config(fields: dict, from_file: set, info: ModelInfo) -> BlockConfig
         if error.field not in from_file:
             raise
         key = info.family.config_keys.get(error.field, error.field)
-        raise WeightsError(f"{info.config.path}: {key} = {fields.get(error.field)!r} does not fit: {error}") from None
+        raise WeightsError(f"{info.config.path}: {key} = {fields.get(error.field)!r} does not fit: "
+                           f"{in_file_terms(str(error), info.family)}") from None
+
+
+def in_file_terms(message: str, family: Family) -> str:
+    """A config error's message in the config.json's own keys (n_group, not expert_groups): what the user edits.
+    Only snake_case field names are translated: a plain word (DeepSeek's "latent") is English in a sentence too."""
+    for field, key in {**family.config_keys, **family.nested_keys}.items():
+        if "_" in field:
+            message = re.sub(rf"\b{re.escape(field)}\b", key, message)
+    return message
+
+
+def _file_fields(family: Family, config: ConfigFile) -> dict:
+    """The block settings config.json gives; a value a nested spec refuses (DeepSeek's latent sizes) is said with
+    the file and its key."""
+    try:
+        return {key: value for key, value in family.config_fields(config).items() if value is not None}
+    except ConfigError as error:
+        raise WeightsError(f"{config.path}: {in_file_terms(str(error), family)}") from None
 
 
 def checkpoint_config(checkpoint: Checkpoint, info: ModelInfo, overrides: dict) -> BlockConfig:
@@ -239,8 +259,7 @@ def checkpoint_config(checkpoint: Checkpoint, info: ModelInfo, overrides: dict) 
         raise WeightsError(f"{checkpoint.directory} has no config.json, and {family.name}'s keys do not say what its "
                            "blocks compute (other families share them; norm eps, RoPE theta and wiring are not in the "
                            "weights): add the checkpoint's config.json")
-    from_config = {} if info.config is None else \
-        {key: value for key, value in family.config_fields(info.config).items() if value is not None}
+    from_config = {} if info.config is None else _file_fields(family, info.config)
     with reading_as(checkpoint, info):
         shapes = family.shape_fields(checkpoint, base)
     _config_fits_tensors(info, shapes, from_config)

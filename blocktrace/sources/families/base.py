@@ -122,6 +122,8 @@ class Family:
     tie_default = False  # transformers' default tie_word_embeddings for the family
     # config.json keys behind each BlockConfig field, so a bad value is reported as the file's key
     config_keys: dict[str, str] = {}
+    # the fields of nested specs (DeepSeek's latent attention) as config.json names them, for messages
+    nested_keys: dict[str, str] = {}
     hf_classes: tuple[str, ...] = ()  # the class names of HF's decoder layer for this family
     hf_layer: Optional[HFLayer] = None  # how that layer names its steps
 
@@ -177,6 +179,15 @@ class Family:
         if key in config and config.raw(key) is None:
             return None
         return getattr(config, kind)(key, self.defaults[key], **checks)
+
+    def required(self, config: ConfigFile, key: str, needed_by: str, kind: str = "number", **checks):
+        """`setting`, where null has no meaning: what `needed_by` computes depends on the value and HF cannot run
+        it null either, so no default stands in for it (refused with the key and the file)."""
+        value = self.setting(config, key, kind, **checks)
+        if value is None:
+            raise WeightsError(f"{config.path}: {key} is null; {needed_by} by it: give a value "
+                               f"({self.defaults[key]} is HF's default)")
+        return value
 
     def notes(self, config: Optional[ConfigFile]) -> list[str]:
         """What the reader should know about how this checkpoint was read: every default assumed."""

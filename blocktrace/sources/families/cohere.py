@@ -6,7 +6,7 @@ every `sliding_window_pattern`, 4) and rotates q and k in those only: its global
 
 from __future__ import annotations
 
-from blocktrace.errors import UsageError, WeightsError
+from blocktrace.errors import UsageError
 from blocktrace.sources.families.base import (
     NOPE_FIELDS,
     HeadSpec,
@@ -54,10 +54,7 @@ class Cohere(Llama):
     def head(self, checkpoint, info):
         """The final LayerNorm (no shift), lm_head or the tied embedding, the logits × logit_scale."""
         weight, tied = head_weight(checkpoint, info, "lm_head.weight", f"{info.prefix}{self.embedding_key}")
-        scale = self.setting(info.config, "logit_scale", positive=True)
-        if scale is None:  # HF multiplies the logits by it and cannot run a null one: no default stands in for it
-            raise WeightsError(f"{info.config.path}: logit_scale is null; {self.name} multiplies its logits by it: "
-                               f"give a positive number ({self.defaults['logit_scale']} is HF's default)")
+        scale = self.required(info.config, "logit_scale", f"{self.name} multiplies its logits", positive=True)
         return HeadSpec(LossKind.NEXT_TOKEN, weight, f"{info.prefix}norm.weight",
                         eps=self.setting(info.config, "layer_norm_eps", positive=True), logit_scale=scale, tied=tied)
 

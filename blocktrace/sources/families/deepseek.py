@@ -45,6 +45,8 @@ class DeepSeekV3(MixtureFamily, Llama):
                    "experts_per_token": "num_experts_per_tok", "expert_groups": "n_group",
                    "groups_per_token": "topk_group", "routed_scaling": "routed_scaling_factor",
                    "latent": "kv_lora_rank"}
+    nested_keys = {"rope_dims": "qk_rope_head_dim", "nope_dims": "qk_nope_head_dim", "value_dims": "v_head_dim",
+                   "kv_rank": "kv_lora_rank", "q_rank": "q_lora_rank"}
 
     def config_fields(self, config):
         heads = config.integer("num_attention_heads")

@@ -53,8 +53,8 @@ class GptOss(MixtureFamily, Llama):
     def layer_fields(self, config, layer):
         if config is None:
             return {}
-        return {"sliding_window": self.setting(config, "sliding_window", "integer") if self.sliding(config, layer)
-                else None}
+        return {"sliding_window": self.required(config, "sliding_window", f"layer {layer} attends within a window, "
+                                                "sized", "integer") if self.sliding(config, layer) else None}
 
     def shape_fields(self, checkpoint, base):
         return {**MixtureFamily.shape_fields(self, checkpoint, base), "ffn": FFNKind.SWIGLU_CLAMPED}

@@ -69,7 +69,7 @@ class Llama4(MixtureFamily, Llama):
                 raise config.bad("layer_types", "full_attention or chunked_attention (Llama-4 has no sliding layers)",
                                  types)
             return types[layer] == CHUNKED
-        return self.rotates(config, layer) and self.setting(config, "attention_chunk_size", "integer") is not None
+        return self.rotates(config, layer)
 
     def sparse(self, config: ConfigFile, layer: int) -> bool:
         layers, step = config.integer("num_hidden_layers"), self.setting(config, "interleave_moe_layer_step", "integer")
@@ -83,7 +83,8 @@ class Llama4(MixtureFamily, Llama):
     def layer_fields(self, config, layer):
         if config is None:
             return {}
-        attention = {"attention_chunk": self.setting(config, "attention_chunk_size", "integer")
+        attention = {"attention_chunk": self.required(config, "attention_chunk_size", f"layer {layer} attends "
+                                                      "within chunks, sized", "integer")
                      if self.chunked(config, layer) else None}
         if self.rotates(config, layer):
             attention["qk_l2_norm"] = self.setting(config, "use_qk_norm", "boolean")
