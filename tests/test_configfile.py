@@ -97,11 +97,22 @@ def test_deepseeks_config_errors_are_said_in_its_own_keys(invoke, tmp_path, key,
 
 @pytest.mark.parametrize("family, key", [("gpt_oss", "sliding_window"), ("llama4_text", "attention_chunk_size")])
 def test_a_null_window_or_chunk_of_a_layer_that_needs_one_is_refused_by_key(invoke, tmp_path, family, key):
-    """Issue 45.3: gpt-oss's sliding_window null and Llama-4's attention_chunk_size null (which HF cannot run) were
-    traced as full attention without a word."""
-    from test_model import hf_model
+    """Issue 45.3: gpt-oss's sliding_window null and Llama-4's attention_chunk_size null, where layer_types mark a
+    sliding or chunked layer (HF raises a TypeError there), were traced as full attention without a word. (Without
+    layer_types, Llama4TextConfig makes no layer chunked when the size is null: tests/test_window_rules.py.)"""
+    import transformers
+    from helpers import LLAMA4
 
-    hf_model(family).save_pretrained(tmp_path / family)
+    small = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=3, vocab_size=101,
+                 max_position_embeddings=64)
+    if family == "gpt_oss":
+        model = transformers.GptOssForCausalLM(transformers.GptOssConfig(
+            **small, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"], pad_token_id=0, eos_token_id=1))
+    else:
+        model = transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(**{**small, **LLAMA4},
+                                                                             num_experts_per_tok=1))
+    model.save_pretrained(tmp_path / family)  # its layer_types mark sliding or chunked layers
     path = tmp_path / family / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), key: None}))
     _one_error(invoke("check", "--weights", str(tmp_path / family), "--token-ids", "1", "2", "3"),

@@ -30,12 +30,13 @@ RUNS = {
              "dropout 0.1"),
     "H5_nano_frozen_emb_ckpt": dict(
         model="nano", twin=None, bug=None, expected=None,
-        what="H1 with untied head, token+position embeddings frozen on purpose (fixed random "
-             "features) and activation checkpointing of every block (use_reentrant=False)"),
-    "H6_gpt2_bf16_sgd": dict(
-        model="gpt2", twin=None, bug=None, expected=None,
-        what="H2's model under bf16 autocast, trained with SGD + Nesterov momentum 0.9, lr 0.3, "
-             "clip 1.0, cosine schedule"),
+        what="nanoGPT-style with untied head, token+position embeddings frozen on purpose (fixed "
+             "random features), activation checkpointing of every block (use_reentrant=False), "
+             "RMSprop lr 1e-3 with H1's warm-up + cosine, clip 1.0"),
+    "H6_llama_small_bf16_adagrad": dict(
+        model="llama_small", twin=None, bug=None, expected=None,
+        what="a smaller HF LlamaForCausalLM (d 64, 2 layers, tied) under bf16 autocast, batch 8, "
+             "Adagrad lr 0.02, clip 1.0"),
     # ---------------------------------------------------------------- failing
     "F01_gpt2_lr_too_high": dict(
         model="gpt2", twin="H2_gpt2_base", bug="lr_too_high", expected="learning_rate",

@@ -199,11 +199,11 @@ def hf_gpt2(init_range=0.02):
     return GPT2LMHeadModel(cfg)
 
 
-def hf_llama(init_range=0.02):
+def hf_llama(init_range=0.02, hidden=128, layers=3, kv_heads=2, ffn=352, tie=False):
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=352, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=T,
-                      tie_word_embeddings=False, initializer_range=init_range, rms_norm_eps=1e-5,
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=T,
+                      tie_word_embeddings=tie, initializer_range=init_range, rms_norm_eps=1e-5,
                       bos_token_id=0, eos_token_id=0, pad_token_id=None)
     cfg._attn_implementation = "sdpa"
     return LlamaForCausalLM(cfg)
@@ -234,7 +234,7 @@ def build(name, spec, steps):
     """Model, forward function, optimizer, scheduler and loop options of one run."""
     bug = spec["bug"]
     torch.manual_seed(SEED)
-    opts = dict(accum=1, smoothing=0.0, clip=None, autocast=None, zero_grad=True, same_batch=False,
+    opts = dict(batch=B, accum=1, smoothing=0.0, clip=None, autocast=None, zero_grad=True, same_batch=False,
                 softmax_ce=False)
     if spec["model"] == "nano":
         kw = {}
@@ -256,9 +256,12 @@ def build(name, spec, steps):
         fwd = model
         decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
-        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                                       {"params": no_decay, "weight_decay": 0.0}],
-                                      lr=1e-3, betas=(0.9, 0.95))
+        if "ckpt" in kw:  # H5 / F12: RMSprop
+            optimizer = torch.optim.RMSprop(decay + no_decay, lr=1e-3)
+        else:
+            optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                           {"params": no_decay, "weight_decay": 0.0}],
+                                          lr=1e-3, betas=(0.9, 0.95))
         tokens_per_step = B * T
         warmup_tokens = 10 * tokens_per_step  # a minGPT-style budget in tokens
         warmup_steps = warmup_tokens // tokens_per_step
@@ -275,17 +278,17 @@ def build(name, spec, steps):
         if bug == "pure_fp16":
             model = model.half()  # BUG: no fp32 master weights, no loss scaling
         fwd = HFWrap(model)
-        if name.startswith("H6"):
-            opts["autocast"] = torch.bfloat16
-            opts["clip"] = 1.0
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9, nesterov=True)
-            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine(0, steps, floor=0.0))
-        else:
-            lr = 3e-2 if bug == "lr_too_high" else 1e-3
-            optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-            scheduler = None
+        lr = 3e-2 if bug == "lr_too_high" else 1e-3
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        scheduler = None
         if bug == "same_batch":
             opts["same_batch"] = True
+    elif spec["model"] == "llama_small":  # H6
+        model = hf_llama(hidden=64, layers=2, kv_heads=4, ffn=176, tie=True)
+        fwd = HFWrap(model)
+        optimizer = torch.optim.Adagrad(model.parameters(), lr=0.02)
+        scheduler = None
+        opts.update(autocast=torch.bfloat16, clip=1.0, batch=8)
     elif spec["model"] == "llama":
         model = hf_llama(init_range=1.0 if bug == "init_std1" else 0.02)
         fwd = HFWrap(model)
@@ -312,16 +315,17 @@ def evaluate(model, fwd, vb):
     return sum(losses) / len(losses)
 
 
-def train_one(name, spec, steps, work, data):
+def train_one(name, spec, steps, work, data, use_watch=True):
     train, val = data
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
     model, fwd, optimizer, scheduler, o = build(name, spec, steps)
     model.train()
     vb = val_batches(val)
-    loader = ByteWindows(train, B // o["accum"], seed=SEED)
+    loader = ByteWindows(train, o["batch"] // o["accum"], seed=SEED)
     it = iter(loader)
-    watch = Watch(model, folder / "watch.jsonl", every=10, optimizer=optimizer, overwrite=True)
+    if use_watch:
+        watch = Watch(model, folder / "watch.jsonl", every=10, optimizer=optimizer, overwrite=True)
     log = open(folder / "log.jsonl", "w")
     recent = []
     t0 = time.time()
@@ -343,7 +347,8 @@ def train_one(name, spec, steps, work, data):
                 loss = ce(logits, y, o["smoothing"])
             (loss / o["accum"]).backward()
             total = total + loss.detach() / o["accum"]
-        watch.step(total)
+        if use_watch:
+            watch.step(total)
         lval = float(total)
         recent = (recent + [lval])[-10:]
         if o["clip"] is not None:
@@ -357,12 +362,17 @@ def train_one(name, spec, steps, work, data):
                   f"lr {rec['lr']:.2e} ({time.time() - t0:.0f}s)", flush=True)
         if step == steps:
             break
+        if step % 10 == 0 and not math.isfinite(lval):
+            # the loop's guard (like Lightning's terminate_on_nan): stop at a logged non-finite loss
+            print(f"  {name}: non-finite loss at step {step}, stopping", flush=True)
+            break
         optimizer.step()
         if o["zero_grad"]:
             optimizer.zero_grad(set_to_none=True)
         if scheduler is not None:
             scheduler.step()
-    watch.close()
+    if use_watch:
+        watch.close()
     log.close()
     (folder / "run.json").write_text(json.dumps(dict(name=name, steps=steps, seconds=time.time() - t0, **spec)))
     return time.time() - t0
@@ -373,6 +383,7 @@ def main(argv=None):
     ap.add_argument("--only", nargs="+", metavar="NAME", help="run names, or prefixes (F03, F, H)")
     ap.add_argument("--steps", type=int, default=STEPS, help=f"optimizer steps per run [{STEPS}]")
     ap.add_argument("--work", default=os.environ.get("BLIND_WORK", "/work/bench-out/blind"))
+    ap.add_argument("--no-watch", action="store_true", help=argparse.SUPPRESS)  # calibration only
     a = ap.parse_args(argv)
     names = list(RUNS)
     if a.only:
@@ -389,7 +400,7 @@ def main(argv=None):
     print(f"corpus: {len(data[0])} training bytes, {len(data[1])} held-out bytes", flush=True)
     for n in names:
         print(f"[{n}] {RUNS[n]['what']}", flush=True)
-        s = train_one(n, RUNS[n], a.steps, work, data)
+        s = train_one(n, RUNS[n], a.steps, work, data, use_watch=not a.no_watch)
         print(f"[{n}] done in {s:.0f}s", flush=True)
 
 

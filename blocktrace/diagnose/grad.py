@@ -70,6 +70,9 @@ class GradientReport:
     # per layer: parameter -> {"grad": ‖∂L/∂W‖, "weight": ‖W‖, "ratio": ‖∂L/∂W‖ / ‖W‖}
     parameter_norms: list[dict[str, dict]] = field(default_factory=list)
     loss_kind: str = "xiong"  # "xiong": the seeded readout of Xiong et al.; otherwise the model's own loss
+    # the backward ran on the loss times a loss scaler's scale (a Watch under GradScaler): a non-finite gradient is
+    # the scaler's to handle (it skips the step and lowers its scale)
+    loss_scaled: bool = False
 
 
 LossFn = Callable[[torch.Tensor, int], torch.Tensor]  # (the stack's output, batch k) -> scalar loss

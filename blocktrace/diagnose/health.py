@@ -550,6 +550,9 @@ def _gradient_vanishing(gradients, first_layer: int) -> list[Finding]:
        "gradients grow towards the input: training steps will be unstable", Cause.LEARNING_RATE)
 def _gradient_exploding(gradients, first_layer: int) -> list[Finding]:
     bad = _non_finite_gradient(gradients)
+    if bad is not None and gradients.loss_scaled:  # the scaler skips this step and lowers its scale: context
+        return [finding(Level.INFO, bad[1], first_layer + bad[0], float("nan"), "non-finite gradient of a scaled "
+                        "loss: the loss scaler skips this step and lowers its scale")]
     if bad is not None:
         return [finding(Level.ERROR, bad[1], first_layer + bad[0], float("nan"),
                         "non-finite gradient")]

@@ -191,6 +191,9 @@ class LoopObserver:
         self.versions = _versions(_trainable(self.model))
         self.trained = False  # the taken forward's output was backpropagated
         self.grads_before: Optional[torch.Tensor] = None
+        # d(what backward differentiated)/d(the model's loss): a loss scaler's scale (GradScaler's 2^16), 1/k for a
+        # loss divided over k micro-batches; None where the anchor is not the scalar loss
+        self.backward_factor: Optional[torch.Tensor] = None
         self.eval_mode: Optional[int] = None
 
     def close(self) -> None:
@@ -212,11 +215,22 @@ class LoopObserver:
         def backward_starts(grad):
             if not self.trained:
                 self.trained = True
+                if grad.numel() == 1:
+                    self.backward_factor = grad.detach().reshape(()).double()
                 if stepped:
                     self.grads_before = _zero_if_none(grad_norm(self._stepped_parameters()))
             return None
 
         anchor.register_hook(backward_starts)
+
+    def loss_scale(self) -> Optional[torch.Tensor]:
+        """The factor a loss scaler put between the model's loss and the gradients (above 1; else 1), on the device:
+        the gradients divided by it are the loss's own. A loss divided for accumulation (a factor below 1) is the
+        loop's average, not a scale: left as it is. None where the backward's start was not seen on the loss."""
+        factor = self.backward_factor
+        if factor is None:
+            return None
+        return torch.where(factor > 1, factor, torch.ones_like(factor))
 
     def _stepped_parameters(self) -> list[torch.Tensor]:
         """The parameters an optimizer step updates, whose gradients optimizer.zero_grad() clears: the optimizer's
@@ -287,7 +301,8 @@ class LoopObserver:
                 "lr_groups": [float(group["lr"]) for group in self.optimizer.param_groups
                               if isinstance(group.get("lr"), (int, float, torch.Tensor))]
                 if self.optimizer is not None else None,
-                "optimizer": optimizer_hyperparameters(self.optimizer), "descent": descended, **loss_checks}
+                "optimizer": optimizer_hyperparameters(self.optimizer), "descent": descended,
+                "loss_scale": self.loss_scale(), **loss_checks}
 
 
 # the hyperparameters of a param group the audit reads (diagnose/audit.py), wherever an optimizer defines them

@@ -348,7 +348,8 @@ class Watch:
         """The blocks that ran, their movements, their Traces and the rest of what was measured, on the host."""
         collected = [(index, tap.result(self.reducer)) for index, tap in enumerate(self.taps)]
         present = [(index, c) for index, c in collected if c is not None]
-        grads = [_grad_norm(block) for block in self.blocks]
+        scale = self.loop.loss_scale()  # the gradients as the loss's own, not a loss scaler's multiple
+        grads = [_unscaled(_grad_norm(block), scale) for block in self.blocks]
         self._warn_if_called_before_backward(grads)
         held = self.loop.held_by_optimizer()
         moved = [movement(block, self.snapshots[i] if self.snapshots else None, held)
@@ -356,7 +357,8 @@ class Watch:
         if self.track_updates:
             self.snapshots = [snapshot(block) for block in self.blocks]
         checked_loss = self.captured_loss if self.captured_loss is not None else loss
-        measured = {"grads": grads, "model_grad": _grad_norm(self.model), "moved": [m.values() for m in moved],
+        measured = {"grads": grads, "model_grad": _unscaled(_grad_norm(self.model), scale),
+                    "moved": [m.values() for m in moved],
                     "loss": self._loss(loss),
                     "loop": self.loop.evidence(loss_checks(self.batch.logits, self.batch.targets,
                                                            checked_loss if isinstance(checked_loss, torch.Tensor)
@@ -391,7 +393,8 @@ class Watch:
     def _judge(self, entry: dict, traces: list, host: dict) -> None:
         """The record's findings — the blocks' checks and the dynamics against the records before — concluded."""
         context = Context(post_norm=any(t.wiring.stream_normalised for t in traces), step=self.count)
-        findings = self._findings(traces, host["grads"], host["weights"])
+        scale = (host.get("loop") or {}).get("loss_scale")
+        findings = self._findings(traces, host["grads"], host["weights"], isinstance(scale, float) and scale > 1)
         if self.checks:
             findings += judge(([self.first_record] if self.first_record else []) + list(self.recent), entry)
         found = conclude(findings, context)
@@ -439,11 +442,12 @@ class Watch:
                       "require them: call watch.step() after loss.backward() and before optimizer.step() and "
                       "zero_grad() (gradient norms are recorded as null until then)", RuntimeWarning, stacklevel=3)
 
-    def _findings(self, traces: list, grads: list, weights: Optional[list]) -> list:
+    def _findings(self, traces: list, grads: list, weights: Optional[list], loss_scaled: bool = False) -> list:
         if not traces or not self.checks:
             return []
         gradients = GradientReport(loss=float("nan"), batches=1, step_norms=[{"parameters": g} for g in grads
-                                                                             if g is not None], weight_norms=[])
+                                                                             if g is not None], weight_norms=[],
+                                   loss_scaled=loss_scaled)
         evidence = ModelEvidence(weights=[weight_summary(w) for w in weights], n_layers=len(traces),
                                  step=self.count, stored_dtype=_stored_dtype(self.blocks[0]),
                                  optimizer=optimizer_settings(self.optimizer), in_training=True)
@@ -590,6 +594,10 @@ def _same(a: Optional[torch.Tensor], b: torch.Tensor):
     if a is None or a.shape != b.shape or a.device != b.device:
         return False
     return (a == b).all()
+
+
+def _unscaled(norm: Optional[torch.Tensor], scale: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return norm if norm is None or scale is None else norm / scale.to(norm.device)
 
 
 def _grad_norm(module: nn.Module) -> Optional[torch.Tensor]:

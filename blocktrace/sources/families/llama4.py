@@ -69,7 +69,8 @@ class Llama4(MixtureFamily, Llama):
                 raise config.bad("layer_types", "full_attention or chunked_attention (Llama-4 has no sliding layers)",
                                  types)
             return types[layer] == CHUNKED
-        return self.rotates(config, layer)
+        # Llama4TextConfig's own rule without layer_types: the rotating layers are chunked when a chunk size is set
+        return self.rotates(config, layer) and self.setting(config, "attention_chunk_size", "integer") is not None
 
     def sparse(self, config: ConfigFile, layer: int) -> bool:
         layers, step = config.integer("num_hidden_layers"), self.setting(config, "interleave_moe_layer_step", "integer")
