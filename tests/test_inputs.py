@@ -28,3 +28,16 @@ def test_sinusoidal_positions_follow_the_formula():
 def test_token_words_split_on_whitespace():
     assert split_tokens(["猫 吃  鱼"]) == ["猫", "吃", "鱼"]
     assert split_tokens(["猫", "吃 鱼"]) == ["猫", "吃", "鱼"]
+
+
+def test_token_ids_are_ascii_integers_only():
+    """Issue 45.8: `+1` (and int()'s other spellings: 1_000, Arabic-Indic digits) were taken as token ids."""
+    import pytest
+
+    from blocktrace.errors import UsageError
+    from blocktrace.sources.inputs import parse_token_ids
+
+    assert parse_token_ids("1 2 / -3") == [[1, 2], [-3]]
+    for text in ("+1 2", "1_000", "\u0661", "1.0"):
+        with pytest.raises(UsageError, match="ASCII digits"):
+            parse_token_ids(text)

@@ -106,3 +106,26 @@ def test_a_line_another_writer_left_unescaped_still_ends_only_at_a_newline(tmp_p
     raw = [line.replace('"steps": {}', '"steps": {}, "notes": ["a\u2028b"]') for line in lines]
     path.write_text("\r\n".join(raw) + "\r\n", encoding="utf-8")
     assert [r["layers"][0]["notes"] for r in read_timeline(path)] == [["a\u2028b"], ["a\u2028b"]]
+
+
+def test_a_whole_line_too_deep_is_refused_with_why_a_line_without_its_newline_is_cut_short(tmp_path):
+    """Issue 45.8: a last line nested too deep was said to be "cut short", and a file of that line alone "holds no
+    timeline records": a line written whole ends in a newline, one cut by a crash does not."""
+    good = json.dumps(record(0, "watch", [], [], [])) + "\n"
+    deep = "[" * 1000 + "]" * 1000
+    (tmp_path / "deep.jsonl").write_text(good + deep + "\n")
+    with pytest.raises(InputError, match="deep.jsonl:2 is not a JSON line .*nested deeper"):
+        read_timeline(tmp_path / "deep.jsonl")
+    (tmp_path / "only.jsonl").write_text(deep + "\n")
+    with pytest.raises(InputError, match="only.jsonl:1 is not a JSON line"):
+        read_timeline(tmp_path / "only.jsonl")
+    (tmp_path / "torn.jsonl").write_text(good + good[: len(good) // 2])
+    torn: list = []
+    assert [r["step"] for r in read_timeline(tmp_path / "torn.jsonl", torn)] == [0] and torn == [2]
+
+
+def test_a_version_too_long_to_print_is_said_by_its_size(tmp_path):
+    """Issue 45.8: version 10³⁰ was printed cut to 20 characters, as 10¹⁹."""
+    (tmp_path / "v.jsonl").write_text(json.dumps({**record(0, "watch", [], [], []), "version": 10 ** 30}) + "\n")
+    with pytest.raises(InputError, match=r"version 10000000… \(31 characters long\)"):
+        read_timeline(tmp_path / "v.jsonl")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -64,6 +65,9 @@ def random_input(seq_len: int, d_model: int, seed: int, batch: Optional[int]) ->
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed + 1))
 
 
+INTEGER = re.compile(r"-?[0-9]+")
+
+
 def parse_token_ids(text: str, option: str = "--token-ids") -> list[list[int]]:
     """One sequence of ids, or several separated by "/" (a padded batch): "1 2 3 / 4 5"."""
     sequences = []
@@ -72,10 +76,10 @@ def parse_token_ids(text: str, option: str = "--token-ids") -> list[list[int]]:
         if not words:
             raise UsageError(f"{option} needs at least one id in every sequence, e.g. {option} 464 3797 318 "
                              "(several sequences: 464 3797 / 318)")
-        try:
-            sequences.append([int(word) for word in words])
-        except ValueError:
-            raise UsageError(f"{option} takes integers, not {text!r}") from None
+        if not all(INTEGER.fullmatch(word) for word in words):  # int() also takes "+1", "1_000" and "١"
+            raise UsageError(f"{option} takes integers written in ASCII digits (0–9, an optional minus), not "
+                             f"{text!r}")
+        sequences.append([int(word) for word in words])
     return sequences
 
 

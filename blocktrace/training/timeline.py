@@ -202,20 +202,30 @@ def _lock(descriptor: int, path: Path) -> None:
 
 def json_lines(path: Path, what: str, torn: Optional[list] = None) -> Iterator[tuple[int, object]]:
     """(line number, value) of a JSON-lines file, blank lines skipped. A last line cut short (a run killed
-    mid-write) ends the file, its number added to `torn` so the caller can say so; any other line that is not
-    JSON is refused, naming `what` the file should hold."""
-    lines = text_lines(read_text(Path(path)))
+    mid-write: no newline after it, as every line written whole has one) ends the file, its number added to `torn`
+    so the caller can say so; any other line that is not JSON is refused with why, naming `what` the file should
+    hold."""
+    text = read_text(Path(path))
+    lines = text_lines(text)
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             yield number, parse_json(line)
-        except ValueError:
-            if number == len(lines):
+        except ValueError as error:
+            if number == len(lines) and not text.endswith("\n"):
                 if torn is not None:
                     torn.append(number)
                 return
-            raise InputError(f"{path}:{number} is not a JSON line ({what})") from None
+            raise InputError(f"{path}:{number} is not a JSON line ({what}): {str(error)[:120]}") from None
+
+
+def _shown_version(value) -> str:
+    """A version as found, whole; one too long to print is said by its size (a cut 10³⁰ read as 10¹⁹)."""
+    said = repr(value)
+    if len(said) <= 20:
+        return said
+    return f"{said[:8]}… ({len(said)} characters long)"
 
 
 def read_timeline(path: Path, torn: Optional[list] = None) -> list[dict]:
@@ -228,8 +238,8 @@ def read_timeline(path: Path, torn: Optional[list] = None) -> list[dict]:
             raise InputError(f"{path}:{number} is not a blocktrace timeline record (written by Watch or "
                              "`blocktrace track --out`)")
         if entry.get("version") != VERSION:
-            raise InputError(f"{path}:{number} is timeline version {entry.get('version')!r:.20}; this blocktrace "
-                             f"reads version {VERSION}")
+            raise InputError(f"{path}:{number} is timeline version {_shown_version(entry.get('version'))}; this "
+                             f"blocktrace reads version {VERSION}")
         try:
             checked = checked_record(entry)
         except SchemaError as error:
