@@ -1,6 +1,7 @@
 """What following training costs: the Watch inside a training loop, and `track` over checkpoints.
 
     python benchmarks/bench_training.py
+    python benchmarks/bench_training.py --watch-only   # the Watch's cost on HF's GPT-2 and on hand-written attention
 
 Watch: a GPT-2-small-shaped 2-layer model (d_model 768, 12 heads, d_ff 3072; a vocabulary of
 8192, so that the blocks are most of the step), T 512, AdamW, HF's sdpa attention. Windows of
@@ -43,9 +44,29 @@ def _model():
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
+def _hand_written_model():
+    """The learner's model (sample_weights/learner/charmodel.py: attention written by hand, forward(idx, targets))
+    at the same sizes: the Watch sees its attention through the softmax it computes."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sample_weights" / "learner"))
+    from charmodel import CharGPT
+
+    torch.manual_seed(0)
+    model = CharGPT(vocab_size=8192, n_embd=768, n_head=12, n_layer=2, block_size=TOKENS + 1).train()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def _loss(model, ids):
+    """HF's forward(ids, labels=ids), or the hand-written forward(idx, targets) on the ids advanced by one."""
+    if hasattr(model, "config"):
+        return model(ids, labels=ids).loss
+    return model(ids[:, :-1], ids[:, 1:].contiguous())[1]
+
+
 def _step(model, optimizer, ids, watch=None) -> float:
     start = time.perf_counter()
-    loss = model(ids, labels=ids).loss
+    loss = _loss(model, ids)
     loss.backward()
     if watch is not None:
         watch.step(loss)
@@ -54,12 +75,12 @@ def _step(model, optimizer, ids, watch=None) -> float:
     return time.perf_counter() - start
 
 
-def watch_cost(work: Path) -> dict:
+def watch_cost(work: Path, make_model=_model) -> dict:
     import torch
 
     from blocktrace import Watch
 
-    model, optimizer = _model()
+    model, optimizer = make_model()
     ids = torch.randint(0, 8192, (1, TOKENS), generator=torch.Generator().manual_seed(1))
     for _ in range(3):
         _step(model, optimizer, ids)
@@ -186,5 +207,23 @@ def training_section() -> list[str]:
     ]
 
 
+def watch_section(work: Path) -> list[str]:
+    """The Watch's cost alone (`--watch-only`), on HF's GPT-2 (sdpa) and on the hand-written model, interleaved per
+    model; the recording step includes the audit, the checks and the descent probe at the optimizer step after."""
+    lines = ["| model | every=50 window ratio | (49 plain + 1 recording) / 50 | recording step ratio |", "|---|---|---|---|"]
+    for name, make in (("HF GPT-2, sdpa attention", _model), ("hand-written attention (learner's CharGPT)",
+                                                               _hand_written_model)):
+        watch = watch_cost(work, make)
+        recording = watch["recording_step"] / watch["plain_step"]
+        lines.append(f"| {name} | {watch['watched_window'] / watch['plain_window']:.3f} | "
+                     f"{((WATCH_EVERY - 1) + recording) / WATCH_EVERY:.4f} | {recording:.3f} |")
+    return lines
+
+
 if __name__ == "__main__":
-    print("\n".join(training_section()))
+    if "--watch-only" in sys.argv:
+        folder = DATA / "watch-bench"
+        folder.mkdir(parents=True, exist_ok=True)
+        print("\n".join(watch_section(folder)))
+    else:
+        print("\n".join(training_section()))
