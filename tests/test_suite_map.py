@@ -19,7 +19,7 @@ TESTED_IN = {
     "progress.py": (["test_track.py"], "the ticks a long command reports, through the bar above"),
     "diagnose/checks.py": (["test_health.py", "test_diagnosis.py"], "the registry: every entry's source, threshold, "
                            "cause and the findings it names"),
-    "diagnose/loss.py": (["test_model.py"], "the model's own loss, equal to HF's for every family"),
+    "diagnose/loss.py": (["test_model.py", "test_shift_probe.py"], "the model's own loss, equal to HF's for every family"),
     "model/head.py": (["test_model.py"], "the final norm and output head, through the loss equal to HF's"),
     "model/init.py": (["test_compare.py"], "Xiong et al.'s initialisation, through their Lemma 2 and Theorem 1"),
     "model/stack.py": (["test_report.py", "test_compare.py"], "N blocks, each from its own seed"),

@@ -31,8 +31,8 @@ RUNS = {
     "H5_nano_frozen_emb_ckpt": dict(
         model="nano", twin=None, bug=None, expected=None,
         what="nanoGPT-style with untied head, token+position embeddings frozen on purpose (fixed "
-             "random features), activation checkpointing of every block (use_reentrant=False), "
-             "RMSprop lr 1e-3 with H1's warm-up + cosine, clip 1.0"),
+             "random features) and activation checkpointing of every block (use_reentrant=False); "
+             "otherwise H1 (AdamW, warm-up + cosine, clip 1.0)"),
     "H6_llama_small_bf16_adagrad": dict(
         model="llama_small", twin=None, bug=None, expected=None,
         what="a smaller HF LlamaForCausalLM (d 64, 2 layers, tied) under bf16 autocast, batch 8, "
@@ -67,9 +67,9 @@ RUNS = {
     "F09_nano_no_residual": dict(
         model="nano", twin="H1_nano_base", bug="no_residual", expected="residual",
         what="H1 with `x = f(ln(x))` instead of `x = x + f(ln(x))` in every block"),
-    "F10_nano_norm_no_sqrt": dict(
-        model="nano", twin="H1_nano_base", bug="norm_no_sqrt", expected="norm",
-        what="H1 with a hand-written LayerNorm dividing by the variance, not its square root"),
+    "F10_nano_layernorm_eps1": dict(
+        model="nano", twin="H1_nano_base", bug="layernorm_eps1", expected="norm",
+        what="H1 with nn.LayerNorm(d, bias): the positional bias flag True becomes eps = 1.0"),
     "F11_llama_adam_eps1": dict(
         model="llama", twin="H3_llama_base", bug="adam_eps1", expected="optimizer",
         what="H3 with Adam eps=1.0 (a value copied from the TF Inception advice) instead of 1e-8"),

@@ -72,21 +72,6 @@ def val_batches(val, n=32, seed=1234):
 
 # ----------------------------------------------------------------------------- nanoGPT-style model
 
-class LayerNormNoSqrt(nn.Module):
-    """A hand-written LayerNorm with the bug of run F10: divides by the variance, not its root."""
-
-    def __init__(self, d, eps=1e-5):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.bias = nn.Parameter(torch.zeros(d))
-        self.eps = eps
-
-    def forward(self, x):
-        mu = x.mean(-1, keepdim=True)
-        var = x.var(-1, keepdim=True, unbiased=False)
-        return (x - mu) / (var + self.eps) * self.weight + self.bias  # BUG: no sqrt
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, d, n_head, dropout, mask_bug=False):
         super().__init__()
@@ -240,8 +225,9 @@ def build(name, spec, steps):
         kw = {}
         if name.startswith("H4"):
             kw["dropout"] = 0.1
-        if bug == "norm_no_sqrt":
-            kw["norm"] = LayerNormNoSqrt
+        if bug == "layernorm_eps1":
+            bias = True  # nanoGPT's LayerNorm(ndim, bias) swapped for torch's nn.LayerNorm(ndim, bias):
+            kw["norm"] = lambda d: nn.LayerNorm(d, bias)  # BUG: the bias flag lands in eps (= 1.0)
         if bug == "mask_not_assigned":
             kw["mask_bug"] = True
         if bug == "no_residual":
@@ -256,12 +242,9 @@ def build(name, spec, steps):
         fwd = model
         decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
-        if "ckpt" in kw:  # H5 / F12: RMSprop
-            optimizer = torch.optim.RMSprop(decay + no_decay, lr=1e-3)
-        else:
-            optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                                           {"params": no_decay, "weight_decay": 0.0}],
-                                          lr=1e-3, betas=(0.9, 0.95))
+        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                       {"params": no_decay, "weight_decay": 0.0}],
+                                      lr=1e-3, betas=(0.9, 0.95))
         tokens_per_step = B * T
         warmup_tokens = 10 * tokens_per_step  # a minGPT-style budget in tokens
         warmup_steps = warmup_tokens // tokens_per_step

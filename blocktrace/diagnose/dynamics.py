@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 from blocktrace.diagnose.checks import Cause, Finding, Flag, Scope, check, detectors, finding
 from blocktrace.diagnose.health import LOSS_MARGIN
+from blocktrace.diagnose.history import learning_rates_before
 from blocktrace.vocab import Level
 
 WATCH = "watch"
@@ -336,13 +337,12 @@ def _update_spike(history: Sequence[dict], entry: dict) -> list[Finding]:
        advice="fix the learning-rate schedule: warm-up and decay change it gradually (check the scheduler's "
        "state when resuming, and the units of the peak)")
 def _lr_jump(history: Sequence[dict], entry: dict) -> list[Finding]:
-    rates = [r["lr"] for r in history if _finite(r.get("lr"))]
+    count, largest = learning_rates_before(history)
     lr = entry.get("lr")
-    if not history or not _finite(lr) or len(rates) < MIN_HISTORY - 1 or max(rates) <= 0 or \
-            not lr > LR_JUMP * max(rates):
+    if not history or not _finite(lr) or count < MIN_HISTORY - 1 or largest <= 0 or not lr > LR_JUMP * largest:
         return []
     return [finding(Level.ERROR, None, None, lr,
-                    f"learning rate {lr:g}, {lr / max(rates):.3g}× the largest recorded before ({max(rates):g})")]
+                    f"learning rate {lr:g}, {lr / largest:.3g}× the largest recorded before ({largest:g})")]
 
 
 # --- the weights' norms ------------------------------------------------------------------------------

@@ -74,11 +74,12 @@ def _gradients_not_zeroed(history: Sequence[dict], entry: dict) -> list[Finding]
 def _step_without_gradient(history: Sequence[dict], entry: dict) -> list[Finding]:
     loop = _loop(entry)
     at, norm = loop.get("step_gradient_at"), loop.get("step_gradient")
-    before = next((r for r in reversed(history) if r.get("step") == at), None)
     if loop.get("optimizer_share") == 0:
         return []  # an optimizer holding none of the trained parameters finds none of their gradients: its own finding
-    if at is None or norm != 0 or before is None or not _finite(before.get("grad_norm")) or \
-            not before["grad_norm"] > 0:
+    if at is None or norm != 0:
+        return []
+    before = next((r for r in reversed(history) if r.get("step") == at), None)  # the record before, in a step
+    if before is None or not _finite(before.get("grad_norm")) or not before["grad_norm"] > 0:
         return []
     return [finding(Level.ERROR, None, None, 0.0,
                     f"at step {at} backward() left gradients of norm {before['grad_norm']:.3g}, but optimizer.step() "

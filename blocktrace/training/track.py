@@ -13,6 +13,7 @@ from typing import Iterator, Optional, Sequence
 from blocktrace.diagnose.checks import Flag
 from blocktrace.diagnose.diagnosis import Context, conclude
 from blocktrace.diagnose.dynamics import judge
+from blocktrace.diagnose.history import History
 from blocktrace.errors import InputError, UsageError
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.training_step import step_of
@@ -87,8 +88,10 @@ def judged(records: list[dict]) -> list[dict]:
     """Each record with the findings over training (diagnose/dynamics.py) judged against the records before it,
     and its diagnosis made again over all its findings where some were added (a Watch's records hold them
     already; checkpoints and older timelines gain them here)."""
-    for index, entry in enumerate(records):
-        added = judge(records[:index], entry)
+    history = History()  # the records before, in bounded memory: linear in the records, as the Watch judges them
+    for entry in records:
+        added = judge(history, entry)
+        history.add(entry)
         if added:
             held = [Flag.from_entry(finding) for finding in entry.get("flags") or [] if Flag.readable(finding)]
             found = conclude(held + added, Context(step=entry["step"]))

@@ -19,7 +19,6 @@ and only rank 0 writes.
 
 from __future__ import annotations
 
-import collections
 import inspect
 import math
 import numbers
@@ -36,6 +35,7 @@ from blocktrace.diagnose.diagnosis import Context, conclude
 from blocktrace.diagnose.dynamics import judge
 from blocktrace.diagnose.grad import GradientReport
 from blocktrace.diagnose.health import ModelEvidence, evaluate
+from blocktrace.diagnose.history import History
 from blocktrace.diagnose.weights import movement, snapshot, weight_moments, weight_summary
 from blocktrace.errors import UsageError
 from blocktrace.tracing.assembly import finish
@@ -199,8 +199,7 @@ class Watch:
         self.batch = Batch(_shifts_labels(_unwrap(model)), _targets_position(_unwrap(model)))
         self.loop = LoopObserver(_unwrap(model), optimizer)
         # the records before, for the dynamics (diagnose/dynamics.py): the first (trends start there) and the last few
-        self.first_record: Optional[dict] = None
-        self.recent: collections.deque = collections.deque(maxlen=HISTORY)
+        self.history = History()
         if self.count % every == 0:
             self._arm()
 
@@ -338,7 +337,7 @@ class Watch:
                               "loop": host["loop"], "probe": host["probe"]})
         self._judge(entry, traces, host)
         self._name_rollback(entry)
-        self._remember(entry)
+        self.history.add(entry)
         if self.writer is not None:
             self.writer.write(entry)
             self._to_tensorboard(entry)
@@ -396,7 +395,7 @@ class Watch:
         scale = (host.get("loop") or {}).get("loss_scale")
         findings = self._findings(traces, host["grads"], host["weights"], isinstance(scale, float) and scale > 1)
         if self.checks:
-            findings += judge(([self.first_record] if self.first_record else []) + list(self.recent), entry)
+            findings += judge(self.history, entry)
         found = conclude(findings, context)
         entry["flags"] = flag_entries([f.to_dict() for f in found.flags])
         entry["diagnosis"] = diagnosis_entries(found.diagnosis)
@@ -425,12 +424,6 @@ class Watch:
         if not isinstance(loss, torch.Tensor):
             loss = torch.full((), float(loss), dtype=torch.float64, device=_device(self.blocks[0]))
         return self.reducer.mean(loss.detach().reshape(()).double())
-
-    def _remember(self, entry: dict) -> None:
-        if self.first_record is None:
-            self.first_record = entry
-        else:
-            self.recent.append(entry)
 
     def _warn_if_called_before_backward(self, grads: list) -> None:
         """Once: a recording step where no block has a gradient although its parameters require one."""
@@ -506,7 +499,6 @@ def rounded_to(value: float, dtype: torch.dtype) -> float:
     return struct.unpack("f", struct.pack("I", bits))[0]
 
 
-HISTORY = 17  # records kept for the dynamics: the loss-spike window (16 before) and the record before
 
 
 def _trainable(block: nn.Module) -> bool:
