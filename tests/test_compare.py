@@ -293,3 +293,17 @@ def test_compare_explain_tells_each_variants_steps_in_its_own_order(invoke, lang
         lines = [f"{k} {step}: {explanation(Lang(lang), wiring, step)}" for k, step in enumerate(wiring.order, 1)]
         assert "\n".join(lines) in text, wiring.name
     assert invoke("compare", "--pre-ln", "--post-ln", "--explain", "--json").exit_code == 2
+
+
+def test_compares_help_says_what_each_side_is(invoke):
+    """Issue 44: `compare --help` said `--pre-ln  Compare with pre.`"""
+    text = invoke("compare", "--help").stdout
+    assert "Compare with pre." not in text
+    assert "Norm before each sublayer" in text and "RMSNorm: x / √(mean(x²) + eps) · g" in " ".join(text.split())
+
+
+def test_the_layer_tables_columns_are_defined_where_they_are_printed(invoke):
+    """Issue 44: the attn share columns of `compare --layers` were never defined in its output."""
+    for lang, said in (("en", "Var[update] / Var[residual1]"), ("zh", "Var[更新] / Var[residual1]")):
+        text = invoke("compare", "--pre-ln", "--post-ln", "--layers", "2", "--lang", lang).stdout
+        assert said in text and "attn share" in text

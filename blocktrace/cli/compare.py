@@ -33,7 +33,16 @@ AXIS_FLAGS = {
     Axis.FFN: [("--gelu", FFNKind.GELU), ("--gelu-tanh", FFNKind.GELU_TANH), ("--relu", FFNKind.RELU),
                ("--swiglu", FFNKind.SWIGLU), ("--geglu", FFNKind.GEGLU)],
 }
-AXIS_OPTIONS = options(*[click.option(flag, f"want_{value.value}", is_flag=True, help=f"Compare with {value.value}.")
+# What each side of a comparison is, for --help (a flag's bare value, "pre", told a reader nothing).
+AXIS_HELP = {
+    **{placement: wiring.help.replace("  [default]", "") for placement, wiring in WIRINGS.items()},
+    Norm.LAYERNORM: "LayerNorm: (x − mean) / √(var + eps) · g + b.", Norm.RMSNORM: "RMSNorm: x / √(mean(x²) + eps) · g.",
+    FFNKind.GELU: "A GELU FFN (the exact erf form).", FFNKind.GELU_TANH: "A GELU FFN, GPT-2's tanh approximation.",
+    FFNKind.RELU: "A ReLU FFN.", FFNKind.SWIGLU: "SwiGLU (Llama): down(silu(gate)·up).",
+    FFNKind.GEGLU: "GeGLU (Gemma): down(gelu_tanh(gate)·up).",
+}
+AXIS_OPTIONS = options(*[click.option(flag, f"want_{value.value}", is_flag=True,
+                                      help=f"{AXIS_HELP[value]} (One side of the comparison.)")
                          for flags in AXIS_FLAGS.values() for flag, value in flags],
                        click.option("--qk-norm", "want_qk_norm", is_flag=True,
                                     help="Compare without and with QK-norm (RMSNorm on each head's q and k)."))

@@ -101,7 +101,7 @@ def render_compare(report: dict, *, fmt: str = "simple", lang: Lang = Lang.EN, s
             parts += [words["why"].format(value=entry["value"]) + "\n" +
                       explanations(entry["report"], lang).split("\n", 1)[1] for entry in report["variants"]]
     else:
-        parts.append(_stack_table(report, fmt))
+        parts.append(_stack_table(report, fmt) + "\n" + words["columns"])
         if steps:
             for entry in report["variants"]:
                 for layer in entry["report"]["layers"]:

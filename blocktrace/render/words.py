@@ -62,12 +62,19 @@ COMPARE_WORDS = {
         "common": "common", "weights": "weights: {path} ({family}), from layer {layer} of 0–{last}",
         "step": "step", "operation": "operation", "output": "output", "differs": "what differs",
         "why": "what each step does, under {value}",
+        "columns": "‖x‖²/d: the stream's mean square after the layer (rms²); attn share and ffn share: the variance "
+                   "of the sublayer's update over that of the sum it is added into (Var[update] / Var[residual1], "
+                   "Var[update] / Var[residual2]) — how much of the stream each sublayer writes; max|Δ| and cosine: "
+                   "the two variants' outputs of the layer, compared",
     },
     Lang.ZH: {
         "title": "blocktrace compare：{axis} {a} 对比 {b}，相同的参数，相同的输入",
         "common": "共同设置", "weights": "权重：{path}（{family}），从第 {layer} 层起，共 0–{last} 层",
         "step": "名称", "operation": "操作", "output": "输出", "differs": "不同之处",
         "why": "{value} 连线下每一步在做什么",
+        "columns": "‖x‖²/d：该层之后残差流的均方（rms²）；attn share 与 ffn share：子层的更新的方差除以它被加入的和的方差"
+                   "（Var[更新] / Var[residual1]、Var[更新] / Var[residual2]），即每个子层写入残差流的比重；max|Δ| 与 "
+                   "cosine：比较两种变体在该层的输出",
     },
 }
 # compare's what-differs notes in Chinese: diagnose.compare.Phrasing's fields besides the sentences below.
