@@ -16,8 +16,17 @@ rank 0's is written: ESTIMATED names them, and each record's layers say so in th
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.distributed as dist
+from torch import nn
+
+# The columns of a rank's fingerprint (one all_gather per record): what every rank of a data-parallel run must share
+# (the replicated weights after a step, the averaged gradients after a synchronised backward, the learning rate,
+# the step, the loss scale) and what each must not (its batch)
+FINGERPRINT = ("weights_sum", "weights_square", "grads_sum", "grads_square", "batch_sum", "batch_weighted", "lr",
+               "step", "loss_scale", "synchronised")
 
 ESTIMATED = ("median token size", "massive-activation ratio", "dead FFN's flat-region share", "residual identity")
 SUMMED_MOMENTS, MIN_MOMENT, MAX_MOMENT = [0, 1, 2], 3, 4  # columns of tensor_moments' output
@@ -58,8 +67,65 @@ class Reducer:
     def largest(self, tensor: torch.Tensor) -> torch.Tensor:
         return self._all_reduce(tensor.clone(), self.dist.ReduceOp.MAX) if self.active else tensor
 
+    def gathered(self, row: torch.Tensor) -> Optional[torch.Tensor]:
+        """Every rank's row, as a [world, len(row)] device tensor (None in one process): one collective."""
+        if not self.active:
+            return None
+        rows = [torch.empty_like(row) for _ in range(self.world_size)]
+        self.dist.all_gather(rows, row.contiguous())
+        return torch.stack(rows)
+
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         """The mean over the ranks of a device scalar (the loss), still on the device."""
         if not self.active:
             return value
         return self._all_reduce(value.clone(), self.dist.ReduceOp.SUM) / self.world_size
+
+
+def _replicated(model: nn.Module) -> list[torch.Tensor]:
+    """The trainable parameters every rank holds whole (FSDP2's shards, DTensors, differ by design)."""
+    return [p for p in model.parameters() if p.requires_grad and type(p).__name__ != "DTensor"
+            and type(p.data).__name__ != "DTensor"]
+
+
+def _sums(tensors: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
+    if not tensors:
+        nan = torch.full((), float("nan"), dtype=torch.float64, device=device)
+        return nan, nan
+    flat = [t.detach().reshape(-1).double() for t in tensors]
+    return torch.stack([f.sum() for f in flat]).sum(), torch.stack([f.dot(f) for f in flat]).sum()
+
+
+def fingerprint(model: nn.Module, ids: Optional[torch.Tensor], lr: Optional[float], step: int,
+                loss_scale: Optional[torch.Tensor], synchronised: Optional[bool], device) -> torch.Tensor:
+    """This rank's row of FINGERPRINT, float64 on the device: sums of the replicated weights and of their gradients,
+    two sums of the batch's ids (plain and weighted by position, so a reordering shows), and the settings."""
+    parameters = _replicated(model)
+    weights = _sums(parameters, device)
+    grads = _sums([p.grad for p in parameters if p.grad is not None], device)
+    nan = torch.full((), float("nan"), dtype=torch.float64, device=device)
+    if ids is not None:
+        flat = ids.detach().reshape(-1).double().to(device)
+        batch = (flat.sum(), (flat * torch.arange(1, flat.numel() + 1, dtype=torch.float64, device=device)).sum())
+    else:
+        batch = (nan, nan)
+    settings = [float("nan") if lr is None else float(lr), float(step),
+                float("nan") if synchronised is None else float(synchronised)]
+    scale = loss_scale.to(device).double() if loss_scale is not None else nan
+    values = [*weights, *grads, *batch, torch.tensor(settings[0], dtype=torch.float64, device=device),
+              torch.tensor(settings[1], dtype=torch.float64, device=device), scale,
+              torch.tensor(settings[2], dtype=torch.float64, device=device)]
+    return torch.stack([v.reshape(()) for v in values])
+
+
+def synchronised(model: nn.Module) -> Optional[bool]:
+    """Whether DDP all-reduces the gradients of this backward (False inside no_sync); None for other models."""
+    flag = getattr(model, "require_backward_grad_sync", None)
+    return flag if isinstance(flag, bool) else None
+
+
+def replica_rows(gathered) -> Optional[list[dict]]:
+    """The gathered fingerprints as the record holds them: one {column: value} per rank, in rank order."""
+    if gathered is None:
+        return None
+    return [dict(zip(FINGERPRINT, row)) for row in gathered]

@@ -42,7 +42,7 @@ from blocktrace.tracing.assembly import finish
 from blocktrace.tracing.steps import detect_layout
 from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
 from blocktrace.tracing.tracer import is_own_block
-from blocktrace.training.distributed import Reducer
+from blocktrace.training.distributed import Reducer, fingerprint, replica_rows, synchronised
 from blocktrace.training.loop import (
     Descent,
     ForwardCall,
@@ -196,6 +196,7 @@ class Watch:
         self.trouble_seen = False
         self.captured_loss: Optional[torch.Tensor] = None
         self.random_state: Optional[RandomState] = None  # at the recording step's training forward
+        self.synchronised: Optional[bool] = None  # whether the recorded forward's backward averages gradients (DDP)
         self.batch = Batch(_shifts_labels(_unwrap(model)), _targets_position(_unwrap(model)))
         self.loop = LoopObserver(_unwrap(model), optimizer)
         # the records before, for the dynamics (diagnose/dynamics.py): the first (trends start there) and the last few
@@ -248,6 +249,7 @@ class Watch:
         if isinstance(loss, torch.Tensor) and self.captured_loss is None:
             self.captured_loss = loss.detach()
         self.batch.see(args, kwargs, output)
+        self.synchronised = synchronised(self.model)  # DDP inside no_sync: this backward averages nothing
         self.loop.forward(loss if isinstance(loss, torch.Tensor) else logits_of(output))
 
     def step(self, loss: Optional[torch.Tensor] = None, lr: Optional[float] = None) -> Optional[dict]:
@@ -334,7 +336,8 @@ class Watch:
                               "model": type(_unwrap(self.model)).__name__,
                               "width": traces[0].input.shape[-1] if traces else None,
                               "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
-                              "loop": host["loop"], "probe": host["probe"]})
+                              "loop": host["loop"], "probe": host["probe"],
+                              "replicas": replica_rows(host["replicas"])})
         self._judge(entry, traces, host)
         self._name_rollback(entry)
         self.history.add(entry)
@@ -356,6 +359,7 @@ class Watch:
         if self.track_updates:
             self.snapshots = [snapshot(block) for block in self.blocks]
         checked_loss = self.captured_loss if self.captured_loss is not None else loss
+        replicas = self._replicas(scale)  # before the batch's report, which forgets the batch
         measured = {"grads": grads, "model_grad": _unscaled(_grad_norm(self.model), scale),
                     "moved": [m.values() for m in moved],
                     "loss": self._loss(loss),
@@ -364,8 +368,18 @@ class Watch:
                                                            else None) if self.checks else {}),
                     "probe": self._probe(), "data": self.batch.report(self.loop.trained),
                     "weights": [weight_moments(block) for block in self.blocks] if self.checks else None}
+        measured["replicas"] = replicas
         traces, host = finish([c for _, c in present], measured)
         return [index for index, _ in present], moved, traces, host
+
+    def _replicas(self, scale: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """Every rank's fingerprint (training/distributed.py), gathered in one collective; None in one process."""
+        if not self.reducer.active or not self.checks:
+            return None
+        row = fingerprint(_unwrap(self.model), self.batch.ids, self._learning_rate(None), self.count, scale,
+                          self.synchronised, _device(self.blocks[0]))
+        self.synchronised = None
+        return self.reducer.gathered(row)
 
     def _descent(self) -> Optional[Descent]:
         """The recorded step's forward, to replay after its optimizer step (the descent probe): only where the
