@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from helpers import NanoGPT, nano_batch
+from helpers import NanoGPT, make_gpt2, nano_batch
 
 from blocktrace import Watch
 from blocktrace.diagnose.audit import DECAY_HALVES_IN, DECAY_TOO_STRONG
@@ -157,3 +157,20 @@ def test_a_loss_whose_gradient_is_zero_everywhere_is_gradient_flow_from_the_firs
 
     loose = _train(tmp_path / "loose.jsonl", clamp=1e6)  # a clamp above the loss: a gradient flows
     assert "gradient_zero_everywhere" not in {f["name"] for r in loose for f in r["flags"]}
+
+
+@pytest.mark.parametrize("p, found", [(0.9, True), (0.5, True), (0.3, False), (0.1, False), (0.0, False)])
+def test_a_dropout_rate_no_recipe_uses_is_a_warning(tmp_path, p, found):
+    """Published LM recipes drop 0 to 0.3; p ≥ 0.5 drops every other activation or more (a keep probability given
+    as the drop rate)."""
+    torch.manual_seed(0)
+    model = make_gpt2(head=True, resid_pdrop=p, embd_pdrop=p, attn_pdrop=p).train()
+    with Watch(model, tmp_path / "run.jsonl", every=1, overwrite=True) as watch:
+        ids = torch.randint(0, 101, (2, 12), generator=torch.Generator().manual_seed(0))
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        entry = watch.step(loss)
+    flagged = [f for f in entry["flags"] if f["name"] == "dropout_too_high"]
+    assert bool(flagged) == found
+    if found:
+        assert flagged[0]["level"] == "warning" and f"p = {p:g}" in flagged[0]["detail"]

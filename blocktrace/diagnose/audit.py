@@ -129,6 +129,25 @@ def _weight_decay_too_strong(history: Sequence[dict], entry: dict) -> list[Findi
 STUCK_TOGETHER = (("ffn_w1", "ffn_w2"), ("attn_q", "attn_k"), ("attn_qkv", "attn_qkv"))
 
 
+DROPOUT_HALF = 0.5  # a rate that drops at least every other activation: published LM recipes stay at or below 0.3
+
+
+@check(Scope.TRAINING, "dropout_too_high",
+       f"a dropout module of the model has p ≥ {DROPOUT_HALF:g} (a Watch)",
+       "definition: dropout zeroes each activation with probability p and scales the rest by 1/(1 − p); published "
+       "language-model recipes use 0 to 0.3 (GPT-2, BERT and T5 0.1, nanoGPT's Shakespeare 0.2, none above 0.3)",
+       "most of each layer's signal is dropped at every step, so the gradient is mostly noise: a config value left "
+       "on, or a keep probability given where a drop rate is meant", Cause.ARCHITECTURE,
+       advice="set dropout to the recipe's rate (0.0 to 0.1 for pre-training a language model; p is the share "
+       "dropped, not kept)")
+def _dropout_too_high(history: Sequence[dict], entry: dict) -> list[Finding]:
+    dropout = (entry.get("loop") or {}).get("dropout")
+    if not isinstance(dropout, dict) or not (_number(dropout.get("p")) or 0) >= DROPOUT_HALF:
+        return []
+    return [finding(Level.WARNING, None, None, dropout["p"],
+                    f"{dropout.get('module')} drops p = {dropout['p']:g} of its activations")]
+
+
 @check(Scope.TRAINING, "weights_zero_stuck",
        "a layer's FFN input and output matrices, or its query and key matrices (a fused qkv), are exactly 0 "
        "since the run's first record (zeroed later: weights_zeroed)",

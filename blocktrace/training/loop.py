@@ -78,6 +78,19 @@ def _eval_mode_modules(model: nn.Module) -> int:
                and getattr(m, "p", 1.0) > 0)
 
 
+DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+
+def largest_dropout(model: nn.Module) -> Optional[dict]:
+    """The model's largest dropout rate and the module holding it (None without a dropout module): the setting the
+    audit reads (diagnose/audit.py); a rate a forward passes to F.dropout itself is not seen."""
+    rates = [(float(m.p), name) for name, m in model.named_modules() if isinstance(m, DROPOUTS)]
+    if not rates:
+        return None
+    rate, name = max(rates)
+    return {"p": rate, "module": name or "the model"}
+
+
 def _step_pre_hook(optimizer, hook):
     """The hook on the torch optimizer's step, inside wrappers that hold one as `.optimizer` (accelerate's,
     Lightning's); None where there is none to hook."""
@@ -302,6 +315,7 @@ class LoopObserver:
                               if isinstance(group.get("lr"), (int, float, torch.Tensor))]
                 if self.optimizer is not None else None,
                 "optimizer": optimizer_hyperparameters(self.optimizer), "descent": descended,
+                "dropout": largest_dropout(self.model),
                 "loss_scale": self.loss_scale(), **loss_checks}
 
 
