@@ -137,7 +137,7 @@ def _errors(record: dict) -> set:
 # --- the invariants of data parallelism, each on both sides -----------------------------------------------------
 
 SCENARIOS = ("healthy", "clip-on-one-rank", "same-batch", "lr-on-one-rank", "hook-skips-all-reduce",
-             "no-sync-accumulation")
+             "no-sync-accumulation", "no-causal-mask")
 
 
 def _skip_all_reduce(state, bucket):
@@ -149,7 +149,7 @@ def _skip_all_reduce(state, bucket):
 
 def _scenario(name: str, rank: int, directory: str) -> None:
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(NanoGPT())
+    model = torch.nn.parallel.DistributedDataParallel(NanoGPT(causal=name != "no-causal-mask"))
     if name == "hook-skips-all-reduce":
         model.register_comm_hook(None, _skip_all_reduce)
     lr = 0.5 if name == "lr-on-one-rank" and rank == 1 else 0.05
@@ -216,3 +216,12 @@ def test_the_invariants_of_data_parallelism(scenarios, name, expected):
     found = {f["name"] for record in scenarios[name] for f in record["flags"] if f["level"] == "error"} & DATA_PARALLEL
     assert found == expected
     assert len(scenarios[name][0]["replicas"]) == 2
+
+
+def test_the_causal_probe_runs_under_ddp_on_every_rank(scenarios):
+    """Each rank probes its own copy; rank 0 writes the largest leak over the ranks and how many could not run."""
+    probe = scenarios["healthy"][0]["probe"]
+    assert probe["future_leak"] == pytest.approx(0.0, abs=1e-6) and probe["ranks_failed"] == 0
+    leaked = scenarios["no-causal-mask"]
+    assert leaked[0]["probe"]["future_leak"] > 1e-3
+    assert "future_leak" in {f["name"] for f in leaked[0]["flags"] if f["level"] == "error"}

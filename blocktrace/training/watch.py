@@ -63,6 +63,11 @@ from blocktrace.vocab import Level
 Blocks = Union[None, str, Sequence[nn.Module]]
 
 
+def _sharded(model: nn.Module) -> bool:
+    """Whether FSDP2 shards some parameter (a DTensor): its forward gathers the shards, a collective."""
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
 def _unwrap(model: nn.Module) -> nn.Module:
     """The model inside DistributedDataParallel / DataParallel wrappers."""
     while isinstance(getattr(model, "module", None), nn.Module):
@@ -391,17 +396,39 @@ class Watch:
         return Descent(self.count, batch.call, self.random_state, self.captured_loss.double().reshape(()))
 
     def _probe(self) -> Optional[dict]:
-        """The causal probe on the recorded batch's first sequence (not under torch.distributed: every rank would
-        have to run it alike). A failure is kept as a note: the probe never stops training."""
+        """The causal probe on the recorded batch's first sequence; under DDP on every rank's own copy (the
+        unwrapped module: no collective inside), its largest leak and its failures gathered to rank 0. Not under
+        FSDP2, whose forward gathers shards: a rank whose probe failed would leave the others waiting. A failure is
+        kept as a note: the probe never stops training."""
         batch = self.batch
-        if not self.checks or batch.ids is None or batch.vocab is None or self.reducer.world_size > 1:
+        if not self.checks or _sharded(self.model):
             return None
-        found = {"causal_model": causal_model(_unwrap(self.model))}
-        try:
-            leak = probe_causality(_unwrap(self.model), batch.call, batch.ids, batch.vocab)
-        except Exception as error:  # the model may want more than its ids: say so, and go on
-            return {**found, "note": f"causal probe not run: {type(error).__name__}: {error}"[:200]}
-        return {**found, **(leak or {})}
+        seen = batch.ids is not None and batch.vocab is not None
+        found, leak, note = {"causal_model": causal_model(_unwrap(self.model))}, None, None
+        if seen:
+            try:
+                leak = probe_causality(_unwrap(self.model), batch.call, batch.ids, batch.vocab)
+            except Exception as error:  # the model may want more than its ids: say so, and go on
+                note = f"causal probe not run: {type(error).__name__}: {error}"[:200]
+        if self.reducer.active:  # every rank reaches these collectives, whatever its probe did
+            return {**found, **self._probe_across_ranks(leak, note, seen)}
+        if not seen:
+            return None
+        return {**found, **(leak or {}), **({"note": note} if note else {})}
+
+    def _probe_across_ranks(self, leak: Optional[dict], note: Optional[str], seen: bool) -> dict:
+        """The largest leak over the ranks, and how many ranks could not run the probe (said by rank 0)."""
+        device = _device(self.blocks[0])
+        value = leak["future_leak"].double().to(device) if leak else torch.full((), -1.0, dtype=torch.float64,
+                                                                                  device=device)
+        failed = self.reducer.summed(torch.tensor(0.0 if leak or not seen else 1.0, dtype=torch.float64,
+                                                  device=device))
+        largest = self.reducer.largest(value)
+        result = {"future_leak": torch.where(largest >= 0, largest, torch.full_like(largest, float("nan"))),
+                  "leak_position": leak["leak_position"] if leak else None, "ranks_failed": failed}
+        if note:
+            result["note"] = note  # rank 0's own; ranks_failed counts every rank's
+        return result
 
     def _judge(self, entry: dict, traces: list, host: dict) -> None:
         """The record's findings — the blocks' checks and the dynamics against the records before — concluded."""
