@@ -72,6 +72,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _two_ranks(target, directory) -> None:
+    """`target(rank, directory, port)` in two forked processes, a gloo group between them; both must succeed."""
+    context, port = multiprocessing.get_context("fork"), _free_port()
+    ranks = [context.Process(target=target, args=(rank, str(directory), port)) for rank in (0, 1)]
+    for rank in ranks:
+        rank.start()
+    for rank in ranks:
+        rank.join(timeout=120)
+        assert rank.exitcode == 0, f"a rank failed (exit code {rank.exitcode}); its traceback is on stderr above"
+
+
 def _single_process(path):
     torch.manual_seed(0)
     model = NanoGPT()
@@ -93,14 +104,7 @@ def _single_process(path):
 def timelines(tmp_path_factory) -> dict:
     """Two gloo ranks under DDP and then FSDP2, and one process on the whole batch: their timelines."""
     directory = tmp_path_factory.mktemp("distributed")
-    context = multiprocessing.get_context("fork")
-    port = _free_port()
-    ranks = [context.Process(target=_forked_rank, args=(rank, str(directory), port)) for rank in (0, 1)]
-    for rank in ranks:
-        rank.start()
-    for rank in ranks:
-        rank.join(timeout=120)
-        assert rank.exitcode == 0, f"a rank failed (exit code {rank.exitcode}); its traceback is on stderr above"
+    _two_ranks(_forked_rank, directory)
     return {"ddp": read_timeline(directory / "ddp.jsonl"), "fsdp2": read_timeline(directory / "fsdp2.jsonl"),
             "one": _single_process(directory / "one.jsonl")}
 
@@ -191,13 +195,7 @@ def _scenario_ranks(rank: int, directory: str, port: int) -> None:
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory) -> dict:
     directory = tmp_path_factory.mktemp("data-parallel")
-    context, port = multiprocessing.get_context("fork"), _free_port()
-    ranks = [context.Process(target=_scenario_ranks, args=(rank, str(directory), port)) for rank in (0, 1)]
-    for rank in ranks:
-        rank.start()
-    for rank in ranks:
-        rank.join(timeout=120)
-        assert rank.exitcode == 0, f"a rank failed (exit code {rank.exitcode}); its traceback is on stderr above"
+    _two_ranks(_scenario_ranks, directory)
     return {name: read_timeline(directory / f"{name}.jsonl") for name in SCENARIOS}
 
 
