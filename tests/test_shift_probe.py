@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from blocktrace.diagnose.health import ModelEvidence, evaluate
 from blocktrace.diagnose.loss import IGNORE, LossReport, shift_losses, shifted_labels
 
-VOCAB, LENGTH = 16, 12
+VOCAB, LENGTH, STEPS = 16, 12, 40
 
 
 def counting(batch: int, seed: int) -> torch.Tensor:
@@ -28,8 +28,8 @@ def trained_gpt2(directory, copy: bool):
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_head=2, n_layer=1, n_positions=LENGTH, vocab_size=VOCAB,
                                        bos_token_id=0, eos_token_id=0))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for step in range(120):
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-2)
+    for step in range(STEPS):
         ids = counting(16, step)
         # HF shifts inside: labels = ids trains token t + 1; labels delayed by one train each position on its own
         labels = torch.cat([torch.full((16, 1), IGNORE), ids[:, :-1]], 1) if copy else ids
