@@ -24,7 +24,7 @@ from blocktrace.request import RunRequest, TrackRequest
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.source import token_sequences
 from blocktrace.sources.userblock import load_user_model
-from blocktrace.training.loop import logits_of
+from blocktrace.training.loop import logits_of, loss_of
 from blocktrace.training.watch import FIRST_ERROR_WARNING, Watch
 from blocktrace.vocab import Level
 
@@ -65,11 +65,8 @@ def _forward(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, l
         how = f"forward(ids[:-1], {name}=ids[1:]) (nanoGPT's convention: the targets are the ids advanced by one)"
     else:
         output, how = model(ids), "forward(ids)"
-    loss = getattr(output, "loss", None)
-    if not isinstance(loss, torch.Tensor) and isinstance(output, (tuple, list)) and len(output) > 1 \
-            and isinstance(output[1], torch.Tensor) and output[1].dim() == 0:
-        loss = output[1]
-    if isinstance(loss, torch.Tensor):
+    loss = loss_of(output)
+    if loss is not None:
         return loss, [f"called {how}; the loss is the one the model returns"]
     logits = logits_of(output)
     if logits is None or logits.dim() != 3:

@@ -91,23 +91,26 @@ def largest_dropout(model: nn.Module) -> Optional[dict]:
     return {"p": rate, "module": name or "the model"}
 
 
-def _step_pre_hook(optimizer, hook):
-    """The hook on the torch optimizer's step, inside wrappers that hold one as `.optimizer` (accelerate's,
-    Lightning's); None where there is none to hook."""
+def _torch_optimizer(optimizer):
+    """The torch optimizer inside wrappers that hold one as `.optimizer` (accelerate's is an Optimizer without
+    hooks of its own; Lightning's)."""
     while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
-        optimizer = optimizer.optimizer  # accelerate's wrapper is an Optimizer without hooks of its own
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def _step_pre_hook(optimizer, hook):
+    """A hook before the torch optimizer's step; None where there is none to hook."""
     try:
-        return optimizer.register_step_pre_hook(hook)
+        return _torch_optimizer(optimizer).register_step_pre_hook(hook)
     except AttributeError:  # not a torch optimizer, or one that never ran Optimizer.__init__
         return None
 
 
 def _step_post_hook(optimizer, hook):
-    """As _step_pre_hook, after the step."""
-    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
-        optimizer = optimizer.optimizer
+    """A hook after the torch optimizer's step; None where there is none to hook."""
     try:
-        return optimizer.register_step_post_hook(hook)
+        return _torch_optimizer(optimizer).register_step_post_hook(hook)
     except AttributeError:
         return None
 
@@ -128,8 +131,8 @@ def _not_run(error: Exception) -> str:
     return f"descent probe not run: {type(error).__name__}: {error}"[:200]
 
 
-def _loss_of(output) -> Optional[torch.Tensor]:
-    """A model output's loss: HF's .loss, or a (logits, loss) tuple's scalar."""
+def loss_of(output) -> Optional[torch.Tensor]:
+    """A model output's loss: HF's .loss, or a (logits, loss) tuple's scalar; None where it returns none."""
     loss = getattr(output, "loss", None)
     if not isinstance(loss, torch.Tensor) and isinstance(output, (tuple, list)) and len(output) > 1:
         loss = output[1]
@@ -174,7 +177,7 @@ class Descent:
         """The same forward on the same batch, after the step: the same modes, the same random state (forked: the
         training's own stream is untouched), under no_grad."""
         with torch.no_grad(), self.rng.restored():
-            loss = _loss_of(model(*self.call.args, **self.call.kwargs))
+            loss = loss_of(model(*self.call.args, **self.call.kwargs))
         return None if loss is None else loss.detach().double().reshape(())
 
 

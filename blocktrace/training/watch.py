@@ -53,6 +53,7 @@ from blocktrace.training.loop import (
     input_evidence,
     logits_of,
     loss_checks,
+    loss_of,
     probe_causality,
     target_match,
 )
@@ -248,9 +249,7 @@ class Watch:
             self._stop(f"reading the forward failed at step {self.count}: {type(error).__name__}: {error}")
 
     def _see_forward(self, args, kwargs, output) -> None:
-        loss = getattr(output, "loss", None)
-        if not isinstance(loss, torch.Tensor) and isinstance(output, (tuple, list)) and len(output) > 1:
-            loss = output[1] if isinstance(output[1], torch.Tensor) and output[1].dim() == 0 else None
+        loss = loss_of(output)
         if isinstance(loss, torch.Tensor) and self.captured_loss is None:
             self.captured_loss = loss.detach()
         self.batch.see(args, kwargs, output)
