@@ -366,3 +366,47 @@ def test_against_compares_like_with_like(runs):
     result = CliRunner().invoke(cli, ["track", str(runs["healthy"]), "--against", "sample_weights/gpt2-tiny"])
     assert result.exit_code == 2 and result.stderr.startswith("Error: --against sample_weights/gpt2-tiny: compare like")
     assert len(result.stderr.strip().splitlines()) == 1  # one line, not click's usage block
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_blocks_cut_from_the_loss_by_reentrant_checkpointing(tmp_path, reentrant):
+    """A blind held-out run (benchmarks/blind F12): frozen embeddings, every block under
+    torch.utils.checkpoint(use_reentrant=True) — the blocks run under no_grad and no gradient reaches them, while
+    the head gets one. use_reentrant=False, the same loop otherwise, is the legitimate twin."""
+    import warnings
+
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = NanoGPT()
+    model.wte.weight.requires_grad_(False)
+    model.wpe.weight.requires_grad_(False)
+    head = torch.nn.Linear(16, 61)
+    blocks = list(model.h)
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.head = model, head
+
+        def forward(self, ids):
+            x = model.wte(ids) + model.wpe(torch.arange(ids.shape[1]))
+            for block in blocks:
+                x = checkpoint(block, x, use_reentrant=reentrant)
+            return self.head(model.ln_f(x))
+
+    whole = Checkpointed()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Watch(whole, tmp_path / "run.jsonl", every=1, blocks=blocks, overwrite=True) as watch:
+            ids, targets = nano_batch(0)
+            loss = torch.nn.functional.cross_entropy(whole(ids).reshape(-1, 61), targets.reshape(-1))
+            loss.backward()
+            entry = watch.step(loss)
+    found = [f for f in entry["flags"] if f["name"] == "blocks_cut_from_loss"]
+    assert bool(found) == reentrant
+    from blocktrace.training.timeline import read_timeline
+
+    assert read_timeline(tmp_path / "run.jsonl")[0]["blocks"]["without_gradient"] == (2 if reentrant else 0)
+    if reentrant:
+        assert entry["diagnosis"][0]["cause"] == "gradient_flow"

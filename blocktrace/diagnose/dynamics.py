@@ -102,6 +102,30 @@ def _no_gradient(history: Sequence[dict], entry: dict) -> list[Finding]:
             if layer.get("trainable", True) is not False and (norm is None or norm == 0)]
 
 
+@check(Scope.TRAINING, "blocks_cut_from_loss",
+       "every block whose parameters require a gradient gets none (grad null) while the backward gave other "
+       "parameters one (the model's gradient norm above 0) (a Watch)",
+       "invariant: every trainable parameter on the loss's graph gets a gradient; a backward that reached the "
+       "embeddings or the head but no block ran the blocks off the graph",
+       "the blocks are cut from the loss: activation checkpointing with use_reentrant=True on inputs that need "
+       "no gradient (frozen embeddings), a .detach() or torch.no_grad() around the blocks; they never learn",
+       Cause.GRADIENT_FLOW, direct=True,
+       advice="let the gradient reach the blocks: torch.utils.checkpoint(..., use_reentrant=False), or an input "
+       "that requires grad; no detach or no_grad around the blocks")
+def _blocks_cut_from_loss(history: Sequence[dict], entry: dict) -> list[Finding]:
+    blocks, norm = entry.get("blocks"), entry.get("grad_norm")
+    if entry.get("source") != WATCH or not isinstance(blocks, dict) or not _finite(norm) or not norm > 0:
+        return []
+    trainable, cut = blocks.get("trainable"), blocks.get("without_gradient")
+    if not isinstance(trainable, int) or trainable < 1 or cut != trainable:
+        return []
+    return [finding(Level.ERROR, None, None, norm,
+                    f"none of the {trainable} trainable blocks got a gradient, while the model's gradient norm is "
+                    f"{norm:.3g}" + (f"; {blocks.get('traced')} of {blocks.get('count')} blocks ran with gradients "
+                                     "enabled in the recorded forward" if blocks.get("traced") != blocks.get("count")
+                                     else ""))]
+
+
 @check(Scope.TRAINING, "gradient_zero_everywhere",
        "every layer whose parameters require a gradient gets one of exactly 0 (not null: a backward ran) (a Watch)",
        "invariant: a loss that depends on the parameters gives some of them a non-zero gradient; exactly 0 "

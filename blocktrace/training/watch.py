@@ -341,7 +341,8 @@ class Watch:
                               "width": traces[0].input.shape[-1] if traces else None,
                               "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
                               "loop": host["loop"], "probe": host["probe"],
-                              "replicas": replica_rows(host["replicas"])})
+                              "replicas": replica_rows(host["replicas"]),
+                              "blocks": self._blocks_seen(present, host["grads"])})
         self._judge(entry, traces, host)
         self._name_rollback(entry)
         self.history.add(entry)
@@ -384,6 +385,13 @@ class Watch:
                           self.synchronised, _device(self.blocks[0]))
         self.synchronised = None
         return self.reducer.gathered(row)
+
+    def _blocks_seen(self, present: list[int], grads: list) -> dict:
+        """Every block, traced or not: how many there are, how many ran with gradients enabled in the recorded
+        forward (traced), how many are trainable, and how many trainable ones got no gradient at all."""
+        trainable = [_trainable(block) for block in self.blocks]
+        return {"count": len(self.blocks), "traced": len(present), "trainable": sum(trainable),
+                "without_gradient": sum(1 for wanted, g in zip(trainable, grads) if wanted and g is None)}
 
     def _descent(self) -> Optional[Descent]:
         """The recorded step's forward, to replay after its optimizer step (the descent probe): only where the
