@@ -275,15 +275,18 @@ class LoopObserver:
                 self.descent, self.descended = None, {"at": self.step_gradient_at, "note": _not_run(error)}
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
-        """g·Δw, the first-order change of the loss the update predicts, and the batch's loss after the update.
-        A failure is a note: the probe never stops training."""
+        """g·Δw, the first-order change of the loss the update predicts, and, where it climbs, the batch's loss
+        after the update. A failure is a note: the probe never stops training."""
         descent, self.descent = self.descent, None
         if descent is None or descent.dot_before is None:
             return
         try:
-            after = _gradient_dot_weights(_held(optimizer))
-            self.descended = {"at": descent.step, "predicted": after - descent.dot_before,
-                              "loss_before": descent.loss_before, "loss_after": descent.replay_loss(self.model)}
+            predicted = _gradient_dot_weights(_held(optimizer)) - descent.dot_before
+            # the replay (a third of a step) only where the prediction climbs: the one case a rule needs the loss
+            # after for, read on the host once (an update that descends to first order is not replayed)
+            replayed = descent.replay_loss(self.model) if bool(predicted > 0) else None
+            self.descended = {"at": descent.step, "predicted": predicted, "loss_before": descent.loss_before,
+                              "loss_after": replayed}
         except Exception as error:  # the replayed forward may fail where the training one did not: said, not raised
             self.descended = {"at": descent.step, "note": _not_run(error)}
 
