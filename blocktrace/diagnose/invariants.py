@@ -330,6 +330,104 @@ def _update_ascends(history: Sequence[dict], entry: dict) -> list[Finding]:
                     f"its batch's loss went from {descent['loss_before']:.4g} to {descent['loss_after']:.4g}")]
 
 
+# --- data-parallel training: what every rank must share, and what each must not ----------------------------------
+
+REPLICA_TOLERANCE = 1e-9  # relative: replicas are equal to the bit, and float64 sums of equal tensors are equal
+
+
+def _ranks(entry: dict) -> list[dict]:
+    """Every rank's fingerprint at this record (training/distributed.py), rank 0 first; [] in one process."""
+    rows = entry.get("replicas")
+    if not isinstance(rows, list) or len(rows) < 2 or not all(isinstance(row, dict) for row in rows):
+        return []
+    return rows
+
+
+def _apart(a, b) -> bool:
+    """Two sums that differ beyond rounding (non-finite or missing: nothing said)."""
+    return _finite(a) and _finite(b) and abs(a - b) > REPLICA_TOLERANCE * max(abs(a), abs(b), 1e-30)
+
+
+def _first_apart(rows: list[dict], *columns: str) -> Optional[int]:
+    return next((rank for rank, row in enumerate(rows[1:], start=1)
+                 if any(_apart(rows[0].get(c), row.get(c)) for c in columns)), None)
+
+
+@check(Scope.TRAINING, "replicas_differ",
+       "under data parallelism, a rank's replicated weights differ from rank 0's (their sum or sum of squares, "
+       f"beyond {REPLICA_TOLERANCE:g} relative; FSDP2's shards are not compared) (a Watch)",
+       "invariant of DDP: every rank starts from the same weights and applies the same averaged gradient with the "
+       "same optimizer, so the replicas stay equal to the bit (TrainCheck, OSDI'25: BLOOM-176B's LayerNorm "
+       "weights drifted apart when gradient clipping ran on one rank only)",
+       "the ranks train different models: a step, a clipping or an update made on some ranks only, or weights "
+       "loaded or changed on one rank", Cause.TRAINING_LOOP, direct=True,
+       advice="make every rank run the same step on the same gradients: clip, scale and step on all ranks alike, "
+       "and change weights only where every rank does")
+def _replicas_differ(history: Sequence[dict], entry: dict) -> list[Finding]:
+    rows = _ranks(entry)
+    rank = _first_apart(rows, "weights_sum", "weights_square") if rows else None
+    if rank is None:
+        return []
+    return [finding(Level.ERROR, None, None, float(rank),
+                    f"rank {rank}'s weights differ from rank 0's: Σw² {rows[rank]['weights_square']:.9g} against "
+                    f"{rows[0]['weights_square']:.9g}")]
+
+
+@check(Scope.TRAINING, "gradients_not_averaged",
+       "after a backward DDP synchronises (not inside no_sync), a rank's gradients differ from rank 0's (a Watch)",
+       "definition of DDP: its backward all-reduces every gradient, so after a synchronised backward each rank "
+       "holds the same average; gradients accumulated under no_sync differ by design and are not judged",
+       "the gradients are not averaged across ranks: a communication hook that skips the all-reduce, a model "
+       "moved after wrapping, or parameters DDP does not see", Cause.TRAINING_LOOP, direct=True,
+       advice="let DDP average the gradients: wrap the model after moving it to its device, and keep any "
+       "communication hook's all-reduce")
+def _gradients_not_averaged(history: Sequence[dict], entry: dict) -> list[Finding]:
+    rows = _ranks(entry)
+    if not rows or not all(row.get("synchronised") == 1 for row in rows):
+        return []
+    rank = _first_apart(rows, "grads_sum", "grads_square")
+    if rank is None:
+        return []
+    return [finding(Level.ERROR, None, None, float(rank),
+                    f"after a synchronised backward, rank {rank}'s gradients differ from rank 0's: Σg² "
+                    f"{rows[rank]['grads_square']:.6g} against {rows[0]['grads_square']:.6g}")]
+
+
+@check(Scope.TRAINING, "same_batch_on_ranks",
+       "under data parallelism, every rank's batch is the same ids in the same order (a Watch)",
+       "definition of data parallelism: each rank trains on its own share of the data; the same batch on every "
+       "rank is one batch's gradient, N times the compute",
+       "the data is not split between the ranks: no DistributedSampler, or every rank seeding its sampler alike",
+       Cause.DATA, direct=True,
+       advice="give each rank its own share: DataLoader(..., sampler=DistributedSampler(dataset)), with "
+       "sampler.set_epoch(epoch) every epoch")
+def _same_batch_on_ranks(history: Sequence[dict], entry: dict) -> list[Finding]:
+    rows = _ranks(entry)  # sums of integer ids, exact in float64: equal only for the same ids in the same order
+    if not rows or not all(_finite(row.get("batch_sum")) for row in rows) or \
+            any((row.get("batch_sum"), row.get("batch_weighted")) != (rows[0]["batch_sum"], rows[0]["batch_weighted"])
+                for row in rows):
+        return []
+    return [finding(Level.ERROR, None, None, float(len(rows)), f"all {len(rows)} ranks trained on the same batch")]
+
+
+@check(Scope.TRAINING, "ranks_step_apart",
+       "under data parallelism, a rank's learning rate, step count or loss scale differs from rank 0's (a Watch)",
+       "invariant of data parallelism: the ranks take one step together, so they share its learning rate, its "
+       "number and its loss scale",
+       "the ranks do not step alike: a scheduler stepped on some ranks only, a resumed rank at another step, a "
+       "loss scaler per rank", Cause.TRAINING_LOOP, direct=True,
+       advice="build and step the scheduler and the loss scaler on every rank alike, and resume every rank from "
+       "one checkpoint")
+def _ranks_step_apart(history: Sequence[dict], entry: dict) -> list[Finding]:
+    rows = _ranks(entry)
+    for column, said in (("lr", "learning rate"), ("step", "step"), ("loss_scale", "loss scale")):
+        rank = _first_apart(rows, column) if rows else None
+        if rank is not None:
+            return [finding(Level.ERROR, None, None, float(rank), f"rank {rank}'s {said} is {rows[rank][column]:g}, "
+                                                                  f"rank 0's {rows[0][column]:g}")]
+    return []
+
+
 # --- the forward's other inputs ------------------------------------------------------------------------------
 
 @check(Scope.TRAINING, "position_ids_constant",
