@@ -159,7 +159,7 @@ def test_a_loss_whose_gradient_is_zero_everywhere_is_gradient_flow_from_the_firs
     assert "gradient_zero_everywhere" not in {f["name"] for r in loose for f in r["flags"]}
 
 
-@pytest.mark.parametrize("p, found", [(0.9, True), (0.5, True), (0.3, False), (0.1, False), (0.0, False)])
+@pytest.mark.parametrize("p, found", [(0.9, True), (0.5, True), (0.3, False)])
 def test_a_dropout_rate_no_recipe_uses_is_a_warning(tmp_path, p, found):
     """Published LM recipes drop 0 to 0.3; p ≥ 0.5 drops every other activation or more (a keep probability given
     as the drop rate)."""
