@@ -36,7 +36,8 @@ AXIS_FLAGS = {
 # What each side of a comparison is, for --help (a flag's bare value, "pre", told a reader nothing).
 AXIS_HELP = {
     **{placement: wiring.help.replace("  [default]", "") for placement, wiring in WIRINGS.items()},
-    Norm.LAYERNORM: "LayerNorm: (x − mean) / √(var + eps) · g + b.", Norm.RMSNORM: "RMSNorm: x / √(mean(x²) + eps) · g.",
+    Norm.LAYERNORM: "LayerNorm: (x − mean) / √(var + eps) · g + b.",
+    Norm.RMSNORM: "RMSNorm: x / √(mean(x²) + eps) · g.",
     FFNKind.GELU: "A GELU FFN (the exact erf form).", FFNKind.GELU_TANH: "A GELU FFN, GPT-2's tanh approximation.",
     FFNKind.RELU: "A ReLU FFN.", FFNKind.SWIGLU: "SwiGLU (Llama): down(silu(gate)·up).",
     FFNKind.GEGLU: "GeGLU (Gemma): down(gelu_tanh(gate)·up).",

@@ -37,8 +37,8 @@ class OutputFile(click.Path):
 
     def convert(self, value, param, ctx):
         if isinstance(value, str) and value.endswith(("/", os.sep)):
-            self.fail(f"{value} names a directory: give a file in it, e.g. {value}report{_SUFFIXES.get(param.name, '')}",
-                      param, ctx)
+            example = f"{value}report{_SUFFIXES.get(param.name, '')}"
+            self.fail(f"{value} names a directory: give a file in it, e.g. {example}", param, ctx)
         return super().convert(value, param, ctx)
 
 

@@ -65,7 +65,8 @@ class Excludes:
 # Parameter names whose option is spelled differently.
 SPELLED = {"show_steps": "--block-steps", "fmt": "--format", **{f.parameter: f.flag for f in DOCUMENTS},
            "depths": "--layers",
-           "n_values": "--values", "module_spec": "--module", "model_spec": "--model", "save_path": "--save", "check_only": "--check",
+           "n_values": "--values", "module_spec": "--module", "model_spec": "--model", "save_path": "--save",
+           "check_only": "--check",
            "plot_path": "--plot", "html_path": "--html", "tokens_text": "--tokens", "token_types_text": "--token-type-ids",
            "input_path": "--input", "token_ids_text": "--token-ids",
            "causal": "--causal/--no-causal", "bias": "--bias/--no-bias", "heads": "--heads"}

@@ -99,8 +99,9 @@ def _check_user_model(ctx, params: dict) -> None:
     with shown(progress_wanted(chosen(params) is not None, params["quiet"])):
         report, notes = check_user_model(params["model_spec"], request, fail_on)
     records = report["records"]
-    header = (f"{params['model_spec']} on {params['weights']}: {records[0].get('model')} with {len(records[0]['layers'])} "
-              "blocks, one forward and backward on the input, judged as a Watch record")
+    blocks = (records[0].get("blocks") or {}).get("count", len(records[0]["layers"]))
+    header = (f"{params['model_spec']} on {params['weights']}: {records[0].get('model')} with {blocks} blocks, one "
+              "forward and backward on the input, judged as a Watch record")
     show(report, params, lambda: render_track(records, report["first_sign"], report["last_flags"], fail_on,
                                               "timeline", params["fmt"], header=header,
                                               trained=False)

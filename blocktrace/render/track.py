@@ -205,11 +205,13 @@ def note_lines(records: list[dict]) -> list[str]:
     distinct note once, with the steps it was made at: a measurement missing is said, not only left null."""
     steps_of: dict[str, list] = {}
     for entry in records:
-        failed = (entry.get("probe") or {}).get("ranks_failed")
-        probes = [(entry.get("probe") or {}).get("note"), (((entry.get("loop") or {}).get("descent")) or {}).get("note"),
+        probe, descent = entry.get("probe") or {}, (entry.get("loop") or {}).get("descent") or {}
+        failed = probe.get("ranks_failed")
+        probes = [probe.get("note"), descent.get("note"),
                   f"the causal probe could not run on {failed:g} of the ranks" if isinstance(failed, (int, float))
                   and failed > 0 else None]
-        said = [note for note in probes if note] + [note for layer in entry["layers"] for note in layer.get("notes") or []]
+        said = [note for note in probes if note] + \
+            [note for layer in entry["layers"] for note in layer.get("notes") or []]
         for note in dict.fromkeys(said):
             steps_of.setdefault(note, []).append(entry["step"])
     lines = [f"note: {note} (at {_steps(steps)})" for note, steps in list(steps_of.items())[:NOTES_SHOWN]]

@@ -41,7 +41,7 @@ def inspect_checkpoint(path: Path) -> dict:
 def _as_stored(checkpoint: Checkpoint, path: str, why: str) -> dict:
     """Every tensor, grouped by the numbered layers the keys show, with no family."""
     found = numbered_layers(checkpoint)
-    layers, others = _by_layer(checkpoint, found.prefix, found.count) if found else ([], _by_layer(checkpoint, "", 0)[1])
+    layers, others = _by_layer(checkpoint, found.prefix, found.count) if found else _by_layer(checkpoint, "", 0)
     return _report(layers, others, path=path, family=None, key_prefix=f"{found.prefix}." if found else None,
                    vocab_size=None, n_positions=None, config_file=checkpoint.read_json("config.json") is not None,
                    config=None, layout_note=why)
