@@ -505,3 +505,23 @@ def test_an_update_that_climbs_is_found_by_what_it_does(tmp_path, make_optimizer
     records = _descent_run(tmp_path, make_optimizer)
     assert "update_ascends" in {f["name"] for f in records[1]["flags"]}
     assert records[1]["diagnosis"][0]["cause"] == "optimizer"
+
+
+def test_probabilities_inside_the_model_are_found_when_step_gets_a_number(tmp_path):
+    """The model computes F.cross_entropy(softmax(logits)) itself and returns its raw logits with that loss; the loop
+    hands watch.step() loss.item(): the graph read is the model's own loss's (before, a detached copy: no graph)."""
+
+    class SoftmaxInside(HandLM):
+        def forward(self, ids, targets=None):
+            logits, _ = super().forward(ids)
+            loss = F.cross_entropy(torch.softmax(logits, -1).reshape(-1, VOCAB), targets.reshape(-1))
+            return logits, loss
+
+    torch.manual_seed(0)
+    model = SoftmaxInside()
+    with Watch(model, tmp_path / "run.jsonl", every=1, overwrite=True) as watch:
+        ids, targets = nano_batch(0)
+        _, loss = model(ids, targets)
+        loss.backward()
+        entry = watch.step(loss.item())
+    assert "loss_of_probabilities" in {f["name"] for f in entry["flags"]}

@@ -169,7 +169,7 @@ class Descent:
 
     step: int
     call: ForwardCall
-    rng: "RandomState"  # at the training forward: dropout draws the same masks again
+    rng: RandomState  # at the training forward: dropout draws the same masks again
     loss_before: torch.Tensor
     dot_before: Optional[torch.Tensor] = None
 
@@ -443,11 +443,13 @@ def _mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, shift: int)
 
 
 @torch.no_grad()
-def loss_checks(logits: Optional[torch.Tensor], targets: Optional[torch.Tensor], loss: Optional[torch.Tensor]) -> dict:
-    """Whether the outputs are probabilities, and the loss over the mean cross-entropy of the model's own logits
-    (at the targets' shift that fits best: 0 for a hand-written model's targets, 1 for HF's labels)."""
+def loss_checks(logits: Optional[torch.Tensor], targets: Optional[torch.Tensor], loss: Optional[torch.Tensor],
+                graph: Optional[torch.Tensor] = None) -> dict:
+    """Whether the outputs are probabilities, whether the loss's graph (`graph`, else `loss`) gave cross-entropy a
+    softmax's output, and the loss over the mean cross-entropy of the model's own logits (at the targets' shift
+    that fits best: 0 for a hand-written model's targets, 1 for HF's labels)."""
     found: dict = {"outputs_are_probabilities": None, "loss_over_cross_entropy": None,
-                   "softmax_before_loss": softmax_before_loss(loss)}
+                   "softmax_before_loss": softmax_before_loss(graph if graph is not None else loss)}
     if logits is None or logits.dim() != 3 or not logits.is_floating_point():
         return found
     logits = logits.detach()

@@ -201,6 +201,7 @@ class Watch:
         self.last_healthy: Optional[int] = None  # the last record's step that raised no warning or error
         self.trouble_seen = False
         self.captured_loss: Optional[torch.Tensor] = None
+        self.captured_graph: Optional[torch.Tensor] = None  # the model's loss as returned, its graph attached
         self.random_state: Optional[RandomState] = None  # at the recording step's training forward
         self.synchronised: Optional[bool] = None  # whether the recorded forward's backward averages gradients (DDP)
         self.batch = Batch(_shifts_labels(_unwrap(model)), _targets_position(_unwrap(model)))
@@ -252,6 +253,7 @@ class Watch:
         loss = loss_of(output)
         if isinstance(loss, torch.Tensor) and self.captured_loss is None:
             self.captured_loss = loss.detach()
+            self.captured_graph = loss  # its autograd graph, for what the loss was computed from
         self.batch.see(args, kwargs, output)
         self.synchronised = synchronised(self.model)  # DDP inside no_sync: this backward averages nothing
         self.loop.forward(loss if isinstance(loss, torch.Tensor) else logits_of(output))
@@ -269,7 +271,7 @@ class Watch:
                 self._disarm()
                 descent = self._descent()
                 entry = self._record(loss if loss is not None else self.captured_loss, lr)
-                self.captured_loss, self.random_state = None, None
+                self.captured_loss, self.captured_graph, self.random_state = None, None, None
                 self.loop.expect_step(entry["step"], descent)
             self.count += 1
             if self.count % self.every == 0:
@@ -364,13 +366,16 @@ class Watch:
         if self.track_updates:
             self.snapshots = [snapshot(block) for block in self.blocks]
         checked_loss = self.captured_loss if self.captured_loss is not None else loss
+        # the loss's graph: step()'s loss, or the model's own where step() was given a number or a detached tensor
+        graph = next((t for t in (loss, self.captured_graph) if isinstance(t, torch.Tensor) and t.grad_fn is not None),
+                     None)
         replicas = self._replicas(scale)  # before the batch's report, which forgets the batch
         measured = {"grads": grads, "model_grad": _unscaled(_grad_norm(self.model), scale),
                     "moved": [m.values() for m in moved],
                     "loss": self._loss(loss),
                     "loop": self.loop.evidence(loss_checks(self.batch.logits, self.batch.targets,
                                                            checked_loss if isinstance(checked_loss, torch.Tensor)
-                                                           else None) if self.checks else {}),
+                                                           else None, graph) if self.checks else {}),
                     "probe": self._probe(), "data": self.batch.report(self.loop.trained),
                     "weights": [weight_moments(block) for block in self.blocks] if self.checks else None}
         measured["replicas"] = replicas
