@@ -55,7 +55,8 @@ def numbered_layers(checkpoint: Checkpoint) -> Optional[Layers]:
     prefix = max(by_prefix, key=lambda p: (len(by_prefix[p]), -len(p)))
     base = f"{prefix}.0."
     first = {key[len(base):]: tuple(checkpoint.shape(key)) for key in sorted(checkpoint.keys) if key.startswith(base)}
-    return Layers(prefix, len(by_prefix[prefix]), first)
+    count = next(k for k in range(len(by_prefix[prefix]) + 1) if k not in by_prefix[prefix])  # 0..count-1, no gap
+    return Layers(prefix, count, first)
 
 
 def layout_weights(family: Family) -> tuple[str, ...]:
