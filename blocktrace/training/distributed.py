@@ -82,10 +82,14 @@ class Reducer:
         return self._all_reduce(value.clone(), self.dist.ReduceOp.SUM) / self.world_size
 
 
+def is_shard(parameter: torch.Tensor) -> bool:
+    """Whether FSDP2 shards the parameter (a DTensor: each rank holds its own part)."""
+    return type(parameter).__name__ == "DTensor" or type(parameter.data).__name__ == "DTensor"
+
+
 def _replicated(model: nn.Module) -> list[torch.Tensor]:
-    """The trainable parameters every rank holds whole (FSDP2's shards, DTensors, differ by design)."""
-    return [p for p in model.parameters() if p.requires_grad and type(p).__name__ != "DTensor"
-            and type(p.data).__name__ != "DTensor"]
+    """The trainable parameters every rank holds whole (FSDP2's shards differ by design)."""
+    return [p for p in model.parameters() if p.requires_grad and not is_shard(p)]
 
 
 def _sums(tensors: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:

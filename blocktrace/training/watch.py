@@ -42,7 +42,7 @@ from blocktrace.tracing.assembly import finish
 from blocktrace.tracing.steps import detect_layout
 from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
 from blocktrace.tracing.tracer import is_own_block
-from blocktrace.training.distributed import Reducer, fingerprint, replica_rows, synchronised
+from blocktrace.training.distributed import Reducer, fingerprint, is_shard, replica_rows, synchronised
 from blocktrace.training.loop import (
     Descent,
     ForwardCall,
@@ -65,8 +65,8 @@ Blocks = Union[None, str, Sequence[nn.Module]]
 
 
 def _sharded(model: nn.Module) -> bool:
-    """Whether FSDP2 shards some parameter (a DTensor): its forward gathers the shards, a collective."""
-    return any(type(p).__name__ == "DTensor" for p in model.parameters())
+    """Whether FSDP2 shards some parameter: its forward gathers the shards, a collective."""
+    return any(is_shard(p) for p in model.parameters())
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
