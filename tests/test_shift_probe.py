@@ -61,8 +61,8 @@ def test_shift_losses_equal_cross_entropy_by_hand():
     assert shift_losses(logits[:1, :6], ids[:1, :6], None) is None  # 4 positions: fewer than SHIFT_MIN_POSITIONS
 
 
-def _flags(by_shift, step=None):
-    loss = LossReport(by_shift[1], "next_token", 10, 2.77, by_shift=by_shift)
+def _flags(by_shift, step=None, uniform=2.77):
+    loss = LossReport(by_shift[1], "next_token", 10, uniform, by_shift=by_shift)
     return [f.name for f in evaluate([], None, ModelEvidence(loss=loss, step=step))]
 
 
@@ -73,6 +73,8 @@ def test_the_rule_on_both_sides():
     assert "learned_wrong_shift" not in _flags({0: 2.70, 1: 2.78, 2: 2.76})  # untrained: within the margin
     assert "learned_wrong_shift" not in _flags({0: 9.0, 1: 14.0, 2: 12.0})  # broken: no shift better than uniform
     assert "learned_wrong_shift" not in _flags({0: 0.05, 1: 2.9, 2: 3.1}, step=0)  # step 0 learned nothing
+    # a healthy GPT-2 at step 10 (tied embeddings favour the input token from initialisation): not copying
+    assert "learned_wrong_shift" not in _flags({0: 3.81, 1: 4.32, 2: 4.34}, step=10, uniform=4.57)
 
 
 @pytest.mark.parametrize("copy", [True, False])
