@@ -15,6 +15,8 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
+from blocktrace.host import to_host
+
 IGNORE = -100  # the label that predicts nothing, as in HF
 MASK_FRACTION, MASK_SEED = 0.15, 0  # BERT's masking rate; the positions are drawn from a fixed seed
 
@@ -65,17 +67,30 @@ def shifted_labels(ids: torch.Tensor, token_mask: Optional[torch.Tensor], shift:
     return labels
 
 
-def shift_losses(logits: torch.Tensor, ids: torch.Tensor, token_mask: Optional[torch.Tensor]) -> Optional[dict]:
+def shift_losses(logits: torch.Tensor, ids: torch.Tensor, token_mask: Optional[torch.Tensor],
+                 log_z: Optional[torch.Tensor] = None) -> Optional[dict]:
     """The loss at each shift of SHIFTS over the same positions (those with a token max(SHIFTS) ahead); None when
-    fewer than SHIFT_MIN_POSITIONS positions have one."""
+    fewer than SHIFT_MIN_POSITIONS positions have one. `log_z` (log_normalisers of the logits) when already made."""
+    with torch.no_grad():
+        return _by_shift(to_host(_shift_losses(logits, ids, token_mask, log_z)))
+
+
+def _shift_losses(logits, ids, token_mask, log_z) -> Optional[dict]:
+    """shift_losses on the device: {"losses": {shift: loss}, "positions": count}, or None before any tensor."""
     last = ids.shape[1] - max(SHIFTS)
     if last < 1:
         return None
-    with torch.no_grad():
-        labels = {shift: shifted_labels(ids, token_mask, shift, last) for shift in SHIFTS}
-        if int((labels[max(SHIFTS)] != IGNORE).sum()) < SHIFT_MIN_POSITIONS:
-            return None
-        return {shift: cross_entropy(logits, label).item() for shift, label in labels.items()}
+    log_z = log_normalisers(logits) if log_z is None else log_z
+    labels = {shift: shifted_labels(ids, token_mask, shift, last) for shift in SHIFTS}
+    return {"losses": {shift: _mean_loss(logits, log_z, label) for shift, label in labels.items()},
+            "positions": (labels[max(SHIFTS)] != IGNORE).sum()}
+
+
+def _by_shift(found: Optional[dict]) -> Optional[dict]:
+    """The host's shift losses, None where too few positions say anything."""
+    if found is None or found["positions"] < SHIFT_MIN_POSITIONS:
+        return None
+    return found["losses"]
 
 
 def mask_for_mlm(ids: torch.Tensor, token_mask: Optional[torch.Tensor], mask_id: int,
@@ -102,14 +117,43 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
                            labels.reshape(-1), ignore_index=IGNORE)
 
 
-def loss_report(logits: torch.Tensor, labels: torch.Tensor, kind: str, by_shift: Optional[dict] = None) -> LossReport:
+# Elements of half-precision logits widened to float32 at a time: a bfloat16 head's [T, V] logits are never copied
+# to float32 whole (at 4,096 tokens and Llama-3's 128,256 words that copy would be 2 GiB)
+LOGIT_PIECE = 2 ** 22
+
+
+def log_normalisers(logits: torch.Tensor) -> torch.Tensor:
+    """log Z = log Σ_v exp(logit_v) at every position, [N] in float32 at least (as HF's loss upcasts)."""
+    flat = logits.detach().reshape(-1, logits.shape[-1])
+    if flat.dtype not in (torch.float16, torch.bfloat16):
+        return torch.logsumexp(flat, dim=-1)
+    rows = max(1, LOGIT_PIECE // flat.shape[-1])
+    return torch.cat([torch.logsumexp(flat[i:i + rows].float(), dim=-1) for i in range(0, flat.shape[0], rows)])
+
+
+def _mean_loss(logits: torch.Tensor, log_z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy's mean over the labelled positions, log Z − logit of the label, summed in float64 (NaN when no
+    position is labelled)."""
+    labels = labels.reshape(-1).to(log_z.device)
+    labelled = labels != IGNORE
+    picked = logits.detach().reshape(-1, logits.shape[-1]).gather(1, labels.clamp_min(0)[:, None])[:, 0]
+    losses = torch.where(labelled, log_z.double() - picked.double(), 0.0)
+    return losses.sum() / labelled.sum()
+
+
+def loss_report(logits: torch.Tensor, labels: torch.Tensor, kind: str, ids: Optional[torch.Tensor] = None,
+                token_mask: Optional[torch.Tensor] = None) -> LossReport:
+    """The loss, its log Z and (given the ids a next-token model read) its loss by shift, from one log-normaliser
+    and in one copy to the host."""
     with torch.no_grad():
-        predicted = labels != IGNORE
-        count = int(predicted.sum())
-        vocabulary = logits.shape[-1]
-        if count == 0:
-            return LossReport(None, kind, 0, math.log(vocabulary), note="no token to predict (one token per sequence)")
-        value = cross_entropy(logits, labels).item()
-        log_z = torch.logsumexp(logits.float(), dim=-1)[predicted]
-        return LossReport(value, kind, count, math.log(vocabulary), log_z.mean().item(), log_z.abs().max().item(),
-                          by_shift=by_shift)
+        log_z = log_normalisers(logits)
+        labelled = labels.reshape(-1).to(log_z.device) != IGNORE
+        at_labels = torch.where(labelled, log_z.double(), 0.0)
+        found = to_host({"count": labelled.sum(), "loss": _mean_loss(logits, log_z, labels),
+                         "log_z_sum": at_labels.sum(), "log_z_max_abs": at_labels.abs().max(),
+                         "shifts": None if ids is None else _shift_losses(logits, ids, token_mask, log_z)})
+    vocabulary, count = logits.shape[-1], found["count"]
+    if count == 0:
+        return LossReport(None, kind, 0, math.log(vocabulary), note="no token to predict (one token per sequence)")
+    return LossReport(found["loss"], kind, count, math.log(vocabulary), found["log_z_sum"] / count,
+                      found["log_z_max_abs"], by_shift=_by_shift(found["shifts"]))

@@ -18,8 +18,7 @@ import torch
 from blocktrace.diagnose.diagnosis import Context, conclude
 from blocktrace.diagnose.grad import layerwise_gradient_report
 from blocktrace.diagnose.health import ModelEvidence, evaluate
-from blocktrace.diagnose.loss import LossReport, cross_entropy, loss_report, mask_for_mlm, next_token_labels, no_loss, \
-    shift_losses
+from blocktrace.diagnose.loss import LossReport, cross_entropy, loss_report, mask_for_mlm, next_token_labels, no_loss
 from blocktrace.diagnose.weights import weight_statistics
 from blocktrace.errors import UsageError
 from blocktrace.pipeline.guard import memory_guard
@@ -194,10 +193,9 @@ def _loss(head, spec, x: torch.Tensor, model_input: ModelInput, device) -> LossR
         return no_loss(spec)
     with torch.no_grad():
         logits = head.to(device)(x)
-    by_shift = None
-    if spec.kind is LossKind.NEXT_TOKEN:
-        by_shift = shift_losses(logits, model_input.ids.to(device), model_input.token_mask)
-    return loss_report(logits, model_input.labels.to(device), spec.kind.value, by_shift)
+    next_token = spec.kind is LossKind.NEXT_TOKEN  # which shift it learned: a next-token model's question
+    return loss_report(logits, model_input.labels.to(device), spec.kind.value,
+                       model_input.ids.to(device) if next_token else None, model_input.token_mask)
 
 
 def _stored_dtype(checkpoint, info) -> str:

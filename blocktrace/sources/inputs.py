@@ -84,10 +84,11 @@ def parse_token_ids(text: str, option: str = "--token-ids") -> list[list[int]]:
 
 
 def pad_sequences(sequences: list[list[int]], pad_id: int) -> tuple[list[list[int]], Optional[torch.Tensor]]:
-    """Right-pad to the longest; the mask is False at padding (None for one sequence)."""
-    if len(sequences) == 1:
-        return sequences, None
+    """Right-pad to the longest; the mask is False at padding (None when nothing is padded: an all-True mask would
+    cost every statistic three masked passes and change none of them)."""
     longest = max(map(len, sequences))
+    if all(len(seq) == longest for seq in sequences):
+        return sequences, None
     mask = torch.tensor([[i < len(seq) for i in range(longest)] for seq in sequences])
     return [seq + [pad_id] * (longest - len(seq)) for seq in sequences], mask
 

@@ -137,7 +137,7 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     padded, mask, padded_types = token_batch(info, inputs, sequences)
     budget(config, Shape(inputs.batch or len(padded), len(padded[0])))
     x = embed_batch(checkpoint, info, padded, dtype, padded_types)
-    x = (x[0] if mask is None else x).to(resolve_device(request.device))  # earlier layers run there too
+    x = (x[0] if len(padded) == 1 else x).to(resolve_device(request.device))  # earlier layers run there too
     device_mask = None if mask is None else mask.to(x.device)
     x = hidden_state_before(checkpoint, info, native, x, layer, dtype, key_mask=device_mask)
     via = {0: "", 1: " and block 0"}.get(layer, f" and blocks 0–{layer - 1}")
