@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import statistics
@@ -30,19 +31,56 @@ def interleaved(cases: dict, rounds: int, warmup: int = 2, synchronise=lambda: N
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def machine_facts() -> dict:
+# CPU flags of native bfloat16 arithmetic: x86's AVX512-BF16 and AMX, Arm's BF16 extension
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "bf16")
+BF16_PROBE = 4096  # the side of the square matmul timed in both dtypes
+
+
+def _cpu_lines() -> dict[str, str]:
+    """The first core's /proc/cpuinfo fields ({} where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+@functools.lru_cache(maxsize=1)
+def bf16_capability() -> str:
+    """Whether bfloat16 is native here, by the CPU's flags and by a [4096 × 4096] matmul timed in bfloat16 and in
+    float32 (best of two, after one warm-up): a bfloat16 row of a benchmark is read against it."""
     import torch
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    fields = _cpu_lines()
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    found = [flag for flag in BF16_FLAGS if flag in flags]
+    seconds = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = (torch.randn(BF16_PROBE, BF16_PROBE, generator=torch.Generator().manual_seed(k)).to(dtype) for k in (0, 1))
+        a @ b
+        seconds[dtype] = min(_timed(lambda: a @ b) for _ in range(2))
+    fast = seconds[torch.bfloat16] < seconds[torch.float32]
+    return (f"bfloat16 {'native' if fast else 'emulated'} ({', '.join(found) or 'no bf16 flag'}; a {BF16_PROBE}² matmul "
+            f"{seconds[torch.bfloat16]:.2f} s in bfloat16 against {seconds[torch.float32]:.2f} s in float32)")
+
+
+def _timed(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def machine_facts() -> dict:
+    """The date, Python, torch, threads and the CPU — its model name with its bfloat16 capability (bf16_capability)."""
+    import torch
+
+    name = _cpu_lines().get("model name", "unknown")
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": platform.python_version(),
-            "torch": torch.__version__, "cpu": cpu, "threads": torch.get_num_threads()}
+            "torch": torch.__version__, "cpu": f"{name} [{bf16_capability()}]", "threads": torch.get_num_threads()}
 
 
 def gpt2_checkpoint(n_layer: int, d_model: int, n_head: int, vocab: int = 50257, positions: int = 1024) -> Path:
