@@ -58,8 +58,9 @@ class RopeScaling:
                                                      and self.original_positions > 0):
             raise ConfigError(f"{self.kind} RoPE needs the original context length, a positive integer, not "
                               f"{self.original_positions!r}", "rope_scaling")
-        if self.kind is RopeKind.LLAMA3 and not self.high_freq_factor > self.low_freq_factor > 0:
-            raise ConfigError(f"llama3 RoPE needs high_freq_factor > low_freq_factor > 0 (got {self.high_freq_factor} "
+        # Equal factors leave the smoothed band empty (Llama-4-Scout's 1.0 and 1.0): HF computes that, and so do we
+        if self.kind is RopeKind.LLAMA3 and not self.high_freq_factor >= self.low_freq_factor > 0:
+            raise ConfigError(f"llama3 RoPE needs high_freq_factor >= low_freq_factor > 0 (got {self.high_freq_factor} "
                               f"and {self.low_freq_factor})", "rope_scaling")
 
     def check_dims(self, dims: int) -> None:

@@ -36,6 +36,10 @@ VARIANTS = {
     "dynamic": {"rope_parameters": {"rope_type": "dynamic", "factor": 3.0, "rope_theta": 10000.0}},
     "longrope": {"rope_parameters": {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG,
                                      "original_max_position_embeddings": 8, "rope_theta": 10000.0}},
+    # Llama-4-Scout's own: equal low and high factors, so no wavelength is smoothed (HF computes it; it was refused)
+    "llama3 equal factors": {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 1.0, "original_max_position_embeddings": 16,
+                                                 "rope_theta": 500.0}},
     # An older config.json: rope_scaling beside a top-level rope_theta (transformers 5 folds it in).
     "llama3 old keys": {"rope_theta": 500.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
                         "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
@@ -97,6 +101,8 @@ def test_what_the_reader_assumes_matches_huggingface_defaults():
 
 @pytest.mark.parametrize("settings, message", [
     ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}}, "low_freq_factor must be"),
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+                          "original_max_position_embeddings": 16}}, "high_freq_factor >= low_freq_factor > 0"),
     ({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
                           "original_max_position_embeddings": 8}}, "longrope needs 8 short and long factors"),
     ({"rope_parameters": {"rope_type": "longrope", "short_factor": "x", "long_factor": LONG}},
