@@ -98,6 +98,12 @@ def test_first_sign_is_the_first_error_over_the_records(tracked):
     assert step > 0  # step 0 is the initialisation: healthy here
 
 
+def test_one_checkpoint_is_counted_as_one():
+    result = invoke("track", f"{RUN}/step_0000", "--text-file", EVAL)
+    assert result.output.splitlines()[0] == ("1 checkpoint of a 2-layer gpt2 model, the same 471 tokens through it "
+                                             "(step 0)")
+
+
 def test_the_table_ends_with_the_first_sign_of_trouble():
     result = invoke("track", f"{RUN}/step_*", "--text-file", EVAL)
     assert result.exit_code == 1

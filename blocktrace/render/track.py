@@ -156,10 +156,19 @@ def _header(records: list[dict], source: str) -> str:
     first = records[0]
     layers = len(first["layers"])
     if source == "timeline":
-        return f"{len(records)} watch records, {layers} blocks (steps {records[0]['step']}–{records[-1]['step']})"
+        return f"{_counted(len(records), 'watch record')}, {_counted(layers, 'block')} ({_step_span(records)})"
     family = first.get("family", "model")
-    return (f"{len(records)} checkpoints of a {layers}-layer {family} model, the same {first.get('tokens')} tokens "
-            f"through each (steps {records[0]['step']}–{records[-1]['step']})")
+    return (f"{_counted(len(records), 'checkpoint')} of a {layers}-layer {family} model, the same "
+            f"{first.get('tokens')} tokens through {'each' if len(records) > 1 else 'it'} ({_step_span(records)})")
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _step_span(records: list[dict]) -> str:
+    first, last = records[0]["step"], records[-1]["step"]
+    return f"step {first}" if len(records) == 1 else f"steps {first}–{last}"
 
 
 def rollback_line(first: Optional[dict], rollback: Optional[dict], records: list[dict]) -> Optional[str]:
