@@ -16,10 +16,30 @@ from blocktrace.vocab import DEFAULT_RAW_DTYPE, Choice, Device, DType, Init, Lev
 DEFAULT_SEQ_LEN = 5
 MAX_WINDOWS = 4096  # --windows: more windows than this is a training run, not a check
 TIMELINE_SUFFIXES = (".jsonl", ".ndjson")  # a file track reads as a Watch's timeline, not as a checkpoint
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")  # a name ending so is a file, never a model id
+# The first bytes of what torch.save writes: a zip archive, or (the legacy format) a pickle's protocol 2–5 opcode
+TORCH_FILE_HEADS = (b"PK", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 
 
 def is_timeline(path: Path) -> bool:
     return Path(path).suffix.lower() in TIMELINE_SUFFIXES
+
+
+def may_hold_weights(path: Path) -> bool:
+    """Whether a path could be a checkpoint: anything but a regular file whose name and first bytes say it is none
+    (no weight suffix, neither torch.save's zip or pickle nor safetensors' 8-byte length and JSON header). A path
+    that cannot be read is left to the reader, which says why."""
+    path = Path(path)
+    if path.suffix.lower() in WEIGHT_SUFFIXES or not path.is_file():
+        return True
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(9)
+        size = path.stat().st_size
+    except OSError:
+        return True
+    safetensors = len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < size
+    return safetensors or head.startswith(TORCH_FILE_HEADS)
 
 
 class InputKind(Choice):

@@ -146,6 +146,13 @@ BAD_FILES = {
                      "is not a valid safetensors file"),
     "truncated": (_truncated, "is not a valid safetensors file"),
     "header lies about sizes": (_lying_header, "is not a valid safetensors file"),
+    # a file no checkpoint format starts like, named as nothing or as a torch file (nanoGPT's raw token ids)
+    "text": (lambda tmp: (tmp / "README.md").write_text("# notes\n") and tmp / "README.md",
+             "README.md is not a checkpoint: neither safetensors (an 8-byte length, then a JSON header) nor torch.save"),
+    "raw token ids": (lambda tmp: (tmp / "train.bin").write_bytes(bytes(range(64)) * 8) and tmp / "train.bin",
+                      "train.bin is not a PyTorch checkpoint: torch.save writes a zip archive or a pickle, and this "
+                      "file starts with neither; raw token ids (such as nanoGPT's train.bin) are an input: "
+                      "--token-ids-file"),
     "wrong shape": (_wrong_shape, "tensor 'h.1.mlp.c_fc.weight' has shape [64, 200], expected [64, 256]"),
     "unknown layout": (_unknown_layout, "unknown checkpoint layout; tried gpt2 (h.{k}.* or transformer.h.{k}.*); "
                        "bert"),

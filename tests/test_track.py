@@ -98,6 +98,17 @@ def test_first_sign_is_the_first_error_over_the_records(tracked):
     assert step > 0  # step 0 is the initialisation: healthy here
 
 
+def test_a_file_that_is_neither_a_timeline_nor_a_checkpoint_is_said_to_be_so(tmp_path):
+    notes = tmp_path / "README.md"
+    notes.write_text("# notes\n")
+    result = invoke("track", str(notes))
+    assert result.exit_code == 2
+    assert f"Error: {notes} is neither a timeline (a Watch's .jsonl, .ndjson file) nor a checkpoint" in result.output
+    # what may hold weights is still read as a checkpoint, whatever its name: torch.save's zip, safetensors
+    torch.save({"w": torch.zeros(2)}, tmp_path / "model")
+    assert "is neither" not in invoke("track", str(tmp_path / "model")).output
+
+
 def test_one_checkpoint_is_counted_as_one():
     result = invoke("track", f"{RUN}/step_0000", "--text-file", EVAL)
     assert result.output.splitlines()[0] == ("1 checkpoint of a 2-layer gpt2 model, the same 471 tokens through it "

@@ -42,7 +42,8 @@ from blocktrace.cli.rules import (
 from blocktrace.errors import FINDINGS_EXIT
 from blocktrace.files import all_or_none
 from blocktrace.render.documents import chosen
-from blocktrace.request import InputSpec, RunRequest, TrackRequest, is_timeline
+from blocktrace.request import TIMELINE_SUFFIXES, WEIGHT_SUFFIXES, InputSpec, RunRequest, TrackRequest, is_timeline, \
+    may_hold_weights
 from blocktrace.vocab import Device, DType, Lang, Level
 
 INPUT_PARAMS = ("token_ids_text", "text", "text_file", "token_ids_file")
@@ -82,6 +83,11 @@ def _sources(ctx: click.Context, sources: tuple[Path, ...]) -> None:
     timelines = [path for path in sources if is_timeline(path)]
     if timelines and len(sources) > 1:
         raise click.UsageError(f"{timelines[0]} is a timeline: track reads one timeline, or checkpoints, not both")
+    neither = next((path for path in sources if not timelines and not may_hold_weights(path)), None)
+    if neither is not None:
+        raise click.UsageError(f"{neither} is neither a timeline (a Watch's {', '.join(TIMELINE_SUFFIXES)} file) nor a "
+                               f"checkpoint (a directory, or safetensors or torch.save's file: "
+                               f"{', '.join(WEIGHT_SUFFIXES)})")
     if not timelines and not any(given(ctx, name) for name in INPUT_PARAMS):
         raise click.UsageError("checkpoints are compared on one input: give --token-ids, --token-ids-file, --text or "
                                "--text-file")

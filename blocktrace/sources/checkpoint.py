@@ -20,6 +20,7 @@ from safetensors import safe_open
 
 from blocktrace.errors import WeightsError
 from blocktrace.files import file_kind
+from blocktrace.request import TORCH_FILE_HEADS, may_hold_weights
 from blocktrace.sizing import available_bytes
 from blocktrace.sources import readahead
 from blocktrace.sources.configfile import ConfigFile
@@ -52,8 +53,7 @@ def _refuse_pickle(path: Path) -> None:
 def _looks_like_pickle(path: Path) -> bool:
     """Asked only of files safetensors could not open: a safetensors header length may start with 0x80 too."""
     with open(path, "rb") as handle:
-        head = handle.read(2)
-    return head == b"PK" or (head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"))
+        return handle.read(2).startswith(TORCH_FILE_HEADS)
 
 
 def _stat(path: Path, role: str = "") -> os.stat_result:
@@ -204,6 +204,9 @@ def _open_safetensors(file: Path):
         if _looks_like_pickle(file):
             raise WeightsError(f"{file} is a pickle named .safetensors: rename it to .pt to read it with torch's "
                                "restricted loader") from None
+        if not may_hold_weights(file):
+            raise WeightsError(f"{file} is not a checkpoint: neither safetensors (an 8-byte length, then a JSON "
+                               "header) nor torch.save's zip archive or pickle") from None
         raise WeightsError(f"{file} is not a valid safetensors file: {error}") from None
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Optional
 
 from blocktrace.errors import WeightsError
+from blocktrace.request import WEIGHT_SUFFIXES
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")  # a name ending so is a file, never a model id
 MODEL_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 

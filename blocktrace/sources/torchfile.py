@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from blocktrace.errors import WeightsError
+from blocktrace.request import TORCH_FILE_HEADS
 
 TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 # Where training code keeps the state dict inside a checkpoint, in the order they are tried.
@@ -44,7 +45,21 @@ def has_safe_loader() -> bool:
     return "weights_only" in inspect.signature(torch.load).parameters
 
 
+def _refuse_other_bytes(path: Path) -> None:
+    """A weight-named file that torch.save did not write (nanoGPT's train.bin of raw token ids is the usual one)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(2)
+    except OSError:
+        return  # the loader says why it cannot be read
+    if not head.startswith(TORCH_FILE_HEADS):
+        raise WeightsError(f"{path} is not a PyTorch checkpoint: torch.save writes a zip archive or a pickle, and this "
+                           "file starts with neither; raw token ids (such as nanoGPT's train.bin) are an input: "
+                           f"--token-ids-file {path}")
+
+
 def _load(path: Path):
+    _refuse_other_bytes(path)
     if not has_safe_loader():
         raise WeightsError(f"{path} is a pickle, and this torch ({torch.__version__}) has no restricted loader "
                            "(weights_only): blocktrace never unpickles arbitrary objects; upgrade torch or convert "
