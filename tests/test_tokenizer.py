@@ -82,3 +82,14 @@ def test_token_types_on_a_family_without_them(invoke):
     result = invoke("run", "--weights", str(SAMPLES / "gpt2-tiny"), "--token-ids", "1", "2", "--token-type-ids", "0",
                     "0")
     assert result.exit_code == 2 and "gpt2 checkpoints have no token types" in result.stderr
+
+
+def test_words_outside_the_vocabulary_are_said_to_be_traced_as_the_unknown_token(invoke, bert_with_padding):
+    directory, _ = bert_with_padding
+    result = invoke("run", "--weights", str(directory), "--text", "the cat eats hello", "--json")
+    notes = json.loads(result.output)["notes"]
+    # [CLS] the cat eats [UNK] [SEP]: one of six tokens is unknown (WordLevel's [UNK], id 1)
+    assert ("1 of the text's 6 tokens are [UNK] (id 1): words outside the tokenizer's vocabulary, each traced as "
+            "that one token") in notes
+    known = json.loads(invoke("run", "--weights", str(directory), "--text", "the cat eats fish", "--json").output)
+    assert not any("[UNK]" in note for note in known["notes"])

@@ -31,7 +31,7 @@ from blocktrace.sources.inputs import (
     with_batch,
 )
 from blocktrace.sources.loader import check_layer, check_token_ids, embed_batch, hidden_state_before, padding_id
-from blocktrace.sources.tokenizer import encode_text, read_text_file, token_labels
+from blocktrace.sources.tokenizer import encode_text, read_text_file, token_labels, unknown_tokens_note
 from blocktrace.sources.userblock import block_width
 from blocktrace.vocab import Device, DType
 
@@ -164,10 +164,12 @@ def token_sequences(directory, inputs, positions: Optional[int]) -> tuple[list[l
         read = read_token_ids_file(inputs, positions)
         return read.sequences, f"token ids: {read.note}"
     if inputs.text_file is not None:
-        return [window for line in read_text_file(inputs.text_file)
-                for window in _windows(encode_text(directory, line), positions)], None
+        sequences = [window for line in read_text_file(inputs.text_file)
+                     for window in _windows(encode_text(directory, line), positions)]
+        return sequences, unknown_tokens_note(directory, sequences)
     if inputs.text is not None:
-        return [encode_text(directory, inputs.text)], None
+        sequences = [encode_text(directory, inputs.text)]
+        return sequences, unknown_tokens_note(directory, sequences)
     return parse_token_ids(inputs.token_ids), None
 
 

@@ -48,6 +48,21 @@ def encode_text(directory: Path, text: str, special_tokens: bool = True) -> list
     return ids
 
 
+def unknown_tokens_note(directory: Path, sequences: list[list[int]]) -> Optional[str]:
+    """A note when the tokenizer read some of the text as its unknown token (a word outside its vocabulary, which
+    the block then sees as one embedding whatever the word was); None when it knew every word."""
+    tokenizer = _load(directory)
+    unknown = getattr(tokenizer.model, "unk_token", None) if tokenizer is not None else None
+    unknown_id = tokenizer.token_to_id(unknown) if isinstance(unknown, str) else None
+    if unknown_id is None:
+        return None
+    count, total = sum(seq.count(unknown_id) for seq in sequences), sum(map(len, sequences))
+    if count == 0:
+        return None
+    return (f"{count} of the text's {total} tokens are {unknown} (id {unknown_id}): words outside the tokenizer's "
+            "vocabulary, each traced as that one token")
+
+
 def token_labels(directory: Path, ids: list[int]) -> tuple[list[str], Optional[str]]:
     """Each id as the text it stands for (spaces shown as ␣), and a note when that is not possible.
 
