@@ -9,17 +9,19 @@ import math
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import NanoGPT, nano_batch
+from helpers import NanoGPT, nano_batch, watched_records
 
 from blocktrace import Watch
 from blocktrace.cli import cli
 from blocktrace.diagnose.dynamics import judge
+from blocktrace.diagnose.weights import tensor_kind
 from blocktrace.training.timeline import read_timeline
 
 
-def _layer(index, ratio=None, norm=1.0, grad=0.5, trainable=None, kinds=("attn_qkv", "ffn_w1")):
+def _layer(index, ratio=None, norm=1.0, grad=0.5, trainable=None, kinds=("attn_qkv", "ffn_w1"), elements=None):
+    counted = {} if elements is None else {"elements": elements}
     entry = {"layer": index, "grad_norm": grad,
-             "weights": {kind: {"norm": norm, "update_ratio": ratio} for kind in kinds}}
+             "weights": {kind: {"norm": norm, "update_ratio": ratio, **counted} for kind in kinds}}
     if trainable is not None:
         entry["trainable"] = trainable
     return entry
@@ -110,6 +112,28 @@ def test_under_adam_updates_are_judged_per_unit_of_learning_rate():
         return judge([_moving(0, [None] * 2)], {**_moving(10, [1e-3, 1e-3]), "optimizer": optimizer})
     assert _names(moved("AdamW")) == [("updates_tiny", None)] and moved("AdamW")[0].cause.value == "optimizer"
     assert moved("SGD") == [] and moved(None) == []
+
+
+def test_under_adam_a_tiny_update_is_judged_by_the_step_each_weight_takes_whatever_the_weights_size():
+    """Adam moves each weight by about lr·|m̂/√v̂|, |m̂/√v̂| ≈ 0.1–1, whatever the weight's size: weights grown 20×
+    (a learning rate too high) move 20× less of their norm at the same healthy step — not updates_tiny (issue 44's
+    lr-too-high run). rms(ΔW) = ratio × ‖W‖ / √n: at ‖W‖ 1 over 2,500 elements (std 0.02) a per-step ratio of 1e-4
+    is rms(ΔW) 2e-6 = 0.002 × lr, tiny; at ‖W‖ 20 it is 4e-5 = 0.04 × lr, an Adam step."""
+    def moved(norm):
+        before = _record(0, [_layer(k, None, norm=norm, elements=2500) for k in range(2)], lr=1e-3)
+        after = _record(10, [_layer(k, 1e-3, norm=norm, elements=2500) for k in range(2)], lr=1e-3,
+                        optimizer="AdamW")
+        return judge([before], after)
+    assert _names(moved(1.0)) == [("updates_tiny", None)]
+    assert moved(20.0) == []
+
+
+def test_a_watchs_records_count_each_kinds_elements(tmp_path):
+    weights = watched_records(tmp_path / "run.jsonl")[-1]["layers"][0]["weights"]
+    expected: dict = {}
+    for name, parameter in NanoGPT().h[0].named_parameters():
+        expected[tensor_kind(name)] = expected.get(tensor_kind(name), 0) + parameter.numel()
+    assert {kind: w["elements"] for kind, w in weights.items()} == expected
 
 
 def test_an_update_ten_times_its_usual_size_per_unit_of_learning_rate_is_a_spike():

@@ -32,6 +32,10 @@ STILL = 1e-9  # per-step ‖ΔW‖/‖W‖ below this is no movement at all (flo
 TINY_UPDATE = 1e-5  # per-step ‖ΔW‖/‖W‖ of the median matrix: healthy calibration runs stay ≥ 10× above
 TINY_LR = 1e-6  # a learning rate this small explains tiny updates by itself
 ADAM_TINY = 0.5  # Adam's per-step ‖ΔW‖/‖W‖ per unit of learning rate: ≈ |m̂/√v̂| / std(W), ≥ 1 for usual weights
+# Adam's per-step rms(ΔW) per unit of learning rate, |m̂/√v̂| ≈ 0.1–1: tiny 10× below. The same bound as ADAM_TINY at
+# std(W) 0.02 (0.5 × 0.02), and the one that holds at any weight size (a run whose weights grew 20× moves them
+# 20× less relative to their norm at the same Adam step)
+ADAM_TINY_STEP = ADAM_TINY * 0.02
 SHRINK_PER_STEP = 0.9  # a tensor kind's ‖W‖ losing > 10% per step between two records (AdamW's decay: lr·λ ≈ 1e-4)
 SPIKE_FACTOR = 10.0  # a record's ‖ΔW‖/‖W‖ per unit of learning rate against its median over the previous records
 LR_JUMP = 10.0  # a learning rate against the largest one recorded before
@@ -310,11 +314,13 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Finding]:
 
 @check(Scope.TRAINING, "updates_tiny",
        f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g}, or, under an Adam-family "
-       f"optimizer (a Watch given optimizer=), < {ADAM_TINY:g} × the learning rate (learning_rate when the learning "
-       f"rate is below {TINY_LR:g}, else optimizer)",
-       "Kingma & Ba 2015: Adam moves each weight by about lr·|m̂/√v̂| with |m̂/√v̂| ≈ 0.1–1, so ‖ΔW‖/‖W‖ per unit "
-       "of learning rate is about that over the weights' std (≈ 10 at std 0.02); healthy-run measurement "
-       "(benchmarks/FAILURES.md, calibration half)", "the weights barely move: nothing is learned",
+       f"optimizer (a Watch given optimizer=), its per-step rms(ΔW) < {ADAM_TINY_STEP:g} × the learning rate "
+       f"(records without element counts: ‖ΔW‖/‖W‖ < {ADAM_TINY:g} × the learning rate; learning_rate when the "
+       f"learning rate is below {TINY_LR:g}, else optimizer)",
+       "Kingma & Ba 2015: Adam moves each weight by about lr·|m̂/√v̂| with |m̂/√v̂| ≈ 0.1–1, so rms(ΔW) per unit "
+       "of learning rate is about that whatever the weights' size (‖ΔW‖/‖W‖ per unit of learning rate ≈ 10 at std "
+       "0.02); healthy-run measurement (benchmarks/FAILURES.md, calibration half)",
+       "the weights barely move: nothing is learned",
        Cause.OPTIMIZER,
        advice="make the updates reach the weights: check the optimizer's learning rate, eps (Adam's 1e-8) and "
        "betas, and that every parameter is in a param group")
@@ -324,11 +330,36 @@ def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Finding]:
     lr = interval_lr(history[-1], entry)
     median = statistics.median(r for values in per_step_ratios(history[-1], entry).values() for r in values)
     adam = "adam" in str(entry.get("optimizer") or "").lower()
-    if not (median < TINY_UPDATE or (adam and lr and median < ADAM_TINY * lr)):
+    if not (median < TINY_UPDATE or (adam and lr and _adam_step_tiny(history[-1], entry, median, lr))):
         return []
     cause = Cause.LEARNING_RATE if lr is not None and lr < TINY_LR else Cause.OPTIMIZER
     return [finding(Level.ERROR, None, None, median, f"the median matrix moves {median:.3g} of its norm "
                     "per step" + (f" at learning rate {lr:g}" if lr is not None else ""), cause)]
+
+
+def _adam_step_tiny(before: dict, entry: dict, median_ratio: float, lr: float) -> bool:
+    """Whether Adam's median per-step rms(ΔW) is below ADAM_TINY_STEP × lr; by ‖ΔW‖/‖W‖ against ADAM_TINY × lr
+    where the records do not count their elements (timelines written before they did)."""
+    steps = _per_step_sizes(before, entry)
+    if steps is None:
+        return median_ratio < ADAM_TINY * lr
+    return statistics.median(steps) < ADAM_TINY_STEP * lr
+
+
+def _per_step_sizes(before: dict, entry: dict) -> Optional[list[float]]:
+    """Each matrix kind's per-step rms(ΔW) = ‖ΔW‖ / √n / steps, ‖ΔW‖ = update_ratio × ‖W‖ as it was in `before`;
+    None unless every moved kind has its element count and its earlier norm."""
+    gap, earlier = entry["step"] - before["step"], {layer["layer"]: layer for layer in before["layers"]}
+    sizes = []
+    for layer in entry["layers"]:
+        for kind, w in (layer.get("weights") or {}).items():
+            if kind == NORM_KIND or not _finite(w.get("update_ratio")):
+                continue
+            then = ((earlier.get(layer["layer"]) or {}).get("weights") or {}).get(kind) or {}
+            if not (_finite(then.get("norm")) and isinstance(w.get("elements"), int) and w["elements"] > 0):
+                return None
+            sizes.append(w["update_ratio"] * then["norm"] / math.sqrt(w["elements"]) / gap)
+    return sizes or None
 
 
 @check(Scope.TRAINING, "update_spike",

@@ -122,10 +122,12 @@ class Movement:
         self.sums: dict[str, list] = {}  # kind -> [‖W‖², ‖ΔW‖², ‖W_previous‖²] as device scalars
         self.comparable: dict[str, bool] = {}
         self.unchanged: dict[str, list] = {}  # kind -> [elements unchanged, elements] of rounded tensors
+        self.elements: dict[str, int] = {}  # kind -> its tensors' element count (a host number: no transfer)
 
     def add(self, kind: str, now: torch.Tensor, previous: Optional[torch.Tensor], rounded: bool = False) -> None:
         entry = self.sums.setdefault(kind, [0.0, 0.0, 0.0])
         self.comparable.setdefault(kind, True)
+        self.elements[kind] = self.elements.get(kind, 0) + now.numel()
         entry[0] = entry[0] + _square(now)
         if previous is not None and tuple(previous.shape) == tuple(now.shape):
             entry[1] = entry[1] + _square(widened(now) - widened(previous.to(now.dtype)))
@@ -140,13 +142,13 @@ class Movement:
         return {kind: [*sums, *self.unchanged.get(kind, [None, None])] for kind, sums in self.sums.items()}
 
     def result(self, values: Optional[dict[str, list]] = None) -> dict[str, dict]:
-        """{kind: {norm, update_ratio[, unchanged]}} from `values()` on the host (read here, in one copy, when not
-        given)."""
+        """{kind: {norm, update_ratio, elements[, unchanged]}} from `values()` on the host (read here, in one copy,
+        when not given)."""
         if values is None:
             values = to_host(self.values())
         return {kind: {"norm": norm ** 0.5,
                        "update_ratio": (delta / before) ** 0.5 if self.comparable[kind] and before > 0 else None,
-                       **({"unchanged": same / total} if total else {})}
+                       "elements": self.elements[kind], **({"unchanged": same / total} if total else {})}
                 for kind, (norm, delta, before, same, total) in values.items()}
 
 

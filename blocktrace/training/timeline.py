@@ -7,7 +7,7 @@ A timeline is JSON lines, one record per moment of training, each self-describin
      "layers": [{"layer": 0, "steps": {"norm1": {mean, std, min, max, rms, absmax, nan, inf}, ...},
                  "rms": …, "median_token_sq_norm_per_d": …, "max_logit": …, "min_entropy": …,
                  "entropy_per_head": […], "future_weight_sum": …, "grad_norm": …,
-                 "weights": {"attn_q": {"norm": …, "update_ratio": …}, ...}, "notes": [...],
+                 "weights": {"attn_q": {"norm": …, "update_ratio": …, "elements": …}, ...}, "notes": [...],
                  "routing": {"load": […], "entropy": …, "balance_loss": …, …} (a mixture of experts only)}, ...],
      "flags": [{"name", "level", "cause", "layer", "step", "detail"}, ...], "diagnosis": [{"cause", "evidence", "advice"}, ...]}
 
