@@ -65,6 +65,15 @@ def untraced():
     with torch.no_grad():
         return block(x)
 
+def untraced_one_chunk():
+    # the attention in one [H, T, T] chunk, as a GPU computes it (and a CPU did before its 8 MiB chunks)
+    block.attn.query_chunk = {tokens}
+    try:
+        with torch.no_grad():
+            return block(x)
+    finally:
+        block.attn.query_chunk = None
+
 def traced():
     return trace(block, x)
 
@@ -89,6 +98,7 @@ def make_tl():
 
 CASES = {
     "untraced forward (blocktrace block)": "untraced",
+    "untraced forward, the attention in one chunk (the CPU's default before 8 MiB chunks)": "untraced_one_chunk",
     "traced: 6 steps, all statistics, attention diagnostics": "traced",
     "traced + health checks (run's default, `check`)": "traced_checks",
     "HuggingFace GPT2Block, eager attention": "hf",

@@ -59,7 +59,7 @@ class TransformerBlock(nn.Module):
 
     def attend_with(self, key_mask: Optional[torch.Tensor] = None, query_chunk: Optional[int] = None) -> None:
         """How the next inputs are attended: `key_mask` [B, T] (False at padding: no weight on those keys) and the
-        query rows computed at once (None: as many as fit layers.ATTENTION_CHUNK_BYTES). Neither changes a number."""
+        query rows computed at once (None: as many as fit layers.attention_chunk_bytes). Neither changes a number."""
         self.attn.key_mask, self.attn.query_chunk = key_mask, query_chunk
 
     def step_modules(self) -> dict[str, nn.Module]:

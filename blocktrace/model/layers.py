@@ -60,8 +60,18 @@ def make_norm(config: BlockConfig) -> nn.Module:
     return nn.LayerNorm(config.d_model, eps=config.eps, bias=config.bias)
 
 
-# Query rows per chunk are chosen so one chunk's scores stay under this many bytes.
+# Query rows per chunk are chosen so one chunk's scores stay under this many bytes: on a GPU, one large chunk (few
+# kernels); on a CPU a few MiB. Measured at GPT-2 small and XL, T 1024 (benchmarks/bench.py): the forward takes 0.80×
+# and 0.92× as long in chunks of 8 MiB as in one [H, T, T] matrix of 48 and 100 MiB — a chunk's temporaries stay in
+# the last-level cache and below glibc's largest mmap threshold (32 MiB), so they reuse freed memory instead of
+# faulting in fresh pages at every matrix; chunks of 12 MiB were as slow as one matrix in some runs.
 ATTENTION_CHUNK_BYTES = 256 * 2**20
+CPU_ATTENTION_CHUNK_BYTES = 8 * 2**20
+
+
+def attention_chunk_bytes(device: torch.device) -> int:
+    """The bytes one chunk of attention scores may take on `device`."""
+    return CPU_ATTENTION_CHUNK_BYTES if torch.device(device).type == "cpu" else ATTENTION_CHUNK_BYTES
 
 
 class MultiHeadAttention(nn.Module):
@@ -69,7 +79,7 @@ class MultiHeadAttention(nn.Module):
 
     `scores` sees the masked pre-softmax logits and `weights` the softmax output,
     `[..., H, rows, T]` (no batch dimension for an unbatched `[T, d]` input). Queries are
-    processed in chunks of rows (`query_chunk`, or as many as fit ATTENTION_CHUNK_BYTES), so
+    processed in chunks of rows (`query_chunk`, or as many as fit attention_chunk_bytes), so
     the full `[B, H, T, T]` matrix never exists at once for long inputs; `rows` tells the
     hooks which query rows the current chunk holds. Softmax is per row, so chunking changes
     no number. With QK-norm or RoPE, q and k pass through hook points of their own
@@ -103,7 +113,7 @@ class MultiHeadAttention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attn_sinks else None
         self.scores = HookPoint()
         self.weights = HookPoint()
-        self.query_chunk = None  # rows per chunk; None: as many as fit ATTENTION_CHUNK_BYTES
+        self.query_chunk = None  # rows per chunk; None: as many as fit attention_chunk_bytes(device)
         self.rows = slice(0, 0)  # the query rows of the chunk being computed
         self.key_mask = None  # [B, T] bool, False at padding: those keys get no weight
 
@@ -132,7 +142,7 @@ class MultiHeadAttention(nn.Module):
         if self.query_chunk:
             return min(self.query_chunk, t)
         bytes_per_row = q[..., 0, 0].numel() * t * q.element_size()  # one query row of every head
-        return max(1, min(t, ATTENTION_CHUNK_BYTES // max(1, bytes_per_row)))
+        return max(1, min(t, attention_chunk_bytes(q.device) // max(1, bytes_per_row)))
 
     def _mask(self, scores: torch.Tensor, rows: slice, t: int) -> None:
         """Masked logits get finfo.min, not -inf, as HF does: the weight is still exactly 0 and p·s stays finite."""

@@ -59,7 +59,7 @@ def trace(
     sample_token / sample_size: keep the first `sample_size` values of that token's vector
     (first sequence of a batch) at every step, as the tutorials print `x[0, 0, :10]`.
     attn_chunk: query rows our attention computes at once (None: as many as fit its memory
-    budget, see layers.ATTENTION_CHUNK_BYTES); bounds the `[B, H, rows, T]` temporaries.
+    budget, see layers.attention_chunk_bytes); bounds the `[B, H, rows, T]` temporaries.
     checks: also measure what the health checks need (blocktrace.diagnose.health).
     steps / placement: for a user's block of unknown layout, its norm1/attn/norm2/ffn
     submodule paths and its wiring (Placement.PRE or POST); the residual steps are recovered.
