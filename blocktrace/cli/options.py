@@ -149,7 +149,7 @@ INPUT_OPTIONS = options(
 
 DTYPE_OPTION = click.option("--dtype", type=enum_choice(DType), default=DType.FLOAT32.value, show_default=True, help="Compute dtype (checkpoints in half precision are upcast unless this says otherwise).")
 DEVICE_OPTION = click.option("--device", type=enum_choice(Device), default=Device.CPU.value, show_default=True, help="Where to run; auto picks cuda when available.")
-ATTN_CHUNK_OPTION = click.option("--attn-chunk", type=click.IntRange(min=1), default=None, help="Query rows the attention computes at once, to bound memory on long inputs.  [default: as many as fit 256 MiB of scores]")
+ATTN_CHUNK_OPTION = click.option("--attn-chunk", type=click.IntRange(min=1), default=None, help="Query rows the attention computes at once, to bound memory on long inputs.  [default: as many as fit 8 MiB of scores on a CPU, 256 MiB on a GPU]")
 COMPUTE_OPTIONS = options(DTYPE_OPTION, DEVICE_OPTION, ATTN_CHUNK_OPTION)
 
 DEPTH_OPTIONS = options(

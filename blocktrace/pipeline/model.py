@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from blocktrace.config import BlockConfig
 from blocktrace.diagnose.diagnosis import Context, conclude
 from blocktrace.diagnose.grad import layerwise_gradient_report
 from blocktrace.diagnose.health import ModelEvidence, evaluate
@@ -28,7 +29,7 @@ from blocktrace.request import Analysis, RunRequest
 from blocktrace.sizing import Shape
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.families import SIZE_FIELDS, checkpoint_config, model_info
-from blocktrace.sources.families.base import LossKind, NoLoss
+from blocktrace.sources.families.base import HeadSpec, LossKind, ModelInfo, NoLoss
 from blocktrace.sources.loader import check_layer_index, embed_batch, load_block, load_head
 from blocktrace.sources.source import resolve_device, token_batch, token_sequences, torch_dtype
 from blocktrace.sources.tokenizer import mask_token, token_labels
@@ -60,7 +61,43 @@ def _traced_range(request: RunRequest, analysis: Analysis, n_layers: int) -> ran
     return range(first, first + 1) if request.layer is not None else range(n_layers)
 
 
-def _model_input(checkpoint, info, request: RunRequest, head_spec) -> ModelInput:
+@dataclass
+class OpenedModel:
+    """A checkpoint opened as a whole model: what every stage of a check reads, passed as one value."""
+    checkpoint: Checkpoint
+    info: ModelInfo
+    config: BlockConfig
+    request: RunRequest
+    dtype: torch.dtype
+    device: torch.device
+
+    def load(self, layer: int, mask: Optional[torch.Tensor]) -> torch.nn.Module:
+        """One layer on the device, with the request's attention chunking and the input's padding mask."""
+        block = load_block(self.checkpoint, self.info, layer, self.config, self.dtype).to(self.device)
+        block.attend_with(mask, self.request.attn_chunk)
+        return block
+
+
+@dataclass
+class Head:
+    """The model's output head: its module and spec, or why there is none (a bare encoder, a layout without one)."""
+    module: Optional[torch.nn.Module]
+    spec: Optional[HeadSpec]
+    reason: Optional[str] = None
+
+    @classmethod
+    def of(cls, checkpoint, info, dtype) -> "Head":
+        try:
+            return cls(*load_head(checkpoint, info, dtype))
+        except NoLoss as reason:
+            return cls.none(reason)
+
+    @classmethod
+    def none(cls, reason) -> "Head":
+        return cls(None, None, str(reason))
+
+
+def _model_input(checkpoint, info, request: RunRequest, head_spec: Optional[HeadSpec]) -> ModelInput:
     sequences, ids_note = token_sequences(checkpoint.directory, request.inputs, info.n_positions)
     padded, mask, types = token_batch(info, request.inputs, sequences)
     ids = torch.tensor(padded)
@@ -80,58 +117,68 @@ def _model_input(checkpoint, info, request: RunRequest, head_spec) -> ModelInput
     return model_input
 
 
-def _embed(checkpoint, info, model_input: ModelInput, dtype) -> torch.Tensor:
-    return embed_batch(checkpoint, info, model_input.ids.tolist(), dtype, model_input.token_types)
-
-
-def _head(checkpoint, info, dtype):
+def _input_and_head(model: OpenedModel) -> tuple[ModelInput, Head]:
+    """The input, labelled for the head's loss; without a loss (NoLoss while labelling) the head is set aside."""
+    head = Head.of(model.checkpoint, model.info, model.dtype)
     try:
-        return load_head(checkpoint, info, dtype)
+        return _model_input(model.checkpoint, model.info, model.request, head.spec), head
     except NoLoss as reason:
-        return None, str(reason)
+        return _model_input(model.checkpoint, model.info, model.request, None), Head.none(reason)
 
 
-def _load(checkpoint, info, layer: int, config, dtype, device, request: RunRequest, mask):
-    """One layer on the device, with the request's attention chunking and the input's padding mask."""
-    block = load_block(checkpoint, info, layer, config, dtype).to(device)
-    block.attend_with(mask, request.attn_chunk)
-    return block
+def _embed(model: OpenedModel, model_input: ModelInput) -> torch.Tensor:
+    return embed_batch(model.checkpoint, model.info, model_input.ids.tolist(), model.dtype,
+                       model_input.token_types).to(model.device)
 
 
-def _trace_layers(checkpoint, info, config, x, model_input: ModelInput, traced: range, request: RunRequest,
-                  analysis: Analysis, device, dtype, inputs: Optional[list] = None) -> tuple[list, list, torch.Tensor]:
-    """Every layer in turn, one in memory at a time; the traced ones with every statistic and check. `inputs`, when
-    given, receives each layer's input (what the layer-by-layer backward recomputes from)."""
-    traces, weights = [], []
-    mask = None if model_input.token_mask is None else model_input.token_mask.to(device)
-    for layer in range(info.n_layers):
-        tick("layer", layer, info.n_layers)
-        if inputs is not None:
-            inputs.append(x.detach())
-        block = _load(checkpoint, info, layer, config, dtype, device, request, mask)
+@dataclass
+class Layers:
+    """What the forward through every layer leaves: the traced layers' traces and weight statistics, the output,
+    and (for a layer-by-layer backward) each layer's input."""
+    traces: list
+    weights: list
+    output: torch.Tensor
+    inputs: Optional[list]
+
+
+def _padding_mask(model: OpenedModel, model_input: ModelInput) -> Optional[torch.Tensor]:
+    return None if model_input.token_mask is None else model_input.token_mask.to(model.device)
+
+
+def _trace_layers(model: OpenedModel, x: torch.Tensor, model_input: ModelInput, traced: range, analysis: Analysis,
+                  keep_inputs: bool) -> Layers:
+    """Every layer in turn, one in memory at a time; the traced ones with every statistic and check."""
+    n_layers, mask = model.info.n_layers, _padding_mask(model, model_input)
+    done = Layers([], [], x, [] if keep_inputs else None)
+    for layer in range(n_layers):
+        tick("layer", layer, n_layers)
+        if done.inputs is not None:
+            done.inputs.append(x.detach())
+        block = model.load(layer, mask)
         if layer in traced:
             result = trace(block, x, checks=analysis.checks, token_mask=mask, attention_map=analysis.attention_map)
-            traces.append(result)
-            weights.append(weight_statistics(block))
+            done.traces.append(result)
+            done.weights.append(weight_statistics(block))
             x = result.output
         else:
             with torch.no_grad():
                 x = block(x)
         del block
-    tick("layer", info.n_layers, info.n_layers)
-    return traces, weights, x
+    tick("layer", n_layers, n_layers)
+    done.output = x
+    return done
 
 
-def _gradients(checkpoint, info, config, inputs: list, output, model_input: ModelInput, head, request: RunRequest,
-               device, dtype, kind: str):
-    mask = None if model_input.token_mask is None else model_input.token_mask.to(device)
-    labels = model_input.labels.to(device)
+def _gradients(model: OpenedModel, layers: Layers, model_input: ModelInput, head: Head):
+    n_layers, mask = model.info.n_layers, _padding_mask(model, model_input)
+    labels, output_head = model_input.labels.to(model.device), head.module.to(model.device)
 
     def load(layer: int):
-        tick("gradient of layer", info.n_layers - layer, info.n_layers)
-        return _load(checkpoint, info, layer, config, dtype, device, request, mask)
+        tick("gradient of layer", n_layers - layer, n_layers)
+        return model.load(layer, mask)
 
-    return layerwise_gradient_report(load, inputs, output, lambda x: cross_entropy(head(x), labels), loss_kind=kind)
+    return layerwise_gradient_report(load, layers.inputs, layers.output,
+                                     lambda x: cross_entropy(output_head(x), labels), loss_kind=head.spec.kind.value)
 
 
 def check_model_request(request: RunRequest, analysis: Analysis, checkpoint=None) -> tuple[dict, list, object]:
@@ -141,43 +188,37 @@ def check_model_request(request: RunRequest, analysis: Analysis, checkpoint=None
     if len(given) != 1 or not given[0].through_checkpoint:
         raise UsageError("checking a checkpoint takes its input as token ids: one of --token-ids, --token-ids-file, "
                          "--text or --text-file")
-    dtype, device = torch_dtype(request.dtype), resolve_device(request.device)
     checkpoint = checkpoint if checkpoint is not None else Checkpoint(request.weights)
     with checkpoint.reading_ahead():  # every layer will be read: the kernel reads the files ahead of them
-        return _checked(checkpoint, request, analysis, dtype, device)
+        return _checked(_opened(checkpoint, request), analysis)
 
 
-def _checked(checkpoint, request: RunRequest, analysis: Analysis, dtype, device) -> tuple[dict, list, object]:
+def _opened(checkpoint: Checkpoint, request: RunRequest) -> OpenedModel:
     info = model_info(checkpoint)
     overrides = {key: value for key, value in request.config_fields.items() if key in request.explicit}
     config = checkpoint_config(checkpoint, info, {k: v for k, v in overrides.items() if k in SIZE_FIELDS})
+    return OpenedModel(checkpoint, info, config, request, torch_dtype(request.dtype), resolve_device(request.device))
+
+
+def _checked(model: OpenedModel, analysis: Analysis) -> tuple[dict, list, object]:
+    checkpoint, info, config, request = model.checkpoint, model.info, model.config, model.request
     traced = _traced_range(request, analysis, info.n_layers)
-    head, spec = _head(checkpoint, info, dtype)
-    try:
-        model_input = _model_input(checkpoint, info, request, spec if head is not None else None)
-    except NoLoss as reason:
-        head, spec = None, str(reason)
-        model_input = _model_input(checkpoint, info, request, None)
+    model_input, head = _input_and_head(model)
     # One layer in memory at a time, with its gradients under --grad, which also keeps every layer's input.
     fits = memory_guard(request, analysis, 1, kept_streams=info.n_layers + 1 if analysis.grad else 0)
     fits(config, Shape(*model_input.ids.shape))
-    x0 = _embed(checkpoint, info, model_input, dtype).to(device)
-    inputs = [] if analysis.grad and head is not None else None
-    traces, weights, x = _trace_layers(checkpoint, info, config, x0, model_input, traced, request, analysis, device,
-                                       dtype, inputs)
-    loss = _loss(head, spec, x, model_input, device)
-    grads = None
-    if inputs is not None:
-        grads = _gradients(checkpoint, info, config, inputs, x, model_input, head.to(device), request, device,
-                           dtype, spec.kind.value)
-    evidence = ModelEvidence(loss=loss, weights=weights, first_layer=traced.start, n_layers=info.n_layers,
+    with_gradients = analysis.grad and head.module is not None
+    layers = _trace_layers(model, _embed(model, model_input), model_input, traced, analysis, with_gradients)
+    loss = _loss(head, layers.output, model_input, model.device)
+    grads = _gradients(model, layers, model_input, head) if with_gradients else None
+    evidence = ModelEvidence(loss=loss, weights=layers.weights, first_layer=traced.start, n_layers=info.n_layers,
                              stored_dtype=_stored_dtype(checkpoint, info), config=config,
                              step=_training_step(request, checkpoint))
     context = Context(post_norm=config.post_norm, activation=config.ffn.value, step=evidence.step)
-    found = conclude(evaluate(traces, grads, evidence), context) if analysis.checks else None
-    report = model_report(checkpoint, info, config, traces, model_input, loss, grads, found, evidence,
+    found = conclude(evaluate(layers.traces, grads, evidence), context) if analysis.checks else None
+    report = model_report(checkpoint, info, config, layers.traces, model_input, loss, grads, found, evidence,
                           str(request.weights))
-    return report, traces, None
+    return report, layers.traces, None
 
 
 def _training_step(request: RunRequest, checkpoint) -> Optional[int]:
@@ -188,13 +229,13 @@ def _training_step(request: RunRequest, checkpoint) -> Optional[int]:
     return step_named(checkpoint.path)  # the file itself was read already: checkpoint.step
 
 
-def _loss(head, spec, x: torch.Tensor, model_input: ModelInput, device) -> LossReport:
-    if head is None:
-        return no_loss(spec)
+def _loss(head: Head, x: torch.Tensor, model_input: ModelInput, device) -> LossReport:
+    if head.module is None:
+        return no_loss(head.reason)
     with torch.no_grad():
-        logits = head.to(device)(x)
-    next_token = spec.kind is LossKind.NEXT_TOKEN  # which shift it learned: a next-token model's question
-    return loss_report(logits, model_input.labels.to(device), spec.kind.value,
+        logits = head.module.to(device)(x)
+    next_token = head.spec.kind is LossKind.NEXT_TOKEN  # which shift it learned: a next-token model's question
+    return loss_report(logits, model_input.labels.to(device), head.spec.kind.value,
                        model_input.ids.to(device) if next_token else None, model_input.token_mask)
 
 
