@@ -5,6 +5,7 @@ Names are imported on first use, so that `blocktrace --help` does not pay for `i
 """
 
 import importlib
+import sys
 
 from blocktrace._version import __version__
 
@@ -24,3 +25,15 @@ def __getattr__(name):
     value = getattr(importlib.import_module(f"blocktrace.{_EXPORTS[name]}"), name)
     globals()[name] = value
     return value
+
+
+def _show_pages_in_notebooks() -> None:
+    """Inside IPython or Jupyter (already imported: a running kernel), a Trace and a Timeline display as their
+    --html page (render/notebook.py). Elsewhere nothing more is imported: the CLI and scripts pay nothing."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is not None and getattr(shell, "display_formatter", None) is not None:
+        importlib.import_module("blocktrace.render.notebook").register(shell.display_formatter.formatters)
+
+
+_show_pages_in_notebooks()

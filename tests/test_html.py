@@ -275,3 +275,28 @@ def test_the_page_says_the_blocks_settings_as_the_document_holds_them(invoke, tm
     config = report["config"]
     assert errors == [] and {"d_model=4", "n_heads=2", "norm=rmsnorm", f"d_ff={config['d_ff']}"} <= set(said)
     assert len(said) == sum(value is not None for value in config.values())
+
+
+def test_a_trace_shown_in_a_notebook_draws_its_page_inside_its_frame(tmp_path, tab):
+    """What a notebook shows for a Trace (render/notebook.py): the page, drawn inside a sandboxed iframe."""
+    import torch
+
+    import blocktrace
+    from blocktrace.render.notebook import trace_frame, trace_report
+
+    block = blocktrace.build_block(blocktrace.BlockConfig(d_model=8, n_heads=2), seed=0)
+    trace = blocktrace.trace(block, torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(0)))
+    cell = tmp_path / "cell.html"
+    cell.write_text(f"<!doctype html><html><body><p>a notebook cell</p>{trace_frame(trace)}</body></html>",
+                    encoding="utf-8")
+    tab.errors.clear()
+    tab.requests.clear()
+    tab.goto(cell.as_uri())
+    frame = tab.frame_locator("iframe")
+    frame.locator("#page > *").first.wait_for()
+    report = trace_report(trace)
+    for step in report["steps"]:
+        cells = frame.locator(f'table.steps tr[data-step="{step["name"]}"] td[data-name]')
+        drawn = [float(v) for v in cells.evaluate_all("cs => cs.map(c => c.dataset.value)")]
+        assert drawn == [step["stats"][s] for s in ("mean", "std", "min", "max", "rms", "absmax")]
+    assert tab.errors == [] and tab.requests == []

@@ -228,7 +228,16 @@ def _shown_version(value) -> str:
     return f"{said[:8]}… ({len(said)} characters long)"
 
 
-def read_timeline(path: Path, torn: Optional[list] = None) -> list[dict]:
+class Timeline(list):
+    """A timeline's records (a list of dicts, in step order) and the file they were read from; in a notebook it
+    displays as `track --html`'s page of that file (render/notebook.py)."""
+
+    def __init__(self, records, path: Path):
+        super().__init__(records)
+        self.path = Path(path)
+
+
+def read_timeline(path: Path, torn: Optional[list] = None) -> Timeline:
     """The records of a timeline file, in step order. Refuses files that are not timelines, and records that
     break the schema (training/schema.py) or repeat a step, naming the line; a last line cut short is left out
     and its number added to `torn`."""
@@ -251,4 +260,4 @@ def read_timeline(path: Path, torn: Optional[list] = None) -> list[dict]:
         records.append(checked)
     if not records:
         raise InputError(f"{path} holds no timeline records")
-    return sorted(records, key=lambda entry: entry["step"])
+    return Timeline(sorted(records, key=lambda entry: entry["step"]), path)
