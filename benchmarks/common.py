@@ -130,7 +130,9 @@ OWN_SECTIONS = ("## Real sizes: 3B and 8B checkpoints, `check` beside HF",
                 "## Where the trace's time goes (GPT-2 small and XL, T 1024, CPU)",
                 "## Gradients where HF's backward fits: 1B, `check --grad` beside HF",
                 "## Reading ahead: `check` from a cold page cache",
-                "## A command's process, start to exit")
+                "## A command's process, start to exit",
+                # pasted from bench_training.py --watch-only and bench_track_records.py, which print and do not write
+                "## The Watch with the audit, the invariants and the descent probe; track over many records (2026-12-03)")
 
 
 def kept_section(text: str, heading: str) -> str:
