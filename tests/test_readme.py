@@ -43,12 +43,14 @@ def test_pasted_output_is_what_the_command_prints(invoke, command, expected, mon
 
 @pytest.mark.parametrize("commands", SHELL_COMMAND_BLOCKS, ids=[c[0] for c in SHELL_COMMAND_BLOCKS])
 def test_shell_commands_run(invoke, commands, monkeypatch, tmp_path):
-    """Each shell block's commands, in order, in one temporary directory standing for /tmp."""
+    """Each shell block's commands, in order, in one temporary directory standing for /tmp — twice: a reader who
+    runs a block again (its files there from the first time) meets no error."""
     monkeypatch.chdir(ROOT)
-    for command in commands:
-        args = [arg.replace("/tmp/", f"{tmp_path}/") for arg in shlex.split(command)[1:]]
-        result = invoke(*args)
-        assert result.exit_code == 0, (command, result.output)
+    for _ in range(2):
+        for command in commands:
+            args = [arg.replace("/tmp/", f"{tmp_path}/") for arg in shlex.split(command)[1:]]
+            result = invoke(*args)
+            assert result.exit_code == 0, (command, result.output)
 
 
 PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", TEXT, re.DOTALL)
