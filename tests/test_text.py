@@ -8,6 +8,9 @@ import pytest
 from helpers import SAMPLES
 from wcwidth import wcswidth
 
+from blocktrace.render.text import heatmaps
+from blocktrace.vocab import Lang
+
 
 def grid_tables(text: str) -> list[list[str]]:
     tables, current = [], []
@@ -59,6 +62,14 @@ def test_the_attention_marks_are_explained_and_each_cell_matches_its_legend(invo
     for value, mark in cells:
         low, high = ranges[mark]
         assert low - 0.005 <= float(value) <= high + 0.005, (value, mark)
+
+
+def test_a_printed_weight_always_carries_the_same_mark():
+    """Issue 44: marks were taken from the unrounded weight, so a printed 0.20 carried '.' in one cell (0.1996) and
+    ':' in the next (0.2004). The mark follows the printed value, whose range the legend gives."""
+    report = {"attention": {"weights_first_sequence": [[[0.1996, 0.2004], [0.6996, 0.7004]]], "shape": [1, 2, 2]}}
+    text = heatmaps(report, ["a", "b"], Lang.EN, "plain")
+    assert text.count("0.20 :") == 2 and text.count("0.70 #") == 2 and "0.20 ." not in text
 
 
 def test_run_lang_zh_says_its_sentences_in_chinese(invoke):

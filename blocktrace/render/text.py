@@ -98,10 +98,19 @@ def steps_table(entries: list, lang: Lang, fmt: str) -> str:
     return tabulate(rows, headers=headers, tablefmt=fmt, floatfmt=".4f")
 
 
-def _ramp(weight: float) -> str:
+def _ramp(printed: str) -> str:
+    """The mark of a weight as printed to 2 decimals (so one printed value always carries one mark, the one the
+    legend gives its range), from its hundredths in integers: no float product lands on the wrong side of a tenth."""
+    weight = float(printed)
     if not math.isfinite(weight):
         return "?"  # NaN or Inf: the cell's number says which
-    return HEATMAP_RAMP[max(0, min(len(HEATMAP_RAMP) - 1, int(weight * len(HEATMAP_RAMP))))]
+    index = round(weight * 100) * len(HEATMAP_RAMP) // 100
+    return HEATMAP_RAMP[max(0, min(len(HEATMAP_RAMP) - 1, index))]
+
+
+def _heat_cell(weight: float) -> str:
+    printed = f"{weight:.2f}"
+    return f"{printed} {_ramp(printed)}"
 
 
 def _number(value, spec: str = ".4f") -> str:
@@ -118,7 +127,7 @@ def heatmaps(report: dict, labels: Sequence[str], lang: Lang, fmt: str) -> str:
     batch_note = words["heatmap_batch"] if len(attention["shape"]) == 4 else ""
     blocks = []
     for head, matrix in enumerate(preview):
-        rows = [[label, *(f"{w:.2f} {_ramp(w)}" for w in row)] for label, row in zip(labels, matrix)]
+        rows = [[label, *(_heat_cell(w) for w in row)] for label, row in zip(labels, matrix)]
         title = words["heatmap"].format(head=head, batch_note=batch_note)
         blocks.append(title + "\n" + tabulate(rows, headers=["", *labels], tablefmt=fmt, stralign="right", disable_numparse=True))
     return "\n\n".join(blocks) + "\n" + words["heatmap_marks"].format(marks=_ramp_legend())
