@@ -205,6 +205,18 @@ def test_a_long_inputs_page_draws_each_heads_attention_map(invoke, tmp_path, tab
     _not_blank(page)
 
 
+@pytest.mark.parametrize("lang, said, unsaid", [("en", "each cell is one query–key weight", "too many"),
+                                                 ("zh", "每个格子是一个 query–key 权重", "无法逐个显示")])
+def test_a_map_of_one_pair_per_cell_says_so(invoke, tmp_path, tab, lang, said, unsaid):
+    """Issue 44: a 32-token page said each cell covers "1 × 1 query–key pairs … too many to show one by one"."""
+    report, path = _both(invoke, tmp_path, "run", "--d-model", "8", "--heads", "2", "--tokens",
+                         *[f"w{i}" for i in range(32)], "--lang", lang)
+    assert report["attention"]["weights_map"]["cell"] == 1
+    page, errors, _ = _open(tab, path)
+    text = page.inner_text("main")
+    assert errors == [] and said in text and unsaid not in text and "1 × 1" not in text
+
+
 def test_a_checkpoints_layers_draw_their_maps_when_opened(invoke, tmp_path, tab):
     """A checkpoint's page keeps each layer's attention closed, and draws its maps when the reader opens it."""
     ids = [str(i % 50 + 1) for i in range(40)]

@@ -24,6 +24,8 @@ const WORDS = {
     largest: "largest weight", mapNote: "The input has {tokens} tokens, too many to show one by one: each cell is " +
       "the largest weight among the {cell} × {cell} query–key pairs it covers (the first sequence; rows: queries, " +
       "columns: keys, labelled by their first token's position; shaded by √weight so that small weights show).",
+    mapOneNote: "The input has {tokens} tokens: each cell is one query–key weight (the first sequence; rows: " +
+      "queries, columns: keys, labelled by position; shaded by √weight so that small weights show).",
   },
   zh: {
     block: "一个 block，逐步展开", stack: "多层 block 堆叠", model: "一个检查点，逐层检查",
@@ -44,6 +46,8 @@ const WORDS = {
     updates: "训练过程中每层的更新大小（各权重中最大的 ‖ΔW‖/‖W‖，对数坐标）",
     largest: "最大权重", mapNote: "输入有 {tokens} 个 token，无法逐个显示：每个格子是它覆盖的 {cell} × {cell} 个 " +
       "query–key 对中的最大权重（第一个序列；行：query，列：key，标注为其第一个 token 的位置；颜色按 √权重，小权重也看得见）。",
+    mapOneNote: "输入有 {tokens} 个 token：每个格子是一个 query–key 权重（第一个序列；行：query，列：key，标注为位置；" +
+      "颜色按 √权重，小权重也看得见）。",
   },
 };
 const STATS = ["mean", "std", "min", "max", "rms", "absmax"];
@@ -218,7 +222,7 @@ function attentionSection(attention, tokens, prefix = "") {
        el("span", {"data-value": String(e), "data-tip": `h${h} entropy = ${e}`}, `h${h}=${shown(e)} `)))];
   const matrices = attention.weights_first_sequence, pooled = attention.weights_map;
   if (!matrices && pooled) {
-    parts.push(el("p", {class: "note"}, w("mapNote").replace(/\{cell\}/g, pooled.cell)
+    parts.push(el("p", {class: "note"}, w(pooled.cell === 1 ? "mapOneNote" : "mapNote").replace(/\{cell\}/g, pooled.cell)
                                           .replace("{tokens}", pooled.tokens)),
                el("div", {class: "heads"}, pooled.heads.map((matrix, h) => el("figure", {"data-head": h},
                  el("figcaption", {}, `${w("head")} ${h}`), mapHeatmap(pooled, matrix, `${w("head")} ${h}`)))));
