@@ -96,6 +96,20 @@ def test_a_block_page_shows_every_step_and_each_heads_weights(invoke, tmp_path, 
     _not_blank(page)
 
 
+def test_a_block_pages_step_table_is_the_terminals_with_its_input_row(invoke, tmp_path, tab):
+    """Issue 44: the page dropped the terminal's row 0 (the input x) and printed -1.987e-8 where the terminal (and the
+    tutorial) print -0.0000: the table's cells now read as the terminal's, 4 decimals, the exact value on hover."""
+    report, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼")
+    page, errors, _ = _open(tab, path)
+    assert errors == []
+    rows = page.eval_on_selector_all("table.steps tbody tr", "rs => rs.map(r => r.dataset.step)")
+    assert rows == ["x", *[step["name"] for step in report["steps"]]]
+    for entry in [report["input"], *report["steps"]]:
+        cells = f'table.steps tr[data-step="{entry["name"]}"] td[data-name]'
+        texts = page.eval_on_selector_all(cells, "cs => cs.map(c => c.textContent)")
+        assert texts == [format(entry["stats"][s], ".4f") for s in ("mean", "std", "min", "max", "rms", "absmax")]
+
+
 def test_the_page_switches_to_chinese_and_back(invoke, tmp_path, tab):
     _, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼",
                     "--lang", "zh")

@@ -82,10 +82,16 @@ function shown(value) {
   return size !== 0 && (size >= 1e5 || size < 1e-3) ? value.toExponential(3) : value.toFixed(4);
 }
 
+/* A step statistic as the terminal's table prints it (4 decimals: -1.987e-8 is -0.0000 there, as in the tutorial). */
+function fixed(value) {
+  if (value === null || value === undefined) return "—";
+  return typeof value === "number" && Number.isFinite(value) ? value.toFixed(4) : String(value);
+}
+
 /* A table cell holding a JSON number: shown rounded, the exact value in data-value and in its hover text. */
-function numberCell(value, name) {
+function numberCell(value, name, format = shown) {
   const exact = value === null || value === undefined ? "null" : String(value);
-  return el("td", {"data-value": exact, "data-name": name, "data-tip": `${name} = ${exact}`}, shown(value));
+  return el("td", {"data-value": exact, "data-name": name, "data-tip": `${name} = ${exact}`}, format(value));
 }
 
 function table(headings, rows, attrs = {}, textColumns = 2) {
@@ -142,7 +148,7 @@ function stepTable(steps, prefix) {
   const rows = steps.map((step) => el("tr", {id: `${prefix}step-${step.name}`, "data-step": step.name,
                                              class: step.flags && step.flags.length ? "flagged" : undefined},
     el("td", {class: "text"}, step.name), el("td", {class: "text"}, step.operation),
-    el("td", {}, JSON.stringify(step.shape)), STATS.map((s) => numberCell(step.stats[s], s)),
+    el("td", {}, JSON.stringify(step.shape)), STATS.map((s) => numberCell(step.stats[s], s, fixed)),
     el("td", {}, `${step.stats.nan}/${step.stats.inf}`), el("td", {class: "text"}, (step.flags || []).join(", "))));
   return table([w("step"), w("operation"), w("shape"), ...STATS.map((s) => STAT_HEADINGS[s] || s), "nan/inf",
                 w("flags")], rows, {class: "steps"});
@@ -241,7 +247,8 @@ function tokensOf(report) {
 
 function blockPage(report, prefix = "") {
   const steps = report.steps || [];
-  const parts = [el("h2", {}, w("flow")), flow(steps, prefix), el("h2", {}, w("table")), stepTable(steps, prefix),
+  const rows = report.input ? [report.input, ...steps] : steps;  // the terminal's row 0: the input x
+  const parts = [el("h2", {}, w("flow")), flow(steps, prefix), el("h2", {}, w("table")), stepTable(rows, prefix),
                  el("h2", {}, w("size")), bars(steps, (s) => s.stats.rms, (s) => s.name, "rms"),
                  ...attentionSection(report.attention, tokensOf(report))];
   if (report.gradients && report.gradients.layers && report.gradients.layers[0]) {
