@@ -155,6 +155,9 @@ def test_a_comparison_page_shows_both_wirings_and_their_differences(invoke, tmp_
             assert _values(page, row) == [step["stats"]["rms"]]
     output = report["differences"]["output"]
     assert _values(page, 'tr[data-step="output"] td[data-name]') == [output["max_abs_diff"], output["cosine"]]
+    # named as the docs and the flags name them (issue 44: the page said "pre" and "post")
+    headings = page.eval_on_selector_all("section[data-variant] h2", "hs => hs.map(h => h.textContent)")
+    assert headings == ["Pre-LN", "Post-LN"]
 
 
 def test_a_run_page_draws_the_timeline_with_its_findings_and_first_sign(invoke, tmp_path, tab):

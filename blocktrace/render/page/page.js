@@ -302,10 +302,18 @@ function layeredPage(report) {
       : flag.step ? `L${flag.layer}-step-${flag.step}` : `layer-${flag.layer}`)];
 }
 
+/* A variant as the docs and the flags name it (--pre-ln: Pre-LN), the document's value where it has no other name. */
+const VARIANT_NAMES = {pre: "Pre-LN", post: "Post-LN", deepnorm: "DeepNorm", sandwich: "Sandwich (Peri-LN)",
+  reordered: "Reordered (res-post-norm)", layernorm: "LayerNorm", rmsnorm: "RMSNorm", gelu: "GELU",
+  gelu_tanh: "GELU (tanh)", relu: "ReLU", swiglu: "SwiGLU", geglu: "GeGLU"};
+function variantName(value) {
+  return VARIANT_NAMES[value] || String(value);
+}
+
 function comparePage(report) {
-  const parts = [el("p", {}, `${report.axis}: ${report.values.join(" · ")}`), el("div", {class: "side"},
+  const parts = [el("p", {}, `${report.axis}: ${report.values.map(variantName).join(" · ")}`), el("div", {class: "side"},
     report.variants.map((variant) => el("section", {"data-variant": variant.value},
-      el("h2", {}, String(variant.value)), flow(variant.report.steps || [], `${variant.value}-`),
+      el("h2", {}, variantName(variant.value)), flow(variant.report.steps || [], `${variant.value}-`),
       stepTable(variant.report.steps || [], `${variant.value}-`))))];
   const differences = report.differences;
   if (differences && differences.steps) {
