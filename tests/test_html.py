@@ -185,7 +185,9 @@ def test_the_page_is_one_file_that_fetches_nothing(invoke, tmp_path):
     # no stylesheet, script or image from elsewhere, and no request made by the script (the browser tests above
     # also see no request leave the file); the one URL in it is the SVG namespace, a name and not an address
     assert not any(word in text for word in ("<link", " src=", "fetch(", "XMLHttpRequest", "https://", "import("))
-    assert text.count("</script>") == 2  # the token "</script>" is escaped inside the embedded JSON
+    # the page's three scripts (the document, the defaults its settings are told against, the code): the token
+    # "</script>" is escaped inside the embedded JSON
+    assert text.count("</script>") == 3
 
 
 HOSTILE_TOKENS = ["<!--", "<script>", "</script>", "x-->", "&amp;", "]]>"]
@@ -299,11 +301,28 @@ def test_a_layer_whose_block_differs_from_the_models_says_how(invoke, tmp_path, 
 def test_the_page_says_the_blocks_settings_as_the_document_holds_them(invoke, tmp_path, tab):
     report, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--norm", "rmsnorm", "--tokens", "a", "b")
     page, errors, _ = _open(tab, path)
-    page.click("details.settings summary")
-    said = page.inner_text("details.settings p").split()
+    page.click("details.settings > summary")
+    page.click("details.all-settings > summary")
+    said = page.inner_text("details.settings p.all").split()
     config = report["config"]
     assert errors == [] and {"d_model=4", "n_heads=2", "norm=rmsnorm", f"d_ff={config['d_ff']}"} <= set(said)
     assert len(said) == sum(value is not None for value in config.values())
+
+
+def test_the_settings_first_say_what_differs_from_blocktraces_own_block(invoke, tmp_path, tab):
+    """Issue 44: a plain GPT-2 block's page listed ~35 internal fields. First come the settings that differ from
+    BlockConfig's defaults at the block's size, the rest behind a toggle."""
+    from blocktrace.config import BlockConfig
+
+    report, path = _both(invoke, tmp_path, "run", "--weights", str(SAMPLES / "gpt2-tiny"), "--token-ids", "1", "2")
+    config = report["config"]
+    defaults = BlockConfig(d_model=config["d_model"], n_heads=config["n_heads"]).to_dict()
+    expected = [f"{key}={value}" for key, value in config.items() if value != defaults.get(key)]
+    page, errors, _ = _open(tab, path)
+    page.click("details.settings > summary")
+    shown = page.inner_text("details.settings p.not-default").split(": ", 1)[1].split()
+    assert errors == [] and shown == expected and 0 < len(shown) < 8
+    assert not page.is_visible("details.settings p.all")  # the other settings wait behind their toggle
 
 
 def test_a_trace_shown_in_a_notebook_draws_its_page_inside_its_frame(tmp_path, tab):

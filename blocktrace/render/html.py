@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import Optional
 
+from blocktrace.config import BlockConfig
+from blocktrace.errors import BlocktraceError
 from blocktrace.files import write_atomically
 from blocktrace.render.documents.json_document import dumps
 from blocktrace.vocab import Lang
@@ -27,6 +30,7 @@ TEMPLATE = """<!doctype html>
 <main id="page"></main>
 <div id="tip" role="tooltip" hidden></div>
 <script type="application/json" id="report">{data}</script>
+<script type="application/json" id="defaults">{defaults}</script>
 <script>
 {js}</script>
 </body>
@@ -40,10 +44,25 @@ TEMPLATE = """<!doctype html>
 SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
 
 
+def block_defaults(config) -> Optional[dict]:
+    """blocktrace's own settings for a block of the report's size (BlockConfig's defaults at its d_model and
+    n_heads), against which the page says which of the block's settings differ; None for a config it cannot read
+    (a user's block, described by its module)."""
+    if not isinstance(config, dict):
+        return None
+    try:
+        return BlockConfig(d_model=config["d_model"], n_heads=config["n_heads"]).to_dict()
+    except (KeyError, TypeError, BlocktraceError):
+        return None
+
+
 def html_page(report: dict, title: str, lang: Lang = Lang.EN) -> str:
-    """The page, its document embedded so that no string in it can end or break the <script> element."""
+    """The page, its document embedded so that no string in it can end or break the <script> element; beside it
+    (not in it: the document is --json's) the defaults its settings are told against."""
     data = dumps(report, indent=None).translate(SCRIPT_SAFE)
+    defaults = dumps(block_defaults(report.get("config")), indent=None).translate(SCRIPT_SAFE)
     return TEMPLATE.format(lang=Lang(lang).value, title=html.escape(f"blocktrace: {title}"), data=data,
+                           defaults=defaults,
                            css=(ASSETS / "page.css").read_text(encoding="utf-8"),
                            js=(ASSETS / "page.js").read_text(encoding="utf-8"))
 

@@ -3,6 +3,7 @@
 "use strict";
 
 const REPORT = JSON.parse(document.getElementById("report").textContent);
+const DEFAULTS = JSON.parse((document.getElementById("defaults") || {textContent: "null"}).textContent);
 const WORDS = {
   en: {
     block: "One block, step by step", stack: "A stack of blocks", model: "A checkpoint, layer by layer",
@@ -15,6 +16,7 @@ const WORDS = {
     findings: "Findings", none: "No findings at warning or error level.", diagnosis: "Likely cause", advice: "advice",
     layers: "Layers", loss: "loss", step: "step", operation: "operation", shape: "shape", layer: "layer",
     differs: "this layer's block differs from the model's", settings: "The block's settings",
+    notDefault: "set otherwise than blocktrace's own block of this size", allSettings: "every setting",
     differences: "Where the wirings differ", output: "block output", cosine: "cosine", maxdiff: "max |Δ|",
     timeline: "Loss over training", perLayer: "Residual stream rms per layer over training",
     firstSign: "first sign", newFindings: "new findings", rollback: "roll back to", tokens: "tokens",
@@ -38,6 +40,7 @@ const WORDS = {
     findings: "检查结果", none: "没有警告或错误级别的结果。", diagnosis: "最可能的原因", advice: "建议",
     layers: "各层", loss: "损失", step: "步骤", operation: "运算", shape: "形状", layer: "层",
     differs: "这一层的 block 与模型的不同之处", settings: "block 的设置",
+    notDefault: "与同样大小的 blocktrace 默认 block 不同的设置", allSettings: "全部设置",
     differences: "连线方式之间的差异", output: "block 输出", cosine: "余弦相似度", maxdiff: "最大 |Δ|",
     timeline: "训练过程中的损失", perLayer: "训练过程中每层残差流的 rms",
     firstSign: "最早的迹象", newFindings: "新出现的结果", rollback: "回退到", tokens: "token",
@@ -409,12 +412,19 @@ function trackPage(report) {
 
 const PAGES = {block: blockPage, stack: layeredPage, model: layeredPage, compare: comparePage, track: trackPage};
 
-/* The document's config, every setting that is set (key=value, as the table's header writes them), closed. */
+/* The document's config (key=value, as the table's header writes them), closed: first the settings that differ
+   from blocktrace's defaults for a block of its size (DEFAULTS), then every setting that is set, behind a toggle. */
 function settingsSection(config) {
   if (!config || typeof config !== "object") return [];
-  const said = Object.entries(config).filter(([, value]) => value !== null && value !== undefined)
-    .map(([key, value]) => `${key}=${typeof value === "object" ? JSON.stringify(value) : value}`);
-  return [el("details", {class: "settings"}, el("summary", {}, w("settings")), el("p", {}, said.join(" ")))];
+  const said = ([key, value]) => `${key}=${typeof value === "object" ? JSON.stringify(value) : value}`;
+  const set = Object.entries(config).filter(([, value]) => value !== null && value !== undefined);
+  const all = el("p", {class: "all"}, set.map(said).join(" "));
+  if (!DEFAULTS) return [el("details", {class: "settings"}, el("summary", {}, w("settings")), all)];
+  const differing = Object.entries(config).filter(([key, value]) =>
+    JSON.stringify(value === undefined ? null : value) !== JSON.stringify(key in DEFAULTS ? DEFAULTS[key] : null));
+  return [el("details", {class: "settings"}, el("summary", {}, w("settings")),
+    el("p", {class: "not-default"}, `${w("notDefault")}: `, differing.map(said).join(" ") || "—"),
+    el("details", {class: "all-settings"}, el("summary", {}, `${w("allSettings")} (${set.length})`), all))];
 }
 
 function kindOf(report) {
