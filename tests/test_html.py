@@ -110,6 +110,20 @@ def test_a_block_pages_step_table_is_the_terminals_with_its_input_row(invoke, tm
         assert texts == [format(entry["stats"][s], ".4f") for s in ("mean", "std", "min", "max", "rms", "absmax")]
 
 
+def test_the_rms_chart_has_an_axis_and_each_bars_value(invoke, tmp_path, tab):
+    """Issue 44: the rms chart had no axis or values. Each bar carries its value above it, the axis runs from 0 to the
+    largest, both ticks labelled."""
+    report, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼")
+    page, errors, _ = _open(tab, path)
+    chart = 'svg[aria-label="rms"]'
+    rms = [step["stats"]["rms"] for step in report["steps"]]
+    written = page.eval_on_selector_all(f"{chart} text.bar-value", "ts => ts.map(t => [t.dataset.value, t.textContent])")
+    assert [float(value) for value, _ in written] == rms
+    assert [float(text) for _, text in written] == pytest.approx(rms, abs=5e-5)  # shown to 4 decimals
+    ticks = page.eval_on_selector_all(f"{chart} text.tick", "ts => ts.map(t => Number(t.dataset.value))")
+    assert errors == [] and ticks == [0, max(rms)] and page.locator(f"{chart} line.axis").count() == 2
+
+
 def test_the_page_switches_to_chinese_and_back(invoke, tmp_path, tab):
     _, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼",
                     "--lang", "zh")

@@ -158,18 +158,28 @@ function stepTable(steps, prefix) {
 }
 
 /* Bars of one value per item; hovering a bar shows its exact value. */
+/* Bars of one value per item, on an axis from 0 to the largest (both ticks labelled, the axis named), each bar's
+   value written above it; hovering a bar shows its exact value. */
 function bars(items, valueOf, labelOf, name) {
-  const width = Math.max(360, items.length * 56), height = 180, bottom = 36, top = 10;
+  const left = 52, bottom = 36, top = 24, height = 196;
+  const width = left + Math.max(320, items.length * 60);
   const values = items.map(valueOf), most = Math.max(...values.filter(Number.isFinite), 1e-30);
-  const slot = width / items.length;
+  const slot = (width - left) / items.length, base = height - bottom;
   const chart = svg("svg", {width, height, role: "img", "aria-label": name});
+  chart.append(svg("line", {class: "axis", x1: left, y1: top, x2: left, y2: base, stroke: "#888"}),
+               svg("line", {class: "axis", x1: left, y1: base, x2: width, y2: base, stroke: "#888"}),
+               svg("text", {class: "tick", x: left - 6, y: base + 4, "text-anchor": "end", "data-value": "0"}, "0"),
+               svg("text", {class: "tick", x: left - 6, y: top + 4, "text-anchor": "end", "data-value": String(most)},
+                   shown(most)),
+               svg("text", {class: "axis-name", x: 4, y: 12}, name));
   items.forEach((item, i) => {
-    const value = values[i], h = Number.isFinite(value) ? (height - bottom - top) * value / most : 0;
-    chart.append(svg("rect", {class: "hit", x: i * slot + 8, y: height - bottom - h, width: slot - 16,
+    const value = values[i], h = Number.isFinite(value) ? (base - top) * value / most : 0, x = left + i * slot;
+    chart.append(svg("rect", {class: "hit", x: x + 8, y: base - h, width: slot - 16,
                               height: Math.max(h, 1), fill: COLOURS[0], "data-value": String(value),
                               "data-tip": `${labelOf(item)}: ${name} = ${value}`}),
-                 svg("text", {x: i * slot + slot / 2, y: height - bottom + 14, "text-anchor": "middle"},
-                     labelOf(item)));
+                 svg("text", {class: "bar-value", x: x + slot / 2, y: base - h - 4, "text-anchor": "middle",
+                              "data-value": String(value)}, shown(value)),
+                 svg("text", {x: x + slot / 2, y: base + 14, "text-anchor": "middle"}, labelOf(item)));
   });
   return chart;
 }
