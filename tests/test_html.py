@@ -124,6 +124,31 @@ def test_the_rms_chart_has_an_axis_and_each_bars_value(invoke, tmp_path, tab):
     assert errors == [] and ticks == [0, max(rms)] and page.locator(f"{chart} line.axis").count() == 2
 
 
+def _has_cjk_font() -> bool:
+    import subprocess
+
+    try:
+        return bool(subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True).stdout.strip())
+    except OSError:
+        return False
+
+
+def test_a_page_with_chinese_says_when_the_browser_has_no_font_for_it(invoke, tmp_path, tab):
+    """Issue 44: without a CJK font every Chinese glyph was a box, without a word. The page measures whether its
+    browser draws 猫 as a missing glyph, and says so (in English, which such a browser can draw) — only on a page
+    with Chinese on it. Which side this machine is on follows fontconfig's own list of fonts for Chinese."""
+    _, chinese = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼")
+    page, errors, _ = _open(tab, chinese)
+    assert errors == []
+    assert (page.locator("p.font-note").count() == 1) is not _has_cjk_font()
+    if not _has_cjk_font():
+        assert "fonts-noto-cjk" in page.inner_text("p.font-note")
+    (tmp_path / "page.html").unlink()
+    _, latin = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "cat", "eats", "fish")
+    page, _, _ = _open(tab, latin)
+    assert page.locator("p.font-note").count() == 0  # nothing Chinese to draw
+
+
 def test_the_page_switches_to_chinese_and_back(invoke, tmp_path, tab):
     _, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼",
                     "--lang", "zh")

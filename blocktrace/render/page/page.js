@@ -17,6 +17,8 @@ const WORDS = {
     layers: "Layers", loss: "loss", step: "step", operation: "operation", shape: "shape", layer: "layer",
     differs: "this layer's block differs from the model's", settings: "The block's settings",
     notDefault: "set otherwise than blocktrace's own block of this size", allSettings: "every setting",
+    noCjkFont: "This browser has no font for Chinese, so Chinese text shows as boxes: install one (Noto Sans CJK; " +
+      "on Debian, apt-get install fonts-noto-cjk) and reload the page.",
     differences: "Where the wirings differ", output: "block output", cosine: "cosine", maxdiff: "max |Δ|",
     timeline: "Loss over training", perLayer: "Residual stream rms per layer over training",
     firstSign: "first sign", newFindings: "new findings", rollback: "roll back to", tokens: "tokens",
@@ -41,6 +43,9 @@ const WORDS = {
     layers: "各层", loss: "损失", step: "步骤", operation: "运算", shape: "形状", layer: "层",
     differs: "这一层的 block 与模型的不同之处", settings: "block 的设置",
     notDefault: "与同样大小的 blocktrace 默认 block 不同的设置", allSettings: "全部设置",
+    // in English: a reader whose browser has no CJK font would see this sentence as boxes too
+    noCjkFont: "This browser has no font for Chinese (no CJK font), so the Chinese below shows as boxes: install " +
+      "Noto Sans CJK (Debian: apt-get install fonts-noto-cjk) and reload the page.",
     differences: "连线方式之间的差异", output: "block 输出", cosine: "余弦相似度", maxdiff: "最大 |Δ|",
     timeline: "训练过程中的损失", perLayer: "训练过程中每层残差流的 rms",
     firstSign: "最早的迹象", newFindings: "新出现的结果", rollback: "回退到", tokens: "token",
@@ -441,6 +446,29 @@ function kindOf(report) {
   return report.kind || (Array.isArray(report.records) ? "track" : "block");
 }
 
+/* Whether this browser has no font for Chinese: "猫" drawn exactly as a code point no font has (the box a missing
+   glyph becomes). The page says so, rather than show its Chinese as boxes without a word. */
+function cjkFontMissing() {
+  const canvas = document.createElement("canvas");
+  canvas.width = canvas.height = 40;
+  const context = canvas.getContext("2d");
+  if (!context) return false;
+  const drawn = (text) => {
+    context.clearRect(0, 0, 40, 40);
+    context.font = "32px sans-serif";
+    context.fillText(text, 2, 32);
+    return Array.from(context.getImageData(0, 0, 40, 40).data).join(",");
+  };
+  return drawn("猫") === drawn("\u{10FFFD}");
+}
+
+const HAS_CJK = /[\u3400-\u9fff\uf900-\ufaff]/;
+
+function fontNote() {
+  const chinese = lang === "zh" || HAS_CJK.test(JSON.stringify(REPORT.tokens || []));
+  return chinese && cjkFontMissing() ? [el("p", {class: "font-note", role: "note"}, w("noCjkFont"))] : [];
+}
+
 function render() {
   document.documentElement.lang = lang;
   const kind = kindOf(REPORT);
@@ -455,7 +483,7 @@ function render() {
   const body = kind === "block" ? [...blockPage(REPORT), ...findingsSection(REPORT.flags, REPORT.diagnosis,
                                                                             (f) => f.step ? `step-${f.step}` : null)]
     : PAGES[kind](REPORT);
-  document.getElementById("page").replaceChildren(...settingsSection(REPORT.config), ...body);
+  document.getElementById("page").replaceChildren(...fontNote(), ...settingsSection(REPORT.config), ...body);
 }
 
 function tooltips() {
