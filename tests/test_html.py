@@ -207,6 +207,12 @@ def test_a_run_page_draws_the_timeline_with_its_findings_and_first_sign(invoke, 
     assert _values(page, 'circle[data-series="loss"]') == losses
     first = report["first_sign"]
     assert page.locator('line[data-mark="first"]').count() == 3  # on each chart: loss, rms, update sizes
+    # each chart's legend says what its marker lines mean (issue 44: they had no legend)
+    assert page.locator('.legend span[data-mark="first"]').count() == 3
+    assert page.locator('.legend span[data-mark="first"]').first.inner_text() == "the first sign of trouble"
+    assert page.locator('.legend span[data-mark="new"]').first.inner_text() == "a record with new findings"
+    ticks = page.eval_on_selector_all('svg[aria-label="rms"] text.step-tick', "ts => ts.map(t => t.textContent)")
+    assert ticks == [str(step) for step in (r["step"] for r in report["records"])]  # step 0 too (it went unlabelled)
     assert f"{first['step']}" in page.inner_text("#first-sign") and first["name"] in page.inner_text("#first-sign")
     updates = [max((w["update_ratio"] for w in (record["layers"][0].get("weights") or {}).values()
                     if w.get("update_ratio") is not None), default=None) for record in report["records"]]

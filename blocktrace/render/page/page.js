@@ -17,6 +17,7 @@ const WORDS = {
     layers: "Layers", loss: "loss", step: "step", operation: "operation", shape: "shape", layer: "layer",
     differs: "this layer's block differs from the model's", settings: "The block's settings",
     notDefault: "set otherwise than blocktrace's own block of this size", allSettings: "every setting",
+    markNew: "a record with new findings", markFirst: "the first sign of trouble",
     noCjkFont: "This browser has no font for Chinese, so Chinese text shows as boxes: install one (Noto Sans CJK; " +
       "on Debian, apt-get install fonts-noto-cjk) and reload the page.",
     differences: "Where the wirings differ", output: "block output", cosine: "cosine", maxdiff: "max |Δ|",
@@ -43,6 +44,7 @@ const WORDS = {
     layers: "各层", loss: "损失", step: "步骤", operation: "运算", shape: "形状", layer: "层",
     differs: "这一层的 block 与模型的不同之处", settings: "block 的设置",
     notDefault: "与同样大小的 blocktrace 默认 block 不同的设置", allSettings: "全部设置",
+    markNew: "出现新结果的记录", markFirst: "最早的问题迹象",
     // in English: a reader whose browser has no CJK font would see this sentence as boxes too
     noCjkFont: "This browser has no font for Chinese (no CJK font), so the Chinese below shows as boxes: install " +
       "Noto Sans CJK (Debian: apt-get install fonts-noto-cjk) and reload the page.",
@@ -344,6 +346,8 @@ function comparePage(report) {
   return parts;
 }
 
+const MARK_WORDS = {new: "markNew", first: "markFirst"};  // what each kind of vertical mark means, in the legend
+
 /* Lines over training steps; hovering a point shows its value; vertical marks at given steps. On a log axis
    (values over decades, as update sizes are) only positive values are drawn. */
 function lines(series, steps, marks, name, log = false) {
@@ -361,7 +365,9 @@ function lines(series, steps, marks, name, log = false) {
                svg("line", {class: "axis", x1: left, y1: top, x2: left, y2: height - bottom}),
                svg("text", {x: left - 4, y: top + 10, "text-anchor": "end"}, label(high)),
                svg("text", {x: left - 4, y: height - bottom, "text-anchor": "end"}, label(low)));
-  steps.forEach((step) => chart.append(svg("text", {x: x(step), y: height - 10, "text-anchor": "middle"}, step)));
+  // String: a bare 0 would be taken for no child, and step 0 went unlabelled
+  steps.forEach((step) => chart.append(svg("text", {class: "step-tick", x: x(step), y: height - 10,
+                                                 "text-anchor": "middle"}, String(step))));
   for (const mark of marks) {
     chart.append(svg("line", {x1: x(mark.step), x2: x(mark.step), y1: top, y2: height - bottom, stroke: mark.colour,
                               "stroke-dasharray": mark.dashed ? "4 3" : "", "data-tip": mark.text, class: "hit",
@@ -376,8 +382,11 @@ function lines(series, steps, marks, name, log = false) {
       fill: colour, "data-value": String(value), "data-series": s.name, "data-step": step,
       "data-tip": `${s.name} @ ${w("step")} ${step}: ${value}`})));
   });
+  const kinds = [...new Map(marks.map((m) => [m.kind, m])).values()];  // each kind of mark once, as first drawn
   const legend = el("div", {class: "legend"}, series.map((s, i) =>
-    el("span", {}, el("i", {style: `background:${COLOURS[i % COLOURS.length]}`}), s.name)));
+    el("span", {}, el("i", {style: `background:${COLOURS[i % COLOURS.length]}`}), s.name)),
+    kinds.map((m) => el("span", {"data-mark": m.kind}, el("i", {class: "mark", style: `border-left: 3px ` +
+      `${m.dashed ? "dashed" : "solid"} ${m.colour}; background: none`}), w(MARK_WORDS[m.kind]))));
   return el("div", {}, chart, legend);
 }
 
