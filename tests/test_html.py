@@ -184,6 +184,18 @@ def test_a_checkpoint_page_links_each_finding_to_its_layer_and_step(invoke, tmp_
     _not_blank(page)
 
 
+def test_a_layers_many_flags_wrap_within_the_page(invoke, tmp_path, tab):
+    """Issue 44: one layer's flags overflowed the check table past the page's edge. They wrap in their cell."""
+    report, path = _both(invoke, tmp_path, "check", "--weights", str(LR_HIGH / "step_0100"), "--text-file",
+                         str(SAMPLES / "training" / "eval.txt"))
+    assert any(len(", ".join(step.get("flags") or [])) > 60 for layer in report["layers"] for step in layer["steps"])
+    page, errors, _ = _open(tab, path)
+    page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
+    right = page.evaluate("Math.max(...[...document.querySelectorAll('table.steps')]"
+                          ".map(t => t.getBoundingClientRect().right))")
+    assert errors == [] and right <= page.evaluate("document.documentElement.clientWidth")
+
+
 def test_a_comparison_page_shows_both_wirings_and_their_differences(invoke, tmp_path, tab):
     report, path = _both(invoke, tmp_path, "compare", "--pre-ln", "--post-ln")
     page, errors, _ = _open(tab, path)

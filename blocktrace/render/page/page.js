@@ -159,7 +159,7 @@ function stepTable(steps, prefix) {
                                              class: step.flags && step.flags.length ? "flagged" : undefined},
     el("td", {class: "text"}, step.name), el("td", {class: "text"}, step.operation),
     el("td", {}, JSON.stringify(step.shape)), STATS.map((s) => numberCell(step.stats[s], s, fixed)),
-    el("td", {}, `${step.stats.nan}/${step.stats.inf}`), el("td", {class: "text"}, (step.flags || []).join(", "))));
+    el("td", {}, `${step.stats.nan}/${step.stats.inf}`), el("td", {class: "text flags"}, (step.flags || []).join(", "))));
   return table([w("step"), w("operation"), w("shape"), ...STATS.map((s) => STAT_HEADINGS[s] || s), "nan/inf",
                 w("flags")], rows, {class: "steps"});
 }
