@@ -89,6 +89,12 @@ def test_a_block_page_shows_every_step_and_each_heads_weights(invoke, tmp_path, 
     labels = page.eval_on_selector_all('figure[data-head="0"] svg.heatmap text', "ts => ts.map(t => t.textContent)")
     assert labels == ["猫", "吃", "鱼"] * 2  # the tokens on both axes, drawn in the browser's own fonts
     assert float(page.get_attribute("#future-weight-sum", "data-value")) == report["attention"]["future_weight_sum"]
+    # the heatmaps' colour scale (issue 44: they had none): its ticks, and a cell's colour is the scale's at its value
+    ticks = page.eval_on_selector_all("svg.colour-scale text.scale-tick", "ts => ts.map(t => Number(t.dataset.value))")
+    assert ticks == [0, 0.25, 0.5, 0.75, 1]
+    shade = round(255 * (1 - min(1, max(0, weights[0][0][0]))))
+    assert page.get_attribute('figure[data-head="0"] rect.cell[data-query="0"][data-key="0"]', "fill") == \
+        f"rgb({shade},{shade},255)"
     cell = page.locator('figure[data-head="1"] rect.cell[data-query="2"][data-key="0"]')
     cell.hover()
     assert page.is_visible("#tip") and str(weights[1][2][0]) in page.inner_text("#tip")
@@ -276,6 +282,7 @@ def test_a_long_inputs_page_draws_each_heads_attention_map(invoke, tmp_path, tab
     for head, matrix in enumerate(pooled["heads"]):
         assert _values(page, f'figure[data-head="{head}"] rect.cell') == [v for row in matrix for v in row]
     assert "the largest weight among the 3 × 3 query–key pairs" in page.inner_text("main")
+    assert "shaded by √weight" in page.inner_text("figure.scale figcaption")  # the map's own colour scale
     page.locator('figure[data-head="1"] rect.cell[data-query="10"][data-key="4"]').hover()
     assert page.inner_text("#tip") == f"q 30–32 → k 12–14: largest weight {pooled['heads'][1][10][4]}"
     _not_blank(page)

@@ -18,6 +18,7 @@ const WORDS = {
     differs: "this layer's block differs from the model's", settings: "The block's settings",
     notDefault: "set otherwise than blocktrace's own block of this size", allSettings: "every setting",
     markNew: "a record with new findings", markFirst: "the first sign of trouble",
+    scale: "colour scale: the attention weight", scaleRoot: "colour scale: the largest weight of a cell (shaded by √weight)",
     noCjkFont: "This browser has no font for Chinese, so Chinese text shows as boxes: install one (Noto Sans CJK; " +
       "on Debian, apt-get install fonts-noto-cjk) and reload the page.",
     differences: "Where the wirings differ", output: "block output", cosine: "cosine", maxdiff: "max |Δ|",
@@ -45,6 +46,7 @@ const WORDS = {
     differs: "这一层的 block 与模型的不同之处", settings: "block 的设置",
     notDefault: "与同样大小的 blocktrace 默认 block 不同的设置", allSettings: "全部设置",
     markNew: "出现新结果的记录", markFirst: "最早的问题迹象",
+    scale: "颜色刻度：注意力权重", scaleRoot: "颜色刻度：格子中的最大权重（按 √权重 着色）",
     // in English: a reader whose browser has no CJK font would see this sentence as boxes too
     noCjkFont: "This browser has no font for Chinese (no CJK font), so the Chinese below shows as boxes: install " +
       "Noto Sans CJK (Debian: apt-get install fonts-noto-cjk) and reload the page.",
@@ -191,6 +193,31 @@ function bars(items, valueOf, labelOf, name) {
   return chart;
 }
 
+/* A weight's colour: white at 0 to blue at 1, by the weight itself or (a long input's map) by its square root. */
+function weightColour(value, root) {
+  const clamped = Math.min(1, Math.max(0, value)), shade = Math.round(255 * (1 - (root ? Math.sqrt(clamped) : clamped)));
+  return `rgb(${shade},${shade},255)`;
+}
+
+/* The colour scale the heatmaps are drawn with: a strip from 0 to 1, ticks at each quarter of the weight. */
+function colourScale(root) {
+  const width = 240, left = 8, strip = 12, steps = 48;
+  const chart = svg("svg", {width: width + 2 * left, height: 34, role: "img", class: "colour-scale",
+                            "aria-label": w(root ? "scaleRoot" : "scale")});
+  for (let i = 0; i < steps; i++) {  // the strip's colour grows evenly along it; a √ scale's ticks crowd to the left
+    const along = (i + 0.5) / steps;
+    chart.append(svg("rect", {x: left + i * width / steps, y: 0, width: width / steps + 0.5, height: strip,
+                              fill: weightColour(root ? along * along : along, root)}));
+  }
+  for (const tick of [0, 0.25, 0.5, 0.75, 1]) {
+    const x = left + (root ? Math.sqrt(tick) : tick) * width;
+    chart.append(svg("line", {x1: x, x2: x, y1: strip, y2: strip + 4, stroke: "#666"}),
+                 svg("text", {class: "scale-tick", x, y: strip + 16, "text-anchor": "middle",
+                              "data-value": String(tick)}, String(tick)));
+  }
+  return el("figure", {class: "scale"}, el("figcaption", {}, w(root ? "scaleRoot" : "scale")), chart);
+}
+
 function heatmap(matrix, tokens, title) {
   const n = matrix.length, cell = Math.max(22, Math.min(48, Math.floor(360 / n))), margin = 46;
   const size = margin + n * cell;
@@ -199,9 +226,8 @@ function heatmap(matrix, tokens, title) {
     chart.append(svg("text", {x: margin - 6, y: margin + q * cell + cell / 2 + 4, "text-anchor": "end"},
                      tokens[q] ?? String(q)));
     row.forEach((value, k) => {
-      const shade = Math.round(255 * (1 - Math.min(1, Math.max(0, value))));
       chart.append(svg("rect", {class: "cell", x: margin + k * cell, y: margin + q * cell, width: cell - 1,
-        height: cell - 1, fill: `rgb(${shade},${shade},255)`, "data-value": String(value), "data-query": q,
+        height: cell - 1, fill: weightColour(value, false), "data-value": String(value), "data-query": q,
         "data-key": k, "data-tip": `${tokens[q] ?? q} → ${tokens[k] ?? k}: ${value}`}));
     });
   });
@@ -226,9 +252,8 @@ function mapHeatmap(weightsMap, matrix, title) {
     }
     row.forEach((value, k) => {
       // shaded by √weight: a long input's weights are small, and a linear shade would leave them all white
-      const shade = Math.round(255 * (1 - Math.sqrt(Math.min(1, Math.max(0, value)))));
       chart.append(svg("rect", {class: "cell", x: margin + k * size, y: margin + q * size, width: size,
-        height: size, fill: `rgb(${shade},${shade},255)`, "data-value": String(value), "data-query": q,
+        height: size, fill: weightColour(value, true), "data-value": String(value), "data-query": q,
         "data-key": k, "data-tip": `q ${span(q)} → k ${span(k)}: ${w("largest")} ${value}`}));
     });
   });
@@ -251,13 +276,14 @@ function attentionSection(attention, tokens, prefix = "") {
     parts.push(el("p", {class: "note"}, w(pooled.cell === 1 ? "mapOneNote" : "mapNote").replace(/\{cell\}/g, pooled.cell)
                                           .replace("{tokens}", pooled.tokens)),
                el("div", {class: "heads"}, pooled.heads.map((matrix, h) => el("figure", {"data-head": h},
-                 el("figcaption", {}, `${w("head")} ${h}`), mapHeatmap(pooled, matrix, `${w("head")} ${h}`)))));
+                 el("figcaption", {}, `${w("head")} ${h}`), mapHeatmap(pooled, matrix, `${w("head")} ${h}`)))),
+               colourScale(true));
     return parts;
   }
   if (!matrices) return [...parts, el("p", {class: "note"}, w("noMatrix"))];
   parts.push(el("p", {class: "note"}, `${w("queries")}, ${w("keys")}`), el("div", {class: "heads"},
     matrices.map((matrix, h) => el("figure", {"data-head": h}, el("figcaption", {}, `${w("head")} ${h}`),
-                                   heatmap(matrix, tokens, `${w("head")} ${h}`)))));
+                                   heatmap(matrix, tokens, `${w("head")} ${h}`)))), colourScale(false));
   return parts;
 }
 
