@@ -217,6 +217,39 @@ def test_a_comparison_page_shows_both_wirings_and_their_differences(invoke, tmp_
     assert headings == ["Pre-LN", "Post-LN"]
 
 
+def test_a_depth_comparison_page_draws_both_stacks_layer_by_layer(invoke, tmp_path, tab):
+    """Issue 44: compare --layers N --html drew two empty step tables. It draws the stream's ‖x‖²/d over depth for
+    both wirings, each one's per-layer table (‖x‖²/d, branch shares, defined on the page), the gradient each layer's
+    FFN receives (--grad) and the layers' differences — every number the --json document's."""
+    report, path = _both(invoke, tmp_path, "compare", "--pre-ln", "--post-ln", "--layers", "4", "--grad")
+    page, errors, _ = _open(tab, path)
+    assert errors == []
+    for variant in report["variants"]:
+        layers, name = variant["report"]["layers"], {"pre": "Pre-LN", "post": "Post-LN"}[variant["value"]]
+        for column in ("rms", "sq_norm_per_d", "attn_share", "ffn_share"):
+            cells = f'section[data-variant="{variant["value"]}"] table.layers td[data-name="{column}"]'
+            assert _values(page, cells) == [layer[column] for layer in layers], column
+        drawn = _values(page, f'svg[aria-label="‖x‖²/d"] circle[data-series="{name}"]')
+        assert drawn == [layer["sq_norm_per_d"] for layer in layers]
+        grads = _values(page, f'svg[aria-label="‖∂L/∂W_ffn2‖"] circle[data-series="{name}"]')
+        assert grads == [g["weight_grad_norms"]["ffn_w2"] for g in variant["report"]["gradients"]["layers"]]
+    differences = report["differences"]["layers"]
+    assert _values(page, 'table.depth-differences td[data-name="cosine"]') == [d["cosine"] for d in differences]
+    assert "attn_share and ffn_share: the variance of the sublayer's update" in page.inner_text("main")
+
+
+def test_a_depth_sweep_comparison_page_draws_the_gradient_at_each_depth(invoke, tmp_path, tab):
+    report, path = _both(invoke, tmp_path, "compare", "--pre-ln", "--post-ln", "--layers", "2,4", "--grad")
+    page, errors, _ = _open(tab, path)
+    assert errors == []
+    for variant in report["variants"]:
+        sweep, name = variant["report"]["sweep"], {"pre": "Pre-LN", "post": "Post-LN"}[variant["value"]]
+        assert _values(page, f'svg[aria-label="‖∂L/∂W_ffn2‖"] circle[data-series="{name}"]') == \
+            [row["last_layer"]["ffn_w2"] for row in sweep]
+        cells = f'section[data-variant="{variant["value"]}"] table.sweep td[data-name="loss"]'
+        assert _values(page, cells) == [row["loss"] for row in sweep]
+
+
 def test_a_run_page_draws_the_timeline_with_its_findings_and_first_sign(invoke, tmp_path, tab):
     report, path = _both(invoke, tmp_path, "track", str(LR_HIGH / "watch.jsonl"))
     page, errors, requests = _open(tab, path)

@@ -18,6 +18,12 @@ const WORDS = {
     differs: "this layer's block differs from the model's", settings: "The block's settings",
     notDefault: "set otherwise than blocktrace's own block of this size", allSettings: "every setting",
     markNew: "a record with new findings", markFirst: "the first sign of trouble",
+    acrossDepth: "The residual stream across depth (‖x‖²/d after each layer, log scale)", depth: "depth",
+    depthColumns: "‖x‖²/d: the stream's mean square after the layer (rms²); attn_share and ffn_share: the variance " +
+      "of the sublayer's update over that of the sum it is added into (Var[update] / Var[residual1], Var[update] / " +
+      "Var[residual2]) — how much of the stream each sublayer writes.",
+    depthGradients: "The gradient reaching each layer's FFN (‖∂L/∂W‖ of its second matrix, log scale)",
+    sweepGradients: "The last layer's FFN gradient at each depth (‖∂L/∂W‖ of its second matrix, log scale)",
     scale: "colour scale: the attention weight", scaleRoot: "colour scale: the largest weight of a cell (shaded by √weight)",
     noCjkFont: "This browser has no font for Chinese, so Chinese text shows as boxes: install one (Noto Sans CJK; " +
       "on Debian, apt-get install fonts-noto-cjk) and reload the page.",
@@ -46,6 +52,11 @@ const WORDS = {
     differs: "这一层的 block 与模型的不同之处", settings: "block 的设置",
     notDefault: "与同样大小的 blocktrace 默认 block 不同的设置", allSettings: "全部设置",
     markNew: "出现新结果的记录", markFirst: "最早的问题迹象",
+    acrossDepth: "随深度变化的残差流（每层之后的 ‖x‖²/d，对数坐标）", depth: "深度",
+    depthColumns: "‖x‖²/d：该层之后残差流的均方（rms²）；attn_share 与 ffn_share：子层的更新的方差除以它被加入的和的方差" +
+      "（Var[update] / Var[residual1]，Var[update] / Var[residual2]）——每个子层向残差流写入了多少。",
+    depthGradients: "到达每层 FFN 的梯度（其第二个矩阵的 ‖∂L/∂W‖，对数坐标）",
+    sweepGradients: "各深度下最后一层 FFN 的梯度（其第二个矩阵的 ‖∂L/∂W‖，对数坐标）",
     scale: "颜色刻度：注意力权重", scaleRoot: "颜色刻度：格子中的最大权重（按 √权重 着色）",
     // in English: a reader whose browser has no CJK font would see this sentence as boxes too
     noCjkFont: "This browser has no font for Chinese (no CJK font), so the Chinese below shows as boxes: install " +
@@ -305,11 +316,11 @@ function blockPage(report, prefix = "") {
   return parts;
 }
 
-function layerRows(layers) {
-  const columns = ["rms", "attn_share", "ffn_share", "max_logit", "min_head_entropy"]
+function layerRows(layers, prefix = "", linked = true) {
+  const columns = ["rms", "sq_norm_per_d", "attn_share", "ffn_share", "max_logit", "min_head_entropy"]
     .filter((c) => layers.some((layer) => layer[c] !== undefined));
-  const rows = layers.map((layer) => el("tr", {id: `layer-${layer.layer}`, "data-layer": layer.layer},
-    el("td", {class: "text"}, el("a", {href: `#L${layer.layer}`}, String(layer.layer))),
+  const rows = layers.map((layer) => el("tr", {id: `${prefix}layer-${layer.layer}`, "data-layer": layer.layer},
+    el("td", {class: "text"}, linked ? el("a", {href: `#L${layer.layer}`}, String(layer.layer)) : String(layer.layer)),
     columns.map((c) => numberCell(layer[c], c))));
   return table([w("layer"), ...columns], rows, {class: "layers"}, 1);
 }
@@ -356,8 +367,49 @@ function variantName(value) {
   return VARIANT_NAMES[value] || String(value);
 }
 
+/* Two wirings over depth (compare --layers N): the stream's ‖x‖²/d layer by layer for both, each one's per-layer
+   table, the gradient reaching each layer's FFN (--grad), and how far their outputs part, layer by layer. */
+function depthComparison(report) {
+  const variants = report.variants, layers = variants[0].report.layers.map((l) => l.layer);
+  const over = (valueOf) => variants.map((v) => ({name: variantName(v.value), values: v.report.layers.map(valueOf)}));
+  const parts = [el("h2", {}, w("acrossDepth")),
+                 lines(over((l) => l.sq_norm_per_d ?? NaN), layers, [], "‖x‖²/d", true, w("layer")),
+                 el("p", {class: "note"}, w("depthColumns")),
+                 el("div", {class: "side"}, variants.map((v) => el("section", {"data-variant": v.value},
+                   el("h3", {}, variantName(v.value)), layerRows(v.report.layers, `${v.value}-`, false))))];  // no layer sections to link to
+  if (variants.every((v) => v.report.gradients && v.report.gradients.layers)) {
+    const ffn = variants.map((v) => ({name: variantName(v.value), values: v.report.gradients.layers.map((g) =>
+      (g.weight_grad_norms || {}).ffn_w2 ?? NaN)}));
+    parts.push(el("h2", {}, w("depthGradients")), lines(ffn, layers, [], "‖∂L/∂W_ffn2‖", true, w("layer")));
+  }
+  const differences = (report.differences && report.differences.layers) || [];
+  parts.push(el("h2", {}, w("differences")), table([w("layer"), w("maxdiff"), w("cosine")], differences.map((d) =>
+    el("tr", {"data-layer": d.layer}, el("td", {class: "text"}, String(d.layer)),
+       numberCell(d.max_abs_diff, "max_abs_diff"), numberCell(d.cosine, "cosine"))), {class: "depth-differences"}, 1));
+  return parts;
+}
+
+/* Two wirings swept over depth (compare --layers N,M,… --grad): the loss and the last layer's FFN gradient at
+   each depth — Xiong et al. 2020's picture, Post-LN's gradient flat in N, Pre-LN's falling. */
+function sweepComparison(report) {
+  const variants = report.variants, depths = variants[0].report.depths;
+  const over = (valueOf) => variants.map((v) => ({name: variantName(v.value), values: v.report.sweep.map(valueOf)}));
+  const kinds = Object.keys(variants[0].report.sweep[0].last_layer || {});
+  return [el("h2", {}, w("sweepGradients")),
+          lines(over((row) => row.last_layer.ffn_w2 ?? NaN), depths, [], "‖∂L/∂W_ffn2‖", true, w("depth")),
+          el("div", {class: "side"}, variants.map((v) => el("section", {"data-variant": v.value},
+            el("h3", {}, variantName(v.value)), table([w("depth"), w("loss"), ...kinds], v.report.sweep.map((row) =>
+              el("tr", {"data-depth": row.depth}, el("td", {class: "text"}, String(row.depth)),
+                 numberCell(row.loss, "loss"), kinds.map((k) => numberCell(row.last_layer[k], k)))),
+              {class: "sweep"}, 1))))];
+}
+
 function comparePage(report) {
-  const parts = [el("p", {}, `${report.axis}: ${report.values.map(variantName).join(" · ")}`), el("div", {class: "side"},
+  const axis = el("p", {}, `${report.axis}: ${report.values.map(variantName).join(" · ")}`);
+  const kinds = new Set(report.variants.map((v) => v.report.kind));
+  if (kinds.has("sweep")) return [axis, ...sweepComparison(report)];
+  if (kinds.has("stack")) return [axis, ...depthComparison(report)];
+  const parts = [axis, el("div", {class: "side"},
     report.variants.map((variant) => el("section", {"data-variant": variant.value},
       el("h2", {}, variantName(variant.value)), flow(variant.report.steps || [], `${variant.value}-`),
       stepTable(variant.report.steps || [], `${variant.value}-`))))];
@@ -376,7 +428,7 @@ const MARK_WORDS = {new: "markNew", first: "markFirst"};  // what each kind of v
 
 /* Lines over training steps; hovering a point shows its value; vertical marks at given steps. On a log axis
    (values over decades, as update sizes are) only positive values are drawn. */
-function lines(series, steps, marks, name, log = false) {
+function lines(series, steps, marks, name, log = false, xWord = w("step")) {
   const width = 720, height = 240, left = 64, right = 16, top = 12, bottom = 30;
   const drawn = (v) => Number.isFinite(v) && (!log || v > 0);
   const place = (v) => (log ? Math.log10(v) : v);
@@ -406,7 +458,7 @@ function lines(series, steps, marks, name, log = false) {
                                   points: points.map(([st, v]) => `${x(st)},${y(v)}`).join(" ")}));
     points.forEach(([step, value]) => chart.append(svg("circle", {class: "hit", cx: x(step), cy: y(value), r: 4,
       fill: colour, "data-value": String(value), "data-series": s.name, "data-step": step,
-      "data-tip": `${s.name} @ ${w("step")} ${step}: ${value}`})));
+      "data-tip": `${s.name} @ ${xWord} ${step}: ${value}`})));
   });
   const kinds = [...new Map(marks.map((m) => [m.kind, m])).values()];  // each kind of mark once, as first drawn
   const legend = el("div", {class: "legend"}, series.map((s, i) =>
