@@ -250,6 +250,24 @@ def test_a_depth_sweep_comparison_page_draws_the_gradient_at_each_depth(invoke, 
         assert _values(page, cells) == [row["loss"] for row in sweep]
 
 
+def test_a_run_against_a_healthy_one_draws_both_and_where_they_part(invoke, tmp_path, tab):
+    """Issue 44: track --against --html left the comparison out (it was in the page's JSON, never drawn)."""
+    twins = SAMPLES / "training"
+    report, path = _both(invoke, tmp_path, "track", str(twins / "gpt2-twin-detached" / "watch.jsonl"), "--against",
+                         str(twins / "gpt2-twin-healthy" / "watch.jsonl"))
+    against = report["against"]
+    page, errors, _ = _open(tab, path)
+    assert errors == []
+    assert _values(page, 'svg[aria-label="loss, both runs"] circle[data-series="this run"]') == \
+        [s["loss"] for s in against["steps"]]
+    assert _values(page, 'svg[aria-label="loss, both runs"] circle[data-series="the healthy run (--against)"]') == \
+        [s["reference_loss"] for s in against["steps"]]
+    assert _values(page, 'table.against td[data-name="reference_loss"]') == [s["reference_loss"] for s in against["steps"]]
+    first = against["first_parted"]
+    assert page.locator('line[data-mark="parted"]').count() == 1
+    assert f"step {first['step']}" in page.inner_text("#first-parted") and first["quantity"] in page.inner_text("#first-parted")
+
+
 def test_a_run_page_draws_the_timeline_with_its_findings_and_first_sign(invoke, tmp_path, tab):
     report, path = _both(invoke, tmp_path, "track", str(LR_HIGH / "watch.jsonl"))
     page, errors, requests = _open(tab, path)

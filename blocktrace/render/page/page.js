@@ -18,6 +18,10 @@ const WORDS = {
     differs: "this layer's block differs from the model's", settings: "The block's settings",
     notDefault: "set otherwise than blocktrace's own block of this size", allSettings: "every setting",
     markNew: "a record with new findings", markFirst: "the first sign of trouble",
+    markParted: "where the runs first part", parted: "the runs part", neverParted: "the runs never part beyond what " +
+      "a different seed explains", thisRun: "this run", reference: "the healthy run (--against)",
+      partedAt: "what parts at this step", missing: "missing", againstTitle: "This run beside the healthy one",
+      againstLoss: "loss, both runs",
     acrossDepth: "The residual stream across depth (‖x‖²/d after each layer, log scale)", depth: "depth",
     depthColumns: "‖x‖²/d: the stream's mean square after the layer (rms²); attn_share and ffn_share: the variance " +
       "of the sublayer's update over that of the sum it is added into (Var[update] / Var[residual1], Var[update] / " +
@@ -52,6 +56,9 @@ const WORDS = {
     differs: "这一层的 block 与模型的不同之处", settings: "block 的设置",
     notDefault: "与同样大小的 blocktrace 默认 block 不同的设置", allSettings: "全部设置",
     markNew: "出现新结果的记录", markFirst: "最早的问题迹象",
+    markParted: "两次运行最早分开之处", parted: "两次运行分开", neverParted: "两次运行的差别从未超出换一个随机种子所能解释的范围",
+      thisRun: "本次运行", reference: "健康的运行（--against）", partedAt: "这一步分开的量", missing: "缺失",
+      againstTitle: "本次运行与健康运行并列", againstLoss: "损失，两次运行",
     acrossDepth: "随深度变化的残差流（每层之后的 ‖x‖²/d，对数坐标）", depth: "深度",
     depthColumns: "‖x‖²/d：该层之后残差流的均方（rms²）；attn_share 与 ffn_share：子层的更新的方差除以它被加入的和的方差" +
       "（Var[update] / Var[residual1]，Var[update] / Var[residual2]）——每个子层向残差流写入了多少。",
@@ -424,7 +431,7 @@ function comparePage(report) {
   return parts;
 }
 
-const MARK_WORDS = {new: "markNew", first: "markFirst"};  // what each kind of vertical mark means, in the legend
+const MARK_WORDS = {new: "markNew", first: "markFirst", parted: "markParted"};  // what each kind of vertical mark means, in the legend
 
 /* Lines over training steps; hovering a point shows its value; vertical marks at given steps. On a log axis
    (values over decades, as update sizes are) only positive values are drawn. */
@@ -475,6 +482,30 @@ function largestUpdate(layer) {
   return ratios.length ? Math.max(...ratios) : NaN;
 }
 
+/* A part of two runs in words: "L0 grad_norm — vs 0.0518 (missing)", as the terminal writes it. */
+function partedText(part) {
+  const where = part.layer === null || part.layer === undefined ? "" : `L${part.layer} `;
+  const factor = part.factor === null || part.factor === undefined ? `(${w("missing")})` : `(${shown(part.factor)}×)`;
+  return `${where}${part.quantity} ${shown(part.run)} vs ${shown(part.reference)} ${factor}`;
+}
+
+/* track --against: both runs' losses step by step, the step where they first part marked, and the table of what
+   parted at each step. */
+function againstSection(against) {
+  const steps = against.steps.map((s) => s.step), first = against.first_parted;
+  const marks = first ? [{step: first.step, colour: "#c62828", kind: "parted",
+                          text: `${w("parted")} @ ${first.step}: ${partedText(first)}`}] : [];
+  const curves = [{name: w("thisRun"), values: against.steps.map((s) => s.loss ?? NaN)},
+                  {name: w("reference"), values: against.steps.map((s) => s.reference_loss ?? NaN)}];
+  return [el("h2", {}, w("againstTitle")), lines(curves, steps, marks, w("againstLoss")),
+          el("p", {id: "first-parted"}, first ? `${w("parted")}: ${w("step")} ${first.step}, ${partedText(first)}`
+                                                : w("neverParted")),
+          table([w("step"), w("thisRun"), w("reference"), w("partedAt")], against.steps.map((s) =>
+            el("tr", {"data-step": s.step}, el("td", {class: "text"}, String(s.step)), numberCell(s.loss, "loss"),
+               numberCell(s.reference_loss, "reference_loss"),
+               el("td", {class: "text flags"}, (s.parted || []).map(partedText).join("; ")))), {class: "against"}, 1)];
+}
+
 function trackPage(report) {
   const records = report.records || [];
   const steps = records.map((r) => r.step);
@@ -493,7 +524,7 @@ function trackPage(report) {
     r.layers && r.layers[k] && r.layers[k].rms !== undefined ? r.layers[k].rms : NaN)}));
   const updates = [...Array(layerCount).keys()].map((k) => ({name: `L${k}`, values: records.map((r) =>
     largestUpdate(r.layers && r.layers[k]))}));
-  const parts = [el("h2", {}, w("timeline")),
+  const parts = [...(report.against ? againstSection(report.against) : []), el("h2", {}, w("timeline")),
                  lines([{name: w("loss"), values: records.map((r) => r.loss ?? NaN)}], steps, marks, w("loss")),
                  el("h2", {}, w("perLayer")), lines(perLayer, steps, marks, "rms"),
                  el("h2", {}, w("updates")), lines(updates, steps, marks, "‖ΔW‖/‖W‖", true)];
