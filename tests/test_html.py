@@ -268,6 +268,17 @@ def test_a_run_against_a_healthy_one_draws_both_and_where_they_part(invoke, tmp_
     assert f"step {first['step']}" in page.inner_text("#first-parted") and first["quantity"] in page.inner_text("#first-parted")
 
 
+def test_a_run_page_draws_the_training_logs_numbers(invoke, tmp_path, tab):
+    """Issue 44: track --log's columns (the log's loss, learning rate, gradient norm) reached the terminal only."""
+    report, path = _both(invoke, tmp_path, "track", str(LR_HIGH / "step_*"), "--text-file",
+                         str(SAMPLES / "training" / "eval.txt"), "--log", str(LR_HIGH / "log.jsonl"))
+    page, errors, _ = _open(tab, path)
+    logged = [r for r in report["records"] if r.get("log")]
+    assert errors == [] and logged
+    assert _values(page, "circle[data-series=\"the training log's loss (--log)\"]") == [r["log"]["loss"] for r in logged]
+    assert _values(page, 'svg[aria-label="lr"] circle') == [r["log"]["lr"] for r in logged]
+
+
 def test_a_run_page_draws_the_timeline_with_its_findings_and_first_sign(invoke, tmp_path, tab):
     report, path = _both(invoke, tmp_path, "track", str(LR_HIGH / "watch.jsonl"))
     page, errors, requests = _open(tab, path)

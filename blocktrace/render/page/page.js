@@ -18,6 +18,8 @@ const WORDS = {
     differs: "this layer's block differs from the model's", settings: "The block's settings",
     notDefault: "set otherwise than blocktrace's own block of this size", allSettings: "every setting",
     markNew: "a record with new findings", markFirst: "the first sign of trouble",
+    logLoss: "the training log's loss (--log)", logTitle: "The training log's learning rate and gradient norm (--log)",
+    logGradNorm: "the log's gradient norm",
     markParted: "where the runs first part", parted: "the runs part", neverParted: "the runs never part beyond what " +
       "a different seed explains", thisRun: "this run", reference: "the healthy run (--against)",
       partedAt: "what parts at this step", missing: "missing", againstTitle: "This run beside the healthy one",
@@ -56,6 +58,7 @@ const WORDS = {
     differs: "这一层的 block 与模型的不同之处", settings: "block 的设置",
     notDefault: "与同样大小的 blocktrace 默认 block 不同的设置", allSettings: "全部设置",
     markNew: "出现新结果的记录", markFirst: "最早的问题迹象",
+    logLoss: "训练日志中的损失（--log）", logTitle: "训练日志中的学习率与梯度范数（--log）", logGradNorm: "日志中的梯度范数",
     markParted: "两次运行最早分开之处", parted: "两次运行分开", neverParted: "两次运行的差别从未超出换一个随机种子所能解释的范围",
       thisRun: "本次运行", reference: "健康的运行（--against）", partedAt: "这一步分开的量", missing: "缺失",
       againstTitle: "本次运行与健康运行并列", againstLoss: "损失，两次运行",
@@ -524,8 +527,16 @@ function trackPage(report) {
     r.layers && r.layers[k] && r.layers[k].rms !== undefined ? r.layers[k].rms : NaN)}));
   const updates = [...Array(layerCount).keys()].map((k) => ({name: `L${k}`, values: records.map((r) =>
     largestUpdate(r.layers && r.layers[k]))}));
+  const logged = records.some((r) => r.log);  // --log: the training log's own numbers beside each record
+  const fromLog = (key) => records.map((r) => (r.log && typeof r.log[key] === "number" ? r.log[key] : NaN));
+  const losses = [{name: w("loss"), values: records.map((r) => r.loss ?? NaN)},
+                  ...(logged ? [{name: w("logLoss"), values: fromLog("loss")}] : [])];
   const parts = [...(report.against ? againstSection(report.against) : []), el("h2", {}, w("timeline")),
-                 lines([{name: w("loss"), values: records.map((r) => r.loss ?? NaN)}], steps, marks, w("loss")),
+                 lines(losses, steps, marks, w("loss")),
+                 ...(logged ? [el("h2", {}, w("logTitle")),
+                               lines([{name: "lr", values: fromLog("lr")}], steps, marks, "lr", true),
+                               lines([{name: w("logGradNorm"), values: fromLog("grad_norm")}], steps, marks,
+                                     w("logGradNorm"), true)] : []),
                  el("h2", {}, w("perLayer")), lines(perLayer, steps, marks, "rms"),
                  el("h2", {}, w("updates")), lines(updates, steps, marks, "‖ΔW‖/‖W‖", true)];
   if (first) {
