@@ -238,6 +238,20 @@ def test_a_depth_comparison_page_draws_both_stacks_layer_by_layer(invoke, tmp_pa
     assert "attn_share and ffn_share: the variance of the sublayer's update" in page.inner_text("main")
 
 
+def test_a_stack_page_shows_each_layers_numbers(invoke, tmp_path, tab):
+    report, path = _both(invoke, tmp_path, "run", "--layers", "3", "--d-model", "8", "--heads", "2", "--tokens",
+                         "a", "b", "c")
+    assert report["kind"] == "stack"
+    page, errors, _ = _open(tab, path)
+    assert errors == []
+    for column in ("rms", "sq_norm_per_d", "attn_share", "ffn_share"):
+        assert _values(page, f'table.layers td[data-name="{column}"]') == [layer[column] for layer in report["layers"]]
+    for layer in report["layers"]:
+        for step in layer["steps"]:
+            cells = f'#L{layer["layer"]}-step-{step["name"]} td[data-name="rms"]'
+            assert _values(page, cells) == [step["stats"]["rms"]]
+
+
 def test_a_depth_sweep_comparison_page_draws_the_gradient_at_each_depth(invoke, tmp_path, tab):
     report, path = _both(invoke, tmp_path, "compare", "--pre-ln", "--post-ln", "--layers", "2,4", "--grad")
     page, errors, _ = _open(tab, path)
