@@ -163,18 +163,46 @@ function stepKind(step) {
 
 /* A step's box as the tutorials draw it: what it computes (LayerNorm, Attention, ⊕ …) over the value it makes
    (x_norm1, attn_out, x1 …), its step name on hover with the whole formula. */
+/* The block's steps as a chain of boxes, and the residual stream drawn where the wiring puts it: an arc from the box
+   that made each sum's stream operand (x1 = x + attn_out: from the box that made x) over to its ⊕ — so Pre-LN's
+   stream skips the norms, Post-LN's leaves from the norm after each sum (drawn by drawSkips once laid out). */
 function flow(steps, prefix) {
-  const parts = [el("div", {class: "box input"}, "x", el("small", {}, w("input")))];
+  const parts = [el("div", {class: "box input", "data-value": "x"}, "x", el("small", {}, w("input")))];
   for (const step of steps.filter((s) => s.name !== "x")) {
     const kind = stepKind(step), op = step.operation || "";
     const [value, formula] = op.includes(" = ") ? op.split(" = ", 2) : [step.name, ""];
     const called = (formula.match(/^([A-Za-z_][\w]*)/) || [null, step.name])[1];
     const label = kind === "residual" ? "⊕" : called.replace("MultiHeadAttention", "Attention");
+    const stream = kind === "residual" ? (formula.match(/^\s*([\w.]+)\s*\+/) || [])[1] : undefined;
     parts.push(el("span", {class: "arrow"}, "→"),
       el("a", {href: `#${prefix}step-${step.name}`, "data-tip": `${step.name}: ${op}`},
-         el("div", {class: `box ${kind}`, "data-step": step.name}, label, el("small", {}, value))));
+         el("div", {class: `box ${kind}`, "data-step": step.name, "data-value": value, "data-stream": stream},
+            label, el("small", {}, value))));
   }
   return el("div", {class: "flow"}, parts);
+}
+
+/* Each flow's residual arcs, from its laid-out boxes (again on resize: boxes move when the row wraps). */
+function drawSkips() {
+  for (const chain of document.querySelectorAll(".flow")) {
+    chain.querySelectorAll("svg.skips").forEach((old) => old.remove());
+    const frame = chain.getBoundingClientRect();
+    if (!frame.width) continue;  // not shown (a closed section)
+    const arcs = svg("svg", {class: "skips", width: frame.width, height: frame.height, "aria-hidden": "true"});
+    for (const sum of chain.querySelectorAll(".box[data-stream]")) {
+      const from = [...chain.querySelectorAll(".box[data-value]")].find((b) => b.dataset.value === sum.dataset.stream);
+      if (!from) continue;
+      const a = from.getBoundingClientRect(), b = sum.getBoundingClientRect();
+      if (Math.abs(a.top - b.top) > a.height) continue;  // on another row of a wrapped chain: no arc across rows
+      const x1 = a.left + a.width / 2 - frame.left, x2 = b.left + b.width / 2 - frame.left, y = a.top - frame.top;
+      arcs.append(svg("path", {class: "skip", d: `M ${x1} ${y} C ${x1} ${y - 26}, ${x2} ${y - 26}, ${x2} ${y - 2}`,
+                               fill: "none", stroke: "#c2185b", "stroke-width": 2, "data-from": from.dataset.step || "x",
+                               "data-to": sum.dataset.step, "marker-end": "url(#skip-head)"}));
+    }
+    arcs.prepend(svg("defs", {}, svg("marker", {id: "skip-head", markerWidth: 8, markerHeight: 8, refX: 4, refY: 7,
+                                                orient: "0"}, svg("path", {d: "M0,0 L8,0 L4,7 z", fill: "#c2185b"}))));
+    chain.append(arcs);
+  }
 }
 
 function stepTable(steps, prefix) {
@@ -613,6 +641,7 @@ function render() {
                                                                             (f) => f.step ? `step-${f.step}` : null)]
     : PAGES[kind](REPORT);
   document.getElementById("page").replaceChildren(...fontNote(), ...settingsSection(REPORT.config), ...body);
+  drawSkips();
 }
 
 function tooltips() {
@@ -631,3 +660,4 @@ function tooltips() {
 
 render();
 tooltips();
+window.addEventListener("resize", drawSkips);
