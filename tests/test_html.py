@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 
 import pytest
@@ -167,6 +168,20 @@ def test_the_flow_draws_the_residual_stream_where_the_wiring_puts_it(invoke, tmp
     page, errors, _ = _open(tab, path)
     drawn = page.eval_on_selector_all(".flow path.skip", "ps => ps.map(p => [p.dataset.from, p.dataset.to])")
     assert errors == [] and [tuple(arc) for arc in drawn] == skips
+
+
+@pytest.mark.parametrize("lang, heading", [("en", "what each step does:"), ("zh", None)])
+def test_a_block_page_says_what_each_step_does_as_explain_does(invoke, tmp_path, tab, lang, heading):
+    """Issue 44: --explain's sentences, the best learner material in the tool, never reached the page."""
+    args = ["run", "--d-model", "4", "--heads", "2", "--tokens", "a", "b", "--post-ln", "--lang", lang]
+    terminal = invoke(*args, "--explain").stdout.splitlines()
+    start = next(i for i, line in enumerate(terminal) if line.startswith("1 ")) if heading is None else \
+        terminal.index(heading) + 1
+    said = dict(re.match(r"\d+ (\w+): (.*)", line).groups() for line in terminal[start:start + 6])
+    _, path = _both(invoke, tmp_path, *args)
+    page, errors, _ = _open(tab, path)
+    shown = page.eval_on_selector_all("details.explain dd", "ds => ds.map(d => [d.dataset.step, d.textContent])")
+    assert errors == [] and dict(shown) == said
 
 
 def test_the_page_switches_to_chinese_and_back(invoke, tmp_path, tab):

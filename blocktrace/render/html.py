@@ -13,7 +13,9 @@ from blocktrace.config import BlockConfig
 from blocktrace.errors import BlocktraceError
 from blocktrace.files import write_atomically
 from blocktrace.render.documents.json_document import dumps
-from blocktrace.vocab import Lang
+from blocktrace.render.words import explanation
+from blocktrace.vocab import Lang, Placement, ReportKind
+from blocktrace.wiring import wiring_of
 
 ASSETS = Path(__file__).resolve().parent / "page"
 TEMPLATE = """<!doctype html>
@@ -31,6 +33,7 @@ TEMPLATE = """<!doctype html>
 <div id="tip" role="tooltip" hidden></div>
 <script type="application/json" id="report">{data}</script>
 <script type="application/json" id="defaults">{defaults}</script>
+<script type="application/json" id="explain">{explain}</script>
 <script>
 {js}</script>
 </body>
@@ -56,13 +59,26 @@ def block_defaults(config) -> Optional[dict]:
         return None
 
 
+def step_explanations(report: dict) -> Optional[dict]:
+    """What each of a block's steps does (the sentences `run --explain` prints), in each language, by step name;
+    None for a report that is not one block of blocktrace's own config."""
+    config = report.get("config")
+    if report.get("kind") != ReportKind.BLOCK.value or not isinstance(config, dict) or "placement" not in config:
+        return None
+    wiring = wiring_of(Placement(config["placement"]), config.get("parallel_residual", False),
+                       config.get("one_norm", False))
+    return {language.value: {step["name"]: explanation(language, wiring, step["name"]) for step in report["steps"]}
+            for language in Lang}
+
+
 def html_page(report: dict, title: str, lang: Lang = Lang.EN) -> str:
     """The page, its document embedded so that no string in it can end or break the <script> element; beside it
     (not in it: the document is --json's) the defaults its settings are told against."""
     data = dumps(report, indent=None).translate(SCRIPT_SAFE)
     defaults = dumps(block_defaults(report.get("config")), indent=None).translate(SCRIPT_SAFE)
+    explain = dumps(step_explanations(report), indent=None).translate(SCRIPT_SAFE)
     return TEMPLATE.format(lang=Lang(lang).value, title=html.escape(f"blocktrace: {title}"), data=data,
-                           defaults=defaults,
+                           defaults=defaults, explain=explain,
                            css=(ASSETS / "page.css").read_text(encoding="utf-8"),
                            js=(ASSETS / "page.js").read_text(encoding="utf-8"))
 

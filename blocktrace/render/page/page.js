@@ -4,6 +4,16 @@
 
 const REPORT = JSON.parse(document.getElementById("report").textContent);
 const DEFAULTS = JSON.parse((document.getElementById("defaults") || {textContent: "null"}).textContent);
+const EXPLAIN = JSON.parse((document.getElementById("explain") || {textContent: "null"}).textContent);
+
+/* What each step does (run --explain's sentences), in the page's language, under the step table. */
+function explainSection(steps) {
+  const said = EXPLAIN && EXPLAIN[lang];
+  if (!said) return [];
+  return [el("details", {class: "explain", open: ""}, el("summary", {}, w("why")),
+    el("dl", {}, steps.filter((s) => said[s.name]).flatMap((s) => [el("dt", {}, s.name),
+                                                                   el("dd", {"data-step": s.name}, said[s.name])])))];
+}
 const WORDS = {
   en: {
     block: "One block, step by step", stack: "A stack of blocks", model: "A checkpoint, layer by layer",
@@ -17,7 +27,7 @@ const WORDS = {
     layers: "Layers", loss: "loss", step: "step", operation: "operation", shape: "shape", layer: "layer",
     differs: "this layer's block differs from the model's", settings: "The block's settings",
     notDefault: "set otherwise than blocktrace's own block of this size", allSettings: "every setting",
-    markNew: "a record with new findings", markFirst: "the first sign of trouble",
+    markNew: "a record with new findings", markFirst: "the first sign of trouble", why: "What each step does",
     logLoss: "the training log's loss (--log)", logTitle: "The training log's learning rate and gradient norm (--log)",
     logGradNorm: "the log's gradient norm",
     markParted: "where the runs first part", parted: "the runs part", neverParted: "the runs never part beyond what " +
@@ -57,7 +67,7 @@ const WORDS = {
     layers: "各层", loss: "损失", step: "步骤", operation: "运算", shape: "形状", layer: "层",
     differs: "这一层的 block 与模型的不同之处", settings: "block 的设置",
     notDefault: "与同样大小的 blocktrace 默认 block 不同的设置", allSettings: "全部设置",
-    markNew: "出现新结果的记录", markFirst: "最早的问题迹象",
+    markNew: "出现新结果的记录", markFirst: "最早的问题迹象", why: "每一步做什么",
     logLoss: "训练日志中的损失（--log）", logTitle: "训练日志中的学习率与梯度范数（--log）", logGradNorm: "日志中的梯度范数",
     markParted: "两次运行最早分开之处", parted: "两次运行分开", neverParted: "两次运行的差别从未超出换一个随机种子所能解释的范围",
       thisRun: "本次运行", reference: "健康的运行（--against）", partedAt: "这一步分开的量", missing: "缺失",
@@ -344,6 +354,7 @@ function blockPage(report, prefix = "") {
   const steps = report.steps || [];
   const rows = report.input ? [report.input, ...steps] : steps;  // the terminal's row 0: the input x
   const parts = [el("h2", {}, w("flow")), flow(steps, prefix), el("h2", {}, w("table")), stepTable(rows, prefix),
+                 ...(prefix ? [] : explainSection(steps)),
                  el("h2", {}, w("size")), bars(steps, (s) => s.stats.rms, (s) => s.name, "rms"),
                  ...attentionSection(report.attention, tokensOf(report))];
   if (report.gradients && report.gradients.layers && report.gradients.layers[0]) {
