@@ -353,9 +353,9 @@ def test_the_page_is_one_file_that_fetches_nothing(invoke, tmp_path):
     # no stylesheet, script or image from elsewhere, and no request made by the script (the browser tests above
     # also see no request leave the file); the one URL in it is the SVG namespace, a name and not an address
     assert not any(word in text for word in ("<link", " src=", "fetch(", "XMLHttpRequest", "https://", "import("))
-    # the page's three scripts (the document, the defaults its settings are told against, the code): the token
-    # "</script>" is escaped inside the embedded JSON
-    assert text.count("</script>") == 3
+    # each of the page's scripts (the document, the data beside it, the code) is closed once: the token "</script>"
+    # is escaped inside the embedded JSON
+    assert text.count("</script>") == text.count("<script") == 4
 
 
 HOSTILE_TOKENS = ["<!--", "<script>", "</script>", "x-->", "&amp;", "]]>"]
