@@ -160,11 +160,14 @@ def test_a_page_with_chinese_says_when_the_browser_has_no_font_for_it(invoke, tm
     ("--pre-ln", [("x", "residual1"), ("residual1", "residual2")]),  # the stream bypasses both norms
     ("--post-ln", [("x", "residual1"), ("norm1", "residual2")]),  # it leaves from the norm after each sum
     ("--sandwich", [("x", "residual1"), ("residual1", "residual2")]),
+    (str(SAMPLES / "neox-tiny"), [("x", "residual1"), ("x", "norm2"), ("residual1", "residual2")]),  # parallel
 ])
 def test_the_flow_draws_the_residual_stream_where_the_wiring_puts_it(invoke, tmp_path, tab, wiring, skips):
     """Issue 44: the flow strip was a plain chain, so Pre-LN and Post-LN looked alike. Each sum's stream operand is
     drawn as an arc from the box that made it to its ⊕, read from the steps' operations (x1 = x + attn_out)."""
-    report, path = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "a", "b", wiring)
+    given = ["--weights", wiring, "--token-ids", "1", "2"] if "/" in wiring else \
+        ["--d-model", "4", "--heads", "2", "--tokens", "a", "b", wiring]
+    report, path = _both(invoke, tmp_path, "run", *given)
     page, errors, _ = _open(tab, path)
     drawn = page.eval_on_selector_all(".flow path.skip", "ps => ps.map(p => [p.dataset.from, p.dataset.to])")
     assert errors == [] and [tuple(arc) for arc in drawn] == skips

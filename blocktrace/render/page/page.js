@@ -178,12 +178,18 @@ function stepKind(step) {
    stream skips the norms, Post-LN's leaves from the norm after each sum (drawn by drawSkips once laid out). */
 function flow(steps, prefix) {
   const parts = [el("div", {class: "box input", "data-value": "x"}, "x", el("small", {}, w("input")))];
+  let previous = "x";
   for (const step of steps.filter((s) => s.name !== "x")) {
     const kind = stepKind(step), op = step.operation || "";
     const [value, formula] = op.includes(" = ") ? op.split(" = ", 2) : [step.name, ""];
     const called = (formula.match(/^([A-Za-z_][\w]*)/) || [null, step.name])[1];
     const label = kind === "residual" ? "⊕" : called.replace("MultiHeadAttention", "Attention");
-    const stream = kind === "residual" ? (formula.match(/^\s*([\w.]+)\s*\+/) || [])[1] : undefined;
+    // a sum's stream operand (x1 = x + attn_out: x); a step that reads another value than the box before it
+    // (a parallel block's norm2 = LayerNorm(x), after x1) branches from that value's box
+    const reads = (formula.match(/^[A-Za-z_][\w]*\(\s*([\w.]+)\s*\)/) || [])[1];
+    const stream = kind === "residual" ? (formula.match(/^\s*([\w.]+)\s*\+/) || [])[1]
+      : reads && reads !== previous ? reads : undefined;
+    previous = value;
     parts.push(el("span", {class: "arrow"}, "→"),
       el("a", {href: `#${prefix}step-${step.name}`, "data-tip": `${step.name}: ${op}`},
          el("div", {class: `box ${kind}`, "data-step": step.name, "data-value": value, "data-stream": stream},
