@@ -139,6 +139,21 @@ def _unknown_layout(tmp_path) -> Path:
     return path
 
 
+def _zip_that_lies(tmp_path) -> Path:
+    """torch.save's zip whose central directory claims every entry is a gigabyte (issue 45: headers that lie)."""
+    import struct
+
+    path = tmp_path / "lies.pt"
+    torch.save({"h.0.attn.c_attn.weight": torch.zeros(8, 24)}, path)
+    data = bytearray(path.read_bytes())
+    at = data.find(b"PK\x01\x02")
+    while at != -1:
+        data[at + 20:at + 28] = struct.pack("<II", 10**9, 10**9)  # compressed and uncompressed sizes
+        at = data.find(b"PK\x01\x02", at + 4)
+    path.write_bytes(bytes(data))
+    return path
+
+
 BAD_FILES = {
     "missing": (lambda tmp: tmp / "nope", "does not exist"),
     "empty directory": (lambda tmp: tmp, "holds no model.safetensors, model.safetensors.index.json or PyTorch checkpoint"),
@@ -153,6 +168,7 @@ BAD_FILES = {
                       "train.bin is not a PyTorch checkpoint: torch.save writes a zip archive or a pickle, and this "
                       "file starts with neither; raw token ids (such as nanoGPT's train.bin) are an input: "
                       "--token-ids-file"),
+    "a zip whose headers lie": (_zip_that_lies, "lies.pt is not a readable PyTorch checkpoint"),
     "wrong shape": (_wrong_shape, "tensor 'h.1.mlp.c_fc.weight' has shape [64, 200], expected [64, 256]"),
     "unknown layout": (_unknown_layout, "unknown checkpoint layout; tried gpt2 (h.{k}.* or transformer.h.{k}.*); "
                        "bert"),
