@@ -13,7 +13,7 @@ from blocktrace.config import BlockConfig
 from blocktrace.errors import BlocktraceError
 from blocktrace.files import write_atomically
 from blocktrace.render.documents.json_document import dumps
-from blocktrace.render.words import explanation
+from blocktrace.render.words import explained_steps
 from blocktrace.vocab import Lang, Placement, ReportKind
 from blocktrace.wiring import wiring_of
 
@@ -67,8 +67,9 @@ def step_explanations(report: dict) -> Optional[dict]:
         return None
     wiring = wiring_of(Placement(config["placement"]), config.get("parallel_residual", False),
                        config.get("one_norm", False))
-    return {language.value: {step["name"]: explanation(language, wiring, step["name"]) for step in report["steps"]}
-            for language in Lang}
+    said = {language: explained_steps(language, wiring) for language in Lang}
+    return {language.value: {step["name"]: said[language][step["name"]] for step in report["steps"]
+                             if step["name"] in said[language]} for language in Lang}
 
 
 def html_page(report: dict, title: str, lang: Lang = Lang.EN) -> str:

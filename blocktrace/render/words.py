@@ -229,3 +229,8 @@ SENTENCES = {PRE.name: _PRE, PARALLEL.name: _over(_PRE, _PARALLEL),
 def explanation(lang: Lang, wiring: Wiring, step: str) -> str:
     """One sentence on what `step` does under this wiring."""
     return SENTENCES[wiring.name][lang][step]
+
+
+def explained_steps(lang: Lang, wiring: Wiring) -> dict[str, str]:
+    """Every step this wiring's sentences cover, with its sentence."""
+    return dict(SENTENCES[wiring.name][lang])
