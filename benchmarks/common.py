@@ -132,7 +132,8 @@ OWN_SECTIONS = ("## Real sizes: 3B and 8B checkpoints, `check` beside HF",
                 "## Reading ahead: `check` from a cold page cache",
                 "## A command's process, start to exit",
                 # pasted from bench_training.py --watch-only and bench_track_records.py, which print and do not write
-                "## The Watch with the audit, the invariants and the descent probe; track over many records (2026-12-03)")
+                "## The Watch with the audit, the invariants and the descent probe; track over many records (2026-12-03)",
+                "## The Watch under DDP: cost and collectives (2 and 4 gloo ranks, CPU)")
 
 
 def kept_section(text: str, heading: str) -> str:
