@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import DATA, OWN_SECTIONS, machine_facts, write_section
+from common import DATA, OWN_SECTIONS, bf16_native, machine_facts, write_section
 
 HERE = Path(__file__).resolve().parent
 SECTION, GRAD_SECTION = OWN_SECTIONS[0], OWN_SECTIONS[2]
@@ -268,7 +268,7 @@ def _gradient_rows(cases: list[tuple[str, bool]]) -> str:
 
 
 def cases_here() -> list[tuple[str, bool]]:
-    return NATIVE_CASES if "bfloat16 native" in machine_facts()["cpu"] else CASES
+    return NATIVE_CASES if bf16_native() else CASES
 
 
 def main() -> None:

@@ -50,9 +50,9 @@ def _cpu_lines() -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=1)
-def bf16_capability() -> str:
-    """Whether bfloat16 is native here, by the CPU's flags and by a [4096 × 4096] matmul timed in bfloat16 and in
-    float32 (best of two, after one warm-up): a bfloat16 row of a benchmark is read against it."""
+def _bf16_probe() -> tuple[bool, str]:
+    """(whether bfloat16 is native here, what says so): the CPU's flags and a [4096 × 4096] matmul timed in bfloat16
+    and in float32 (best of two, after one warm-up); native when bfloat16 is the faster."""
     import torch
 
     fields = _cpu_lines()
@@ -63,9 +63,21 @@ def bf16_capability() -> str:
         a, b = (torch.randn(BF16_PROBE, BF16_PROBE, generator=torch.Generator().manual_seed(k)).to(dtype) for k in (0, 1))
         a @ b
         seconds[dtype] = min(_timed(lambda: a @ b) for _ in range(2))
-    fast = seconds[torch.bfloat16] < seconds[torch.float32]
-    return (f"bfloat16 {'native' if fast else 'emulated'} ({', '.join(found) or 'no bf16 flag'}; a {BF16_PROBE}² matmul "
-            f"{seconds[torch.bfloat16]:.2f} s in bfloat16 against {seconds[torch.float32]:.2f} s in float32)")
+    native = seconds[torch.bfloat16] < seconds[torch.float32]
+    return native, (f"bfloat16 {'native' if native else 'emulated'} ({', '.join(found) or 'no bf16 flag'}; a "
+                    f"{BF16_PROBE}² matmul {seconds[torch.bfloat16]:.2f} s in bfloat16 against "
+                    f"{seconds[torch.float32]:.2f} s in float32)")
+
+
+def bf16_native() -> bool:
+    """Whether bfloat16 arithmetic is native on this CPU (_bf16_probe): a bfloat16 row of a benchmark is read
+    against it."""
+    return _bf16_probe()[0]
+
+
+def bf16_capability() -> str:
+    """The bfloat16 verdict in words, for a benchmark's header."""
+    return _bf16_probe()[1]
 
 
 def _timed(run) -> float:

@@ -25,6 +25,15 @@ def is_timeline(path: Path) -> bool:
     return Path(path).suffix.lower() in TIMELINE_SUFFIXES
 
 
+def starts_like_torch_save(path: Path) -> bool:
+    """Whether a file's first bytes are torch.save's (TORCH_FILE_HEADS); False for one that cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(2).startswith(TORCH_FILE_HEADS)
+    except OSError:
+        return False
+
+
 def may_hold_weights(path: Path) -> bool:
     """Whether a path could be a checkpoint: anything but a regular file whose name and first bytes say it is none
     (no weight suffix, neither torch.save's zip or pickle nor safetensors' 8-byte length and JSON header). A path

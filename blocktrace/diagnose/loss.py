@@ -67,20 +67,19 @@ def shifted_labels(ids: torch.Tensor, token_mask: Optional[torch.Tensor], shift:
     return labels
 
 
-def shift_losses(logits: torch.Tensor, ids: torch.Tensor, token_mask: Optional[torch.Tensor],
-                 log_z: Optional[torch.Tensor] = None) -> Optional[dict]:
+def shift_losses(logits: torch.Tensor, ids: torch.Tensor, token_mask: Optional[torch.Tensor]) -> Optional[dict]:
     """The loss at each shift of SHIFTS over the same positions (those with a token max(SHIFTS) ahead); None when
-    fewer than SHIFT_MIN_POSITIONS positions have one. `log_z` (log_normalisers of the logits) when already made."""
+    fewer than SHIFT_MIN_POSITIONS positions have one. (loss_report computes them with the loss, in its one copy.)"""
     with torch.no_grad():
-        return _by_shift(to_host(_shift_losses(logits, ids, token_mask, log_z)))
+        return _by_shift(to_host(_shift_losses(logits, ids, token_mask, log_normalisers(logits))))
 
 
-def _shift_losses(logits, ids, token_mask, log_z) -> Optional[dict]:
-    """shift_losses on the device: {"losses": {shift: loss}, "positions": count}, or None before any tensor."""
+def _shift_losses(logits, ids, token_mask, log_z: torch.Tensor) -> Optional[dict]:
+    """shift_losses on the device, from the logits' log-normalisers: {"losses": {shift: loss}, "positions": count},
+    or None before any tensor."""
     last = ids.shape[1] - max(SHIFTS)
     if last < 1:
         return None
-    log_z = log_normalisers(logits) if log_z is None else log_z
     labels = {shift: shifted_labels(ids, token_mask, shift, last) for shift in SHIFTS}
     return {"losses": {shift: _mean_loss(logits, log_z, label) for shift, label in labels.items()},
             "positions": (labels[max(SHIFTS)] != IGNORE).sum()}

@@ -61,11 +61,11 @@ def make_norm(config: BlockConfig) -> nn.Module:
 
 
 # Query rows per chunk are chosen so one chunk's scores stay under this many bytes: on a GPU, one large chunk (few
-# kernels); on a CPU a few MiB. Measured at GPT-2 small and XL, T 1024 (benchmarks/bench.py): the forward takes 0.80×
-# and 0.92× as long in chunks of 8 MiB as in one [H, T, T] matrix of 48 and 100 MiB. Likely why (not measured apart):
-# a chunk's temporaries stay in the last-level cache and below glibc's largest mmap threshold (32 MiB), so they reuse
-# freed memory instead of faulting in fresh pages at every matrix; chunks of 12 MiB were as slow as one matrix in
-# some runs and not in others.
+# kernels); on a CPU a few MiB. Measured at GPT-2 small and XL, T 1024 (benchmarks/bench.py, RESULTS.md): the forward
+# in one [H, T, T] matrix of 48 and 100 MiB takes 1.15× and 1.12× as long as in chunks of 8 MiB. Likely why (not
+# measured apart): a chunk's temporaries stay in the last-level cache and below glibc's largest mmap threshold
+# (32 MiB), so they reuse freed memory instead of faulting in fresh pages at every matrix; chunks of 12 MiB were as
+# slow as one matrix in some runs and not in others.
 ATTENTION_CHUNK_BYTES = 256 * 2**20
 CPU_ATTENTION_CHUNK_BYTES = 8 * 2**20
 

@@ -20,7 +20,7 @@ from safetensors import safe_open
 
 from blocktrace.errors import WeightsError
 from blocktrace.files import file_kind
-from blocktrace.request import TORCH_FILE_HEADS, may_hold_weights
+from blocktrace.request import may_hold_weights, starts_like_torch_save
 from blocktrace.sizing import available_bytes
 from blocktrace.sources import readahead
 from blocktrace.sources.configfile import ConfigFile
@@ -48,12 +48,6 @@ def _refuse_pickle(path: Path) -> None:
     raise WeightsError(f"{path} is a plain pickle, which blocktrace does not unpickle (it can run arbitrary code); "
                        "save the model's state_dict with torch.save (read with torch's restricted loader) or "
                        "safetensors")
-
-
-def _looks_like_pickle(path: Path) -> bool:
-    """Asked only of files safetensors could not open: a safetensors header length may start with 0x80 too."""
-    with open(path, "rb") as handle:
-        return handle.read(2).startswith(TORCH_FILE_HEADS)
 
 
 def _stat(path: Path, role: str = "") -> os.stat_result:
@@ -201,7 +195,7 @@ def _open_safetensors(file: Path):
     except OSError as error:
         raise WeightsError(f"cannot read {file}: {error.strerror or error}") from None
     except Exception as error:  # safetensors raises its own error types for bad headers
-        if _looks_like_pickle(file):
+        if starts_like_torch_save(file):  # asked only once safetensors failed: its header length may start so too
             raise WeightsError(f"{file} is a pickle named .safetensors: rename it to .pt to read it with torch's "
                                "restricted loader") from None
         if not may_hold_weights(file):

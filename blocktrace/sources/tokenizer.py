@@ -7,6 +7,7 @@ text; truncation would drop text silently). Special tokens are labelled by their
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Optional
 
@@ -17,16 +18,25 @@ TOKENIZER_FILE = "tokenizer.json"
 
 
 def _load(directory: Path):
+    """The directory's tokenizer (None without one), parsed once while the file stays as it is: encoding a text file
+    line by line, labelling the tokens and counting the unknown ones all ask for it."""
     path = directory / TOKENIZER_FILE
     if not path.is_file():
         return None
+    stamp = path.stat()
+    return _parsed(str(path), stamp.st_mtime_ns, stamp.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(path: str, mtime_ns: int, size: int):
+    """tokenizer.json read and set up; the modification time and size are the cache's key, not read here."""
     try:
         from tokenizers import Tokenizer
     except ImportError:
         raise UsageError("--text needs the tokenizers package: pip install -e '.[text]' "
                          "(or pass --token-ids)") from None
     try:
-        tokenizer = Tokenizer.from_file(str(path))
+        tokenizer = Tokenizer.from_file(path)
     except Exception as error:  # the tokenizers library raises its own exception types
         raise InputError(f"{path} is not a valid tokenizer file: {str(error).splitlines()[0][:200]}") from None
     tokenizer.no_padding()

@@ -13,6 +13,7 @@ where it stores them (nanoGPT: `model_args`, Lightning: `hyper_parameters`), wit
 from __future__ import annotations
 
 import inspect
+import os
 import pickle
 import warnings
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import Optional
 import torch
 
 from blocktrace.errors import WeightsError
-from blocktrace.request import TORCH_FILE_HEADS
+from blocktrace.request import starts_like_torch_save
 
 TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 # Where training code keeps the state dict inside a checkpoint, in the order they are tried.
@@ -47,12 +48,7 @@ def has_safe_loader() -> bool:
 
 def _refuse_other_bytes(path: Path) -> None:
     """A weight-named file that torch.save did not write (nanoGPT's train.bin of raw token ids is the usual one)."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(2)
-    except OSError:
-        return  # the loader says why it cannot be read
-    if not head.startswith(TORCH_FILE_HEADS):
+    if os.access(path, os.R_OK) and not starts_like_torch_save(path):  # unreadable: the loader says why
         raise WeightsError(f"{path} is not a PyTorch checkpoint: torch.save writes a zip archive or a pickle, and this "
                            "file starts with neither; raw token ids (such as nanoGPT's train.bin) are an input: "
                            f"--token-ids-file {path}")
