@@ -14,6 +14,8 @@ import shutil
 import pytest
 from helpers import ROOT, SAMPLES
 
+from blocktrace.render.translate import chinese, sentences
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # CI installs Debian's chromium (.ci/run); a machine without it cannot run these, and says so.
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (Debian: apt-get install "
@@ -207,6 +209,31 @@ def test_check_and_track_pages_start_in_the_language_asked(invoke, tmp_path, tab
     assert page.inner_text("#language") == "English"  # the button offers the other language
 
 
+# Three English words in a row: a sentence left untranslated (code, names and formulas are single words or symbols).
+ENGLISH_WORDS = re.compile(r"[A-Za-z]{2,}(?:[ ,'’-]+[A-Za-z]{2,}){2,}")
+COMMAND = re.compile(r"blocktrace [a-z]+( [A-Z]+| --[a-z-]+)+")  # a command the Chinese advice quotes as typed
+
+
+@pytest.mark.parametrize("command, said", [
+    (["check", "--weights", str(LR_HIGH / "step_0010"), "--token-ids", *map(str, range(1, 9))], "建议"),
+    (["track", str(LR_HIGH / "watch.jsonl")], "最早的问题迹象"),
+    (["run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼"], "每一步做什么"),
+    (["compare", "--pre-ln", "--post-ln"], "连线方式之间的差异")])
+def test_a_chinese_page_says_no_sentence_in_english(invoke, tmp_path, tab, command, said):
+    """Every finding's detail, each cause's evidence and advice, the levels and causes: Chinese on a zh page, each
+    sentence of the report translated (the note for a browser without a CJK font stays English: it must be read
+    where Chinese cannot be)."""
+    report, path = _both(invoke, tmp_path, *command, "--lang", "zh")
+    assert all(chinese(sentence) is not None for sentence in sentences(report))
+    page, errors, _ = _open(tab, path)
+    page.eval_on_selector_all("details", "all => all.forEach((d) => { d.open = true; })")
+    page.wait_for_timeout(100)  # closed layers draw their contents when opened
+    text = page.evaluate("() => { document.querySelectorAll('.font-note').forEach((n) => n.remove()); "
+                         "return document.body.innerText; }")
+    assert errors == [] and said in text
+    assert ENGLISH_WORDS.findall(COMMAND.sub("", text)) == []
+
+
 def test_a_checkpoint_page_links_each_finding_to_its_layer_and_step(invoke, tmp_path, tab):
     report, path = _both(invoke, tmp_path, "check", "--weights", str(LR_HIGH / "step_0010"), "--text-file",
                          str(SAMPLES / "training" / "eval.txt"))
@@ -358,7 +385,7 @@ def test_the_page_is_one_file_that_fetches_nothing(invoke, tmp_path):
     assert not any(word in text for word in ("<link", " src=", "fetch(", "XMLHttpRequest", "https://", "import("))
     # each of the page's scripts (the document, the data beside it, the code) is closed once: the token "</script>"
     # is escaped inside the embedded JSON
-    assert text.count("</script>") == text.count("<script") == 4
+    assert text.count("</script>") == text.count("<script") == 5
 
 
 HOSTILE_TOKENS = ["<!--", "<script>", "</script>", "x-->", "&amp;", "]]>"]

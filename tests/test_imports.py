@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "blocktrace"
 # Lowest first. The pipeline returns results (the report dicts of pipeline/report.py) and render only shows them,
 # so render sits above it; training is below the pipeline (`track` checks each checkpoint through
 # pipeline/track.py, as every command goes through the pipeline); cli and the entry points on top.
-LAYERS = ["_version", "vocab", "errors", "wiring", "config", "sizing", "host", "progress", "files", "request",
+LAYERS = ["_version", "vocab", "phrases", "errors", "wiring", "config", "sizing", "host", "progress", "files", "request",
           "model", "sources", "tracing", "diagnose", "training", "pipeline", "render", "integrations", "cli",
           "__init__", "__main__"]
 

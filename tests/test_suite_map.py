@@ -29,6 +29,7 @@ TESTED_IN = {
     "render/documents/json_document.py": (["test_errors.py", "test_app.py"], "strict JSON (non-finite numbers as "
                                           "null, listed), and the document chosen by its flag"),
     "render/inspect.py": (["test_cli_weights.py"], "inspect's table"),
+    "phrases.py": (["test_translate.py"], "every template said in the code, read back and said in Chinese"),
     "sources/inspect.py": (["test_cli_weights.py"], "inspect's document against the file's own tensors"),
     "sources/reading.py": (["test_hostile_inputs.py", "test_fuzz_files.py"], "every file read: size limits, "
                            "encodings, JSON that is not"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
+from blocktrace.phrases import phrase
 from blocktrace.diagnose.checks import Cause, Finding, Scope, check, finding
 from blocktrace.vocab import Level
 
@@ -50,17 +51,19 @@ def _number(value) -> Optional[float]:
        "a loss is minimised only by steps along −∇L",
        "every optimizer step climbs the loss: a flag copied from another model's optimizer, or a schedule that "
        "went below 0", Cause.OPTIMIZER, direct=True,
-       advice="build the optimizer with maximize=False (the default) and keep every learning rate ≥ 0")
+       advice=phrase("build the optimizer with maximize=False (the default) and keep every learning rate ≥ 0"))
 def _optimizer_ascends(history: Sequence[dict], entry: dict) -> list[Finding]:
     flags = []
     for index, group in _groups(entry):
         lr = _number(group.get("lr"))
         if group.get("maximize") is True:
             flags.append(finding(Level.ERROR, None, None, 1.0,
-                                 f"{_class(entry)}'s param group {index} has maximize=True: each step climbs the loss"))
+                                 phrase("{class_}'s param group {index} has maximize=True: each step climbs the loss",
+                                        class_=_class(entry), index=index)))
         elif lr is not None and lr < 0:
             flags.append(finding(Level.ERROR, None, None, lr,
-                                 f"{_class(entry)}'s param group {index} has lr={lr:g} < 0: each step climbs the loss"))
+                                 phrase("{class_}'s param group {index} has lr={lr:g} < 0: each step climbs the loss",
+                                        class_=_class(entry), index=index, lr=lr)))
     return flags
 
 
@@ -73,8 +76,8 @@ def _optimizer_ascends(history: Sequence[dict], entry: dict) -> list[Finding]:
        "the optimizer's moments do not average the gradients as its definition requires: swapped betas (0.999, "
        "0.9), a rate of 1 or above, a momentum of 1 — its steps are stale or unbounded", Cause.OPTIMIZER,
        direct=True,
-       advice="use betas in [0, 1) with β1 < √β2 — published recipes use (0.9, 0.95), (0.9, 0.98) or (0.9, 0.999) "
-       "— and a momentum below 1 (0.9 is usual)")
+       advice=phrase("use betas in [0, 1) with β1 < √β2 — published recipes use (0.9, 0.95), (0.9, 0.98) or (0.9, "
+                     "0.999) — and a momentum below 1 (0.9 is usual)"))
 def _moment_rates_invalid(history: Sequence[dict], entry: dict) -> list[Finding]:
     adam = ADAM_FAMILY in _class(entry).lower()
     flags = []
@@ -82,7 +85,9 @@ def _moment_rates_invalid(history: Sequence[dict], entry: dict) -> list[Finding]
         fault = _moment_fault(group, adam)
         if fault:
             value, detail = fault
-            flags.append(finding(Level.ERROR, None, None, value, f"{_class(entry)}'s param group {index}: {detail}"))
+            flags.append(finding(Level.ERROR, None, None, value, phrase("{class_}'s param group {index}: {detail}",
+                                                                        class_=_class(entry), index=index,
+                                                                        detail=detail)))
     return flags
 
 
@@ -91,13 +96,13 @@ def _moment_fault(group: dict, adam: bool) -> Optional[tuple[float, str]]:
     betas = [b for b in (group.get("betas") or []) if _number(b) is not None]
     outside = [b for b in betas if not 0 <= b < 1]
     if outside:
-        return outside[0], f"betas={tuple(betas)} has {outside[0]:g} outside [0, 1)"
+        return outside[0], phrase("betas={betas} has {beta:g} outside [0, 1)", betas=tuple(betas), beta=outside[0])
     momentum = _number(group.get("momentum"))
     if momentum is not None and not 0 <= momentum < 1:
-        return momentum, f"momentum={momentum:g} is outside [0, 1)"
+        return momentum, phrase("momentum={momentum:g} is outside [0, 1)", momentum=momentum)
     if adam and len(betas) == 2 and betas[0] >= math.sqrt(betas[1]):
-        return betas[0], (f"betas={tuple(betas)}: β1 = {betas[0]:g} ≥ √β2 = {math.sqrt(betas[1]):.4g}, outside the region "
-                "where Adam converges (β1 < √β2)")
+        return betas[0], phrase("betas={betas}: β1 = {beta1:g} ≥ √β2 = {root:.4g}, outside the region where Adam "
+                                "converges (β1 < √β2)", betas=tuple(betas), beta1=betas[0], root=math.sqrt(betas[1]))
     return None
 
 
@@ -109,7 +114,8 @@ def _moment_fault(group: dict, adam: bool) -> Optional[tuple[float, str]]:
        "use about 1e-4 (GPT-3 and nanoGPT: lr 6e-4 × λ 0.1)",
        "the weight decay shrinks the weights faster than the gradients can hold them up: a decay meant for L2 "
        "(λ around 1e-4 × lr⁻¹) given to AdamW, or λ and lr swapped", Cause.OPTIMIZER, direct=True,
-       advice="use a decoupled weight decay λ around 0.1 with learning rates around 1e-3 or below (lr·λ near 1e-4)")
+       advice=phrase("use a decoupled weight decay λ around 0.1 with learning rates around 1e-3 or below (lr·λ near "
+                     "1e-4)"))
 def _weight_decay_too_strong(history: Sequence[dict], entry: dict) -> list[Finding]:
     flags = []
     for index, group in _groups(entry):
@@ -119,8 +125,10 @@ def _weight_decay_too_strong(history: Sequence[dict], entry: dict) -> list[Findi
         product = lr * decay
         if product >= DECAY_TOO_STRONG:
             flags.append(finding(Level.ERROR if product >= 1 else Level.WARNING, None, None, product,
-                                 f"{_class(entry)}'s param group {index}: lr·weight_decay = {lr:g} × {decay:g} = "
-                                 f"{product:.3g}: each step multiplies the weights by {1 - product:.3g}"))
+                                 phrase("{class_}'s param group {index}: lr·weight_decay = {lr:g} × {decay:g} = "
+                                        "{product:.3g}: each step multiplies the weights by {kept:.3g}",
+                                        class_=_class(entry), index=index, lr=lr, decay=decay, product=product,
+                                        kept=1 - product)))
     return flags
 
 
@@ -138,14 +146,15 @@ DROPOUT_HALF = 0.5  # a rate that drops at least every other activation: publish
        "language-model recipes use 0 to 0.3 (GPT-2, BERT and T5 0.1, nanoGPT's Shakespeare 0.2, none above 0.3)",
        "most of each layer's signal is dropped at every step, so the gradient is mostly noise: a config value left "
        "on, or a keep probability given where a drop rate is meant", Cause.ARCHITECTURE,
-       advice="set dropout to the recipe's rate (0.0 to 0.1 for pre-training a language model; p is the share "
-       "dropped, not kept)")
+       advice=phrase("set dropout to the recipe's rate (0.0 to 0.1 for pre-training a language model; p is the share "
+                     "dropped, not kept)"))
 def _dropout_too_high(history: Sequence[dict], entry: dict) -> list[Finding]:
     dropout = (entry.get("loop") or {}).get("dropout")
     if not isinstance(dropout, dict) or not (_number(dropout.get("p")) or 0) >= DROPOUT_HALF:
         return []
     return [finding(Level.WARNING, None, None, dropout["p"],
-                    f"{dropout.get('module')} drops p = {dropout['p']:g} of its activations")]
+                    phrase("{module} drops p = {dropout:g} of its activations", module=dropout.get('module'),
+                           dropout=dropout['p']))]
 
 
 @check(Scope.TRAINING, "weights_zero_stuck",
@@ -157,8 +166,8 @@ def _dropout_too_high(history: Sequence[dict], entry: dict) -> list[Finding]:
        "passes",
        "the layer cannot learn from this point: an initialisation that zeroes every matrix (nn.init.zeros_ "
        "applied to all Linear layers), or weights zeroed by a loader", Cause.INITIALISATION, direct=True,
-       advice="initialise weight matrices randomly (nn.init.normal_(std=0.02) as GPT-2 does); zero only a "
-       "residual branch's output projection if a recipe asks for it")
+       advice=phrase("initialise weight matrices randomly (nn.init.normal_(std=0.02) as GPT-2 does); zero only a "
+                     "residual branch's output projection if a recipe asks for it"))
 def _weights_zero_stuck(history: Sequence[dict], entry: dict) -> list[Finding]:
     first = history[0] if history else entry  # the run's first record: zero there is the initialisation's
     flags = []
@@ -168,8 +177,9 @@ def _weights_zero_stuck(history: Sequence[dict], entry: dict) -> list[Finding]:
         if stuck:  # (weights zeroed after the first record are weights_zeroed's)
             kinds = list(dict.fromkeys(stuck[0]))
             flags.append(finding(Level.ERROR, None, layer["layer"], 0.0,
-                                 f"{' and '.join(kinds)} {'are' if len(kinds) > 1 else 'is'} exactly 0 since the "
-                                 f"first record (step {first['step']}): no gradient can move them"))
+                                 phrase("{kinds} {are} exactly 0 since the first record (step {step}): no gradient "
+                                        "can move them", kinds=" and ".join(kinds),
+                                        are="are" if len(kinds) > 1 else "is", step=first["step"])))
     return flags
 
 

@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from blocktrace.phrases import phrase
 from blocktrace.diagnose.checks import CHECKS, Cause, Flag
 from blocktrace.vocab import Level
 
@@ -85,40 +86,42 @@ def in_context(flags: Optional[list[Flag]], context: Context) -> Optional[list[F
 
 
 ADVICE = {
-    Cause.LEARNING_RATE: "lower the peak learning rate (a tenth is a first try), keep a warm-up, and clip the "
-                         "gradient norm at 1.0",
-    Cause.WARMUP: "add a learning-rate warm-up over the first few hundred steps (Xiong et al. 2020: Post-LN needs "
-                  "one), and lower the peak learning rate if it still diverges",
-    Cause.INITIALISATION: "re-initialise the weights at the usual scale — N(0, 0.02) as GPT-2 or std 1/√fan_in — "
-                          "with the residual output projections scaled by 1/√(2·layers)",
-    Cause.ARCHITECTURE: "the FFN's units are dead: use GELU or SwiGLU instead of ReLU, or a lower learning rate and "
-                        "FFN biases initialised at 0",
-    Cause.PRECISION: "train in bfloat16 or float32, or keep float16 with a loss scaler (torch.amp.GradScaler) and "
-                     "float32 norms and softmax",
-    Cause.MASK: "apply the causal mask to the attention scores before the softmax (is_causal=True, or an additive "
-                "mask of -inf above the diagonal)",
-    Cause.RESIDUAL: "add the un-normalised stream: x = x + sublayer(norm(x)) in Pre-LN, not norm(x) + sublayer(...)",
-    Cause.NORM: "make the norm normalise each token over its last dimension, and keep it in the forward path",
-    Cause.DATA: "check the data pipeline: what reaches the model (NaN or Inf, a batch repeated, targets equal to the "
-                "inputs instead of shifted by one)",
-    Cause.OPTIMIZER: "check the optimizer: that optimizer.step() runs after backward(), that it holds every parameter "
-                     "of the model, its eps and betas (Adam: 1e-8, 0.9/0.95–0.999) and its weight decay (≈ 0.1, off "
-                     "the norms' gains)",
-    Cause.GRADIENT_FLOW: "find where the layer is cut from the loss: a .detach() or torch.no_grad() in the forward, "
-                         "requires_grad=False set by mistake, or a hook that zeroes its gradient",
-    Cause.WEIGHTS: "find the code that writes the weights outside the optimizer (loading, surgery, a hook, an "
-                   "in-place op on a parameter) and reload the last good checkpoint",
-    Cause.TRAINING_LOOP: "check the training loop's order and modes: optimizer.zero_grad() once per optimizer step "
-                         "(before the next backward), optimizer.step() after backward() and before zero_grad(), "
-                         "model.train() after every evaluation",
-    Cause.LOSS_FUNCTION: "compute the loss as F.cross_entropy(logits, targets) on raw logits (no softmax before it), "
-                         "averaged over the counted tokens (reduction='mean')",
-    Cause.UNKNOWN: "the evidence says that training fails but points at no mechanism: compare the run with a healthy "
-                   "one (blocktrace track RUN --against HEALTHY), and watch it with optimizer= given so that the "
-                   "loop's invariants are checked",
-    Cause.ROUTING: "train the router with the load-balance loss (Switch/Mixtral: router_aux_loss_coef 0.01 × E·Σ f·P; "
-                   "in HF set output_router_logits) and the router z-loss (ST-MoE: 1e-3 × mean logsumexp²), give the "
-                   "router a lower learning rate, and keep its logits and softmax in float32",
+    Cause.LEARNING_RATE: phrase("lower the peak learning rate (a tenth is a first try), keep a warm-up, and clip the "
+                                "gradient norm at 1.0"),
+    Cause.WARMUP: phrase("add a learning-rate warm-up over the first few hundred steps (Xiong et al. 2020: Post-LN "
+                         "needs one), and lower the peak learning rate if it still diverges"),
+    Cause.INITIALISATION: phrase("re-initialise the weights at the usual scale — N(0, 0.02) as GPT-2 or std 1/√fan_in "
+                                 "— with the residual output projections scaled by 1/√(2·layers)"),
+    Cause.ARCHITECTURE: phrase("the FFN's units are dead: use GELU or SwiGLU instead of ReLU, or a lower learning "
+                               "rate and FFN biases initialised at 0"),
+    Cause.PRECISION: phrase("train in bfloat16 or float32, or keep float16 with a loss scaler (torch.amp.GradScaler) "
+                            "and float32 norms and softmax"),
+    Cause.MASK: phrase("apply the causal mask to the attention scores before the softmax (is_causal=True, or an "
+                       "additive mask of -inf above the diagonal)"),
+    Cause.RESIDUAL: phrase("add the un-normalised stream: x = x + sublayer(norm(x)) in Pre-LN, not norm(x) + "
+                           "sublayer(...)"),
+    Cause.NORM: phrase("make the norm normalise each token over its last dimension, and keep it in the forward path"),
+    Cause.DATA: phrase("check the data pipeline: what reaches the model (NaN or Inf, a batch repeated, targets equal "
+                       "to the inputs instead of shifted by one)"),
+    Cause.OPTIMIZER: phrase("check the optimizer: that optimizer.step() runs after backward(), that it holds every "
+                            "parameter of the model, its eps and betas (Adam: 1e-8, 0.9/0.95–0.999) and its weight "
+                            "decay (≈ 0.1, off the norms' gains)"),
+    Cause.GRADIENT_FLOW: phrase("find where the layer is cut from the loss: a .detach() or torch.no_grad() in the "
+                                "forward, requires_grad=False set by mistake, or a hook that zeroes its gradient"),
+    Cause.WEIGHTS: phrase("find the code that writes the weights outside the optimizer (loading, surgery, a hook, an "
+                          "in-place op on a parameter) and reload the last good checkpoint"),
+    Cause.TRAINING_LOOP: phrase("check the training loop's order and modes: optimizer.zero_grad() once per optimizer "
+                                "step (before the next backward), optimizer.step() after backward() and before "
+                                "zero_grad(), model.train() after every evaluation"),
+    Cause.LOSS_FUNCTION: phrase("compute the loss as F.cross_entropy(logits, targets) on raw logits (no softmax "
+                                "before it), averaged over the counted tokens (reduction='mean')"),
+    Cause.UNKNOWN: phrase("the evidence says that training fails but points at no mechanism: compare the run with a "
+                          "healthy one (blocktrace track RUN --against HEALTHY), and watch it with optimizer= given "
+                          "so that the loop's invariants are checked"),
+    Cause.ROUTING: phrase("train the router with the load-balance loss (Switch/Mixtral: router_aux_loss_coef 0.01 × "
+                          "E·Σ f·P; in HF set output_router_logits) and the router z-loss (ST-MoE: 1e-3 × mean "
+                          "logsumexp²), give the router a lower learning rate, and keep its logits and softmax in "
+                          "float32"),
 }
 
 
@@ -129,10 +132,11 @@ def _advice(cause: Cause, context: Context, findings: list[Flag]) -> str:
         return CHECKS[leading.name].advice
     advice = ADVICE[cause]
     if cause is Cause.WARMUP and not context.post_norm:
-        advice = "add a learning-rate warm-up over the first few hundred steps, and lower the peak learning rate"
+        advice = phrase("add a learning-rate warm-up over the first few hundred steps, and lower the peak learning "
+                        "rate")
     if cause is Cause.ARCHITECTURE and context.activation not in (None, "relu"):
-        advice = "most FFN units never activate: check the FFN biases and the scale of the FFN input; lower the " \
-                 "learning rate"
+        advice = phrase("most FFN units never activate: check the FFN biases and the scale of the FFN input; lower "
+                        "the learning rate")
     return advice
 
 
@@ -143,8 +147,9 @@ def _evidence(findings: list[Flag]) -> str:
     parts = []
     for name, hits in by_name.items():
         layers = sorted({f.layer for f in hits if f.layer is not None})
-        where = f" at layer{'s' if len(layers) > 1 else ''} {layer_ranges(layers)}" if layers else ""
-        parts.append(f"{name}{where} ({hits[0].detail})")
+        where = phrase(" at layer{s} {layers}", s="s" if len(layers) > 1 else "", layers=layer_ranges(layers)) \
+            if layers else ""
+        parts.append(phrase("{name}{where} ({detail})", name=name, where=where, detail=hits[0].detail))
     return "; ".join(parts)
 
 

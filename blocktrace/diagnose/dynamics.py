@@ -18,6 +18,7 @@ import math
 import statistics
 from typing import Optional, Sequence
 
+from blocktrace.phrases import phrase
 from blocktrace.diagnose.checks import Cause, Finding, Flag, Scope, check, detectors, finding
 from blocktrace.diagnose.health import LOSS_MARGIN
 from blocktrace.diagnose.history import learning_rates_before
@@ -100,8 +101,8 @@ def _no_gradient(history: Sequence[dict], entry: dict) -> list[Finding]:
     if not flowing:
         return []  # nothing has a gradient: the Watch warns that step() came before backward()
     return [finding(Level.ERROR, None, layer["layer"], 0.0 if norm is None else norm,
-                    f"gradient norm {'null' if norm is None else f'{norm:g}'} while other layers get up to "
-                    f"{max(flowing):.3g}")
+                    phrase("gradient norm {norm} while other layers get up to {largest:.3g}",
+                           norm="null" if norm is None else f"{norm:g}", largest=max(flowing)))
             for layer in entry["layers"] for norm in [norms[layer["layer"]]]
             if layer.get("trainable", True) is not False and (norm is None or norm == 0)]
 
@@ -114,8 +115,8 @@ def _no_gradient(history: Sequence[dict], entry: dict) -> list[Finding]:
        "the blocks are cut from the loss: activation checkpointing with use_reentrant=True on inputs that need "
        "no gradient (frozen embeddings), a .detach() or torch.no_grad() around the blocks; they never learn",
        Cause.GRADIENT_FLOW, direct=True,
-       advice="let the gradient reach the blocks: torch.utils.checkpoint(..., use_reentrant=False), or an input "
-       "that requires grad; no detach or no_grad around the blocks")
+       advice=phrase("let the gradient reach the blocks: torch.utils.checkpoint(..., use_reentrant=False), or an input "
+                     "that requires grad; no detach or no_grad around the blocks"))
 def _blocks_cut_from_loss(history: Sequence[dict], entry: dict) -> list[Finding]:
     blocks, norm = entry.get("blocks"), entry.get("grad_norm")
     if entry.get("source") != WATCH or not isinstance(blocks, dict) or not _finite(norm) or not norm > 0:
@@ -124,10 +125,11 @@ def _blocks_cut_from_loss(history: Sequence[dict], entry: dict) -> list[Finding]
     if not isinstance(trainable, int) or trainable < 1 or cut != trainable:
         return []
     return [finding(Level.ERROR, None, None, norm,
-                    f"none of the {trainable} trainable blocks got a gradient, while the model's gradient norm is "
-                    f"{norm:.3g}" + (f"; {blocks.get('traced')} of {blocks.get('count')} blocks ran with gradients "
-                                     "enabled in the recorded forward" if blocks.get("traced") != blocks.get("count")
-                                     else ""))]
+                    phrase("none of the {trainable} trainable blocks got a gradient, while the model's gradient "
+                           "norm is {norm:.3g}{enabled}", trainable=trainable, norm=norm, enabled=phrase(
+                               "; {traced} of {count} blocks ran with gradients enabled in the recorded forward",
+                               traced=blocks.get("traced"), count=blocks.get("count"))
+                           if blocks.get("traced") != blocks.get("count") else ""))]
 
 
 @check(Scope.TRAINING, "gradient_zero_everywhere",
@@ -137,8 +139,8 @@ def _blocks_cut_from_loss(history: Sequence[dict], entry: dict) -> list[Finding]
        "the backward reaches no parameter: the loss is clamped or thresholded where its derivative is 0, "
        "multiplied by 0, or computed from detached values — no update can follow", Cause.GRADIENT_FLOW,
        direct=True,
-       advice="make the loss differentiable in the parameters where it is: no clamp, round or threshold on it "
-       "(use the plain mean cross-entropy), no .detach() or .item() on the way from the logits to the loss")
+       advice=phrase("make the loss differentiable in the parameters where it is: no clamp, round or threshold on it "
+                     "(use the plain mean cross-entropy), no .detach() or .item() on the way from the logits to the loss"))
 def _gradient_zero_everywhere(history: Sequence[dict], entry: dict) -> list[Finding]:
     if entry.get("source") != WATCH:
         return []
@@ -146,8 +148,8 @@ def _gradient_zero_everywhere(history: Sequence[dict], entry: dict) -> list[Find
     if not norms or not all(isinstance(n, (int, float)) and n == 0 for n in norms):
         return []
     return [finding(Level.ERROR, None, None, 0.0,
-                    f"every trainable layer's gradient is exactly 0 at step {entry['step']}: the backward reached "
-                    "no parameter")]
+                    phrase("every trainable layer's gradient is exactly 0 at step {step}: the backward reached no "
+                           "parameter", step=entry['step']))]
 
 
 # --- the loss ----------------------------------------------------------------------------------------
@@ -172,8 +174,9 @@ def _loss_above_uniform(history: Sequence[dict], entry: dict) -> list[Finding]:
         return []
     lasting = not math.isfinite(entry["loss"]) or entry["step"] == 0 or (bool(history) and _above_uniform(history[-1]))
     return [finding(Level.ERROR if lasting else Level.INFO, None, None, entry["loss"],
-                    f"loss {entry['loss']:.4g} against log V = {_uniform(entry):.4g} for uniform guessing"
-                    + ("" if lasting else " (at this record only, so far)"))]
+                    phrase("loss {loss:.4g} against log V = {uniform:.4g} for uniform guessing{so_far}",
+                           loss=entry["loss"], uniform=_uniform(entry),
+                           so_far="" if lasting else phrase(" (at this record only, so far)")))]
 
 
 @check(Scope.TRAINING, "loss_stuck",
@@ -186,7 +189,8 @@ def _loss_stuck(history: Sequence[dict], entry: dict) -> list[Finding]:
             not loss > uniform - STUCK_MARGIN:
         return []
     return [finding(Level.ERROR, None, None, loss,
-                    f"loss {loss:.4g} at step {entry['step']}, log V = {uniform:.4g}")]
+                    phrase("loss {loss:.4g} at step {step}, log V = {uniform:.4g}", loss=loss, step=entry['step'],
+                           uniform=uniform))]
 
 
 @check(Scope.TRAINING, "loss_near_zero",
@@ -198,7 +202,7 @@ def _loss_near_zero(history: Sequence[dict], entry: dict) -> list[Finding]:
     loss = entry.get("loss")
     if loss is None or not math.isfinite(loss) or entry["step"] <= 0 or not loss < LEAK_LOSS:
         return []
-    return [finding(Level.ERROR, None, None, loss, f"loss {loss:.3g} nats per token")]
+    return [finding(Level.ERROR, None, None, loss, phrase("loss {loss:.3g} nats per token", loss=loss))]
 
 
 @check(Scope.TRAINING, "loss_spike",
@@ -215,7 +219,8 @@ def _loss_spike(history: Sequence[dict], entry: dict) -> list[Finding]:
     if not (loss > mean + LOSS_SPIKE_SIGMAS * spread and loss > mean + LOSS_SPIKE_FLOOR):
         return []
     return [finding(Level.ERROR, None, None, loss,
-                    f"loss {loss:.4g} against {mean:.4g} ± {spread:.2g} over the previous {len(recent)} records")]
+                    phrase("loss {loss:.4g} against {mean:.4g} ± {spread:.2g} over the previous {count} records",
+                           loss=loss, mean=mean, spread=spread, count=len(recent)))]
 
 
 # --- the data a Watch saw ----------------------------------------------------------------------------
@@ -228,7 +233,7 @@ def _repeated_batch(history: Sequence[dict], entry: dict) -> list[Finding]:
     if not (entry.get("data") or {}).get("repeated"):
         return []
     return [finding(Level.ERROR, None, None, 1.0,
-                    "this step's batch equals the batch of the record before")]
+                    phrase("this step's batch equals the batch of the record before"))]
 
 
 @check(Scope.TRAINING, "labels_are_inputs",
@@ -243,8 +248,9 @@ def _labels_are_inputs(history: Sequence[dict], entry: dict) -> list[Finding]:
         return []
     copying = _finite(loss) and loss < LABEL_COPY_LOSS
     return [finding(Level.ERROR if copying else Level.INFO, None, None, 1.0,
-                    "the targets passed to the model are its input ids, unshifted" +
-                    (f", and the loss is {loss:.3g} nats per token: the model copies them" if copying else ""))]
+                    phrase("the targets passed to the model are its input ids, unshifted{copies}", copies=phrase(
+                        ", and the loss is {loss:.3g} nats per token: the model copies them", loss=loss)
+                        if copying else ""))]
 
 
 # --- how the weights moved since the record before ---------------------------------------------------
@@ -285,8 +291,8 @@ def _no_update(history: Sequence[dict], entry: dict) -> list[Finding]:
     if _skipped_by_scaler(before):
         return []  # the gradients of the step after `before` were not finite: a loss scaler skips that step
     return [finding(Level.ERROR, None, None, max(largest.values()),
-                    f"no layer moved between steps {before['step']} and {entry['step']}"
-                    + (f" at learning rate {lr:g}" if lr is not None else ""))]
+                    phrase("no layer moved between steps {before} and {after}{at_lr}", before=before["step"],
+                           after=entry["step"], at_lr=_at_learning_rate(lr)))]
 
 
 @check(Scope.TRAINING, "layer_frozen",
@@ -305,10 +311,11 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Finding]:
     # purpose (a fine-tune) and one cut off from the loss look the same: info, said so, never a verdict
     trainable = {layer["layer"]: layer.get("trainable") for layer in entry["layers"]}
     return [finding(Level.ERROR if trainable.get(layer) is True else Level.INFO, None, layer, moved,
-                    f"per-step ‖ΔW‖/‖W‖ at most {moved:.3g} against the median layer's {typical:.3g}"
-                    + {True: "", False: " (its parameters do not require a gradient)"}.get(
-                        trainable.get(layer), " (frozen on purpose or cut off from the loss: checkpoints cannot tell; "
-                                              "a Watch can)"))
+                    phrase("per-step ‖ΔW‖/‖W‖ at most {moved:.3g} against the median layer's {typical:.3g}{why}",
+                           moved=moved, typical=typical, why={
+                               True: "", False: phrase(" (its parameters do not require a gradient)")}.get(
+                               trainable.get(layer), phrase(" (frozen on purpose or cut off from the loss: checkpoints "
+                                                            "cannot tell; a Watch can)"))))
             for layer, moved in largest.items() if moved < FROZEN_FRACTION * typical]
 
 
@@ -322,8 +329,8 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Finding]:
        "0.02); healthy-run measurement (benchmarks/FAILURES.md, calibration half)",
        "the weights barely move: nothing is learned",
        Cause.OPTIMIZER,
-       advice="make the updates reach the weights: check the optimizer's learning rate, eps (Adam's 1e-8) and "
-       "betas, and that every parameter is in a param group")
+       advice=phrase("make the updates reach the weights: check the optimizer's learning rate, eps (Adam's 1e-8) and "
+                     "betas, and that every parameter is in a param group"))
 def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Finding]:
     if _largest_moves(history, entry) is None or _still(history, entry):
         return []
@@ -333,8 +340,13 @@ def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Finding]:
     if not (median < TINY_UPDATE or (adam and lr and _adam_step_tiny(history[-1], entry, median, lr))):
         return []
     cause = Cause.LEARNING_RATE if lr is not None and lr < TINY_LR else Cause.OPTIMIZER
-    return [finding(Level.ERROR, None, None, median, f"the median matrix moves {median:.3g} of its norm "
-                    "per step" + (f" at learning rate {lr:g}" if lr is not None else ""), cause)]
+    return [finding(Level.ERROR, None, None, median, phrase("the median matrix moves {median:.3g} of its norm per "
+                                                            "step{at_lr}", median=median, at_lr=_at_learning_rate(lr)),
+                    cause)]
+
+
+def _at_learning_rate(lr: Optional[float]) -> str:
+    return "" if lr is None else phrase(" at learning rate {lr:g}", lr=lr)
 
 
 def _adam_step_tiny(before: dict, entry: dict, median_ratio: float, lr: float) -> bool:
@@ -380,8 +392,8 @@ def _update_spike(history: Sequence[dict], entry: dict) -> list[Finding]:
         return []
     factor = now / statistics.median(earlier)
     return [finding(Level.ERROR, None, None, factor,
-                    f"‖ΔW‖/‖W‖ per unit of learning rate {factor:.3g}× its median over the previous "
-                    f"{len(earlier)} intervals")]
+                    phrase("‖ΔW‖/‖W‖ per unit of learning rate {factor:.3g}× its median over the previous {count} "
+                           "intervals", factor=factor, count=len(earlier)))]
 
 
 @check(Scope.TRAINING, "lr_jump",
@@ -389,15 +401,16 @@ def _update_spike(history: Sequence[dict], entry: dict) -> list[Finding]:
        "records)", "invariant: warm-up and decay schedules change the learning rate smoothly",
        "the learning rate jumped: a scheduler bug, a resumed run with the wrong state, or a unit slip",
        Cause.LEARNING_RATE,
-       advice="fix the learning-rate schedule: warm-up and decay change it gradually (check the scheduler's "
-       "state when resuming, and the units of the peak)")
+       advice=phrase("fix the learning-rate schedule: warm-up and decay change it gradually (check the scheduler's "
+                     "state when resuming, and the units of the peak)"))
 def _lr_jump(history: Sequence[dict], entry: dict) -> list[Finding]:
     count, largest = learning_rates_before(history)
     lr = entry.get("lr")
     if not history or not _finite(lr) or count < MIN_HISTORY - 1 or largest <= 0 or not lr > LR_JUMP * largest:
         return []
     return [finding(Level.ERROR, None, None, lr,
-                    f"learning rate {lr:g}, {lr / largest:.3g}× the largest recorded before ({largest:g})")]
+                    phrase("learning rate {lr:g}, {factor:.3g}× the largest recorded before ({largest:g})", lr=lr,
+                           factor=lr / largest, largest=largest))]
 
 
 # --- the weights' norms ------------------------------------------------------------------------------
@@ -430,7 +443,8 @@ def _zeroed(history: Sequence[dict], entry: dict) -> dict[int, tuple[str, float]
 def _weights_zeroed(history: Sequence[dict], entry: dict) -> list[Finding]:
     previous = kind_norms(history[-1]) if history else {}
     return [finding(Level.ERROR, None, layer, norm,
-                    f"{kind}: ‖W‖ {norm:.3g}, {previous[(layer, kind)]:.3g} at step {history[-1]['step']}")
+                    phrase("{kind}: ‖W‖ {norm:.3g}, {previous:.3g} at step {step}", kind=kind, norm=norm,
+                           previous=previous[layer, kind], step=history[-1]['step']))
             for layer, (kind, norm) in _zeroed(history, entry).items()]
 
 
@@ -439,8 +453,8 @@ def _weights_zeroed(history: Sequence[dict], entry: dict) -> list[Finding]:
        "healthy-run measurement: no kind of the calibration runs fell below 0.9× (benchmarks/FAILURES.md)",
        "the weights shrink towards 0: weight decay too strong or applied to the norms' gains",
        Cause.OPTIMIZER,
-       advice="lower the weight decay and keep it off the norms' gains and the biases (param groups with "
-       "weight_decay 0)")
+       advice=phrase("lower the weight decay and keep it off the norms' gains and the biases (param groups with "
+                     "weight_decay 0)"))
 def _weight_norm_collapse(history: Sequence[dict], entry: dict) -> list[Finding]:
     """Tensor kinds whose norm collapsed since the first record (a layer already zeroed is that finding's)."""
     if not history:
@@ -450,8 +464,9 @@ def _weight_norm_collapse(history: Sequence[dict], entry: dict) -> list[Finding]
         origin = start.get((layer, kind), 0)
         if layer not in seen and norm > 0 and origin > 0 and norm < NORM_COLLAPSE * origin:
             flags.append(finding(Level.ERROR, None, layer, norm / origin,
-                                 f"{kind}: ‖W‖ {norm:.3g}, {norm / origin:.2g}× its {origin:.3g} at step "
-                                 f"{history[0]['step']}"))
+                                 phrase("{kind}: ‖W‖ {norm:.3g}, {factor:.2g}× its {origin:.3g} at step {step}",
+                                        kind=kind, norm=norm, factor=norm / origin, origin=origin,
+                                        step=history[0]['step'])))
             seen.add(layer)
     return flags
 

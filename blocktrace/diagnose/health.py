@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from blocktrace.phrases import phrase
 from blocktrace.diagnose.checks import Cause, Finding, Flag, Scope, check, detectors, finding
 from blocktrace.diagnose.loss import SHIFT_MIN_POSITIONS
 from blocktrace.tracing.behaviour import NormKind
@@ -70,8 +71,8 @@ def _non_finite(record, layer, evidence) -> list[Finding]:
     stats, finite_inputs = record.stats, record.probe.inputs_finite
     if not (stats.nan or stats.inf):
         return []
-    detail = f"{stats.nan} NaN, {stats.inf} Inf" + (f"; inputs finite: {finite_inputs}"
-                                                  if finite_inputs is not None else "")
+    inputs = "" if finite_inputs is None else phrase("; inputs finite: {finite}", finite=finite_inputs)
+    detail = phrase("{nan} NaN, {inf} Inf{inputs}", nan=stats.nan, inf=stats.inf, inputs=inputs)
     cause = Cause.PRECISION if evidence.stored_dtype in ("F16", "BF16") else None
     return [finding(Level.ERROR, record.name, layer, stats.nan + stats.inf, detail, cause)]
 
@@ -84,7 +85,8 @@ def _precision_overflow(record, layer, evidence) -> list[Finding]:
     if stats.nan or stats.inf or evidence.stored_dtype != "F16" or not stats.absmax > FLOAT16_MAX:
         return []  # a non-finite step is non_finite's
     return [finding(Level.ERROR, record.name, layer, stats.absmax,
-                    f"max |x| {stats.absmax:.4g} > {FLOAT16_MAX:g} in a float16 checkpoint")]
+                    phrase("max |x| {absmax:.4g} > {FLOAT16_MAX:g} in a float16 checkpoint", absmax=stats.absmax,
+                           FLOAT16_MAX=FLOAT16_MAX))]
 
 
 @check(Scope.STEP, "norm_not_normalising",
@@ -99,7 +101,8 @@ def _norm_not_normalising(record, layer, evidence) -> list[Finding]:
     if norm is None or norm.kind is not NormKind.NONE:
         return []
     return [finding(Level.ERROR, record.name, layer, norm.scale_error,
-                    f"rescaling each token changed the output by {norm.scale_error:.3g} (relative rms)")]
+                    phrase("rescaling each token changed the output by {scale_error:.3g} (relative rms)",
+                           scale_error=norm.scale_error))]
 
 
 @check(Scope.STEP, "norm_gain_extreme",
@@ -111,7 +114,7 @@ def _norm_gain_extreme(record, layer, evidence) -> list[Finding]:
     if norm is None or norm.kind is NormKind.NONE or norm.gain_rms is None or 0.1 <= norm.gain_rms <= 10:
         return []
     return [finding(Level.INFO, record.name, layer, norm.gain_rms,
-                    f"rms of the effective gain {norm.gain_rms:.3g}")]
+                    phrase("rms of the effective gain {gain_rms:.3g}", gain_rms=norm.gain_rms))]
 
 
 @check(Scope.ATTENTION, "causal_leak",
@@ -127,10 +130,12 @@ def _causal_leak(trace, layer) -> list[Finding]:
         return []
     if attention is not None and attention.future_weight_sum > 1e-6:
         return [finding(Level.ERROR, "attn", layer, attention.future_weight_sum,
-                        f"future_weight_sum={attention.future_weight_sum:.4g} with a causal mask")]
+                        phrase("future_weight_sum={future_weight_sum:.4g} with a causal mask",
+                               future_weight_sum=attention.future_weight_sum))]
     if causal is not None and causal.causal is False:
         return [finding(Level.ERROR, "attn", layer, causal.leak,
-                        f"perturbing the last token moved earlier outputs by {causal.leak:.3g} (relative rms)")]
+                        phrase("perturbing the last token moved earlier outputs by {leak:.3g} (relative rms)",
+                               leak=causal.leak))]
     return []
 
 
@@ -143,7 +148,7 @@ def _residual_not_added(record, layer, evidence) -> list[Finding]:
     if not (mismatch or 0) > RESIDUAL_MISMATCH:
         return []
     return [finding(Level.ERROR, record.name, layer, mismatch,
-                    f"‖output − (α·stream + update)‖ / ‖output‖ = {mismatch:.3g}")]
+                    phrase("‖output − (α·stream + update)‖ / ‖output‖ = {mismatch:.3g}", mismatch=mismatch))]
 
 
 def _judged_attention(trace):
@@ -163,7 +168,7 @@ def _attention_logit_growth(trace, layer) -> list[Finding]:
     if logit is None or not logit > LOGIT_WARNING:
         return []
     level = Level.ERROR if logit > LOGIT_ERROR else Level.WARNING
-    return [finding(level, "attn", layer, logit, f"largest pre-softmax logit {logit:.4g}")]
+    return [finding(level, "attn", layer, logit, phrase("largest pre-softmax logit {logit:.4g}", logit=logit))]
 
 
 @check(Scope.ATTENTION, "attention_scale_wrong",
@@ -174,8 +179,8 @@ def _attention_logit_growth(trace, layer) -> list[Finding]:
        "Raffel et al. 2020): none by more than 1",
        "the attention scores are amplified instead of scaled down: the softmax saturates from the first step, "
        "each query attends to one key, and its gradient vanishes", Cause.ARCHITECTURE, direct=True,
-       advice="divide the scores by √d_head: att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1)) (or multiply "
-       "by 1 / math.sqrt(...)); F.scaled_dot_product_attention does it for you")
+       advice=phrase("divide the scores by √d_head: att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1)) (or "
+                     "multiply by 1 / math.sqrt(...)); F.scaled_dot_product_attention does it for you"))
 def _attention_scale_wrong(trace, layer) -> list[Finding]:
     attention = trace.attention
     scale = attention.score_scale if attention is not None else None
@@ -184,14 +189,14 @@ def _attention_scale_wrong(trace, layer) -> list[Finding]:
     width = attention.head_dim
     multiplied = width is not None and math.isclose(scale, math.sqrt(width), rel_tol=1e-3)
     return [finding(Level.ERROR, "attn", layer, scale,
-                    f"the scores are q·kᵀ × {scale:.4g}" + (f" = × √{width}: multiplied by √d_head where the "
-                                                              f"definition divides by it" if multiplied else
-                                                              f" (the definition: ÷ √{width})" if width else ""))]
+                    phrase("the scores are q·kᵀ × {scale:.4g}{against}", scale=scale, against=(
+                        phrase(" = × √{width}: multiplied by √d_head where the definition divides by it", width=width)
+                        if multiplied else phrase(" (the definition: ÷ √{width})", width=width) if width else "")))]
 
 
 def _positional(attention, head: int) -> Optional[str]:
-    for name, weights in (("first-token", attention.first_weight), ("self", attention.self_weight),
-                          ("previous-token", attention.previous_weight)):
+    for name, weights in ((phrase("first-token"), attention.first_weight), (phrase("self"), attention.self_weight),
+                          (phrase("previous-token"), attention.previous_weight)):
         if head < len(weights) and weights[head] >= POSITIONAL:
             return name
     return None
@@ -216,8 +221,9 @@ def _attention_entropy_collapse(trace, layer) -> list[Finding]:
     if 2 * len(unexplained) < heads:
         return []
     return [finding(Level.ERROR, "attn", layer, len(unexplained) / heads,
-                    f"{len(unexplained)} of {heads} heads near zero entropy (uniform {attention.uniform_entropy:.3f}), "
-                    f"largest logit {attention.max_logit:.4g}")]
+                    phrase("{count} of {heads} heads near zero entropy (uniform {uniform_entropy:.3f}), largest logit "
+                           "{max_logit:.4g}", count=len(unexplained), heads=heads,
+                           uniform_entropy=attention.uniform_entropy, max_logit=attention.max_logit))]
 
 
 @check(Scope.ATTENTION, "attention_sharp_head", "a head below 0.1 × the entropy of uniform attention (info)",
@@ -229,8 +235,9 @@ def _attention_sharp_head(trace, layer) -> list[Finding]:
     if attention is None:
         return []
     return [finding(Level.INFO, "attn", layer, attention.entropy_per_head[head],
-                    f"head {head}: entropy {attention.entropy_per_head[head]:.3g} (uniform "
-                    f"{attention.uniform_entropy:.3f}), {_positional(attention, head) or 'content'} head")
+                    phrase("head {head}: entropy {entropy:.3g} (uniform {uniform:.3f}), {kind} head", head=head,
+                           entropy=attention.entropy_per_head[head], uniform=attention.uniform_entropy,
+                           kind=_positional(attention, head) or phrase("content")))
             for head in _sharp_heads(attention)]
 
 
@@ -244,7 +251,8 @@ def _attention_uniform(trace, layer) -> list[Finding]:
         return []
     uniform = attention.uniform_entropy
     return [finding(Level.INFO, "attn", layer, entropy,
-                    f"head {head}: entropy {entropy:.4f} of uniform {uniform:.4f}")
+                    phrase("head {head}: entropy {entropy:.4f} of uniform {uniform:.4f}", head=head, entropy=entropy,
+                           uniform=uniform))
             for head, entropy in enumerate(attention.entropy_per_head) if entropy >= 0.98 * uniform]
 
 
@@ -265,7 +273,8 @@ def _ffn_dead_units(record, layer, evidence) -> list[Finding]:
         return []
     level = Level.ERROR if ffn.dead_fraction > DEAD_ERROR else Level.INFO
     return [finding(level, record.name, layer, ffn.dead_fraction,
-                    f"{ffn.dead_fraction:.1%} of {ffn.units} hidden units never active over {ffn.tokens} tokens")]
+                    phrase("{dead_fraction:.1%} of {units} hidden units never active over {tokens} tokens",
+                           dead_fraction=ffn.dead_fraction, units=ffn.units, tokens=ffn.tokens))]
 
 
 @check(Scope.STEP, "ffn_saturated", "fraction of FFN hidden activations in the flat region > 0.9 (info)",
@@ -276,7 +285,8 @@ def _ffn_saturated(record, layer, evidence) -> list[Finding]:
     if ffn is None or not ffn.flat_fraction > 0.9:
         return []
     return [finding(Level.INFO, record.name, layer, ffn.flat_fraction,
-                    f"{ffn.flat_fraction:.1%} of hidden activations in the flat region")]
+                    phrase("{flat_fraction:.1%} of hidden activations in the flat region",
+                           flat_fraction=ffn.flat_fraction))]
 
 
 @check(Scope.STEP, "update_too_small", "‖update‖ / ‖stream‖ < 1e-3 at a sublayer (info)",
@@ -286,7 +296,7 @@ def _update_too_small(record, layer, evidence) -> list[Finding]:
     ratio = record.probe.update_ratio
     if ratio is None or not ratio < UPDATE_SMALL:
         return []
-    return [finding(Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}")]
+    return [finding(Level.INFO, record.name, layer, ratio, phrase("‖update‖/‖stream‖ = {ratio:.3g}", ratio=ratio))]
 
 
 @check(Scope.STEP, "update_too_large",
@@ -296,7 +306,7 @@ def _update_too_large(record, layer, evidence) -> list[Finding]:
     ratio = record.probe.update_ratio
     if ratio is None or not ratio > UPDATE_LARGE:
         return []
-    return [finding(Level.INFO, record.name, layer, ratio, f"‖update‖/‖stream‖ = {ratio:.3g}")]
+    return [finding(Level.INFO, record.name, layer, ratio, phrase("‖update‖/‖stream‖ = {ratio:.3g}", ratio=ratio))]
 
 
 @check(Scope.STEP, "massive_activation", "|x| > 100 and > 1000 × the median |x| of the hidden state (info)",
@@ -307,7 +317,7 @@ def _massive_activation(record, layer, evidence) -> list[Finding]:
     if not (ratio or 0) > MASSIVE_RATIO:
         return []
     return [finding(Level.INFO, record.name, layer, record.stats.absmax,
-                    f"max |x| {record.stats.absmax:.4g} = {ratio:.4g} × median |x|")]
+                    phrase("max |x| {absmax:.4g} = {ratio:.4g} × median |x|", absmax=record.stats.absmax, ratio=ratio))]
 
 
 # --- the layers together, the model, its gradients ---------------------------------------------------
@@ -328,8 +338,8 @@ def _residual_explosion(traces, first_layer: int) -> list[Finding]:
         growth, bound = size / reference, bound_of(layer) / bound_of(first)
         if growth > STREAM_GROWTH_ERROR * bound:
             return [finding(Level.ERROR, traces[layer - first_layer].steps[-1].name, layer, growth,
-                            f"the median token's ‖x‖²/d grew {growth:.3g}× from layer {first} to layer {layer} "
-                            f"(bound {bound:.3g}×)")]
+                            phrase("the median token's ‖x‖²/d grew {growth:.3g}× from layer {first} to layer {layer} "
+                                   "(bound {bound:.3g}×)", growth=growth, first=first, layer=layer, bound=bound))]
     return []
 
 
@@ -345,7 +355,7 @@ def _weight_scale(evidence) -> list[Finding]:
         if gains and gains[len(gains) // 2] > WEIGHT_GAIN_ERROR:
             median = gains[len(gains) // 2]
             flags.append(finding(Level.ERROR, None, evidence.first_layer + index, median,
-                                 f"the median matrix has std·√fan_in = {median:.3g}"))
+                                 phrase("the median matrix has std·√fan_in = {median:.3g}", median=median)))
     return flags
 
 
@@ -355,8 +365,8 @@ def _weight_scale(evidence) -> list[Finding]:
        "weight makes every output it touches non-finite",
        "the checkpoint's weights themselves are broken: whatever else fails downstream follows from them",
        Cause.WEIGHTS, direct=True,
-       advice="reload the last checkpoint whose weights are finite, and find what wrote the NaN (a diverged step "
-       "saved without a check, a corrupt copy, a conversion that overflowed)")
+       advice=phrase("reload the last checkpoint whose weights are finite, and find what wrote the NaN (a diverged "
+                     "step saved without a check, a corrupt copy, a conversion that overflowed)"))
 def _weights_non_finite(evidence) -> list[Finding]:
     flags = []
     if evidence.in_training:
@@ -365,7 +375,8 @@ def _weights_non_finite(evidence) -> list[Finding]:
         broken = [name for name, entry in matrices.items() if not math.isfinite(entry["norm"])]
         if broken:
             flags.append(finding(Level.ERROR, None, evidence.first_layer + index, math.nan,
-                                 f"{', '.join(broken[:3])}{' …' if len(broken) > 3 else ''} hold NaN or Inf"))
+                                 phrase("{names} hold NaN or Inf",
+                                        names=", ".join(broken[:3]) + (" …" if len(broken) > 3 else ""))))
     return flags
 
 
@@ -397,8 +408,9 @@ def _weight_outlier(evidence) -> list[Finding]:
             std = entry["std"]
             if median > 0 and math.isfinite(std) and not 1 / SIBLING_RATIO <= std / median <= SIBLING_RATIO:
                 flags.append(finding(Level.ERROR, None, evidence.first_layer + index, std / median,
-                                     f"{name}: std {std:.3g}, {std / median:.3g}× the median of its "
-                                     f"{len(values)} siblings ({median:.3g})"))
+                                     phrase("{name}: std {std:.3g}, {factor:.3g}× the median of its {count} siblings "
+                                            "({median:.3g})", name=name, std=std, factor=std / median,
+                                            count=len(values), median=median)))
                 break  # one per layer: its first outlier names it
     return flags
 
@@ -413,7 +425,8 @@ def _loss_above_uniform(evidence) -> list[Finding]:
     if loss is None or loss.value is None or (math.isfinite(loss.value) and loss.value <= loss.uniform + LOSS_MARGIN):
         return []
     return [finding(Level.ERROR, None, None, loss.value,
-                    f"loss {loss.value:.4g} against log V = {loss.uniform:.4g} for uniform guessing")]
+                    phrase("loss {loss:.4g} against log V = {uniform:.4g} for uniform guessing", loss=loss.value,
+                           uniform=loss.uniform))]
 
 
 @check(Scope.MODEL, "learned_wrong_shift",
@@ -428,8 +441,8 @@ def _loss_above_uniform(evidence) -> list[Finding]:
        "nats at step 0 of a healthy GPT-2), so shift 0 counts only once it holds most of the mass",
        "the model learned another target than the next token: the labels were not shifted (it copies its input) or "
        "were shifted twice (it predicts two ahead)", Cause.DATA, direct=True,
-       advice="build the targets as the token sequence shifted by one, once: targets[t] = ids[t + 1] for a model "
-       "that does not shift, labels = ids for one that does (HF)")
+       advice=phrase("build the targets as the token sequence shifted by one, once: targets[t] = ids[t + 1] for a "
+                     "model that does not shift, labels = ids for one that does (HF)"))
 def _learned_wrong_shift(evidence) -> list[Finding]:
     by_shift = evidence.loss.by_shift if evidence.loss is not None else None
     if not by_shift or not math.isfinite(by_shift[1]) or evidence.step == 0:  # at step 0 nothing was learned
@@ -439,10 +452,13 @@ def _learned_wrong_shift(evidence) -> list[Finding]:
         return []
     if best == 0 and not by_shift[0] < COPIED:  # tied embeddings' own preference for the input token: not learned
         return []
-    learned = "its own input token (shift 0)" if best == 0 else f"the token {best} ahead (shift {best})"
-    shown = ", ".join(f"shift {shift} {value:.4g}" for shift, value in sorted(by_shift.items()))
+    learned = phrase("its own input token (shift 0)") if best == 0 else \
+        phrase("the token {best:d} ahead (shift {best:d})", best=best)
+    shown = ", ".join(phrase("shift {shift:d} {loss:.4g}", shift=shift, loss=value)
+                      for shift, value in sorted(by_shift.items()))
     return [finding(Level.ERROR, None, None, by_shift[best],
-                    f"the model predicts {learned} better than the next token: loss {shown}")]
+                    phrase("the model predicts {learned} better than the next token: loss {shown}", learned=learned,
+                           shown=shown))]
 
 
 @check(Scope.MODEL, "output_logit_drift", "the mean log Z = log Σ exp(logits) of the predictions beyond ±1000",
@@ -453,7 +469,8 @@ def _output_logit_drift(evidence) -> list[Finding]:
     loss = evidence.loss
     if loss is None or loss.value is None or loss.log_z_mean is None or not abs(loss.log_z_mean) > LOG_Z_ERROR:
         return []
-    return [finding(Level.ERROR, None, None, loss.log_z_mean, f"mean log Z = {loss.log_z_mean:.4g}")]
+    return [finding(Level.ERROR, None, None, loss.log_z_mean,
+                    phrase("mean log Z = {log_z_mean:.4g}", log_z_mean=loss.log_z_mean))]
 
 
 @check(Scope.MODEL, "optimizer_eps_underflow",
@@ -464,7 +481,8 @@ def _output_logit_drift(evidence) -> list[Finding]:
        "the next update", Cause.PRECISION)
 def _optimizer_eps_underflow(evidence) -> list[Finding]:
     return [finding(Level.ERROR, None, None, group["eps"],
-                    f"eps {group['eps']:g} is {group['eps_in_dtype']:g} in {group['dtype']}")
+                    phrase("eps {eps:g} is {rounded:g} in {dtype}", eps=group["eps"], rounded=group["eps_in_dtype"],
+                           dtype=group["dtype"]))
             for group in evidence.optimizer if group["eps"] > 0 and group["eps_in_dtype"] == 0]
 
 
@@ -490,9 +508,10 @@ def _router_collapse(routing, layer) -> list[Finding]:
         return []
     level = Level.ERROR if collapse >= COLLAPSE_ERROR else Level.WARNING
     return [finding(level, "ffn", layer, routing.balance_loss,
-                    f"load-balance loss {routing.balance_loss:.3g} (balanced {routing.per_token}, collapsed "
-                    f"{routing.experts}); the busiest expert takes {max(routing.load):.0%} of the token slots (uniform "
-                    f"{1 / routing.experts:.0%})")]
+                    phrase("load-balance loss {balance_loss:.3g} (balanced {per_token}, collapsed {experts}); the "
+                           "busiest expert takes {busiest:.0%} of the token slots (uniform {uniform:.0%})",
+                           balance_loss=routing.balance_loss, per_token=routing.per_token, experts=routing.experts,
+                           busiest=max(routing.load), uniform=1 / routing.experts))]
 
 
 @check(Scope.ROUTING, "dead_experts",
@@ -505,8 +524,9 @@ def _dead_experts(routing, layer) -> list[Finding]:
     if _collapse(routing) is None or not routing.dead:
         return []
     return [finding(Level.INFO, "ffn", layer, len(routing.dead),
-                    f"{len(routing.dead)} of {routing.experts} experts received no token of {routing.tokens}: "
-                    f"experts {', '.join(map(str, routing.dead[:10]))}")]
+                    phrase("{count} of {experts} experts received no token of {tokens}: experts {experts_listed}",
+                           count=len(routing.dead), experts=routing.experts, tokens=routing.tokens,
+                           experts_listed=", ".join(map(str, routing.dead[:10]))))]
 
 
 @check(Scope.ROUTING, "router_logit_growth", "largest |router logit| > 64 (≈ 1 at initialisation)",
@@ -518,7 +538,8 @@ def _router_logit_growth(routing, layer) -> list[Finding]:
     if not routing.max_logit > ROUTER_LOGIT_WARNING:
         return []
     return [finding(Level.WARNING, "ffn", layer, routing.max_logit,
-                    f"largest |router logit| {routing.max_logit:.4g}, router z-loss {routing.z_loss:.4g}")]
+                    phrase("largest |router logit| {max_logit:.4g}, router z-loss {z_loss:.4g}",
+                           max_logit=routing.max_logit, z_loss=routing.z_loss))]
 
 
 def _gradient_means(gradients) -> Optional[list[float]]:
@@ -532,8 +553,8 @@ def _non_finite_gradient(gradients) -> Optional[tuple[int, str]]:
 
 
 def _gradient_detail(means: list[float], first_layer: int) -> str:
-    return (f"mean ‖∂L/∂step‖ {means[0]:.3g} at layer {first_layer} against {means[-1]:.3g} at layer "
-            f"{first_layer + len(means) - 1}")
+    return phrase("mean ‖∂L/∂step‖ {first:.3g} at layer {first_layer} against {last:.3g} at layer {last_layer}",
+                  first=means[0], first_layer=first_layer, last=means[-1], last_layer=first_layer + len(means) - 1)
 
 
 @check(Scope.GRADIENTS, "gradient_vanishing",
@@ -557,11 +578,12 @@ def _gradient_vanishing(gradients, first_layer: int) -> list[Finding]:
 def _gradient_exploding(gradients, first_layer: int) -> list[Finding]:
     bad = _non_finite_gradient(gradients)
     if bad is not None and gradients.loss_scaled:  # the scaler skips this step and lowers its scale: context
-        return [finding(Level.INFO, bad[1], first_layer + bad[0], float("nan"), "non-finite gradient of a scaled "
-                        "loss: the loss scaler skips this step and lowers its scale")]
+        return [finding(Level.INFO, bad[1], first_layer + bad[0], float("nan"),
+                        phrase("non-finite gradient of a scaled loss: the loss scaler skips this step and lowers its "
+                               "scale"))]
     if bad is not None:
         return [finding(Level.ERROR, bad[1], first_layer + bad[0], float("nan"),
-                        "non-finite gradient")]
+                        phrase("non-finite gradient"))]
     means = _gradient_means(gradients)
     if means is None or not means[0] / means[-1] > GRADIENT_RATIO:
         return []

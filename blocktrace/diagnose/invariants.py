@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
+from blocktrace.phrases import phrase
 from blocktrace.diagnose.checks import Cause, Finding, Scope, check, finding
 from blocktrace.vocab import Level
 
@@ -51,15 +52,15 @@ def _finite(value) -> bool:
        ".zero_grad() before .backward()'",
        "the gradients of every earlier step are added again at each step: the update grows with the run's "
        "length and points where the model was, not where it is", Cause.TRAINING_LOOP, direct=True,
-       advice="call optimizer.zero_grad() once per optimizer step: after optimizer.step(), or before the first "
-       "backward of the next step")
+       advice=phrase("call optimizer.zero_grad() once per optimizer step: after optimizer.step(), or before the first "
+                     "backward of the next step"))
 def _gradients_not_zeroed(history: Sequence[dict], entry: dict) -> list[Finding]:
     before = _loop(entry).get("grads_before_backward")
     if not _finite(before) or before <= 0:
         return []
     return [finding(Level.ERROR, None, None, before,
-                    f"the backward of step {entry['step']} found gradients of norm {before:.3g} left from before the "
-                    "last optimizer step")]
+                    phrase("the backward of step {step} found gradients of norm {before:.3g} left from before the "
+                           "last optimizer step", step=entry['step'], before=before))]
 
 
 @check(Scope.TRAINING, "step_without_gradient",
@@ -69,8 +70,8 @@ def _gradients_not_zeroed(history: Sequence[dict], entry: dict) -> list[Finding]
        "there is nothing to apply (TrainCheck, OSDI'25: API-misuse and ordering errors are silent)",
        "the gradients are cleared between backward() and optimizer.step(): the step changes nothing but the "
        "weight decay and the momentum", Cause.TRAINING_LOOP, direct=True,
-       advice="call optimizer.zero_grad() after optimizer.step() (or before the next backward), never between "
-       "backward() and step()")
+       advice=phrase("call optimizer.zero_grad() after optimizer.step() (or before the next backward), never between "
+                     "backward() and step()"))
 def _step_without_gradient(history: Sequence[dict], entry: dict) -> list[Finding]:
     loop = _loop(entry)
     at, norm = loop.get("step_gradient_at"), loop.get("step_gradient")
@@ -82,8 +83,8 @@ def _step_without_gradient(history: Sequence[dict], entry: dict) -> list[Finding
     if before is None or not _finite(before.get("grad_norm")) or not before["grad_norm"] > 0:
         return []
     return [finding(Level.ERROR, None, None, 0.0,
-                    f"at step {at} backward() left gradients of norm {before['grad_norm']:.3g}, but optimizer.step() "
-                    "found none")]
+                    phrase("at step {step} backward() left gradients of norm {before:.3g}, but optimizer.step() found "
+                           "none", step=at, before=before['grad_norm']))]
 
 
 @check(Scope.TRAINING, "optimizer_lacks_parameters",
@@ -92,8 +93,8 @@ def _step_without_gradient(history: Sequence[dict], entry: dict) -> list[Finding
        "invariant: an optimizer updates the tensors in its param_groups and no others",
        "the parameters trained are not the ones the optimizer updates: it was built for another copy of the "
        "model, or before the model was replaced", Cause.OPTIMIZER, direct=True,
-       advice="build the optimizer from the very model that is trained (after any re-creation, loading or "
-       "wrapping that replaces its parameters), and put every trainable parameter in a param group")
+       advice=phrase("build the optimizer from the very model that is trained (after any re-creation, loading or "
+                     "wrapping that replaces its parameters), and put every trainable parameter in a param group"))
 def _optimizer_lacks_parameters(history: Sequence[dict], entry: dict) -> list[Finding]:
     loop = _loop(entry)
     share = loop.get("optimizer_share")
@@ -101,8 +102,8 @@ def _optimizer_lacks_parameters(history: Sequence[dict], entry: dict) -> list[Fi
         return []
     names = ", ".join(loop.get("outside_optimizer") or [])
     return [finding(Level.ERROR if share == 0 else Level.INFO, None, None, share,
-                    f"the optimizer holds {share:.0%} of the trainable parameters with a gradient"
-                    + (f" (not: {names})" if names else ""))]
+                    phrase("the optimizer holds {share:.0%} of the trainable parameters with a gradient{missing}",
+                           share=share, missing=phrase(" (not: {names})", names=names) if names else ""))]
 
 
 @check(Scope.TRAINING, "learning_rate_zero",
@@ -111,8 +112,8 @@ def _optimizer_lacks_parameters(history: Sequence[dict], entry: dict) -> list[Fi
        "learned, whatever the gradients (warm-up may start at 0, at step 0 only)",
        "the schedule gives 0: an integer division in a warm-up lambda, a scheduler stepped past its end, a "
        "multiplier of 0", Cause.LEARNING_RATE, direct=True,
-       advice="print the learning rate of each param group over the first steps: the scheduler gives 0 (an "
-       "integer division, a schedule that ended, a factor of 0)")
+       advice=phrase("print the learning rate of each param group over the first steps: the scheduler gives 0 (an "
+                     "integer division, a schedule that ended, a factor of 0)"))
 def _learning_rate_zero(history: Sequence[dict], entry: dict) -> list[Finding]:
     def all_zero(record: dict) -> bool:
         rates = _loop(record).get("lr_groups") or []
@@ -121,7 +122,8 @@ def _learning_rate_zero(history: Sequence[dict], entry: dict) -> list[Finding]:
     if not history or entry["step"] <= 0 or not (all_zero(entry) and all_zero(history[-1])):
         return []
     return [finding(Level.ERROR, None, None, 0.0,
-                    f"every param group's learning rate is 0 at steps {history[-1]['step']} and {entry['step']}")]
+                    phrase("every param group's learning rate is 0 at steps {before} and {after}",
+                           before=history[-1]['step'], after=entry['step']))]
 
 
 @check(Scope.TRAINING, "updates_rounded_away",
@@ -132,8 +134,8 @@ def _learning_rate_zero(history: Sequence[dict], entry: dict) -> list[Finding]:
        "this reason",
        "the optimizer's updates are smaller than the weights' rounding step: they are lost, and the weights "
        "stand still although every step computes an update", Cause.PRECISION, direct=True,
-       advice="keep float32 master weights (torch.autocast with float32 parameters, or the optimizer's master "
-       "copy) instead of updating float16/bfloat16 parameters in place")
+       advice=phrase("keep float32 master weights (torch.autocast with float32 parameters, or the optimizer's master "
+                     "copy) instead of updating float16/bfloat16 parameters in place"))
 def _updates_rounded_away(history: Sequence[dict], entry: dict) -> list[Finding]:
     rates = [r for r in (_loop(entry).get("lr_groups") or [entry.get("lr")]) if _finite(r)]
     if not history or (rates and max(rates) <= 0):
@@ -145,8 +147,9 @@ def _updates_rounded_away(history: Sequence[dict], entry: dict) -> list[Finding]
         if stuck:
             kind, share = max(stuck, key=lambda item: item[1])
             flags.append(finding(Level.ERROR, None, layer["layer"], share,
-                                 f"{share:.0%} of {kind}'s 16-bit elements did not change "
-                                 f"between steps {history[-1]['step']} and {entry['step']}"))
+                                 phrase("{share:.0%} of {kind}'s 16-bit elements did not change between steps "
+                                        "{before} and {after}", share=share, kind=kind, before=history[-1]['step'],
+                                        after=entry['step'])))
     return flags
 
 
@@ -159,14 +162,14 @@ def _updates_rounded_away(history: Sequence[dict], entry: dict) -> list[Finding]
        "mode for the net'",
        "the model is trained in evaluation mode: its regularisation is off (and batch norm does not learn its "
        "statistics), usually since an evaluation inside the loop left it there", Cause.TRAINING_LOOP, direct=True,
-       advice="call model.train() after every evaluation inside the loop (and model.eval() before it)")
+       advice=phrase("call model.train() after every evaluation inside the loop (and model.eval() before it)"))
 def _trained_in_eval_mode(history: Sequence[dict], entry: dict) -> list[Finding]:
     count = _loop(entry).get("eval_mode_modules")
     if not isinstance(count, int) or count <= 0:
         return []
     return [finding(Level.ERROR, None, None, float(count),
-                    f"{count} dropout or batch-norm module{'s' if count > 1 else ''} in eval mode in the forward "
-                    "that training backpropagated")]
+                    phrase("{count} dropout or batch-norm module{s} in eval mode in the forward that training "
+                           "backpropagated", count=count, s="s" if count > 1 else ""))]
 
 
 # --- the loss against its own definition -------------------------------------------------------------------
@@ -178,13 +181,13 @@ def _trained_in_eval_mode(history: Sequence[dict], entry: dict) -> list[Finding]
        "softmaxed outputs to a loss that expects raw logits'",
        "softmax is applied twice: the loss can barely fall below log V and its gradients are squashed",
        Cause.LOSS_FUNCTION, direct=True,
-       advice="give the loss the raw logits: drop the softmax before F.cross_entropy (or use F.nll_loss on "
-       "log_softmax)")
+       advice=phrase("give the loss the raw logits: drop the softmax before F.cross_entropy (or use F.nll_loss on "
+                     "log_softmax)"))
 def _outputs_are_probabilities(history: Sequence[dict], entry: dict) -> list[Finding]:
     if _loop(entry).get("outputs_are_probabilities") is not True:
         return []
     return [finding(Level.ERROR, None, None, 1.0,
-                    "every output row is ≥ 0 and sums to 1: the model returns probabilities, not logits")]
+                    phrase("every output row is ≥ 0 and sums to 1: the model returns probabilities, not logits"))]
 
 
 @check(Scope.TRAINING, "loss_of_probabilities",
@@ -195,12 +198,13 @@ def _outputs_are_probabilities(history: Sequence[dict], entry: dict) -> list[Fin
        "log(softmax), pass: neither applies a softmax twice",
        "softmax is applied twice: the loss can barely fall below log V and its gradients are squashed",
        Cause.LOSS_FUNCTION, direct=True,
-       advice="give the loss the raw logits: drop the softmax between the model and F.cross_entropy (or use "
-       "F.nll_loss on log_softmax)")
+       advice=phrase("give the loss the raw logits: drop the softmax between the model and F.cross_entropy (or use "
+                     "F.nll_loss on log_softmax)"))
 def _loss_of_probabilities(history: Sequence[dict], entry: dict) -> list[Finding]:
     if _loop(entry).get("softmax_before_loss") is not True or _loop(entry).get("outputs_are_probabilities") is True:
         return []  # the model's own outputs already said so (outputs_are_probabilities): one finding, not two
-    return [finding(Level.ERROR, None, None, 1.0, "the loss's graph runs cross-entropy on the output of a softmax")]
+    return [finding(Level.ERROR, None, None, 1.0, phrase("the loss's graph runs cross-entropy on the output of a "
+                                                         "softmax"))]
 
 
 def _sum_over(ratio: float, counts: dict) -> Optional[str]:
@@ -217,21 +221,22 @@ def _sum_over(ratio: float, counts: dict) -> Optional[str]:
        "reduction='mean'); a sum scales every gradient by the batch's size, so the learning rate is in effect "
        "N times larger and changes with the batch",
        "the loss is a sum, not a mean", Cause.LOSS_FUNCTION, direct=True,
-       advice="average the loss over the counted targets (reduction='mean'), or divide the learning rate by the "
-       "count the sum runs over")
+       advice=phrase("average the loss over the counted targets (reduction='mean'), or divide the learning rate by the "
+                     "count the sum runs over"))
 def _loss_not_mean(history: Sequence[dict], entry: dict) -> list[Finding]:
     loop = _loop(entry)
     ratio = loop.get("loss_over_cross_entropy")
     if not _finite(ratio) or ratio < 2:
         return []
-    counts = {"counted targets": _data(entry).get("targets_counted"), "sequences": loop.get("sequences"),
-              "positions per sequence": loop.get("positions")}
+    counts = {phrase("counted targets"): _data(entry).get("targets_counted"),
+              phrase("sequences"): loop.get("sequences"),
+              phrase("positions per sequence"): loop.get("positions")}
     over = _sum_over(ratio, counts)
     if over is None:
         return []
     return [finding(Level.ERROR, None, None, ratio,
-                    f"the loss is {ratio:.4g} × the mean cross-entropy of the model's logits: a sum over its "
-                    f"{counts[over]} {over}")]
+                    phrase("the loss is {ratio:.4g} × the mean cross-entropy of the model's logits: a sum over its "
+                           "{counts} {over}", ratio=ratio, counts=counts[over], over=over))]
 
 
 # --- the targets beside the inputs -------------------------------------------------------------------------
@@ -242,12 +247,16 @@ def _loss_not_mean(history: Sequence[dict], entry: dict) -> list[Finding]:
        "(NaN) or 0, and no gradient says anything",
        "the labels are all masked: a padding or prompt mask that covers everything (inverted, or applied to "
        "the wrong tensor)", Cause.DATA, direct=True,
-       advice="set the ignore index (-100) only at padding and prompt positions: check the mask that builds "
-       "the labels")
+       advice=phrase("set the ignore index (-100) only at padding and prompt positions: check the mask that builds "
+                     "the labels"))
 def _targets_not_counted(history: Sequence[dict], entry: dict) -> list[Finding]:
     if _data(entry).get("counted") != 0:
         return []
-    return [finding(Level.ERROR, None, None, 0.0, "every target of the batch is -100")]
+    return [finding(Level.ERROR, None, None, 0.0, phrase("every target of the batch is -100"))]
+
+
+# The shifts a target can hold against its input, as a sentence names them.
+RELATIONS_SAID = {"same": phrase("same"), "next": phrase("next"), "previous": phrase("previous")}
 
 
 def _relation(match: dict) -> Optional[str]:
@@ -267,8 +276,8 @@ def _relation(match: dict) -> Optional[str]:
        "the model is trained on the wrong token: one it already sees (it learns to copy), two ahead (shifted "
        "twice), or one unrelated to the text (the targets of another batch or another order)",
        Cause.DATA, direct=True,
-       advice="build the targets as the same token sequence shifted by one, once: targets[t] = ids[t + 1] for a "
-       "model that does not shift, labels = ids for one that does (HF)")
+       advice=phrase("build the targets as the same token sequence shifted by one, once: targets[t] = ids[t + 1] for a "
+                     "model that does not shift, labels = ids for one that does (HF)"))
 def _targets_misaligned(history: Sequence[dict], entry: dict) -> list[Finding]:
     data = _data(entry)
     match = data.get("target_match")
@@ -287,13 +296,14 @@ def misalignment(match: dict, inside: bool, judged_at_no_shift: bool = True) -> 
     targets are mostly counted: a masked-LM's are not)."""
     relation = _relation(match)
     if relation == "previous":
-        return "the targets are the inputs delayed by one: each position is trained on a token it already sees"
+        return phrase("the targets are the inputs delayed by one: each position is trained on a token it already sees")
     if relation == "next" and inside:
-        return "the labels are already the inputs advanced by one, and the model shifts them again: position t is " \
-               "trained on token t + 2"
+        return phrase("the labels are already the inputs advanced by one, and the model shifts them again: position "
+                      "t is trained on token t + 2")
     if relation is None and judged_at_no_shift and all(_finite(v) and v < CHANCE for v in match.values()):
-        shown = ", ".join(f"{name} {value:.0%}" for name, value in match.items())
-        return f"the targets match the inputs at no shift ({shown} of the positions)"
+        shown = ", ".join(phrase("{relation} {share:.0%}", relation=RELATIONS_SAID.get(name, name), share=value)
+                          for name, value in match.items())
+        return phrase("the targets match the inputs at no shift ({shown} of the positions)", shown=shown)
     return None
 
 
@@ -318,16 +328,17 @@ def _descent(entry: dict) -> Optional[dict]:
        "the update climbs the loss: a sign flipped in the optimizer or in the gradient (maximize, a negative "
        "learning rate, a custom step that adds the gradient, a loss negated before backward)",
        Cause.OPTIMIZER, direct=True,
-       advice="make the step descend: p ← p − lr·update(g) with lr > 0 and maximize=False; check a custom "
-       "optimizer's sign and what backward() is called on")
+       advice=phrase("make the step descend: p ← p − lr·update(g) with lr > 0 and maximize=False; check a custom "
+                     "optimizer's sign and what backward() is called on"))
 def _update_ascends(history: Sequence[dict], entry: dict) -> list[Finding]:
     descent = _descent(entry)
     if descent is None or not _finite(descent.get("loss_after")) or not descent["predicted"] > 0 \
             or not descent["loss_after"] > descent["loss_before"]:
         return []
     return [finding(Level.ERROR, None, None, descent["predicted"],
-                    f"the step after the record at step {descent.get('at')}: g·Δw = {descent['predicted']:.3g} > 0, and "
-                    f"its batch's loss went from {descent['loss_before']:.4g} to {descent['loss_after']:.4g}")]
+                    phrase("the step after the record at step {step}: g·Δw = {predicted:.3g} > 0, and its batch's "
+                           "loss went from {before:.4g} to {after:.4g}", step=descent.get("at"),
+                           predicted=descent["predicted"], before=descent["loss_before"], after=descent["loss_after"]))]
 
 
 # --- data-parallel training: what every rank must share, and what each must not ----------------------------------
@@ -361,16 +372,16 @@ def _first_apart(rows: list[dict], *columns: str) -> Optional[int]:
        "weights drifted apart when gradient clipping ran on one rank only)",
        "the ranks train different models: a step, a clipping or an update made on some ranks only, or weights "
        "loaded or changed on one rank", Cause.TRAINING_LOOP, direct=True,
-       advice="make every rank run the same step on the same gradients: clip, scale and step on all ranks alike, "
-       "and change weights only where every rank does")
+       advice=phrase("make every rank run the same step on the same gradients: clip, scale and step on all ranks "
+                     "alike, and change weights only where every rank does"))
 def _replicas_differ(history: Sequence[dict], entry: dict) -> list[Finding]:
     rows = _ranks(entry)
     rank = _first_apart(rows, "weights_sum", "weights_square") if rows else None
     if rank is None:
         return []
     return [finding(Level.ERROR, None, None, float(rank),
-                    f"rank {rank}'s weights differ from rank 0's: Σw² {rows[rank]['weights_square']:.9g} against "
-                    f"{rows[0]['weights_square']:.9g}")]
+                    phrase("rank {rank}'s weights differ from rank 0's: Σw² {value:.9g} against {reference:.9g}",
+                           rank=rank, value=rows[rank]["weights_square"], reference=rows[0]["weights_square"]))]
 
 
 @check(Scope.TRAINING, "gradients_not_averaged",
@@ -379,8 +390,8 @@ def _replicas_differ(history: Sequence[dict], entry: dict) -> list[Finding]:
        "holds the same average; gradients accumulated under no_sync differ by design and are not judged",
        "the gradients are not averaged across ranks: a communication hook that skips the all-reduce, a model "
        "moved after wrapping, or parameters DDP does not see", Cause.TRAINING_LOOP, direct=True,
-       advice="let DDP average the gradients: wrap the model after moving it to its device, and keep any "
-       "communication hook's all-reduce")
+       advice=phrase("let DDP average the gradients: wrap the model after moving it to its device, and keep any "
+                     "communication hook's all-reduce"))
 def _gradients_not_averaged(history: Sequence[dict], entry: dict) -> list[Finding]:
     rows = _ranks(entry)
     if not rows or not all(row.get("synchronised") == 1 for row in rows):
@@ -389,8 +400,9 @@ def _gradients_not_averaged(history: Sequence[dict], entry: dict) -> list[Findin
     if rank is None:
         return []
     return [finding(Level.ERROR, None, None, float(rank),
-                    f"after a synchronised backward, rank {rank}'s gradients differ from rank 0's: Σg² "
-                    f"{rows[rank]['grads_square']:.6g} against {rows[0]['grads_square']:.6g}")]
+                    phrase("after a synchronised backward, rank {rank}'s gradients differ from rank 0's: Σg² "
+                           "{value:.6g} against {reference:.6g}", rank=rank, value=rows[rank]["grads_square"],
+                           reference=rows[0]["grads_square"]))]
 
 
 @check(Scope.TRAINING, "same_batch_on_ranks",
@@ -399,15 +411,16 @@ def _gradients_not_averaged(history: Sequence[dict], entry: dict) -> list[Findin
        "rank is one batch's gradient, N times the compute",
        "the data is not split between the ranks: no DistributedSampler, or every rank seeding its sampler alike",
        Cause.DATA, direct=True,
-       advice="give each rank its own share: DataLoader(..., sampler=DistributedSampler(dataset)), with "
-       "sampler.set_epoch(epoch) every epoch")
+       advice=phrase("give each rank its own share: DataLoader(..., sampler=DistributedSampler(dataset)), with "
+                     "sampler.set_epoch(epoch) every epoch"))
 def _same_batch_on_ranks(history: Sequence[dict], entry: dict) -> list[Finding]:
     rows = _ranks(entry)  # sums of integer ids, exact in float64: equal only for the same ids in the same order
     if not rows or not all(_finite(row.get("batch_sum")) for row in rows) or \
             any((row.get("batch_sum"), row.get("batch_weighted")) != (rows[0]["batch_sum"], rows[0]["batch_weighted"])
                 for row in rows):
         return []
-    return [finding(Level.ERROR, None, None, float(len(rows)), f"all {len(rows)} ranks trained on the same batch")]
+    return [finding(Level.ERROR, None, None, float(len(rows)),
+                    phrase("all {count} ranks trained on the same batch", count=len(rows)))]
 
 
 @check(Scope.TRAINING, "ranks_step_apart",
@@ -416,15 +429,17 @@ def _same_batch_on_ranks(history: Sequence[dict], entry: dict) -> list[Finding]:
        "number and its loss scale",
        "the ranks do not step alike: a scheduler stepped on some ranks only, a resumed rank at another step, a "
        "loss scaler per rank", Cause.TRAINING_LOOP, direct=True,
-       advice="build and step the scheduler and the loss scaler on every rank alike, and resume every rank from "
-       "one checkpoint")
+       advice=phrase("build and step the scheduler and the loss scaler on every rank alike, and resume every rank from "
+                     "one checkpoint"))
 def _ranks_step_apart(history: Sequence[dict], entry: dict) -> list[Finding]:
     rows = _ranks(entry)
-    for column, said in (("lr", "learning rate"), ("step", "step"), ("loss_scale", "loss scale")):
+    for column, said in (("lr", phrase("learning rate")), ("step", phrase("step")),
+                         ("loss_scale", phrase("loss scale"))):
         rank = _first_apart(rows, column) if rows else None
         if rank is not None:
-            return [finding(Level.ERROR, None, None, float(rank), f"rank {rank}'s {said} is {rows[rank][column]:g}, "
-                                                                  f"rank 0's {rows[0][column]:g}")]
+            return [finding(Level.ERROR, None, None, float(rank),
+                            phrase("rank {rank}'s {what} is {value:g}, rank 0's {reference:g}", rank=rank, what=said,
+                                   value=rows[rank][column], reference=rows[0][column]))]
     return []
 
 
@@ -436,12 +451,12 @@ def _ranks_step_apart(history: Sequence[dict], entry: dict) -> list[Finding]:
        "(packed documents restart at 0, but none is one value throughout)",
        "every token is told it sits at one position: RoPE rotates every query and key alike, a learned position "
        "table adds one vector, and word order is invisible but for the causal mask", Cause.DATA, direct=True,
-       advice="give position_ids = arange(T) per sequence (restarting at each packed document), or leave them "
-       "out and let the model make them")
+       advice=phrase("give position_ids = arange(T) per sequence (restarting at each packed document), or leave them "
+                     "out and let the model make them"))
 def _position_ids_constant(history: Sequence[dict], entry: dict) -> list[Finding]:
     if _data(entry).get("positions_constant") is not True:
         return []
-    return [finding(Level.ERROR, None, None, 1.0, "every sequence's position_ids are one value throughout")]
+    return [finding(Level.ERROR, None, None, 1.0, phrase("every sequence's position_ids are one value throughout"))]
 
 
 @check(Scope.TRAINING, "attention_mask_inverted",
@@ -450,14 +465,14 @@ def _position_ids_constant(history: Sequence[dict], entry: dict) -> list[Finding
        "HF's attention_mask: 1 keeps a token, 0 drops padding; padding is one repeated id (the pad id), text "
        "never is",
        "the mask is inverted: the model attends to the padding and ignores the text", Cause.MASK, direct=True,
-       advice="attention_mask = (input_ids != pad_id): 1 at the text, 0 at the padding (a mask built as == pad_id, "
-       "or 1 - mask applied twice, inverts it)")
+       advice=phrase("attention_mask = (input_ids != pad_id): 1 at the text, 0 at the padding (a mask built as == "
+                     "pad_id, or 1 - mask applied twice, inverts it)"))
 def _attention_mask_inverted(history: Sequence[dict], entry: dict) -> list[Finding]:
     mask = _data(entry).get("mask")
     if not isinstance(mask, dict) or mask.get("kept_one_id") is not True or mask.get("dropped_one_id") is not False:
         return []
-    return [finding(Level.ERROR, None, None, 1.0, "the positions the mask keeps all hold one id; those it drops "
-                                                  "hold several")]
+    return [finding(Level.ERROR, None, None, 1.0, phrase("the positions the mask keeps all hold one id; those it drops "
+                                                  "hold several"))]
 
 
 # --- a probe of causality ------------------------------------------------------------------------------------
@@ -477,14 +492,14 @@ def causal_expected(entry: dict) -> bool:
        "later tokens reach earlier positions: the causal mask is missing or misaligned, or a reshape mixes "
        "positions (view where a transpose is needed), so the model can read what it is asked to predict",
        Cause.MASK, direct=True,
-       advice="make each position see only itself and earlier tokens: apply the causal mask to the scores "
-       "(is_causal=True), and split the heads with .view(B, T, heads, d).transpose(1, 2), never .view(B, heads, "
-       "T, d)")
+       advice=phrase("make each position see only itself and earlier tokens: apply the causal mask to the scores "
+                     "(is_causal=True), and split the heads with .view(B, T, heads, d).transpose(1, 2), never .view(B, heads, "
+                     "T, d)"))
 def _future_leak(history: Sequence[dict], entry: dict) -> list[Finding]:
     leak = (entry.get("probe") or {}).get("future_leak")
     if not _finite(leak) or leak <= LEAK_TOLERANCE or not causal_expected(entry):
         return []
     position = (entry.get("probe") or {}).get("leak_position")
     return [finding(Level.ERROR, None, None, leak,
-                    f"changing only later tokens moved earlier positions' logits by up to {leak:.3g} (relative; most "
-                    f"at position {position})")]
+                    phrase("changing only later tokens moved earlier positions' logits by up to {leak:.3g} (relative; "
+                           "most at position {position})", leak=leak, position=position))]

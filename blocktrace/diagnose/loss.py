@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
+from blocktrace.phrases import phrase
 from blocktrace.host import to_host
 
 IGNORE = -100  # the label that predicts nothing, as in HF
@@ -153,6 +154,7 @@ def loss_report(logits: torch.Tensor, labels: torch.Tensor, kind: str, ids: Opti
                          "shifts": None if ids is None else _shift_losses(logits, ids, token_mask, log_z)})
     vocabulary, count = logits.shape[-1], found["count"]
     if count == 0:
-        return LossReport(None, kind, 0, math.log(vocabulary), note="no token to predict (one token per sequence)")
+        return LossReport(None, kind, 0, math.log(vocabulary), note=phrase("no token to predict (one token per "
+                                                                           "sequence)"))
     return LossReport(found["loss"], kind, count, math.log(vocabulary), found["log_z_sum"] / count,
                       found["log_z_max_abs"], by_shift=_by_shift(found["shifts"]))

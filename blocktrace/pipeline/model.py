@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from blocktrace.phrases import phrase
 from blocktrace.config import BlockConfig
 from blocktrace.diagnose.diagnosis import Context, conclude
 from blocktrace.diagnose.grad import layerwise_gradient_report
@@ -108,7 +109,7 @@ def _model_input(checkpoint, info, request: RunRequest, head_spec: Optional[Head
     if head_spec.kind is LossKind.MASKED:
         mask_id, special = mask_token(checkpoint.directory)
         if mask_id is None:
-            raise NoLoss("BERT's masked-LM loss needs the [MASK] token of a tokenizer.json beside the weights")
+            raise NoLoss(phrase("BERT's masked-LM loss needs the [MASK] token of a tokenizer.json beside the weights"))
         model_input.ids, model_input.labels = mask_for_mlm(ids, mask, mask_id, special)
         model_input.notes.append(f"masked-LM loss: {int((model_input.labels >= 0).sum())} positions (15% of the "
                                  "real tokens, from a fixed seed) replaced by [MASK] and predicted")

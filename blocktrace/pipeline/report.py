@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from blocktrace.phrases import phrase
 from blocktrace._version import __version__
 from blocktrace.tracing.records import StepRecord, Trace
 from blocktrace.tracing.stack import summarise
@@ -82,8 +83,8 @@ def flags_dict(flags) -> Optional[list]:
     return None if flags is None else [flag.to_dict() for flag in flags]
 
 
-BLOCK_LOSS_NOTE = ("a block alone has no model loss: check a checkpoint (--weights) for the model's own; "
-                   "--grad here uses the seeded readout of Xiong et al. 2020")
+BLOCK_LOSS_NOTE = phrase("a block alone has no model loss: check a checkpoint (--weights) for the model's own; "
+                         "--grad here uses the seeded readout of Xiong et al. 2020")
 
 
 def findings(found, loss: Optional[dict] = None, loss_note: Optional[str] = None) -> dict:

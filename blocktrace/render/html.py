@@ -13,6 +13,7 @@ from blocktrace.config import BlockConfig
 from blocktrace.errors import BlocktraceError
 from blocktrace.files import write_atomically
 from blocktrace.render.documents.json_document import dumps
+from blocktrace.render.translate import page_words
 from blocktrace.render.words import explained_steps
 from blocktrace.vocab import Lang, Placement, ReportKind
 from blocktrace.wiring import wiring_of
@@ -34,6 +35,7 @@ TEMPLATE = """<!doctype html>
 <script type="application/json" id="report">{data}</script>
 <script type="application/json" id="defaults">{defaults}</script>
 <script type="application/json" id="explain">{explain}</script>
+<script type="application/json" id="words">{words}</script>
 <script>
 {js}</script>
 </body>
@@ -74,12 +76,14 @@ def step_explanations(report: dict) -> Optional[dict]:
 
 def html_page(report: dict, title: str, lang: Lang = Lang.EN) -> str:
     """The page, its document embedded so that no string in it can end or break the <script> element; beside it
-    (not in it: the document is --json's) the defaults its settings are told against."""
+    (not in it: the document is --json's) the defaults its settings are told against, what each step does, and
+    the document's sentences in Chinese."""
     data = dumps(report, indent=None).translate(SCRIPT_SAFE)
     defaults = dumps(block_defaults(report.get("config")), indent=None).translate(SCRIPT_SAFE)
     explain = dumps(step_explanations(report), indent=None).translate(SCRIPT_SAFE)
+    words = dumps(page_words(report), indent=None).translate(SCRIPT_SAFE)
     return TEMPLATE.format(lang=Lang(lang).value, title=html.escape(f"blocktrace: {title}"), data=data,
-                           defaults=defaults, explain=explain,
+                           defaults=defaults, explain=explain, words=words,
                            css=(ASSETS / "page.css").read_text(encoding="utf-8"),
                            js=(ASSETS / "page.js").read_text(encoding="utf-8"))
 

@@ -5,6 +5,11 @@
 const REPORT = JSON.parse(document.getElementById("report").textContent);
 const DEFAULTS = JSON.parse((document.getElementById("defaults") || {textContent: "null"}).textContent);
 const EXPLAIN = JSON.parse((document.getElementById("explain") || {textContent: "null"}).textContent);
+/* The report's sentences (findings, advice, evidence, notes), causes and levels in Chinese (render/translate.py). */
+const SAID = JSON.parse((document.getElementById("words") || {textContent: "null"}).textContent);
+const said = (text) => (lang === "zh" && SAID && SAID.sentences[text]) || text || "";
+const causeName = (cause) => (lang === "zh" && SAID && SAID.causes[cause]) || cause;
+const levelName = (level) => (lang === "zh" && SAID && SAID.levels[level]) || level;
 
 /* What each step does (run --explain's sentences), in the page's language, under the step table. */
 function explainSection(steps) {
@@ -151,13 +156,13 @@ function findingsSection(flags, diagnosis, anchor) {
                    flag.step].filter(Boolean).join(" · ");
     const link = anchor(flag);
     section.push(el("div", {class: "finding", "data-flag": flag.name},
-      el("span", {class: `level-${flag.level}`}, `${flag.level} `), el("b", {}, flag.name), " ",
+      el("span", {class: `level-${flag.level}`}, `${levelName(flag.level)} `), el("b", {}, flag.name), " ",
       where ? (link ? el("a", {href: `#${link}`}, `[${where}]`) : `[${where}]`) : "",
-      ` ${flag.cause ? "(" + flag.cause + ") " : ""}${flag.detail || ""}`));
+      ` ${flag.cause ? "(" + causeName(flag.cause) + ") " : ""}${said(flag.detail)}`));
   }
   for (const cause of diagnosis || []) {
-    section.push(el("h3", {}, `${w("diagnosis")}: ${cause.cause}`), el("p", {}, cause.evidence || ""),
-                 el("p", {class: "note"}, `${w("advice")}: ${cause.advice || ""}`));
+    section.push(el("h3", {}, `${w("diagnosis")}: ${causeName(cause.cause)}`), el("p", {}, said(cause.evidence)),
+                 el("p", {class: "note"}, `${w("advice")}: ${said(cause.advice)}`));
   }
   return section;
 }
@@ -395,7 +400,7 @@ function layeredPage(report) {
   const parts = [];
   if (report.loss !== undefined && report.loss !== null) {
     parts.push(el("p", {}, `${w("loss")}: `, el("b", {id: "loss", "data-value": String(report.loss)},
-                                                  shown(report.loss)), report.loss_note ? ` (${report.loss_note})` : ""));
+                                                  shown(report.loss)), report.loss_note ? ` (${said(report.loss_note)})` : ""));
   }
   parts.push(el("h2", {}, w("layers")), layerRows(layers),
              el("h2", {}, w("layerSize")), bars(layers, (l) => l.rms, (l) => `L${l.layer}`, "rms"));
@@ -566,7 +571,7 @@ function trackPage(report) {
   });
   const first = report.first_sign;
   if (first) marks.push({step: first.step, colour: "#c62828", kind: "first",
-                         text: `${w("firstSign")} @ ${first.step}: ${first.name} (${first.cause})`});
+                         text: `${w("firstSign")} @ ${first.step}: ${first.name} (${causeName(first.cause)})`});
   const layerCount = Math.max(0, ...records.map((r) => (r.layers || []).length));
   const perLayer = [...Array(layerCount).keys()].map((k) => ({name: `L${k}`, values: records.map((r) =>
     r.layers && r.layers[k] && r.layers[k].rms !== undefined ? r.layers[k].rms : NaN)}));
@@ -586,7 +591,7 @@ function trackPage(report) {
                  el("h2", {}, w("updates")), lines(updates, steps, marks, "‖ΔW‖/‖W‖", true)];
   if (first) {
     parts.push(el("p", {id: "first-sign"}, el("b", {class: "level-error"}, `${w("firstSign")}: `),
-                  `${w("step")} ${first.step}, ${first.name} (${first.cause}) ${first.detail || ""}`));
+                  `${w("step")} ${first.step}, ${first.name} (${causeName(first.cause)}) ${said(first.detail)}`));
   }
   if (report.rollback) {
     const where = report.rollback.path ? ` (${report.rollback.path})` : "";

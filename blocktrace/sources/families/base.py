@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
+from blocktrace.phrases import phrase
 from blocktrace.config import BlockConfig, RopeScaling
 from blocktrace.errors import WeightsError
 from blocktrace.sources.checkpoint import Checkpoint
@@ -61,7 +62,8 @@ def head_weight(checkpoint: Checkpoint, info: "ModelInfo", separate: str, tied: 
         return separate, False
     if info.family.ties(info.config) and tied in checkpoint:
         return tied, True
-    raise NoLoss(f"the checkpoint has no output head ({separate}) and does not tie it to the embedding: no loss")
+    raise NoLoss(phrase("the checkpoint has no output head ({head}) and does not tie it to the embedding: no loss",
+                        head=separate))
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,7 @@ class Family:
 
     def head(self, checkpoint: Checkpoint, info: ModelInfo) -> HeadSpec:
         """The final norm and output projection, for the model's own loss; NoLoss says why there is none."""
-        raise NoLoss(f"blocktrace does not know {self.name}'s output head")
+        raise NoLoss(phrase("blocktrace does not know {family}'s output head", family=self.name))
 
     def variant(self, checkpoint: Checkpoint, prefix: str) -> "Family":
         """The family these keys and shapes really are (one key layout, two ways of storing its weights)."""

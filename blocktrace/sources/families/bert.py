@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torch.nn import functional as F
 
+from blocktrace.phrases import phrase
 from blocktrace.errors import UsageError
 from blocktrace.sources.families.base import (
     Family,
@@ -89,8 +90,8 @@ class BERT(Family):
         LayerNorm, then the decoder tied to the word embeddings."""
         base = "cls.predictions."
         if base + "transform.dense.weight" not in checkpoint:
-            raise NoLoss("the checkpoint holds no masked-LM head (cls.predictions, as BertForMaskedLM saves it), "
-                         "so the model has no loss to compute: a BertModel checkpoint")
+            raise NoLoss(phrase("the checkpoint holds no masked-LM head (cls.predictions, as BertForMaskedLM saves "
+                                "it), so the model has no loss to compute: a BertModel checkpoint"))
         decoder = base + "decoder.weight"
         weight = decoder if decoder in checkpoint else f"{info.prefix}{self.embedding_key}"
         bias = base + "bias" if base + "bias" in checkpoint else base + "decoder.bias"

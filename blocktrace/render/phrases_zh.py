@@ -1,0 +1,317 @@
+"""The findings' sentences in Chinese: each template blocktrace/phrases.py's `phrase` is given in the code, with its
+Chinese. A value's name in braces is the English template's (without its format, which the English applied); a
+value the Chinese does not need (an English plural's "s", "is"/"are") is left out. tests/test_translate.py fails on a
+template of the code missing here, on one here that no code says, and on a value here the English does not have."""
+
+from __future__ import annotations
+
+CAUSES_ZH = {
+    "learning_rate": "学习率", "initialisation": "初始化", "warmup": "预热（warm-up）", "architecture": "模型结构",
+    "precision": "数值精度", "mask": "注意力掩码", "residual": "残差连接", "norm": "归一化", "data": "数据",
+    "routing": "专家路由", "optimizer": "优化器", "gradient_flow": "梯度通路", "weights": "权重",
+    "training_loop": "训练循环", "loss_function": "损失函数", "unknown": "未知",
+}
+LEVELS_ZH = {"info": "信息", "warning": "警告", "error": "错误"}
+
+PHRASES_ZH = {
+    # --- values said inside other sentences
+    "first-token": "首 token", "self": "自身", "previous-token": "前一个 token", "content": "内容",
+    "counted targets": "个计入的目标", "sequences": "条序列", "positions per sequence": "个每条序列的位置",
+    "learning rate": "学习率", "step": "步数", "loss scale": "损失缩放系数",
+    "same": "同位", "next": "后一位", "previous": "前一位",
+    " at layer{s} {layers}": "，第 {layers} 层",
+    "{name}{where} ({detail})": "{name}{where}（{detail}）",
+    " at learning rate {lr:g}": "，学习率为 {lr}",
+    " (at this record only, so far)": "（目前只在这一条记录中）",
+    " (its parameters do not require a gradient)": "（它的参数不需要梯度）",
+    " (frozen on purpose or cut off from the loss: checkpoints cannot tell; a Watch can)":
+        "（是有意冻结还是与损失断开：检查点无法区分，Watch 可以）",
+    " (not: {names})": "（缺少：{names}）",
+    "; inputs finite: {finite}": "；输入是否有限：{finite}",
+    "; {traced} of {count} blocks ran with gradients enabled in the recorded forward":
+        "；记录的前向中 {count} 个 block 里只有 {traced} 个在启用梯度时运行",
+    ", and the loss is {loss:.3g} nats per token: the model copies them": "，而损失为每个 token {loss} nats：模型在照抄它们",
+    " = × √{width}: multiplied by √d_head where the definition divides by it": " = × √{width}：定义要求除以 √d_head，这里却乘以了它",
+    " (the definition: ÷ √{width})": "（定义：÷ √{width}）",
+    "its own input token (shift 0)": "它自己的输入 token（偏移 0）",
+    "the token {best:d} ahead (shift {best:d})": "往后第 {best} 个 token（偏移 {best}）",
+    "shift {shift:d} {loss:.4g}": "偏移 {shift}：{loss}",
+    "{relation} {share:.0%}": "{relation} {share}",
+
+    # --- a traced step, the attention, the FFN
+    "{nan} NaN, {inf} Inf{inputs}": "{nan} 个 NaN，{inf} 个 Inf{inputs}",
+    "max |x| {absmax:.4g} > {FLOAT16_MAX:g} in a float16 checkpoint": "float16 检查点中 max |x| {absmax} > {FLOAT16_MAX}",
+    "rescaling each token changed the output by {scale_error:.3g} (relative rms)":
+        "对每个 token 重新缩放后，输出改变了 {scale_error}（相对 rms）",
+    "rms of the effective gain {gain_rms:.3g}": "有效 gain 的 rms 为 {gain_rms}",
+    "future_weight_sum={future_weight_sum:.4g} with a causal mask": "在因果掩码下 future_weight_sum={future_weight_sum}",
+    "perturbing the last token moved earlier outputs by {leak:.3g} (relative rms)":
+        "扰动最后一个 token 使更早的输出变化了 {leak}（相对 rms）",
+    "‖output − (α·stream + update)‖ / ‖output‖ = {mismatch:.3g}": "‖输出 − (α·残差流 + 更新)‖ / ‖输出‖ = {mismatch}",
+    "largest pre-softmax logit {logit:.4g}": "softmax 前最大的 logit 为 {logit}",
+    "the scores are q·kᵀ × {scale:.4g}{against}": "注意力分数是 q·kᵀ × {scale}{against}",
+    "{count} of {heads} heads near zero entropy (uniform {uniform_entropy:.3f}), largest logit {max_logit:.4g}":
+        "{heads} 个头中有 {count} 个的熵接近 0（均匀分布为 {uniform_entropy}），最大 logit 为 {max_logit}",
+    "head {head}: entropy {entropy:.3g} (uniform {uniform:.3f}), {kind} head":
+        "第 {head} 个头：熵 {entropy}（均匀分布为 {uniform}），{kind}头",
+    "head {head}: entropy {entropy:.4f} of uniform {uniform:.4f}": "第 {head} 个头：熵 {entropy}，均匀分布为 {uniform}",
+    "{dead_fraction:.1%} of {units} hidden units never active over {tokens} tokens":
+        "{units} 个隐藏单元中有 {dead_fraction} 在 {tokens} 个 token 上从未激活",
+    "{flat_fraction:.1%} of hidden activations in the flat region": "{flat_fraction} 的隐藏激活落在激活函数的平坦区",
+    "‖update‖/‖stream‖ = {ratio:.3g}": "‖更新‖/‖残差流‖ = {ratio}",
+    "max |x| {absmax:.4g} = {ratio:.4g} × median |x|": "max |x| {absmax} = {ratio} × |x| 的中位数",
+    "the median token's ‖x‖²/d grew {growth:.3g}× from layer {first} to layer {layer} (bound {bound:.3g}×)":
+        "中位 token 的 ‖x‖²/d 从第 {first} 层到第 {layer} 层增长了 {growth} 倍（上界 {bound} 倍）",
+    "mean ‖∂L/∂step‖ {first:.3g} at layer {first_layer} against {last:.3g} at layer {last_layer}":
+        "平均 ‖∂L/∂step‖ 在第 {first_layer} 层为 {first}，在第 {last_layer} 层为 {last}",
+    "non-finite gradient of a scaled loss: the loss scaler skips this step and lowers its scale":
+        "缩放后损失的梯度不是有限值：损失缩放器会跳过这一步并降低缩放系数",
+    "non-finite gradient": "梯度不是有限值",
+
+    # --- the weights, the loss, the router of a checkpoint
+    "the median matrix has std·√fan_in = {median:.3g}": "中位矩阵的 std·√fan_in = {median}",
+    "{names} hold NaN or Inf": "{names} 含有 NaN 或 Inf",
+    "{name}: std {std:.3g}, {factor:.3g}× the median of its {count} siblings ({median:.3g})":
+        "{name}：std {std}，是其他 {count} 层同一矩阵中位数（{median}）的 {factor} 倍",
+    "loss {loss:.4g} against log V = {uniform:.4g} for uniform guessing": "损失 {loss}，而均匀猜测的 log V = {uniform}",
+    "the model predicts {learned} better than the next token: loss {shown}": "模型预测{learned}比预测下一个 token 更准：损失 {shown}",
+    "mean log Z = {log_z_mean:.4g}": "平均 log Z = {log_z_mean}",
+    "eps {eps:g} is {rounded:g} in {dtype}": "eps {eps} 在 {dtype} 中变成 {rounded}",
+    "load-balance loss {balance_loss:.3g} (balanced {per_token}, collapsed {experts}); the busiest expert takes "
+    "{busiest:.0%} of the token slots (uniform {uniform:.0%})":
+        "负载均衡损失 {balance_loss}（均衡时为 {per_token}，塌缩时为 {experts}）；最忙的 expert 占了 {busiest} 的 token 槽位"
+        "（均匀时为 {uniform}）",
+    "{count} of {experts} experts received no token of {tokens}: experts {experts_listed}":
+        "{experts} 个 expert 中有 {count} 个在 {tokens} 个 token 中一个也没收到：expert {experts_listed}",
+    "largest |router logit| {max_logit:.4g}, router z-loss {z_loss:.4g}": "最大 |router logit| 为 {max_logit}，router z-loss 为 {z_loss}",
+
+    # --- over training: the gradients, the loss, the weights' movement
+    "gradient norm {norm} while other layers get up to {largest:.3g}": "梯度范数为 {norm}，而其他层最高达 {largest}",
+    "none of the {trainable} trainable blocks got a gradient, while the model's gradient norm is {norm:.3g}{enabled}":
+        "{trainable} 个可训练的 block 都没有得到梯度，而模型的梯度范数为 {norm}{enabled}",
+    "every trainable layer's gradient is exactly 0 at step {step}: the backward reached no parameter":
+        "第 {step} 步每个可训练层的梯度都恰好为 0：反向传播没有到达任何参数",
+    "loss {loss:.4g} against log V = {uniform:.4g} for uniform guessing{so_far}":
+        "损失 {loss}，而均匀猜测的 log V = {uniform}{so_far}",
+    "loss {loss:.4g} at step {step}, log V = {uniform:.4g}": "第 {step} 步损失为 {loss}，log V = {uniform}",
+    "loss {loss:.3g} nats per token": "每个 token 的损失为 {loss} nats",
+    "loss {loss:.4g} against {mean:.4g} ± {spread:.2g} over the previous {count} records":
+        "损失 {loss}，而之前 {count} 条记录为 {mean} ± {spread}",
+    "this step's batch equals the batch of the record before": "这一步的 batch 与上一条记录的 batch 相同",
+    "the targets passed to the model are its input ids, unshifted{copies}": "传给模型的目标就是它的输入 id，没有偏移{copies}",
+    "no layer moved between steps {before} and {after}{at_lr}": "第 {before} 步到第 {after} 步之间没有任何层发生变化{at_lr}",
+    "per-step ‖ΔW‖/‖W‖ at most {moved:.3g} against the median layer's {typical:.3g}{why}":
+        "每步的 ‖ΔW‖/‖W‖ 最多为 {moved}，而中位层为 {typical}{why}",
+    "the median matrix moves {median:.3g} of its norm per step{at_lr}": "中位矩阵每步只移动其范数的 {median}{at_lr}",
+    "‖ΔW‖/‖W‖ per unit of learning rate {factor:.3g}× its median over the previous {count} intervals":
+        "每单位学习率的 ‖ΔW‖/‖W‖ 是之前 {count} 个区间中位数的 {factor} 倍",
+    "learning rate {lr:g}, {factor:.3g}× the largest recorded before ({largest:g})":
+        "学习率 {lr}，是此前记录中最大值（{largest}）的 {factor} 倍",
+    "{kind}: ‖W‖ {norm:.3g}, {previous:.3g} at step {step}": "{kind}：‖W‖ 为 {norm}，第 {step} 步时为 {previous}",
+    "{kind}: ‖W‖ {norm:.3g}, {factor:.2g}× its {origin:.3g} at step {step}":
+        "{kind}：‖W‖ 为 {norm}，是第 {step} 步时 {origin} 的 {factor} 倍",
+
+    # --- the optimizer and the model's settings (the audit)
+    "betas={betas} has {beta:g} outside [0, 1)": "betas={betas} 中的 {beta} 不在 [0, 1) 内",
+    "momentum={momentum:g} is outside [0, 1)": "momentum={momentum} 不在 [0, 1) 内",
+    "betas={betas}: β1 = {beta1:g} ≥ √β2 = {root:.4g}, outside the region where Adam converges (β1 < √β2)":
+        "betas={betas}：β1 = {beta1} ≥ √β2 = {root}，不在 Adam 收敛的区域内（β1 < √β2）",
+    "{module} drops p = {dropout:g} of its activations": "{module} 丢弃了 p = {dropout} 的激活",
+    "{class_}'s param group {index} has maximize=True: each step climbs the loss":
+        "{class_} 的第 {index} 个参数组设置了 maximize=True：每一步都在让损失上升",
+    "{class_}'s param group {index}: {detail}": "{class_} 的第 {index} 个参数组：{detail}",
+    "{class_}'s param group {index}: lr·weight_decay = {lr:g} × {decay:g} = {product:.3g}: each step multiplies the "
+    "weights by {kept:.3g}":
+        "{class_} 的第 {index} 个参数组：lr·weight_decay = {lr} × {decay} = {product}：每一步都把权重乘以 {kept}",
+    "{class_}'s param group {index} has lr={lr:g} < 0: each step climbs the loss":
+        "{class_} 的第 {index} 个参数组的 lr={lr} < 0：每一步都在让损失上升",
+    "{kinds} {are} exactly 0 since the first record (step {step}): no gradient can move them":
+        "{kinds} 从第一条记录（第 {step} 步）起就恰好为 0：没有梯度能让它们改变",
+
+    # --- the loop's invariants
+    "the backward of step {step} found gradients of norm {before:.3g} left from before the last optimizer step":
+        "第 {step} 步的反向传播发现了范数为 {before} 的梯度，是上一次优化器更新之前留下的",
+    "at step {step} backward() left gradients of norm {before:.3g}, but optimizer.step() found none":
+        "第 {step} 步 backward() 留下了范数为 {before} 的梯度，但 optimizer.step() 一个也没找到",
+    "the optimizer holds {share:.0%} of the trainable parameters with a gradient{missing}":
+        "优化器只持有有梯度的可训练参数中的 {share}{missing}",
+    "every param group's learning rate is 0 at steps {before} and {after}": "第 {before} 步和第 {after} 步每个参数组的学习率都为 0",
+    "{count} dropout or batch-norm module{s} in eval mode in the forward that training backpropagated":
+        "训练反向传播的前向中有 {count} 个 dropout 或 batch-norm 模块处于 eval 模式",
+    "every output row is ≥ 0 and sums to 1: the model returns probabilities, not logits":
+        "每一行输出都 ≥ 0 且和为 1：模型返回的是概率，不是 logits",
+    "the loss's graph runs cross-entropy on the output of a softmax": "损失的计算图对 softmax 的输出做了交叉熵",
+    "the loss is {ratio:.4g} × the mean cross-entropy of the model's logits: a sum over its {counts} {over}":
+        "损失是模型 logits 平均交叉熵的 {ratio} 倍：是对它的 {counts} {over}求和",
+    "every target of the batch is -100": "batch 中每个目标都是 -100",
+    "the targets are the inputs delayed by one: each position is trained on a token it already sees":
+        "目标是输入延后一位：每个位置都在学习一个它已经看得见的 token",
+    "the labels are already the inputs advanced by one, and the model shifts them again: position t is trained on "
+    "token t + 2": "labels 已经是输入提前一位，模型又偏移了一次：位置 t 学的是 token t + 2",
+    "the targets match the inputs at no shift ({shown} of the positions)": "目标与输入在任何偏移下都对不上（{shown} 的位置）",
+    "the step after the record at step {step}: g·Δw = {predicted:.3g} > 0, and its batch's loss went from "
+    "{before:.4g} to {after:.4g}": "第 {step} 步记录之后的那一步：g·Δw = {predicted} > 0，它的 batch 损失从 {before} 变为 {after}",
+    "rank {rank}'s weights differ from rank 0's: Σw² {value:.9g} against {reference:.9g}":
+        "rank {rank} 的权重与 rank 0 不同：Σw² 为 {value}，rank 0 为 {reference}",
+    "after a synchronised backward, rank {rank}'s gradients differ from rank 0's: Σg² {value:.6g} against "
+    "{reference:.6g}": "同步的反向传播之后，rank {rank} 的梯度与 rank 0 不同：Σg² 为 {value}，rank 0 为 {reference}",
+    "all {count} ranks trained on the same batch": "全部 {count} 个 rank 用同一个 batch 训练",
+    "rank {rank}'s {what} is {value:g}, rank 0's {reference:g}": "rank {rank} 的{what}为 {value}，rank 0 的为 {reference}",
+    "every sequence's position_ids are one value throughout": "每条序列的 position_ids 从头到尾都是同一个值",
+    "the positions the mask keeps all hold one id; those it drops hold several": "掩码保留的位置都是同一个 id；它丢弃的位置却有多个不同的 id",
+    "changing only later tokens moved earlier positions' logits by up to {leak:.3g} (relative; most at position "
+    "{position})": "只改变后面的 token，更早位置的 logits 就变化了最多 {leak}（相对值；最大处在位置 {position}）",
+    "{share:.0%} of {kind}'s 16-bit elements did not change between steps {before} and {after}":
+        "第 {before} 步到第 {after} 步之间，{kind} 的 16 位元素中有 {share} 没有改变",
+
+    # --- advice
+    "lower the peak learning rate (a tenth is a first try), keep a warm-up, and clip the gradient norm at 1.0":
+        "降低峰值学习率（先试十分之一），保留预热，并把梯度范数裁剪到 1.0",
+    "add a learning-rate warm-up over the first few hundred steps (Xiong et al. 2020: Post-LN needs one), and lower "
+    "the peak learning rate if it still diverges":
+        "在最初的几百步加入学习率预热（Xiong et al. 2020：Post-LN 需要预热）；如果仍然发散，再降低峰值学习率",
+    "add a learning-rate warm-up over the first few hundred steps, and lower the peak learning rate":
+        "在最初的几百步加入学习率预热，并降低峰值学习率",
+    "re-initialise the weights at the usual scale — N(0, 0.02) as GPT-2 or std 1/√fan_in — with the residual output "
+    "projections scaled by 1/√(2·layers)":
+        "按常用尺度重新初始化权重——像 GPT-2 那样用 N(0, 0.02)，或 std 1/√fan_in——残差输出投影再乘以 1/√(2·层数)",
+    "the FFN's units are dead: use GELU or SwiGLU instead of ReLU, or a lower learning rate and FFN biases "
+    "initialised at 0": "FFN 的单元已经死亡：用 GELU 或 SwiGLU 代替 ReLU，或者降低学习率并把 FFN 偏置初始化为 0",
+    "most FFN units never activate: check the FFN biases and the scale of the FFN input; lower the learning rate":
+        "大多数 FFN 单元从不激活：检查 FFN 的偏置和 FFN 输入的尺度；降低学习率",
+    "train in bfloat16 or float32, or keep float16 with a loss scaler (torch.amp.GradScaler) and float32 norms and "
+    "softmax": "用 bfloat16 或 float32 训练；或者保留 float16，但加上损失缩放器（torch.amp.GradScaler），并让归一化和 softmax 用 float32",
+    "apply the causal mask to the attention scores before the softmax (is_causal=True, or an additive mask of -inf "
+    "above the diagonal)": "在 softmax 之前对注意力分数施加因果掩码（is_causal=True，或在对角线以上加 -inf 的加性掩码）",
+    "add the un-normalised stream: x = x + sublayer(norm(x)) in Pre-LN, not norm(x) + sublayer(...)":
+        "加上未归一化的残差流：Pre-LN 中是 x = x + sublayer(norm(x))，而不是 norm(x) + sublayer(...)",
+    "make the norm normalise each token over its last dimension, and keep it in the forward path":
+        "让归一化在最后一个维度上对每个 token 做归一化，并把它留在前向路径中",
+    "check the data pipeline: what reaches the model (NaN or Inf, a batch repeated, targets equal to the inputs "
+    "instead of shifted by one)": "检查数据管道：到达模型的是什么（NaN 或 Inf、重复的 batch、目标等于输入而不是偏移一位）",
+    "check the optimizer: that optimizer.step() runs after backward(), that it holds every parameter of the model, "
+    "its eps and betas (Adam: 1e-8, 0.9/0.95–0.999) and its weight decay (≈ 0.1, off the norms' gains)":
+        "检查优化器：optimizer.step() 是否在 backward() 之后运行，是否持有模型的每个参数，它的 eps 和 betas"
+        "（Adam：1e-8，0.9/0.95–0.999）以及 weight decay（≈ 0.1，不作用于归一化的 gain）",
+    "find where the layer is cut from the loss: a .detach() or torch.no_grad() in the forward, requires_grad=False "
+    "set by mistake, or a hook that zeroes its gradient":
+        "找出这一层在哪里与损失断开：前向中的 .detach() 或 torch.no_grad()、误设的 requires_grad=False，或把梯度清零的 hook",
+    "find the code that writes the weights outside the optimizer (loading, surgery, a hook, an in-place op on a "
+    "parameter) and reload the last good checkpoint":
+        "找出在优化器之外写入权重的代码（加载、手术式修改、hook、对参数的原地操作），并重新加载最后一个正常的检查点",
+    "check the training loop's order and modes: optimizer.zero_grad() once per optimizer step (before the next "
+    "backward), optimizer.step() after backward() and before zero_grad(), model.train() after every evaluation":
+        "检查训练循环的顺序和模式：每次优化器更新调用一次 optimizer.zero_grad()（在下一次 backward 之前），"
+        "optimizer.step() 在 backward() 之后、zero_grad() 之前，每次评估之后调用 model.train()",
+    "compute the loss as F.cross_entropy(logits, targets) on raw logits (no softmax before it), averaged over the "
+    "counted tokens (reduction='mean')":
+        "用原始 logits 计算损失 F.cross_entropy(logits, targets)（之前不做 softmax），并对计入的 token 取平均（reduction='mean'）",
+    "the evidence says that training fails but points at no mechanism: compare the run with a healthy one "
+    "(blocktrace track RUN --against HEALTHY), and watch it with optimizer= given so that the loop's invariants are "
+    "checked": "证据表明训练失败了，但没有指向任何机制：把这次运行与一次健康的运行对比"
+               "（blocktrace track RUN --against HEALTHY），并在 Watch 中传入 optimizer=，以便检查训练循环的不变量",
+    "train the router with the load-balance loss (Switch/Mixtral: router_aux_loss_coef 0.01 × E·Σ f·P; in HF set "
+    "output_router_logits) and the router z-loss (ST-MoE: 1e-3 × mean logsumexp²), give the router a lower learning "
+    "rate, and keep its logits and softmax in float32":
+        "用负载均衡损失训练 router（Switch/Mixtral：router_aux_loss_coef 0.01 × E·Σ f·P；在 HF 中设置 "
+        "output_router_logits）并加上 router z-loss（ST-MoE：1e-3 × mean logsumexp²），给 router 更低的学习率，"
+        "并让它的 logits 和 softmax 保持 float32",
+    "divide the scores by √d_head: att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1)) (or multiply by 1 / "
+    "math.sqrt(...)); F.scaled_dot_product_attention does it for you":
+        "把分数除以 √d_head：att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))（或乘以 1 / math.sqrt(...)）；"
+        "F.scaled_dot_product_attention 会替你做这一步",
+    "reload the last checkpoint whose weights are finite, and find what wrote the NaN (a diverged step saved without "
+    "a check, a corrupt copy, a conversion that overflowed)":
+        "重新加载最后一个权重有限的检查点，并找出写入 NaN 的原因（未经检查就保存的发散步、损坏的副本、溢出的格式转换）",
+    "build the targets as the token sequence shifted by one, once: targets[t] = ids[t + 1] for a model that does "
+    "not shift, labels = ids for one that does (HF)":
+        "把目标构造成 token 序列偏移一位，且只偏移一次：对不自己偏移的模型用 targets[t] = ids[t + 1]，"
+        "对自己偏移的模型（HF）用 labels = ids",
+    "build the targets as the same token sequence shifted by one, once: targets[t] = ids[t + 1] for a model that "
+    "does not shift, labels = ids for one that does (HF)":
+        "把目标构造成同一个 token 序列偏移一位，且只偏移一次：对不自己偏移的模型用 targets[t] = ids[t + 1]，"
+        "对自己偏移的模型（HF）用 labels = ids",
+    "build the optimizer with maximize=False (the default) and keep every learning rate ≥ 0":
+        "用 maximize=False（默认值）构建优化器，并让每个学习率都 ≥ 0",
+    "use betas in [0, 1) with β1 < √β2 — published recipes use (0.9, 0.95), (0.9, 0.98) or (0.9, 0.999) — and a "
+    "momentum below 1 (0.9 is usual)":
+        "使用 [0, 1) 内且满足 β1 < √β2 的 betas——公开的训练配方用 (0.9, 0.95)、(0.9, 0.98) 或 (0.9, 0.999)——"
+        "并让 momentum 小于 1（通常为 0.9）",
+    "use a decoupled weight decay λ around 0.1 with learning rates around 1e-3 or below (lr·λ near 1e-4)":
+        "使用 0.1 左右的解耦 weight decay λ，学习率在 1e-3 左右或更低（lr·λ 接近 1e-4）",
+    "set dropout to the recipe's rate (0.0 to 0.1 for pre-training a language model; p is the share dropped, not "
+    "kept)": "把 dropout 设为训练配方的比例（预训练语言模型用 0.0 到 0.1；p 是丢弃的比例，不是保留的比例）",
+    "initialise weight matrices randomly (nn.init.normal_(std=0.02) as GPT-2 does); zero only a residual branch's "
+    "output projection if a recipe asks for it":
+        "随机初始化权重矩阵（像 GPT-2 那样用 nn.init.normal_(std=0.02)）；只有训练配方要求时，才把残差分支的输出投影置零",
+    "let the gradient reach the blocks: torch.utils.checkpoint(..., use_reentrant=False), or an input that requires "
+    "grad; no detach or no_grad around the blocks":
+        "让梯度到达各个 block：用 torch.utils.checkpoint(..., use_reentrant=False)，或需要梯度的输入；"
+        "不要在 block 周围用 detach 或 no_grad",
+    "make the loss differentiable in the parameters where it is: no clamp, round or threshold on it (use the plain "
+    "mean cross-entropy), no .detach() or .item() on the way from the logits to the loss":
+        "让损失在当前参数处可微：不要对它做 clamp、取整或阈值处理（用普通的平均交叉熵），"
+        "从 logits 到损失的路径上不要有 .detach() 或 .item()",
+    "make the updates reach the weights: check the optimizer's learning rate, eps (Adam's 1e-8) and betas, and that "
+    "every parameter is in a param group":
+        "让更新到达权重：检查优化器的学习率、eps（Adam 的 1e-8）和 betas，以及每个参数都在某个参数组中",
+    "fix the learning-rate schedule: warm-up and decay change it gradually (check the scheduler's state when "
+    "resuming, and the units of the peak)": "修正学习率调度：预热和衰减是逐渐改变学习率的（恢复训练时检查调度器的状态，以及峰值的单位）",
+    "lower the weight decay and keep it off the norms' gains and the biases (param groups with weight_decay 0)":
+        "降低 weight decay，并让它不作用于归一化的 gain 和偏置（用 weight_decay 为 0 的参数组）",
+    "call optimizer.zero_grad() once per optimizer step: after optimizer.step(), or before the first backward of "
+    "the next step": "每次优化器更新调用一次 optimizer.zero_grad()：在 optimizer.step() 之后，或在下一步的第一次 backward 之前",
+    "call optimizer.zero_grad() after optimizer.step() (or before the next backward), never between backward() and "
+    "step()": "在 optimizer.step() 之后（或下一次 backward 之前）调用 optimizer.zero_grad()，绝不要在 backward() 和 step() 之间调用",
+    "build the optimizer from the very model that is trained (after any re-creation, loading or wrapping that "
+    "replaces its parameters), and put every trainable parameter in a param group":
+        "用正在训练的那个模型构建优化器（在任何替换其参数的重新创建、加载或包装之后），并把每个可训练参数放进某个参数组",
+    "print the learning rate of each param group over the first steps: the scheduler gives 0 (an integer division, "
+    "a schedule that ended, a factor of 0)": "打印最初几步每个参数组的学习率：调度器给出了 0（整数除法、已经结束的调度、为 0 的系数）",
+    "keep float32 master weights (torch.autocast with float32 parameters, or the optimizer's master copy) instead "
+    "of updating float16/bfloat16 parameters in place":
+        "保留 float32 的主权重（用 float32 参数配合 torch.autocast，或优化器的主副本），而不是原地更新 float16/bfloat16 参数",
+    "call model.train() after every evaluation inside the loop (and model.eval() before it)":
+        "在循环中每次评估之后调用 model.train()（评估之前调用 model.eval()）",
+    "give the loss the raw logits: drop the softmax before F.cross_entropy (or use F.nll_loss on log_softmax)":
+        "把原始 logits 交给损失：去掉 F.cross_entropy 之前的 softmax（或对 log_softmax 用 F.nll_loss）",
+    "give the loss the raw logits: drop the softmax between the model and F.cross_entropy (or use F.nll_loss on "
+    "log_softmax)": "把原始 logits 交给损失：去掉模型与 F.cross_entropy 之间的 softmax（或对 log_softmax 用 F.nll_loss）",
+    "average the loss over the counted targets (reduction='mean'), or divide the learning rate by the count the sum "
+    "runs over": "对计入的目标取平均损失（reduction='mean'），或把学习率除以求和所覆盖的数量",
+    "set the ignore index (-100) only at padding and prompt positions: check the mask that builds the labels":
+        "只在 padding 和提示词的位置设置忽略索引（-100）：检查构造 labels 的掩码",
+    "make the step descend: p ← p − lr·update(g) with lr > 0 and maximize=False; check a custom optimizer's sign and "
+    "what backward() is called on": "让更新沿下降方向：p ← p − lr·update(g)，lr > 0 且 maximize=False；检查自定义优化器的符号，以及 backward() 是对什么调用的",
+    "make every rank run the same step on the same gradients: clip, scale and step on all ranks alike, and change "
+    "weights only where every rank does": "让每个 rank 用同样的梯度执行同样的一步：在所有 rank 上同样地裁剪、缩放和更新，只在每个 rank 都修改的地方修改权重",
+    "let DDP average the gradients: wrap the model after moving it to its device, and keep any communication hook's "
+    "all-reduce": "让 DDP 对梯度求平均：先把模型移到它的设备上再包装，并保留通信 hook 中的 all-reduce",
+    "give each rank its own share: DataLoader(..., sampler=DistributedSampler(dataset)), with "
+    "sampler.set_epoch(epoch) every epoch":
+        "给每个 rank 分配它自己的那一份数据：DataLoader(..., sampler=DistributedSampler(dataset))，并在每个 epoch 调用 sampler.set_epoch(epoch)",
+    "build and step the scheduler and the loss scaler on every rank alike, and resume every rank from one checkpoint":
+        "在每个 rank 上同样地构建并步进调度器和损失缩放器，并从同一个检查点恢复每个 rank",
+    "give position_ids = arange(T) per sequence (restarting at each packed document), or leave them out and let the "
+    "model make them": "每条序列给 position_ids = arange(T)（在每个打包的文档处重新开始），或者不传，让模型自己生成",
+    "attention_mask = (input_ids != pad_id): 1 at the text, 0 at the padding (a mask built as == pad_id, or 1 - mask "
+    "applied twice, inverts it)": "attention_mask = (input_ids != pad_id)：文本处为 1，padding 处为 0（用 == pad_id 构造的掩码，或两次 1 - mask，都会把它反转）",
+    "make each position see only itself and earlier tokens: apply the causal mask to the scores (is_causal=True), "
+    "and split the heads with .view(B, T, heads, d).transpose(1, 2), never .view(B, heads, T, d)":
+        "让每个位置只看到自己和之前的 token：对分数施加因果掩码（is_causal=True），"
+        "并用 .view(B, T, heads, d).transpose(1, 2) 拆分注意力头，不要用 .view(B, heads, T, d)",
+
+    # --- why a model has no loss (a report's loss_note)
+    "the checkpoint has no output head ({head}) and does not tie it to the embedding: no loss":
+        "检查点没有输出头（{head}），也没有把它与词嵌入绑定：没有损失",
+    "blocktrace does not know {family}'s output head": "blocktrace 不认识 {family} 的输出头",
+    "the checkpoint holds no masked-LM head (cls.predictions, as BertForMaskedLM saves it), so the model has no loss "
+    "to compute: a BertModel checkpoint":
+        "检查点没有 masked-LM 头（cls.predictions，BertForMaskedLM 会保存它），所以模型没有可计算的损失：这是一个 BertModel 检查点",
+    "BERT's masked-LM loss needs the [MASK] token of a tokenizer.json beside the weights":
+        "BERT 的 masked-LM 损失需要权重旁边 tokenizer.json 中的 [MASK] token",
+    "a block alone has no model loss: check a checkpoint (--weights) for the model's own; --grad here uses the "
+    "seeded readout of Xiong et al. 2020":
+        "单独一个 block 没有模型损失：要得到模型自己的损失，请检查一个检查点（--weights）；这里的 --grad 用的是 Xiong et al. 2020 的带种子读出",
+    "no token to predict (one token per sequence)": "没有要预测的 token（每条序列只有一个 token）",
+}
