@@ -76,20 +76,30 @@ def check(scope: Scope, name: str, *entry, **extra):
     unless the finding says another."""
     def register(detect: Callable[..., list]) -> Callable[..., list]:
         def named(*evidence) -> list[Flag]:
+            found = detect(*evidence)
+            if not found:
+                return []  # most checks find nothing at most records: no list made to name nothing
             return [Flag(name, f.level, f.step, f.layer, f.value, f.detail, f.cause or CHECKS[name].cause)
-                    for f in detect(*evidence)]
+                    for f in found]
 
         if entry or extra:
             CHECKS[name] = Check(name, *entry, **extra, detectors=((scope, named),))
         else:
             CHECKS[name] = dataclasses.replace(CHECKS[name], detectors=(*CHECKS[name].detectors, (scope, named)))
+        _DETECTORS.clear()
         return detect
     return register
 
 
+_DETECTORS: dict = {}  # scope -> its detectors, made once per set of checks: `track` asks at every record
+
+
 def detectors(scope: Scope) -> list[Callable[..., list]]:
     """The functions of every check that reads this scope's evidence, in the order the checks are declared."""
-    return [detect for entry in CHECKS.values() for where, detect in entry.detectors if where is scope]
+    if scope not in _DETECTORS:
+        _DETECTORS[scope] = [detect for entry in CHECKS.values() for where, detect in entry.detectors
+                             if where is scope]
+    return _DETECTORS[scope]
 
 
 @dataclass(frozen=True)

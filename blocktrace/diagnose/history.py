@@ -41,7 +41,13 @@ class History(Sequence):
         return (self.first is not None) + len(self.recent)
 
     def __getitem__(self, index):
-        return self._records()[index]
+        if isinstance(index, slice):
+            return self._records()[index]
+        # one record, without building the list: the checks read history[-1] and history[0] at every record
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
+            raise IndexError("History index out of range")
+        return self.first if position == 0 else self.recent[position - 1]
 
 
 def learning_rates_before(history: Sequence[dict]) -> tuple[int, Optional[float]]:
