@@ -86,20 +86,24 @@ def check(scope: Scope, name: str, *entry, **extra):
             CHECKS[name] = Check(name, *entry, **extra, detectors=((scope, named),))
         else:
             CHECKS[name] = dataclasses.replace(CHECKS[name], detectors=(*CHECKS[name].detectors, (scope, named)))
-        _DETECTORS.clear()
         return detect
     return register
 
 
-_DETECTORS: dict = {}  # scope -> its detectors, made once per set of checks: `track` asks at every record
+# scope -> (the checks they were made from, its detectors): made again only when CHECKS changed (a check added,
+# replaced or deleted, as tests do), since `track` asks at every record. The checks themselves are the key, held so
+# that none is freed and its id reused: comparing them is one identity test each.
+_DETECTORS: dict = {}
 
 
 def detectors(scope: Scope) -> list[Callable[..., list]]:
     """The functions of every check that reads this scope's evidence, in the order the checks are declared."""
-    if scope not in _DETECTORS:
-        _DETECTORS[scope] = [detect for entry in CHECKS.values() for where, detect in entry.detectors
-                             if where is scope]
-    return _DETECTORS[scope]
+    checks = tuple(CHECKS.values())
+    made = _DETECTORS.get(scope)
+    if made is None or made[0] != checks:
+        made = _DETECTORS[scope] = (checks, [detect for entry in checks for where, detect in entry.detectors
+                                             if where is scope])
+    return made[1]
 
 
 @dataclass(frozen=True)
