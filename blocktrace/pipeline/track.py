@@ -132,8 +132,8 @@ def _span(steps: list[int]) -> str:
 
 
 def _against_timeline(run_path, reference_path) -> dict:
-    """The run's timeline against the reference's, each streamed in step order (a file written out of order is
-    read whole and sorted: timeline.in_step_order), so that memory does not grow with either."""
+    """The run's timeline against the reference's, each streamed in step order so that memory does not grow with
+    either; a file written out of order is read whole and sorted (read_timeline), the comparison made again."""
     unordered: set = set()
     while True:
         run, reference = (read_timeline(path) if path in unordered else stream_timeline(path)
