@@ -388,6 +388,34 @@ def test_the_page_is_one_file_that_fetches_nothing(invoke, tmp_path):
     assert text.count("</script>") == text.count("<script") == 5
 
 
+def _small_timeline(path, count: int):
+    from blocktrace.training.timeline import dumps, record
+
+    path.write_text("".join(dumps(record(10 * k, "watch", [], [], [], loss=3.0, lr=1e-3)) + "\n"
+                            for k in range(count)), encoding="utf-8")
+    return path
+
+
+def test_a_long_runs_page_says_it_shows_a_selection_of_the_records(invoke, tmp_path, tab, monkeypatch):
+    """Issue 45.7: a thinned report (training/thinning.py) says so on its page, as in --json and the text."""
+    from blocktrace.training import thinning
+
+    timeline = _small_timeline(tmp_path / "run.jsonl", 40)
+    monkeypatch.setattr(thinning, "TRACK_POINTS", 4)
+    report, path = _both(invoke, tmp_path, "track", str(timeline))
+    page, errors, _ = _open(tab, path)
+    assert errors == []
+    said = page.inner_text("#thinning")
+    assert f"{report['thinning']['records_kept']} / 40" in said and "every record" in said
+    assert page.locator('circle[data-series="loss"]').count() == len(report["records"]) < 40
+
+
+def test_a_short_runs_page_says_nothing_of_a_selection(invoke, tmp_path, tab):
+    _, path = _both(invoke, tmp_path, "track", str(_small_timeline(tmp_path / "run.jsonl", 40)))
+    page, errors, _ = _open(tab, path)
+    assert errors == [] and page.locator("#thinning").count() == 0
+
+
 HOSTILE_TOKENS = ["<!--", "<script>", "</script>", "x-->", "&amp;", "]]>"]
 
 

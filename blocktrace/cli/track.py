@@ -174,7 +174,7 @@ def track(ctx, **params):
         _write_outputs(params, report)
     show(report, params, lambda: render_track(
         records, first, report["last_flags"], request.fail_on, "timeline" if request.timeline else "checkpoints",
-        params["fmt"], brief=params["brief"], rollback=report["rollback"])
+        params["fmt"], brief=params["brief"], rollback=report["rollback"], thinning=report.get("thinning"))
         + ("" if comparison is None else "\n" + render_against(comparison, params["against"], params["fmt"])))
     parted = comparison is not None and comparison["first_parted"] is not None
     ctx.exit(FINDINGS_EXIT if first is not None or parted else 0)

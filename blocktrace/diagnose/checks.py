@@ -76,8 +76,11 @@ def check(scope: Scope, name: str, *entry, **extra):
     unless the finding says another."""
     def register(detect: Callable[..., list]) -> Callable[..., list]:
         def named(*evidence) -> list[Flag]:
+            found = detect(*evidence)
+            if not found:
+                return []  # most checks find nothing at most records: no list made to name nothing
             return [Flag(name, f.level, f.step, f.layer, f.value, f.detail, f.cause or CHECKS[name].cause)
-                    for f in detect(*evidence)]
+                    for f in found]
 
         if entry or extra:
             CHECKS[name] = Check(name, *entry, **extra, detectors=((scope, named),))
@@ -87,9 +90,20 @@ def check(scope: Scope, name: str, *entry, **extra):
     return register
 
 
+# scope -> (the checks they were made from, its detectors): made again only when CHECKS changed (a check added,
+# replaced or deleted, as tests do), since `track` asks at every record. The checks themselves are the key, held so
+# that none is freed and its id reused: comparing them is one identity test each.
+_DETECTORS: dict = {}
+
+
 def detectors(scope: Scope) -> list[Callable[..., list]]:
     """The functions of every check that reads this scope's evidence, in the order the checks are declared."""
-    return [detect for entry in CHECKS.values() for where, detect in entry.detectors if where is scope]
+    checks = tuple(CHECKS.values())
+    made = _DETECTORS.get(scope)
+    if made is None or made[0] != checks:
+        made = _DETECTORS[scope] = (checks, [detect for entry in checks for where, detect in entry.detectors
+                                             if where is scope])
+    return made[1]
 
 
 @dataclass(frozen=True)

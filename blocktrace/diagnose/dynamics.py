@@ -215,8 +215,11 @@ def _loss_spike(history: Sequence[dict], entry: dict) -> list[Finding]:
     recent = [r["loss"] for r in history[-LOSS_SPIKE_WINDOW:] if _finite(r.get("loss"))]
     if loss is None or not math.isfinite(loss) or len(recent) < MIN_SPIKE_HISTORY:
         return []
-    mean, spread = statistics.fmean(recent), statistics.pstdev(recent)
-    if not (loss > mean + LOSS_SPIKE_SIGMAS * spread and loss > mean + LOSS_SPIKE_FLOOR):
+    mean = statistics.fmean(recent)
+    if not loss > mean + LOSS_SPIKE_FLOOR:
+        return []  # below the floor whatever the spread: the exact (and slow) pstdev is spared
+    spread = statistics.pstdev(recent)
+    if not loss > mean + LOSS_SPIKE_SIGMAS * spread:
         return []
     return [finding(Level.ERROR, None, None, loss,
                     phrase("loss {loss:.4g} against {mean:.4g} ± {spread:.2g} over the previous {count} records",
@@ -385,10 +388,12 @@ def _update_spike(history: Sequence[dict], entry: dict) -> list[Finding]:
     """An update far larger, per unit of learning rate, than the ones before."""
     if not history:
         return []
+    now = _median_update(history[-1], entry)
+    if now is None:
+        return []  # nothing moved to judge: the window's intervals are spared
     window = list(history[-LOSS_SPIKE_WINDOW:])
     earlier = [u for a, b in zip(window, window[1:]) for u in [_median_update(a, b)] if u]
-    now = _median_update(history[-1], entry)
-    if now is None or len(earlier) < MIN_HISTORY or not now > SPIKE_FACTOR * statistics.median(earlier):
+    if len(earlier) < MIN_HISTORY or not now > SPIKE_FACTOR * statistics.median(earlier):
         return []
     factor = now / statistics.median(earlier)
     return [finding(Level.ERROR, None, None, factor,

@@ -23,12 +23,14 @@ class History(Sequence):
         self.recent: collections.deque = collections.deque(maxlen=keep)
         self.largest_lr: Optional[float] = None
         self.lr_count = 0  # records with a finite learning rate
+        self.size = 0  # records held (the first and the recent): len() is asked dozens of times per record judged
 
     def add(self, record: dict) -> None:
         if self.first is None:
             self.first = record
         else:
             self.recent.append(record)
+        self.size = 1 + len(self.recent)
         lr = record.get("lr")
         if isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr):
             self.lr_count += 1
@@ -38,10 +40,16 @@ class History(Sequence):
         return ([self.first] if self.first is not None else []) + list(self.recent)
 
     def __len__(self) -> int:
-        return (self.first is not None) + len(self.recent)
+        return self.size
 
     def __getitem__(self, index):
-        return self._records()[index]
+        if isinstance(index, slice):
+            return self._records()[index]
+        # one record, without building the list: the checks read history[-1] and history[0] at every record
+        position = index + self.size if index < 0 else index
+        if not 0 <= position < self.size:
+            raise IndexError("History index out of range")
+        return self.first if position == 0 else self.recent[position - 1]
 
 
 def learning_rates_before(history: Sequence[dict]) -> tuple[int, Optional[float]]:

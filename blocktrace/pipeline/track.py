@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
@@ -22,20 +22,17 @@ from blocktrace.progress import tick
 from blocktrace.request import Analysis, RunRequest, TrackRequest, is_timeline
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.families import model_info
-from blocktrace.training.against import compare_runs, require_comparable
-from blocktrace.training.rollback import rollback_point
-from blocktrace.training.timeline import flag_entries, layer_entry, read_timeline, record
-from blocktrace.training.track import (
-    Point,
-    attach_log,
-    expand,
-    first_sign,
-    judged,
-    last_sign,
-    mark_new_flags,
-    order,
-    read_log,
+from blocktrace.training.against import compared_runs
+from blocktrace.training.timeline import (
+    NotInStepOrder,
+    flag_entries,
+    in_step_order,
+    layer_entry,
+    read_timeline,
+    record,
+    stream_timeline,
 )
+from blocktrace.training.track import Point, Story, expand, last_sign, order, read_log
 from blocktrace.vocab import SCHEMA_VERSION, ReportKind
 
 
@@ -120,46 +117,64 @@ def _checkpoint_records(request: TrackRequest, sources: Sequence, steps) -> list
     return list(track_checkpoints(points, request.run, Analysis(checks=True, grad=request.grad)))
 
 
-def _reference_records(request: TrackRequest) -> list[dict]:
-    """The healthy run --against names: a timeline when the run is one, else checkpoints traced on the same input."""
+def _compared(run: Iterable[dict], reference: Iterable[dict], name) -> dict:
+    """The run against its reference, refused when they are runs of different models or share no step."""
+    comparison = compared_runs(run, reference, name)
+    if not comparison["matched"]:
+        raise InputError(f"--against {name}: no step in common with the run (the run's steps "
+                         f"{_span(comparison['run_only'])}, the reference's {_span(comparison['reference_only'])}): "
+                         "record both at the same steps")
+    return comparison
+
+
+def _span(steps: list[int]) -> str:
+    return f"{steps[0]}–{steps[-1]}"
+
+
+def _against_timeline(run_path, reference_path) -> dict:
+    """The run's timeline against the reference's, each streamed in step order so that memory does not grow with
+    either; a file written out of order is read whole and sorted (read_timeline), the comparison made again."""
+    unordered: set = set()
+    while True:
+        run, reference = (read_timeline(path) if path in unordered else stream_timeline(path)
+                          for path in (run_path, reference_path))
+        try:
+            return _compared(run, reference, reference_path)
+        except NotInStepOrder as error:
+            unordered.add(error.args[0])
+
+
+def _against(request: TrackRequest, records: Optional[list[dict]]) -> dict:
+    """The run beside the healthy run --against names: a timeline when the run is one, else checkpoints traced on
+    the same input (`records`, the run's, few)."""
     path = request.against
     if request.timeline != is_timeline(path):
         raise UsageError(f"--against {path}: compare like with like — a timeline against a timeline, checkpoints "
                          "against checkpoints (traced on the same input)")
     if request.timeline:
-        return read_timeline(path)
-    records = _checkpoint_records(request, (path,), None)
-    if not records:
+        return _against_timeline(request.sources[0], path)
+    reference = _checkpoint_records(request, (path,), None)
+    if not reference:
         raise InputError(f"--against {path} holds no checkpoint")
-    return records
-
-
-def _compared(records: list[dict], reference: list[dict], name) -> dict:
-    """The run against its reference, refused when they are runs of different models or share no step."""
-    require_comparable(records, reference, name)
-    comparison = compare_runs(records, reference)
-    if not comparison["matched"]:
-        raise InputError(f"--against {name}: no step in common with the run (the run's steps "
-                         f"{records[0]['step']}–{records[-1]['step']}, the reference's {reference[0]['step']}–"
-                         f"{reference[-1]['step']}): record both at the same steps")
-    return comparison
+    return _compared(records, reference, path)
 
 
 def track_request(request: TrackRequest) -> tuple[dict, list[int]]:
     """`track`'s report — the records judged over training, each one's new findings and training-log numbers, the
     first and last sign of trouble at request.fail_on, the step to roll back to, the run beside a healthy one — and
-    the numbers of the timeline's lines cut short (left out, for the caller to say)."""
+    the numbers of the timeline's lines cut short (left out, for the caller to say). A timeline is streamed: the
+    report keeps a bounded selection of its records (training/thinning.py) and says so when it left some out."""
     log = read_log(request.log) if request.log is not None else None  # a bad log fails before any checkpoint
     torn: list[int] = []
-    records = judged(read_timeline(request.sources[0], torn) if request.timeline else
-                     _checkpoint_records(request, request.sources, request.steps))
-    comparison = _compared(records, _reference_records(request), request.against) \
-        if request.against is not None else None
-    mark_new_flags(records)
-    if log is not None:
-        attach_log(records, log)
-    first, last = first_sign(records, request.fail_on), last_sign(records, request.fail_on)
-    report = {"schema": SCHEMA_VERSION, "kind": ReportKind.TRACK.value, "records": records, "first_sign": first,
-              "last_flags": last, "rollback": rollback_point(records, first["step"] if first else None),
-              **({"against": comparison} if comparison is not None else {})}
+    records = None if request.timeline else _checkpoint_records(request, request.sources, request.steps)
+    if request.timeline:
+        story = in_step_order(request.sources[0], torn, lambda read: Story(request.fail_on, log).told(read))
+    else:
+        story = Story(request.fail_on, log).told(records)
+    comparison = _against(request, records) if request.against is not None else None
+    thinning = story.thinning()
+    report = {"schema": SCHEMA_VERSION, "kind": ReportKind.TRACK.value, "records": story.kept.items(),
+              "first_sign": story.first, "last_flags": last_sign([story.last], request.fail_on),
+              "rollback": story.rollback, **({"against": comparison} if comparison is not None else {}),
+              **({"thinning": thinning} if thinning is not None else {})}
     return report, torn

@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 from tabulate import tabulate
 
+from blocktrace.training.track import notes_of
 from blocktrace.vocab import Level
 
 KIND_ORDER = ("attn_qkv", "attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2", "router", "norm")
@@ -132,11 +133,12 @@ def _weight_tables(records: list[dict], fmt: str) -> list[str]:
             tabulate(norms, headers=["step", *kinds], tablefmt=fmt, disable_numparse=True), ""]
 
 
-def first_sign_line(first: Optional[dict], records: list[dict], level: Level) -> str:
+def first_sign_line(first: Optional[dict], records: list[dict], level: Level, read: Optional[int] = None) -> str:
+    """The first sign of trouble in words; `read`: how many records were judged, when more than `records` hold."""
     if first is None:
-        steps = [entry["step"] for entry in records]
-        return (f"no finding at {level.value} level or worse over {len(records)} record{'s' if len(records) > 1 else ''} "
-                f"(steps {steps[0]}–{steps[-1]})")
+        count = len(records) if read is None else read
+        return (f"no finding at {level.value} level or worse over {count} record{'s' if count > 1 else ''} "
+                f"(steps {records[0]['step']}–{records[-1]['step']})")
     where = f", layer {first['layer']}" if first.get("layer") is not None else ""
     cause = f" (likely cause: {first['cause'].replace('_', ' ')})" if first.get("cause") else ""
     return f"first sign of trouble: step {first['step']}{where}, {first['name']}{cause}: {first['detail']}"
@@ -152,14 +154,15 @@ def last_sign_line(first: Optional[dict], last: Optional[dict], records: list[di
     return f"still there at the last step ({step}): {', '.join(last['names'])}"
 
 
-def _header(records: list[dict], source: str) -> str:
+def _header(records: list[dict], source: str, read: int) -> str:
+    """The run in one line; `read`: how many records it has (the report may keep fewer)."""
     first = records[0]
     layers = len(first["layers"])
     if source == "timeline":
-        return f"{_counted(len(records), 'watch record')}, {_counted(layers, 'block')} ({_step_span(records)})"
+        return f"{_counted(read, 'watch record')}, {_counted(layers, 'block')} ({_step_span(records)})"
     family = first.get("family", "model")
-    return (f"{_counted(len(records), 'checkpoint')} of a {layers}-layer {family} model, the same "
-            f"{first.get('tokens')} tokens through {'each' if len(records) > 1 else 'it'} ({_step_span(records)})")
+    return (f"{_counted(read, 'checkpoint')} of a {layers}-layer {family} model, the same "
+            f"{first.get('tokens')} tokens through {'each' if read > 1 else 'it'} ({_step_span(records)})")
 
 
 def _counted(n: int, noun: str) -> str:
@@ -185,10 +188,12 @@ def rollback_line(first: Optional[dict], rollback: Optional[dict], records: list
 
 def render_track(records: list[dict], first: Optional[dict], last: Optional[dict], level: Level, source: str,
                  fmt: str = "simple", brief: bool = False, rollback: Optional[dict] = None,
-                 header: Optional[str] = None, trained: bool = True) -> str:
+                 header: Optional[str] = None, trained: bool = True, thinning: Optional[dict] = None) -> str:
     """The records' tables and signs; `header` in place of the one the source gives, and no rollback point when
-    the records were not `trained` (check --model's one record)."""
-    lines = [header or _header(records, source), "", summary_table(records, fmt), ""]
+    the records were not `trained` (check --model's one record). `thinning`: the report's, when it keeps a
+    selection of a long run's records (training/thinning.py): the counts and notes are then the whole run's."""
+    read = thinning["records_read"] if thinning else len(records)
+    lines = [header or _header(records, source, read), "", summary_table(records, fmt), ""]
     if not brief:
         lines += _layer_tables(records, fmt)
         lines += _weight_tables(records, fmt)
@@ -199,8 +204,10 @@ def render_track(records: list[dict], first: Optional[dict], last: Optional[dict
             lines.append(f"most likely at step {first['step']}: {top['cause'].replace('_', ' ')} — {top['evidence']}")
             if top.get("advice"):
                 lines.append(f"advice: {top['advice']}")
-    lines += note_lines(records)
-    lines.append(first_sign_line(first, records, level))
+    lines += note_lines(thinning["notes"] if thinning else notes_of(records))
+    if thinning:
+        lines.append(thinning_line(thinning))
+    lines.append(first_sign_line(first, records, level, read))
     rolled = rollback_line(first, rollback, records) if trained else None
     lines += [line for line in [last_sign_line(first, last, records), rolled] if line]
     return "\n".join(lines) + "\n"
@@ -209,29 +216,24 @@ def render_track(records: list[dict], first: Optional[dict], last: Optional[dict
 NOTES_SHOWN = 5  # distinct notes; --json has every record's
 
 
-def note_lines(records: list[dict]) -> list[str]:
-    """What the records say they could not measure — a probe that did not run, attention that is not visible — each
-    distinct note once, with the steps it was made at: a measurement missing is said, not only left null."""
-    steps_of: dict[str, list] = {}
-    for entry in records:
-        probe, descent = entry.get("probe") or {}, (entry.get("loop") or {}).get("descent") or {}
-        failed = probe.get("ranks_failed")
-        probes = [probe.get("note"), descent.get("note"),
-                  f"the causal probe could not run on {failed:g} of the ranks" if isinstance(failed, (int, float))
-                  and failed > 0 else None]
-        said = [note for note in probes if note] + \
-            [note for layer in entry["layers"] for note in layer.get("notes") or []]
-        for note in dict.fromkeys(said):
-            steps_of.setdefault(note, []).append(entry["step"])
-    lines = [f"note: {note} (at {_steps(steps)})" for note, steps in list(steps_of.items())[:NOTES_SHOWN]]
-    more = len(steps_of) - NOTES_SHOWN
+def note_lines(notes: list[dict]) -> list[str]:
+    """What the records say they could not measure (training/track.Notes) — each distinct note once, with the steps
+    it was made at: a measurement missing is said, not only left null."""
+    lines = [f"note: {seen['note']} (at {_steps(seen)})" for seen in notes[:NOTES_SHOWN]]
+    more = len(notes) - NOTES_SHOWN
     return lines + ([f"note: {more} more distinct notes (--json has them)"] if more > 0 else [])
 
 
-def _steps(steps: list) -> str:
-    if len(steps) == 1:
-        return f"step {steps[0]}"
-    return f"{len(steps)} records, steps {steps[0]}–{steps[-1]}"
+def _steps(seen: dict) -> str:
+    if seen["records"] == 1:
+        return f"step {seen['first_step']}"
+    return f"{seen['records']} records, steps {seen['first_step']}–{seen['last_step']}"
+
+
+def thinning_line(thinning: dict) -> str:
+    """What a long run's report left out, in one line: its tables show a selection, its findings are all."""
+    return (f"note: {thinning['records_kept']} of {thinning['records_read']} records shown — {thinning['how']}; the "
+            "findings, first and last sign, rollback and diagnosis are judged over every record")
 
 
 def _parted_cell(parted: dict) -> str:
@@ -257,6 +259,10 @@ def render_against(comparison: dict, reference, fmt: str = "simple") -> str:
              f"per layer and {comparison['seed_loss']:g} nats of loss)", "",
              tabulate(rows, headers=["step", "loss", "reference loss", "parted beyond a seed"], tablefmt=fmt,
                       disable_numparse=True), ""]
+    if comparison.get("thinning"):
+        thinning = comparison["thinning"]
+        lines.append(f"note: {thinning['steps_kept']} of {comparison['matched']} matched steps shown — "
+                     f"{thinning['how']}; where the runs part is judged over every step")
     first = comparison["first_parted"]
     if first is None:
         lines.append(f"the runs do not part beyond what a different seed explains over {comparison['matched']} steps")

@@ -12,9 +12,10 @@ a quantity present in one run and missing or zero in the other (a gradient that 
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 from blocktrace.errors import InputError
+from blocktrace.training.thinning import Kept, how_thinned
 
 SEED_FACTOR = 4.0  # per-layer quantities of two seeds of one recipe, each the larger over the smaller
 SEED_LOSS = 0.5  # nats between two seeds' losses at one step (a Watch's loss is one batch's: measured up to 0.34)
@@ -88,20 +89,40 @@ def _kinds(entry: dict) -> Optional[str]:
     return ", ".join(sorted(kinds)) if kinds else None
 
 
-def _identity(records: list[dict]) -> dict:
-    """What a run is a run of: its depth, and the family, model class, width, vocabulary and kinds of weight tensor
-    its records say."""
-    found = {"layers": max((len(entry["layers"]) for entry in records), default=0)}
-    for key, _ in IDENTITY:
-        values = {_kinds(entry) if key == "kinds" else entry.get(key) for entry in records} - {None}
-        found[key] = values.pop() if len(values) == 1 else None
-    return found
+class Identity:
+    """What a run is a run of, gathered record by record: its depth, and the family, model class, width,
+    vocabulary and kinds of weight tensor its records say."""
+
+    def __init__(self):
+        self.layers = 0
+        self.values: dict[str, set] = {key: set() for key, _ in IDENTITY}
+
+    def add(self, entry: dict) -> None:
+        self.layers = max(self.layers, len(entry["layers"]))
+        for key, values in self.values.items():
+            value = _kinds(entry) if key == "kinds" else entry.get(key)
+            if value is not None and len(values) < 2:  # a second value already says "not one": no need for more
+                values.add(value)
+
+    def found(self) -> dict:
+        return {"layers": self.layers, **{key: next(iter(values)) if len(values) == 1 else None
+                                          for key, values in self.values.items()}}
+
+
+def _identity(records: Iterable[dict]) -> dict:
+    identity = Identity()
+    for entry in records:
+        identity.add(entry)
+    return identity.found()
 
 
 def require_comparable(run: list[dict], reference: list[dict], reference_name) -> None:
     """A reference judges a run only if both are runs of one model: refused, by name, when either has no layer
     records or they differ in depth, family, model class, width or vocabulary (what each says of itself)."""
-    mine, theirs = _identity(run), _identity(reference)
+    _refuse_unlike(_identity(run), _identity(reference), reference_name)
+
+
+def _refuse_unlike(mine: dict, theirs: dict, reference_name) -> None:
     for who, identity in (("the run", mine), (f"--against {reference_name}", theirs)):
         if identity["layers"] == 0:
             raise InputError(f"{who} has no layer records: there is nothing to set side by side")
@@ -114,20 +135,64 @@ def require_comparable(run: list[dict], reference: list[dict], reference_name) -
                              f"the run's {mine[key]}; compare runs of one model")
 
 
-def compare_runs(run: list[dict], reference: list[dict]) -> dict:
-    """Per matched step, what parted the runs; the first step and layer where they part (None: they never do)."""
-    by_step = {entry["step"]: entry for entry in reference}
-    steps = []
-    for entry in run:
-        other = by_step.get(entry["step"])
-        if other is None:
+def _merged(run: Iterable[dict], reference: Iterable[dict]) -> Iterator[tuple[Optional[dict], Optional[dict]]]:
+    """(run record, reference record) by step, both in step order: one side None where the other has the step."""
+    run, reference = iter(run), iter(reference)
+    mine, theirs = next(run, None), next(reference, None)
+    while mine is not None or theirs is not None:
+        if theirs is None or (mine is not None and mine["step"] < theirs["step"]):
+            yield mine, None
+            mine = next(run, None)
+        elif mine is None or theirs["step"] < mine["step"]:
+            yield None, theirs
+            theirs = next(reference, None)
+        else:
+            yield mine, theirs
+            mine, theirs = next(run, None), next(reference, None)
+
+
+def _first_parted(step: dict) -> Optional[dict]:
+    if not step["parted"]:
+        return None
+    return {"step": step["step"], **min(step["parted"], key=lambda p: (p["layer"] is None, p["layer"] or 0))}
+
+
+def _comparison(run: Iterable[dict], reference: Iterable[dict]) -> tuple[dict, dict, dict]:
+    """(the comparison, the run's identity, the reference's), in one pass over both, one record of each at a time:
+    its lists thinned as a long run's records are (training/thinning.py), the first parted step always kept."""
+    steps, run_only, reference_only = Kept(), Kept(), Kept()
+    mine, theirs = Identity(), Identity()
+    first = None
+    for entry, other in _merged(run, reference):
+        for identity, record in ((mine, entry), (theirs, other)):
+            if record is not None:
+                identity.add(record)
+        if other is None or entry is None:
+            (run_only.add(entry["step"]) if other is None else reference_only.add(other["step"]))
             continue
         loss = _loss_parted(entry, other)
-        steps.append({"step": entry["step"], "loss": entry.get("loss"), "reference_loss": other.get("loss"),
-                      "parted": ([loss] if loss else []) + _parted_layers(entry, other)})
-    first = next(({"step": s["step"], **min(s["parted"], key=lambda p: (p["layer"] is None, p["layer"] or 0))}
-                  for s in steps if s["parted"]), None)
-    return {"matched": len(steps), "seed_factor": SEED_FACTOR, "seed_loss": SEED_LOSS, "steps": steps,
-            "first_parted": first,
-            "run_only": sorted({e["step"] for e in run} - set(by_step)),
-            "reference_only": sorted(set(by_step) - {e["step"] for e in run})}
+        step = {"step": entry["step"], "loss": entry.get("loss"), "reference_loss": other.get("loss"),
+                "parted": ([loss] if loss else []) + _parted_layers(entry, other)}
+        parted_first = first is None and bool(step["parted"])
+        first = _first_parted(step) if parted_first else first
+        steps.add(step, keep=parted_first)
+    comparison = {"matched": steps.seen, "seed_factor": SEED_FACTOR, "seed_loss": SEED_LOSS, "steps": steps.items(),
+                  "first_parted": first, "run_only": run_only.items(), "reference_only": reference_only.items()}
+    if any(kept.thinned for kept in (steps, run_only, reference_only)):
+        comparison["thinning"] = {"steps_kept": len(comparison["steps"]), "run_only": run_only.seen,
+                                  "reference_only": reference_only.seen,
+                                  "how": how_thinned(max(kept.every for kept in (steps, run_only, reference_only)))}
+    return comparison, mine.found(), theirs.found()
+
+
+def compare_runs(run: Iterable[dict], reference: Iterable[dict]) -> dict:
+    """Per matched step, what parted the runs; the first step and layer where they part (None: they never do).
+    Both in step order, read one record at a time."""
+    return _comparison(run, reference)[0]
+
+
+def compared_runs(run: Iterable[dict], reference: Iterable[dict], reference_name) -> dict:
+    """compare_runs, refused (require_comparable) when the two are runs of different models."""
+    comparison, mine, theirs = _comparison(run, reference)
+    _refuse_unlike(mine, theirs, reference_name)
+    return comparison

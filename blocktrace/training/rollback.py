@@ -28,5 +28,9 @@ def rollback_point(records: list[dict], first_step: Optional[int]) -> Optional[d
     before = [entry for entry in records if entry["step"] < first_step and healthy(entry)]
     if not before:
         return None
-    point = before[-1]
+    return rollback_entry(before[-1])
+
+
+def rollback_entry(point: dict) -> dict:
+    """The rollback point as a report holds it: the record's step, checkpoint path and loss."""
     return {"step": point["step"], "path": point.get("path"), "loss": point.get("loss")}

@@ -25,14 +25,15 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional, TypeVar
 
 from blocktrace.errors import InputError, UsageError
 from blocktrace.files import file_kind
-from blocktrace.sources.reading import parse_json, read_text
+from blocktrace.sources.reading import parse_json, require_regular
 from blocktrace.training.schema import NON_FINITE, SchemaError, checked_record
 
 FORMAT, VERSION = "blocktrace.timeline", 1
+T = TypeVar("T")
 
 
 def layer_entry(layer: int, trace, grad_norm: Optional[float] = None, weights: Optional[dict] = None) -> dict:
@@ -95,15 +96,6 @@ LINE_BREAKS_IN_STRINGS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029"
 
 def dumps(entry: dict) -> str:
     return json.dumps(_finite(entry), ensure_ascii=False, allow_nan=False).translate(LINE_BREAKS_IN_STRINGS)
-
-
-def text_lines(text: str) -> list[str]:
-    """The lines of a JSON-lines text as the format defines them: ended by "\n" alone (a "\r" before it dropped),
-    never at the other characters str.splitlines breaks at, which a string inside a record may hold."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 class TimelineWriter:
@@ -201,23 +193,44 @@ def _lock(descriptor: int, path: Path) -> None:
 
 
 def json_lines(path: Path, what: str, torn: Optional[list] = None) -> Iterator[tuple[int, object]]:
-    """(line number, value) of a JSON-lines file, blank lines skipped. A last line cut short (a run killed
-    mid-write: no newline after it, as every line written whole has one) ends the file, its number added to `torn`
-    so the caller can say so; any other line that is not JSON is refused with why, naming `what` the file should
-    hold."""
-    text = read_text(Path(path))
-    lines = text_lines(text)
-    for number, line in enumerate(lines, start=1):
+    """(line number, value) of a JSON-lines file, read one line at a time (memory does not grow with the file),
+    blank lines skipped. A last line cut short (a run killed mid-write: no newline after it, as every line written
+    whole has one) ends the file, its number added to `torn` so the caller can say so; any other line that is not
+    JSON is refused with why, naming `what` the file should hold."""
+    for number, line, whole in _text_lines_of(Path(path)):
         if not line.strip():
             continue
         try:
             yield number, parse_json(line)
         except ValueError as error:
-            if number == len(lines) and not text.endswith("\n"):
+            if not whole:
                 if torn is not None:
                     torn.append(number)
                 return
             raise InputError(f"{path}:{number} is not a JSON line ({what}): {str(error)[:120]}") from None
+
+
+def _text_lines_of(path: Path) -> Iterator[tuple[int, str, bool]]:
+    """(line number, text, whether a newline ended it) of a UTF-8 file, lines as the format defines them: ended by
+    "\n" alone (a "\r" before it dropped), never at the other characters str.splitlines breaks at, which a string
+    inside a record may hold. Each line is decoded with its newline, so an error names the byte of the file as
+    decoding it whole would."""
+    require_regular(path)
+    try:
+        with open(path, "rb") as handle:
+            offset = 0
+            for number, data in enumerate(handle, start=1):
+                try:
+                    line = data.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise InputError(f"{path} is not UTF-8 text ({error.reason} at byte {offset + error.start})") \
+                        from None
+                offset += len(data)
+                whole = line.endswith("\n")
+                line = line[:-1] if whole else line
+                yield number, line[:-1] if line.endswith("\r") else line, whole
+    except OSError as error:
+        raise InputError(f"{path}: cannot read it: {error.strerror or error}") from None
 
 
 def _shown_version(value) -> str:
@@ -237,11 +250,12 @@ class Timeline(list):
         self.path = Path(path)
 
 
-def read_timeline(path: Path, torn: Optional[list] = None) -> Timeline:
-    """The records of a timeline file, in step order. Refuses files that are not timelines, and records that
-    break the schema (training/schema.py) or repeat a step, naming the line; a last line cut short is left out
-    and its number added to `torn`."""
-    records, lines = [], {}
+class NotInStepOrder(Exception):
+    """A timeline whose records are not written in step order: stream_timeline cannot give them in order."""
+
+
+def _checked_records(path: Path, torn: Optional[list]) -> Iterator[tuple[int, dict]]:
+    """(line number, record) of a timeline file as written, each checked against the schema (training/schema.py)."""
     for number, entry in json_lines(path, "a timeline holds one JSON record per line", torn):
         if not isinstance(entry, dict) or entry.get("format") != FORMAT:
             raise InputError(f"{path}:{number} is not a blocktrace timeline record (written by Watch or "
@@ -250,9 +264,18 @@ def read_timeline(path: Path, torn: Optional[list] = None) -> Timeline:
             raise InputError(f"{path}:{number} is timeline version {_shown_version(entry.get('version'))}; this "
                              f"blocktrace reads version {VERSION}")
         try:
-            checked = checked_record(entry)
+            yield number, checked_record(entry)
         except SchemaError as error:
             raise InputError(f"{path}:{number}: {error} (the timeline format: docs/track.md)") from None
+
+
+def read_timeline(path: Path, torn: Optional[list] = None) -> Timeline:
+    """The records of a timeline file, in step order — every one of them in memory: a library call on the file
+    the caller chose (`track` streams it instead: stream_timeline). Refuses files that are not timelines, and
+    records that break the schema (training/schema.py) or repeat a step, naming the line; a last line cut short
+    is left out and its number added to `torn`."""
+    records, lines = [], {}
+    for number, checked in _checked_records(path, torn):
         if checked["step"] in lines:
             raise InputError(f"{path}:{number} repeats step {checked['step']} of line {lines[checked['step']]}: "
                              "two runs were written into one file; give each run its own timeline")
@@ -261,3 +284,28 @@ def read_timeline(path: Path, torn: Optional[list] = None) -> Timeline:
     if not records:
         raise InputError(f"{path} holds no timeline records")
     return Timeline(sorted(records, key=lambda entry: entry["step"]), path)
+
+
+def stream_timeline(path: Path, torn: Optional[list] = None) -> Iterator[dict]:
+    """The records of a timeline file one at a time, checked as read_timeline checks them, for a file written in
+    step order (as a Watch writes it): NotInStepOrder at the first record whose step is not above the one before
+    (a repeated step, or records out of order: read_timeline sorts them, or names the repeat)."""
+    previous = None
+    for _, checked in _checked_records(path, torn):
+        if previous is not None and checked["step"] <= previous:
+            raise NotInStepOrder(path)
+        previous = checked["step"]
+        yield checked
+    if previous is None:
+        raise InputError(f"{path} holds no timeline records")
+
+
+def in_step_order(path: Path, torn: list, consume: Callable[[Iterable[dict]], T]) -> T:
+    """consume(the timeline's records in step order): streamed, in bounded memory, when the file is in step
+    order; else (a file written out of order, or one that repeats a step) all read and sorted by read_timeline,
+    which refuses a repeated step naming both lines."""
+    try:
+        return consume(stream_timeline(path, torn))
+    except NotInStepOrder:
+        torn.clear()
+        return consume(read_timeline(path, torn))

@@ -8,7 +8,7 @@ import glob
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 from blocktrace.diagnose.checks import Flag
 from blocktrace.diagnose.diagnosis import Context, conclude
@@ -17,6 +17,8 @@ from blocktrace.diagnose.history import History
 from blocktrace.errors import InputError, UsageError
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.training_step import step_of
+from blocktrace.training.rollback import healthy, rollback_entry
+from blocktrace.training.thinning import Kept, how_thinned
 from blocktrace.training.timeline import diagnosis_entries, flag_entries, json_lines
 from blocktrace.vocab import Level
 
@@ -71,33 +73,43 @@ def order(paths: Sequence[Path], steps: Optional[Sequence[int]] = None) -> list[
     return sorted(points, key=lambda point: point.step)
 
 
-def mark_new_flags(records: list[dict]) -> list[dict]:
-    """Each record's findings not raised (same name, same layer) at their level or above by any record before it:
-    `new_flags` — a finding that escalates (info, then an error: where a first sign often is) is new again."""
-    highest: dict = {}  # (name, layer) -> the highest level rank raised so far
-    for entry in records:
+class NewFlags:
+    """Which of a record's findings no record before it raised (same name, same layer) at their level or above."""
+
+    def __init__(self):
+        self.highest: dict = {}  # (name, layer) -> the highest level rank raised so far
+
+    def mark(self, entry: dict) -> dict:
+        """The record with its `new_flags` — a finding that escalates (info, then an error: where a first sign
+        often is) is new again."""
         flags = entry.get("flags") or []
+        highest = self.highest
         entry["new_flags"] = [f for f in flags if Level(f["level"]).rank > highest.get((f["name"], f.get("layer")), -1)]
         for f in flags:
             key = (f["name"], f.get("layer"))
             highest[key] = max(highest.get(key, -1), Level(f["level"]).rank)
-    return records
+        return entry
 
 
-def judged(records: list[dict]) -> list[dict]:
-    """Each record with the findings over training (diagnose/dynamics.py) judged against the records before it,
-    and its diagnosis made again over all its findings where some were added (a Watch's records hold them
-    already; checkpoints and older timelines gain them here)."""
-    history = History()  # the records before, in bounded memory: linear in the records, as the Watch judges them
-    for entry in records:
-        added = judge(history, entry)
-        history.add(entry)
-        if added:
-            held = [Flag.from_entry(finding) for finding in entry.get("flags") or [] if Flag.readable(finding)]
-            found = conclude(held + added, Context(step=entry["step"]))
-            entry["flags"] = (entry.get("flags") or []) + flag_entries([f.to_dict() for f in found.flags[len(held):]])
-            entry["diagnosis"] = diagnosis_entries(found.diagnosis)
-    return records
+def mark_new_flags(records: list[dict]) -> list[dict]:
+    """Each record's findings not raised (same name, same layer) at their level or above by any record before it:
+    `new_flags` (NewFlags)."""
+    new = NewFlags()
+    return [new.mark(entry) for entry in records]
+
+
+def judge_record(history: History, entry: dict) -> dict:
+    """The record with the findings over training (diagnose/dynamics.py) judged against the records before it, and
+    its diagnosis made again over all its findings where some were added (a Watch's records hold them already;
+    checkpoints and older timelines gain them here); then added to the history."""
+    added = judge(history, entry)
+    history.add(entry)
+    if added:  # conclude() only where a finding was added: the diagnosis of the others is the record's own
+        held = [Flag.from_entry(finding) for finding in entry.get("flags") or [] if Flag.readable(finding)]
+        found = conclude(held + added, Context(step=entry["step"]))
+        entry["flags"] = (entry.get("flags") or []) + flag_entries([f.to_dict() for f in found.flags[len(held):]])
+        entry["diagnosis"] = diagnosis_entries(found.diagnosis)
+    return entry
 
 
 def _serious(entry: dict, level: Level) -> list[dict]:
@@ -111,14 +123,102 @@ def last_sign(records: list[dict], level: Level) -> Optional[dict]:
     return {"step": last["step"], "names": sorted({f["name"] for f in findings})} if findings else None
 
 
-def first_sign(records: list[dict], level: Level) -> Optional[dict]:
-    """The first finding at `level` or above, over the records in step order: where trouble shows first."""
-    found = next(((entry, findings[0]) for entry in records for findings in [_serious(entry, level)] if findings), None)
-    if found is None:
+def sign(entry: dict, level: Level) -> Optional[dict]:
+    """The record's first finding at `level` or above, as a sign of trouble (None: it raises none)."""
+    findings = _serious(entry, level)
+    if not findings:
         return None
-    entry, finding = found
+    finding = findings[0]
     return {"step": entry["step"], "layer": finding.get("layer"), "name": finding["name"], "level": finding["level"],
             "cause": finding.get("cause"), "detail": finding.get("detail")}
+
+
+def first_sign(records: list[dict], level: Level) -> Optional[dict]:
+    """The first finding at `level` or above, over the records in step order: where trouble shows first."""
+    return next((found for entry in records for found in [sign(entry, level)] if found), None)
+
+
+def record_notes(entry: dict) -> list[str]:
+    """What a record says it could not measure — a probe that did not run, attention that is not visible —
+    each distinct note once."""
+    probe, descent = entry.get("probe") or {}, (entry.get("loop") or {}).get("descent") or {}
+    failed = probe.get("ranks_failed")
+    probes = [probe.get("note"), descent.get("note"),
+              f"the causal probe could not run on {failed:g} of the ranks" if isinstance(failed, (int, float))
+              and failed > 0 else None]
+    said = [note for note in probes if note] + [note for layer in entry["layers"] for note in layer.get("notes") or []]
+    return list(dict.fromkeys(said))
+
+
+class Notes:
+    """Each distinct note over the records: how many records made it, the first and the last step."""
+
+    def __init__(self):
+        self.tally: dict[str, dict] = {}
+
+    def add(self, entry: dict) -> None:
+        for note in record_notes(entry):
+            seen = self.tally.setdefault(note, {"note": note, "records": 0, "first_step": entry["step"]})
+            seen["records"] += 1
+            seen["last_step"] = entry["step"]
+
+    def listed(self) -> list[dict]:
+        return list(self.tally.values())
+
+
+def notes_of(records: list[dict]) -> list[dict]:
+    """The records' notes (Notes), in the order first made."""
+    notes = Notes()
+    for entry in records:
+        notes.add(entry)
+    return notes.listed()
+
+
+class Story:
+    """A run's records in step order, taken one at a time: each judged against the ones before (judge_record), its
+    new findings marked, the log's numbers beside it; the first and last sign at `level`, the rollback point, the
+    notes — all over every record — and a bounded selection of the records (training/thinning.Kept) for the
+    report's tables and charts."""
+
+    def __init__(self, level: Level, log: Optional[dict[int, dict]] = None):
+        self.level, self.log = level, log
+        self.history, self.new, self.notes, self.kept = History(), NewFlags(), Notes(), Kept()
+        self.first: Optional[dict] = None
+        self.rollback: Optional[dict] = None
+        self.last_healthy: Optional[tuple[int, dict]] = None  # (index, record), until the first sign
+        self.last: Optional[dict] = None
+
+    def add(self, entry: dict) -> None:
+        self.new.mark(judge_record(self.history, entry))
+        if self.log is not None:
+            entry["log"] = self.log.get(entry["step"])
+        self.notes.add(entry)
+        index = self.kept.add(entry, keep=bool(entry["new_flags"]))
+        self.last = entry
+        if self.first is None:
+            self._look_for_first_sign(index, entry)
+
+    def _look_for_first_sign(self, index: int, entry: dict) -> None:
+        self.first = sign(entry, self.level)
+        if self.first is not None:
+            self.kept.keep(index, entry)
+            if self.last_healthy is not None:
+                self.kept.keep(*self.last_healthy)
+                self.rollback = rollback_entry(self.last_healthy[1])
+        elif healthy(entry):
+            self.last_healthy = (index, entry)
+
+    def told(self, records: Iterable[dict]) -> "Story":
+        for entry in records:
+            self.add(entry)
+        return self
+
+    def thinning(self) -> Optional[dict]:
+        """What the report says of the records it left out (None: it keeps every one)."""
+        if not self.kept.thinned:
+            return None
+        return {"records_read": self.kept.seen, "records_kept": len(self.kept.items()),
+                "how": how_thinned(self.kept.every), "notes": self.notes.listed()}
 
 
 # HF Trainer's names in trainer_state.json's log_history, as the log's fields.
@@ -156,10 +256,3 @@ def read_log(path: Path) -> dict[int, dict]:
     if not by_step:
         raise InputError(f"{path} has no entry with an integer \"step\" and one of {', '.join(LOG_FIELDS)}")
     return by_step
-
-
-def attach_log(records: list[dict], log: dict[int, dict]) -> list[dict]:
-    """Each record gets the training log's numbers at its step (`log`: null when the log has no such step)."""
-    for entry in records:
-        entry["log"] = log.get(entry["step"])
-    return records

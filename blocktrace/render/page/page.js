@@ -51,6 +51,8 @@ const WORDS = {
     differences: "Where the wirings differ", output: "block output", cosine: "cosine", maxdiff: "max |Δ|",
     timeline: "Loss over training", perLayer: "Residual stream rms per layer over training",
     firstSign: "first sign", newFindings: "new findings", rollback: "roll back to", tokens: "tokens",
+    thinned: "A long run: the charts and the table show a selection of its records; the findings, first sign " +
+      "and rollback are judged over every record", recordsShown: "records shown",
     weights: "weights", input: "input", entropy: "entropy per head", language: "中文", flags: "flags",
     record: "record", gradients: "Gradient norm at each step's output",
     updates: "Update size per layer over training (largest ‖ΔW‖/‖W‖ of its weights, log scale)",
@@ -89,6 +91,7 @@ const WORDS = {
     differences: "连线方式之间的差异", output: "block 输出", cosine: "余弦相似度", maxdiff: "最大 |Δ|",
     timeline: "训练过程中的损失", perLayer: "训练过程中每层残差流的 rms",
     firstSign: "最早的迹象", newFindings: "新出现的结果", rollback: "回退到", tokens: "token",
+    thinned: "较长的运行：图表和表格只显示部分记录；结果、最早的迹象和回退点都基于全部记录判断", recordsShown: "条记录已显示",
     weights: "权重", input: "输入", entropy: "每个头的熵", language: "English", flags: "标记",
     record: "记录", gradients: "每一步输出处的梯度范数",
     updates: "训练过程中每层的更新大小（各权重中最大的 ‖ΔW‖/‖W‖，对数坐标）",
@@ -581,7 +584,11 @@ function trackPage(report) {
   const fromLog = (key) => records.map((r) => (r.log && typeof r.log[key] === "number" ? r.log[key] : NaN));
   const losses = [{name: w("loss"), values: records.map((r) => r.loss ?? NaN)},
                   ...(logged ? [{name: w("logLoss"), values: fromLog("loss")}] : [])];
-  const parts = [...(report.against ? againstSection(report.against) : []), el("h2", {}, w("timeline")),
+  const thinning = report.thinning;  // a long run's report keeps a selection of its records: said, never hidden
+  const parts = [...(thinning ? [el("p", {id: "thinning", class: "note"}, `${w("thinned")} ` +
+                                    `(${thinning.records_kept} / ${thinning.records_read} ${w("recordsShown")}: ` +
+                                    `${thinning.how}).`)] : []),
+                 ...(report.against ? againstSection(report.against) : []), el("h2", {}, w("timeline")),
                  lines(losses, steps, marks, w("loss")),
                  ...(logged ? [el("h2", {}, w("logTitle")),
                                lines([{name: "lr", values: fromLog("lr")}], steps, marks, "lr", true),
