@@ -408,6 +408,10 @@ def test_a_long_runs_page_says_it_shows_a_selection_of_the_records(invoke, tmp_p
     said = page.inner_text("#thinning")
     assert f"{report['thinning']['records_kept']} / 40" in said and "every record" in said
     assert page.locator('circle[data-series="loss"]').count() == len(report["records"]) < 40
+    page.click("#language")  # the same note in Chinese, its selection said too
+    said = page.inner_text("#thinning")
+    every = re.match(r"one record in (\d+) ", report["thinning"]["how"]).group(1)
+    assert f"每 {every} 条记录取一条" in said and ENGLISH_WORDS.findall(said) == []
 
 
 def test_a_short_runs_page_says_nothing_of_a_selection(invoke, tmp_path, tab):

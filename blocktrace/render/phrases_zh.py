@@ -314,4 +314,8 @@ PHRASES_ZH = {
     "seeded readout of Xiong et al. 2020":
         "单独一个 block 没有模型损失：要得到模型自己的损失，请检查一个检查点（--weights）；这里的 --grad 用的是 Xiong et al. 2020 的带种子读出",
     "no token to predict (one token per sequence)": "没有要预测的 token（每条序列只有一个 token）",
+    # --- what a long run's report keeps of its records (training/thinning.py)
+    "one record in {every} (the interval doubles whenever more than {bound} are held), with the last, and every "
+    "record that raised a new finding, the first sign's and the rollback point's":
+        "每 {every} 条记录取一条（保留超过 {bound} 条时间隔加倍），加上最后一条，以及每条出现新结果的记录、最早迹象所在的记录和回退点的记录",
 }

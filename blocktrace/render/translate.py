@@ -26,7 +26,7 @@ NUMERIC_FORMATS = tuple("gGfFeEd")
 BRACKETS = {"(": ")", "[": "]", "（": "）"}
 INTERVAL = re.compile(r"\[[^][()]*\)")  # a half-open interval, [0, 1): its brackets do not pair
 # The keys of a report (--json) whose values are sentences a reader reads: what a page or an output translates.
-SENTENCE_KEYS = ("detail", "evidence", "advice", "loss_note")
+SENTENCE_KEYS = ("detail", "evidence", "advice", "loss_note", "how")
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from typing import Generic, Optional, TypeVar
 
+from blocktrace.phrases import phrase
+
 TRACK_POINTS = 2048  # records kept for the tables and charts beyond the marked ones: a chart's width in points
 Item = TypeVar("Item")
 
 
 def how_thinned(every: int) -> str:
     """The selection in words, for the report that was thinned."""
-    return (f"every {every}th record (the interval doubles whenever more than {TRACK_POINTS} are held), with the "
-            "last, and every record that raised a new finding, the first sign's and the rollback point's")
+    return phrase("one record in {every} (the interval doubles whenever more than {bound} are held), with the last, "
+                  "and every record that raised a new finding, the first sign's and the rollback point's", every=every,
+                  bound=TRACK_POINTS)
 
 
 class Kept(Generic[Item]):

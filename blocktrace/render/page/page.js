@@ -587,7 +587,7 @@ function trackPage(report) {
   const thinning = report.thinning;  // a long run's report keeps a selection of its records: said, never hidden
   const parts = [...(thinning ? [el("p", {id: "thinning", class: "note"}, `${w("thinned")} ` +
                                     `(${thinning.records_kept} / ${thinning.records_read} ${w("recordsShown")}: ` +
-                                    `${thinning.how}).`)] : []),
+                                    `${said(thinning.how)}).`)] : []),
                  ...(report.against ? againstSection(report.against) : []), el("h2", {}, w("timeline")),
                  lines(losses, steps, marks, w("loss")),
                  ...(logged ? [el("h2", {}, w("logTitle")),
