@@ -143,19 +143,67 @@ def _has_cjk_font() -> bool:
 
 
 def test_a_page_with_chinese_says_when_the_browser_has_no_font_for_it(invoke, tmp_path, tab):
-    """Issue 44: without a CJK font every Chinese glyph was a box, without a word. The page measures whether its
-    browser draws 猫 as a missing glyph, and says so (in English, which such a browser can draw) — only on a page
-    with Chinese on it. Which side this machine is on follows fontconfig's own list of fonts for Chinese."""
-    _, chinese = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼")
-    page, errors, _ = _open(tab, chinese)
-    assert errors == []
-    assert (page.locator("p.font-note").count() == 1) is not _has_cjk_font()
+    """Issue 44: without a CJK font every Chinese glyph was a box, without a word. Every page carries the glyphs of
+    blocktrace's own words (and the tutorials' tokens); where a token's character is not among them, the page
+    measures whether its browser draws it as a missing glyph and says so (in English, which such a browser can
+    draw). Which side this machine is on follows fontconfig."""
+    _, covered = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼")
+    page, errors, _ = _open(tab, covered)
+    assert errors == [] and page.locator("p.font-note").count() == 0  # every character is in the page's font
+    (tmp_path / "page.html").unlink()
+    _, uncovered = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "龘", "吃")
+    page, errors, _ = _open(tab, uncovered)
+    assert errors == [] and (page.locator("p.font-note").count() == 1) is not _has_cjk_font()
     if not _has_cjk_font():
-        assert "fonts-noto-cjk" in page.inner_text("p.font-note")
+        assert "some Chinese characters of the tokens" in page.inner_text("p.font-note")
     (tmp_path / "page.html").unlink()
     _, latin = _both(invoke, tmp_path, "run", "--d-model", "4", "--heads", "2", "--tokens", "cat", "eats", "fish")
     page, _, _ = _open(tab, latin)
-    assert page.locator("p.font-note").count() == 0  # nothing Chinese to draw
+    page.click("#language")  # an English page switched to Chinese draws it with the glyphs it carries
+    assert page.locator("p.font-note").count() == 0 and "Noto Sans CJK SC" in _fonts_drawing(page, "header h1")
+
+
+def test_a_chinese_page_carries_a_glyph_for_every_chinese_character_it_shows(invoke, tmp_path, tab):
+    """The page's font (render/page/cjk.woff, read here with fontTools) holds every Chinese character a zh page of
+    each kind shows, the browser loads it, and draws the page's Chinese with it (or with a CJK font of its own)."""
+    from fontTools.ttLib import TTFont
+
+    from blocktrace.render.html import CJK_FONT, cjk_characters
+
+    glyphs = {chr(code) for code in TTFont(CJK_FONT).getBestCmap()}
+    for command in (["track", str(LR_HIGH / "watch.jsonl")], ["compare", "--pre-ln", "--post-ln"],
+                    ["run", "--d-model", "4", "--heads", "2", "--tokens", "猫", "吃", "鱼", "--explain"]):
+        path = tmp_path / f"{command[0]}.html"
+        assert invoke(*command[:-1] if command[-1] == "--explain" else command, "--lang", "zh", "--html",
+                      str(path)).exit_code in (0, 1)
+        page, errors, _ = _open(tab, path)
+        page.eval_on_selector_all("details", "all => all.forEach((d) => { d.open = true; })")
+        shown = cjk_characters(page.inner_text("body"))
+        # loaded on demand (a browser with a CJK font of its own needs it not): asked for, it decodes
+        loaded = page.evaluate("""async () => (await document.fonts.load('16px "blocktrace CJK"', '猫'))
+                               .map((f) => f.status)""")
+        assert errors == [] and shown and shown <= glyphs and loaded == ["loaded"]
+        assert "Noto Sans CJK SC" in _fonts_drawing(page, "header h1")  # the face drew it (or a system one)
+
+
+def _fonts_drawing(page, selector: str) -> set[str]:
+    """The fonts the browser drew an element's text with (Chromium's own account, over its DevTools protocol)."""
+    session = page.context.new_cdp_session(page)
+    session.send("DOM.enable")
+    session.send("CSS.enable")
+    root = session.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
+    node = session.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+    return {font["familyName"] for font in session.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]}
+
+
+def test_the_pages_font_covers_every_chinese_character_of_blocktraces_own_words():
+    """A sentence with a new character fails here until scripts/make_page_font.py makes the font again."""
+    from fontTools.ttLib import TTFont
+
+    from blocktrace.render.html import CJK_COVERED, CJK_FONT, cjk_characters, own_chinese
+
+    glyphs = {chr(code) for code in TTFont(CJK_FONT).getBestCmap()}
+    assert cjk_characters(own_chinese()) <= set(CJK_COVERED.read_text(encoding="utf-8")) <= glyphs
 
 
 @pytest.mark.parametrize("wiring, skips", [
@@ -479,13 +527,16 @@ def test_a_checkpoints_layers_draw_their_maps_when_opened(invoke, tmp_path, tab)
     assert _values(page, 'figure[data-head="0"] rect.cell') == [v for row in matrix for v in row] and errors == []
 
 
+CARRIED_FONT = 120_000  # render/page/cjk.woff in base64 (scripts/make_page_font.py: 86,280 bytes)
+
+
 def test_a_gpt2_small_layers_page_at_1024_tokens_stays_small(invoke, tmp_path):
     """The page's size is the attention map's (heads × at most 48 × 48 cells) and the tokens', whatever the width:
     GPT-2 small's 12 heads at T = 1,024 (a narrow block: d_model changes no cell)."""
     path = tmp_path / "page.html"
     result = invoke("run", "--d-model", "48", "--heads", "12", "--tokens", *map(str, range(1024)), "--html", str(path))
     assert result.exit_code in (0, 1), result.output
-    assert path.stat().st_size < 300_000
+    assert path.stat().st_size < 300_000 + CARRIED_FONT  # and the Chinese glyphs every page carries
 
 
 SCREENSHOT = ROOT / "docs" / "block-page.png"

@@ -5,7 +5,10 @@ browser's own fonts. The page's script and styles live beside this module (page/
 
 from __future__ import annotations
 
+import base64
+import functools
 import html
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -19,6 +22,13 @@ from blocktrace.vocab import Lang, Placement, ReportKind
 from blocktrace.wiring import wiring_of
 
 ASSETS = Path(__file__).resolve().parent / "page"
+# The Chinese glyphs of blocktrace's own words (Noto Sans CJK SC, SIL OFL 1.1) and the characters they cover, both
+# written by scripts/make_page_font.py: a page carries them, so that its Chinese reads without a CJK font.
+CJK_FONT, CJK_COVERED = ASSETS / "cjk.woff", ASSETS / "cjk.txt"
+CJK = re.compile("[\u2e80-\u9fff\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef]")  # CJK scripts, marks and punctuation
+OWN_WORDS = [ASSETS / "page.js", Path(__file__).resolve().parent / "words.py",
+             Path(__file__).resolve().parent / "phrases_zh.py"]
+TUTORIAL_TOKENS = "猫吃鱼"  # the seeds' example (README's first command)
 TEMPLATE = """<!doctype html>
 <html lang="{lang}">
 <head>
@@ -26,7 +36,7 @@ TEMPLATE = """<!doctype html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title}</title>
 <style>
-{css}</style>
+{font}{css}</style>
 </head>
 <body>
 <header id="top"></header>
@@ -74,16 +84,44 @@ def step_explanations(report: dict) -> Optional[dict]:
                              if step["name"] in said[language]} for language in Lang}
 
 
+def cjk_characters(text: str) -> set[str]:
+    return set(CJK.findall(text))
+
+
+def own_chinese() -> str:
+    """Every Chinese character blocktrace's own words can put on a page (and the tutorials' tokens)."""
+    return "".join(path.read_text(encoding="utf-8") for path in OWN_WORDS) + TUTORIAL_TOKENS
+
+
+@functools.lru_cache(maxsize=1)
+def _font() -> tuple[str, frozenset]:
+    """The @font-face of the page's Chinese glyphs and the characters it covers."""
+    data = base64.b64encode(CJK_FONT.read_bytes()).decode("ascii")
+    face = (f'@font-face {{ font-family: "blocktrace CJK"; src: url(data:font/woff;base64,{data}) format("woff"); }}\n'
+)
+    return face, frozenset(CJK_COVERED.read_text(encoding="utf-8"))
+
+
+def chinese_font(document: str) -> tuple[str, dict]:
+    """The font every page carries (its button switches any page to Chinese: 115 KB of the page) and what the page
+    says of it: the report's Chinese characters it lacks (its tokens'), which only the reader's own fonts draw.
+    Every page, not only those that start in Chinese: Chromium keeps the boxes it drew for text without a font,
+    and draws them again on the next page that brings one."""
+    face, covered = _font()
+    return face, {"uncovered": "".join(sorted(cjk_characters(document) - covered))}
+
+
 def html_page(report: dict, title: str, lang: Lang = Lang.EN) -> str:
     """The page, its document embedded so that no string in it can end or break the <script> element; beside it
     (not in it: the document is --json's) the defaults its settings are told against, what each step does, and
-    the document's sentences in Chinese."""
+    the document's sentences in Chinese; and the glyphs of blocktrace's own Chinese words."""
     data = dumps(report, indent=None).translate(SCRIPT_SAFE)
     defaults = dumps(block_defaults(report.get("config")), indent=None).translate(SCRIPT_SAFE)
     explain = dumps(step_explanations(report), indent=None).translate(SCRIPT_SAFE)
-    words = dumps(page_words(report), indent=None).translate(SCRIPT_SAFE)
+    font, font_note = chinese_font(data)
+    words = dumps({**page_words(report), "font": font_note}, indent=None).translate(SCRIPT_SAFE)
     return TEMPLATE.format(lang=Lang(lang).value, title=html.escape(f"blocktrace: {title}"), data=data,
-                           defaults=defaults, explain=explain, words=words,
+                           defaults=defaults, explain=explain, words=words, font=font,
                            css=(ASSETS / "page.css").read_text(encoding="utf-8"),
                            js=(ASSETS / "page.js").read_text(encoding="utf-8"))
 

@@ -19,6 +19,10 @@ function explainSection(steps) {
     el("dl", {}, steps.filter((s) => said[s.name]).flatMap((s) => [el("dt", {}, s.name),
                                                                    el("dd", {"data-step": s.name}, said[s.name])])))];
 }
+// In English in both languages: a reader without a CJK font reads no Chinese.
+const TOKENS_WITHOUT_FONT = "This browser has no font for some Chinese characters of the tokens, so they show as " +
+  "boxes (the page carries the glyphs of blocktrace's own words only): install Noto Sans CJK (Debian: apt-get " +
+  "install fonts-noto-cjk) and reload the page.";
 const WORDS = {
   en: {
     block: "One block, step by step", stack: "A stack of blocks", model: "A checkpoint, layer by layer",
@@ -46,8 +50,7 @@ const WORDS = {
     depthGradients: "The gradient reaching each layer's FFN (‖∂L/∂W‖ of its second matrix, log scale)",
     sweepGradients: "The last layer's FFN gradient at each depth (‖∂L/∂W‖ of its second matrix, log scale)",
     scale: "colour scale: the attention weight", scaleRoot: "colour scale: the largest weight of a cell (shaded by √weight)",
-    noCjkFont: "This browser has no font for Chinese, so Chinese text shows as boxes: install one (Noto Sans CJK; " +
-      "on Debian, apt-get install fonts-noto-cjk) and reload the page.",
+    tokensWithoutFont: TOKENS_WITHOUT_FONT,
     differences: "Where the wirings differ", output: "block output", cosine: "cosine", maxdiff: "max |Δ|",
     timeline: "Loss over training", perLayer: "Residual stream rms per layer over training",
     firstSign: "first sign", newFindings: "new findings", rollback: "roll back to", tokens: "tokens",
@@ -85,9 +88,7 @@ const WORDS = {
     depthGradients: "到达每层 FFN 的梯度（其第二个矩阵的 ‖∂L/∂W‖，对数坐标）",
     sweepGradients: "各深度下最后一层 FFN 的梯度（其第二个矩阵的 ‖∂L/∂W‖，对数坐标）",
     scale: "颜色刻度：注意力权重", scaleRoot: "颜色刻度：格子中的最大权重（按 √权重 着色）",
-    // in English: a reader whose browser has no CJK font would see this sentence as boxes too
-    noCjkFont: "This browser has no font for Chinese (no CJK font), so the Chinese below shows as boxes: install " +
-      "Noto Sans CJK (Debian: apt-get install fonts-noto-cjk) and reload the page.",
+    tokensWithoutFont: TOKENS_WITHOUT_FONT,
     differences: "连线方式之间的差异", output: "block 输出", cosine: "余弦相似度", maxdiff: "最大 |Δ|",
     timeline: "训练过程中的损失", perLayer: "训练过程中每层残差流的 rms",
     firstSign: "最早的迹象", newFindings: "新出现的结果", rollback: "回退到", tokens: "token",
@@ -634,25 +635,27 @@ function kindOf(report) {
 
 /* Whether this browser has no font for Chinese: "猫" drawn exactly as a code point no font has (the box a missing
    glyph becomes). The page says so, rather than show its Chinese as boxes without a word. */
-function cjkFontMissing() {
+/* Whether some of `text`'s characters draw as the browser's missing-glyph box in the page's fonts. */
+function drawnAsBoxes(text) {
   const canvas = document.createElement("canvas");
   canvas.width = canvas.height = 40;
   const context = canvas.getContext("2d");
   if (!context) return false;
-  const drawn = (text) => {
+  const drawn = (character) => {
     context.clearRect(0, 0, 40, 40);
-    context.font = "32px sans-serif";
-    context.fillText(text, 2, 32);
+    context.font = `32px ${getComputedStyle(document.body).fontFamily}`;
+    context.fillText(character, 2, 32);
     return Array.from(context.getImageData(0, 0, 40, 40).data).join(",");
   };
-  return drawn("猫") === drawn("\u{10FFFD}");
+  const box = drawn("\u{10FFFD}");
+  return Array.from(text).slice(0, 64).some((character) => drawn(character) === box);
 }
 
-const HAS_CJK = /[\u3400-\u9fff\uf900-\ufaff]/;
-
+/* The page carries the glyphs of blocktrace's own Chinese words (render/html.py): only its tokens' characters outside
+   them need the reader's own fonts. */
 function fontNote() {
-  const chinese = lang === "zh" || HAS_CJK.test(JSON.stringify(REPORT.tokens || []));
-  return chinese && cjkFontMissing() ? [el("p", {class: "font-note", role: "note"}, w("noCjkFont"))] : [];
+  const uncovered = (SAID && SAID.font && SAID.font.uncovered) || "";
+  return uncovered && drawnAsBoxes(uncovered) ? [el("p", {class: "font-note", role: "note"}, w("tokensWithoutFont"))] : [];
 }
 
 function render() {
@@ -687,6 +690,11 @@ function tooltips() {
   });
 }
 
-render();
-tooltips();
-window.addEventListener("resize", drawSkips);
+/* The page draws once its Chinese glyphs (render/html.py) are decoded: text laid out before a face loads can keep
+   its fallback boxes in Chromium. */
+const carried = document.fonts ? document.fonts.load('16px "blocktrace CJK"', "猫").catch(() => []) : Promise.resolve([]);
+carried.then(() => {
+  render();
+  tooltips();
+  window.addEventListener("resize", drawSkips);
+});
