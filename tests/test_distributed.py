@@ -142,6 +142,8 @@ def _errors(record: dict) -> set:
 
 SCENARIOS = ("healthy", "clip-on-one-rank", "same-batch", "lr-on-one-rank", "hook-skips-all-reduce",
              "no-sync-accumulation", "no-causal-mask")
+EPOCH_SCENARIOS = ("sampler-without-set-epoch", "sampler-with-set-epoch", "zero-sharded-state")
+EPOCHS, SEQUENCES = 3, 16  # 16 sequences over 2 ranks, 2 a step: 4 steps an epoch
 
 
 def _skip_all_reduce(state, bucket):
@@ -176,6 +178,32 @@ def _scenario(name: str, rank: int, directory: str) -> None:
     watch.close()
 
 
+def _epoch_scenario(name: str, rank: int, directory: str) -> None:
+    """Epochs over a dataset through a DistributedSampler (set_epoch called or not), or ZeRO's sharded optimizer
+    state (ZeroRedundancyOptimizer: each rank steps its share of the parameters, then broadcasts them)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(NanoGPT())
+    optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3) \
+        if name == "zero-sharded-state" else torch.optim.SGD(model.parameters(), lr=0.05)
+    ids, targets = nano_batch(0, batch=SEQUENCES)
+    sampler = DistributedSampler(TensorDataset(ids, targets), seed=0)  # shuffle=True, its default
+    loader = DataLoader(TensorDataset(ids, targets), batch_size=2, sampler=sampler)
+    watch = Watch(model, f"{directory}/{name}.jsonl", every=EVERY, optimizer=optimizer)
+    for epoch in range(EPOCHS):
+        if name != "sampler-without-set-epoch":
+            sampler.set_epoch(epoch)
+        for batch, batch_targets in loader:
+            optimizer.zero_grad()
+            _, loss = model(batch, batch_targets)
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+    watch.close()
+
+
 def _scenario_ranks(rank: int, directory: str, port: int) -> None:
     import torch.distributed as dist
 
@@ -185,6 +213,8 @@ def _scenario_ranks(rank: int, directory: str, port: int) -> None:
         dist.init_process_group("gloo")
         for name in SCENARIOS:
             _scenario(name, rank, directory)
+        for name in EPOCH_SCENARIOS:
+            _epoch_scenario(name, rank, directory)
         dist.destroy_process_group()
     except BaseException:
         traceback.print_exc()
@@ -196,7 +226,7 @@ def _scenario_ranks(rank: int, directory: str, port: int) -> None:
 def scenarios(tmp_path_factory) -> dict:
     directory = tmp_path_factory.mktemp("data-parallel")
     _two_ranks(_scenario_ranks, directory)
-    return {name: read_timeline(directory / f"{name}.jsonl") for name in SCENARIOS}
+    return {name: read_timeline(directory / f"{name}.jsonl") for name in SCENARIOS + EPOCH_SCENARIOS}
 
 
 DATA_PARALLEL = {"replicas_differ", "gradients_not_averaged", "same_batch_on_ranks", "ranks_step_apart"}
@@ -214,6 +244,30 @@ def test_the_invariants_of_data_parallelism(scenarios, name, expected):
     found = {f["name"] for record in scenarios[name] for f in record["flags"] if f["level"] == "error"} & DATA_PARALLEL
     assert found == expected
     assert len(scenarios[name][0]["replicas"]) == 2
+
+
+def _serious(records: list[dict]) -> set:
+    return {f["name"] for record in records for f in record["flags"] if f["level"] in ("error", "warning")}
+
+
+def test_a_sampler_never_told_its_epoch_is_found_and_one_told_it_passes(scenarios):
+    """Issue 46: DistributedSampler shuffles by the epoch set_epoch gives it; never given one, every epoch repeats
+    the first one's order (4 steps an epoch here: found once the second epoch has repeated the whole first)."""
+    repeated, told = scenarios["sampler-without-set-epoch"], scenarios["sampler-with-set-epoch"]
+    assert _serious(repeated) - _serious(told) == {"data_order_repeats"} and "data_order_repeats" not in _serious(told)
+    found = next(r for r in repeated if any(f["name"] == "data_order_repeats" for f in r["flags"]))
+    assert found["step"] == 8 and found["data"]["order_repeats"] == {"period": 4, "since": 4}
+    assert [f["level"] for f in found["flags"] if f["name"] == "data_order_repeats"] == ["warning"]
+
+
+def test_zero_style_sharded_optimizer_state_is_a_legitimate_loop(scenarios):
+    """ZeroRedundancyOptimizer shards AdamW's state over the ranks; the replicas still agree after each step, and
+    nothing is raised that the same loop with a plain optimizer does not raise (the ranks' optimizer state differs
+    by design: it is not compared)."""
+    records = scenarios["zero-sharded-state"]  # its twin: the same epochs with SGD (the tiny model starts above
+    assert _serious(records) == _serious(scenarios["sampler-with-set-epoch"])  # uniform guessing in both)
+    assert len(records) == EPOCHS * 4 // EVERY
+    assert all(len({row["weights_square"] for row in r["replicas"]}) == 1 for r in records)
 
 
 def test_the_causal_probe_runs_under_ddp_on_every_rank(scenarios):

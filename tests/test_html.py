@@ -527,7 +527,7 @@ def test_a_checkpoints_layers_draw_their_maps_when_opened(invoke, tmp_path, tab)
     assert _values(page, 'figure[data-head="0"] rect.cell') == [v for row in matrix for v in row] and errors == []
 
 
-CARRIED_FONT = 120_000  # render/page/cjk.woff in base64 (scripts/make_page_font.py: 86,280 bytes)
+CARRIED_FONT = 120_000  # render/page/cjk.woff (about 87 KB) in base64
 
 
 def test_a_gpt2_small_layers_page_at_1024_tokens_stays_small(invoke, tmp_path):

@@ -423,6 +423,27 @@ def _same_batch_on_ranks(history: Sequence[dict], entry: dict) -> list[Finding]:
                     phrase("all {count} ranks trained on the same batch", count=len(rows)))]
 
 
+@check(Scope.TRAINING, "data_order_repeats",
+       "from some step on, every training step's batch equals the batch one period before, for a whole period "
+       "or 8 steps in a row (a Watch, which keys every step's batch): a warning under torch.distributed, info in one "
+       "process", "definition of DistributedSampler: it shuffles with its seed and the epoch set_epoch gave it, so "
+       "an epoch it was never given repeats the first epoch's order (PyTorch's DistributedSampler documentation); "
+       "its default is shuffle=True, a DataLoader's shuffle=False (a fixed order, as PyTorch's word-language-model "
+       "example trains, is legitimate in one process)",
+       "the data comes in the same order every epoch: a DistributedSampler whose set_epoch is never called",
+       Cause.DATA, direct=True,
+       advice=phrase("call sampler.set_epoch(epoch) at the start of every epoch (DistributedSampler shuffles by the "
+                     "epoch it is told), or shuffle=True in a DataLoader of one process"))
+def _data_order_repeats(history: Sequence[dict], entry: dict) -> list[Finding]:
+    repeats = _data(entry).get("order_repeats")
+    if not repeats or (history and _data(history[-1]).get("order_repeats")):
+        return []  # said at the record that found it
+    level = Level.WARNING if (entry.get("ranks") or 1) > 1 else Level.INFO
+    return [finding(level, None, None, float(repeats["period"]),
+                    phrase("from step {since} on, each batch repeats the batch {period} steps before it: the same "
+                           "order again", since=repeats["since"], period=repeats["period"]))]
+
+
 @check(Scope.TRAINING, "ranks_step_apart",
        "under data parallelism, a rank's learning rate, step count or loss scale differs from rank 0's (a Watch)",
        "invariant of data parallelism: the ranks take one step together, so they share its learning rate, its "

@@ -103,7 +103,7 @@ def _font() -> tuple[str, frozenset]:
 
 
 def chinese_font(document: str) -> tuple[str, dict]:
-    """The font every page carries (its button switches any page to Chinese: 115 KB of the page) and what the page
+    """The font every page carries (its button switches any page to Chinese: 116 KB of the page) and what the page
     says of it: the report's Chinese characters it lacks (its tokens'), which only the reader's own fonts draw.
     Every page, not only those that start in Chinese: Chromium keeps the boxes it drew for text without a font,
     and draws them again on the next page that brings one."""

@@ -164,6 +164,9 @@ PHRASES_ZH = {
     "{share:.0%} of {kind}'s 16-bit elements did not change between steps {before} and {after}":
         "第 {before} 步到第 {after} 步之间，{kind} 的 16 位元素中有 {share} 没有改变",
 
+    "from step {since} on, each batch repeats the batch {period} steps before it: the same order again":
+        "从第 {since} 步起，每个 batch 都与 {period} 步之前的 batch 相同：数据又按同样的顺序来了一遍",
+
     # --- advice
     "lower the peak learning rate (a tenth is a first try), keep a warm-up, and clip the gradient norm at 1.0":
         "降低峰值学习率（先试十分之一），保留预热，并把梯度范数裁剪到 1.0",
@@ -292,6 +295,10 @@ PHRASES_ZH = {
         "给每个 rank 分配它自己的那一份数据：DataLoader(..., sampler=DistributedSampler(dataset))，并在每个 epoch 调用 sampler.set_epoch(epoch)",
     "build and step the scheduler and the loss scaler on every rank alike, and resume every rank from one checkpoint":
         "在每个 rank 上同样地构建并步进调度器和损失缩放器，并从同一个检查点恢复每个 rank",
+    "call sampler.set_epoch(epoch) at the start of every epoch (DistributedSampler shuffles by the epoch it is "
+    "told), or shuffle=True in a DataLoader of one process":
+        "在每个 epoch 开始时调用 sampler.set_epoch(epoch)（DistributedSampler 按它被告知的 epoch 打乱顺序），"
+        "单进程的 DataLoader 则用 shuffle=True",
     "give position_ids = arange(T) per sequence (restarting at each packed document), or leave them out and let the "
     "model make them": "每条序列给 position_ids = arange(T)（在每个打包的文档处重新开始），或者不传，让模型自己生成",
     "attention_mask = (input_ids != pad_id): 1 at the text, 0 at the padding (a mask built as == pad_id, or 1 - mask "

@@ -107,6 +107,8 @@ def _data(value: Any, field: str) -> dict:
     data["counted"] = number(data.get("counted"), f"{field}.counted")
     data["targets_counted"] = _index(data.get("targets_counted"), f"{field}.targets_counted", optional=True)
     data["target_match"] = _mapped(data.get("target_match"), f"{field}.target_match", number, optional=True)
+    data["order_repeats"] = _mapped(data.get("order_repeats"), f"{field}.order_repeats",
+                                    lambda item, name: _index(item, name), optional=True)
     return data
 
 

@@ -43,6 +43,7 @@ from blocktrace.tracing.steps import detect_layout
 from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
 from blocktrace.tracing.tracer import is_own_block
 from blocktrace.training.distributed import Reducer, fingerprint, is_shard, replica_rows, synchronised
+from blocktrace.training.order import DataOrder
 from blocktrace.training.loop import (
     Descent,
     ForwardCall,
@@ -208,6 +209,8 @@ class Watch:
         self.loop = LoopObserver(_unwrap(model), optimizer)
         # the records before, for the dynamics (diagnose/dynamics.py): the first (trends start there) and the last few
         self.history = History()
+        self.order = DataOrder()  # every training step's batch, to tell an order that repeats (training/order.py)
+        self.order_hook = model.register_forward_pre_hook(self._see_order, with_kwargs=True) if checks else None
         if self.count % every == 0:
             self._arm()
 
@@ -238,6 +241,17 @@ class Watch:
         probe replays the forward with it)."""
         if torch.is_grad_enabled() and self.batch.ids is None and self.random_state is None:
             self.random_state = RandomState.now(_device(self.blocks[0]))
+
+    def _see_order(self, module, args, kwargs) -> None:
+        """Every training forward (with gradients): the first of each step gives the step's batch key."""
+        if not torch.is_grad_enabled() or self.stopped is not None:
+            return
+        try:
+            ids = input_ids(args, kwargs)
+            if ids is not None:
+                self.order.see(self.count, ids)
+        except Exception as error:  # inside the training forward: never raise into it
+            self._stop(f"reading the batch failed at step {self.count}: {type(error).__name__}: {error}")
 
     def _capture_loss(self, module, args, kwargs, output):
         """The recording step's training forward — the first with gradients (an evaluation inside the loop runs
@@ -311,6 +325,9 @@ class Watch:
         close() records nothing."""
         if self.recording:
             self._disarm()
+        if self.order_hook is not None:
+            self.order_hook.remove()
+            self.order_hook = None
         self.loop.close()
         if self.stopped is None:
             self.stopped = "closed"
@@ -338,7 +355,8 @@ class Watch:
                        trainable=_trainable(self.blocks[index])) for index, t in zip(present, traces)]
         entry = record(self.count, "watch", layers, [], [], loss=host["loss"], lr=self._learning_rate(lr),
                        grad_norm=host["model_grad"],
-                       extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab, "data": host["data"],
+                       extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab,
+                              "data": _with_order(host["data"], self.order.report(host["order"])),
                               "model": type(_unwrap(self.model)).__name__,
                               "width": traces[0].input.shape[-1] if traces else None,
                               "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
@@ -377,6 +395,7 @@ class Watch:
                                                            checked_loss if isinstance(checked_loss, torch.Tensor)
                                                            else None, graph) if self.checks else {}),
                     "probe": self._probe(), "data": self.batch.report(self.loop.trained),
+                    "order": self.order.take(),
                     "weights": [weight_moments(block) for block in self.blocks] if self.checks else None}
         measured["replicas"] = replicas
         traces, host = finish([c for _, c in present], measured)
@@ -597,10 +616,8 @@ class Batch:
     def see(self, args, kwargs, output) -> None:
         if self.ids is not None:
             return  # the first forward of the step is the training batch
-        tensors = [*args, *kwargs.values()]
-        integers = [t for t in tensors if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dim() == 2]
-        ids = kwargs.get("input_ids", integers[0] if integers else None)
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+        ids = input_ids(args, kwargs)
+        if ids is None:
             return  # ids the model takes some other way (a list it converts itself): no batch seen beside them
         self.ids = ids.detach()
         self.call = ForwardCall(tuple(args), dict(kwargs), ids)  # the probe calls the model as training did
@@ -632,6 +649,19 @@ class Batch:
             self.previous = self.ids.clone()
         self.ids, self.targets, self.logits, self.call, self.inputs = None, None, None, None, {}
         return found
+
+
+def _with_order(data: Optional[dict], repeats: Optional[dict]) -> Optional[dict]:
+    """The batch's report with the repeated order found (training/order.py), where one was."""
+    return data if repeats is None else {**(data or {}), "order_repeats": repeats}
+
+
+def input_ids(args, kwargs) -> Optional[torch.Tensor]:
+    """A forward's token ids: its input_ids, else its first [batch, T] integer tensor (None: none such)."""
+    tensors = [*args, *kwargs.values()]
+    integers = [t for t in tensors if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dim() == 2]
+    ids = kwargs.get("input_ids", integers[0] if integers else None)
+    return ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point() else None
 
 
 def _same(a: Optional[torch.Tensor], b: torch.Tensor):
