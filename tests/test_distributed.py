@@ -4,6 +4,7 @@ shard of each weight: norms, updates and gradient norms must cover every shard).
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import socket
@@ -143,6 +144,7 @@ def _errors(record: dict) -> set:
 SCENARIOS = ("healthy", "clip-on-one-rank", "same-batch", "lr-on-one-rank", "hook-skips-all-reduce",
              "no-sync-accumulation", "no-causal-mask")
 EPOCH_SCENARIOS = ("sampler-without-set-epoch", "sampler-with-set-epoch", "zero-sharded-state")
+HSDP_SCENARIOS = ("hsdp-healthy", "hsdp-shard-changed-on-one-rank")
 EPOCHS, SEQUENCES = 3, 16  # 16 sequences over 2 ranks, 2 a step: 4 steps an epoch
 
 
@@ -204,6 +206,36 @@ def _epoch_scenario(name: str, rank: int, directory: str) -> None:
     watch.close()
 
 
+def _hsdp_scenario(name: str, rank: int, directory: str) -> None:
+    """FSDP2 over a 2 × 1 mesh (HSDP: every parameter replicated over the first dimension, sharded over the second),
+    so both ranks hold the same shards; or one rank's shard of a norm changed after the first step, on that rank
+    only (as clipping or a weight surgery run on one rank)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = NanoGPT()
+    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard"))
+    for block in model.h:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    assert [p.is_replicate() for p in model.h[0].ln_1.weight.placements] == [True, False]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    watch = Watch(model, f"{directory}/{name}.jsonl", every=EVERY, optimizer=optimizer)
+    share = BATCH // 2
+    for step in range(STEPS):
+        ids, targets = nano_batch(step, batch=BATCH)
+        optimizer.zero_grad()
+        _, loss = model(ids[rank * share:(rank + 1) * share], targets[rank * share:(rank + 1) * share])
+        loss.backward()
+        watch.step(loss)
+        optimizer.step()
+        if name == "hsdp-shard-changed-on-one-rank" and rank == 1 and step == 0:
+            with torch.no_grad():
+                model.h[0].ln_1.weight.to_local().mul_(1.01)
+    watch.close()
+
+
 def _scenario_ranks(rank: int, directory: str, port: int) -> None:
     import torch.distributed as dist
 
@@ -215,6 +247,8 @@ def _scenario_ranks(rank: int, directory: str, port: int) -> None:
             _scenario(name, rank, directory)
         for name in EPOCH_SCENARIOS:
             _epoch_scenario(name, rank, directory)
+        for name in HSDP_SCENARIOS:
+            _hsdp_scenario(name, rank, directory)
         dist.destroy_process_group()
     except BaseException:
         traceback.print_exc()
@@ -226,7 +260,7 @@ def _scenario_ranks(rank: int, directory: str, port: int) -> None:
 def scenarios(tmp_path_factory) -> dict:
     directory = tmp_path_factory.mktemp("data-parallel")
     _two_ranks(_scenario_ranks, directory)
-    return {name: read_timeline(directory / f"{name}.jsonl") for name in SCENARIOS + EPOCH_SCENARIOS}
+    return {name: read_timeline(directory / f"{name}.jsonl") for name in SCENARIOS + EPOCH_SCENARIOS + HSDP_SCENARIOS}
 
 
 DATA_PARALLEL = {"replicas_differ", "gradients_not_averaged", "same_batch_on_ranks", "ranks_step_apart"}
@@ -244,6 +278,33 @@ def test_the_invariants_of_data_parallelism(scenarios, name, expected):
     found = {f["name"] for record in scenarios[name] for f in record["flags"] if f["level"] == "error"} & DATA_PARALLEL
     assert found == expected
     assert len(scenarios[name][0]["replicas"]) == 2
+
+
+def test_hsdp_replicated_shards_are_compared_within_their_replica_group(scenarios):
+    """Issue 46: under HSDP the ranks of one replica group hold equal shards; a shard changed on one rank is found
+    from the record after the change, named with the rank it should equal; the healthy twin passes."""
+    healthy, changed = scenarios["hsdp-healthy"], scenarios["hsdp-shard-changed-on-one-rank"]
+    assert all(row["replica_group"] == 0 for record in healthy for row in record["replicas"])
+    assert not {f["name"] for r in healthy for f in r["flags"] if f["level"] == "error"} & DATA_PARALLEL
+    assert [{f["name"] for f in r["flags"] if f["level"] == "error"} & DATA_PARALLEL for r in changed] == \
+        [set(), {"replicas_differ"}]
+    said = next(f for f in changed[1]["flags"] if f["name"] == "replicas_differ")
+    assert said["detail"].startswith("rank 1's replicated shards differ from rank 0's")
+
+
+def test_fsdp2_shards_alone_are_no_replicas(timelines):
+    """FSDP2 over one mesh dimension shards every parameter: no rank holds a replica of another's shard."""
+    assert all(math.isnan(float(row["replica_group"])) for record in timelines["fsdp2"] for row in record["replicas"] or [])
+
+
+def test_replica_groups_are_compared_apart():
+    """Four ranks in two replica groups (0, 2) and (1, 3): shards differ between groups by design, not within."""
+    from blocktrace.diagnose.invariants import _shards_apart
+
+    rows = [{"replica_group": g, "shards_sum": s, "shards_square": s} for g, s in ((0, 1.0), (1, 2.0), (0, 1.0), (1, 2.0))]
+    assert _shards_apart(rows) is None
+    rows[3]["shards_square"] = 2.5
+    assert _shards_apart(rows) == (3, 1)
 
 
 def _serious(records: list[dict]) -> set:

@@ -364,12 +364,28 @@ def _first_apart(rows: list[dict], *columns: str) -> Optional[int]:
                  if any(_apart(rows[0].get(c), row.get(c)) for c in columns)), None)
 
 
+def _shards_apart(rows: list[dict]) -> Optional[tuple[int, int]]:
+    """The first rank whose replicated shards (HSDP) differ from those of the first rank of its replica group, with
+    that rank; None when every group agrees or no rank holds such shards."""
+    first_of_group: dict[float, int] = {}
+    for rank, row in enumerate(rows):
+        group = row.get("replica_group")
+        if not _finite(group):
+            continue
+        other = first_of_group.setdefault(group, rank)
+        if other != rank and any(_apart(rows[other].get(c), row.get(c)) for c in ("shards_sum", "shards_square")):
+            return rank, other
+    return None
+
+
 @check(Scope.TRAINING, "replicas_differ",
-       "under data parallelism, a rank's replicated weights differ from rank 0's (their sum or sum of squares, "
-       f"beyond {REPLICA_TOLERANCE:g} relative; FSDP2's shards are not compared) (a Watch)",
+       "under data parallelism, a rank's replicated weights differ from rank 0's, or (FSDP2 replicating over a mesh "
+       "dimension, HSDP) its local shards from those of the first rank of its replica group (their sum or sum of "
+       f"squares, beyond {REPLICA_TOLERANCE:g} relative; shards that differ by design are not compared) (a Watch)",
        "invariant of DDP: every rank starts from the same weights and applies the same averaged gradient with the "
        "same optimizer, so the replicas stay equal to the bit (TrainCheck, OSDI'25: BLOOM-176B's LayerNorm "
-       "weights drifted apart when gradient clipping ran on one rank only)",
+       "weights drifted apart when gradient clipping ran on one rank only); under HSDP the ranks that hold the same "
+       "shard are replicas of it",
        "the ranks train different models: a step, a clipping or an update made on some ranks only, or weights "
        "loaded or changed on one rank", Cause.TRAINING_LOOP, direct=True,
        advice=phrase("make every rank run the same step on the same gradients: clip, scale and step on all ranks "
@@ -377,11 +393,18 @@ def _first_apart(rows: list[dict], *columns: str) -> Optional[int]:
 def _replicas_differ(history: Sequence[dict], entry: dict) -> list[Finding]:
     rows = _ranks(entry)
     rank = _first_apart(rows, "weights_sum", "weights_square") if rows else None
-    if rank is None:
+    if rank is not None:
+        return [finding(Level.ERROR, None, None, float(rank),
+                        phrase("rank {rank}'s weights differ from rank 0's: Σw² {value:.9g} against {reference:.9g}",
+                               rank=rank, value=rows[rank]["weights_square"], reference=rows[0]["weights_square"]))]
+    apart = _shards_apart(rows) if rows else None
+    if apart is None:
         return []
+    rank, other = apart
     return [finding(Level.ERROR, None, None, float(rank),
-                    phrase("rank {rank}'s weights differ from rank 0's: Σw² {value:.9g} against {reference:.9g}",
-                           rank=rank, value=rows[rank]["weights_square"], reference=rows[0]["weights_square"]))]
+                    phrase("rank {rank}'s replicated shards differ from rank {other}'s, a replica of them: Σw² "
+                           "{value:.9g} against {reference:.9g}", rank=rank, other=other,
+                           value=rows[rank]["shards_square"], reference=rows[other]["shards_square"]))]
 
 
 @check(Scope.TRAINING, "gradients_not_averaged",

@@ -24,9 +24,10 @@ from torch import nn
 
 # The columns of a rank's fingerprint (one all_gather per record): what every rank of a data-parallel run must share
 # (the replicated weights after a step, the averaged gradients after a synchronised backward, the learning rate,
-# the step, the loss scale) and what each must not (its batch)
+# the step, the loss scale) and what each must not (its batch); and the local shards of FSDP2's parameters that a
+# mesh dimension replicates (HSDP), equal between the ranks of one replica group
 FINGERPRINT = ("weights_sum", "weights_square", "grads_sum", "grads_square", "batch_sum", "batch_weighted", "lr",
-               "step", "loss_scale", "synchronised")
+               "step", "loss_scale", "synchronised", "shards_sum", "shards_square", "replica_group")
 
 ESTIMATED = ("median token size", "massive-activation ratio", "dead FFN's flat-region share", "residual identity")
 SUMMED_MOMENTS, MIN_MOMENT, MAX_MOMENT = [0, 1, 2], 3, 4  # columns of tensor_moments' output
@@ -92,6 +93,39 @@ def _replicated(model: nn.Module) -> list[torch.Tensor]:
     return [p for p in model.parameters() if p.requires_grad and not is_shard(p)]
 
 
+def _distributed_tensor(parameter: torch.Tensor):
+    """The DTensor behind a parameter FSDP2 manages (the parameter itself, or its data), or None."""
+    return next((t for t in (parameter, parameter.data) if hasattr(t, "placements") and hasattr(t, "device_mesh")),
+                None)
+
+
+def _replicated_shards(model: nn.Module) -> tuple[list[torch.Tensor], Optional[int]]:
+    """The local shards of the trainable DTensors that some mesh dimension replicates (HSDP: Replicate() on the
+    replica dimension, Shard on the other), and this rank's replica group: the index of its coordinates on the
+    mesh dimensions that shard, so that two ranks of one group must hold equal shards. Only the parameters laid out
+    like the first such one are taken (one mesh, the same dimensions replicated); FSDP2 alone (Shard on every
+    dimension) gives none."""
+    shards, layout, group = [], None, None
+    for parameter in model.parameters():
+        tensor = _distributed_tensor(parameter) if parameter.requires_grad else None
+        if tensor is None:
+            continue
+        replicated = tuple(i for i, placement in enumerate(tensor.placements) if placement.is_replicate())
+        coordinate = tensor.device_mesh.get_coordinate()
+        if not replicated or coordinate is None:
+            continue
+        if layout is None:
+            layout = (tensor.device_mesh, replicated)
+            sharding = [i for i in range(tensor.device_mesh.ndim) if i not in replicated]
+            shape = tensor.device_mesh.shape
+            group = 0
+            for dimension in sharding:
+                group = group * shape[dimension] + coordinate[dimension]
+        if (tensor.device_mesh, replicated) == layout:
+            shards.append(tensor.to_local())
+    return shards, group
+
+
 def _sums(tensors: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
     if not tensors:
         nan = torch.full((), float("nan"), dtype=torch.float64, device=device)
@@ -103,9 +137,12 @@ def _sums(tensors: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tens
 def fingerprint(model: nn.Module, ids: Optional[torch.Tensor], lr: Optional[float], step: int,
                 loss_scale: Optional[torch.Tensor], synchronised: Optional[bool], device) -> torch.Tensor:
     """This rank's row of FINGERPRINT, float64 on the device: sums of the replicated weights and of their gradients,
-    two sums of the batch's ids (plain and weighted by position, so a reordering shows), and the settings."""
+    two sums of the batch's ids (plain and weighted by position, so a reordering shows), the settings, and the sums
+    of the replicated shards with their replica group."""
     parameters = _replicated(model)
     weights = _sums(parameters, device)
+    shards, group = _replicated_shards(model)
+    shard_sums = _sums(shards, device)
     grads = _sums([p.grad for p in parameters if p.grad is not None], device)
     nan = torch.full((), float("nan"), dtype=torch.float64, device=device)
     if ids is not None:
@@ -118,7 +155,8 @@ def fingerprint(model: nn.Module, ids: Optional[torch.Tensor], lr: Optional[floa
     scale = loss_scale.to(device).double() if loss_scale is not None else nan
     values = [*weights, *grads, *batch, torch.tensor(settings[0], dtype=torch.float64, device=device),
               torch.tensor(settings[1], dtype=torch.float64, device=device), scale,
-              torch.tensor(settings[2], dtype=torch.float64, device=device)]
+              torch.tensor(settings[2], dtype=torch.float64, device=device), *shard_sums,
+              torch.tensor(float("nan") if group is None else float(group), dtype=torch.float64, device=device)]
     return torch.stack([v.reshape(()) for v in values])
 
 
