@@ -142,7 +142,7 @@ def _errors(record: dict) -> set:
 # --- the invariants of data parallelism, each on both sides -----------------------------------------------------
 
 SCENARIOS = ("healthy", "clip-on-one-rank", "same-batch", "lr-on-one-rank", "hook-skips-all-reduce",
-             "no-sync-accumulation", "no-causal-mask")
+             "no-sync-accumulation", "no-causal-mask", "adam-healthy", "adam-state-changed-on-one-rank")
 EPOCH_SCENARIOS = ("sampler-without-set-epoch", "sampler-with-set-epoch", "zero-sharded-state")
 HSDP_SCENARIOS = ("hsdp-healthy", "hsdp-shard-changed-on-one-rank")
 EPOCHS, SEQUENCES = 3, 16  # 16 sequences over 2 ranks, 2 a step: 4 steps an epoch
@@ -161,7 +161,8 @@ def _scenario(name: str, rank: int, directory: str) -> None:
     if name == "hook-skips-all-reduce":
         model.register_comm_hook(None, _skip_all_reduce)
     lr = 0.5 if name == "lr-on-one-rank" and rank == 1 else 0.05
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3) if name.startswith("adam") \
+        else torch.optim.SGD(model.parameters(), lr=lr)
     watch = Watch(model, f"{directory}/{name}.jsonl", every=EVERY, optimizer=optimizer)
     share = BATCH // 2
     for step in range(STEPS):
@@ -177,6 +178,8 @@ def _scenario(name: str, rank: int, directory: str) -> None:
         if name == "clip-on-one-rank" and rank == 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
         optimizer.step()
+        if name == "adam-state-changed-on-one-rank" and rank == 1 and step == 1:  # after the step: the weights still
+            optimizer.state[model.module.ln_f.weight]["exp_avg_sq"].mul_(4)  # agree at the next record, the state not
     watch.close()
 
 
@@ -271,6 +274,7 @@ DATA_PARALLEL = {"replicas_differ", "gradients_not_averaged", "same_batch_on_ran
     ("clip-on-one-rank", {"replicas_differ"}), ("same-batch", {"same_batch_on_ranks"}),
     ("lr-on-one-rank", {"ranks_step_apart", "replicas_differ"}),
     ("hook-skips-all-reduce", {"gradients_not_averaged", "replicas_differ"}),
+    ("adam-healthy", set()), ("adam-state-changed-on-one-rank", {"replicas_differ"}),
 ])
 def test_the_invariants_of_data_parallelism(scenarios, name, expected):
     """Each broken loop found by its invariant (the first record already says what differs at step 0; weights part
@@ -278,6 +282,18 @@ def test_the_invariants_of_data_parallelism(scenarios, name, expected):
     found = {f["name"] for record in scenarios[name] for f in record["flags"] if f["level"] == "error"} & DATA_PARALLEL
     assert found == expected
     assert len(scenarios[name][0]["replicas"]) == 2
+
+
+def test_a_rank_whose_optimizer_state_parts_is_found_before_its_weights_do(scenarios):
+    """Adam's moments changed on rank 1 after a step: at the next record its weights still equal rank 0's, its
+    optimizer state does not (the invariant 'the same optimizer state where it is replicated')."""
+    record = scenarios["adam-state-changed-on-one-rank"][1]
+    rows = record["replicas"]
+    assert rows[0]["weights_square"] == rows[1]["weights_square"] and rows[0]["state_held"] == rows[1]["state_held"] > 0
+    said = next(f for f in record["flags"] if f["name"] == "replicas_differ")
+    assert said["detail"].startswith("rank 1's optimizer state differs from rank 0's")
+    zero = scenarios["zero-sharded-state"]  # ZeRO's state is the ranks' shards: not compared (its test below)
+    assert not any(f["name"] == "replicas_differ" for r in zero for f in r["flags"])
 
 
 def test_hsdp_replicated_shards_are_compared_within_their_replica_group(scenarios):

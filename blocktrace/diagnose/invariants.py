@@ -379,9 +379,11 @@ def _shards_apart(rows: list[dict]) -> Optional[tuple[int, int]]:
 
 
 @check(Scope.TRAINING, "replicas_differ",
-       "under data parallelism, a rank's replicated weights differ from rank 0's, or (FSDP2 replicating over a mesh "
-       "dimension, HSDP) its local shards from those of the first rank of its replica group (their sum or sum of "
-       f"squares, beyond {REPLICA_TOLERANCE:g} relative; shards that differ by design are not compared) (a Watch)",
+       "under data parallelism, a rank's replicated weights differ from rank 0's, or its optimizer's state of them "
+       "where every rank holds the same parameters' state, or (FSDP2 replicating over a mesh dimension, HSDP) its "
+       "local shards from those of the first rank of its replica group (their sum or sum of squares, beyond "
+       f"{REPLICA_TOLERANCE:g} relative; shards and state that differ by design, as ZeRO's, are not compared) "
+       "(a Watch)",
        "invariant of DDP: every rank starts from the same weights and applies the same averaged gradient with the "
        "same optimizer, so the replicas stay equal to the bit (TrainCheck, OSDI'25: BLOOM-176B's LayerNorm "
        "weights drifted apart when gradient clipping ran on one rank only); under HSDP the ranks that hold the same "
@@ -397,6 +399,13 @@ def _replicas_differ(history: Sequence[dict], entry: dict) -> list[Finding]:
         return [finding(Level.ERROR, None, None, float(rank),
                         phrase("rank {rank}'s weights differ from rank 0's: Σw² {value:.9g} against {reference:.9g}",
                                rank=rank, value=rows[rank]["weights_square"], reference=rows[0]["weights_square"]))]
+    if rows and len({row.get("state_held") for row in rows}) == 1:  # the same parameters' state on every rank
+        rank = _first_apart(rows, "state_sum", "state_square")
+        if rank is not None:
+            return [finding(Level.ERROR, None, None, float(rank),
+                            phrase("rank {rank}'s optimizer state differs from rank 0's: Σs² {value:.9g} against "
+                                   "{reference:.9g}", rank=rank, value=rows[rank]["state_square"],
+                                   reference=rows[0]["state_square"]))]
     apart = _shards_apart(rows) if rows else None
     if apart is None:
         return []

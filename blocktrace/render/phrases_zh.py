@@ -153,6 +153,8 @@ PHRASES_ZH = {
     "{before:.4g} to {after:.4g}": "第 {step} 步记录之后的那一步：g·Δw = {predicted} > 0，它的 batch 损失从 {before} 变为 {after}",
     "rank {rank}'s weights differ from rank 0's: Σw² {value:.9g} against {reference:.9g}":
         "rank {rank} 的权重与 rank 0 不同：Σw² 为 {value}，rank 0 为 {reference}",
+    "rank {rank}'s optimizer state differs from rank 0's: Σs² {value:.9g} against {reference:.9g}":
+        "rank {rank} 的优化器状态与 rank 0 不同：Σs² 为 {value}，rank 0 为 {reference}",
     "rank {rank}'s replicated shards differ from rank {other}'s, a replica of them: Σw² {value:.9g} against "
     "{reference:.9g}": "rank {rank} 的复制分片与其副本 rank {other} 的不同：Σw² 为 {value}，rank {other} 为 {reference}",
     "after a synchronised backward, rank {rank}'s gradients differ from rank 0's: Σg² {value:.6g} against "

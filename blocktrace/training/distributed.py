@@ -25,9 +25,11 @@ from torch import nn
 # The columns of a rank's fingerprint (one all_gather per record): what every rank of a data-parallel run must share
 # (the replicated weights after a step, the averaged gradients after a synchronised backward, the learning rate,
 # the step, the loss scale) and what each must not (its batch); and the local shards of FSDP2's parameters that a
-# mesh dimension replicates (HSDP), equal between the ranks of one replica group
+# mesh dimension replicates (HSDP), equal between the ranks of one replica group; and the optimizer's state of the
+# replicated weights, equal where every rank holds the state of the same parameters (ZeRO shards it by design)
 FINGERPRINT = ("weights_sum", "weights_square", "grads_sum", "grads_square", "batch_sum", "batch_weighted", "lr",
-               "step", "loss_scale", "synchronised", "shards_sum", "shards_square", "replica_group")
+               "step", "loss_scale", "synchronised", "shards_sum", "shards_square", "replica_group", "state_sum",
+               "state_square", "state_held")
 
 ESTIMATED = ("median token size", "massive-activation ratio", "dead FFN's flat-region share", "residual identity")
 SUMMED_MOMENTS, MIN_MOMENT, MAX_MOMENT = [0, 1, 2], 3, 4  # columns of tensor_moments' output
@@ -134,15 +136,35 @@ def _sums(tensors: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tens
     return torch.stack([f.sum() for f in flat]).sum(), torch.stack([f.dot(f) for f in flat]).sum()
 
 
+def _optimizer_state(parameters: list[torch.Tensor], optimizer) -> tuple[list[torch.Tensor], float]:
+    """The floating-point state tensors the optimizer holds for these parameters (Adam's moments, SGD's momentum),
+    and which parameters hold state, as one number: the sum of (index + 1)² over them (two ranks holding the state of
+    different parameters, as ZeroRedundancyOptimizer's shards, give different numbers)."""
+    state = getattr(optimizer, "state", None)
+    if not isinstance(state, dict):
+        return [], 0.0
+    tensors, held = [], 0.0
+    for index, parameter in enumerate(parameters):
+        values = state.get(parameter)
+        if not values:
+            continue
+        held += float((index + 1) ** 2)
+        tensors += [v for v in values.values() if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0]
+    return tensors, held
+
+
 def fingerprint(model: nn.Module, ids: Optional[torch.Tensor], lr: Optional[float], step: int,
-                loss_scale: Optional[torch.Tensor], synchronised: Optional[bool], device) -> torch.Tensor:
+                loss_scale: Optional[torch.Tensor], synchronised: Optional[bool], device,
+                optimizer=None) -> torch.Tensor:
     """This rank's row of FINGERPRINT, float64 on the device: sums of the replicated weights and of their gradients,
     two sums of the batch's ids (plain and weighted by position, so a reordering shows), the settings, and the sums
-    of the replicated shards with their replica group."""
+    of the replicated shards with their replica group, and those of the optimizer's state of the replicated weights."""
     parameters = _replicated(model)
     weights = _sums(parameters, device)
     shards, group = _replicated_shards(model)
     shard_sums = _sums(shards, device)
+    state, held = _optimizer_state(parameters, optimizer)
+    state_sums = _sums(state, device)
     grads = _sums([p.grad for p in parameters if p.grad is not None], device)
     nan = torch.full((), float("nan"), dtype=torch.float64, device=device)
     if ids is not None:
@@ -156,7 +178,8 @@ def fingerprint(model: nn.Module, ids: Optional[torch.Tensor], lr: Optional[floa
     values = [*weights, *grads, *batch, torch.tensor(settings[0], dtype=torch.float64, device=device),
               torch.tensor(settings[1], dtype=torch.float64, device=device), scale,
               torch.tensor(settings[2], dtype=torch.float64, device=device), *shard_sums,
-              torch.tensor(float("nan") if group is None else float(group), dtype=torch.float64, device=device)]
+              torch.tensor(float("nan") if group is None else float(group), dtype=torch.float64, device=device),
+              *state_sums, torch.tensor(held, dtype=torch.float64, device=device)]
     return torch.stack([v.reshape(()) for v in values])
 
 

@@ -406,7 +406,7 @@ class Watch:
         if not self.reducer.active or not self.checks:
             return None
         row = fingerprint(_unwrap(self.model), self.batch.ids, self._learning_rate(None), self.count, scale,
-                          self.synchronised, _device(self.blocks[0]))
+                          self.synchronised, _device(self.blocks[0]), self.optimizer)
         self.synchronised = None
         return self.reducer.gathered(row)
 
