@@ -308,6 +308,15 @@ def test_hsdp_replicated_shards_are_compared_within_their_replica_group(scenario
     assert said["detail"].startswith("rank 1's replicated shards differ from rank 0's")
 
 
+def test_under_fsdp2_the_causal_probe_says_it_did_not_run(timelines):
+    """Never silently skipped: each FSDP2 record says why it has no causal probe, and track says it once."""
+    from blocktrace.training.track import record_notes
+
+    assert all(r["probe"]["note"].startswith("causal probe not run under FSDP2") for r in timelines["fsdp2"])
+    assert any(note.startswith("causal probe not run under FSDP2") for note in record_notes(timelines["fsdp2"][0]))
+    assert timelines["ddp"][0]["probe"].get("note") is None
+
+
 def test_fsdp2_shards_alone_are_no_replicas(timelines):
     """FSDP2 over one mesh dimension shards every parameter: no rank holds a replica of another's shard."""
     assert all(math.isnan(float(row["replica_group"])) for record in timelines["fsdp2"] for row in record["replicas"] or [])

@@ -42,6 +42,7 @@ from blocktrace.tracing.assembly import finish
 from blocktrace.tracing.steps import detect_layout
 from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
 from blocktrace.tracing.tracer import is_own_block
+from blocktrace.phrases import phrase
 from blocktrace.training.distributed import Reducer, fingerprint, is_shard, replica_rows, synchronised
 from blocktrace.training.order import DataOrder
 from blocktrace.training.loop import (
@@ -432,8 +433,11 @@ class Watch:
         FSDP2, whose forward gathers shards: a rank whose probe failed would leave the others waiting. A failure is
         kept as a note: the probe never stops training."""
         batch = self.batch
-        if not self.checks or _sharded(self.model):
+        if not self.checks:
             return None
+        if _sharded(self.model):
+            return {"note": phrase("causal probe not run under FSDP2: a forward between backward() and "
+                                   "optimizer.step() changes what FSDP2 trains (docs/track.md)")}
         seen = batch.ids is not None and batch.vocab is not None
         found, leak, note = {"causal_model": causal_model(_unwrap(self.model))}, None, None
         if seen:
