@@ -18,7 +18,8 @@ from blocktrace.config import BlockConfig
 from blocktrace.host import to_host
 from blocktrace.model.block import TransformerBlock
 from blocktrace.tracing.tracer import trace
-from blocktrace.training.watch import Watch, rounded_to
+from blocktrace.training.settings import rounded_to
+from blocktrace.training.watch import Watch
 from blocktrace.vocab import FFNKind, Norm, Placement
 
 SYNC_OPERATORS = ("aten::_local_scalar_dense", "aten::equal", "aten::nonzero", "aten::masked_select")

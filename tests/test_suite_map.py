@@ -47,6 +47,17 @@ TESTED_IN = {
     "tracing/steps.py": (["test_userblock.py", "test_hf_layers.py"], "where a block's steps live, found unnamed"),
     "tracing/tap.py": (["test_watch.py"], "a block inside someone else's forward, sdpa's attention"),
     "training/loop.py": (["test_invariants.py"], "what the Watch measures of the loop itself"),
+    "training/arguments.py": (["test_watch.py", "test_watch_robust.py"], "the Watch's arguments refused by name, "
+                              "step()'s loss and lr taken, start= and append= continuing a timeline"),
+    "training/blocks.py": (["test_watch.py", "test_distributed.py"], "the blocks found inside wrappers, FSDP2's shards"),
+    "training/batch.py": (["test_watch.py", "test_forward_inputs.py", "test_invariants.py"], "the recorded batch: "
+                          "repeated, targets by name or position, shifted or not"),
+    "training/probing.py": (["test_probes.py", "test_distributed.py"], "the causal probe in one process and across "
+                            "ranks, refused under FSDP2"),
+    "training/judging.py": (["test_watch.py", "test_rollback.py"], "a record's flags and diagnosis, the rollback "
+                            "warning at the first error"),
+    "training/settings.py": (["test_host.py"], "eps as float16 and bfloat16 store it, computed on the host"),
+    "training/tensorboard.py": (["test_watch.py"], "records as scalars in a SummaryWriter"),
     "training/schema.py": (["test_fuzz_files.py", "test_hostile_inputs.py"], "every field of a timeline record "
                            "replaced by anything"),
 }

@@ -19,157 +19,29 @@ and only rank 0 writes.
 
 from __future__ import annotations
 
-import inspect
-import math
-import numbers
-import struct
 import warnings
-from os import PathLike
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Optional, Union
 
 import torch
 from torch import nn
 
-from blocktrace.diagnose.diagnosis import Context, conclude
-from blocktrace.diagnose.dynamics import judge
-from blocktrace.diagnose.grad import GradientReport
-from blocktrace.diagnose.health import ModelEvidence, evaluate
 from blocktrace.diagnose.history import History
-from blocktrace.diagnose.weights import movement, snapshot, weight_moments, weight_summary
-from blocktrace.errors import UsageError
+from blocktrace.diagnose.weights import movement, snapshot, weight_moments
 from blocktrace.tracing.assembly import finish
-from blocktrace.tracing.steps import detect_layout
 from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
-from blocktrace.tracing.tracer import is_own_block
-from blocktrace.phrases import phrase
-from blocktrace.training.distributed import Reducer, fingerprint, is_shard, replica_rows, synchronised
+from blocktrace.training.arguments import Blocks, check_arguments, first_step, scalar_argument
+from blocktrace.training.batch import Batch, input_ids, shifts_labels, targets_position, with_order
+from blocktrace.training.blocks import device_of, find_blocks, is_trainable, unwrap
+from blocktrace.training.distributed import Reducer, fingerprint, replica_rows, synchronised
+from blocktrace.training.judging import FIRST_ERROR_WARNING, Rollback, judge_record
+from blocktrace.training.loop import Descent, LoopObserver, RandomState, grad_norm, logits_of, loss_checks, loss_of
 from blocktrace.training.order import DataOrder
-from blocktrace.training.loop import (
-    Descent,
-    ForwardCall,
-    LoopObserver,
-    RandomState,
-    causal_model,
-    grad_norm,
-    input_evidence,
-    logits_of,
-    loss_checks,
-    loss_of,
-    probe_causality,
-    target_match,
-)
-from blocktrace.training.rollback import healthy
-from blocktrace.training.timeline import TimelineWriter, diagnosis_entries, flag_entries, layer_entry, record
-from blocktrace.vocab import Level
+from blocktrace.training.probing import causal_probe
+from blocktrace.training.tensorboard import open_tensorboard, write_scalars
+from blocktrace.training.timeline import TimelineWriter, layer_entry, record
 
-Blocks = Union[None, str, Sequence[nn.Module]]
-
-
-def _sharded(model: nn.Module) -> bool:
-    """Whether FSDP2 shards some parameter: its forward gathers the shards, a collective."""
-    return any(is_shard(p) for p in model.parameters())
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The model inside DistributedDataParallel / DataParallel wrappers."""
-    while isinstance(getattr(model, "module", None), nn.Module):
-        model = model.module
-    return model
-
-
-def _known(block: nn.Module) -> bool:
-    if is_own_block(block):
-        return True
-    try:
-        detect_layout(block)
-        return True
-    except UsageError:
-        return False
-
-
-def _first_step(writer: Optional[TimelineWriter], start: Optional[int]) -> int:
-    """The step of the first forward: start=, else the step after the last record of the timeline continued
-    (append=True), else 0. A start that would repeat a step the timeline holds is refused."""
-    last = writer.last_step if writer is not None else None
-    if start is None:
-        return 0 if last is None else last + 1
-    if last is not None and start <= last:
-        raise UsageError(f"start={start} would repeat step {start} of {writer.path}, which holds steps up to {last}: "
-                         f"give start={last + 1} or more (or leave start out to continue from there)")
-    return start
-
-
-def _is_integer(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_arguments(model, path, every, start, blocks, optimizer, tensorboard, **flags) -> None:
-    """Wrong types are refused with one UsageError naming the argument (never an AttributeError deep inside)."""
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"Watch needs the torch.nn.Module being trained, not {type(model).__name__}")
-    if not isinstance(path, (str, PathLike)):
-        raise UsageError(f"path must be the timeline file's path (a str or Path), not {type(path).__name__}")
-    if not _is_integer(every) or every < 1:
-        raise UsageError(f"every must be a positive integer, not {every!r}")
-    if start is not None and (not _is_integer(start) or start < 0):
-        raise UsageError(f"start must be a training step (an integer ≥ 0), not {start!r}")
-    if not (blocks is None or isinstance(blocks, str) or
-            (isinstance(blocks, (list, tuple, nn.ModuleList)) and blocks and
-             all(isinstance(block, nn.Module) for block in blocks))):
-        raise UsageError("blocks must be None (found by the Watch), the dotted path of the ModuleList holding "
-                         f"them, or a non-empty list of modules; not {blocks!r:.80}")
-    if optimizer is not None and not isinstance(getattr(optimizer, "param_groups", None), list):
-        raise UsageError(f"optimizer must be a torch optimizer (with param_groups), not {type(optimizer).__name__}")
-    if not (tensorboard is None or hasattr(tensorboard, "add_scalar") or isinstance(tensorboard, (str, PathLike))):
-        raise UsageError("tensorboard must be a SummaryWriter (anything with add_scalar) or a log directory, "
-                         f"not {type(tensorboard).__name__}")
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise UsageError(f"{name} must be True or False, not {value!r:.80}")
-
-
-def _scalar(name: str, value) -> tuple[Any, Optional[str]]:
-    """step()'s loss or lr as the record takes it, and what was wrong with it (None: nothing). A number of any real
-    type (numpy's too) or a one-element tensor is taken as it is; a tensor of several floating elements (the
-    per-device losses nn.DataParallel gathers) as its mean; anything else as not given (the model output's own
-    loss, the optimizer's lr, are then taken where there are ones). Never raises: step() runs inside the loop."""
-    if value is None or (isinstance(value, numbers.Real) and not isinstance(value, bool)):
-        return (None if value is None else float(value)), None
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value, None
-    if isinstance(value, torch.Tensor) and value.numel() > 1 and value.is_floating_point():
-        return value.detach().mean(), f"{name} of shape {list(value.shape)} recorded as its mean"
-    shape = f" of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else ""
-    return None, (f"{name} must be a number or a one-element tensor (or None), not {type(value).__name__}{shape}: "
-                  "ignored, as if not given")
-
-
-def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[nn.Module]:
-    """The model's Transformer blocks: the ones named (a list, or a dotted path to a ModuleList), else the
-    longest ModuleList whose modules blocktrace knows (HF GPT-2 / BERT / Llama-family layers, nanoGPT's Block,
-    blocktrace's own)."""
-    model = _unwrap(model)
-    if isinstance(blocks, str):
-        try:
-            found = model.get_submodule(blocks)
-        except AttributeError:
-            raise UsageError(f"the model has no submodule {blocks!r} holding its blocks") from None
-        if not isinstance(found, (nn.ModuleList, nn.Sequential)) or not len(found):
-            raise UsageError(f"{blocks!r} is a {type(found).__name__}, not a list of blocks: give the path of the "
-                             "ModuleList holding them (e.g. 'transformer.h' or 'model.layers')")
-        return list(found)
-    if blocks is not None:
-        return list(blocks)
-    candidates = [list(module) for module in model.modules()
-                  if isinstance(module, nn.ModuleList) and len(module) and _known(module[0])]
-    if not candidates:
-        raise UsageError(f"cannot find the Transformer blocks of {type(model).__name__}: pass blocks= (a list of "
-                         "modules, or the path of the ModuleList holding them, e.g. 'transformer.h')")
-    return max(candidates, key=len)
-
-
-FIRST_ERROR_WARNING = "blocktrace.Watch: first error at step"  # the rollback warning's opening words
+__all__ = ["FIRST_ERROR_WARNING", "Watch", "find_blocks"]
 
 
 class Watch:
@@ -179,7 +51,7 @@ class Watch:
                  optimizer: Optional[torch.optim.Optimizer] = None, tensorboard=None, checks: bool = True,
                  track_updates: bool = True, start: Optional[int] = None, append: bool = False,
                  overwrite: bool = False):
-        _check_arguments(model, path, every, start, blocks, optimizer, tensorboard,
+        check_arguments(model, path, every, start, blocks, optimizer, tensorboard,
                          checks=checks, track_updates=track_updates, append=append, overwrite=overwrite)
         self.model, self.every, self.optimizer = model, every, optimizer
         self.blocks = find_blocks(model, blocks)
@@ -187,10 +59,10 @@ class Watch:
         self.taps = [BlockTap(block, checks=checks, when=torch.is_grad_enabled) for block in self.blocks]
         self.track_updates, self.checks = track_updates, checks
         self.reducer = Reducer()
-        self.tensorboard = _tensorboard(tensorboard) if self.reducer.is_writer else None
+        self.tensorboard = open_tensorboard(tensorboard) if self.reducer.is_writer else None
         self.writer = TimelineWriter(Path(path), append, overwrite) if self.reducer.is_writer else None
         try:  # the training step of the next forward (a resumed run's is past 0: start=, or the step after the last
-            self.count = _first_step(self.writer, start)  # one the timeline holds)
+            self.count = first_step(self.writer, start)  # one the timeline holds)
         except BaseException:
             if self.writer is not None:
                 self.writer.close()  # its lock too: the same file may be given again, rightly
@@ -200,14 +72,13 @@ class Watch:
         self.armed = None  # the context that measures sdpa attention during a recording forward
         self.warned_no_gradients = False
         self.warned_arguments: set[str] = set()  # step()'s arguments already said to be unusable
-        self.last_healthy: Optional[int] = None  # the last record's step that raised no warning or error
-        self.trouble_seen = False
+        self.rollback = Rollback()  # the last healthy record, and the step to roll back to at the first error
         self.captured_loss: Optional[torch.Tensor] = None
         self.captured_graph: Optional[torch.Tensor] = None  # the model's loss as returned, its graph attached
         self.random_state: Optional[RandomState] = None  # at the recording step's training forward
         self.synchronised: Optional[bool] = None  # whether the recorded forward's backward averages gradients (DDP)
-        self.batch = Batch(_shifts_labels(_unwrap(model)), _targets_position(_unwrap(model)))
-        self.loop = LoopObserver(_unwrap(model), optimizer)
+        self.batch = Batch(shifts_labels(unwrap(model)), targets_position(unwrap(model)))
+        self.loop = LoopObserver(unwrap(model), optimizer)
         # the records before, for the dynamics (diagnose/dynamics.py): the first (trends start there) and the last few
         self.history = History()
         self.order = DataOrder()  # every training step's batch, to tell an order that repeats (training/order.py)
@@ -241,7 +112,7 @@ class Watch:
         """Before the recording step's training forward: the random state its dropout draws from (the descent
         probe replays the forward with it)."""
         if torch.is_grad_enabled() and self.batch.ids is None and self.random_state is None:
-            self.random_state = RandomState.now(_device(self.blocks[0]))
+            self.random_state = RandomState.now(device_of(self.blocks[0]))
 
     def _see_order(self, module, args, kwargs) -> None:
         """Every training forward (with gradients): the first of each step gives the step's batch key."""
@@ -298,7 +169,7 @@ class Watch:
 
     def _taken(self, name: str, value):
         """An argument of step() as the record takes it; what was wrong with it warned once per argument."""
-        value, problem = _scalar(name, value)
+        value, problem = scalar_argument(name, value)
         if problem is not None and name not in self.warned_arguments:
             self.warned_arguments.add(name)
             warnings.warn(f"blocktrace.Watch: watch.step(): {problem} (said once); training goes on", RuntimeWarning,
@@ -353,23 +224,24 @@ class Watch:
         for t in traces:
             t.notes += self.reducer.note()
         layers = [dict(layer_entry(index, t, host["grads"][index], weights[index]),
-                       trainable=_trainable(self.blocks[index])) for index, t in zip(present, traces)]
+                       trainable=is_trainable(self.blocks[index])) for index, t in zip(present, traces)]
         entry = record(self.count, "watch", layers, [], [], loss=host["loss"], lr=self._learning_rate(lr),
                        grad_norm=host["model_grad"],
                        extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab,
-                              "data": _with_order(host["data"], self.order.report(host["order"])),
-                              "model": type(_unwrap(self.model)).__name__,
+                              "data": with_order(host["data"], self.order.report(host["order"])),
+                              "model": type(unwrap(self.model)).__name__,
                               "width": traces[0].input.shape[-1] if traces else None,
                               "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
                               "loop": host["loop"], "probe": host["probe"],
                               "replicas": replica_rows(host["replicas"]),
                               "blocks": self._blocks_seen(present, host["grads"])})
-        self._judge(entry, traces, host)
-        self._name_rollback(entry)
+        judge_record(entry, traces, host, self.history, self.checks, self.blocks, self.optimizer)
+        self.rollback.name(entry)
         self.history.add(entry)
         if self.writer is not None:
             self.writer.write(entry)
-            self._to_tensorboard(entry)
+            if self.tensorboard is not None:
+                write_scalars(self.tensorboard, entry)
         return entry
 
     def _measure(self, loss) -> tuple[list[int], list, list, dict]:
@@ -395,7 +267,9 @@ class Watch:
                     "loop": self.loop.evidence(loss_checks(self.batch.logits, self.batch.targets,
                                                            checked_loss if isinstance(checked_loss, torch.Tensor)
                                                            else None, graph) if self.checks else {}),
-                    "probe": self._probe(), "data": self.batch.report(self.loop.trained),
+                    "probe": causal_probe(self.model, self.batch, self.reducer, device_of(self.blocks[0]))
+                    if self.checks else None,
+                    "data": self.batch.report(self.loop.trained),
                     "order": self.order.take(),
                     "weights": [weight_moments(block) for block in self.blocks] if self.checks else None}
         measured["replicas"] = replicas
@@ -406,15 +280,15 @@ class Watch:
         """Every rank's fingerprint (training/distributed.py), gathered in one collective; None in one process."""
         if not self.reducer.active or not self.checks:
             return None
-        row = fingerprint(_unwrap(self.model), self.batch.ids, self._learning_rate(None), self.count, scale,
-                          self.synchronised, _device(self.blocks[0]), self.optimizer)
+        row = fingerprint(unwrap(self.model), self.batch.ids, self._learning_rate(None), self.count, scale,
+                          self.synchronised, device_of(self.blocks[0]), self.optimizer)
         self.synchronised = None
         return self.reducer.gathered(row)
 
     def _blocks_seen(self, present: list[int], grads: list) -> dict:
         """Every block, traced or not: how many there are, how many ran with gradients enabled in the recorded
         forward (traced), how many are trainable, and how many trainable ones got no gradient at all."""
-        trainable = [_trainable(block) for block in self.blocks]
+        trainable = [is_trainable(block) for block in self.blocks]
         return {"count": len(self.blocks), "traced": len(present), "trainable": sum(trainable),
                 "without_gradient": sum(1 for wanted, g in zip(trainable, grads) if wanted and g is None)}
 
@@ -427,78 +301,12 @@ class Watch:
             return None
         return Descent(self.count, batch.call, self.random_state, self.captured_loss.double().reshape(()))
 
-    def _probe(self) -> Optional[dict]:
-        """The causal probe on the recorded batch's first sequence; under DDP on every rank's own copy (the
-        unwrapped module: no collective inside), its largest leak and its failures gathered to rank 0. Not under
-        FSDP2, whose forward gathers shards: a rank whose probe failed would leave the others waiting. A failure is
-        kept as a note: the probe never stops training."""
-        batch = self.batch
-        if not self.checks:
-            return None
-        if _sharded(self.model):
-            return {"note": phrase("causal probe not run under FSDP2: a forward between backward() and "
-                                   "optimizer.step() changes what FSDP2 trains (docs/track.md)")}
-        seen = batch.ids is not None and batch.vocab is not None
-        found, leak, note = {"causal_model": causal_model(_unwrap(self.model))}, None, None
-        if seen:
-            try:
-                leak = probe_causality(_unwrap(self.model), batch.call, batch.ids, batch.vocab)
-            except Exception as error:  # the model may want more than its ids: say so, and go on
-                note = f"causal probe not run: {type(error).__name__}: {error}"[:200]
-        if self.reducer.active:  # every rank reaches these collectives, whatever its probe did
-            return {**found, **self._probe_across_ranks(leak, note, seen)}
-        if not seen:
-            return None
-        return {**found, **(leak or {}), **({"note": note} if note else {})}
-
-    def _probe_across_ranks(self, leak: Optional[dict], note: Optional[str], seen: bool) -> dict:
-        """The largest leak over the ranks, and how many ranks could not run the probe (said by rank 0)."""
-        device = _device(self.blocks[0])
-        value = leak["future_leak"].double().to(device) if leak else torch.full((), -1.0, dtype=torch.float64,
-                                                                                  device=device)
-        failed = self.reducer.summed(torch.tensor(0.0 if leak or not seen else 1.0, dtype=torch.float64,
-                                                  device=device))
-        largest = self.reducer.largest(value)
-        result = {"future_leak": torch.where(largest >= 0, largest, torch.full_like(largest, float("nan"))),
-                  "leak_position": leak["leak_position"] if leak else None, "ranks_failed": failed}
-        if note:
-            result["note"] = note  # rank 0's own; ranks_failed counts every rank's
-        return result
-
-    def _judge(self, entry: dict, traces: list, host: dict) -> None:
-        """The record's findings — the blocks' checks and the dynamics against the records before — concluded."""
-        context = Context(post_norm=any(t.wiring.stream_normalised for t in traces), step=self.count)
-        scale = (host.get("loop") or {}).get("loss_scale")
-        findings = self._findings(traces, host["grads"], host["weights"], isinstance(scale, float) and scale > 1)
-        if self.checks:
-            findings += judge(self.history, entry)
-        found = conclude(findings, context)
-        entry["flags"] = flag_entries([f.to_dict() for f in found.flags])
-        entry["diagnosis"] = diagnosis_entries(found.diagnosis)
-
-    def _name_rollback(self, entry: dict) -> None:
-        """At the first record with an error: the step to roll back to (training/rollback.py), in the record and in
-        one warning, since a loop may run for hours past it."""
-        if healthy(entry):
-            self.last_healthy = entry["step"]
-            return
-        errors = [f for f in entry["flags"] if f["level"] == Level.ERROR.value]
-        if self.trouble_seen or not errors:
-            return
-        self.trouble_seen = True
-        entry["rollback"] = self.last_healthy
-        where = (f"the last healthy record is step {self.last_healthy}: roll back to the last checkpoint saved at or "
-                 "before it" if self.last_healthy is not None else "no record before it was healthy: the run was "
-                 "broken from its start")
-        warnings.warn(f"{FIRST_ERROR_WARNING} {entry['step']} ({errors[0]['name']}: "
-                      f"{errors[0]['detail']}); {where}", RuntimeWarning, stacklevel=4)
-
     def _loss(self, loss) -> Optional[torch.Tensor]:
         """The loss as a device scalar, averaged over the ranks."""
         if loss is None:
             return None
         if not isinstance(loss, torch.Tensor):
-            loss = torch.full((), float(loss), dtype=torch.float64, device=_device(self.blocks[0]))
+            loss = torch.full((), float(loss), dtype=torch.float64, device=device_of(self.blocks[0]))
         return self.reducer.mean(loss.detach().reshape(()).double())
 
     def _warn_if_called_before_backward(self, grads: list) -> None:
@@ -511,168 +319,7 @@ class Watch:
                       "require them: call watch.step() after loss.backward() and before optimizer.step() and "
                       "zero_grad() (gradient norms are recorded as null until then)", RuntimeWarning, stacklevel=3)
 
-    def _findings(self, traces: list, grads: list, weights: Optional[list], loss_scaled: bool = False) -> list:
-        if not traces or not self.checks:
-            return []
-        gradients = GradientReport(loss=float("nan"), batches=1, step_norms=[{"parameters": g} for g in grads
-                                                                             if g is not None], weight_norms=[],
-                                   loss_scaled=loss_scaled)
-        evidence = ModelEvidence(weights=[weight_summary(w) for w in weights], n_layers=len(traces),
-                                 step=self.count, stored_dtype=_stored_dtype(self.blocks[0]),
-                                 optimizer=optimizer_settings(self.optimizer), in_training=True)
-        return evaluate(traces, gradients, evidence)
 
-    def _to_tensorboard(self, entry: dict) -> None:
-        if self.tensorboard is None:
-            return
-        step = entry["step"]
-        for key in ("loss", "lr", "grad_norm"):
-            if entry[key] is not None:
-                self.tensorboard.add_scalar(f"blocktrace/{key}", entry[key], step)
-        for layer in entry["layers"]:
-            for key in ("rms", "max_logit", "min_entropy", "grad_norm"):
-                if layer[key] is not None:
-                    self.tensorboard.add_scalar(f"blocktrace/layer{layer['layer']}/{key}", layer[key], step)
-
-
-STORED_DTYPES = {torch.float16: "F16", torch.bfloat16: "BF16"}  # safetensors' names, as checkpoints say
-
-
-def _stored_dtype(block: nn.Module) -> str:
-    parameter = next(block.parameters(), None)
-    return STORED_DTYPES.get(parameter.dtype, "F32") if parameter is not None else "F32"
-
-
-def optimizer_settings(optimizer) -> list[dict]:
-    """Per parameter group and parameter dtype: the group's eps and what it becomes in that dtype."""
-    if optimizer is None:
-        return []
-    settings = []
-    for group in optimizer.param_groups:
-        eps = group.get("eps")
-        if not isinstance(eps, (int, float)):
-            continue
-        for dtype in {p.dtype for p in group["params"] if p.is_floating_point()}:
-            settings.append({"dtype": str(dtype).replace("torch.", ""), "eps": float(eps),
-                             "eps_in_dtype": rounded_to(float(eps), dtype)})
-    return settings
-
-
-def rounded_to(value: float, dtype: torch.dtype) -> float:
-    """`value` as `dtype` stores it, computed on the host (a tensor's .item() would count as a read)."""
-    if dtype not in (torch.float16, torch.float32, torch.bfloat16):
-        return value
-    try:
-        if dtype == torch.float16:
-            return struct.unpack("e", struct.pack("e", value))[0]
-        single = struct.unpack("f", struct.pack("f", value))[0]
-    except OverflowError:  # past the format's largest value
-        return math.copysign(math.inf, value)
-    if dtype == torch.float32 or not math.isfinite(single):
-        return single
-    bits = struct.unpack("I", struct.pack("f", single))[0]
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # to the nearest bfloat16, ties to even
-    return struct.unpack("f", struct.pack("I", bits))[0]
-
-
-
-
-def _trainable(block: nn.Module) -> bool:
-    """Whether any of the block's parameters requires a gradient (a block frozen on purpose is not judged)."""
-    return any(p.requires_grad for p in block.parameters())
-
-
-# the names a forward gives its targets (nanoGPT's targets, HF's labels, a tutorial's y)
-TARGET_NAMES = frozenset({"targets", "target", "labels", "label", "y", "tgt", "next_tokens"})
-
-
-def _targets_position(model: nn.Module) -> Optional[int]:
-    """Where the forward takes its targets positionally (None: nowhere known). A second integer argument is a
-    target only where the forward names it one: HF's forward(input_ids, attention_mask, …) takes a mask there."""
-    try:
-        parameters = [p for p in inspect.signature(model.forward).parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        return None
-    return next((i for i, p in enumerate(parameters) if p.name in TARGET_NAMES), None)
-
-
-def _shifts_labels(model: nn.Module) -> bool:
-    """HF models take labels equal to the inputs and shift them inside; a hand-written model takes shifted targets."""
-    return type(model).__module__.startswith("transformers.")
-
-
-class Batch:
-    """What a recording forward was given: its input ids (kept, on their device, until the next record, to tell a
-    repeated batch), whether its targets equal its inputs, and the vocabulary its logits span."""
-
-    def __init__(self, shifts_labels: bool, targets_at: Optional[int] = None):
-        self.shifts_labels = shifts_labels
-        self.targets_at = targets_at  # the forward's positional argument that holds the targets, if any
-        self.previous: Optional[torch.Tensor] = None
-        self.ids: Optional[torch.Tensor] = None
-        self.targets: Optional[torch.Tensor] = None
-        self.logits: Optional[torch.Tensor] = None
-        self.call: Optional[ForwardCall] = None  # how the training forward was called
-        self.inputs: dict = {}  # the forward's position ids and attention mask, as device facts (loop.input_evidence)
-        self.vocab: Optional[int] = None
-
-    def see(self, args, kwargs, output) -> None:
-        if self.ids is not None:
-            return  # the first forward of the step is the training batch
-        ids = input_ids(args, kwargs)
-        if ids is None:
-            return  # ids the model takes some other way (a list it converts itself): no batch seen beside them
-        self.ids = ids.detach()
-        self.call = ForwardCall(tuple(args), dict(kwargs), ids)  # the probe calls the model as training did
-        self.inputs = input_evidence(self.ids, kwargs)
-        labels = next((kwargs[name] for name in TARGET_NAMES if isinstance(kwargs.get(name), torch.Tensor)), None)
-        positional = args[self.targets_at] if self.targets_at is not None and self.targets_at < len(args) else None
-        self.targets = labels if labels is not None else (positional if isinstance(positional, torch.Tensor) else None)
-        if self.targets is not None and self.targets.shape != self.ids.shape:
-            self.targets = None  # not a target per position (a class per sequence): nothing to set beside the ids
-        logits = logits_of(output)
-        if logits is not None and logits.is_floating_point():
-            self.logits, self.vocab = logits.detach(), int(logits.shape[-1])
-
-    def report(self, trained: bool = True) -> Optional[dict]:
-        """What the batch seen says, as device values (None when no ids were seen): whether it repeats the last
-        trained batch, whether its targets equal its inputs, how they match them at each shift, the share of
-        targets counted; then forget it. A batch whose output no backward reached (a forward with gradients that
-        was not trained on) is not remembered as the last trained batch."""
-        if self.ids is None:
-            return None
-        found = {"repeated": _same(self.previous, self.ids) if trained else None,
-                 "labels_are_inputs": not self.shifts_labels and _same(self.targets, self.ids),
-                 "shifts_inside": self.shifts_labels,
-                 "language_model": self.ids.max() < self.vocab if self.vocab is not None and self.ids.numel() else None}
-        if self.targets is not None:
-            found.update(target_match(self.ids, self.targets))
-        found.update(self.inputs)
-        if trained:  # a copy: a loop that refills one buffer in place would otherwise compare the batch with itself
-            self.previous = self.ids.clone()
-        self.ids, self.targets, self.logits, self.call, self.inputs = None, None, None, None, {}
-        return found
-
-
-def _with_order(data: Optional[dict], repeats: Optional[dict]) -> Optional[dict]:
-    """The batch's report with the repeated order found (training/order.py), where one was."""
-    return data if repeats is None else {**(data or {}), "order_repeats": repeats}
-
-
-def input_ids(args, kwargs) -> Optional[torch.Tensor]:
-    """A forward's token ids: its input_ids, else its first [batch, T] integer tensor (None: none such)."""
-    tensors = [*args, *kwargs.values()]
-    integers = [t for t in tensors if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dim() == 2]
-    ids = kwargs.get("input_ids", integers[0] if integers else None)
-    return ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point() else None
-
-
-def _same(a: Optional[torch.Tensor], b: torch.Tensor):
-    """Whether two id tensors are equal: False, or a device boolean (torch.equal would wait for the device)."""
-    if a is None or a.shape != b.shape or a.device != b.device:
-        return False
-    return (a == b).all()
 
 
 def _unscaled(norm: Optional[torch.Tensor], scale: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -684,17 +331,3 @@ def _grad_norm(module: nn.Module) -> Optional[torch.Tensor]:
     return grad_norm(module.parameters())
 
 
-def _device(block: nn.Module) -> torch.device:
-    parameter = next(block.parameters(), None)
-    return parameter.device if parameter is not None else torch.device("cpu")
-
-
-def _tensorboard(target):
-    """A TensorBoard writer: an object with add_scalar, or a log directory (needs the tensorboard package)."""
-    if target is None or hasattr(target, "add_scalar"):
-        return target
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise UsageError("tensorboard= needs the tensorboard package: pip install tensorboard") from None
-    return SummaryWriter(str(target))

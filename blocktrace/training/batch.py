@@ -1,0 +1,105 @@
+"""What the Watch sees of a recording forward's batch: its ids, its targets (however the forward takes them), its
+logits' vocabulary, and what they say together (a batch repeated, targets equal to the inputs, how they are shifted)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Optional
+
+import torch
+from torch import nn
+
+from blocktrace.training.loop import ForwardCall, input_evidence, logits_of, target_match
+
+
+# the names a forward gives its targets (nanoGPT's targets, HF's labels, a tutorial's y)
+TARGET_NAMES = frozenset({"targets", "target", "labels", "label", "y", "tgt", "next_tokens"})
+
+
+def targets_position(model: nn.Module) -> Optional[int]:
+    """Where the forward takes its targets positionally (None: nowhere known). A second integer argument is a
+    target only where the forward names it one: HF's forward(input_ids, attention_mask, …) takes a mask there."""
+    try:
+        parameters = [p for p in inspect.signature(model.forward).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return None
+    return next((i for i, p in enumerate(parameters) if p.name in TARGET_NAMES), None)
+
+
+def shifts_labels(model: nn.Module) -> bool:
+    """HF models take labels equal to the inputs and shift them inside; a hand-written model takes shifted targets."""
+    return type(model).__module__.startswith("transformers.")
+
+
+class Batch:
+    """What a recording forward was given: its input ids (kept, on their device, until the next record, to tell a
+    repeated batch), whether its targets equal its inputs, and the vocabulary its logits span."""
+
+    def __init__(self, shifts_labels: bool, targets_at: Optional[int] = None):
+        self.shifts_labels = shifts_labels
+        self.targets_at = targets_at  # the forward's positional argument that holds the targets, if any
+        self.previous: Optional[torch.Tensor] = None
+        self.ids: Optional[torch.Tensor] = None
+        self.targets: Optional[torch.Tensor] = None
+        self.logits: Optional[torch.Tensor] = None
+        self.call: Optional[ForwardCall] = None  # how the training forward was called
+        self.inputs: dict = {}  # the forward's position ids and attention mask, as device facts (loop.input_evidence)
+        self.vocab: Optional[int] = None
+
+    def see(self, args, kwargs, output) -> None:
+        if self.ids is not None:
+            return  # the first forward of the step is the training batch
+        ids = input_ids(args, kwargs)
+        if ids is None:
+            return  # ids the model takes some other way (a list it converts itself): no batch seen beside them
+        self.ids = ids.detach()
+        self.call = ForwardCall(tuple(args), dict(kwargs), ids)  # the probe calls the model as training did
+        self.inputs = input_evidence(self.ids, kwargs)
+        labels = next((kwargs[name] for name in TARGET_NAMES if isinstance(kwargs.get(name), torch.Tensor)), None)
+        positional = args[self.targets_at] if self.targets_at is not None and self.targets_at < len(args) else None
+        self.targets = labels if labels is not None else (positional if isinstance(positional, torch.Tensor) else None)
+        if self.targets is not None and self.targets.shape != self.ids.shape:
+            self.targets = None  # not a target per position (a class per sequence): nothing to set beside the ids
+        logits = logits_of(output)
+        if logits is not None and logits.is_floating_point():
+            self.logits, self.vocab = logits.detach(), int(logits.shape[-1])
+
+    def report(self, trained: bool = True) -> Optional[dict]:
+        """What the batch seen says, as device values (None when no ids were seen): whether it repeats the last
+        trained batch, whether its targets equal its inputs, how they match them at each shift, the share of
+        targets counted; then forget it. A batch whose output no backward reached (a forward with gradients that
+        was not trained on) is not remembered as the last trained batch."""
+        if self.ids is None:
+            return None
+        found = {"repeated": same_ids(self.previous, self.ids) if trained else None,
+                 "labels_are_inputs": not self.shifts_labels and same_ids(self.targets, self.ids),
+                 "shifts_inside": self.shifts_labels,
+                 "language_model": self.ids.max() < self.vocab if self.vocab is not None and self.ids.numel() else None}
+        if self.targets is not None:
+            found.update(target_match(self.ids, self.targets))
+        found.update(self.inputs)
+        if trained:  # a copy: a loop that refills one buffer in place would otherwise compare the batch with itself
+            self.previous = self.ids.clone()
+        self.ids, self.targets, self.logits, self.call, self.inputs = None, None, None, None, {}
+        return found
+
+
+def with_order(data: Optional[dict], repeats: Optional[dict]) -> Optional[dict]:
+    """The batch's report with the repeated order found (training/order.py), where one was."""
+    return data if repeats is None else {**(data or {}), "order_repeats": repeats}
+
+
+def input_ids(args, kwargs) -> Optional[torch.Tensor]:
+    """A forward's token ids: its input_ids, else its first [batch, T] integer tensor (None: none such)."""
+    tensors = [*args, *kwargs.values()]
+    integers = [t for t in tensors if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dim() == 2]
+    ids = kwargs.get("input_ids", integers[0] if integers else None)
+    return ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point() else None
+
+
+def same_ids(a: Optional[torch.Tensor], b: torch.Tensor):
+    """Whether two id tensors are equal: False, or a device boolean (torch.equal would wait for the device)."""
+    if a is None or a.shape != b.shape or a.device != b.device:
+        return False
+    return (a == b).all()
