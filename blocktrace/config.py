@@ -132,6 +132,31 @@ class LatentWidths:
 
 
 @dataclass(frozen=True)
+class ShortConvolution:
+    """A token mixer in place of attention: LFM2's gated short convolution (Liquid AI, 2025; HF's Lfm2ShortConv; the
+    module is model.short_conv.ShortConvolution). One projection makes three d-wide streams per token, B, C and x;
+    B ⊙ x passes a causal depthwise convolution over the last `kernel` tokens (each channel its own filter), and C
+    gates what comes out: out_proj(C ⊙ conv(B ⊙ x)). No token sees a later one; padded tokens are zeroed first."""
+
+    kernel: int = 3  # conv_L_cache: the tokens each output reads, itself and the kernel − 1 before it
+    bias: bool = False  # conv_bias: biases on the two projections and the convolution
+
+    def __post_init__(self):
+        if isinstance(self.kernel, bool) or not isinstance(self.kernel, int) or self.kernel < 1:
+            raise ConfigError(f"a short convolution's kernel must be a positive integer, not {self.kernel!r}",
+                              "token_mixer")
+        if not isinstance(self.bias, bool):
+            raise ConfigError(f"a short convolution's bias must be true or false, not {self.bias!r}", "token_mixer")
+
+    def __str__(self) -> str:
+        return f"short convolution over {self.kernel} tokens" + (", biased" if self.bias else "")
+
+    @classmethod
+    def of(cls, value) -> Optional["ShortConvolution"]:
+        return cls(**value) if isinstance(value, dict) else value
+
+
+@dataclass(frozen=True)
 class BlockConfig:
     d_model: int = 16  # width of the residual stream (hidden size)
     n_heads: int = 4  # attention heads; d_model must divide evenly among them
@@ -184,6 +209,8 @@ class BlockConfig:
     glu_limit: float = 7.0  # swiglu_clamped: the gate clamped above at L, the up projection to ±L (gpt-oss's)
     glu_alpha: float = 1.702  # swiglu_clamped: the gate's sigmoid(α·g) (gpt-oss's)
     latent: Optional[LatentWidths] = None  # DeepSeek's multi-head latent attention in place of q/k/v projections
+    # a token mixer in place of attention (LFM2's short convolution); None: attention, as every other field says
+    token_mixer: Optional[ShortConvolution] = None
 
     def __post_init__(self):
         set_field = object.__setattr__  # frozen: normalise fields once, here
@@ -193,6 +220,7 @@ class BlockConfig:
         set_field(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
         set_field(self, "router", _as_enum(RouterKind, self.router, "router"))
         set_field(self, "latent", LatentWidths.of(self.latent))
+        set_field(self, "token_mixer", ShortConvolution.of(self.token_mixer))
         if self.d_ff is None and isinstance(self.d_model, int):
             set_field(self, "d_ff", 4 * self.d_model)
         self.validate()
@@ -228,6 +256,9 @@ class BlockConfig:
             raise ConfigError("qk_norm_whole says how QK-norm spans the heads: it needs qk_norm", "qk_norm_whole")
         if self.latent is not None:
             self._validate_latent()
+        if self.token_mixer is not None and (not self.causal or self.latent is not None):
+            raise ConfigError("a short convolution is causal and replaces attention: it needs causal and no latent "
+                              "attention", "token_mixer")
         if self.nope and self.rope_theta is not None:
             raise ConfigError("a NoPE layer has no rotary embedding: nope needs rope_theta None", "nope")
         if isinstance(self.residual_multiplier, bool) or not isinstance(self.residual_multiplier, (int, float)) or \

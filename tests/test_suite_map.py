@@ -47,6 +47,8 @@ TESTED_IN = {
     "tracing/steps.py": (["test_userblock.py", "test_hf_layers.py"], "where a block's steps live, found unnamed"),
     "tracing/tap.py": (["test_watch.py"], "a block inside someone else's forward, sdpa's attention"),
     "training/loop.py": (["test_invariants.py"], "what the Watch measures of the loop itself"),
+    "model/short_conv.py": (["test_lfm2.py"], "LFM2's short convolution against HF's Lfm2ShortConv, its sub-steps and "
+                            "padding"),
     "training/arguments.py": (["test_watch.py", "test_watch_robust.py"], "the Watch's arguments refused by name, "
                               "step()'s loss and lr taken, start= and append= continuing a timeline"),
     "training/blocks.py": (["test_watch.py", "test_distributed.py"], "the blocks found inside wrappers, FSDP2's shards"),

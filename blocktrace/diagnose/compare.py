@@ -16,6 +16,7 @@ from torch import nn
 
 from blocktrace.config import BlockConfig
 from blocktrace.model.init import apply_deepnorm_beta
+from blocktrace.model.block import build_block
 from blocktrace.model.stack import build_stack
 from blocktrace.vocab import Axis, Init, Placement, ReportKind
 from blocktrace.wiring import WIRINGS
@@ -58,14 +59,19 @@ class Variant:
 
 def build_variants(base: BlockConfig, axis: Axis, values: list[str], *, n_layers: int, seed: int,
                    init: Init = Init.DEFAULT, source: Optional[list] = None) -> list[Variant]:
-    """Both variants, filled from `source` blocks (default: a seeded stack of the base config)."""
+    """Both variants, filled from `source` blocks (default: a seeded stack of the base config). A checkpoint's
+    layers each keep their own settings (a window, a convolution in place of attention) under the change."""
+    layered = source is not None
     if source is None:
         plain = base.replace(placement=Placement.PRE) if base.placement is Placement.DEEPNORM else base
         source = build_stack(plain, n_layers, seed, init)
     variants = []
     for value in values:
-        config = base.replace(**{axis.value: field_value(axis, value)}, n_layers=n_layers)
-        blocks = build_stack(config, n_layers, seed, init)
+        change = {axis.value: field_value(axis, value), "n_layers": n_layers}
+        config = base.replace(**change)
+        blocks = build_stack(config, n_layers, seed, init) if not layered else \
+            [build_block(origin.config.replace(**change), seed + layer, init) for layer, origin in enumerate(source)]
+        config = blocks[0].config if layered else config  # the settings said: the first layer's own
         unshared = []
         for block, origin in zip(blocks, source):
             unshared = share_parameters(origin, block)

@@ -28,6 +28,8 @@ from typing import Callable
 import torch
 from torch.nn import functional as F
 
+from blocktrace.model.layers import LatentAttention
+from blocktrace.model.short_conv import ShortConvolution
 from blocktrace.vocab import WEIGHT_NAMES
 
 VOCAB = 256  # classes of the random readout
@@ -37,11 +39,15 @@ def weight_matrices(block) -> dict[str, torch.Tensor]:
     """The matrices whose gradients are reported, by the names the tables use. A mixture of experts has no one
     W1 and W2: its experts' gradients are among the parameters' (parameter_norms), its FFN columns are left out.
     Latent attention has no one K and V either: its q and output projections are reported, its latents' matrices
-    are among the parameters'."""
+    are among the parameters'. A short convolution has no Q, K or V: its output projection is reported, its input
+    projection and filters are among the parameters'."""
     attn, ffn = block.attn, block.ffn
-    query = getattr(attn, "q_proj", None) or getattr(attn, "q_b_proj")
-    keys_values = [attn.k_proj, attn.v_proj] if hasattr(attn, "k_proj") else [None, None]
-    matrices = [query, *keys_values, attn.out_proj]
+    if isinstance(attn, ShortConvolution):
+        matrices = [None, None, None, attn.out_proj]
+    elif isinstance(attn, LatentAttention):
+        matrices = [attn.q_proj if attn.latent.q_rank is None else attn.q_b_proj, None, None, attn.out_proj]
+    else:
+        matrices = [attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj]
     if hasattr(ffn, "down"):
         matrices += [ffn.up, ffn.down]
     elif hasattr(ffn, "fc"):

@@ -16,6 +16,7 @@ from blocktrace.config import STEP_NAMES, BlockConfig
 from blocktrace.model.init import apply_deepnorm_beta, initialise
 from blocktrace.model.layers import LatentAttention, MultiHeadAttention, make_ffn, make_norm
 from blocktrace.model.moe import MixtureOfExperts
+from blocktrace.model.short_conv import ShortConvolution
 from blocktrace.vocab import SANDWICH_STEPS, FFNKind, Init, Norm, Placement, RouterKind
 from blocktrace.wiring import INPUT, Kind
 
@@ -70,6 +71,8 @@ def _make_step(kind: Kind, config: BlockConfig) -> nn.Module:
     if kind is Kind.NORM:
         return make_norm(config)
     if kind is Kind.ATTENTION:
+        if config.token_mixer is not None:
+            return ShortConvolution(config)
         return LatentAttention(config) if config.latent is not None else MultiHeadAttention(config)
     if kind is Kind.FFN:
         return MixtureOfExperts(config) if config.n_experts else make_ffn(config)
@@ -125,6 +128,7 @@ def substep_operations(config: BlockConfig) -> dict[str, str]:
         "attn.q_norm": f"q = RMSNorm(q) {scope}", "attn.k_norm": f"k = RMSNorm(k) {scope}",
         "attn.q_rope": "q_rope = RoPE(q, positions)", "attn.k_rope": "k_rope = RoPE(k, positions)",
         **(_latent_operations(config) if config.latent is not None else {}),
+        **(_short_conv_operations(config) if config.token_mixer is not None else {}),
         "ffn.router_logits": "logits = router(x_in)  (one per expert)",
         "ffn.router_probs": _router_operation(config),
         "ffn.routed": "Σ over its top-k experts: expert_e(s_e · x_in)" if config.router is RouterKind.SIGMOID_TOPK
@@ -147,6 +151,14 @@ def _latent_operations(config: BlockConfig) -> dict[str, str]:
                       "(shared by the heads)",
             "attn.q_rope": f"q_rope = RoPE(q[{latent.nope_dims}:], positions)",
             "attn.k_rope": f"k_rope = RoPE(k[{latent.nope_dims}:], positions)  (one for every head)"}
+
+
+def _short_conv_operations(config: BlockConfig) -> dict[str, str]:
+    """The short convolution's sub-steps: the three streams, their gated product, its causal convolution."""
+    k = config.token_mixer.kernel
+    return {"attn.b": "B = in_proj(x_in)[:d]  (the input gate)", "attn.c": "C = in_proj(x_in)[d:2d]  (the output gate)",
+            "attn.x": "x = in_proj(x_in)[2d:]", "attn.gated": "B ⊙ x",
+            "attn.convolved": f"conv = CausalConv[{k}](B ⊙ x)  (per channel; attn_out = out_proj(C ⊙ conv))"}
 
 
 def _router_operation(config: BlockConfig) -> str:
@@ -180,6 +192,8 @@ def step_operations(config: BlockConfig) -> dict[str, str]:
                                    (f"chunks of {config.attention_chunk}", config.attention_chunk is not None),
                                    ("query temperature", config.temperature_floor is not None)) if on]
     attention = f"MultiHeadAttention[{', '.join(marks)}]" if marks else "MultiHeadAttention"
+    if config.token_mixer is not None:
+        attention = f"ShortConv[{config.token_mixer.kernel} tokens]"
     functions = {Kind.NORM: _norm_name(config), Kind.ATTENTION: attention, Kind.FFN: _ffn_name(config)}
     formulas = {}
     for step in wiring.steps:

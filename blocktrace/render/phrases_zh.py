@@ -153,6 +153,8 @@ PHRASES_ZH = {
     "{before:.4g} to {after:.4g}": "第 {step} 步记录之后的那一步：g·Δw = {predicted} > 0，它的 batch 损失从 {before} 变为 {after}",
     "rank {rank}'s weights differ from rank 0's: Σw² {value:.9g} against {reference:.9g}":
         "rank {rank} 的权重与 rank 0 不同：Σw² 为 {value}，rank 0 为 {reference}",
+    "attn is a short convolution: it has no attention weights, and its causality is measured by changing later "
+    "tokens": "attn 是短卷积：没有注意力权重，其因果性通过改变后面的 token 来测量",
     "causal probe not run under FSDP2: a forward between backward() and optimizer.step() changes what FSDP2 trains "
     "(docs/track.md)": "FSDP2 下不运行因果检测：在 backward() 与 optimizer.step() 之间多做一次前向，会改变 FSDP2 训练的结果（docs/track.md）",
     "rank {rank}'s optimizer state differs from rank 0's: Σs² {value:.9g} against {reference:.9g}":

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from tabulate import tabulate
 
-from blocktrace.config import BlockConfig, LatentWidths, RopeScaling
+from blocktrace.config import BlockConfig, LatentWidths, RopeScaling, ShortConvolution
 from blocktrace.diagnose.diagnosis import layer_ranges
 from blocktrace.render.words import HEADINGS, explanation
 from blocktrace.tracing.recorder import PREVIEW_MAX_TOKENS
@@ -39,7 +39,7 @@ CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_
                  "attn_softcap", "sliding_window", "attention_chunk", "temperature_floor", "temperature_scale", "parallel_residual", "one_norm", "residual_multiplier",
                  "attn_sinks", "latent", "n_experts", "experts_per_token", "renormalise_top_k", "shared_expert_d_ff",
                  "shared_expert_gated", "router", "router_bias", "expert_groups", "groups_per_token", "routed_scaling",
-                 "choice_bias", "glu_limit", "glu_alpha")
+                 "choice_bias", "glu_limit", "glu_alpha", "token_mixer")
 MOE_EXTRAS = ("experts_per_token", "renormalise_top_k")  # said of every mixture of experts, and only of one
 # The router's and the experts' settings: nothing to say of a dense layer (n_experts None) among sparse ones.
 EXPERT_SETTINGS = (*MOE_EXTRAS, "shared_expert_d_ff", "shared_expert_gated", "router", "router_bias", "expert_groups",
@@ -52,6 +52,8 @@ def _setting(key: str, value) -> str:
         return f"'{RopeScaling.of(value)}'"
     if key == "latent":
         return f"'{LatentWidths.of(value)}'"
+    if key == "token_mixer":
+        return f"'{ShortConvolution.of(value)}'"
     return f"{value:.4g}" if isinstance(value, float) else f"{value}"
 
 
@@ -176,6 +178,8 @@ def measured_line(measured: dict, lang: Lang = Lang.EN) -> str:
 
 def _substeps_title(entries: list, lang: Lang = Lang.EN) -> str:
     words, names = HEADINGS[lang], {entry["name"] for entry in entries}
+    if "attn.gated" in names:
+        return words["inside_conv"]
     stages = [words["projected"]] + ([words["after_qk_norm"]] if "attn.q_norm" in names else []) \
         + ([words["after_rope"]] if "attn.q_rope" in names else [])
     return words["inside_attn"].format(stages=words["then"].join(stages))

@@ -78,6 +78,8 @@ def load_block(checkpoint: Checkpoint, info: ModelInfo, layer: int, config: Bloc
 
 def _materialise_buffers(block: TransformerBlock) -> None:
     """Buffers computed, not loaded (RoPE's inverse frequencies), rebuilt off the meta device."""
+    if block.config.token_mixer is not None:  # a convolution: no positions, nothing computed
+        return
     rope = block.attn.rope
     if rope is not None:
         config = block.config

@@ -20,8 +20,9 @@ from typing import Any, Optional
 import torch
 
 from blocktrace.host import to_host
+from blocktrace.phrases import phrase
 from blocktrace.model.block import step_operations, substep_operations
-from blocktrace.tracing.calling import attention_chunk, attention_module, hf_config
+from blocktrace.tracing.calling import attention_chunk, attention_module, hf_config, is_huggingface
 from blocktrace.tracing.probes import (
     DEAD_WORTH_A_LOOK,
     MASSIVE_ABS,
@@ -101,7 +102,10 @@ class Collected:
             records.append(StepRecord(p.name, operations[p.name], p.shape, p.dtype, Stats.from_values(stats),
                                       p.tensor, sample, probe))
         summary, notes = self._attention(first["attention"]), list(self.notes)
-        if summary is None:
+        if summary is None and self._mixes_without_attention():
+            notes.append(phrase("attn is a short convolution: it has no attention weights, and its causality is "
+                                "measured by changing later tokens"))
+        elif summary is None:
             notes.append(f"attention weights are not visible: {self.layout.attention_path or 'the attention'} "
                          "returns none (a fused kernel such as scaled_dot_product_attention, or weights not requested)")
         fired = {p.name for p in self.recorder.steps}
@@ -121,6 +125,13 @@ class Collected:
     def _behaviour(self, name: str, values: dict) -> dict:
         measured = self.behaviour.get(name)
         return measured.probe(values[name]) if measured is not None else {}
+
+    def _mixes_without_attention(self) -> bool:
+        """Whether the block's token mixer is no attention: ours with a short convolution, or an HF layer whose attn
+        step is not an attention module (LFM2's conv layers)."""
+        if self.own:
+            return self.block.config.token_mixer is not None
+        return is_huggingface(self.block) and attention_module(self.block) is None
 
     def _attention(self, values: dict) -> Optional[AttentionSummary]:
         if not self.attention:

@@ -148,6 +148,8 @@ def huggingface_call(block: nn.Module, x: torch.Tensor, token_mask: Optional[tor
     batch, tokens = (x.shape[0] if x.dim() == 3 else 1), x.shape[-2]
     batched_x = x if x.dim() == 3 else x.unsqueeze(0)
     call = Call(batched=True, config=config)
+    if attention_module(block) is None:  # a token mixer without attention (LFM2's convolution layers)
+        return _recurrent_call(call, parameters, x, token_mask)
     causal = bool(hf_causal(block))
     window = _sliding_window(block, config) if causal else None
     chunk = attention_chunk(block, config) if causal else None
@@ -165,6 +167,16 @@ def huggingface_call(block: nn.Module, x: torch.Tensor, token_mask: Optional[tor
     call.notes.append(f"called as its model calls it: {what}"
                       + (", rotary position embeddings from its model's rotary module"
                          if "position_embeddings" in call.kwargs else "")
+                      + ("; a batch of one added" if x.dim() == 2 else ""))
+    return call
+
+
+def _recurrent_call(call: Call, parameters, x: torch.Tensor, token_mask: Optional[torch.Tensor]) -> Call:
+    """A layer whose token mixer is no attention gets what HF's create_recurrent_attention_mask gives it: the padding
+    mask [B, T] (HF's is None where nothing is padded: multiplying by ones changes no number); no positions reach it."""
+    if "attention_mask" in parameters:
+        call.kwargs["attention_mask"] = token_mask.to(x.dtype) if token_mask is not None else None
+    call.notes.append("called as its model calls it: a token mixer without attention, given the padding mask only"
                       + ("; a batch of one added" if x.dim() == 2 else ""))
     return call
 

@@ -329,6 +329,8 @@ class Recorder:
                 lambda m, i, out, name=f"{step}.{name}": self.substeps.append(self.observe(name, out))))
                 for step, module in (("attn", attention), ("ffn", self.block.ffn))
                 for name in getattr(module, "substeps", ())]
+            if self.block.config.token_mixer is not None:  # a mixer without attention weights (a short convolution)
+                return inside
             return [*inside, attention.scores.register_forward_hook(self.guard(on_scores)),
                     attention.weights.register_forward_hook(self.guard(
                         lambda m, i, weights: self.attention.add(weights, attention.rows)))]

@@ -120,9 +120,17 @@ def _known(block: nn.Module) -> Optional[Layout]:
         return None
 
     parallel = layer.parallel_flag is not None and bool(getattr(block, layer.parallel_flag, False))
-    layout = _hf_layout(class_name, layer, parallel)
+    layout = _hf_layout(class_name, dataclasses.replace(layer, steps=_present_steps(block, layer.steps)), parallel)
     causal = hf_causal(block)
     return dataclasses.replace(layout, causal=layout.causal if causal is None else causal)
+
+
+def _present_steps(block: nn.Module, steps: dict[str, str]) -> dict[str, str]:
+    """A step a hybrid family's layers hold under one of several names ("self_attn|conv": LFM2's token mixer is
+    attention in some layers, a convolution in others) named as this layer holds it."""
+    children = dict(block.named_modules())
+    return {name: next((p for p in path.split("|") if p in children), path.split("|")[0])
+            for name, path in steps.items()}
 
 
 def detect_layout(block: nn.Module) -> Layout:

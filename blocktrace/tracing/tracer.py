@@ -130,7 +130,8 @@ def measured_norms(block, layout: Layout, width: int) -> dict:
 def _behaviour(block, layout: Layout, own: bool, x, call: Call, output) -> dict:
     """Measured causality (a user's block) and the behaviour of every norm, by step name."""
     measured = measured_norms(block, layout, x.shape[-1])
-    if not own:
+    # A user's block, or ours with a mixer that has no attention weights to read the mask from: measured
+    if not own or block.config.token_mixer is not None:
         def forward(value):
             with eager_attention(call):
                 return _forward(block, value, call.kwargs, own)
