@@ -1,0 +1,26 @@
+"""Seed-OSS (ByteDance Seed, 2025; HF's SeedOss): Llama's keys and block with biases of their own — on q, k and v
+(`attention_bias`, on by default), on the output projection (`attention_out_bias`) and on the MLP (`mlp_bias`) —
+and a head_dim of its own (128 by default, whatever hidden_size / num_attention_heads is). Its dropouts act in
+training only."""
+
+from __future__ import annotations
+
+from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
+from blocktrace.sources.families.base import HFLayer
+from blocktrace.vocab import Norm
+
+
+class SeedOss(Llama):
+    name, described, model_types = "seed_oss", "seed_oss (Llama keys, q/k/v biases)", ("seed_oss",)
+    hf_classes = ("SeedOssDecoderLayer",)
+    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
+    defaults = {**Llama.defaults, "head_dim": 128, "attention_bias": True, "attention_out_bias": False,
+                "mlp_bias": False}
+
+    def config_fields(self, config):
+        return {**super().config_fields(config), "head_size": self.setting(config, "head_dim", "integer")}
+
+    def bias_fields(self, config):
+        return {"bias": self.setting(config, "mlp_bias", "boolean"),
+                "attn_bias": self.setting(config, "attention_out_bias", "boolean"),
+                "qkv_bias": self.setting(config, "attention_bias", "boolean")}
