@@ -65,6 +65,9 @@ def hf_model(name: str):
     elif name == "seed_oss":  # biases on q/k/v, o and the MLP; its own head_dim
         model = transformers.SeedOssForCausalLM(transformers.SeedOssConfig(
             **small, num_key_value_heads=2, head_dim=16, attention_out_bias=True, mlp_bias=True))
+    elif name == "ernie4_5":  # interleaved RoPE, biases everywhere, tied
+        model = transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(
+            **small, num_key_value_heads=2, head_dim=16, use_bias=True))
     elif name == "lfm2":  # short convolutions around an attention layer
         model = transformers.Lfm2ForCausalLM(transformers.Lfm2Config(
             **small, num_key_value_heads=2, block_multiple_of=16, layer_types=["conv", "full_attention", "conv"]))
@@ -123,7 +126,7 @@ def our_layer_gradients(report: dict) -> list[float]:
 @pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gemma3", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe",
                                   "olmoe", "llama3 rope", "gpt_neox", "starcoder2", "granite", "smollm3", "olmo3",
                                   "exaone4", "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2",
-                                  "llama4_text", "lfm2", "seed_oss"])
+                                  "llama4_text", "lfm2", "seed_oss", "ernie4_5"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

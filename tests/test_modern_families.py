@@ -129,6 +129,9 @@ FAMILIES = {
     "seed_oss": ("SeedOssForCausalLM", "SeedOssConfig", dict(num_key_value_heads=2, head_dim=16, attention_bias=True,
                                                            attention_out_bias=True, mlp_bias=True), LLAMA_PLACES),
     "seed_oss default biases": ("SeedOssForCausalLM", "SeedOssConfig", dict(num_key_value_heads=2), LLAMA_PLACES),
+    # ERNIE-4.5: interleaved RoPE, one use_bias for every linear layer, head_dim ≠ d / heads, a tied head.
+    "ernie4_5": ("Ernie4_5ForCausalLM", "Ernie4_5Config", dict(num_key_value_heads=2, head_dim=16, use_bias=True),
+                 LLAMA_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -194,7 +197,7 @@ def test_every_step_matches_huggingface(family, layer):
 NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama rope-llama3", "llama rope-dynamic",
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
          "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy",
-         "llama4_text", "llama4_text top-2", "seed_oss"]
+         "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -359,7 +362,8 @@ FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3
                   ("mixtral", "MixtralConfig"), ("qwen2_moe", "Qwen2MoeConfig"), ("qwen3_moe", "Qwen3MoeConfig"),
                   ("olmoe", "OlmoeConfig"), ("starcoder2", "Starcoder2Config"),
                   ("deepseek_v3", "DeepseekV3Config"), ("deepseek_v2", "DeepseekV2Config"),
-                  ("llama4_text", "Llama4TextConfig"), ("lfm2", "Lfm2Config"), ("seed_oss", "SeedOssConfig")]
+                  ("llama4_text", "Llama4TextConfig"), ("lfm2", "Lfm2Config"), ("seed_oss", "SeedOssConfig"),
+                  ("ernie4_5", "Ernie4_5Config")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],

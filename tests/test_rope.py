@@ -122,3 +122,16 @@ def test_rope_scaling_survives_a_round_trip_through_a_saved_trace_config():
     again = BlockConfig.from_dict(json.loads(json.dumps(config.to_dict())))
     assert again == config
     assert BlockConfig(rope_theta=1e4, rope_scaling=2.0).rope_scaling.factor == 2.0  # older traces: a linear factor
+
+
+def test_interleaved_rope_in_bfloat16_rotates_in_float32_as_hf_does():
+    """Cohere's HF rotation turns q and k in float32 (by cos and sin in the block's dtype) and casts back; blocktrace
+    turned them in the block's dtype, a last-bit difference per element in bfloat16."""
+    from transformers.models.cohere.modeling_cohere import apply_rotary_pos_emb
+
+    rope = RotaryEmbedding(HEAD, 10000.0, interleaved=True)
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 4, 40, HEAD, generator=generator).to(torch.bfloat16) for _ in range(2))
+    cos, sin = rope.cos_sin(40, "cpu", torch.bfloat16)  # CohereRotaryEmbedding's, cast to the input's dtype
+    expected_q, expected_k = apply_rotary_pos_emb(q, k, cos[None], sin[None])
+    assert torch.equal(rope.rotate(q, cos, sin), expected_q) and torch.equal(rope.rotate(k, cos, sin), expected_k)

@@ -135,10 +135,12 @@ class RotaryEmbedding(nn.Module):
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         turned, passed = x[..., : self.dims], x[..., self.dims:]
-        if self.interleaved:  # Cohere's rotate_half: (x0, x1) -> (-x1, x0) for each adjacent pair
-            rotated_half = torch.stack((-turned[..., 1::2], turned[..., ::2]), dim=-1).flatten(-2)
+        if self.interleaved:  # Cohere's rotate_half: (x0, x1) -> (-x1, x0) for each adjacent pair, in float32 as HF
+            wide = turned.float()
+            rotated_half = torch.stack((-wide[..., 1::2], wide[..., ::2]), dim=-1).flatten(-2)
+            turned = (wide * cos + rotated_half * sin).to(x.dtype)
         else:
             half = self.dims // 2
             rotated_half = torch.cat((-turned[..., half:], turned[..., :half]), dim=-1)
-        turned = turned * cos + rotated_half * sin
+            turned = turned * cos + rotated_half * sin
         return turned if passed.shape[-1] == 0 else torch.cat((turned, passed), dim=-1)
