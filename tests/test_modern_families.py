@@ -132,6 +132,12 @@ FAMILIES = {
     # ERNIE-4.5: interleaved RoPE, one use_bias for every linear layer, head_dim ≠ d / heads, a tied head.
     "ernie4_5": ("Ernie4_5ForCausalLM", "Ernie4_5Config", dict(num_key_value_heads=2, head_dim=16, use_bias=True),
                  LLAMA_PLACES),
+    # GLM-4.5: DeepSeek-V3's experts (layer 0 dense) under grouped-query attention with q/k/v biases, QK-norm, half
+    # the dims rotated.
+    "glm4_moe": ("Glm4MoeForCausalLM", "Glm4MoeConfig", dict(
+        num_key_value_heads=2, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_group=2,
+        topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.5, attention_bias=True, use_qk_norm=True),
+        LLAMA_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -197,7 +203,7 @@ def test_every_step_matches_huggingface(family, layer):
 NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama rope-llama3", "llama rope-dynamic",
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
          "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy",
-         "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5"]
+         "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5", "glm4_moe"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -363,7 +369,7 @@ FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3
                   ("olmoe", "OlmoeConfig"), ("starcoder2", "Starcoder2Config"),
                   ("deepseek_v3", "DeepseekV3Config"), ("deepseek_v2", "DeepseekV2Config"),
                   ("llama4_text", "Llama4TextConfig"), ("lfm2", "Lfm2Config"), ("seed_oss", "SeedOssConfig"),
-                  ("ernie4_5", "Ernie4_5Config")]
+                  ("ernie4_5", "Ernie4_5Config"), ("glm4_moe", "Glm4MoeConfig")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],
