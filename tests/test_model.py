@@ -72,6 +72,10 @@ def hf_model(name: str):
         model = transformers.Glm4MoeForCausalLM(transformers.Glm4MoeConfig(
             **small, num_key_value_heads=2, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
             n_group=2, topk_group=1, routed_scaling_factor=1.5, attention_bias=True, use_qk_norm=True))
+    elif name == "minimax_m2":  # a biased sigmoid router, QK-norm over all heads, partial RoPE
+        model = transformers.MiniMaxM2ForCausalLM(transformers.MiniMaxM2Config(
+            **{**small, "intermediate_size": 16}, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+            num_experts_per_tok=2, rotary_dim=4, bos_token_id=1, eos_token_id=1))
     elif name == "lfm2":  # short convolutions around an attention layer
         model = transformers.Lfm2ForCausalLM(transformers.Lfm2Config(
             **small, num_key_value_heads=2, block_multiple_of=16, layer_types=["conv", "full_attention", "conv"]))
@@ -130,7 +134,8 @@ def our_layer_gradients(report: dict) -> list[float]:
 @pytest.mark.parametrize("name", ["gpt2", "llama", "gemma2", "gemma3", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe",
                                   "olmoe", "llama3 rope", "gpt_neox", "starcoder2", "granite", "smollm3", "olmo3",
                                   "exaone4", "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2",
-                                  "llama4_text", "lfm2", "seed_oss", "ernie4_5", "glm4_moe"])
+                                  "llama4_text", "lfm2", "seed_oss", "ernie4_5", "glm4_moe",
+                                  "minimax_m2"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

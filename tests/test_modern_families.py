@@ -138,6 +138,10 @@ FAMILIES = {
         num_key_value_heads=2, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_group=2,
         topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.5, attention_bias=True, use_qk_norm=True),
         LLAMA_PLACES),
+    # MiniMax-M2: Mixtral's keys, a biased sigmoid router, QK-norm over all heads, a quarter of each head rotated.
+    "minimax_m2": ("MiniMaxM2ForCausalLM", "MiniMaxM2Config", dict(
+        num_key_value_heads=2, head_dim=16, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2,
+        rotary_dim=4, bos_token_id=1, eos_token_id=1), LLAMA_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -203,7 +207,7 @@ def test_every_step_matches_huggingface(family, layer):
 NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama rope-llama3", "llama rope-dynamic",
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
          "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy",
-         "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5", "glm4_moe"]
+         "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5", "glm4_moe", "minimax_m2"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -369,7 +373,8 @@ FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3
                   ("olmoe", "OlmoeConfig"), ("starcoder2", "Starcoder2Config"),
                   ("deepseek_v3", "DeepseekV3Config"), ("deepseek_v2", "DeepseekV2Config"),
                   ("llama4_text", "Llama4TextConfig"), ("lfm2", "Lfm2Config"), ("seed_oss", "SeedOssConfig"),
-                  ("ernie4_5", "Ernie4_5Config"), ("glm4_moe", "Glm4MoeConfig")]
+                  ("ernie4_5", "Ernie4_5Config"), ("glm4_moe", "Glm4MoeConfig"),
+                  ("minimax_m2", "MiniMaxM2Config")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],
