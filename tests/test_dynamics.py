@@ -180,6 +180,18 @@ def test_a_loss_near_zero_is_a_leak():
     assert judge([], _record(0, [], loss=0.01)) == []  # step 0 says nothing of training
 
 
+def test_a_negative_loss_is_no_cross_entropy():
+    """blind2's F02: F.nll_loss given logits — the loss fell below zero and was called a leak (data). A cross-entropy
+    is −log p ≥ 0: below zero the loss function is wrong, from step 0 on."""
+    for step in (0, 20):
+        flags = judge([], _record(step, [], loss=-0.13, vocab=256))
+        assert _names(flags) == [("loss_negative", None)] and flags[0].cause.value == "loss_function"
+        assert flags[0].level.value == "error"
+    assert judge([], _record(20, [], loss=0.3, vocab=256)) == []  # low but a cross-entropy can be that
+    unknown = judge([], _record(20, [], loss=-0.5))  # no vocabulary: an objective of another kind may be negative
+    assert _names(unknown) == [("loss_negative", None)] and unknown[0].level.value == "warning"
+
+
 def test_a_loss_spike_is_six_sigmas_above_the_recent_records():
     history = [_record(10 * k, [], loss=2.0 + 0.01 * (k % 3)) for k in range(10)]
     assert _names(judge(history, _record(100, [], loss=3.0))) == [("loss_spike", None)]

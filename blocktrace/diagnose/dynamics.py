@@ -193,6 +193,22 @@ def _loss_stuck(history: Sequence[dict], entry: dict) -> list[Finding]:
                            uniform=uniform))]
 
 
+@check(Scope.TRAINING, "loss_negative",
+       "the loss < 0 (an error where the record says the vocabulary the model's logits span, a warning where it "
+       "does not)",
+       "definition: a cross-entropy is −log p ≥ 0 for every token, and label smoothing, a z-loss and a load-balance "
+       "loss are ≥ 0 too; an objective of another kind (a policy gradient) can be negative, hence only a warning "
+       "without logits over a vocabulary",
+       "the loss is no cross-entropy of the model's probabilities: nll_loss given logits where it wants "
+       "log_softmax, a sign flipped, probabilities where log-probabilities belong", Cause.LOSS_FUNCTION)
+def _loss_negative(history: Sequence[dict], entry: dict) -> list[Finding]:
+    loss = entry.get("loss")
+    if loss is None or not math.isfinite(loss) or not loss < 0:
+        return []
+    level = Level.ERROR if _uniform(entry) is not None else Level.WARNING
+    return [finding(level, None, None, loss, phrase("loss {loss:.4g}, below 0", loss=loss))]
+
+
 @check(Scope.TRAINING, "loss_near_zero",
        f"the training loss < {LEAK_LOSS:g} nats per token after step 0",
        "healthy-run measurement: language models stay far above (benchmarks/FAILURES.md: ≥ 1 nat on "
@@ -200,8 +216,8 @@ def _loss_stuck(history: Sequence[dict], entry: dict) -> list[Finding]:
        "equal to the inputs, no shift) or it memorises one repeated batch", Cause.DATA)
 def _loss_near_zero(history: Sequence[dict], entry: dict) -> list[Finding]:
     loss = entry.get("loss")
-    if loss is None or not math.isfinite(loss) or entry["step"] <= 0 or not loss < LEAK_LOSS:
-        return []
+    if loss is None or not math.isfinite(loss) or entry["step"] <= 0 or not 0 <= loss < LEAK_LOSS:
+        return []  # below 0 is no leak but no cross-entropy at all: loss_negative's
     return [finding(Level.ERROR, None, None, loss, phrase("loss {loss:.3g} nats per token", loss=loss))]
 
 

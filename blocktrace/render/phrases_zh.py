@@ -95,6 +95,7 @@ PHRASES_ZH = {
         "损失 {loss}，而均匀猜测的 log V = {uniform}{so_far}",
     "loss {loss:.4g} at step {step}, log V = {uniform:.4g}": "第 {step} 步损失为 {loss}，log V = {uniform}",
     "loss {loss:.3g} nats per token": "每个 token 的损失为 {loss} nats",
+    "loss {loss:.4g}, below 0": "损失为 {loss}，小于 0",
     "loss {loss:.4g} against {mean:.4g} ± {spread:.2g} over the previous {count} records":
         "损失 {loss}，而之前 {count} 条记录为 {mean} ± {spread}",
     "this step's batch equals the batch of the record before": "这一步的 batch 与上一条记录的 batch 相同",
