@@ -97,6 +97,16 @@ def test_nothing_moving_at_all_is_the_optimizer_not_stepping():
     assert judge([_moving(0, [None] * 2, lr=0.0)], _moving(10, [0.0, 0.0], lr=0.0)) == []  # lr 0: a choice
 
 
+def test_nothing_moving_because_step_was_never_called_is_the_loop():
+    """blind2's F04: optimizer.step() dedented out of the batch loop. The Watch counts the optimizer's steps between
+    records: none at all is the loop's fault, not the optimizer's; steps that moved nothing stay the optimizer's."""
+    flags = judge([_moving(0, [None] * 2)], {**_moving(10, [0.0, 0.0]), "loop": {"optimizer_steps": 0}})
+    assert _names(flags) == [("no_update", None)] and flags[0].cause.value == "training_loop"
+    assert "optimizer.step() was not called between them" in flags[0].detail
+    stepped = judge([_moving(0, [None] * 2)], {**_moving(10, [0.0, 0.0]), "loop": {"optimizer_steps": 10}})
+    assert _names(stepped) == [("no_update", None)] and stepped[0].cause.value == "optimizer"
+
+
 def test_tiny_updates_blame_the_learning_rate_only_when_it_is_tiny():
     at_normal_lr = judge([_moving(0, [None] * 2)], _moving(10, [1e-5, 2e-5]))  # 1e-6 per step
     assert _names(at_normal_lr) == [("updates_tiny", None)] and at_normal_lr[0].cause.value == "optimizer"

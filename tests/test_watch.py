@@ -600,3 +600,35 @@ def test_a_forward_given_ids_as_a_python_list_is_recorded_without_raising(tmp_pa
         _, loss = model(input_ids=ids.tolist(), targets=targets)
         loss.backward()
         assert watch.step(loss) is not None and watch.stopped is None
+
+
+def _steps_every(tmp_path, every_batches: int, steps: int = 16) -> list[dict]:
+    """A loop whose optimizer.step() runs once every `every_batches` batches, zero_grad() after every batch."""
+    model = NanoGPT()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    watch = Watch(model, tmp_path / f"every{every_batches}.jsonl", every=5, optimizer=optimizer)
+    entries = []
+    for step in range(steps):
+        ids, targets = nano_batch(step)
+        _, loss = model(ids, targets)
+        loss.backward()
+        entry = watch.step(loss)
+        if entry is not None:
+            entries.append(entry)
+        if (step + 1) % every_batches == 0:
+            optimizer.step()
+        optimizer.zero_grad()
+    watch.close()
+    return entries
+
+
+def test_the_watch_counts_the_optimizers_steps_between_records(tmp_path):
+    """Each record's loop.optimizer_steps: the optimizer.step() calls since the record before — each of them in a
+    plain loop; none where step() sits outside the batch loop (blind2's F04), and no_update then blames the loop."""
+    plain = _steps_every(tmp_path, 1)
+    assert [e["loop"]["optimizer_steps"] for e in plain[1:]] == [5, 5, 5]
+    assert not [f for e in plain for f in e["flags"] if f["name"] == "no_update"]
+    broken = _steps_every(tmp_path, 16)
+    assert [e["loop"]["optimizer_steps"] for e in broken[1:]] == [0, 0, 0]
+    flagged = [f for f in broken[1]["flags"] if f["name"] == "no_update"]
+    assert flagged and flagged[0]["cause"] == "training_loop"

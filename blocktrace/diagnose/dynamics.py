@@ -297,8 +297,9 @@ def _skipped_by_scaler(record: dict) -> bool:
 @check(Scope.TRAINING, "no_update",
        f"no layer's weights move (per-step ‖ΔW‖/‖W‖ < {STILL:g}) between two records while the "
        "learning rate is above 0", "invariant: an optimizer step with lr > 0 and a gradient moves the weights",
-       "the optimizer changes nothing: optimizer.step() is not called, or it holds other parameters than the "
-       "model's", Cause.OPTIMIZER)
+       "the optimizer changes nothing: it holds other parameters than the model's, or (the loop's fault, where the "
+       "Watch was given the optimizer and counted no optimizer.step() between the records) it is never stepped",
+       Cause.OPTIMIZER)
 def _no_update(history: Sequence[dict], entry: dict) -> list[Finding]:
     if not _still(history, entry):
         return []
@@ -309,9 +310,12 @@ def _no_update(history: Sequence[dict], entry: dict) -> list[Finding]:
         return []  # the blocks are frozen on purpose (only the embeddings or the head train): nothing to move
     if _skipped_by_scaler(before):
         return []  # the gradients of the step after `before` were not finite: a loss scaler skips that step
-    return [finding(Level.ERROR, None, None, max(largest.values()),
-                    phrase("no layer moved between steps {before} and {after}{at_lr}", before=before["step"],
-                           after=entry["step"], at_lr=_at_learning_rate(lr)))]
+    detail = phrase("no layer moved between steps {before} and {after}{at_lr}", before=before["step"],
+                    after=entry["step"], at_lr=_at_learning_rate(lr))
+    if (entry.get("loop") or {}).get("optimizer_steps") == 0:  # the Watch counted none: the loop never called it
+        return [finding(Level.ERROR, None, None, max(largest.values()),
+                        detail + phrase("; optimizer.step() was not called between them"), Cause.TRAINING_LOOP)]
+    return [finding(Level.ERROR, None, None, max(largest.values()), detail)]
 
 
 @check(Scope.TRAINING, "layer_frozen",

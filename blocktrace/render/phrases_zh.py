@@ -101,6 +101,7 @@ PHRASES_ZH = {
     "this step's batch equals the batch of the record before": "这一步的 batch 与上一条记录的 batch 相同",
     "the targets passed to the model are its input ids, unshifted{copies}": "传给模型的目标就是它的输入 id，没有偏移{copies}",
     "no layer moved between steps {before} and {after}{at_lr}": "第 {before} 步到第 {after} 步之间没有任何层发生变化{at_lr}",
+    "; optimizer.step() was not called between them": "；其间没有调用 optimizer.step()",
     "per-step ‖ΔW‖/‖W‖ at most {moved:.3g} against the median layer's {typical:.3g}{why}":
         "每步的 ‖ΔW‖/‖W‖ 最多为 {moved}，而中位层为 {typical}{why}",
     "the median matrix moves {median:.3g} of its norm per step{at_lr}": "中位矩阵每步只移动其范数的 {median}{at_lr}",

@@ -200,6 +200,7 @@ class LoopObserver:
         self.step_gradient_at: Optional[int] = None
         self.descent: Optional[Descent] = None  # the recorded step whose update is probed (at its optimizer step)
         self.descended: Optional[dict] = None  # what the probe found, for the next record
+        self.optimizer_steps = 0  # optimizer.step() calls since the last record (a host count: no device read)
         self.reset()
 
     def reset(self) -> None:
@@ -264,6 +265,7 @@ class LoopObserver:
         self.step_due, self.descent = step, descent
 
     def _at_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self.optimizer_steps += 1
         if self.step_due is None:
             return
         self.step_gradient, self.step_gradient_at = _zero_if_none(grad_norm(_held(optimizer))), self.step_due
@@ -314,7 +316,9 @@ class LoopObserver:
         step_gradient, at = self.step_gradient, self.step_gradient_at
         self.step_gradient = self.step_gradient_at = None
         descended, self.descended = self.descended, None
-        return {"grads_before_backward": self.grads_before, "step_gradient": step_gradient, "step_gradient_at": at,
+        steps, self.optimizer_steps = self.optimizer_steps, 0
+        return {"optimizer_steps": steps if self.step_hook is not None else None,
+                "grads_before_backward": self.grads_before, "step_gradient": step_gradient, "step_gradient_at": at,
                 "eval_mode_modules": self.eval_mode if self.trained else None,
                 "optimizer_share": share, "outside_optimizer": outside,
                 "lr_groups": [float(group["lr"]) for group in self.optimizer.param_groups
