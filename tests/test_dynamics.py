@@ -202,6 +202,35 @@ def test_a_negative_loss_is_no_cross_entropy():
     assert _names(unknown) == [("loss_negative", None)] and unknown[0].level.value == "warning"
 
 
+def _gains(step, gains, loss, width=128, vocab=256):
+    """A record whose every layer's norms have these effective gains (rms), its loss and width."""
+    layers = [{"layer": k, "steps": {"x": {"mean": 0.0}}, "norm_gains": {"norm1": g, "norm2": g}, "width": width}
+              for k, g in enumerate(gains)]
+    return _record(step, layers, loss=loss, vocab=vocab, width=width)
+
+
+def test_norms_a_fresh_model_starts_with_far_from_gain_one_are_its_initialisation():
+    """blind2's F05: RMSNorm gains drawn from N(0, 0.02). Every norm initialises its gain to 1; a model whose loss
+    is still uniform guessing (a fresh one) with every norm's gain far from it was initialised wrong."""
+    fresh = judge([], _gains(0, [0.02, 0.019, 0.021], loss=math.log(256)))
+    assert _names(fresh) == [("norm_gains_not_one", None)] and fresh[0].cause.value == "initialisation"
+    assert fresh[0].level.value == "error"
+    assert judge([], _gains(0, [0.02, 0.019, 0.021], loss=2.1)) == []  # a pretrained model fine-tuned: learned
+    assert judge([], _gains(0, [0.02, 1.0, 0.021], loss=math.log(256))) == []  # not every norm
+    assert judge([], _gains(0, [1.0, 0.98, 1.02], loss=math.log(256))) == []  # gains at 1
+    later = [_gains(0, [1.0] * 3, loss=math.log(256))]
+    assert "norm_gains_not_one" not in {f.name for f in judge(later, _gains(10, [0.02] * 3, loss=math.log(256)))}
+
+
+def test_norms_that_scale_by_one_over_root_d_divide_by_the_l2_norm():
+    """blind2's F08: RMSNorm written as F.normalize(x) · g, without × √d: every norm's output has rms 1/√d."""
+    flags = judge([], _gains(0, [0.0884, 0.0884, 0.0884], loss=math.log(256), width=128))
+    assert _names(flags) == [("norm_is_l2", None)] and flags[0].cause.value == "norm"
+    later = judge([_gains(0, [1.0] * 3, loss=3.0)], _gains(50, [0.0884] * 3, loss=3.0, width=128))
+    assert _names(later) == [("norm_is_l2", None)]  # at any step: no learned gain lands on 1/√d in every norm
+    assert judge([], _gains(0, [0.0884, 0.05, 0.0884], loss=2.0, width=128)) == []
+
+
 def test_a_loss_spike_is_six_sigmas_above_the_recent_records():
     history = [_record(10 * k, [], loss=2.0 + 0.01 * (k % 3)) for k in range(10)]
     assert _names(judge(history, _record(100, [], loss=3.0))) == [("loss_spike", None)]

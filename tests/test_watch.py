@@ -632,3 +632,23 @@ def test_the_watch_counts_the_optimizers_steps_between_records(tmp_path):
     assert [e["loop"]["optimizer_steps"] for e in broken[1:]] == [0, 0, 0]
     flagged = [f for f in broken[1]["flags"] if f["name"] == "no_update"]
     assert flagged and flagged[0]["cause"] == "training_loop"
+
+
+def test_norms_initialised_far_from_gain_one_are_found_at_the_first_record(tmp_path):
+    """blind2's F05 in a Watch: every norm gain drawn from N(0, 0.02) is an initialisation error at step 0; the
+    same model initialised as it should be raises nothing of the kind."""
+    def first_record(broken: bool) -> dict:
+        model = NanoGPT()
+        if broken:
+            with torch.no_grad():
+                for module in model.modules():
+                    if isinstance(module, torch.nn.LayerNorm):
+                        module.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(0))
+        return _train(model, Watch(model, tmp_path / f"{broken}.jsonl", every=5), 1)[0]
+
+    broken, healthy = first_record(True), first_record(False)
+    assert all(0.005 < gain < 0.05 for layer in broken["layers"] for gain in layer["norm_gains"].values())
+    found = [f for f in broken["flags"] if f["name"] == "norm_gains_not_one"]
+    assert found and found[0]["cause"] == "initialisation" and found[0]["level"] == "error"
+    assert all(0.9 < gain < 1.1 for layer in healthy["layers"] for gain in layer["norm_gains"].values())
+    assert not [f for f in healthy["flags"] if f["name"].startswith("norm_")]

@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 from blocktrace.phrases import phrase
 from blocktrace.diagnose.checks import Cause, Finding, Flag, Scope, check, detectors, finding
-from blocktrace.diagnose.health import LOSS_MARGIN
+from blocktrace.diagnose.health import GAIN_HIGH, GAIN_LOW, LOSS_MARGIN, gain_extreme
 from blocktrace.diagnose.history import learning_rates_before
 from blocktrace.vocab import Level
 
@@ -45,6 +45,8 @@ NORM_COLLAPSE = 0.25  # a tensor kind's ‖W‖ against its first record: health
 LOSS_SPIKE_SIGMAS, LOSS_SPIKE_WINDOW, LOSS_SPIKE_FLOOR = 6.0, 16, 0.25  # σ over the previous records, nats at least
 STUCK_STEPS = 100  # steps after which a loss still at log V means nothing is learned
 STUCK_MARGIN = 0.1  # nats below log V
+L2_TOLERANCE = 0.02  # a norm's gain within 2% of 1/√d: the output of an L2 normalisation, not an RMS one
+MIN_L2_WIDTH = 16  # below this 1/√d is too near 1 to tell an L2 norm from a gain
 LEAK_LOSS = 0.05  # nats per token: no language model predicts text this well; the answer is in the input
 # With targets equal to the inputs, a loss below this says the model copies them (it does not shift them). Set on
 # the calibration half of benchmarks/failures.py: the run with unshifted labels fell to 0.10–0.15 nats, the healthy
@@ -240,6 +242,61 @@ def _loss_spike(history: Sequence[dict], entry: dict) -> list[Finding]:
     return [finding(Level.ERROR, None, None, loss,
                     phrase("loss {loss:.4g} against {mean:.4g} ± {spread:.2g} over the previous {count} records",
                            loss=loss, mean=mean, spread=spread, count=len(recent)))]
+
+
+# --- the norms across the model ---------------------------------------------------------------------
+
+def _norm_gains(entry: dict) -> list[float]:
+    """Every norm's effective gain (rms) in every layer of the record; empty unless every layer has some."""
+    layers = entry.get("layers") or []
+    per_layer = [list((layer.get("norm_gains") or {}).values()) for layer in layers]
+    if not per_layer or not all(per_layer):
+        return []
+    return [gain for gains in per_layer for gain in gains if _finite(gain)]
+
+
+def _l2_scaled(entry: dict, gains: list[float]) -> bool:
+    width = entry.get("width")
+    if not isinstance(width, int) or width < MIN_L2_WIDTH or not gains:
+        return False
+    expected = width ** -0.5
+    return all(abs(gain - expected) <= L2_TOLERANCE * expected for gain in gains)
+
+
+@check(Scope.TRAINING, "norm_is_l2",
+       f"every norm of every layer scales its output to rms 1/√d (within {L2_TOLERANCE:.0%}; d ≥ {MIN_L2_WIDTH}, the "
+       "width)", "definition: RMSNorm divides by √(mean x²) = ‖x‖/√d; dividing by ‖x‖ alone (F.normalize) leaves "
+       "every token at rms 1/√d, and no set of learned gains lands on that value in every norm",
+       "the norms divide by the L2 norm where the RMS belongs (F.normalize without × √d): every sublayer reads "
+       "inputs √d times too small", Cause.NORM)
+def _norm_is_l2(history: Sequence[dict], entry: dict) -> list[Finding]:
+    gains = _norm_gains(entry)
+    if not _l2_scaled(entry, gains):
+        return []
+    return [finding(Level.ERROR, None, None, statistics.fmean(gains),
+                    phrase("every norm's output has rms {gain:.3g} = 1/√{width}", gain=statistics.fmean(gains),
+                           width=entry["width"]))]
+
+
+@check(Scope.TRAINING, "norm_gains_not_one",
+       f"at a run's first record (step 0), whose loss is still near uniform guessing (≥ log V − {LOSS_MARGIN:g}), "
+       f"every norm of every layer has an effective gain outside [{GAIN_LOW:g}, {GAIN_HIGH:g}]",
+       "definition: LayerNorm and RMSNorm initialise their gains to 1 (Ba et al. 2016; Zhang & Sennrich 2019; "
+       "Gemma's (1 + w) with w = 0); a pretrained model being fine-tuned may have learned such gains, but its loss "
+       "is far below uniform",
+       "the norms were initialised far from gain 1 (a custom init that draws every weight, the gains included, from "
+       "N(0, 0.02)): every sublayer's input is rescaled by it", Cause.INITIALISATION)
+def _norm_gains_not_one(history: Sequence[dict], entry: dict) -> list[Finding]:
+    gains, loss, uniform = _norm_gains(entry), entry.get("loss"), _uniform(entry)
+    if history or entry.get("step") != 0 or not gains or loss is None or uniform is None or \
+            not (not math.isfinite(loss) or loss >= uniform - LOSS_MARGIN):
+        return []
+    if not all(gain_extreme(gain) for gain in gains) or _l2_scaled(entry, gains):
+        return []  # the L2 signature is norm_is_l2's
+    return [finding(Level.ERROR, None, None, statistics.fmean(gains),
+                    phrase("every norm's gain rms is between {low:.3g} and {high:.3g} at step 0, the loss {loss:.4g} "
+                           "against log V = {uniform:.4g}", low=min(gains), high=max(gains), loss=loss,
+                           uniform=uniform))]
 
 
 # --- the data a Watch saw ----------------------------------------------------------------------------

@@ -105,13 +105,20 @@ def _norm_not_normalising(record, layer, evidence) -> list[Finding]:
                            scale_error=norm.scale_error))]
 
 
+GAIN_LOW, GAIN_HIGH = 0.1, 10.0  # a norm's effective gain (rms) outside this band is far from its start at 1
+
+
+def gain_extreme(gain_rms: float) -> bool:
+    return not GAIN_LOW <= gain_rms <= GAIN_HIGH
+
+
 @check(Scope.STEP, "norm_gain_extreme",
-       "rms of the effective gain (g, or 1 + w for Gemma) < 0.1 or > 10, measured on the "
+       f"rms of the effective gain (g, or 1 + w for Gemma) < {GAIN_LOW:g} or > {GAIN_HIGH:g}, measured on the "
        "module (info: trained models have such gains)", "rule of thumb: gains start at 1",
        "the norm's learned gain has drifted far from 1, rescaling everything downstream", Cause.LEARNING_RATE)
 def _norm_gain_extreme(record, layer, evidence) -> list[Finding]:
     norm = record.probe.norm
-    if norm is None or norm.kind is NormKind.NONE or norm.gain_rms is None or 0.1 <= norm.gain_rms <= 10:
+    if norm is None or norm.kind is NormKind.NONE or norm.gain_rms is None or not gain_extreme(norm.gain_rms):
         return []
     return [finding(Level.INFO, record.name, layer, norm.gain_rms,
                     phrase("rms of the effective gain {gain_rms:.3g}", gain_rms=norm.gain_rms))]

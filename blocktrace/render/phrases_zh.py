@@ -96,6 +96,9 @@ PHRASES_ZH = {
     "loss {loss:.4g} at step {step}, log V = {uniform:.4g}": "第 {step} 步损失为 {loss}，log V = {uniform}",
     "loss {loss:.3g} nats per token": "每个 token 的损失为 {loss} nats",
     "loss {loss:.4g}, below 0": "损失为 {loss}，小于 0",
+    "every norm's output has rms {gain:.3g} = 1/√{width}": "每个归一化的输出 rms 都是 {gain} = 1/√{width}",
+    "every norm's gain rms is between {low:.3g} and {high:.3g} at step 0, the loss {loss:.4g} against log V = "
+    "{uniform:.4g}": "第 0 步时每个归一化的 gain 的 rms 都在 {low} 与 {high} 之间，损失 {loss}，而 log V = {uniform}",
     "loss {loss:.4g} against {mean:.4g} ± {spread:.2g} over the previous {count} records":
         "损失 {loss}，而之前 {count} 条记录为 {mean} ± {spread}",
     "this step's batch equals the batch of the record before": "这一步的 batch 与上一条记录的 batch 相同",

@@ -85,6 +85,7 @@ def _layer(value: Any, field: str) -> dict:
     layer["entropy_per_head"] = _listed(layer.get("entropy_per_head"), f"{field}.entropy_per_head", number,
                                         optional=True)
     layer["weights"] = _mapped(layer.get("weights"), f"{field}.weights", _numbers, optional=True)
+    layer["norm_gains"] = _mapped(layer.get("norm_gains"), f"{field}.norm_gains", number, optional=True)
     layer["notes"] = _listed(layer.get("notes", []), f"{field}.notes", _text)
     if layer.get("routing") is not None:
         layer["routing"] = _routing(layer["routing"], f"{field}.routing")

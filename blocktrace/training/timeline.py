@@ -50,6 +50,9 @@ def layer_entry(layer: int, trace, grad_norm: Optional[float] = None, weights: O
         "entropy_per_head": attention.entropy_per_head if attention else None,
         "future_weight_sum": attention.future_weight_sum if attention else None,
         "grad_norm": grad_norm,
+        # each norm step's effective gain (rms), as measured on the module: the model-wide norm checks read them
+        "norm_gains": {record.name: record.probe.norm.gain_rms for record in trace.steps
+                       if record.probe.norm is not None and record.probe.norm.gain_rms is not None},
         "weights": weights,
         "notes": list(trace.notes),
         **({"routing": trace.routing.to_dict()} if trace.routing is not None else {}),
