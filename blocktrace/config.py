@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
+from typing import ClassVar, Optional, Union
 
 from blocktrace.errors import ConfigError
-from blocktrace.vocab import STEP_NAMES, FFNKind, Norm, Placement, RopeKind, RouterKind
+from blocktrace.vocab import STEP_NAMES, FFNKind, MixerKind, Norm, Placement, RopeKind, RouterKind
 from blocktrace.wiring import Wiring, wiring_of
 
-__all__ = ["BlockConfig", "LatentWidths", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind",
+__all__ = ["BlockConfig", "GatedDeltaNet", "LatentWidths", "ShortConvolution", "TokenMixer", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind",
            "RouterKind"]
 
 
@@ -151,9 +151,57 @@ class ShortConvolution:
     def __str__(self) -> str:
         return f"short convolution over {self.kernel} tokens" + (", biased" if self.bias else "")
 
-    @classmethod
-    def of(cls, value) -> Optional["ShortConvolution"]:
-        return cls(**value) if isinstance(value, dict) else value
+    mixer: ClassVar[MixerKind] = MixerKind.SHORT_CONV
+
+
+@dataclass(frozen=True)
+class GatedDeltaNet:
+    """A token mixer in place of attention: the gated delta rule (Yang, Kautz & Hatamizadeh, "Gated Delta Networks",
+    ICLR 2025; HF's Qwen3NextGatedDeltaNet; the module is model.gated_delta.GatedDeltaNet). Each value head keeps a
+    [key_dims × value_dims] state S, decayed by exp(g) and corrected toward each token's value at rate β:
+    S ← exp(g)·S + β·k(v − Sᵀk)ᵀ, read by the token's query (q, k L2-normalised, q scaled by key_dims^-½). q, k and v
+    pass a causal depthwise convolution over the last `kernel` tokens and SiLU first; the output is RMS-normalised
+    per head and gated by SiLU(z). No token sees a later one; padded tokens are zeroed first."""
+
+    key_heads: int  # linear_num_key_heads: the q and k heads, each serving value_heads / key_heads value heads
+    value_heads: int  # linear_num_value_heads: one state, one β and one decay per value head
+    key_dims: int  # linear_key_head_dim
+    value_dims: int  # linear_value_head_dim
+    kernel: int = 4  # linear_conv_kernel_dim: the tokens the convolution reads, itself and the kernel − 1 before it
+
+    def __post_init__(self):
+        for name in ("key_heads", "value_heads", "key_dims", "value_dims", "kernel"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"a gated delta net's {name} must be a positive integer, not {value!r}",
+                                  "token_mixer")
+        if self.value_heads % self.key_heads:
+            raise ConfigError(f"a gated delta net's {self.value_heads} value heads must divide evenly among its "
+                              f"{self.key_heads} key heads", "token_mixer")
+
+    def __str__(self) -> str:
+        return (f"gated delta rule, {self.key_heads} q·k heads of {self.key_dims}, {self.value_heads} value heads of "
+                f"{self.value_dims}, convolution over {self.kernel} tokens")
+
+    mixer: ClassVar[MixerKind] = MixerKind.GATED_DELTA
+
+
+TokenMixer = Union[ShortConvolution, GatedDeltaNet]
+TOKEN_MIXERS = {spec.mixer: spec for spec in (ShortConvolution, GatedDeltaNet)}
+
+
+def token_mixer_of(value) -> Optional[TokenMixer]:
+    """A mixer spec, or the dict to_dict writes of one (its kind under `mixer`; a trace written before there were
+    two kinds holds a short convolution's fields alone)."""
+    if not isinstance(value, dict):
+        return value
+    fields = dict(value)
+    kind = fields.pop("mixer", MixerKind.SHORT_CONV.value)
+    try:
+        return TOKEN_MIXERS[MixerKind(kind)](**fields)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"token_mixer {value!r} is no mixer blocktrace knows ({', '.join(MixerKind.values())}): "
+                          f"{error}", "token_mixer") from None
 
 
 @dataclass(frozen=True)
@@ -209,8 +257,11 @@ class BlockConfig:
     glu_limit: float = 7.0  # swiglu_clamped: the gate clamped above at L, the up projection to ±L (gpt-oss's)
     glu_alpha: float = 1.702  # swiglu_clamped: the gate's sigmoid(α·g) (gpt-oss's)
     latent: Optional[LatentWidths] = None  # DeepSeek's multi-head latent attention in place of q/k/v projections
-    # a token mixer in place of attention (LFM2's short convolution); None: attention, as every other field says
-    token_mixer: Optional[ShortConvolution] = None
+    # Qwen3-Next's gated attention: each head's output multiplied by sigmoid(gate_proj(x)) before out_proj
+    attn_output_gate: bool = False
+    # a token mixer in place of attention (LFM2's short convolution, a gated delta net); None: attention, as every
+    # other field says
+    token_mixer: Optional[TokenMixer] = None
 
     def __post_init__(self):
         set_field = object.__setattr__  # frozen: normalise fields once, here
@@ -220,7 +271,7 @@ class BlockConfig:
         set_field(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
         set_field(self, "router", _as_enum(RouterKind, self.router, "router"))
         set_field(self, "latent", LatentWidths.of(self.latent))
-        set_field(self, "token_mixer", ShortConvolution.of(self.token_mixer))
+        set_field(self, "token_mixer", token_mixer_of(self.token_mixer))
         if self.d_ff is None and isinstance(self.d_model, int):
             set_field(self, "d_ff", 4 * self.d_model)
         self.validate()
@@ -257,8 +308,11 @@ class BlockConfig:
         if self.latent is not None:
             self._validate_latent()
         if self.token_mixer is not None and (not self.causal or self.latent is not None):
-            raise ConfigError("a short convolution is causal and replaces attention: it needs causal and no latent "
-                              "attention", "token_mixer")
+            raise ConfigError(f"the {self.token_mixer.mixer} token mixer is causal and replaces attention: it "
+                              "needs causal and no latent attention", "token_mixer")
+        if self.attn_output_gate and (self.token_mixer is not None or self.latent is not None):
+            raise ConfigError("attn_output_gate gates attention's heads: a token mixer or latent attention has none "
+                              "of its own", "attn_output_gate")
         if self.nope and self.rope_theta is not None:
             raise ConfigError("a NoPE layer has no rotary embedding: nope needs rope_theta None", "nope")
         if isinstance(self.residual_multiplier, bool) or not isinstance(self.residual_multiplier, (int, float)) or \
@@ -400,7 +454,10 @@ class BlockConfig:
 
     def to_dict(self) -> dict:
         """Plain JSON-ready values (enums as their strings)."""
-        return {field.name: _plain(getattr(self, field.name)) for field in dataclasses.fields(self)}
+        plain = {field.name: _plain(getattr(self, field.name)) for field in dataclasses.fields(self)}
+        if self.token_mixer is not None:  # its kind, so that from_dict builds the same spec
+            plain["token_mixer"]["mixer"] = self.token_mixer.mixer.value
+        return plain
 
     @classmethod
     def from_dict(cls, data: dict) -> "BlockConfig":

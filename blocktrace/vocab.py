@@ -52,6 +52,13 @@ class FFNKind(Choice):
         return self in (FFNKind.SWIGLU, FFNKind.GEGLU, FFNKind.GEGLU_EXACT, FFNKind.SWIGLU_CLAMPED)
 
 
+class MixerKind(Choice):
+    """A token mixer that is not attention (config.TOKEN_MIXERS holds each one's spec)."""
+
+    SHORT_CONV = "short_conv"  # LFM2's gated short convolution
+    GATED_DELTA = "gated_delta"  # Qwen3-Next's gated delta rule (Gated DeltaNet)
+
+
 class RouterKind(Choice):
     """How a mixture of experts' router turns its logits into each token's experts and their weights."""
 

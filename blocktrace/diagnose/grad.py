@@ -28,8 +28,8 @@ from typing import Callable
 import torch
 from torch.nn import functional as F
 
+from blocktrace.model.block import MIXERS
 from blocktrace.model.layers import LatentAttention
-from blocktrace.model.short_conv import ShortConvolution
 from blocktrace.vocab import WEIGHT_NAMES
 
 VOCAB = 256  # classes of the random readout
@@ -39,10 +39,10 @@ def weight_matrices(block) -> dict[str, torch.Tensor]:
     """The matrices whose gradients are reported, by the names the tables use. A mixture of experts has no one
     W1 and W2: its experts' gradients are among the parameters' (parameter_norms), its FFN columns are left out.
     Latent attention has no one K and V either: its q and output projections are reported, its latents' matrices
-    are among the parameters'. A short convolution has no Q, K or V: its output projection is reported, its input
-    projection and filters are among the parameters'."""
+    are among the parameters'. A token mixer that is not attention (a short convolution, a gated delta net) has no
+    Q, K or V: its output projection is reported, its input projections and filters are among the parameters'."""
     attn, ffn = block.attn, block.ffn
-    if isinstance(attn, ShortConvolution):
+    if isinstance(attn, tuple(MIXERS.values())):
         matrices = [None, None, None, attn.out_proj]
     elif isinstance(attn, LatentAttention):
         matrices = [attn.q_proj if attn.latent.q_rank is None else attn.q_b_proj, None, None, attn.out_proj]

@@ -16,9 +16,15 @@ from blocktrace.config import STEP_NAMES, BlockConfig
 from blocktrace.model.init import apply_deepnorm_beta, initialise
 from blocktrace.model.layers import LatentAttention, MultiHeadAttention, make_ffn, make_norm
 from blocktrace.model.moe import MixtureOfExperts
+from blocktrace.model.gated_delta import GatedDeltaNet
 from blocktrace.model.short_conv import ShortConvolution
-from blocktrace.vocab import SANDWICH_STEPS, FFNKind, Init, Norm, Placement, RouterKind
+from blocktrace.vocab import SANDWICH_STEPS, FFNKind, Init, MixerKind, Norm, Placement, RouterKind
 from blocktrace.wiring import INPUT, Kind
+
+
+# Each token mixer that is not attention, a piece in a file of its own: its module, which names its operation
+# (`label`) and gives its sub-steps' formulas (`operations`).
+MIXERS = {MixerKind.SHORT_CONV: ShortConvolution, MixerKind.GATED_DELTA: GatedDeltaNet}
 
 
 class Residual(nn.Module):
@@ -72,7 +78,7 @@ def _make_step(kind: Kind, config: BlockConfig) -> nn.Module:
         return make_norm(config)
     if kind is Kind.ATTENTION:
         if config.token_mixer is not None:
-            return ShortConvolution(config)
+            return MIXERS[config.token_mixer.mixer](config)
         return LatentAttention(config) if config.latent is not None else MultiHeadAttention(config)
     if kind is Kind.FFN:
         return MixtureOfExperts(config) if config.n_experts else make_ffn(config)
@@ -128,13 +134,14 @@ def substep_operations(config: BlockConfig) -> dict[str, str]:
         "attn.q_norm": f"q = RMSNorm(q) {scope}", "attn.k_norm": f"k = RMSNorm(k) {scope}",
         "attn.q_rope": "q_rope = RoPE(q, positions)", "attn.k_rope": "k_rope = RoPE(k, positions)",
         **(_latent_operations(config) if config.latent is not None else {}),
-        **(_short_conv_operations(config) if config.token_mixer is not None else {}),
+        **(MIXERS[config.token_mixer.mixer].operations(config) if config.token_mixer is not None else {}),
         "ffn.router_logits": "logits = router(x_in)  (one per expert)",
         "ffn.router_probs": _router_operation(config),
         "ffn.routed": "Σ over its top-k experts: expert_e(s_e · x_in)" if config.router is RouterKind.SIGMOID_TOPK
         else f"Σ over its top-k experts: {_weight_name(config)} · expert_e(x_in)",
         "attn.q_l2norm": "q = q / RMS(q) per head, after RoPE (no gain)",
         "attn.k_l2norm": "k = k / RMS(k) per head, after RoPE (no gain)",
+        "attn.output_gate": "sigmoid(gate_proj(x_in))  (multiplies each head's output before out_proj)",
         "ffn.shared": "shared_expert(x_in)" if not config.shared_expert_gated
         else "sigmoid(gate(x_in)) · shared_expert(x_in)",
     }
@@ -151,14 +158,6 @@ def _latent_operations(config: BlockConfig) -> dict[str, str]:
                       "(shared by the heads)",
             "attn.q_rope": f"q_rope = RoPE(q[{latent.nope_dims}:], positions)",
             "attn.k_rope": f"k_rope = RoPE(k[{latent.nope_dims}:], positions)  (one for every head)"}
-
-
-def _short_conv_operations(config: BlockConfig) -> dict[str, str]:
-    """The short convolution's sub-steps: the three streams, their gated product, its causal convolution."""
-    k = config.token_mixer.kernel
-    return {"attn.b": "B = in_proj(x_in)[:d]  (the input gate)", "attn.c": "C = in_proj(x_in)[d:2d]  (the output gate)",
-            "attn.x": "x = in_proj(x_in)[2d:]", "attn.gated": "B ⊙ x",
-            "attn.convolved": f"conv = CausalConv[{k}](B ⊙ x)  (per channel; attn_out = out_proj(C ⊙ conv))"}
 
 
 def _router_operation(config: BlockConfig) -> str:
@@ -190,10 +189,11 @@ def step_operations(config: BlockConfig) -> dict[str, str]:
     marks = [mark for mark, on in (("NoPE", config.nope), ("sinks", config.attn_sinks),
                                    ("latent", config.latent is not None), ("L2 QK-norm", config.qk_l2_norm),
                                    (f"chunks of {config.attention_chunk}", config.attention_chunk is not None),
-                                   ("query temperature", config.temperature_floor is not None)) if on]
+                                   ("query temperature", config.temperature_floor is not None),
+                                   ("output gate", config.attn_output_gate)) if on]
     attention = f"MultiHeadAttention[{', '.join(marks)}]" if marks else "MultiHeadAttention"
     if config.token_mixer is not None:
-        attention = f"ShortConv[{config.token_mixer.kernel} tokens]"
+        attention = MIXERS[config.token_mixer.mixer].label(config.token_mixer)
     functions = {Kind.NORM: _norm_name(config), Kind.ATTENTION: attention, Kind.FFN: _ffn_name(config)}
     formulas = {}
     for step in wiring.steps:

@@ -94,6 +94,10 @@ class MultiHeadAttention(nn.Module):
         self.causal, self.window, self.chunk = config.causal, config.sliding_window, config.attention_chunk
         self.scale, self.softcap = config.scale, config.attn_softcap
         self._projections(config)
+        # Qwen3-Next's gated attention (Qiu et al. 2025): each head's output × sigmoid(gate_proj(x)), a sub-step
+        self.gate_proj = nn.Linear(config.d_model, self.n_heads * hd, bias=config.projection_bias) \
+            if config.attn_output_gate else None
+        self.output_gate = HookPoint() if config.attn_output_gate else None
         self.qk_norm_whole = config.qk_norm_whole  # OLMo-2: one norm over all heads, before the split
         widths = (self.n_heads * hd, self.n_kv_heads * hd) if config.qk_norm_whole else (hd, hd)
         self.q_norm, self.k_norm = (RMSNorm(width, config.eps, config.norm_offset, config.norm_gain_float32)
@@ -131,7 +135,8 @@ class MultiHeadAttention(nn.Module):
         names = ("q", "k") if hasattr(self, "q") else ()
         names += ("q_norm", "k_norm") if self.q_norm is not None else ()
         names += ("q_rope", "k_rope") if self.rope is not None else ()
-        return names + (("q_l2norm", "k_l2norm") if self.q_l2norm is not None else ())
+        names += ("q_l2norm", "k_l2norm") if self.q_l2norm is not None else ()
+        return names + (("output_gate",) if self.output_gate is not None else ())
 
     def _split_heads(self, x: torch.Tensor, heads: Optional[int] = None) -> torch.Tensor:
         *lead, t, width = x.shape
@@ -220,7 +225,10 @@ class MultiHeadAttention(nn.Module):
         t, step = q.shape[-2], self.chunk_rows(q)
         parts = [self._attend(q[..., a : a + step, :], k, v, slice(a, min(a + step, t))) for a in range(0, t, step)]
         mixed = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)).transpose(-3, -2)  # [..., T, H, hd]
-        return self.out_proj(mixed.reshape(*x.shape[:-1], self.n_heads * v.shape[-1]))
+        mixed = mixed.reshape(*x.shape[:-1], self.n_heads * v.shape[-1])
+        if self.gate_proj is not None:
+            mixed = mixed * self.output_gate(torch.sigmoid(self.gate_proj(x)))
+        return self.out_proj(mixed)
 
 
 class LatentAttention(MultiHeadAttention):

@@ -37,6 +37,20 @@ class ShortConvolution(nn.Module):
     def substeps(self) -> tuple[str, ...]:
         return SUBSTEPS
 
+    @staticmethod
+    def label(spec) -> str:
+        """The operation the attn step's row names."""
+        return f"ShortConv[{spec.kernel} tokens]"
+
+    @staticmethod
+    def operations(config: BlockConfig) -> dict[str, str]:
+        """The sub-steps' formulas: the three streams, their gated product, its causal convolution."""
+        k = config.token_mixer.kernel
+        return {"attn.b": "B = in_proj(x_in)[:d]  (the input gate)",
+                "attn.c": "C = in_proj(x_in)[d:2d]  (the output gate)", "attn.x": "x = in_proj(x_in)[2d:]",
+                "attn.gated": "B ⊙ x",
+                "attn.convolved": f"conv = CausalConv[{k}](B ⊙ x)  (per channel; attn_out = out_proj(C ⊙ conv))"}
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # [T, d] or [B, T, d]
         unbatched = h.dim() == 2
         if unbatched:

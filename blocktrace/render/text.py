@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from tabulate import tabulate
 
-from blocktrace.config import BlockConfig, LatentWidths, RopeScaling, ShortConvolution
+from blocktrace.config import BlockConfig, LatentWidths, RopeScaling, token_mixer_of
 from blocktrace.diagnose.diagnosis import layer_ranges
 from blocktrace.render.words import HEADINGS, explanation
 from blocktrace.tracing.recorder import PREVIEW_MAX_TOKENS
@@ -39,7 +39,7 @@ CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_
                  "attn_softcap", "sliding_window", "attention_chunk", "temperature_floor", "temperature_scale", "parallel_residual", "one_norm", "residual_multiplier",
                  "attn_sinks", "latent", "n_experts", "experts_per_token", "renormalise_top_k", "shared_expert_d_ff",
                  "shared_expert_gated", "router", "router_bias", "expert_groups", "groups_per_token", "routed_scaling",
-                 "choice_bias", "glu_limit", "glu_alpha", "token_mixer")
+                 "choice_bias", "glu_limit", "glu_alpha", "attn_output_gate", "token_mixer")
 MOE_EXTRAS = ("experts_per_token", "renormalise_top_k")  # said of every mixture of experts, and only of one
 # The router's and the experts' settings: nothing to say of a dense layer (n_experts None) among sparse ones.
 EXPERT_SETTINGS = (*MOE_EXTRAS, "shared_expert_d_ff", "shared_expert_gated", "router", "router_bias", "expert_groups",
@@ -53,7 +53,7 @@ def _setting(key: str, value) -> str:
     if key == "latent":
         return f"'{LatentWidths.of(value)}'"
     if key == "token_mixer":
-        return f"'{ShortConvolution.of(value)}'"
+        return f"'{token_mixer_of(value)}'"
     return f"{value:.4g}" if isinstance(value, float) else f"{value}"
 
 

@@ -148,7 +148,7 @@ def huggingface_call(block: nn.Module, x: torch.Tensor, token_mask: Optional[tor
     batch, tokens = (x.shape[0] if x.dim() == 3 else 1), x.shape[-2]
     batched_x = x if x.dim() == 3 else x.unsqueeze(0)
     call = Call(batched=True, config=config)
-    if attention_module(block) is None:  # a token mixer without attention (LFM2's convolution layers)
+    if attention_module(block) is None:  # a token mixer without attention (LFM2's, Qwen3-Next's)
         return _recurrent_call(call, parameters, x, token_mask)
     causal = bool(hf_causal(block))
     window = _sliding_window(block, config) if causal else None
@@ -176,6 +176,9 @@ def _recurrent_call(call: Call, parameters, x: torch.Tensor, token_mask: Optiona
     mask [B, T] (HF's is None where nothing is padded: multiplying by ones changes no number); no positions reach it."""
     if "attention_mask" in parameters:
         call.kwargs["attention_mask"] = token_mask.to(x.dtype) if token_mask is not None else None
+    embeddings = parameters.get("position_embeddings")
+    if embeddings is not None and embeddings.default is inspect.Parameter.empty:  # required, and read by attention
+        call.kwargs["position_embeddings"] = None  # layers only (Qwen3NextDecoderLayer's linear layers ignore it)
     call.notes.append("called as its model calls it: a token mixer without attention, given the padding mask only"
                       + ("; a batch of one added" if x.dim() == 2 else ""))
     return call
