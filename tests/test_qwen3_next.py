@@ -259,3 +259,14 @@ def test_run_prints_the_mixers_in_the_operation_column(invoke, saved):
     assert "attn_out = GatedDeltaNet[4 heads, conv 4](x_norm1)" in text and "S ← exp(g)·S" in text, text
     text = invoke("run", "--weights", str(directory), "--layer", "3", "--token-ids", "1", "2", "3").stdout
     assert "MultiHeadAttention[output gate](x_norm1)" in text and "sigmoid(gate_proj(x_in))" in text, text
+
+
+def test_the_delta_net_is_named_as_itself_in_both_languages(invoke, saved):
+    """It was titled and noted as a short convolution (the first mixer's words, keyed on a sub-step both have)."""
+    directory, _ = saved
+    args = ("run", "--weights", str(directory), "--layer", "0", "--token-ids", "1", "2", "3")
+    english, chinese = invoke(*args).stdout, invoke(*args, "--lang", "zh").stdout
+    assert "inside attn, a gated delta net" in english and "short convolution" not in english
+    assert "note: attn is GatedDeltaNet, a token mixer without attention weights" in english
+    assert "attn 内部（门控 delta 层）" in chinese and "短卷积" not in chinese
+    assert "注: attn 是 GatedDeltaNet" in chinese and "注: 门控 delta 层：0, 1, 2" in chinese

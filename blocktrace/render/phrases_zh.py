@@ -158,8 +158,13 @@ PHRASES_ZH = {
     "{before:.4g} to {after:.4g}": "第 {step} 步记录之后的那一步：g·Δw = {predicted} > 0，它的 batch 损失从 {before} 变为 {after}",
     "rank {rank}'s weights differ from rank 0's: Σw² {value:.9g} against {reference:.9g}":
         "rank {rank} 的权重与 rank 0 不同：Σw² 为 {value}，rank 0 为 {reference}",
-    "attn is a short convolution: it has no attention weights, and its causality is measured by changing later "
-    "tokens": "attn 是短卷积：没有注意力权重，其因果性通过改变后面的 token 来测量",
+    "gated delta-rule layers: {layers}": "门控 delta 层：{layers}",
+    "short-convolution layers: {layers}": "短卷积层：{layers}",
+    "config.json has no layer_types and no full_attention_interval: every {interval}th layer attends, the others are "
+    "delta-rule layers, as HF computes it": "config.json 没有 layer_types，也没有 full_attention_interval：每第 {interval} "
+                                            "层是注意力层，其余是门控 delta 层（与 HF 相同）",
+    "attn is {mixer}, a token mixer without attention weights: its causality is measured by changing later tokens":
+        "attn 是 {mixer}，一个没有注意力权重的 token mixer：其因果性通过改变后面的 token 来测量",
     "causal probe not run under FSDP2: a forward between backward() and optimizer.step() changes what FSDP2 trains "
     "(docs/track.md)": "FSDP2 下不运行因果检测：在 backward() 与 optimizer.step() 之间多做一次前向，会改变 FSDP2 训练的结果（docs/track.md）",
     "rank {rank}'s optimizer state differs from rank 0's: Σs² {value:.9g} against {reference:.9g}":

@@ -14,6 +14,7 @@ from tabulate import tabulate
 
 from blocktrace.config import BlockConfig, LatentWidths, RopeScaling, token_mixer_of
 from blocktrace.diagnose.diagnosis import layer_ranges
+from blocktrace.render.translate import say
 from blocktrace.render.words import HEADINGS, explanation
 from blocktrace.tracing.recorder import PREVIEW_MAX_TOKENS
 from blocktrace.tracing.stats import STAT_NAMES
@@ -178,8 +179,10 @@ def measured_line(measured: dict, lang: Lang = Lang.EN) -> str:
 
 def _substeps_title(entries: list, lang: Lang = Lang.EN) -> str:
     words, names = HEADINGS[lang], {entry["name"] for entry in entries}
-    if "attn.gated" in names:
+    if "attn.convolved" in names:
         return words["inside_conv"]
+    if "attn.delta" in names:
+        return words["inside_delta"]
     stages = [words["projected"]] + ([words["after_qk_norm"]] if "attn.q_norm" in names else []) \
         + ([words["after_rope"]] if "attn.q_rope" in names else [])
     return words["inside_attn"].format(stages=words["then"].join(stages))
@@ -263,7 +266,7 @@ def render_run(
     if report.get("gradients"):
         parts.append(gradients_section(report["gradients"], fmt))
     if report.get("notes"):
-        parts.append("\n".join(f"note: {note}" for note in report["notes"]))
+        parts.append("\n".join(f"{HEADINGS[lang]['note']}: {say(note, lang)}" for note in report["notes"]))
     parts.append(f"block_shape_preserved={report['block_shape_preserved']}")
     return "\n\n".join(parts) + "\n"
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+from torch import nn
 
 from blocktrace.host import to_host
 from blocktrace.phrases import phrase
@@ -40,7 +41,7 @@ from blocktrace.tracing.stats import (
     stats_from_moments,
     uniform_entropy,
 )
-from blocktrace.tracing.steps import Layout
+from blocktrace.tracing.steps import Layout, StepSpec, resolve
 from blocktrace.vocab import SANDWICH_STEPS, STEP_NAMES
 
 TINY = 1e-30  # a median this small counts as this (a ratio to it stays finite)
@@ -103,8 +104,8 @@ class Collected:
                                       p.tensor, sample, probe))
         summary, notes = self._attention(first["attention"]), list(self.notes)
         if summary is None and self._mixes_without_attention():
-            notes.append(phrase("attn is a short convolution: it has no attention weights, and its causality is "
-                                "measured by changing later tokens"))
+            notes.append(phrase("attn is {mixer}, a token mixer without attention weights: its causality is measured "
+                                "by changing later tokens", mixer=type(self._mixer()).__name__))
         elif summary is None:
             notes.append(f"attention weights are not visible: {self.layout.attention_path or 'the attention'} "
                          "returns none (a fused kernel such as scaled_dot_product_attention, or weights not requested)")
@@ -126,9 +127,13 @@ class Collected:
         measured = self.behaviour.get(name)
         return measured.probe(values[name]) if measured is not None else {}
 
+    def _mixer(self) -> nn.Module:
+        """The module of the attn step: ours, or the HF layer's (named as this layer holds it)."""
+        return self.block.attn if self.own else resolve(self.block, StepSpec("attn", self.layout.attention_path))
+
     def _mixes_without_attention(self) -> bool:
-        """Whether the block's token mixer is no attention: ours with a short convolution, or an HF layer whose attn
-        step is not an attention module (LFM2's conv layers)."""
+        """Whether the block's token mixer is no attention: ours with a token_mixer, or an HF layer whose attn step is
+        not an attention module (LFM2's conv layers, Qwen3-Next's linear ones)."""
         if self.own:
             return self.block.config.token_mixer is not None
         return is_huggingface(self.block) and attention_module(self.block) is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from blocktrace.config import ShortConvolution
+from blocktrace.phrases import phrase
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.base import HeadSpec, HFLayer, LossKind, head_weight, linear, refuse_quantised, \
     rope_fields, size
@@ -125,5 +126,5 @@ class LFM2(Llama):
         if config is not None:
             kinds = self.layer_kinds(config)
             convolved = [str(k) for k, kind in enumerate(kinds) if kind == CONV]
-            notes.append(f"short-convolution layers: {', '.join(convolved) or 'none'}")
+            notes.append(phrase("short-convolution layers: {layers}", layers=", ".join(convolved) or "none"))
         return notes

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Optional
 
 from blocktrace.config import GatedDeltaNet
+from blocktrace.phrases import phrase
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.base import HFLayer, linear, refuse_quantised, rope_fields
 from blocktrace.sources.families.gemma import FULL
@@ -131,8 +132,9 @@ class Qwen3Next(Qwen2MoE):
         notes = super().notes(config)
         if config is not None:
             linear_layers = [str(k) for k, kind in enumerate(self.layer_kinds(config)) if kind == LINEAR]
-            notes.append(f"gated delta-rule layers: {', '.join(linear_layers) or 'none'}")
+            notes.append(phrase("gated delta-rule layers: {layers}", layers=", ".join(linear_layers) or "none"))
             if "layer_types" not in config and "full_attention_interval" not in config:
-                notes.append(f"config.json has neither layer_types nor full_attention_interval: every "
-                             f"{FULL_ATTENTION_INTERVAL}th layer attends, the others are delta-rule layers (HF's rule)")
+                notes.append(phrase("config.json has no layer_types and no full_attention_interval: every {interval}th "
+                                    "layer attends, the others are delta-rule layers, as HF computes it",
+                                    interval=FULL_ATTENTION_INTERVAL))
         return notes
