@@ -15,7 +15,7 @@ from blocktrace.errors import ConfigError
 from blocktrace.vocab import STEP_NAMES, FFNKind, MixerKind, Norm, Placement, RopeKind, RouterKind
 from blocktrace.wiring import Wiring, wiring_of
 
-__all__ = ["BlockConfig", "GatedDeltaNet", "LatentWidths", "ShortConvolution", "TokenMixer", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind",
+__all__ = ["BlockConfig", "GatedDeltaNet", "LatentWidths", "Mamba2", "ShortConvolution", "TokenMixer", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind",
            "RouterKind"]
 
 
@@ -186,8 +186,53 @@ class GatedDeltaNet:
     mixer: ClassVar[MixerKind] = MixerKind.GATED_DELTA
 
 
-TokenMixer = Union[ShortConvolution, GatedDeltaNet]
-TOKEN_MIXERS = {spec.mixer: spec for spec in (ShortConvolution, GatedDeltaNet)}
+@dataclass(frozen=True)
+class Mamba2:
+    """A token mixer in place of attention: Mamba-2's selective state space (Dao & Gu, "Transformers are SSMs", ICML
+    2024; HF's GraniteMoeHybridMambaLayer; the module is model.mamba2.Mamba2). One projection gives the gate z, the
+    stream [x, B, C] and a step size per head; [x, B, C] passes a causal depthwise convolution over the last `kernel`
+    tokens and SiLU. Each head's [head_dims × state_dims] state decays by exp(Δ·A) (A = −exp(A_log) < 0, Δ =
+    softplus(dt + dt_bias) clamped to `step_limit`) and takes Δ·x Bᵀ at each token; the token reads it with C, plus
+    D·x. The output is × SiLU(z), RMS-normalised per group, then projected out. No token sees a later one; padded
+    tokens are zeroed before and after the convolution."""
+
+    heads: int  # mamba_n_heads
+    head_dims: int  # mamba_d_head: heads × head_dims is the inner width (mamba_expand × d_model)
+    state_dims: int  # mamba_d_state: N, the width of B and C
+    groups: int = 1  # mamba_n_groups: B and C are shared by heads / groups heads; the gated norm's groups
+    kernel: int = 4  # mamba_d_conv
+    conv_bias: bool = True  # mamba_conv_bias
+    bias: bool = False  # mamba_proj_bias: biases on in_proj and out_proj
+    chunk: int = 256  # mamba_chunk_size: tokens per chunk of the scan (changes rounding only)
+    step_limit: tuple[float, float] = (0.0, float("inf"))  # time_step_limit: Δ clamped into it
+
+    def __post_init__(self):
+        object.__setattr__(self, "step_limit", tuple(float(v) for v in self.step_limit))
+        for name in ("heads", "head_dims", "state_dims", "groups", "kernel", "chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"a Mamba-2 mixer's {name} must be a positive integer, not {value!r}", "token_mixer")
+        if self.heads % self.groups:
+            raise ConfigError(f"a Mamba-2 mixer's {self.heads} heads must divide evenly among its {self.groups} "
+                              "groups", "token_mixer")
+        low, high = self.step_limit
+        if len(self.step_limit) != 2 or not 0 <= low <= high:
+            raise ConfigError(f"a Mamba-2 mixer's step_limit must be (low, high) with 0 ≤ low ≤ high, not "
+                              f"{self.step_limit!r}", "token_mixer")
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dims
+
+    def __str__(self) -> str:
+        return (f"Mamba-2, {self.heads} heads of {self.head_dims}, state {self.state_dims}, {self.groups} group"
+                f"{'s' if self.groups > 1 else ''}, convolution over {self.kernel} tokens")
+
+    mixer: ClassVar[MixerKind] = MixerKind.MAMBA2
+
+
+TokenMixer = Union[ShortConvolution, GatedDeltaNet, Mamba2]
+TOKEN_MIXERS = {spec.mixer: spec for spec in (ShortConvolution, GatedDeltaNet, Mamba2)}
 
 
 def token_mixer_of(value) -> Optional[TokenMixer]:

@@ -57,6 +57,7 @@ class MixerKind(Choice):
 
     SHORT_CONV = "short_conv"  # LFM2's gated short convolution
     GATED_DELTA = "gated_delta"  # Qwen3-Next's gated delta rule (Gated DeltaNet)
+    MAMBA2 = "mamba2"  # Granite-4's Mamba-2 selective state space
 
 
 class RouterKind(Choice):

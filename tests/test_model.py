@@ -84,6 +84,12 @@ def hf_model(name: str):
             **{**small, "num_hidden_layers": 4}, num_key_value_heads=2, head_dim=8, linear_num_key_heads=2,
             linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8, num_experts=4,
             num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24, mlp_only_layers=[1]))
+    elif name == "granitemoehybrid":  # Mamba-2 around an attention layer, experts beside a shared MLP, multipliers
+        model = transformers.GraniteMoeHybridForCausalLM(transformers.GraniteMoeHybridConfig(
+            **{**small, "intermediate_size": 16}, num_key_value_heads=2, shared_intermediate_size=24,
+            num_local_experts=4, num_experts_per_tok=2, mamba_n_heads=4, mamba_d_state=8, mamba_n_groups=2,
+            mamba_chunk_size=4, layer_types=["mamba", "attention", "mamba"], position_embedding_type="rope",
+            embedding_multiplier=6.0, attention_multiplier=0.2, residual_multiplier=0.3, logits_scaling=4.0))
     elif name == "olmo3":  # sliding, full, sliding
         model = transformers.Olmo3ForCausalLM(transformers.Olmo3Config(
             **small, num_key_value_heads=2, sliding_window=4,
@@ -140,7 +146,7 @@ def our_layer_gradients(report: dict) -> list[float]:
                                   "olmoe", "llama3 rope", "gpt_neox", "starcoder2", "granite", "smollm3", "olmo3",
                                   "exaone4", "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2",
                                   "llama4_text", "lfm2", "seed_oss", "ernie4_5", "glm4_moe",
-                                  "minimax_m2", "qwen3_next"])
+                                  "minimax_m2", "qwen3_next", "granitemoehybrid"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)
@@ -156,7 +162,8 @@ def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["llama", "granite", "smollm3", "olmo3", "exaone4", "cohere", "cohere2", "gpt_oss",
-                                  "deepseek_v3", "deepseek_v2", "llama4_text", "lfm2", "glm4_moe", "qwen3_next"])
+                                  "deepseek_v3", "deepseek_v2", "llama4_text", "lfm2", "glm4_moe", "qwen3_next",
+                                  "granitemoehybrid"])
 def test_a_padded_batch_predicts_real_tokens_only(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

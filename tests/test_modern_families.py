@@ -374,7 +374,8 @@ FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3
                   ("deepseek_v3", "DeepseekV3Config"), ("deepseek_v2", "DeepseekV2Config"),
                   ("llama4_text", "Llama4TextConfig"), ("lfm2", "Lfm2Config"), ("seed_oss", "SeedOssConfig"),
                   ("ernie4_5", "Ernie4_5Config"), ("glm4_moe", "Glm4MoeConfig"),
-                  ("minimax_m2", "MiniMaxM2Config"), ("qwen3_next", "Qwen3NextConfig")]
+                  ("minimax_m2", "MiniMaxM2Config"), ("qwen3_next", "Qwen3NextConfig"),
+                  ("granitemoehybrid", "GraniteMoeHybridConfig")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],

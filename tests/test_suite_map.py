@@ -51,6 +51,8 @@ TESTED_IN = {
                             "padding"),
     "model/gated_delta.py": (["test_qwen3_next.py"], "the gated delta rule against HF's Qwen3NextGatedDeltaNet and a "
                              "token-by-token loop, its sub-steps and padding"),
+    "model/mamba2.py": (["test_granitemoehybrid.py"], "Mamba-2's scan against HF's GraniteMoeHybridMambaLayer and a "
+                        "token-by-token loop, its sub-steps and padding"),
     "training/arguments.py": (["test_watch.py", "test_watch_robust.py"], "the Watch's arguments refused by name, "
                               "step()'s loss and lr taken, start= and append= continuing a timeline"),
     "training/blocks.py": (["test_watch.py", "test_distributed.py"], "the blocks found inside wrappers, FSDP2's shards"),

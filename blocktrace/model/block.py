@@ -17,6 +17,7 @@ from blocktrace.model.init import apply_deepnorm_beta, initialise
 from blocktrace.model.layers import LatentAttention, MultiHeadAttention, make_ffn, make_norm
 from blocktrace.model.moe import MixtureOfExperts
 from blocktrace.model.gated_delta import GatedDeltaNet
+from blocktrace.model.mamba2 import Mamba2
 from blocktrace.model.short_conv import ShortConvolution
 from blocktrace.vocab import SANDWICH_STEPS, FFNKind, Init, MixerKind, Norm, Placement, RouterKind
 from blocktrace.wiring import INPUT, Kind
@@ -24,7 +25,7 @@ from blocktrace.wiring import INPUT, Kind
 
 # Each token mixer that is not attention, a piece in a file of its own: its module, which names its operation
 # (`label`) and gives its sub-steps' formulas (`operations`).
-MIXERS = {MixerKind.SHORT_CONV: ShortConvolution, MixerKind.GATED_DELTA: GatedDeltaNet}
+MIXERS = {MixerKind.SHORT_CONV: ShortConvolution, MixerKind.GATED_DELTA: GatedDeltaNet, MixerKind.MAMBA2: Mamba2}
 
 
 class Residual(nn.Module):

@@ -183,6 +183,8 @@ def _substeps_title(entries: list, lang: Lang = Lang.EN) -> str:
         return words["inside_conv"]
     if "attn.delta" in names:
         return words["inside_delta"]
+    if "attn.scan" in names:
+        return words["inside_mamba"]
     stages = [words["projected"]] + ([words["after_qk_norm"]] if "attn.q_norm" in names else []) \
         + ([words["after_rope"]] if "attn.q_rope" in names else [])
     return words["inside_attn"].format(stages=words["then"].join(stages))

@@ -30,6 +30,8 @@ HEADINGS = {
         "inside_conv": "inside attn, a short convolution: B, C and x as projected, B ⊙ x, then its convolution",
         "inside_delta": "inside attn, a gated delta net: q, k and v after the convolution, z, β and the decay, the "
                         "rule's output, then the gated norm",
+        "inside_mamba": "inside attn, Mamba-2: the gate z, x, B and C after the convolution, the step Δ and the decay, "
+                        "the scan's output, then the gated norm",
         "after_qk_norm": "after QK-norm", "after_rope": "after the rotary embedding",
         "inside_ffn": "inside ffn: the router, then the experts it chose", "note": "note",
     },
@@ -56,6 +58,7 @@ HEADINGS = {
         "inside_attn": "attn 内部：q 和 k {stages}", "then": "，然后", "projected": "投影之后",
         "inside_conv": "attn 内部（短卷积）：投影出的 B、C、x，B ⊙ x，然后卷积",
         "inside_delta": "attn 内部（门控 delta 层）：卷积之后的 q、k、v，z、β 与衰减，delta 输出，然后门控归一化",
+        "inside_mamba": "attn 内部（Mamba-2）：门 z，卷积之后的 x、B、C，步长 Δ 与衰减，scan 输出，然后门控归一化",
         "after_qk_norm": "QK-norm 之后", "after_rope": "旋转位置编码之后",
         "inside_ffn": "ffn 内部：router，然后是它选中的 experts", "note": "注",
     },

@@ -159,7 +159,9 @@ def huggingface_call(block: nn.Module, x: torch.Tensor, token_mask: Optional[tor
     positions = torch.arange(tokens, device=x.device)[None].expand(batch, tokens)
     if "position_ids" in parameters:
         call.kwargs["position_ids"] = positions
-    if "position_embeddings" in parameters and config is not None:
+    # GraniteMoeHybrid's position_embedding_type other than "rope": its model makes no rotary embeddings at all
+    rotary = getattr(config, "position_embedding_type", "rope") == "rope"
+    if "position_embeddings" in parameters and config is not None and rotary:
         call.kwargs["position_embeddings"] = _position_embeddings(block, config, batched_x, positions)
     what = "causal mask" if causal else "no causal mask (bidirectional)"
     what += f" with a sliding window of {window}" if window is not None else ""

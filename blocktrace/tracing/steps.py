@@ -119,6 +119,9 @@ def _known(block: nn.Module) -> Optional[Layout]:
     if layer is None:
         return None
 
+    if layer.untraceable is not None and dict(block.named_modules()).get(layer.untraceable[0]) is not None:
+        raise UsageError(f"cannot trace {class_name} as it is: {layer.untraceable[1]}; trace its checkpoint "
+                         "instead (blocktrace run/check --weights DIR), which computes the same numbers")
     parallel = layer.parallel_flag is not None and bool(getattr(block, layer.parallel_flag, False))
     layout = _hf_layout(class_name, dataclasses.replace(layer, steps=_present_steps(block, layer.steps)), parallel)
     causal = hf_causal(block)

@@ -82,6 +82,8 @@ class HFLayer:
     parallel_flag: Optional[str] = None  # the layer's attribute that, when true, makes its residual parallel
     residual_multiplier: Optional[str] = None  # the layer's attribute that scales each sublayer's output in its
     # residual add (Granite's x + m·f(x))
+    # (a submodule path, why): a layer holding that module (not None) cannot be traced as it is, and is refused so
+    untraceable: Optional[tuple[str, str]] = None
 
 
 @dataclass(frozen=True)
