@@ -207,7 +207,8 @@ class Mamba2:
     step_limit: tuple[float, float] = (0.0, float("inf"))  # time_step_limit: Δ clamped into it
 
     def __post_init__(self):
-        object.__setattr__(self, "step_limit", tuple(float(v) for v in self.step_limit))
+        # null: the JSON of an unbounded limit (a --json document writes inf so, and lists it under non_finite)
+        object.__setattr__(self, "step_limit", tuple(float("inf") if v is None else float(v) for v in self.step_limit))
         for name in ("heads", "head_dims", "state_dims", "groups", "kernel", "chunk"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

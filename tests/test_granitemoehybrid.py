@@ -245,6 +245,11 @@ def test_a_mamba2_spec_is_checked_and_survives_json():
         Mamba2(heads=4, head_dims=8, state_dims=8, step_limit=(1.0, 0.5))
     config = BlockConfig(d_model=32, n_heads=4, token_mixer=SPEC)
     assert BlockConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    from blocktrace.render.documents.json_document import dumps  # strict JSON: the infinite bound written null
+
+    document = json.loads(dumps({"config": config.to_dict()}))
+    assert document["non_finite"] == [{"path": "$.config.token_mixer.step_limit[1]", "value": "inf"}]
+    assert BlockConfig.from_dict(document["config"]) == config
 
 
 def test_run_names_the_mixer_in_both_languages(invoke, saved):
