@@ -19,6 +19,11 @@ __all__ = ["BlockConfig", "GatedDeltaNet", "LatentWidths", "Mamba2", "ShortConvo
            "RouterKind"]
 
 
+# The softmax_biased router's floor under the chosen probabilities' sum (ERNIE-4.5's moe_norm_min, HF's default; the
+# family refuses others)
+BIASED_ROUTER_NORM_MIN = 1e-12
+
+
 def _as_enum(enum_cls, value, field_name):
     try:
         return enum_cls(value)
@@ -426,10 +431,14 @@ class BlockConfig:
                               f"--ffn {self.ffn} has no gate", "ffn")
 
     def _validate_groups(self) -> None:
+        biased = self.router is RouterKind.SOFTMAX_BIASED
+        if biased and not self.choice_bias:
+            raise ConfigError("the softmax_biased router (ERNIE-4.5's) chooses by p + bias: it needs choice_bias",
+                              "choice_bias")
         if not self.router.grouped:
-            if self.expert_groups is not None or self.groups_per_token is not None or self.choice_bias:
-                raise ConfigError("expert groups and a choice bias belong to DeepSeek's routers: set router",
-                                  "router")
+            if self.expert_groups is not None or self.groups_per_token is not None or (self.choice_bias and not biased):
+                raise ConfigError("expert groups and a choice bias belong to DeepSeek's routers (a choice bias also to "
+                                  "softmax_biased): set router", "router")
             return
         groups, kept = self.expert_groups, self.groups_per_token
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (groups, kept)) or \

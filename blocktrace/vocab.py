@@ -71,6 +71,9 @@ class RouterKind(Choice):
     SIGMOID_GROUPED = "sigmoid_grouped"
     # Llama-4: the top-k logits' sigmoids scale each chosen expert's input (not its output)
     SIGMOID_TOPK = "sigmoid_topk"
+    # ERNIE-4.5: softmax in float32; the choice adds a bias to the probabilities, the weights are the chosen
+    # probabilities without it, renormalised
+    SOFTMAX_BIASED = "softmax_biased"
 
     @property
     def grouped(self) -> bool:

@@ -90,6 +90,10 @@ def hf_model(name: str):
             num_local_experts=4, num_experts_per_tok=2, mamba_n_heads=4, mamba_d_state=8, mamba_n_groups=2,
             mamba_chunk_size=4, layer_types=["mamba", "attention", "mamba"], position_embedding_type="rope",
             embedding_multiplier=6.0, attention_multiplier=0.2, residual_multiplier=0.3, logits_scaling=4.0))
+    elif name == "ernie4_5_moe":  # a dense layer, then experts chosen by softmax + a bias, shared experts
+        model = transformers.Ernie4_5_MoeForCausalLM(transformers.Ernie4_5_MoeConfig(
+            **small, num_key_value_heads=2, head_dim=16, moe_intermediate_size=16, moe_k=2, moe_num_experts=4,
+            moe_num_shared_experts=2, moe_layer_start_index=1))
     elif name == "olmo3":  # sliding, full, sliding
         model = transformers.Olmo3ForCausalLM(transformers.Olmo3Config(
             **small, num_key_value_heads=2, sliding_window=4,
@@ -146,7 +150,7 @@ def our_layer_gradients(report: dict) -> list[float]:
                                   "olmoe", "llama3 rope", "gpt_neox", "starcoder2", "granite", "smollm3", "olmo3",
                                   "exaone4", "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2",
                                   "llama4_text", "lfm2", "seed_oss", "ernie4_5", "glm4_moe",
-                                  "minimax_m2", "qwen3_next", "granitemoehybrid"])
+                                  "minimax_m2", "qwen3_next", "granitemoehybrid", "ernie4_5_moe"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

@@ -142,6 +142,10 @@ FAMILIES = {
     "minimax_m2": ("MiniMaxM2ForCausalLM", "MiniMaxM2Config", dict(
         num_key_value_heads=2, head_dim=16, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2,
         rotary_dim=4, bos_token_id=1, eos_token_id=1), LLAMA_PLACES),
+    # ERNIE-4.5 MoE: ERNIE's attention; experts chosen by softmax + a bias, two shared experts, layer 0 dense.
+    "ernie4_5_moe": ("Ernie4_5_MoeForCausalLM", "Ernie4_5_MoeConfig", dict(
+        num_key_value_heads=2, head_dim=16, moe_intermediate_size=16, moe_k=2, moe_num_experts=4,
+        moe_num_shared_experts=2, moe_layer_start_index=1), LLAMA_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -207,7 +211,7 @@ def test_every_step_matches_huggingface(family, layer):
 NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama rope-llama3", "llama rope-dynamic",
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
          "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy",
-         "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5", "glm4_moe", "minimax_m2"]
+         "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5", "glm4_moe", "minimax_m2", "ernie4_5_moe"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -375,7 +379,7 @@ FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3
                   ("llama4_text", "Llama4TextConfig"), ("lfm2", "Lfm2Config"), ("seed_oss", "SeedOssConfig"),
                   ("ernie4_5", "Ernie4_5Config"), ("glm4_moe", "Glm4MoeConfig"),
                   ("minimax_m2", "MiniMaxM2Config"), ("qwen3_next", "Qwen3NextConfig"),
-                  ("granitemoehybrid", "GraniteMoeHybridConfig")]
+                  ("granitemoehybrid", "GraniteMoeHybridConfig"), ("ernie4_5_moe", "Ernie4_5_MoeConfig")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],
@@ -474,3 +478,20 @@ def test_latent_attentions_compressed_query_and_keys_are_traced_substeps(invoke,
     assert "latent='q latent 24, kv latent 16, q·k 8+8 rope, v 12'" in text and "router=sigmoid_grouped" in text
     assert "expert_groups=4 groups_per_token=2 routed_scaling=1.7 choice_bias=True" in text
     assert "attn_out = MultiHeadAttention[latent](x_norm1)" in text
+
+
+def test_ernies_choice_bias_moves_the_experts_chosen_and_is_read(tmp_path):
+    """The bias only moves the choice: zeroed, HF's FFN output changes; ours follows HF's either way."""
+    model, places = build("ernie4_5_moe")
+    with_bias = reference(model, places, 1, IDS)["ffn"]
+    with torch.no_grad():
+        for layer in model.model.layers[1:]:
+            layer.mlp.gate.moe_statics.e_score_correction_bias.zero_()
+    without = reference(model, places, 1, IDS)
+    assert (with_bias - without["ffn"]).abs().max().item() > 1e-3
+    model.save_pretrained(tmp_path)
+    checkpoint = Checkpoint(tmp_path)
+    info = model_info(checkpoint)
+    block = load_block(checkpoint, info, 1, checkpoint_config(checkpoint, info, {}))
+    traced = trace(block, without["hidden_states"][1][0], keep_tensors=True).tensors()
+    assert (traced["ffn"] - without["ffn"][0]).abs().max().item() <= 1e-5

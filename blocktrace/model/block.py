@@ -167,6 +167,8 @@ def _router_operation(config: BlockConfig) -> str:
         return f"p = softmax(logits), top-{k} kept{renormalised}"
     if config.router is RouterKind.SIGMOID_TOPK:
         return f"p = softmax(logits); the top-{k} logits chosen, s = sigmoid(logit)"
+    if config.router is RouterKind.SOFTMAX_BIASED:
+        return f"p = softmax(logits); chosen by p + bias: top-{k}, their p renormalised"
     groups = f"top-{k} within the best {config.groups_per_token} of {config.expert_groups} groups"
     if config.router is RouterKind.SOFTMAX_GROUPED:
         return f"p = softmax(logits), {groups} (a group's score: its best p)"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from blocktrace.config import BlockConfig
+from blocktrace.config import BIASED_ROUTER_NORM_MIN, BlockConfig
 from blocktrace.model.layers import GatedFFN, HookPoint, gated_ffn
 from blocktrace.vocab import RouterKind
 
@@ -79,7 +79,8 @@ class MixtureOfExperts(nn.Module):
         return SUBSTEPS if self.shared_expert is not None else SUBSTEPS[:-1]
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind.grouped:  # DeepSeek's routers compute in float32 whatever the model's dtype, as HF's
+        if self.kind.grouped or self.kind is RouterKind.SOFTMAX_BIASED:  # DeepSeek's and ERNIE's compute in
+            # float32 whatever the model's dtype, as HF's
             return nn.functional.linear(x.float(), self.router.weight.float())
         return self.router(x)
 
@@ -89,10 +90,20 @@ class MixtureOfExperts(nn.Module):
         logits = logits.reshape(-1, logits.shape[-1])
         if self.kind is RouterKind.SOFTMAX:
             return top_k_weights(torch.softmax(logits, dim=-1, dtype=torch.float), self.k, self.renormalise)
+        if self.kind is RouterKind.SOFTMAX_BIASED:
+            return self._biased_route(torch.softmax(logits, dim=-1, dtype=torch.float))
         if self.kind is RouterKind.SIGMOID_TOPK:  # Llama-4: the top-k logits' sigmoids, in float32, cast back
             top, chosen = torch.topk(logits, self.k, dim=-1)
             return torch.sigmoid(top.float()).to(logits.dtype), chosen
         weights, chosen = self._grouped_route(logits)
+        weights, order = weights.sort(dim=-1, descending=True)
+        return weights, chosen.gather(1, order)
+
+    def _biased_route(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ERNIE-4.5's: the top-k of p + bias chosen, their p renormalised (HF's sum floored at moe_norm_min)."""
+        chosen = torch.topk(probs + self.choice_bias, self.k, dim=-1).indices
+        weights = probs.gather(1, chosen)
+        weights = weights / torch.clamp(weights.sum(dim=-1, keepdim=True), min=BIASED_ROUTER_NORM_MIN)
         weights, order = weights.sort(dim=-1, descending=True)
         return weights, chosen.gather(1, order)
 

@@ -18,8 +18,11 @@ class Ernie4_5(Llama):
     tie_default = True
 
     def config_fields(self, config):
-        return {**super().config_fields(config), "head_size": self.setting(config, "head_dim", "integer"),
+        return {**super().config_fields(config), "head_size": self.head_size(config),
                 "rope_interleaved": True, **rope_fields(config, default_theta=500_000.0)}
+
+    def head_size(self, config):
+        return self.setting(config, "head_dim", "integer")
 
     def bias_fields(self, config):
         bias = self.setting(config, "use_bias", "boolean")
