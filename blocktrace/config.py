@@ -278,6 +278,7 @@ class BlockConfig:
     qkv_bias: Optional[bool] = None  # biases of q, k and v only (Qwen2); None: as attn_bias
     qk_norm: bool = False  # RMSNorm on each head's q and k before RoPE (Qwen3)
     qk_norm_whole: bool = False  # QK-norm over all heads' q (and all k) at once, before the split into heads (OLMo-2)
+    qk_norm_after_rope: bool = False  # QK-norm per head after RoPE, not before (Hunyuan's query/key_layernorm)
     qk_l2_norm: bool = False  # Llama-4: each head's q and k divided by their RMS after RoPE, no gain
     norm_offset: float = 0.0  # RMSNorm gain is (offset + w), computed in float32 (Gemma: 1)
     norm_gain_float32: bool = False  # RMSNorm multiplies its gain in float32, then casts (OLMo-2); else after (Llama)
@@ -356,6 +357,9 @@ class BlockConfig:
                               "norm")
         if self.qk_norm_whole and not self.qk_norm:
             raise ConfigError("qk_norm_whole says how QK-norm spans the heads: it needs qk_norm", "qk_norm_whole")
+        if self.qk_norm_after_rope and (not self.qk_norm or self.qk_norm_whole):
+            raise ConfigError("qk_norm_after_rope says where a per-head QK-norm sits: it needs qk_norm, per head",
+                              "qk_norm_after_rope")
         if self.latent is not None:
             self._validate_latent()
         if self.token_mixer is not None and (not self.causal or self.latent is not None):

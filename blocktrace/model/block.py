@@ -129,7 +129,8 @@ def _ffn_name(config: BlockConfig) -> str:
 
 def substep_operations(config: BlockConfig) -> dict[str, str]:
     """The traced sub-steps inside attn and ffn, as formulas."""
-    scope = "over all heads" if config.qk_norm_whole else "per head"
+    scope = "over all heads" if config.qk_norm_whole else "per head" + (", after RoPE" if config.qk_norm_after_rope
+                                                                          else "")
     return {
         "attn.q": "q = heads(q_proj(x_in))", "attn.k": "k = heads(k_proj(x_in))",
         "attn.q_norm": f"q = RMSNorm(q) {scope}", "attn.k_norm": f"k = RMSNorm(k) {scope}",

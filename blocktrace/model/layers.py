@@ -99,6 +99,7 @@ class MultiHeadAttention(nn.Module):
             if config.attn_output_gate else None
         self.output_gate = HookPoint() if config.attn_output_gate else None
         self.qk_norm_whole = config.qk_norm_whole  # OLMo-2: one norm over all heads, before the split
+        self.qk_norm_after_rope = config.qk_norm_after_rope  # Hunyuan: the rotated q and k normalised
         widths = (self.n_heads * hd, self.n_kv_heads * hd) if config.qk_norm_whole else (hd, hd)
         self.q_norm, self.k_norm = (RMSNorm(width, config.eps, config.norm_offset, config.norm_gain_float32)
                                     if config.qk_norm else None for width in widths)
@@ -133,8 +134,9 @@ class MultiHeadAttention(nn.Module):
     def substeps(self) -> tuple[str, ...]:
         """The traced sub-steps inside attn, in the order they are computed."""
         names = ("q", "k") if hasattr(self, "q") else ()
-        names += ("q_norm", "k_norm") if self.q_norm is not None else ()
-        names += ("q_rope", "k_rope") if self.rope is not None else ()
+        norms = ("q_norm", "k_norm") if self.q_norm is not None else ()
+        rotations = ("q_rope", "k_rope") if self.rope is not None else ()
+        names += rotations + norms if self.qk_norm_after_rope else norms + rotations
         names += ("q_l2norm", "k_l2norm") if self.q_l2norm is not None else ()
         return names + (("output_gate",) if self.output_gate is not None else ())
 
@@ -188,11 +190,13 @@ class MultiHeadAttention(nn.Module):
         value = self._split_heads(projected, heads)
         if hasattr(self, which):
             value = getattr(self, which)(value)
-        if self.q_norm is not None:
-            norm = getattr(self, f"{which}_norm")
+        norm = getattr(self, f"{which}_norm")
+        if norm is not None and not self.qk_norm_after_rope:
             value = self._split_heads(norm(projected), heads) if self.qk_norm_whole else norm(value)
         if rotation is not None:
             value = getattr(self, f"{which}_rope")(self.rope.rotate(value, *rotation))
+        if norm is not None and self.qk_norm_after_rope:
+            value = norm(value)
         if self.q_l2norm is not None:
             value = getattr(self, f"{which}_l2norm")(value)
         if which == "q" and self.temperature is not None:

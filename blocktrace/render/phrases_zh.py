@@ -160,6 +160,8 @@ PHRASES_ZH = {
         "rank {rank} 的权重与 rank 0 不同：Σw² 为 {value}，rank 0 为 {reference}",
     "gated delta-rule layers: {layers}": "门控 delta 层：{layers}",
     "Mamba-2 layers: {layers}": "Mamba-2 层：{layers}",
+    "RoPE 'dynamic' with alpha {alpha:g} read as HF reads it: a fixed base of {theta:.6g}":
+        "RoPE 'dynamic'（alpha {alpha}）按 HF 的方式读取：基数定为 {theta}",
     "short-convolution layers: {layers}": "短卷积层：{layers}",
     "config.json has no layer_types and no full_attention_interval: every {interval}th layer attends, the others are "
     "delta-rule layers, as HF computes it": "config.json 没有 layer_types，也没有 full_attention_interval：每第 {interval} "

@@ -36,7 +36,8 @@ def _stat_cells(stats: dict) -> list:
 CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placement", "causal")
 # Shown too where they differ from BlockConfig's defaults: what makes a modern family's block its own.
 CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "rope_interleaved", "nope",
-                 "qkv_bias", "qk_norm", "qk_norm_whole", "qk_l2_norm", "norm_offset", "norm_gain_float32", "attn_scale",
+                 "qkv_bias", "qk_norm", "qk_norm_whole", "qk_norm_after_rope", "qk_l2_norm", "norm_offset",
+                 "norm_gain_float32", "attn_scale",
                  "attn_softcap", "sliding_window", "attention_chunk", "temperature_floor", "temperature_scale", "parallel_residual", "one_norm", "residual_multiplier",
                  "attn_sinks", "latent", "n_experts", "experts_per_token", "renormalise_top_k", "shared_expert_d_ff",
                  "shared_expert_gated", "router", "router_bias", "expert_groups", "groups_per_token", "routed_scaling",
@@ -185,8 +186,8 @@ def _substeps_title(entries: list, lang: Lang = Lang.EN) -> str:
         return words["inside_delta"]
     if "attn.scan" in names:
         return words["inside_mamba"]
-    stages = [words["projected"]] + ([words["after_qk_norm"]] if "attn.q_norm" in names else []) \
-        + ([words["after_rope"]] if "attn.q_rope" in names else [])
+    stage_of = {"attn.q_norm": words["after_qk_norm"], "attn.q_rope": words["after_rope"]}
+    stages = [words["projected"]] + [stage_of[entry["name"]] for entry in entries if entry["name"] in stage_of]
     return words["inside_attn"].format(stages=words["then"].join(stages))
 
 

@@ -72,16 +72,23 @@ class Llama(Family):
 
     @staticmethod
     def attention(read, c) -> dict:
-        d, hd = c.d_model, c.head_dim
+        hd = c.head_dim
         q, kv = c.n_heads * hd, c.n_kv_heads * hd
-        state = {**linear(read, "self_attn.q_proj", "attn.q_proj", q, d, c.projection_bias),
-                 **linear(read, "self_attn.k_proj", "attn.k_proj", kv, d, c.projection_bias),
-                 **linear(read, "self_attn.v_proj", "attn.v_proj", kv, d, c.projection_bias),
-                 **linear(read, "self_attn.o_proj", "attn.out_proj", d, q, c.attention_bias)}
+        state = Llama.projections(read, c)
         if c.qk_norm:  # per head (Qwen3), or across all heads (OLMo-2)
             state["attn.q_norm.weight"] = read("self_attn.q_norm.weight", (q if c.qk_norm_whole else hd,))
             state["attn.k_norm.weight"] = read("self_attn.k_norm.weight", (kv if c.qk_norm_whole else hd,))
         return state
+
+    @staticmethod
+    def projections(read, c) -> dict:
+        """The four attention projections q, k, v and o under Llama's names."""
+        d, hd = c.d_model, c.head_dim
+        q, kv = c.n_heads * hd, c.n_kv_heads * hd
+        return {**linear(read, "self_attn.q_proj", "attn.q_proj", q, d, c.projection_bias),
+                **linear(read, "self_attn.k_proj", "attn.k_proj", kv, d, c.projection_bias),
+                **linear(read, "self_attn.v_proj", "attn.v_proj", kv, d, c.projection_bias),
+                **linear(read, "self_attn.o_proj", "attn.out_proj", d, q, c.attention_bias)}
 
     @staticmethod
     def mlp(read, c) -> dict:
