@@ -61,3 +61,50 @@ def test_a_correct_padding_mask_and_no_padding_pass(tmp_path):
     assert "attention_mask_inverted" not in _names(mask=mask, ids=ids, tmp_path=tmp_path)
     assert "attention_mask_inverted" not in _names(mask=torch.ones(2, 12, dtype=torch.long), tmp_path=tmp_path)
     assert "attention_mask_inverted" not in _names(mask=torch.ones(2, 12, dtype=torch.bool), tmp_path=tmp_path)
+
+
+def _labels_of(ids, mask, counted_pads: int):
+    """HF labels (the model shifts them): the text, the first `counted_pads` padded positions of each sequence kept
+    as targets, the rest -100."""
+    labels = ids.clone()
+    for row in range(ids.shape[0]):
+        dropped = (mask[row] == 0).nonzero().flatten()
+        labels[row, dropped[counted_pads:]] = -100
+    return labels
+
+
+def _padding_names(labels, ids, mask, tmp_path):
+    from blocktrace import Watch
+
+    model = make_llama(head=True)[0].train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Watch(model, tmp_path / "run.jsonl", every=1, overwrite=True) as watch:
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+            entry = watch.step(loss)
+    assert entry is not None, watch.stopped
+    return {flag["name"]: flag for flag in entry["flags"] if flag["level"] in ("error", "warning")}
+
+
+def test_padding_counted_by_the_loss_is_found(tmp_path):
+    ids, mask = _padded()
+    found = _padding_names(ids.clone(), ids, mask, tmp_path)  # labels = input_ids: every pad a target
+    assert "padding_counted" in found
+    assert "counts 4 targets" in found["padding_counted"]["detail"]  # the first sequence's 4 pads, counted by hand
+    assert found["padding_counted"]["cause"] == "data"
+
+
+def test_padding_as_the_ignore_index_or_one_end_of_text_target_passes(tmp_path):
+    ids, mask = _padded()
+    assert "padding_counted" not in _padding_names(_labels_of(ids, mask, 0), ids, mask, tmp_path)
+    assert "padding_counted" not in _padding_names(_labels_of(ids, mask, 1), ids, mask, tmp_path)  # pad = eos kept
+    assert "padding_counted" in _padding_names(_labels_of(ids, mask, 2), ids, mask, tmp_path)
+    no_padding = torch.ones(2, 12, dtype=torch.long)
+    assert "padding_counted" not in _padding_names(ids.clone(), ids, no_padding, tmp_path)
+
+
+def test_an_inverted_mask_is_said_once_not_as_padding_counted(tmp_path):
+    ids, mask = _padded()
+    found = _padding_names(ids.clone(), ids, 1 - mask, tmp_path)
+    assert "attention_mask_inverted" in found and "padding_counted" not in found

@@ -528,6 +528,34 @@ def _attention_mask_inverted(history: Sequence[dict], entry: dict) -> list[Findi
                                                   "hold several"))]
 
 
+# One position per sequence passes: the end-of-text token a collator keeps as the target after the text where the
+# pad id is the eos id (GPT-2's tokenizer has no pad token of its own), the first position its mask drops.
+PADDING_TARGETS_ALLOWED = 1
+
+
+@check(Scope.TRAINING, "padding_counted",
+       f"the loss counts the targets of more than {PADDING_TARGETS_ALLOWED} position of one sequence that its "
+       "attention_mask drops (a Watch)",
+       "definition: the positions an attention mask drops are padding, not text, and their targets are the ignore "
+       "index (-100), as HF's DataCollatorForLanguageModeling sets them; HF's loss reads the labels, never the "
+       "mask. One such position per sequence passes: the end-of-text target a collator keeps when the pad id is "
+       "the eos id",
+       "the padding is in the loss: the model is trained to predict pad tokens after pad tokens, and the loss "
+       "averages in positions that hold no text", Cause.DATA, direct=True,
+       advice=phrase("set the labels of padded positions to -100 (labels[attention_mask == 0] = -100), or build the "
+                     "batches with a collator that does"))
+def _padding_counted(history: Sequence[dict], entry: dict) -> list[Finding]:
+    data = _data(entry)
+    counted, mask = data.get("padding_counted"), data.get("mask") or {}
+    if not _finite(counted) or counted <= PADDING_TARGETS_ALLOWED:
+        return []
+    if mask.get("kept_one_id") is True and mask.get("dropped_one_id") is False:
+        return []  # an inverted mask drops the text: attention_mask_inverted says so, one finding, not two
+    return [finding(Level.ERROR, None, None, float(counted),
+                    phrase("a sequence's loss counts {count} targets at positions its attention mask drops",
+                           count=int(counted)))]
+
+
 # --- a probe of causality ------------------------------------------------------------------------------------
 
 def causal_expected(entry: dict) -> bool:

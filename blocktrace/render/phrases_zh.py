@@ -179,6 +179,8 @@ PHRASES_ZH = {
     "all {count} ranks trained on the same batch": "全部 {count} 个 rank 用同一个 batch 训练",
     "rank {rank}'s {what} is {value:g}, rank 0's {reference:g}": "rank {rank} 的{what}为 {value}，rank 0 的为 {reference}",
     "every sequence's position_ids are one value throughout": "每条序列的 position_ids 从头到尾都是同一个值",
+    "a sequence's loss counts {count} targets at positions its attention mask drops":
+        "一条序列的损失把注意力掩码丢弃的位置上的 {count} 个目标也算进去了",
     "the positions the mask keeps all hold one id; those it drops hold several": "掩码保留的位置都是同一个 id；它丢弃的位置却有多个不同的 id",
     "changing only later tokens moved earlier positions' logits by up to {leak:.3g} (relative; most at position "
     "{position})": "只改变后面的 token，更早位置的 logits 就变化了最多 {leak}（相对值；最大处在位置 {position}）",
@@ -322,6 +324,8 @@ PHRASES_ZH = {
         "单进程的 DataLoader 则用 shuffle=True",
     "give position_ids = arange(T) per sequence (restarting at each packed document), or leave them out and let the "
     "model make them": "每条序列给 position_ids = arange(T)（在每个打包的文档处重新开始），或者不传，让模型自己生成",
+    "set the labels of padded positions to -100 (labels[attention_mask == 0] = -100), or build the batches with a "
+    "collator that does": "把 padding 位置的 labels 设为 -100（labels[attention_mask == 0] = -100），或用会这样做的 collator 来组 batch",
     "attention_mask = (input_ids != pad_id): 1 at the text, 0 at the padding (a mask built as == pad_id, or 1 - mask "
     "applied twice, inverts it)": "attention_mask = (input_ids != pad_id)：文本处为 1，padding 处为 0（用 == pad_id 构造的掩码，或两次 1 - mask，都会把它反转）",
     "make each position see only itself and earlier tokens: apply the causal mask to the scores (is_causal=True), "

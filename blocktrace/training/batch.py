@@ -9,7 +9,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from blocktrace.training.loop import ForwardCall, input_evidence, logits_of, target_match
+from blocktrace.training.loop import ForwardCall, input_evidence, kept_positions, logits_of, padding_counted, \
+    target_match
 
 
 # the names a forward gives its targets (nanoGPT's targets, HF's labels, a tutorial's y)
@@ -45,6 +46,7 @@ class Batch:
         self.logits: Optional[torch.Tensor] = None
         self.call: Optional[ForwardCall] = None  # how the training forward was called
         self.inputs: dict = {}  # the forward's position ids and attention mask, as device facts (loop.input_evidence)
+        self.kept: Optional[torch.Tensor] = None  # the positions its attention mask keeps, if it has one
         self.vocab: Optional[int] = None
 
     def see(self, args, kwargs, output) -> None:
@@ -56,6 +58,7 @@ class Batch:
         self.ids = ids.detach()
         self.call = ForwardCall(tuple(args), dict(kwargs), ids)  # the probe calls the model as training did
         self.inputs = input_evidence(self.ids, kwargs)
+        self.kept = kept_positions(self.ids, kwargs)
         labels = next((kwargs[name] for name in TARGET_NAMES if isinstance(kwargs.get(name), torch.Tensor)), None)
         positional = args[self.targets_at] if self.targets_at is not None and self.targets_at < len(args) else None
         self.targets = labels if labels is not None else (positional if isinstance(positional, torch.Tensor) else None)
@@ -78,10 +81,12 @@ class Batch:
                  "language_model": self.ids.max() < self.vocab if self.vocab is not None and self.ids.numel() else None}
         if self.targets is not None:
             found.update(target_match(self.ids, self.targets))
+            if self.kept is not None:
+                found["padding_counted"] = padding_counted(self.targets, self.kept)
         found.update(self.inputs)
         if trained:  # a copy: a loop that refills one buffer in place would otherwise compare the batch with itself
             self.previous = self.ids.clone()
-        self.ids, self.targets, self.logits, self.call, self.inputs = None, None, None, None, {}
+        self.ids, self.targets, self.logits, self.call, self.inputs, self.kept = None, None, None, None, {}, None
         return found
 
 

@@ -386,11 +386,24 @@ def input_evidence(ids: torch.Tensor, kwargs: dict) -> dict:
     if isinstance(positions, torch.Tensor) and not positions.is_floating_point() and positions.dim() in (1, 2) \
             and positions.shape[-1] >= 2:
         found["positions_constant"] = (positions == positions[..., :1]).all()
-    mask = kwargs.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.shape == ids.shape:
-        kept = mask.bool() if mask.dtype == torch.bool else mask != 0
+    kept = kept_positions(ids, kwargs)
+    if kept is not None:
         found["mask"] = {"kept_one_id": _one_value(ids, kept), "dropped_one_id": _one_value(ids, ~kept)}
     return found
+
+
+def kept_positions(ids: torch.Tensor, kwargs: dict) -> Optional[torch.Tensor]:
+    """The positions a forward's `attention_mask` [B, T] keeps (1 or True keeps a token); None without such a mask."""
+    mask = kwargs.get("attention_mask")
+    if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
+        return None
+    return mask.bool() if mask.dtype == torch.bool else mask != 0
+
+
+def padding_counted(targets: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """On the device: the most positions of one sequence that the attention mask drops while the loss counts their
+    targets (not IGNORE_INDEX)."""
+    return ((targets != IGNORE_INDEX) & ~kept).sum(dim=-1).max()
 
 
 def _one_value(ids: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
