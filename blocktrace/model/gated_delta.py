@@ -7,16 +7,13 @@ norm) and `gated` (after it). It has no attention weights: no attention diagnost
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from blocktrace.config import BlockConfig
-from blocktrace.model.layers import HookPoint
+from blocktrace.model.mixer import RecurrentMixer, causal_conv
 
-SUBSTEPS = ("q", "k", "v", "z", "beta", "decay", "delta", "gated")
 CHUNK = 64  # tokens per chunk of the delta rule: HF's default, with which its model calls it
 L2_EPS = 1e-6  # the eps of q's and k's L2 norm inside the rule (HF's l2norm, as the FLA library's kernel)
 
@@ -35,9 +32,11 @@ class GatedRMSNorm(nn.Module):
         return (self.weight * normed.to(x.dtype) * F.silu(gate.float())).to(x.dtype)
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(RecurrentMixer):
     """out_proj(GatedRMSNorm(rule(q, k, v, β, g), z)), where [q, k, v, z] and [β, g]'s inputs come from in_proj_qkvz
     and in_proj_ba (grouped by key head, as HF stores them) and q, k, v pass conv and SiLU."""
+
+    SUBSTEPS = ("q", "k", "v", "z", "beta", "decay", "delta", "gated")
 
     def __init__(self, config: BlockConfig):
         super().__init__()
@@ -53,14 +52,6 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.log(torch.empty(spec.value_heads).uniform_(1, 16)))  # HF's init range
         self.norm = GatedRMSNorm(spec.value_dims, config.eps)
         self.out_proj = nn.Linear(self.value_width, d, bias=False)
-        for name in SUBSTEPS:
-            self.add_module(name, HookPoint())
-        self.key_mask: Optional[torch.Tensor] = None  # [B, T] bool, False at padding: those tokens are zeroed first
-        self.query_chunk: Optional[int] = None  # attention's setting, held so the block sets both alike: unused here
-
-    @property
-    def substeps(self) -> tuple[str, ...]:
-        return SUBSTEPS
 
     @staticmethod
     def label(spec) -> str:
@@ -80,27 +71,19 @@ class GatedDeltaNet(nn.Module):
                 "attn.delta": "o = Sᵀq,  S ← exp(g)·S + β·k(v − Sᵀk)ᵀ  (q, k L2-normalised)",
                 "attn.gated": "RMSNorm(o) · SiLU(z)  per head  (attn_out = out_proj of it)"}
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:  # [T, d] or [B, T, d]
-        unbatched = h.dim() == 2
-        if unbatched:
-            h = h.unsqueeze(0)
-        if self.key_mask is not None:  # HF's apply_mask_to_padding_states: padding reaches no later token
-            h = (h * self.key_mask[:, :, None]).to(h.dtype)
-        q, k, v, z, b, a = self._streams(h)
+    def mix(self, h: torch.Tensor, unbatched: bool) -> torch.Tensor:
+        q, k, v, z, b, a = self._streams(self.masked(h))
         q, k, v = self._convolved(q, k, v)
         beta = b.sigmoid()
         decay = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # float: fp16's A may be inf
-        seen = {"q": q, "k": k, "v": v, "z": z, "beta": beta, "decay": decay}
-        for name, value in seen.items():
-            self._seen(name, value, unbatched)
+        for name, value in {"q": q, "k": k, "v": v, "z": z, "beta": beta, "decay": decay}.items():
+            self.seen(name, value, unbatched)
         spec = self.spec
         delta = chunk_gated_delta_rule(_heads(q, spec.key_dims), _heads(k, spec.key_dims),
                                        _heads(v, spec.value_dims), decay, beta)  # [B, T, Hv, dv]
-        self._seen("delta", delta.reshape(*delta.shape[:2], -1), unbatched)
+        self.seen("delta", delta.reshape(*delta.shape[:2], -1), unbatched)
         gated = self.norm(delta.reshape(-1, spec.value_dims), z.reshape(-1, spec.value_dims))
-        gated = self._seen("gated", gated.reshape(*h.shape[:2], self.value_width), unbatched)
-        out = self.out_proj(gated)
-        return out.squeeze(0) if unbatched else out
+        return self.out_proj(self.seen("gated", gated.reshape(*h.shape[:2], self.value_width), unbatched))
 
     def _streams(self, h: torch.Tensor):
         """HF's fix_query_key_value_ordering: each key head's q, k, its value heads' v and z side by side in
@@ -115,21 +98,10 @@ class GatedDeltaNet(nn.Module):
         return (*(x.reshape(*lead, -1) for x in (q, k, v, z)), b.reshape(*lead, -1), a.reshape(*lead, -1))
 
     def _convolved(self, q, k, v):
-        """HF's causal_conv1d_fn with SiLU: one depthwise causal filter per channel of [q, k, v], in the filter's
-        dtype, the first T outputs kept, cast back after the activation."""
+        """HF's causal_conv1d_fn with SiLU over [q, k, v]: the activation in the filter's dtype, cast back after it."""
         mixed = torch.cat((q, k, v), dim=-1).transpose(1, 2)
-        weight, t = self.conv.weight, mixed.shape[-1]
-        out = F.silu(F.conv1d(mixed.to(weight.dtype), weight, None, padding=self.spec.kernel - 1,
-                              groups=mixed.shape[1])[..., :t]).to(mixed.dtype).transpose(1, 2)
+        out = F.silu(causal_conv(mixed, self.conv)).to(mixed.dtype).transpose(1, 2)
         return torch.split(out, [self.key_width, self.key_width, self.value_width], dim=-1)
-
-    def _seen(self, name: str, value: torch.Tensor, unbatched: bool) -> torch.Tensor:
-        """A sub-step, seen token-major as every other step ([T, width] or [B, T, width]); the value computed on is
-        the one HF computes on, whatever a hook returns."""
-        hook = self._modules[name]
-        if hook.watched:
-            hook(value.squeeze(0) if unbatched else value)
-        return value
 
 
 def _heads(x: torch.Tensor, dims: int) -> torch.Tensor:

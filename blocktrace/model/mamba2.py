@@ -7,16 +7,13 @@ gate and the grouped norm). It has no attention weights: no attention diagnostic
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from blocktrace.config import BlockConfig
-from blocktrace.model.layers import HookPoint
+from blocktrace.model.mixer import RecurrentMixer, causal_conv
 
-SUBSTEPS = ("z", "x", "b", "c", "dt", "decay", "scan", "gated")
 
 
 class GroupedGatedRMSNorm(nn.Module):
@@ -35,8 +32,10 @@ class GroupedGatedRMSNorm(nn.Module):
         return self.weight * grouped.view(gated.shape).to(x.dtype)
 
 
-class Mamba2(nn.Module):
+class Mamba2(RecurrentMixer):
     """out_proj(norm(scan(x, Δ, B, C) + D·x, z)), where in_proj(h) = [z, x B C, dt] and x B C pass conv and SiLU."""
+
+    SUBSTEPS = ("z", "x", "b", "c", "dt", "decay", "scan", "gated")
 
     def __init__(self, config: BlockConfig):
         super().__init__()
@@ -51,14 +50,6 @@ class Mamba2(nn.Module):
         self.D = nn.Parameter(torch.ones(spec.heads))
         self.norm = GroupedGatedRMSNorm(spec.inner, spec.groups, config.eps)
         self.out_proj = nn.Linear(spec.inner, d, bias=spec.bias)
-        for name in SUBSTEPS:
-            self.add_module(name, HookPoint())
-        self.key_mask: Optional[torch.Tensor] = None  # [B, T] bool, False at padding: those tokens are zeroed
-        self.query_chunk: Optional[int] = None  # attention's setting, held so the block sets both alike: unused here
-
-    @property
-    def substeps(self) -> tuple[str, ...]:
-        return SUBSTEPS
 
     @staticmethod
     def label(spec) -> str:
@@ -76,46 +67,27 @@ class Mamba2(nn.Module):
                 "attn.scan": "y = Cᵀh + D·x,  h ← exp(Δ·A)·h + Δ·x Bᵀ",
                 "attn.gated": "RMSNorm(y · SiLU(z)) per group  (attn_out = out_proj of it)"}
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:  # [T, d] or [B, T, d]
-        unbatched = h.dim() == 2
-        if unbatched:
-            h = h.unsqueeze(0)
+    def mix(self, h: torch.Tensor, unbatched: bool) -> torch.Tensor:
         dtype, spec = h.dtype, self.spec
-        h = self._masked(h)  # HF's apply_mask_to_padding_states, before the projection and after the convolution
+        h = self.masked(h)  # HF's apply_mask_to_padding_states, before the projection and after the convolution
         z, xbc, dt = self.in_proj(h).split([spec.inner, self.conv_width, spec.heads], dim=-1)
-        x, b, c = self._masked(self._convolved(xbc)).split(
+        x, b, c = self.masked(self._convolved(xbc)).split(
             [spec.inner, spec.groups * spec.state_dims, spec.groups * spec.state_dims], dim=-1)
         step = torch.clamp(F.softplus(dt + self.dt_bias.to(dt.dtype)), *spec.step_limit)
         decay = -torch.exp(self.A_log.float()) * step.float()
         for name, value in {"z": z, "x": x, "b": b, "c": c, "dt": step, "decay": decay}.items():
-            self._seen(name, value, unbatched)
+            self.seen(name, value, unbatched)
         lead = h.shape[:2]
         scanned = chunk_scan(x.view(*lead, spec.heads, spec.head_dims), step, decay,
                              b.view(*lead, spec.groups, spec.state_dims), c.view(*lead, spec.groups, spec.state_dims),
                              self.D, spec.chunk).reshape(*lead, spec.inner)
-        self._seen("scan", scanned, unbatched)
-        gated = self._seen("gated", self.norm(scanned, z), unbatched)
-        out = self.out_proj(gated.to(dtype))
-        return out.squeeze(0) if unbatched else out
-
-    def _masked(self, h: torch.Tensor) -> torch.Tensor:
-        return h if self.key_mask is None else (h * self.key_mask[:, :, None]).to(h.dtype)
+        self.seen("scan", scanned, unbatched)
+        gated = self.seen("gated", self.norm(scanned, z), unbatched)
+        return self.out_proj(gated.to(dtype))
 
     def _convolved(self, xbc: torch.Tensor) -> torch.Tensor:
-        """HF's causal_conv1d_fn with SiLU: one depthwise causal filter per channel, in the filter's dtype, the
-        first T outputs kept, cast back after the activation."""
-        mixed, weight = xbc.transpose(1, 2), self.conv.weight
-        out = F.conv1d(mixed.to(weight.dtype), weight, self.conv.bias, padding=self.spec.kernel - 1,
-                       groups=self.conv_width)[..., :mixed.shape[-1]]
-        return F.silu(out).to(xbc.dtype).transpose(1, 2)
-
-    def _seen(self, name: str, value: torch.Tensor, unbatched: bool) -> torch.Tensor:
-        """A sub-step, seen token-major as every other step ([T, width] or [B, T, width]); the value computed on is
-        the one HF computes on, whatever a hook returns."""
-        hook = self._modules[name]
-        if hook.watched:
-            hook(value.squeeze(0) if unbatched else value)
-        return value
+        """HF's causal_conv1d_fn with SiLU over [x, B, C]: the activation in the filter's dtype, cast back after it."""
+        return F.silu(causal_conv(xbc.transpose(1, 2), self.conv)).to(xbc.dtype).transpose(1, 2)
 
 
 def _segment_sum(values: torch.Tensor) -> torch.Tensor:
