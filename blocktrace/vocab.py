@@ -46,10 +46,23 @@ class FFNKind(Choice):
     GEGLU_EXACT = "geglu_exact"  # Gemma-2 with hidden_activation "gelu": down(gelu(gate(x)) · up(x))
     # gpt-oss: down((clamp(up, ±L) + 1) · g·sigmoid(α·g)) with g = min(gate, L) (BlockConfig's glu_limit, glu_alpha)
     SWIGLU_CLAMPED = "swiglu_clamped"
+    # Apertus: down(xIELU(up(x))), xIELU with two learned scalars per layer (Huang & Schlag 2024, arXiv 2411.13010)
+    XIELU = "xielu"
 
     @property
     def gated(self) -> bool:
         return self in (FFNKind.SWIGLU, FFNKind.GEGLU, FFNKind.GEGLU_EXACT, FFNKind.SWIGLU_CLAMPED)
+
+    @property
+    def plain(self) -> bool:
+        """Two matrices around a fixed function (GPT-2's, BERT's MLP): no gate, no weights in the activation."""
+        return not self.gated and self is not FFNKind.XIELU
+
+    @property
+    def signed_hidden(self) -> bool:
+        """Whether a hidden unit's output takes both signs wherever it is active, so that it is dead only when it is
+        ~0 for every token (a gated unit; xIELU, whose slope is nowhere 0); else it is dead when never positive."""
+        return self.gated or self is FFNKind.XIELU
 
 
 class MixerKind(Choice):

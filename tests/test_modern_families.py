@@ -22,6 +22,9 @@ SMALL = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hi
 LLAMA_PLACES = {"norm1": ("input_layernorm", "out"), "attn": ("self_attn", "out"),
                 "attn_weights": ("self_attn", "weights"), "residual1": ("post_attention_layernorm", "in"),
                 "norm2": ("post_attention_layernorm", "out"), "ffn": ("mlp", "out"), "residual2": ("", "out")}
+APERTUS_PLACES = {"norm1": ("attention_layernorm", "out"), "attn": ("self_attn", "out"),
+                  "attn_weights": ("self_attn", "weights"), "residual1": ("feedforward_layernorm", "in"),
+                  "norm2": ("feedforward_layernorm", "out"), "ffn": ("mlp", "out"), "residual2": ("", "out")}
 GEMMA2_PLACES = {"norm1": ("input_layernorm", "out"), "attn": ("self_attn", "out"),
                  "attn_weights": ("self_attn", "weights"), "post_attn_norm": ("post_attention_layernorm", "out"),
                  "residual1": ("pre_feedforward_layernorm", "in"), "norm2": ("pre_feedforward_layernorm", "out"),
@@ -150,6 +153,8 @@ FAMILIES = {
     "hunyuan_v1_dense": ("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", dict(
         num_key_value_heads=2, head_dim=8, attention_bias=True, rope_parameters={
             "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}), LLAMA_PLACES),
+    # Apertus: QK-norm per head, an ungated MLP with xIELU (two learned scalars per layer), llama3 RoPE at 12M.
+    "apertus": ("ApertusForCausalLM", "ApertusConfig", dict(num_key_value_heads=2), APERTUS_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -216,7 +221,7 @@ NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
          "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy",
          "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5", "glm4_moe", "minimax_m2", "ernie4_5_moe",
-         "hunyuan_v1_dense"]
+         "hunyuan_v1_dense", "apertus"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -385,7 +390,7 @@ FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3
                   ("ernie4_5", "Ernie4_5Config"), ("glm4_moe", "Glm4MoeConfig"),
                   ("minimax_m2", "MiniMaxM2Config"), ("qwen3_next", "Qwen3NextConfig"),
                   ("granitemoehybrid", "GraniteMoeHybridConfig"), ("ernie4_5_moe", "Ernie4_5_MoeConfig"),
-                  ("hunyuan_v1_dense", "HunYuanDenseV1Config")]
+                  ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("apertus", "ApertusConfig")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],
@@ -501,3 +506,49 @@ def test_ernies_choice_bias_moves_the_experts_chosen_and_is_read(tmp_path):
     block = load_block(checkpoint, info, 1, checkpoint_config(checkpoint, info, {}))
     traced = trace(block, without["hidden_states"][1][0], keep_tensors=True).tensors()
     assert (traced["ffn"] - without["ffn"][0]).abs().max().item() <= 1e-5
+
+
+def test_xielu_is_the_papers_formula():
+    """xIELU against its definition (Huang & Schlag 2024, eq. 5), evaluated in float64 by hand on both branches."""
+    import math
+
+    from blocktrace.model.layers import XIELU
+
+    act = XIELU().double()
+    with torch.no_grad():
+        act.alpha_p.fill_(0.3)
+        act.alpha_n.fill_(-0.4)
+    softplus = lambda v: math.log1p(math.exp(v))  # noqa: E731
+    alpha_p, alpha_n, beta = softplus(0.3), 0.5 + softplus(-0.4), 0.5
+    eps = act.eps.item()  # -1e-6 as the checkpoint's float32 tensor holds it
+    for x in (-6.0, -1.0, -1e-7, 0.0, 0.5, 3.0):
+        expected = alpha_p * x * x + beta * x if x > 0 else (math.expm1(min(x, eps)) - x) * alpha_n + beta * x
+        assert act(torch.tensor([x], dtype=torch.float64)).item() == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+def test_apertus_reads_xielus_constants_from_the_checkpoint(tmp_path):
+    """β and ε are tensors of the file: changed there, HF's FFN output changes and ours follows it."""
+    model, places = build("apertus")
+    before = reference(model, places, 1, IDS)["ffn"]
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.act_fn.beta.fill_(0.2)
+            layer.mlp.act_fn.eps.fill_(-0.5)
+    after = reference(model, places, 1, IDS)
+    assert (before - after["ffn"]).abs().max().item() > 1e-3
+    model.save_pretrained(tmp_path)
+    checkpoint = Checkpoint(tmp_path)
+    info = model_info(checkpoint)
+    block = load_block(checkpoint, info, 1, checkpoint_config(checkpoint, info, {}))
+    traced = trace(block, after["hidden_states"][1][0], keep_tensors=True).tensors()
+    assert (traced["ffn"] - after["ffn"][0]).abs().max().item() <= 1e-5
+
+
+def test_an_mlp_checkpoint_with_xielu_asked_for_is_refused(invoke):
+    """GPT-2's file has no xIELU scalars: --ffn xielu is refused by name, not filled with their initial values."""
+    from pathlib import Path
+
+    sample = Path(__file__).resolve().parents[1] / "sample_weights" / "gpt2-tiny"
+    result = invoke("run", "--weights", str(sample), "--ffn", "xielu", "--token-ids", "1", "2", "3")
+    assert result.exit_code == 2
+    assert "Error: GPT-2 weights need" in result.output and "gelu, gelu_tanh or relu" in result.output

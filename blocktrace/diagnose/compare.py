@@ -112,6 +112,7 @@ _FFNS = {
     "swiglu": "swiglu: down(silu(gate(x)) · up(x)): a gated unit with a third matrix, the gate",
     "geglu": "geglu: down(gelu_tanh(gate(x)) · up(x)): Gemma's gated unit",
     "geglu_exact": "geglu_exact: down(gelu(gate(x)) · up(x)) with the exact GELU: Gemma-2's with hidden_activation gelu",
+    "xielu": "xielu: Linear, xIELU (αp·x² + β·x above 0, a learned negative branch below), Linear: Apertus's",
 }
 
 

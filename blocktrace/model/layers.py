@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from blocktrace.config import BlockConfig
@@ -313,7 +314,28 @@ class GatedFFN(nn.Module):
         return self.down(self.hidden(self.act(self.gate(x)) * self.up(x)))
 
 
+class XIELU(nn.Module):
+    """xIELU (Huang & Schlag 2024), as HF's XIELUActivation computes it without its CUDA kernel: αp·x² + β·x for
+    x > 0, (expm1(min(x, ε)) − x)·αn + β·x otherwise, αp = softplus(alpha_p), αn = β + softplus(alpha_n). Its two
+    learned scalars and the constants β, ε are tensors of the checkpoint; initialised as HF's (αp = αn = 0.8)."""
+
+    def __init__(self, alpha_p: float = 0.8, alpha_n: float = 0.8, beta: float = 0.5, eps: float = -1e-6):
+        super().__init__()
+        self.alpha_p = nn.Parameter(torch.log(torch.expm1(torch.tensor(alpha_p))).unsqueeze(0))
+        self.alpha_n = nn.Parameter(torch.log(torch.expm1(torch.tensor(alpha_n - beta))).unsqueeze(0))
+        self.register_buffer("beta", torch.tensor(beta))
+        self.register_buffer("eps", torch.tensor(eps))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha_p = F.softplus(self.alpha_p)
+        alpha_n = self.beta + F.softplus(self.alpha_n)
+        return torch.where(x > 0, alpha_p * x * x + self.beta * x,
+                           (torch.expm1(torch.min(x, self.eps)) - x) * alpha_n + self.beta * x)
+
+
 def _activation(kind: FFNKind) -> nn.Module:
+    if kind is FFNKind.XIELU:
+        return XIELU()
     if kind is FFNKind.RELU:
         return nn.ReLU()
     if kind is FFNKind.SWIGLU:

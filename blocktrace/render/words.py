@@ -104,6 +104,7 @@ VALUE_SENTENCES_ZH = {
     "swiglu": "swiglu：down(silu(gate(x)) · up(x))：带第三个矩阵（gate）的门控单元",
     "geglu": "geglu：down(gelu_tanh(gate(x)) · up(x))：Gemma 的门控单元",
     "geglu_exact": "geglu_exact：down(gelu(gate(x)) · up(x))，用精确 GELU：hidden_activation 为 gelu 的 Gemma-2",
+    "xielu": "xielu：Linear，xIELU（大于 0 时 αp·x² + β·x，小于 0 时是一支学到的负分支），Linear：Apertus 的",
     "off": "qk_norm 关闭：q·k 随 q 和 k 的大小增长，注意力 logit 也会随之增长",
     "on": "qk_norm 打开：每个头的 q 和 k 在 RoPE 之前做 RMS 归一化（Qwen3，Dehghani et al. 2023），"
           "注意力 logit 因而受归一化的 gain 约束",

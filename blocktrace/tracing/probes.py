@@ -119,7 +119,7 @@ def ffn_probe(context: ProbeContext, output) -> None:
     """Each hidden unit's largest activation over the real tokens (its dead fraction follows, once every rank's
     largest is known), and the hidden values, held for the flat-region fraction."""
     hidden = (output[0] if isinstance(output, (tuple, list)) else output).detach()
-    gated = context.activation.gated  # gated: signed output, active when not ~0; else active when positive
+    gated = context.activation.signed_hidden  # signed output: active when not ~0; else active when positive
     size = hidden.abs() if gated else hidden
     peak = _at_real_tokens(size, context.token_mask, 0.0 if gated else -float("inf"))
     peak = peak.reshape(-1, peak.shape[-1]).amax(dim=0)  # one pass: a unit's largest value

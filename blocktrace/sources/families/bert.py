@@ -106,7 +106,7 @@ class BERT(Family):
                         tied=weight != decoder)
 
     def check(self, config):
-        if config.ffn.gated or config.norm is not Norm.LAYERNORM or not config.bias:
+        if not config.ffn.plain or config.norm is not Norm.LAYERNORM or not config.bias:
             raise UsageError("BERT weights need --norm layernorm, --bias and a non-gated --ffn")
 
 

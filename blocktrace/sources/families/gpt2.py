@@ -82,7 +82,7 @@ class GPT2(Family):
                         eps=eps, tied=tied)
 
     def check(self, config):
-        if config.ffn.gated or config.norm is not Norm.LAYERNORM or not config.bias:
+        if not config.ffn.plain or config.norm is not Norm.LAYERNORM or not config.bias:
             raise UsageError("GPT-2 weights need --norm layernorm, --bias and a non-gated --ffn (gelu, gelu_tanh or relu)")
 
 
@@ -134,5 +134,5 @@ class NanoGPT(GPT2):
         return notes
 
     def check(self, config):
-        if config.ffn.gated or config.norm is not Norm.LAYERNORM:
+        if not config.ffn.plain or config.norm is not Norm.LAYERNORM:
             raise UsageError("nanoGPT weights need --norm layernorm and a non-gated --ffn (gelu, gelu_tanh or relu)")

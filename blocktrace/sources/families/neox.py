@@ -71,5 +71,5 @@ class GPTNeoX(Family):
                         eps=info.config.number("layer_norm_eps", 1e-5, positive=True), tied=tied)
 
     def check(self, config):
-        if config.ffn.gated or config.norm is not Norm.LAYERNORM or config.placement is not Placement.PRE:
+        if not config.ffn.plain or config.norm is not Norm.LAYERNORM or config.placement is not Placement.PRE:
             raise UsageError("GPT-NeoX weights need --norm layernorm, a non-gated --ffn and Pre-LN wiring")

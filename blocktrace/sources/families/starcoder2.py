@@ -51,5 +51,5 @@ class Starcoder2(Llama):
                         eps=self.setting(info.config, "norm_epsilon", positive=True), tied=tied)
 
     def check(self, config):
-        if config.ffn.gated or config.norm is not Norm.LAYERNORM or config.placement is not Placement.PRE:
+        if not config.ffn.plain or config.norm is not Norm.LAYERNORM or config.placement is not Placement.PRE:
             raise UsageError("starcoder2 weights need --norm layernorm, a non-gated --ffn and Pre-LN wiring")
