@@ -71,7 +71,7 @@ class TransformerBlock(nn.Module):
         self.attn.key_mask, self.attn.query_chunk = key_mask, query_chunk
 
     def step_modules(self) -> dict[str, nn.Module]:
-        return {name: getattr(self, name) for name in self.wiring.order}
+        return {name: self._modules[name] for name in self.wiring.order}
 
 
 def _make_step(kind: Kind, config: BlockConfig) -> nn.Module:

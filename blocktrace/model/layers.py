@@ -6,6 +6,7 @@ Every layer works on `[..., T, d_model]`, so the tutorial's `[T, d]` input and a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -76,6 +77,20 @@ def attention_chunk_bytes(device: torch.device) -> int:
     return CPU_ATTENTION_CHUNK_BYTES if torch.device(device).type == "cpu" else ATTENTION_CHUNK_BYTES
 
 
+@dataclass(frozen=True)
+class HeadPath:
+    """The modules one of q and k passes through on its way to the scores, in order (None: the block has no such
+    stage): its projection, its hook as projected, its QK-norm, its hook after RoPE, Llama-4's L2 norm; `tempered`,
+    whether Llama-4's query temperature applies (to q only)."""
+    proj: nn.Linear
+    heads: int
+    seen: Optional[nn.Module]
+    norm: Optional[nn.Module]
+    rotated: Optional[nn.Module]
+    l2norm: Optional[nn.Module]
+    tempered: bool = False
+
+
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention written out, so its weights can be traced.
 
@@ -109,6 +124,8 @@ class MultiHeadAttention(nn.Module):
             self.rope = RotaryEmbedding(config.rotary_dims, config.rope_theta, config.rope_scaling,
                                         config.rope_interleaved)
             self.q_rope, self.k_rope = HookPoint(), HookPoint()
+        else:
+            self.q_rope = self.k_rope = None
         # Llama-4: q and k divided by their RMS after RoPE (one module each, so each is its own traced sub-step)
         self.q_l2norm, self.k_l2norm = (RMSNorm(hd, config.eps, gain=False) if config.qk_l2_norm else None
                                         for _ in range(2))
@@ -116,6 +133,8 @@ class MultiHeadAttention(nn.Module):
             if config.temperature_floor is not None else None
         if self.rope is not None or config.qk_norm or config.qk_l2_norm:
             self.q, self.k = HookPoint(), HookPoint()  # q and k as the projections give them
+        else:
+            self.q = self.k = None
         # gpt-oss: one learned logit per head, a column every query row's softmax includes and then drops
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attn_sinks else None
         self.scores = HookPoint()
@@ -134,7 +153,7 @@ class MultiHeadAttention(nn.Module):
     @property
     def substeps(self) -> tuple[str, ...]:
         """The traced sub-steps inside attn, in the order they are computed."""
-        names = ("q", "k") if hasattr(self, "q") else ()
+        names = ("q", "k") if self.q is not None else ()
         norms = ("q_norm", "k_norm") if self.q_norm is not None else ()
         rotations = ("q_rope", "k_rope") if self.rope is not None else ()
         names += rotations + norms if self.qk_norm_after_rope else norms + rotations
@@ -184,23 +203,28 @@ class MultiHeadAttention(nn.Module):
             weights = torch.softmax(combined, dim=-1)[..., :-1]
         return torch.matmul(self.weights(weights), v)  # [..., H, rows, hd]
 
-    def _heads(self, x: torch.Tensor, which: str, heads: int, rotation) -> torch.Tensor:
+    def _query_path(self) -> "HeadPath":
+        return HeadPath(self.q_proj, self.n_heads, self.q, self.q_norm, self.q_rope, self.q_l2norm, tempered=True)
+
+    def _key_path(self) -> "HeadPath":
+        return HeadPath(self.k_proj, self.n_kv_heads, self.k, self.k_norm, self.k_rope, self.k_l2norm)
+
+    def _heads(self, x: torch.Tensor, path: "HeadPath", rotation) -> torch.Tensor:
         """q or k: projected, split into heads, then QK-norm and RoPE where the block has them (a QK-norm over all
         heads reads the projection before the split)."""
-        projected = getattr(self, f"{which}_proj")(x)
-        value = self._split_heads(projected, heads)
-        if hasattr(self, which):
-            value = getattr(self, which)(value)
-        norm = getattr(self, f"{which}_norm")
-        if norm is not None and not self.qk_norm_after_rope:
-            value = self._split_heads(norm(projected), heads) if self.qk_norm_whole else norm(value)
+        projected = path.proj(x)
+        value = self._split_heads(projected, path.heads)
+        if path.seen is not None:
+            value = path.seen(value)
+        if path.norm is not None and not self.qk_norm_after_rope:
+            value = self._split_heads(path.norm(projected), path.heads) if self.qk_norm_whole else path.norm(value)
         if rotation is not None:
-            value = getattr(self, f"{which}_rope")(self.rope.rotate(value, *rotation))
-        if norm is not None and self.qk_norm_after_rope:
-            value = norm(value)
-        if self.q_l2norm is not None:
-            value = getattr(self, f"{which}_l2norm")(value)
-        if which == "q" and self.temperature is not None:
+            value = path.rotated(self.rope.rotate(value, *rotation))
+        if path.norm is not None and self.qk_norm_after_rope:
+            value = path.norm(value)
+        if path.l2norm is not None:
+            value = path.l2norm(value)
+        if path.tempered and self.temperature is not None:
             value = self._temperature(value)
         return value
 
@@ -215,7 +239,7 @@ class MultiHeadAttention(nn.Module):
         rotation = None
         if self.rope is not None:
             rotation = self.rope.cos_sin(x.shape[-2], x.device, self.q_proj.weight.dtype)
-        return self._heads(x, "q", self.n_heads, rotation), self._heads(x, "k", self.n_kv_heads, rotation)
+        return self._heads(x, self._query_path(), rotation), self._heads(x, self._key_path(), rotation)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k and v split into heads, [..., H, T, hd] (k and v with the key/value heads)."""
@@ -248,6 +272,7 @@ class LatentAttention(MultiHeadAttention):
         self.latent = latent
         if latent.q_rank is None:
             self.q_proj = nn.Linear(d, h * latent.head_dims, bias=False)
+            self.q_latent = None
         else:
             self.q_a_proj = nn.Linear(d, latent.q_rank, bias=config.attention_bias)
             self.q_a_norm = RMSNorm(latent.q_rank, latent.latent_eps)
@@ -261,7 +286,7 @@ class LatentAttention(MultiHeadAttention):
 
     @property
     def substeps(self) -> tuple[str, ...]:
-        return (("q_latent",) if hasattr(self, "q_latent") else ()) + ("q", "kv_latent", "k", "q_rope", "k_rope")
+        return (("q_latent",) if self.q_latent is not None else ()) + ("q", "kv_latent", "k", "q_rope", "k_rope")
 
     def _queries(self, x: torch.Tensor) -> torch.Tensor:
         if self.latent.q_rank is None:
