@@ -329,6 +329,20 @@ class BlockConfig:
         self.validate()
 
     def validate(self) -> None:
+        self._validate_sizes()
+        if not self.eps > 0:
+            raise ConfigError(f"eps must be positive, not {self.eps!r}", "eps")
+        self._validate_attention()
+        self._validate_experts()
+        self._validate_norms()
+        if self.latent is not None:
+            self._validate_latent()
+        self._validate_mixer()
+        self._validate_numbers()
+        self._validate_wiring()
+
+    def _validate_sizes(self) -> None:
+        """Widths and counts positive integers; heads that divide the model and pair up for RoPE."""
         for name in ("d_model", "n_heads", "d_ff", "n_layers", "kv_heads", "head_size"):
             value = getattr(self, name)
             if value is None and name in ("kv_heads", "head_size"):
@@ -343,15 +357,11 @@ class BlockConfig:
             raise ConfigError(f"rotary embeddings rotate pairs of dimensions: the head size must be even, not "
                               f"{self.head_dim}", "head_size" if self.head_size is not None else "heads")
         if self.head_size is None and self.d_model % self.n_heads:
-            raise ConfigError(
-                f"d_model {self.d_model} is not divisible by heads {self.n_heads}: "
-                f"pick heads among {_divisors(self.d_model)}",
-                "n_heads",
-            )
-        if not self.eps > 0:
-            raise ConfigError(f"eps must be positive, not {self.eps!r}", "eps")
-        self._validate_attention()
-        self._validate_experts()
+            raise ConfigError(f"d_model {self.d_model} is not divisible by heads {self.n_heads}: "
+                              f"pick heads among {_divisors(self.d_model)}", "n_heads")
+
+    def _validate_norms(self) -> None:
+        """Gemma's (offset + w) gain is RMSNorm's; the QK-norm's span and place need a QK-norm."""
         if self.norm_offset and self.norm is not Norm.RMSNORM:
             raise ConfigError("a norm gain of (offset + w), Gemma's, is RMSNorm's: a LayerNorm would not share it",
                               "norm")
@@ -360,8 +370,9 @@ class BlockConfig:
         if self.qk_norm_after_rope and (not self.qk_norm or self.qk_norm_whole):
             raise ConfigError("qk_norm_after_rope says where a per-head QK-norm sits: it needs qk_norm, per head",
                               "qk_norm_after_rope")
-        if self.latent is not None:
-            self._validate_latent()
+
+    def _validate_mixer(self) -> None:
+        """A token mixer replaces causal attention; the output gate and NoPE are attention's own."""
         if self.token_mixer is not None and (not self.causal or self.latent is not None):
             raise ConfigError(f"the {self.token_mixer.mixer} token mixer is causal and replaces attention: it "
                               "needs causal and no latent attention", "token_mixer")
@@ -370,14 +381,15 @@ class BlockConfig:
                               "of its own", "attn_output_gate")
         if self.nope and self.rope_theta is not None:
             raise ConfigError("a NoPE layer has no rotary embedding: nope needs rope_theta None", "nope")
-        if isinstance(self.residual_multiplier, bool) or not isinstance(self.residual_multiplier, (int, float)) or \
-                not 0 < self.residual_multiplier < float("inf"):
-            raise ConfigError(f"residual_multiplier must be a positive number, not {self.residual_multiplier!r}",
-                              "residual_multiplier")
-        for name in ("glu_limit", "glu_alpha"):
+
+    def _validate_numbers(self) -> None:
+        """The multipliers and gpt-oss's clamp: positive finite numbers."""
+        for name in ("residual_multiplier", "glu_limit", "glu_alpha"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
                 raise ConfigError(f"{name} must be a positive number, not {value!r}", name)
+
+    def _validate_wiring(self) -> None:
         if self.one_norm and not self.parallel_residual:
             raise ConfigError("one norm for both sublayers needs them side by side: one_norm needs parallel_residual",
                               "one_norm")

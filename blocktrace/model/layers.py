@@ -114,6 +114,19 @@ class MultiHeadAttention(nn.Module):
         self.gate_proj = nn.Linear(config.d_model, self.n_heads * hd, bias=config.projection_bias) \
             if config.attn_output_gate else None
         self.output_gate = HookPoint() if config.attn_output_gate else None
+        self._query_and_key_stages(config)
+        # gpt-oss: one learned logit per head, a column every query row's softmax includes and then drops
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attn_sinks else None
+        self.scores = HookPoint()
+        self.weights = HookPoint()
+        self.query_chunk = None  # rows per chunk; None: as many as fit attention_chunk_bytes(device)
+        self.rows = slice(0, 0)  # the query rows of the chunk being computed
+        self.key_mask = None  # [B, T] bool, False at padding: those keys get no weight
+
+    def _query_and_key_stages(self, config: BlockConfig) -> None:
+        """What q and k pass between their projection and the scores (HeadPath): QK-norm, RoPE and its hooks,
+        Llama-4's L2 norm and query temperature; the hooks `q` and `k` as projected, where any stage follows."""
+        hd = config.head_dim
         self.qk_norm_whole = config.qk_norm_whole  # OLMo-2: one norm over all heads, before the split
         self.qk_norm_after_rope = config.qk_norm_after_rope  # Hunyuan: the rotated q and k normalised
         widths = (self.n_heads * hd, self.n_kv_heads * hd) if config.qk_norm_whole else (hd, hd)
@@ -135,13 +148,6 @@ class MultiHeadAttention(nn.Module):
             self.q, self.k = HookPoint(), HookPoint()  # q and k as the projections give them
         else:
             self.q = self.k = None
-        # gpt-oss: one learned logit per head, a column every query row's softmax includes and then drops
-        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attn_sinks else None
-        self.scores = HookPoint()
-        self.weights = HookPoint()
-        self.query_chunk = None  # rows per chunk; None: as many as fit attention_chunk_bytes(device)
-        self.rows = slice(0, 0)  # the query rows of the chunk being computed
-        self.key_mask = None  # [B, T] bool, False at padding: those keys get no weight
 
     def _projections(self, config: BlockConfig) -> None:
         d, hd, qkv_bias = config.d_model, config.head_dim, config.projection_bias

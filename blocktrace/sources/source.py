@@ -131,6 +131,13 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     if inputs.input_path is not None:
         x = _input_file(inputs.input_path, config, inputs.batch, budget, dtype)
         return Source(config, x, None, f"tensor from {inputs.input_path}", **common)
+    return _token_source(request, budget, config, common)
+
+
+def _token_source(request: RunRequest, budget: Budget, config: BlockConfig, common: dict) -> Source:
+    """Token ids through the checkpoint's embeddings and the layers before the one traced."""
+    inputs, checkpoint, info, layer = request.inputs, common["checkpoint"], common["info"], request.first_layer
+    dtype = torch_dtype(request.dtype)
     sequences, ids_note = token_sequences(checkpoint.directory, inputs, info.n_positions)
     if len(sequences) > 1 and inputs.batch is not None:
         raise UsageError("--batch and several --token-ids sequences both set the batch: use one of them")
@@ -139,7 +146,7 @@ def _checkpoint_source(request: RunRequest, budget: Budget) -> Source:
     x = embed_batch(checkpoint, info, padded, dtype, padded_types)
     x = (x[0] if len(padded) == 1 else x).to(resolve_device(request.device))  # earlier layers run there too
     device_mask = None if mask is None else mask.to(x.device)
-    x = hidden_state_before(checkpoint, info, native, x, layer, dtype, key_mask=device_mask)
+    x = hidden_state_before(checkpoint, info, common["native"], x, layer, dtype, key_mask=device_mask)
     via = {0: "", 1: " and block 0"}.get(layer, f" and blocks 0–{layer - 1}")
     note = f"token ids through the model's embeddings{via}"
     if mask is not None:

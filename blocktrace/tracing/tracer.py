@@ -86,21 +86,28 @@ def trace(
         raise IndexError(f"token index {sample_token} is out of range for {x.shape[-2]} tokens")
     recorder = Recorder(block, layout, own, keep_tensors=keep_tensors, sample_token=sample_token,
                         sample_size=sample_size, checks=checks, token_mask=token_mask, attention_map=attention_map)
+    output = _run_hooked(block, recorder, own, x, call, attn_chunk)
+    behaviour = _behaviour(block, layout, own, x, call, output) if checks else {}
+    (traced,), _ = finish([Collected(block, layout, own, recorder, output, behaviour, notes=call.notes)])
+    return traced
+
+
+def _run_hooked(block: nn.Module, recorder: Recorder, own: bool, x: torch.Tensor, call: Call,
+                attn_chunk: Optional[int]):
+    """The block's forward once with the recorder's hooks attached (and our attention's chunk set), both undone
+    after it whatever happens."""
     recorder.start(x)
-    saved_chunk = getattr(getattr(block, "attn", None), "query_chunk", None)
+    saved_chunk = block.attn.query_chunk if own else None
     try:
         recorder.attach()
         if own and attn_chunk is not None:
             block.attn.query_chunk = attn_chunk
         with eager_attention(call):
-            output = _forward(block, x, call.kwargs, own)
+            return _forward(block, x, call.kwargs, own)
     finally:
         if own:
             block.attn.query_chunk = saved_chunk
         recorder.detach()
-    behaviour = _behaviour(block, layout, own, x, call, output) if checks else {}
-    (traced,), _ = finish([Collected(block, layout, own, recorder, output, behaviour, notes=call.notes)])
-    return traced
 
 
 def _call(block, layout: Layout, own: bool, x, forward_kwargs: Optional[dict], token_mask) -> Call:

@@ -287,23 +287,34 @@ def rope_scaling(config: ConfigFile, parameters: ConfigFile, original_default: O
         return RopeScaling(kind, _required(parameters, "factor"), original, _required(parameters, "low_freq_factor"),
                            _required(parameters, "high_freq_factor"))
     if kind is RopeKind.YARN:
-        factor = _required(parameters, "factor")
-        theta = parameters.number("rope_theta", None) or config.number("rope_theta", None)
-        if theta is not None and theta <= 1:  # its correction range divides by log(rope_theta)
-            raise (parameters if parameters.number("rope_theta", None) else config).bad(
-                "rope_theta", "above 1 for YaRN (its correction range divides by log(rope_theta))", theta)
-        return RopeScaling(kind, factor, original, beta_fast=parameters.number("beta_fast", None, positive=True) or 32.0,
-                           beta_slow=parameters.number("beta_slow", None, positive=True) or 1.0,
-                           truncate=parameters.boolean("truncate", True),
-                           attention_factor=_yarn_attention_factor(parameters, factor))
+        return _yarn(config, parameters, original)
+    return _longrope(config, parameters, original, maximum)
+
+
+def _yarn(config: ConfigFile, parameters: ConfigFile, original: int) -> RopeScaling:
+    """YaRN's parameters with HF's defaults (beta_fast 32, beta_slow 1, truncate true)."""
+    factor = _required(parameters, "factor")
+    theta = parameters.number("rope_theta", None) or config.number("rope_theta", None)
+    if theta is not None and theta <= 1:  # its correction range divides by log(rope_theta)
+        raise (parameters if parameters.number("rope_theta", None) else config).bad(
+            "rope_theta", "above 1 for YaRN (its correction range divides by log(rope_theta))", theta)
+    return RopeScaling(RopeKind.YARN, factor, original,
+                       beta_fast=parameters.number("beta_fast", None, positive=True) or 32.0,
+                       beta_slow=parameters.number("beta_slow", None, positive=True) or 1.0,
+                       truncate=parameters.boolean("truncate", True),
+                       attention_factor=_yarn_attention_factor(parameters, factor))
+
+
+def _longrope(config: ConfigFile, parameters: ConfigFile, original: int, maximum: Optional[int]) -> RopeScaling:
+    """Phi-3's longrope: its short and long factors, its factor and attention factor as HF defaults them."""
     if original < 2:  # longrope's attention factor divides by log(original_max_position_embeddings)
-        raise WeightsError(f"{config.path}: original_max_position_embeddings must be at least 2 for {kind.value} "
+        raise WeightsError(f"{config.path}: original_max_position_embeddings must be at least 2 for longrope "
                            f"(its attention factor divides by its log), not {original}")
     factor = parameters.number("factor", None, positive=True) or _required_maximum(config, maximum) / original
     attention = parameters.number("attention_factor", None, positive=True)  # longrope's, as HF (Phi-3) defaults it
     if attention is None:
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-    return RopeScaling(kind, factor, original, short_factor=_factors(parameters, "short_factor"),
+    return RopeScaling(RopeKind.LONGROPE, factor, original, short_factor=_factors(parameters, "short_factor"),
                        long_factor=_factors(parameters, "long_factor"), attention_factor=attention)
 
 
