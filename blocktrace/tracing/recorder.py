@@ -319,21 +319,27 @@ class Recorder:
             self.routing_k = chosen.shape[-1]
 
     def _attention_hooks(self) -> list:
-        if self.own:  # our attention exposes its scores and weights through hook points
-            attention = self.block.attn
+        return self._own_attention_hooks() if self.own else self._user_attention_hooks()
 
-            def on_scores(module, inputs, scores):
-                self.attention.scores = scores.detach()
+    def _own_attention_hooks(self) -> list:
+        """Our attention exposes its scores and weights, and every step its sub-steps, through hook points."""
+        attention = self.block.attn
 
-            inside = [getattr(module, name).register_forward_hook(self.guard(
-                lambda m, i, out, name=f"{step}.{name}": self.substeps.append(self.observe(name, out))))
-                for step, module in (("attn", attention), ("ffn", self.block.ffn))
-                for name in getattr(module, "substeps", ())]
-            if self.block.config.token_mixer is not None:  # a mixer without attention weights (a short convolution)
-                return inside
-            return [*inside, attention.scores.register_forward_hook(self.guard(on_scores)),
-                    attention.weights.register_forward_hook(self.guard(
-                        lambda m, i, weights: self.attention.add(weights, attention.rows)))]
+        def on_scores(module, inputs, scores):
+            self.attention.scores = scores.detach()
+
+        inside = [module.get_submodule(name).register_forward_hook(self.guard(
+            lambda m, i, out, name=f"{step}.{name}": self.substeps.append(self.observe(name, out))))
+            for step, module in (("attn", attention), ("ffn", self.block.ffn))
+            for name in getattr(module, "substeps", ())]
+        if self.block.config.token_mixer is not None:  # a mixer without attention weights (a short convolution)
+            return inside
+        return [*inside, attention.scores.register_forward_hook(self.guard(on_scores)),
+                attention.weights.register_forward_hook(self.guard(
+                    lambda m, i, weights: self.attention.add(weights, attention.rows)))]
+
+    def _user_attention_hooks(self) -> list:
+        """A user's attention module: its softmax seen while it runs (SoftmaxSeen), or the weights it returns."""
         module = resolve(self.block, StepSpec("attn", self.layout.attention_path))
         watching: Optional[SoftmaxSeen] = None
         called = False

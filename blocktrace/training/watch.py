@@ -59,14 +59,25 @@ class Watch:
         self.taps = [BlockTap(block, checks=checks, when=torch.is_grad_enabled) for block in self.blocks]
         self.track_updates, self.checks = track_updates, checks
         self.reducer = Reducer()
+        self._open_outputs(Path(path), tensorboard, append, overwrite, start)
+        self._observe_loop(model, optimizer)
+        self.order_hook = model.register_forward_pre_hook(self._see_order, with_kwargs=True) if checks else None
+        if self.count % every == 0:
+            self._arm()
+
+    def _open_outputs(self, path: Path, tensorboard, append: bool, overwrite: bool, start: Optional[int]) -> None:
+        """The timeline (and TensorBoard) on the writing rank, and the step of the next forward."""
         self.tensorboard = open_tensorboard(tensorboard) if self.reducer.is_writer else None
-        self.writer = TimelineWriter(Path(path), append, overwrite) if self.reducer.is_writer else None
+        self.writer = TimelineWriter(path, append, overwrite) if self.reducer.is_writer else None
         try:  # the training step of the next forward (a resumed run's is past 0: start=, or the step after the last
             self.count = first_step(self.writer, start)  # one the timeline holds)
         except BaseException:
             if self.writer is not None:
                 self.writer.close()  # its lock too: the same file may be given again, rightly
             raise
+
+    def _observe_loop(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> None:
+        """What the Watch holds between records: the loop's own evidence, the history, the rollback point."""
         self.stopped: Optional[str] = None  # why recording stopped (the training loop goes on)
         self.snapshots: Optional[list[dict]] = None
         self.armed = None  # the context that measures sdpa attention during a recording forward
@@ -82,9 +93,6 @@ class Watch:
         # the records before, for the dynamics (diagnose/dynamics.py): the first (trends start there) and the last few
         self.history = History()
         self.order = DataOrder()  # every training step's batch, to tell an order that repeats (training/order.py)
-        self.order_hook = model.register_forward_pre_hook(self._see_order, with_kwargs=True) if checks else None
-        if self.count % every == 0:
-            self._arm()
 
     @property
     def recording(self) -> bool:
@@ -256,17 +264,11 @@ class Watch:
                  for i, block in enumerate(self.blocks)] if self.track_updates else []
         if self.track_updates:
             self.snapshots = [snapshot(block) for block in self.blocks]
-        checked_loss = self.captured_loss if self.captured_loss is not None else loss
-        # the loss's graph: step()'s loss, or the model's own where step() was given a number or a detached tensor
-        graph = next((t for t in (loss, self.captured_graph) if isinstance(t, torch.Tensor) and t.grad_fn is not None),
-                     None)
         replicas = self._replicas(scale)  # before the batch's report, which forgets the batch
         measured = {"grads": grads, "model_grad": _unscaled(_grad_norm(self.model), scale),
                     "moved": [m.values() for m in moved],
                     "loss": self._loss(loss),
-                    "loop": self.loop.evidence(loss_checks(self.batch.logits, self.batch.targets,
-                                                           checked_loss if isinstance(checked_loss, torch.Tensor)
-                                                           else None, graph) if self.checks else {}),
+                    "loop": self.loop.evidence(self._loss_checks(loss) if self.checks else {}),
                     "probe": causal_probe(self.model, self.batch, self.reducer, device_of(self.blocks[0]))
                     if self.checks else None,
                     "data": self.batch.report(self.loop.trained),
@@ -275,6 +277,15 @@ class Watch:
         measured["replicas"] = replicas
         traces, host = finish([c for _, c in present], measured)
         return [index for index, _ in present], moved, traces, host
+
+    def _loss_checks(self, loss) -> dict:
+        """What the loss says against the batch's logits and targets, and what its autograd graph was given."""
+        checked = self.captured_loss if self.captured_loss is not None else loss
+        # the loss's graph: step()'s loss, or the model's own where step() was given a number or a detached tensor
+        graph = next((t for t in (loss, self.captured_graph) if isinstance(t, torch.Tensor) and t.grad_fn is not None),
+                     None)
+        return loss_checks(self.batch.logits, self.batch.targets,
+                           checked if isinstance(checked, torch.Tensor) else None, graph)
 
     def _replicas(self, scale: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """Every rank's fingerprint (training/distributed.py), gathered in one collective; None in one process."""

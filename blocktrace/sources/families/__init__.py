@@ -191,23 +191,32 @@ def model_info(checkpoint: Checkpoint) -> ModelInfo:
     _one_copy_of_the_layers(checkpoint, family, prefix, layers)
     family = family.variant(checkpoint, prefix)
     n_layers = _contiguous(checkpoint, family, prefix, found)
-    declared = None
-    if config is not None:
-        declared = config.integer("n_layer") if "n_layer" in config else config.integer("num_hidden_layers")
-    if declared not in (None, n_layers):
-        raise WeightsError(f"{config.path} says {declared} layers but the weights hold {n_layers}")
+    _declared_layers_fit(config, n_layers)
     _tie_embedding(checkpoint, family, prefix, config)
     embedding = f"{prefix}{family.embedding_key}"
     vocab = checkpoint.shape(embedding)[0] if embedding in checkpoint else None
-    positions = None
-    if config is not None:
-        positions = config.integer("n_positions") if "n_positions" in config else \
-            config.integer("max_position_embeddings") if "max_position_embeddings" in config else \
-            config.integer("block_size")
-    if f"{prefix}wpe.weight" in checkpoint and isinstance(family, GPT2):
-        positions = checkpoint.shape(f"{prefix}wpe.weight")[0]
     notes = (*checkpoint.notes, *config_notes, *family.notes(config), *_guessed(family, config))
-    return ModelInfo(family, prefix, n_layers, positions, vocab, config, notes)
+    return ModelInfo(family, prefix, n_layers, _positions(checkpoint, family, prefix, config), vocab, config, notes)
+
+
+def _declared_layers_fit(config: Optional[ConfigFile], n_layers: int) -> None:
+    if config is None:
+        return
+    declared = config.integer("n_layer") if "n_layer" in config else config.integer("num_hidden_layers")
+    if declared not in (None, n_layers):
+        raise WeightsError(f"{config.path} says {declared} layers but the weights hold {n_layers}")
+
+
+def _positions(checkpoint: Checkpoint, family: Family, prefix: str, config: Optional[ConfigFile]) -> Optional[int]:
+    """The positions the model was built for: GPT-2's position table, else what its config says."""
+    if f"{prefix}wpe.weight" in checkpoint and isinstance(family, GPT2):
+        return checkpoint.shape(f"{prefix}wpe.weight")[0]
+    if config is None:
+        return None
+    for key in ("n_positions", "max_position_embeddings"):
+        if key in config:
+            return config.integer(key)
+    return config.integer("block_size")
 
 
 def _check_conflict(name: str, from_file, given) -> None:
@@ -266,17 +275,23 @@ def checkpoint_config(checkpoint: Checkpoint, info: ModelInfo, overrides: dict) 
     fields = {**shapes, **from_config}
     for name in SIZE_FIELDS:
         _check_conflict(name, fields.get(name), overrides.get(name))
-    if fields.get("n_heads") is None:
-        if overrides.get("n_heads") is None:
-            where = (f"{info.config.path} does not say the number of heads "
-                     f"({family.config_keys.get('n_heads', 'n_heads')})" if info.config is not None
-                     else f"{checkpoint.directory} has no config.json")
-            raise UsageError(f"{where}: pass --heads (d_model {fields['d_model']} read from the weights)")
-        fields["n_heads"] = overrides["n_heads"]
+    fields["n_heads"] = _heads(checkpoint, info, fields, overrides)
     fields["n_layers"] = info.n_layers
     native = _native_config(fields, set(from_config), info)
     _embedding_fits(checkpoint, info, native.d_model)
     return native.replace(**{key: value for key, value in overrides.items() if key not in SIZE_FIELDS})
+
+
+def _heads(checkpoint: Checkpoint, info: ModelInfo, fields: dict, overrides: dict) -> int:
+    """The heads the file says, else --heads (the weights' shapes cannot say how d_model splits)."""
+    if fields.get("n_heads") is not None:
+        return fields["n_heads"]
+    if overrides.get("n_heads") is None:
+        where = (f"{info.config.path} does not say the number of heads "
+                 f"({info.family.config_keys.get('n_heads', 'n_heads')})" if info.config is not None
+                 else f"{checkpoint.directory} has no config.json")
+        raise UsageError(f"{where}: pass --heads (d_model {fields['d_model']} read from the weights)")
+    return overrides["n_heads"]
 
 
 def _config_fits_tensors(info: ModelInfo, shapes: dict, from_config: dict) -> None:
