@@ -5,7 +5,7 @@ learned scalars and its constants β and ε are tensors of each layer (`mlp.act_
 
 from __future__ import annotations
 
-from blocktrace.errors import UsageError, WeightsError
+from blocktrace.errors import UsageError
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.base import HFLayer, linear, rope_fields, size
 from blocktrace.sources.families.llama import Llama
@@ -23,6 +23,7 @@ class Apertus(Llama):
     hf_layer = HFLayer(APERTUS_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
     defaults = {"rms_norm_eps": 1e-5, "hidden_act": "xielu"}  # ApertusConfig's
     marker = "attention_layernorm.weight"
+    activations = {"xielu": FFNKind.XIELU}  # ApertusMLP's; another hidden_act is refused
 
     def config_fields(self, config):
         parameters = config.merged("rope_scaling", "rope_parameters")
@@ -30,13 +31,6 @@ class Apertus(Llama):
             parameters = ConfigFile(config.path, DEFAULT_ROPE)
         return {**super().config_fields(config), "qk_norm": True,
                 **rope_fields(config, parameters=parameters, default_theta=DEFAULT_ROPE["rope_theta"])}
-
-    def activation(self, config: ConfigFile) -> FFNKind:
-        activation = self.setting(config, "hidden_act", "string")
-        if activation != "xielu":
-            raise WeightsError(f"{config.path}: hidden_act {activation!r} is not supported for {self.name} "
-                               "(only xielu, ApertusConfig's)")
-        return FFNKind.XIELU
 
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": config.boolean("attention_bias", False)}

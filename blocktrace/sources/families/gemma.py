@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from blocktrace.errors import UsageError, WeightsError
+from blocktrace.errors import UsageError
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.base import HFLayer, rope_fields
 from blocktrace.sources.families.llama import SLIDING, Llama, refuse_bidirectional
@@ -25,7 +25,6 @@ GATE_ACTIVATIONS = {"gelu_pytorch_tanh": FFNKind.GEGLU, "gelu_new": FFNKind.GEGL
 class Gemma(Llama):
     name, described, model_types = "gemma", "gemma (Llama keys, (1+w) RMSNorm, GeGLU)", ("gemma",)
     hf_classes = ("GemmaDecoderLayer",)
-    activation_key = "hidden_act"
     activations = GATE_ACTIVATIONS
     defaults = {**Llama.defaults, "hidden_act": "gelu_pytorch_tanh"}
     tie_default = True
@@ -36,13 +35,6 @@ class Gemma(Llama):
     def config_fields(self, config):
         refuse_bidirectional(config)
         return {**super().config_fields(config), "norm_offset": 1.0}
-
-    def activation(self, config):
-        activation = self.setting(config, self.activation_key, "string")
-        if activation not in self.activations:
-            raise WeightsError(f"{config.path}: {self.activation_key} {activation!r} is not supported for "
-                               f"{self.name}; supported: {', '.join(self.activations)}")
-        return self.activations[activation]
 
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": config.boolean("attention_bias", False)}

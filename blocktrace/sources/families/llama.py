@@ -37,6 +37,7 @@ class Llama(Family):
     defaults = {"rms_norm_eps": 1e-6, "hidden_act": "silu"}
     layers_path, marker, prefixes = "layers", "input_layernorm.weight", ("", "model.")
     embedding_key = "embed_tokens.weight"
+    activation_key, activations = "hidden_act", {"silu": FFNKind.SWIGLU}  # the config's activation: the FFN it names
     ignored = ("self_attn.rotary_emb.inv_freq",)  # a computed buffer some files hold
     needs_config = True  # the keys are shared by families that compute differently: see the module docstring
     config_keys = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "d_ff": "intermediate_size",
@@ -52,11 +53,12 @@ class Llama(Family):
                 "head_size": config.integer("head_dim"), **self.bias_fields(config), **rope_fields(config)}
 
     def activation(self, config: ConfigFile) -> FFNKind:
-        activation = self.setting(config, "hidden_act", "string")
-        if activation != "silu":
-            raise WeightsError(f"{config.path}: hidden_act {activation!r} is not supported for {self.name} "
-                               "(only silu: SwiGLU)")
-        return FFNKind.SWIGLU
+        """The FFN the config's activation names, among those the family's HF MLP computes (`activations`)."""
+        activation = self.setting(config, self.activation_key, "string")
+        if activation not in self.activations:
+            raise WeightsError(f"{config.path}: {self.activation_key} {activation!r} is not supported for "
+                               f"{self.name}; supported: {', '.join(self.activations)}")
+        return self.activations[activation]
 
     def bias_fields(self, config: ConfigFile) -> dict:
         return {"bias": config.boolean("mlp_bias", False), "attn_bias": config.boolean("attention_bias", False)}
