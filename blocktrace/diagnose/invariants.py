@@ -496,6 +496,26 @@ def _ranks_step_apart(history: Sequence[dict], entry: dict) -> list[Finding]:
     return []
 
 
+# --- float16 and its loss scale ------------------------------------------------------------------------------
+
+@check(Scope.TRAINING, "float16_unscaled",
+       "the recording forward computed in float16 (autocast to float16, or float16 parameters) and its backward "
+       "started from the loss itself, no loss scale above 1 (a Watch given the model's loss)",
+       "Micikevicius et al. 2018, Mixed Precision Training (§3.2: float16 gradients below 2^-24 flush to zero; "
+       "scaling the loss before backward keeps them); PyTorch's AMP recipe: float16 autocast is used together "
+       "with torch.amp.GradScaler (bfloat16, with float32's range, needs no scaler)",
+       "float16 without loss scaling: small gradients underflow to zero in the backward, and the layers they "
+       "reach learn slowly or not at all", Cause.PRECISION, direct=True,
+       advice=phrase("scale the loss: scaler = torch.amp.GradScaler(); scaler.scale(loss).backward(); "
+                     "scaler.step(optimizer); scaler.update() — or train in bfloat16, which needs no scaler"))
+def _float16_unscaled(history: Sequence[dict], entry: dict) -> list[Finding]:
+    loop = _loop(entry)
+    if loop.get("float16_forward") is not True or loop.get("loss_scale") != 1:
+        return []
+    return [finding(Level.ERROR, None, None, 1.0, phrase("the forward computed in float16 and its backward was "
+                                                         "not scaled: loss scale 1"))]
+
+
 # --- the forward's other inputs ------------------------------------------------------------------------------
 
 @check(Scope.TRAINING, "position_ids_constant",

@@ -179,6 +179,8 @@ PHRASES_ZH = {
     "all {count} ranks trained on the same batch": "全部 {count} 个 rank 用同一个 batch 训练",
     "rank {rank}'s {what} is {value:g}, rank 0's {reference:g}": "rank {rank} 的{what}为 {value}，rank 0 的为 {reference}",
     "every sequence's position_ids are one value throughout": "每条序列的 position_ids 从头到尾都是同一个值",
+    "the forward computed in float16 and its backward was not scaled: loss scale 1":
+        "前向以 float16 计算，而反向传播没有做损失缩放：loss scale 为 1",
     "a sequence's loss counts {count} targets at positions its attention mask drops":
         "一条序列的损失把注意力掩码丢弃的位置上的 {count} 个目标也算进去了",
     "the positions the mask keeps all hold one id; those it drops hold several": "掩码保留的位置都是同一个 id；它丢弃的位置却有多个不同的 id",
@@ -324,6 +326,10 @@ PHRASES_ZH = {
         "单进程的 DataLoader 则用 shuffle=True",
     "give position_ids = arange(T) per sequence (restarting at each packed document), or leave them out and let the "
     "model make them": "每条序列给 position_ids = arange(T)（在每个打包的文档处重新开始），或者不传，让模型自己生成",
+    "scale the loss: scaler = torch.amp.GradScaler(); scaler.scale(loss).backward(); scaler.step(optimizer); "
+    "scaler.update() — or train in bfloat16, which needs no scaler":
+        "缩放损失：scaler = torch.amp.GradScaler()；scaler.scale(loss).backward()；scaler.step(optimizer)；"
+        "scaler.update()——或者用 bfloat16 训练，它不需要 scaler",
     "set the labels of padded positions to -100 (labels[attention_mask == 0] = -100), or build the batches with a "
     "collator that does": "把 padding 位置的 labels 设为 -100（labels[attention_mask == 0] = -100），或用会这样做的 collator 来组 batch",
     "attention_mask = (input_ids != pad_id): 1 at the text, 0 at the padding (a mask built as == pad_id, or 1 - mask "

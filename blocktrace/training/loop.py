@@ -212,6 +212,7 @@ class LoopObserver:
         # loss divided over k micro-batches; None where the anchor is not the scalar loss
         self.backward_factor: Optional[torch.Tensor] = None
         self.eval_mode: Optional[int] = None
+        self.float16: Optional[bool] = None  # whether the recording forward computed in float16
 
     def close(self) -> None:
         for hook in (self.step_hook, self.after_step_hook):
@@ -225,6 +226,7 @@ class LoopObserver:
         """The first forward with gradients of a recording step: its modes, and a hook on its output (`anchor`:
         the loss, or the logits) that runs when the backward starts, before any parameter's gradient is added."""
         self.eval_mode = _eval_mode_modules(self.model)
+        self.float16 = computes_in_float16(self.model)
         if anchor is None or not anchor.requires_grad:
             return
         stepped = _versions(_trainable(self.model)) != self.versions  # an optimizer step since the Watch armed
@@ -326,7 +328,27 @@ class LoopObserver:
                 if self.optimizer is not None else None,
                 "optimizer": optimizer_hyperparameters(self.optimizer), "descent": descended,
                 "dropout": largest_dropout(self.model),
-                "loss_scale": self.loss_scale(), **loss_checks}
+                "loss_scale": self.loss_scale(), "float16_forward": self.float16 if self.trained else None,
+                **loss_checks}
+
+
+def computes_in_float16(model: nn.Module) -> bool:
+    """Whether a forward running now computes in float16: under autocast to float16 on the device of the model's
+    parameters, or with float16 parameters of its own."""
+    parameter = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if parameter is None:
+        return False
+    return parameter.dtype is torch.float16 or _autocast_dtype(parameter.device.type) is torch.float16
+
+
+def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The dtype autocast computes in on this kind of device (None: autocast is off there)."""
+    try:
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    except (TypeError, AttributeError, RuntimeError):  # torch < 2.4: one function per kind of device
+        if device_type == "cpu":
+            return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+        return torch.get_autocast_gpu_dtype() if device_type == "cuda" and torch.is_autocast_enabled() else None
 
 
 # the hyperparameters of a param group the audit reads (diagnose/audit.py), wherever an optimizer defines them

@@ -1,0 +1,60 @@
+"""float16 without loss scaling, found by the Watch (float16_unscaled) — on both sides: autocast to float16 with a
+plain backward, against the legitimate loops most like it (a GradScaler, with and without accumulation; bfloat16
+autocast, which needs no scaler; float32)."""
+
+import warnings
+
+import pytest
+import torch
+
+from helpers import make_llama
+
+
+def _names(dtype, scaled: bool, tmp_path, micro_batches: int = 1):
+    """The findings of one Watch record of a Llama trained one step under autocast to `dtype` (None: float32)."""
+    from blocktrace import Watch
+
+    model = make_llama(head=True)[0].train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu") if scaled else None
+    ids = torch.randint(1, 50, (2, 12), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the first-error warning and autocast's own: the record holds them
+        with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
+            for _ in range(micro_batches):
+                with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+                    loss = model(input_ids=ids, labels=ids).loss / micro_batches
+                (scaler.scale(loss) if scaled else loss).backward()
+            entry = watch.step(loss)
+            if scaled:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+    assert entry is not None, watch.stopped
+    return {flag["name"]: flag for flag in entry["flags"] if flag["level"] in ("error", "warning")}
+
+
+def test_float16_autocast_without_a_scaler_is_found(tmp_path):
+    found = _names(torch.float16, scaled=False, tmp_path=tmp_path)
+    assert "float16_unscaled" in found
+    assert found["float16_unscaled"]["cause"] == "precision"
+
+
+@pytest.mark.parametrize("dtype, scaled, micro_batches", [(torch.float16, True, 1), (torch.float16, True, 2),
+                                                          (torch.bfloat16, False, 1), (None, False, 1)])
+def test_a_scaled_float16_loop_bfloat16_and_float32_pass(tmp_path, dtype, scaled, micro_batches):
+    assert "float16_unscaled" not in _names(dtype, scaled, tmp_path, micro_batches)
+
+
+def test_float16_parameters_without_a_scaler_are_found(tmp_path):
+    """model.half(): the forward computes in float16 without autocast."""
+    from blocktrace.training.loop import computes_in_float16
+
+    model = make_llama(head=True)[0]
+    assert not computes_in_float16(model)
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert computes_in_float16(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not computes_in_float16(model)
+    assert computes_in_float16(model.half())
