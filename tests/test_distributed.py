@@ -142,7 +142,8 @@ def _errors(record: dict) -> set:
 # --- the invariants of data parallelism, each on both sides -----------------------------------------------------
 
 SCENARIOS = ("healthy", "clip-on-one-rank", "same-batch", "lr-on-one-rank", "hook-skips-all-reduce",
-             "no-sync-accumulation", "no-causal-mask", "adam-healthy", "adam-state-changed-on-one-rank")
+             "no-sync-accumulation", "no-causal-mask", "adam-healthy", "adam-state-changed-on-one-rank",
+             "moved-after-wrapping")
 EPOCH_SCENARIOS = ("sampler-without-set-epoch", "sampler-with-set-epoch", "zero-sharded-state")
 HSDP_SCENARIOS = ("hsdp-healthy", "hsdp-shard-changed-on-one-rank")
 EPOCHS, SEQUENCES = 3, 16  # 16 sequences over 2 ranks, 2 a step: 4 steps an epoch
@@ -160,6 +161,8 @@ def _scenario(name: str, rank: int, directory: str) -> None:
     model = torch.nn.parallel.DistributedDataParallel(NanoGPT(causal=name != "no-causal-mask"))
     if name == "hook-skips-all-reduce":
         model.register_comm_hook(None, _skip_all_reduce)
+    if name == "moved-after-wrapping":  # cast after DDP built its buckets: the reducer no longer averages the
+        model.module.double()  # gradients, silently (TrainCheck, OSDI'25: a model moved after wrapping)
     lr = 0.5 if name == "lr-on-one-rank" and rank == 1 else 0.05
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3) if name.startswith("adam") \
         else torch.optim.SGD(model.parameters(), lr=lr)
@@ -274,6 +277,7 @@ DATA_PARALLEL = {"replicas_differ", "gradients_not_averaged", "same_batch_on_ran
     ("clip-on-one-rank", {"replicas_differ"}), ("same-batch", {"same_batch_on_ranks"}),
     ("lr-on-one-rank", {"ranks_step_apart", "replicas_differ"}),
     ("hook-skips-all-reduce", {"gradients_not_averaged", "replicas_differ"}),
+    ("moved-after-wrapping", {"gradients_not_averaged", "replicas_differ"}),
     ("adam-healthy", set()), ("adam-state-changed-on-one-rank", {"replicas_differ"}),
 ])
 def test_the_invariants_of_data_parallelism(scenarios, name, expected):
