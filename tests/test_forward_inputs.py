@@ -108,3 +108,14 @@ def test_an_inverted_mask_is_said_once_not_as_padding_counted(tmp_path):
     ids, mask = _padded()
     found = _padding_names(ids.clone(), ids, 1 - mask, tmp_path)
     assert "attention_mask_inverted" in found and "padding_counted" not in found
+
+
+def test_left_padding_is_counted_as_hfs_shifted_loss_counts_it(tmp_path):
+    """HF shifts its labels: the label at position 0 is never a target, so two left pads counted are one pad
+    target (passes, as the end-of-text one would), three are two (found)."""
+    ids = torch.randint(1, 50, (2, 12), generator=torch.Generator().manual_seed(2))
+    for pads, found in ((2, False), (3, True)):
+        padded = ids.clone()
+        padded[0, :pads] = PAD
+        mask = (padded != PAD).long()
+        assert ("padding_counted" in _padding_names(padded.clone(), padded, mask, tmp_path)) is found

@@ -82,7 +82,7 @@ class Batch:
         if self.targets is not None:
             found.update(target_match(self.ids, self.targets))
             if self.kept is not None:
-                found["padding_counted"] = padding_counted(self.targets, self.kept)
+                found["padding_counted"] = padding_counted(self.targets, self.kept, self.shifts_labels)
         found.update(self.inputs)
         if trained:  # a copy: a loop that refills one buffer in place would otherwise compare the batch with itself
             self.previous = self.ids.clone()

@@ -422,10 +422,11 @@ def kept_positions(ids: torch.Tensor, kwargs: dict) -> Optional[torch.Tensor]:
     return mask.bool() if mask.dtype == torch.bool else mask != 0
 
 
-def padding_counted(targets: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+def padding_counted(targets: torch.Tensor, kept: torch.Tensor, shifts_inside: bool) -> torch.Tensor:
     """On the device: the most positions of one sequence that the attention mask drops while the loss counts their
-    targets (not IGNORE_INDEX)."""
-    return ((targets != IGNORE_INDEX) & ~kept).sum(dim=-1).max()
+    targets (not IGNORE_INDEX). A model that shifts its labels inside (HF) never predicts the first one."""
+    counted = (targets != IGNORE_INDEX) & ~kept
+    return (counted[:, 1:] if shifts_inside else counted).sum(dim=-1).max()
 
 
 def _one_value(ids: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
