@@ -155,6 +155,9 @@ FAMILIES = {
             "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}), LLAMA_PLACES),
     # Apertus: QK-norm per head, an ungated MLP with xIELU (two learned scalars per layer), llama3 RoPE at 12M.
     "apertus": ("ApertusForCausalLM", "ApertusConfig", dict(num_key_value_heads=2), APERTUS_PLACES),
+    # Helium: interleaved RoPE, float32 norm gains, biases on q/k/v and the MLP (none on o_proj).
+    "helium": ("HeliumForCausalLM", "HeliumConfig", dict(num_key_value_heads=2, head_dim=8, attention_bias=True,
+                                                         mlp_bias=True), LLAMA_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -221,7 +224,7 @@ NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
          "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy",
          "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5", "glm4_moe", "minimax_m2", "ernie4_5_moe",
-         "hunyuan_v1_dense", "apertus"]
+         "hunyuan_v1_dense", "apertus", "helium"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -338,6 +341,8 @@ def test_unknown_model_types_and_llama_keys_without_config_are_refused(invoke, t
     ("llama4_text", {"moe_layers": [5]}, "a list of layer indices below 3"),
     ("gemma2", {"layer_types": ["chunked_attention", "full_attention", "full_attention"]},
      "made of full_attention and sliding_attention (blocktrace traces no other kind here)"),
+    ("helium", {"head_dim": 16}, "head_dim must be hidden_size / num_attention_heads = 8 (Helium's o_proj"),
+    ("apertus", {"hidden_act": "silu"}, "hidden_act 'silu' is not supported for apertus; supported: xielu"),
 ])
 def test_config_fields_blocktrace_does_not_implement_are_refused(invoke, tmp_path, name, change, message):
     model, _ = build(name)
@@ -390,7 +395,7 @@ FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3
                   ("ernie4_5", "Ernie4_5Config"), ("glm4_moe", "Glm4MoeConfig"),
                   ("minimax_m2", "MiniMaxM2Config"), ("qwen3_next", "Qwen3NextConfig"),
                   ("granitemoehybrid", "GraniteMoeHybridConfig"), ("ernie4_5_moe", "Ernie4_5_MoeConfig"),
-                  ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("apertus", "ApertusConfig")]
+                  ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("apertus", "ApertusConfig"), ("helium", "HeliumConfig")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],

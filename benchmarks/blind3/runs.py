@@ -44,10 +44,10 @@ RUNS = {
         model="llama", twin="H3_llama_base", bug="unshuffled", expected="data",
         what="H3 fed the windows in file order (a DataLoader with shuffle=False): each batch is 16 "
              "consecutive windows, the run walks through the first ~330 KB of the modules"),
-    "F02_llama_pad_is_newline": dict(
-        model="llama", twin="H3_llama_base", bug="pad_is_newline", expected="loss_function",
-        what="H3 whose loss ignores the pad id, and the pad id is the newline byte (pad = eos = '\\n'): "
-             "no newline is ever a target"),
+    "F02_llama_pad_is_space": dict(
+        model="llama", twin="H3_llama_base", bug="pad_is_space", expected="loss_function",
+        what="H3 whose loss ignores the pad id (labels == pad_id -> -100), and the pad id is the space byte: "
+             "no space in the text (27% of the bytes) is ever a target"),
     "F03_nano_decoupled_wd_torch_value": dict(
         model="nano", twin="H1_nano_base", bug="decoupled_wd_torch_value", expected="optimizer",
         what="H1 with Composer's DecoupledAdamW (decay scaled by lr/lr0, not by lr) given torch AdamW's "
@@ -56,23 +56,20 @@ RUNS = {
         model="nano", twin="H1_nano_base", bug="zero_init_linear", expected="initialisation",
         what="H1 whose _init_weights zeroes every nn.Linear (meant: the output projections only): all "
              "block matrices and the tied embedding start at 0"),
-    "F05_nano_attn_out_dropped": dict(
-        model="nano", twin="H1_nano_base", bug="drop_attn_out", expected="architecture",
-        what="H1 whose blocks compute the attention and never add its output to the residual stream"),
-    "F06_nano_sdpa_triu_mask": dict(
+    "F05_nano_sdpa_triu_mask": dict(
         model="nano", twin="H1_nano_base", bug="sdpa_triu_mask", expected="mask",
         what="H1 with the attention through F.scaled_dot_product_attention and the boolean mask "
              "torch.triu(ones, 1) (MultiheadAttention's convention): each position attends only to later ones"),
-    "F07_gpt2_resume_strict_false": dict(
+    "F06_gpt2_resume_strict_false": dict(
         model="gpt2", twin="H2_gpt2_base", bug="resume_strict_false", expected="weights",
         what="H2 'restarted' after step 80 from a checkpoint whose keys carry torch.compile's '_orig_mod.' "
              "prefix, loaded with strict=False: no weight is loaded (the model is back to its init), the "
              "optimizer state is"),
-    "F08_nano_layernorm_detached_stats": dict(
+    "F07_nano_layernorm_detached_stats": dict(
         model="nano", twin="H1_nano_base", bug="layernorm_detached_stats", expected="gradient_flow",
         what="H1 with a hand-written LayerNorm whose mean and variance are .detach()ed: the same forward, "
              "no gradient through the statistics"),
-    "F09_gpt2_zero_grad_before_step": dict(
+    "F08_gpt2_zero_grad_before_step": dict(
         model="gpt2", twin="H2_gpt2_base", bug="zero_grad_before_step", expected="training_loop",
         what="H2 with optimizer.zero_grad() between loss.backward() and optimizer.step(): the step never "
              "sees a gradient"),

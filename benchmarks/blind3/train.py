@@ -37,8 +37,8 @@ T = 128  # context length (bytes)
 B = 16  # batch size (sequences)
 STEPS = 160
 SEED = 1337
-RESUME_AT = 80  # F07: the step after which the run is "restarted" from its checkpoint
-NEWLINE = 10  # F02: the byte the collator treats as padding
+RESUME_AT = 80  # F06: the step after which the run is "restarted" from its checkpoint
+PAD_ID = 32  # F02: the byte the collator treats as padding (a space)
 
 
 # ----------------------------------------------------------------------------- data
@@ -109,7 +109,7 @@ def val_batches(val, n=32, seed=1234):
 # ----------------------------------------------------------------------------- nanoGPT-style model
 
 class LayerNormDetachedStats(nn.Module):
-    """F08: a hand-written LayerNorm whose mean and variance are detached from the graph ("they are
+    """F07: a hand-written LayerNorm whose mean and variance are detached from the graph ("they are
     only statistics"): the forward is exactly nn.LayerNorm's, the backward lacks the statistics' terms."""
 
     def __init__(self, d, eps=1e-5):
@@ -119,8 +119,8 @@ class LayerNormDetachedStats(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        mu = x.mean(-1, keepdim=True).detach()  # BUG (F08)
-        var = x.var(-1, unbiased=False, keepdim=True).detach()  # BUG (F08)
+        mu = x.mean(-1, keepdim=True).detach()  # BUG (F07)
+        var = x.var(-1, unbiased=False, keepdim=True).detach()  # BUG (F07)
         return (x - mu) / torch.sqrt(var + self.eps) * self.weight + self.bias
 
 
@@ -141,7 +141,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(Bn, Tn, self.n_head, hs).transpose(1, 2)
         v = v.view(Bn, Tn, self.n_head, hs).transpose(1, 2)
         if self.sdpa_triu_mask:
-            # BUG (F06): the attention moved to F.scaled_dot_product_attention with the mask of
+            # BUG (F05): the attention moved to F.scaled_dot_product_attention with the mask of
             # nn.MultiheadAttention's convention (True = may NOT attend); SDPA reads True as "may attend"
             mask = torch.triu(torch.ones(Tn, Tn, dtype=torch.bool, device=x.device), diagonal=1)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -165,32 +165,26 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d, n_head, norm, sdpa_triu_mask=False, drop_attn_out=False):
+    def __init__(self, d, n_head, norm, sdpa_triu_mask=False):
         super().__init__()
         self.ln_1 = norm(d)
         self.attn = CausalSelfAttention(d, n_head, sdpa_triu_mask)
         self.ln_2 = norm(d)
         self.mlp = MLP(d)
-        self.drop_attn_out = drop_attn_out
 
     def forward(self, x):
-        if self.drop_attn_out:
-            # BUG (F05): the attention's output is computed and never added back (`x = x + attn_out` lost)
-            attn_out = self.attn(self.ln_1(x))  # noqa: F841
-        else:
-            x = x + self.attn(self.ln_1(x))
+        x = x + self.attn(self.ln_1(x))
         x = x + self.mlp(self.ln_2(x))
         return x
 
 
 class GPT(nn.Module):
-    def __init__(self, n_layer=4, n_head=4, d=128, norm=nn.LayerNorm, sdpa_triu_mask=False, drop_attn_out=False,
-                 zero_init_linear=False):
+    def __init__(self, n_layer=4, n_head=4, d=128, norm=nn.LayerNorm, sdpa_triu_mask=False, zero_init_linear=False):
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(VOCAB, d),
             wpe=nn.Embedding(T, d),
-            h=nn.ModuleList([Block(d, n_head, norm, sdpa_triu_mask, drop_attn_out) for _ in range(n_layer)]),
+            h=nn.ModuleList([Block(d, n_head, norm, sdpa_triu_mask) for _ in range(n_layer)]),
             ln_f=norm(d),
         ))
         self.lm_head = nn.Linear(d, VOCAB, bias=False)
@@ -419,8 +413,6 @@ def build(name, spec, steps):
         kw = {}
         if bug == "sdpa_triu_mask":
             kw["sdpa_triu_mask"] = True
-        if bug == "drop_attn_out":
-            kw["drop_attn_out"] = True
         if bug == "zero_init_linear":
             kw["zero_init_linear"] = True
         if bug == "layernorm_detached_stats":
@@ -455,8 +447,8 @@ def build(name, spec, steps):
         fwd = HFWrap(model)
         optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1 - s / steps))
-        if bug == "pad_is_newline":
-            opts["ignore_index"] = NEWLINE
+        if bug == "pad_is_space":
+            opts["ignore_index"] = PAD_ID
         if bug == "unshuffled":
             opts["unshuffled"] = True
     else:
@@ -478,7 +470,7 @@ def evaluate(model, fwd, vb):
 
 
 def restart_from_checkpoint(model, optimizer, fresh_model):
-    """F07: what a resumed run does, in-process. The checkpoint is saved the way a torch.compile'd model saves
+    """F06: what a resumed run does, in-process. The checkpoint is saved the way a torch.compile'd model saves
     it (every key prefixed '_orig_mod.'); the "new process" builds its model again (the same seeded init as
     step 0) and loads the checkpoint with strict=False, which matches no key and loads nothing. The optimizer's
     state (moments at step 80) loads fine."""
@@ -487,7 +479,7 @@ def restart_from_checkpoint(model, optimizer, fresh_model):
     with torch.no_grad():  # the new process's model: the same seeded initialisation as at step 0
         for p, q in zip(model.parameters(), fresh_model.parameters()):
             p.copy_(q)
-    result = model.load_state_dict(ckpt["model"], strict=False)  # BUG (F07): no prefix stripped, strict=False
+    result = model.load_state_dict(ckpt["model"], strict=False)  # BUG (F06): no prefix stripped, strict=False
     optimizer.load_state_dict(ckpt["optimizer"])
     return result
 
@@ -527,8 +519,8 @@ def train_one(name, spec, steps, work, data, use_watch=True):
         else:
             logits = fwd(x)
             if o["ignore_index"] is not None:
-                # BUG (F02): the collator's `labels[labels == pad_id] = -100` with pad_id = the newline byte
-                # (pad = eos = '\n' of a line-based byte tokenizer): no newline is ever a target
+                # BUG (F02): the collator's `labels[labels == pad_id] = -100` with pad_id = the space byte (a
+                # character-level pipeline that pads with spaces): no space in the text is ever a target
                 loss = ce(logits, y, ignore_index=o["ignore_index"])
             else:
                 loss = ce(logits, y)
@@ -539,7 +531,7 @@ def train_one(name, spec, steps, work, data, use_watch=True):
         lval = float(total)
         recent = (recent + [lval])[-10:]
         if o["zero_grad_before_step"]:
-            # BUG (F09): `optimizer.zero_grad()` moved up one line, between the backward and the
+            # BUG (F08): `optimizer.zero_grad()` moved up one line, between the backward and the
             # step: every step's gradients are dropped before the optimizer sees them
             optimizer.zero_grad(set_to_none=True)
         if o["clip"] is not None:
