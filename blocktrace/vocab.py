@@ -41,6 +41,7 @@ class FFNKind(Choice):
     GELU = "gelu"  # exact: 0.5·x·(1 + erf(x/√2))
     GELU_TANH = "gelu_tanh"  # GPT-2's "gelu_new" tanh approximation
     RELU = "relu"
+    RELU2 = "relu2"  # max(0, x)² (So et al. 2021, Primer; Arcee's and Nemotron's MLPs)
     SWIGLU = "swiglu"  # Shazeer 2020: down(silu(gate(x)) · up(x))
     GEGLU = "geglu"  # Gemma: down(gelu_tanh(gate(x)) · up(x))
     GEGLU_EXACT = "geglu_exact"  # Gemma-2 with hidden_activation "gelu": down(gelu(gate(x)) · up(x))
@@ -52,6 +53,11 @@ class FFNKind(Choice):
     @property
     def gated(self) -> bool:
         return self in (FFNKind.SWIGLU, FFNKind.GEGLU, FFNKind.GEGLU_EXACT, FFNKind.SWIGLU_CLAMPED)
+
+    @property
+    def zero_below(self) -> bool:
+        """Whether every negative pre-activation gives exactly 0 (a unit can die)."""
+        return self in (FFNKind.RELU, FFNKind.RELU2)
 
     @property
     def plain(self) -> bool:

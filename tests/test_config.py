@@ -25,7 +25,7 @@ def test_strings_become_enums_and_round_trip_through_dicts():
         (dict(d_model=8, n_heads=-2), "n_heads must be a positive integer"),
         (dict(d_ff=0), "d_ff must be a positive integer"),
         (dict(norm="batchnorm"), "norm must be one of layernorm, rmsnorm"),
-        (dict(ffn="tanh"), "ffn must be one of gelu, gelu_tanh, relu, swiglu"),
+        (dict(ffn="tanh"), "ffn must be one of gelu, gelu_tanh, relu, relu2, swiglu"),
         (dict(eps=0.0), "eps must be positive"),
     ],
 )

@@ -94,6 +94,9 @@ def hf_model(name: str):
         model = transformers.Ernie4_5_MoeForCausalLM(transformers.Ernie4_5_MoeConfig(
             **small, num_key_value_heads=2, head_dim=16, moe_intermediate_size=16, moe_k=2, moe_num_experts=4,
             moe_num_shared_experts=2, moe_layer_start_index=1))
+    elif name == "arcee":  # an ungated ReLU² MLP
+        model = transformers.ArceeForCausalLM(transformers.ArceeConfig(
+            **small, num_key_value_heads=2, attention_bias=True, mlp_bias=True))
     elif name == "helium":  # interleaved RoPE, float32 norm gains, q/k/v and MLP biases
         model = transformers.HeliumForCausalLM(transformers.HeliumConfig(
             **small, num_key_value_heads=2, head_dim=8, attention_bias=True, mlp_bias=True))
@@ -160,7 +163,7 @@ def our_layer_gradients(report: dict) -> list[float]:
                                   "exaone4", "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2",
                                   "llama4_text", "lfm2", "seed_oss", "ernie4_5", "glm4_moe",
                                   "minimax_m2", "qwen3_next", "granitemoehybrid", "ernie4_5_moe",
-                                  "hunyuan_v1_dense", "apertus", "helium"])
+                                  "hunyuan_v1_dense", "apertus", "helium", "arcee"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

@@ -158,6 +158,9 @@ FAMILIES = {
     # Helium: interleaved RoPE, float32 norm gains, biases on q/k/v and the MLP (none on o_proj).
     "helium": ("HeliumForCausalLM", "HeliumConfig", dict(num_key_value_heads=2, head_dim=8, attention_bias=True,
                                                          mlp_bias=True), LLAMA_PLACES),
+    # Arcee: Llama's attention with an ungated ReLU² MLP, biases on both.
+    "arcee": ("ArceeForCausalLM", "ArceeConfig", dict(num_key_value_heads=2, attention_bias=True, mlp_bias=True),
+              LLAMA_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -224,7 +227,7 @@ NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
          "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy",
          "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5", "glm4_moe", "minimax_m2", "ernie4_5_moe",
-         "hunyuan_v1_dense", "apertus", "helium"]
+         "hunyuan_v1_dense", "apertus", "helium", "arcee"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -395,7 +398,7 @@ FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3
                   ("ernie4_5", "Ernie4_5Config"), ("glm4_moe", "Glm4MoeConfig"),
                   ("minimax_m2", "MiniMaxM2Config"), ("qwen3_next", "Qwen3NextConfig"),
                   ("granitemoehybrid", "GraniteMoeHybridConfig"), ("ernie4_5_moe", "Ernie4_5_MoeConfig"),
-                  ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("apertus", "ApertusConfig"), ("helium", "HeliumConfig")]
+                  ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("apertus", "ApertusConfig"), ("helium", "HeliumConfig"), ("arcee", "ArceeConfig")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],
@@ -556,4 +559,4 @@ def test_an_mlp_checkpoint_with_xielu_asked_for_is_refused(invoke):
     sample = Path(__file__).resolve().parents[1] / "sample_weights" / "gpt2-tiny"
     result = invoke("run", "--weights", str(sample), "--ffn", "xielu", "--token-ids", "1", "2", "3")
     assert result.exit_code == 2
-    assert "Error: GPT-2 weights need" in result.output and "gelu, gelu_tanh or relu" in result.output
+    assert "Error: GPT-2 weights need" in result.output and "gelu, gelu_tanh, relu or relu2" in result.output

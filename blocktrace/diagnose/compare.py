@@ -109,6 +109,7 @@ _FFNS = {
     "gelu": "gelu: Linear, exact GELU 0.5·x·(1 + erf(x/√2)), Linear",
     "gelu_tanh": "gelu_tanh: Linear, GPT-2's tanh approximation of GELU, Linear",
     "relu": "relu: Linear, max(0, x), Linear: negative pre-activations give exactly 0",
+    "relu2": "relu2: Linear, max(0, x)², Linear: Primer's squared ReLU, 0 below 0 as ReLU",
     "swiglu": "swiglu: down(silu(gate(x)) · up(x)): a gated unit with a third matrix, the gate",
     "geglu": "geglu: down(gelu_tanh(gate(x)) · up(x)): Gemma's gated unit",
     "geglu_exact": "geglu_exact: down(gelu(gate(x)) · up(x)) with the exact GELU: Gemma-2's with hidden_activation gelu",

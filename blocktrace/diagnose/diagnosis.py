@@ -21,7 +21,7 @@ from typing import Optional
 
 from blocktrace.phrases import phrase
 from blocktrace.diagnose.checks import CHECKS, Cause, Flag
-from blocktrace.vocab import Level
+from blocktrace.vocab import FFNKind, Level
 
 WEIGHT = {Level.ERROR: 10, Level.WARNING: 3, Level.INFO: 0}
 DEFINITE = (Cause.MASK, Cause.RESIDUAL, Cause.NORM, Cause.PRECISION)  # a structural fault explains the rest
@@ -134,7 +134,7 @@ def _advice(cause: Cause, context: Context, findings: list[Flag]) -> str:
     if cause is Cause.WARMUP and not context.post_norm:
         advice = phrase("add a learning-rate warm-up over the first few hundred steps, and lower the peak learning "
                         "rate")
-    if cause is Cause.ARCHITECTURE and context.activation not in (None, "relu"):
+    if cause is Cause.ARCHITECTURE and context.activation is not None and not FFNKind(context.activation).zero_below:
         advice = phrase("most FFN units never activate: check the FFN biases and the scale of the FFN input; lower "
                         "the learning rate")
     return advice

@@ -364,11 +364,20 @@ class XIELU(nn.Module):
                            (torch.expm1(torch.min(x, self.eps)) - x) * alpha_n + self.beta * x)
 
 
+class ReLUSquared(nn.Module):
+    """max(0, x)², as HF's ReLUSquaredActivation (relu, then square)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.square(F.relu(x))
+
+
 def _activation(kind: FFNKind) -> nn.Module:
     if kind is FFNKind.XIELU:
         return XIELU()
     if kind is FFNKind.RELU:
         return nn.ReLU()
+    if kind is FFNKind.RELU2:
+        return ReLUSquared()
     if kind is FFNKind.SWIGLU:
         return nn.SiLU()
     if kind in (FFNKind.GELU_TANH, FFNKind.GEGLU):

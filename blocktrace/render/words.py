@@ -101,6 +101,7 @@ VALUE_SENTENCES_ZH = {
     "gelu": "gelu：Linear，精确 GELU 0.5·x·(1 + erf(x/√2))，Linear",
     "gelu_tanh": "gelu_tanh：Linear，GPT-2 的 tanh 近似 GELU，Linear",
     "relu": "relu：Linear，max(0, x)，Linear：负的预激活值恰好为 0",
+    "relu2": "relu2：Linear，max(0, x)²，Linear：Primer 的平方 ReLU，负的预激活值恰好为 0",
     "swiglu": "swiglu：down(silu(gate(x)) · up(x))：带第三个矩阵（gate）的门控单元",
     "geglu": "geglu：down(gelu_tanh(gate(x)) · up(x))：Gemma 的门控单元",
     "geglu_exact": "geglu_exact：down(gelu(gate(x)) · up(x))，用精确 GELU：hidden_activation 为 gelu 的 Gemma-2",

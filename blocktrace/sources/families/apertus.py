@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from blocktrace.errors import UsageError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import HFLayer, linear, rope_fields, size
+from blocktrace.sources.families.arcee import Arcee
+from blocktrace.sources.families.base import HFLayer, rope_fields, size
 from blocktrace.sources.families.llama import Llama
 from blocktrace.vocab import FFNKind, Norm
 
@@ -45,9 +46,7 @@ class Apertus(Llama):
 
     @staticmethod
     def mlp(read, c) -> dict:
-        d, f = c.d_model, c.d_ff
-        return {**linear(read, "mlp.up_proj", "ffn.fc", f, d, False),
-                **linear(read, "mlp.down_proj", "ffn.proj", d, f, False),
+        return {**Arcee.mlp(read, c),  # up_proj and down_proj around an activation, here with weights of its own
                 "ffn.act.alpha_p": read("mlp.act_fn.alpha_p", (1,)), "ffn.act.alpha_n": read("mlp.act_fn.alpha_n", (1,)),
                 "ffn.act.beta": read("mlp.act_fn.beta", ()), "ffn.act.eps": read("mlp.act_fn.eps", ())}
 

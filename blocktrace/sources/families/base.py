@@ -232,7 +232,8 @@ def linear(read: Reader, source: str, target: str, out: int, inp: int, bias: boo
 
 # HF's names (transformers.activations.ACT2FN) of the ungated activations blocktrace implements.
 UNGATED_ACTIVATIONS = {"gelu": FFNKind.GELU, "gelu_python": FFNKind.GELU, "gelu_new": FFNKind.GELU_TANH,
-                       "gelu_fast": FFNKind.GELU_TANH, "gelu_pytorch_tanh": FFNKind.GELU_TANH, "relu": FFNKind.RELU}
+                       "gelu_fast": FFNKind.GELU_TANH, "gelu_pytorch_tanh": FFNKind.GELU_TANH, "relu": FFNKind.RELU,
+                       "relu2": FFNKind.RELU2}
 
 
 def activation(config: ConfigFile, key: str, default: str, table: dict[str, FFNKind] = UNGATED_ACTIVATIONS) -> FFNKind:
