@@ -94,6 +94,9 @@ def hf_model(name: str):
         model = transformers.Ernie4_5_MoeForCausalLM(transformers.Ernie4_5_MoeConfig(
             **small, num_key_value_heads=2, head_dim=16, moe_intermediate_size=16, moe_k=2, moe_num_experts=4,
             moe_num_shared_experts=2, moe_layer_start_index=1))
+    elif name == "glm4":  # four norms per layer, fused gate_up_proj, interleaved partial RoPE
+        model = transformers.Glm4ForCausalLM(transformers.Glm4Config(**small, num_key_value_heads=2, head_dim=8,
+                                                                     pad_token_id=0, eos_token_id=1))
     elif name == "arcee":  # an ungated ReLU² MLP
         model = transformers.ArceeForCausalLM(transformers.ArceeConfig(
             **small, num_key_value_heads=2, attention_bias=True, mlp_bias=True))
@@ -163,7 +166,7 @@ def our_layer_gradients(report: dict) -> list[float]:
                                   "exaone4", "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2",
                                   "llama4_text", "lfm2", "seed_oss", "ernie4_5", "glm4_moe",
                                   "minimax_m2", "qwen3_next", "granitemoehybrid", "ernie4_5_moe",
-                                  "hunyuan_v1_dense", "apertus", "helium", "arcee"])
+                                  "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

@@ -29,6 +29,10 @@ GEMMA2_PLACES = {"norm1": ("input_layernorm", "out"), "attn": ("self_attn", "out
                  "attn_weights": ("self_attn", "weights"), "post_attn_norm": ("post_attention_layernorm", "out"),
                  "residual1": ("pre_feedforward_layernorm", "in"), "norm2": ("pre_feedforward_layernorm", "out"),
                  "ffn": ("mlp", "out"), "post_ffn_norm": ("post_feedforward_layernorm", "out"), "residual2": ("", "out")}
+GLM4_PLACES = {"norm1": ("input_layernorm", "out"), "attn": ("self_attn", "out"),
+               "attn_weights": ("self_attn", "weights"), "post_attn_norm": ("post_self_attn_layernorm", "out"),
+               "residual1": ("post_attention_layernorm", "in"), "norm2": ("post_attention_layernorm", "out"),
+               "ffn": ("mlp", "out"), "post_ffn_norm": ("post_mlp_layernorm", "out"), "residual2": ("", "out")}
 OLMO2_PLACES = {"attn": ("self_attn", "out"), "attn_weights": ("self_attn", "weights"),
                 "norm1": ("post_attention_layernorm", "out"), "residual1": ("mlp", "in"), "ffn": ("mlp", "out"),
                 "norm2": ("post_feedforward_layernorm", "out"), "residual2": ("", "out")}
@@ -161,6 +165,9 @@ FAMILIES = {
     # Arcee: Llama's attention with an ungated ReLU² MLP, biases on both.
     "arcee": ("ArceeForCausalLM", "ArceeConfig", dict(num_key_value_heads=2, attention_bias=True, mlp_bias=True),
               LLAMA_PLACES),
+    # GLM-4 dense: four norms per layer, fused gate_up_proj, q/k/v biases, interleaved RoPE on half of each head.
+    "glm4": ("Glm4ForCausalLM", "Glm4Config", dict(num_key_value_heads=2, head_dim=8, pad_token_id=0, eos_token_id=1),
+             GLM4_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -227,7 +234,7 @@ NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
          "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy",
          "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5", "glm4_moe", "minimax_m2", "ernie4_5_moe",
-         "hunyuan_v1_dense", "apertus", "helium", "arcee"]
+         "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -398,7 +405,7 @@ FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3
                   ("ernie4_5", "Ernie4_5Config"), ("glm4_moe", "Glm4MoeConfig"),
                   ("minimax_m2", "MiniMaxM2Config"), ("qwen3_next", "Qwen3NextConfig"),
                   ("granitemoehybrid", "GraniteMoeHybridConfig"), ("ernie4_5_moe", "Ernie4_5_MoeConfig"),
-                  ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("apertus", "ApertusConfig"), ("helium", "HeliumConfig"), ("arcee", "ArceeConfig")]
+                  ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("apertus", "ApertusConfig"), ("helium", "HeliumConfig"), ("arcee", "ArceeConfig"), ("glm4", "Glm4Config")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],

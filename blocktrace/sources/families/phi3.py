@@ -29,13 +29,18 @@ class Phi3(Llama):
                 "norm": Norm.RMSNORM}
 
     def parameters(self, read, c):
-        d, f, hd = c.d_model, c.d_ff, c.head_dim
+        d, hd = c.d_model, c.head_dim
         q, kv = c.n_heads * hd, c.n_kv_heads * hd
         qkv = read("self_attn.qkv_proj.weight", (q + 2 * kv, d))
-        gate_up = read("mlp.gate_up_proj.weight", (2 * f, d))
         return {"norm1.weight": read("input_layernorm.weight", (d,)),
                 "attn.q_proj.weight": qkv[:q], "attn.k_proj.weight": qkv[q : q + kv], "attn.v_proj.weight": qkv[q + kv:],
                 **linear(read, "self_attn.o_proj", "attn.out_proj", d, q, False),
-                "norm2.weight": read("post_attention_layernorm.weight", (d,)),
-                "ffn.gate.weight": gate_up[:f], "ffn.up.weight": gate_up[f:],
+                "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.mlp(read, c)}
+
+    @staticmethod
+    def mlp(read, c) -> dict:
+        """SwiGLU's gate and up stacked in one matrix, [gate; up] on the output side."""
+        d, f = c.d_model, c.d_ff
+        gate_up = read("mlp.gate_up_proj.weight", (2 * f, d))
+        return {"ffn.gate.weight": gate_up[:f], "ffn.up.weight": gate_up[f:],
                 **linear(read, "mlp.down_proj", "ffn.down", d, f, False)}
