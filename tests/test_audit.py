@@ -174,3 +174,18 @@ def test_a_dropout_rate_no_recipe_uses_is_a_warning(tmp_path, p, found):
     assert bool(flagged) == found
     if found:
         assert flagged[0]["level"] == "warning" and f"p = {p:g}" in flagged[0]["detail"]
+
+
+def test_zero_gradients_made_by_zero_weights_are_the_initialisation_not_gradient_flow(tmp_path):
+    """Issue 41.3, seen in the third blind group (F04, after its first score): every nn.Linear and the tied embedding
+    zero-initialised give every parameter a gradient of exactly 0 — the zero saddle, a fact about the weights at step
+    0 — and were ranked gradient flow. The zero gradients follow from the zero matrices: one finding, initialisation."""
+    model = _zeroed(everything=True)
+    with torch.no_grad():
+        model.wte.weight.zero_()
+        model.wpe.weight.zero_()
+    records = _train(tmp_path / "zero.jsonl", model=model)
+    assert all(layer["grad_norm"] == 0 for layer in records[0]["layers"])  # the case: no gradient anywhere
+    names = {f["name"] for f in records[0]["flags"]}
+    assert "weights_zero_stuck" in names and "gradient_zero_everywhere" not in names
+    assert records[0]["diagnosis"][0]["cause"] == "initialisation"

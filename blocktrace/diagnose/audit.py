@@ -183,6 +183,11 @@ def _weights_zero_stuck(history: Sequence[dict], entry: dict) -> list[Finding]:
     return flags
 
 
+def in_zero_saddle(layer: dict) -> bool:
+    """Whether a recorded layer holds a pair of matrices that are each other's gradient factor, both exactly 0."""
+    return any(_zero(layer, pair) for pair in STUCK_TOGETHER)
+
+
 def _zero(layer: dict, kinds: tuple) -> bool:
     weights = layer.get("weights") or {}
     return all(_number((weights.get(kind) or {}).get("norm")) == 0 for kind in kinds)

@@ -19,6 +19,7 @@ import statistics
 from typing import Optional, Sequence
 
 from blocktrace.phrases import phrase
+from blocktrace.diagnose.audit import in_zero_saddle
 from blocktrace.diagnose.checks import Cause, Finding, Flag, Scope, check, detectors, finding
 from blocktrace.diagnose.health import GAIN_HIGH, GAIN_LOW, LOSS_MARGIN, gain_extreme
 from blocktrace.diagnose.history import learning_rates_before
@@ -149,6 +150,8 @@ def _gradient_zero_everywhere(history: Sequence[dict], entry: dict) -> list[Find
     norms = [layer.get("grad_norm") for layer in entry["layers"] if layer.get("trainable", True) is not False]
     if not norms or not all(isinstance(n, (int, float)) and n == 0 for n in norms):
         return []
+    if any(in_zero_saddle(layer) for layer in entry["layers"]):
+        return []  # matrices at exactly 0 make the zero gradients themselves: the weights' fact (weights_zero_stuck)
     return [finding(Level.ERROR, None, None, 0.0,
                     phrase("every trainable layer's gradient is exactly 0 at step {step}: the backward reached no "
                            "parameter", step=entry['step']))]
