@@ -146,6 +146,7 @@ SCENARIOS = ("healthy", "clip-on-one-rank", "same-batch", "lr-on-one-rank", "hoo
              "moved-after-wrapping")
 EPOCH_SCENARIOS = ("sampler-without-set-epoch", "sampler-with-set-epoch", "zero-sharded-state")
 HSDP_SCENARIOS = ("hsdp-healthy", "hsdp-shard-changed-on-one-rank")
+FSDP2_SCENARIOS = ("fsdp2-no-causal-mask",)
 EPOCHS, SEQUENCES = 3, 16  # 16 sequences over 2 ranks, 2 a step: 4 steps an epoch
 
 
@@ -220,12 +221,14 @@ def _hsdp_scenario(name: str, rank: int, directory: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
-    model = NanoGPT()
-    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard"))
+    model = NanoGPT(causal=not name.endswith("no-causal-mask"))
+    mesh = init_device_mesh("cpu", (2,)) if name.startswith("fsdp2") else \
+        init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard"))
     for block in model.h:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    assert [p.is_replicate() for p in model.h[0].ln_1.weight.placements] == [True, False]
+    if name.startswith("hsdp"):
+        assert [p.is_replicate() for p in model.h[0].ln_1.weight.placements] == [True, False]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     watch = Watch(model, f"{directory}/{name}.jsonl", every=EVERY, optimizer=optimizer)
     share = BATCH // 2
@@ -255,6 +258,8 @@ def _scenario_ranks(rank: int, directory: str, port: int) -> None:
             _epoch_scenario(name, rank, directory)
         for name in HSDP_SCENARIOS:
             _hsdp_scenario(name, rank, directory)
+        for name in FSDP2_SCENARIOS:
+            _hsdp_scenario(name, rank, directory)
         dist.destroy_process_group()
     except BaseException:
         traceback.print_exc()
@@ -266,7 +271,8 @@ def _scenario_ranks(rank: int, directory: str, port: int) -> None:
 def scenarios(tmp_path_factory) -> dict:
     directory = tmp_path_factory.mktemp("data-parallel")
     _two_ranks(_scenario_ranks, directory)
-    return {name: read_timeline(directory / f"{name}.jsonl") for name in SCENARIOS + EPOCH_SCENARIOS + HSDP_SCENARIOS}
+    return {name: read_timeline(directory / f"{name}.jsonl")
+            for name in SCENARIOS + EPOCH_SCENARIOS + HSDP_SCENARIOS + FSDP2_SCENARIOS}
 
 
 DATA_PARALLEL = {"replicas_differ", "gradients_not_averaged", "same_batch_on_ranks", "ranks_step_apart"}
@@ -312,13 +318,17 @@ def test_hsdp_replicated_shards_are_compared_within_their_replica_group(scenario
     assert said["detail"].startswith("rank 1's replicated shards differ from rank 0's")
 
 
-def test_under_fsdp2_the_causal_probe_says_it_did_not_run(timelines):
-    """Never silently skipped: each FSDP2 record says why it has no causal probe, and track says it once."""
-    from blocktrace.training.track import record_notes
-
-    assert all(r["probe"]["note"].startswith("causal probe not run under FSDP2") for r in timelines["fsdp2"])
-    assert any(note.startswith("causal probe not run under FSDP2") for note in record_notes(timelines["fsdp2"][0]))
-    assert timelines["ddp"][0]["probe"].get("note") is None
+def test_under_fsdp2_the_causal_probe_runs_on_every_rank_before_the_recording_forward(timelines, scenarios):
+    """Issue 46: every rank probes alike before the training forward (FSDP2's forward is a collective; a forward
+    between backward() and optimizer.step() would change what FSDP2 trains, one before the forward does not: the
+    FSDP2 timeline records what one process records on the whole batch, test above). A causal model leaks nothing at
+    every record; one without its mask is found at the first."""
+    for record in timelines["fsdp2"]:
+        assert record["probe"]["future_leak"] == pytest.approx(0.0, abs=1e-6) and record["probe"]["ranks_failed"] == 0
+        assert record["probe"].get("note") is None
+    leaked = scenarios["fsdp2-no-causal-mask"]
+    assert leaked[0]["probe"]["future_leak"] > 1e-3
+    assert "future_leak" in {f["name"] for f in leaked[0]["flags"] if f["level"] == "error"}
 
 
 def test_fsdp2_shards_alone_are_no_replicas(timelines):

@@ -168,8 +168,10 @@ PHRASES_ZH = {
                                             "层是注意力层，其余是门控 delta 层（与 HF 相同）",
     "attn is {mixer}, a token mixer without attention weights: its causality is measured by changing later tokens":
         "attn 是 {mixer}，一个没有注意力权重的 token mixer：其因果性通过改变后面的 token 来测量",
-    "causal probe not run under FSDP2: a forward between backward() and optimizer.step() changes what FSDP2 trains "
-    "(docs/track.md)": "FSDP2 下不运行因果检测：在 backward() 与 optimizer.step() 之间多做一次前向，会改变 FSDP2 训练的结果（docs/track.md）",
+    "causal probe not run under FSDP2: a rank had no token ids or no input embedding to probe with":
+        "FSDP2 下不运行因果检测：有一个 rank 没有可用的 token id 或输入嵌入",
+    "causal probe not run under FSDP2: the recording step's forward was not seen before it ran":
+        "FSDP2 下不运行因果检测：记录步的前向在运行前没有被看到",
     "rank {rank}'s optimizer state differs from rank 0's: Σs² {value:.9g} against {reference:.9g}":
         "rank {rank} 的优化器状态与 rank 0 不同：Σs² 为 {value}，rank 0 为 {reference}",
     "rank {rank}'s replicated shards differ from rank {other}'s, a replica of them: Σw² {value:.9g} against "

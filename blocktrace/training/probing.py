@@ -1,35 +1,78 @@
 """The causal probe at a record step, as the Watch runs it: on the recorded batch's first sequence, on every
 rank's own copy under DDP (the unwrapped module: no collective inside), its largest leak and its failures gathered
-to rank 0. Not under FSDP2, whose forward gathers shards: a rank whose probe failed would leave the others waiting,
-and a forward between backward() and optimizer.step() changes what FSDP2 trains. A failure is kept as a note: the
-probe never stops training."""
+to rank 0. Under FSDP2, whose forward gathers shards (a collective), every rank probes alike, before the recording
+step's training forward: a forward between backward() and optimizer.step() changes what FSDP2 trains (tried with 2
+gloo ranks: the weights three steps later were not the same), one before the training forward changes nothing (the
+FSDP2 timeline equals one process's on the whole batch: tests/test_distributed.py). There the ranks first agree that each can probe (its ids, and the vocabulary of its input embedding), so that
+none waits alone in the gathers. A failure is kept as a note: the probe never stops training."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import nn
 
 from blocktrace.phrases import phrase
-from blocktrace.training.batch import Batch
+from blocktrace.training.batch import Batch, input_ids
 from blocktrace.training.blocks import sharded, unwrap
 from blocktrace.training.distributed import Reducer
-from blocktrace.training.loop import causal_model, probe_causality
+from blocktrace.training.loop import ForwardCall, causal_model, probe_causality
 
 
-def causal_probe(model: nn.Module, batch: Batch, reducer: Reducer, device: torch.device) -> Optional[dict]:
-    """The probe's finding for the record's "probe" (None: no batch seen, one process)."""
+@dataclass
+class ProbeResult:
+    """What one rank's probe found: its leak (None: not run), why not, and whether it had a sequence to probe."""
+    leak: Optional[dict] = None
+    note: Optional[str] = None
+    seen: bool = False
+
+
+def probe(model: nn.Module, call: Optional[ForwardCall], ids: Optional[torch.Tensor],
+          vocab: Optional[int]) -> ProbeResult:
+    """One rank's probe of `model` called as `call` on the first sequence of `ids`."""
+    if ids is None or vocab is None:
+        return ProbeResult()
+    try:
+        return ProbeResult(probe_causality(model, call, ids, vocab), seen=True)
+    except Exception as error:  # the model may want more than its ids: say so, and go on
+        return ProbeResult(note=f"causal probe not run: {type(error).__name__}: {error}"[:200], seen=True)
+
+
+def probe_before_forward(model: nn.Module, args: tuple, kwargs: dict, reducer: Reducer,
+                         device: torch.device) -> ProbeResult:
+    """FSDP2: the probe on the batch about to be trained, before its forward, on every rank alike — or on none, when
+    some rank has no ids or no vocabulary (a collective first, so that no rank gathers shards alone)."""
+    ids, vocab = input_ids(args, kwargs), input_vocabulary(unwrap(model))
+    ready = ids is not None and vocab is not None
+    every = reducer.summed(torch.tensor(1.0 if ready else 0.0, dtype=torch.float64, device=device))
+    if float(every) < reducer.world_size:  # one host read, at a record step
+        return ProbeResult(note=phrase("causal probe not run under FSDP2: a rank had no token ids or no input "
+                                       "embedding to probe with"), seen=ready)
+    return probe(model, ForwardCall(tuple(args), dict(kwargs), ids), ids, vocab)
+
+
+def input_vocabulary(model: nn.Module) -> Optional[int]:
+    """How many ids the model embeds: HF's input embeddings, else its first nn.Embedding."""
+    getter = getattr(model, "get_input_embeddings", None)
+    embedding = getter() if callable(getter) else next((m for m in model.modules() if isinstance(m, nn.Embedding)),
+                                                       None)
+    return embedding.num_embeddings if isinstance(embedding, nn.Embedding) else None
+
+
+def causal_probe(model: nn.Module, batch: Batch, reducer: Reducer, device: torch.device,
+                 before: Optional[ProbeResult] = None) -> Optional[dict]:
+    """The probe's finding for the record's "probe" (None: no batch seen, one process). Under FSDP2, `before` is
+    what probe_before_forward found before the training forward (None: it did not run)."""
+    found = {"causal_model": causal_model(unwrap(model))}
     if sharded(model):
-        return {"note": phrase("causal probe not run under FSDP2: a forward between backward() and "
-                               "optimizer.step() changes what FSDP2 trains (docs/track.md)")}
+        done = before if before is not None else ProbeResult(note=phrase(
+            "causal probe not run under FSDP2: the recording step's forward was not seen before it ran"))
+        return {**found, **_across_ranks(reducer, done.leak, done.note, done.seen, device)}
     seen = batch.ids is not None and batch.vocab is not None
-    found, leak, note = {"causal_model": causal_model(unwrap(model))}, None, None
-    if seen:
-        try:
-            leak = probe_causality(unwrap(model), batch.call, batch.ids, batch.vocab)
-        except Exception as error:  # the model may want more than its ids: say so, and go on
-            note = f"causal probe not run: {type(error).__name__}: {error}"[:200]
+    done = probe(unwrap(model), batch.call, batch.ids, batch.vocab) if seen else ProbeResult()
+    leak, note = done.leak, done.note
     if reducer.active:  # every rank reaches these collectives, whatever its probe did
         return {**found, **_across_ranks(reducer, leak, note, seen, device)}
     if not seen:

@@ -32,12 +32,12 @@ from blocktrace.tracing.assembly import finish
 from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
 from blocktrace.training.arguments import Blocks, check_arguments, first_step, scalar_argument
 from blocktrace.training.batch import Batch, input_ids, shifts_labels, targets_position, with_order
-from blocktrace.training.blocks import device_of, find_blocks, is_trainable, unwrap
+from blocktrace.training.blocks import device_of, find_blocks, is_trainable, sharded, unwrap
 from blocktrace.training.distributed import Reducer, fingerprint, replica_rows, synchronised
 from blocktrace.training.judging import FIRST_ERROR_WARNING, Rollback, judge_record
 from blocktrace.training.loop import Descent, LoopObserver, RandomState, grad_norm, logits_of, loss_checks, loss_of
 from blocktrace.training.order import DataOrder
-from blocktrace.training.probing import causal_probe
+from blocktrace.training.probing import ProbeResult, causal_probe, probe_before_forward
 from blocktrace.training.tensorboard import open_tensorboard, write_scalars
 from blocktrace.training.timeline import TimelineWriter, layer_entry, record
 
@@ -87,6 +87,7 @@ class Watch:
         self.captured_loss: Optional[torch.Tensor] = None
         self.captured_graph: Optional[torch.Tensor] = None  # the model's loss as returned, its graph attached
         self.random_state: Optional[RandomState] = None  # at the recording step's training forward
+        self.sharded_probe: Optional[ProbeResult] = None  # FSDP2: the probe made before the recording forward
         self.synchronised: Optional[bool] = None  # whether the recorded forward's backward averages gradients (DDP)
         self.batch = Batch(shifts_labels(unwrap(model)), targets_position(unwrap(model)))
         self.loop = LoopObserver(unwrap(model), optimizer)
@@ -104,6 +105,9 @@ class Watch:
             tap.attach()
         self.loss_hook = self.model.register_forward_hook(self._capture_loss, with_kwargs=True)
         self.rng_hook = self.model.register_forward_pre_hook(self._remember_random_state)
+        # FSDP2: the causal probe runs before the training forward, on every rank alike (training/probing.py)
+        self.probe_hook = self.model.register_forward_pre_hook(self._probe_before_forward, with_kwargs=True) \
+            if self.checks and self.reducer.active and sharded(self.model) else None
         self.loop.reset()
         self.armed = attention_through_sdpa()
         self.armed.__enter__()
@@ -113,6 +117,8 @@ class Watch:
             tap.detach()
         self.loss_hook.remove()
         self.rng_hook.remove()
+        if self.probe_hook is not None:
+            self.probe_hook.remove()
         self.armed.__exit__(None, None, None)
         self.armed = None
 
@@ -121,6 +127,15 @@ class Watch:
         probe replays the forward with it)."""
         if torch.is_grad_enabled() and self.batch.ids is None and self.random_state is None:
             self.random_state = RandomState.now(device_of(self.blocks[0]))
+
+    def _probe_before_forward(self, module, args, kwargs) -> None:
+        """FSDP2, the recording step's training forward about to run: the causal probe on its batch first."""
+        if not torch.is_grad_enabled() or self.sharded_probe is not None or self.stopped is not None:
+            return  # the probe's own forwards run under no_grad: they do not come back here
+        try:
+            self.sharded_probe = probe_before_forward(self.model, args, kwargs, self.reducer, device_of(self.blocks[0]))
+        except Exception as error:  # inside the training forward: never raise into it
+            self._stop(f"the causal probe failed at step {self.count}: {type(error).__name__}: {error}")
 
     def _see_order(self, module, args, kwargs) -> None:
         """Every training forward (with gradients): the first of each step gives the step's batch key."""
@@ -166,6 +181,7 @@ class Watch:
                 descent = self._descent()
                 entry = self._record(loss if loss is not None else self.captured_loss, lr)
                 self.captured_loss, self.captured_graph, self.random_state = None, None, None
+                self.sharded_probe = None
                 self.loop.expect_step(entry["step"], descent)
             self.count += 1
             if self.count % self.every == 0:
@@ -269,8 +285,8 @@ class Watch:
                     "moved": [m.values() for m in moved],
                     "loss": self._loss(loss),
                     "loop": self.loop.evidence(self._loss_checks(loss) if self.checks else {}),
-                    "probe": causal_probe(self.model, self.batch, self.reducer, device_of(self.blocks[0]))
-                    if self.checks else None,
+                    "probe": causal_probe(self.model, self.batch, self.reducer, device_of(self.blocks[0]),
+                                          self.sharded_probe) if self.checks else None,
                     "data": self.batch.report(self.loop.trained),
                     "order": self.order.take(),
                     "weights": [weight_moments(block) for block in self.blocks] if self.checks else None}
