@@ -143,7 +143,7 @@ def _errors(record: dict) -> set:
 
 SCENARIOS = ("healthy", "clip-on-one-rank", "same-batch", "lr-on-one-rank", "hook-skips-all-reduce",
              "no-sync-accumulation", "no-causal-mask", "adam-healthy", "adam-state-changed-on-one-rank",
-             "moved-after-wrapping")
+             "moved-after-wrapping", "step-apart-on-one-rank", "loss-scale-on-one-rank")
 EPOCH_SCENARIOS = ("sampler-without-set-epoch", "sampler-with-set-epoch", "zero-sharded-state")
 HSDP_SCENARIOS = ("hsdp-healthy", "hsdp-shard-changed-on-one-rank")
 FSDP2_SCENARIOS = ("fsdp2-no-causal-mask",)
@@ -167,7 +167,8 @@ def _scenario(name: str, rank: int, directory: str) -> None:
     lr = 0.5 if name == "lr-on-one-rank" and rank == 1 else 0.05
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3) if name.startswith("adam") \
         else torch.optim.SGD(model.parameters(), lr=lr)
-    watch = Watch(model, f"{directory}/{name}.jsonl", every=EVERY, optimizer=optimizer)
+    start = EVERY if name == "step-apart-on-one-rank" and rank == 1 else None  # resumed from another checkpoint
+    watch = Watch(model, f"{directory}/{name}.jsonl", every=EVERY, optimizer=optimizer, start=start)
     share = BATCH // 2
     for step in range(STEPS):
         ids, targets = nano_batch(step, batch=BATCH)
@@ -177,7 +178,7 @@ def _scenario(name: str, rank: int, directory: str) -> None:
             with model.no_sync():
                 model(ids[mine], targets[mine])[1].backward()
         _, loss = model(ids[mine], targets[mine])
-        loss.backward()
+        (loss * 4 if name == "loss-scale-on-one-rank" and rank == 1 else loss).backward()  # a scaler of its own
         watch.step(loss)
         if name == "clip-on-one-rank" and rank == 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
@@ -284,6 +285,7 @@ DATA_PARALLEL = {"replicas_differ", "gradients_not_averaged", "same_batch_on_ran
     ("lr-on-one-rank", {"ranks_step_apart", "replicas_differ"}),
     ("hook-skips-all-reduce", {"gradients_not_averaged", "replicas_differ"}),
     ("moved-after-wrapping", {"gradients_not_averaged", "replicas_differ"}),
+    ("step-apart-on-one-rank", {"ranks_step_apart"}), ("loss-scale-on-one-rank", {"ranks_step_apart"}),
     ("adam-healthy", set()), ("adam-state-changed-on-one-rank", {"replicas_differ"}),
 ])
 def test_the_invariants_of_data_parallelism(scenarios, name, expected):
@@ -292,6 +294,14 @@ def test_the_invariants_of_data_parallelism(scenarios, name, expected):
     found = {f["name"] for record in scenarios[name] for f in record["flags"] if f["level"] == "error"} & DATA_PARALLEL
     assert found == expected
     assert len(scenarios[name][0]["replicas"]) == 2
+
+
+@pytest.mark.parametrize("name, said", [("lr-on-one-rank", "rank 1's learning rate is 0.5, rank 0's 0.05"),
+                                        ("step-apart-on-one-rank", "rank 1's step is 2, rank 0's 0"),
+                                        ("loss-scale-on-one-rank", "rank 1's loss scale is 4, rank 0's 1")])
+def test_a_rank_that_steps_apart_is_named_with_what_differs(scenarios, name, said):
+    details = [f["detail"] for f in scenarios[name][0]["flags"] if f["name"] == "ranks_step_apart"]
+    assert details == [said]
 
 
 def test_a_rank_whose_optimizer_state_parts_is_found_before_its_weights_do(scenarios):
