@@ -109,7 +109,8 @@ def execution_order(config: BlockConfig) -> tuple[str, ...]:
 
 
 NORM_NAMES = {Norm.LAYERNORM: "LayerNorm", Norm.RMSNORM: "RMSNorm"}
-FFN_NAMES = {FFNKind.GELU: "FFN_GELU", FFNKind.GELU_TANH: "FFN_GELU_tanh", FFNKind.RELU: "FFN_ReLU", FFNKind.RELU2: "FFN_ReLU²",
+FFN_NAMES = {FFNKind.GELU: "FFN_GELU", FFNKind.GELU_TANH: "FFN_GELU_tanh", FFNKind.RELU: "FFN_ReLU",
+             FFNKind.RELU2: "FFN_ReLU²",
              FFNKind.SWIGLU: "SwiGLU", FFNKind.GEGLU: "GeGLU", FFNKind.GEGLU_EXACT: "GeGLU_exact",
              FFNKind.SWIGLU_CLAMPED: "SwiGLU_clamped", FFNKind.XIELU: "FFN_xIELU"}
 

@@ -83,7 +83,8 @@ class GPT2(Family):
 
     def check(self, config):
         if not config.ffn.plain or config.norm is not Norm.LAYERNORM or not config.bias:
-            raise UsageError("GPT-2 weights need --norm layernorm, --bias and a non-gated --ffn (gelu, gelu_tanh, relu or relu2)")
+            raise UsageError("GPT-2 weights need --norm layernorm, --bias and a non-gated --ffn (gelu, gelu_tanh, relu "
+                             "or relu2)")
 
 
 class NanoGPT(GPT2):
@@ -135,4 +136,5 @@ class NanoGPT(GPT2):
 
     def check(self, config):
         if not config.ffn.plain or config.norm is not Norm.LAYERNORM:
-            raise UsageError("nanoGPT weights need --norm layernorm and a non-gated --ffn (gelu, gelu_tanh, relu or relu2)")
+            raise UsageError("nanoGPT weights need --norm layernorm and a non-gated --ffn (gelu, gelu_tanh, relu or "
+                             "relu2)")
