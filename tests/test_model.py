@@ -94,6 +94,11 @@ def hf_model(name: str):
         model = transformers.Ernie4_5_MoeForCausalLM(transformers.Ernie4_5_MoeConfig(
             **small, num_key_value_heads=2, head_dim=16, moe_intermediate_size=16, moe_k=2, moe_num_experts=4,
             moe_num_shared_experts=2, moe_layer_start_index=1))
+    elif name == "dots1":  # Qwen3's attention over DeepSeek-V3's experts after a dense layer
+        model = transformers.Dots1ForCausalLM(transformers.Dots1Config(
+            **small, num_key_value_heads=2, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+            n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.5,
+            norm_topk_prob=True, attention_bias=True))
     elif name == "glm4":  # four norms per layer, fused gate_up_proj, interleaved partial RoPE
         model = transformers.Glm4ForCausalLM(transformers.Glm4Config(**small, num_key_value_heads=2, head_dim=8,
                                                                      pad_token_id=0, eos_token_id=1))
@@ -166,7 +171,7 @@ def our_layer_gradients(report: dict) -> list[float]:
                                   "exaone4", "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2",
                                   "llama4_text", "lfm2", "seed_oss", "ernie4_5", "glm4_moe",
                                   "minimax_m2", "qwen3_next", "granitemoehybrid", "ernie4_5_moe",
-                                  "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4"])
+                                  "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4", "dots1"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

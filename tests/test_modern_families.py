@@ -168,6 +168,11 @@ FAMILIES = {
     # GLM-4 dense: four norms per layer, fused gate_up_proj, q/k/v biases, interleaved RoPE on half of each head.
     "glm4": ("Glm4ForCausalLM", "Glm4Config", dict(num_key_value_heads=2, head_dim=8, pad_token_id=0, eos_token_id=1),
              GLM4_PLACES),
+    # dots.llm1: Qwen3's attention (QK-norm, biases on all four) over DeepSeek-V3's experts; its last layer slides.
+    "dots1": ("Dots1ForCausalLM", "Dots1Config", dict(
+        num_key_value_heads=2, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        n_group=2, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.5, norm_topk_prob=True,
+        attention_bias=True, sliding_window=4, max_window_layers=2), LLAMA_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -234,7 +239,7 @@ NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
          "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy",
          "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5", "glm4_moe", "minimax_m2", "ernie4_5_moe",
-         "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4"]
+         "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4", "dots1"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -353,6 +358,7 @@ def test_unknown_model_types_and_llama_keys_without_config_are_refused(invoke, t
      "made of full_attention and sliding_attention (blocktrace traces no other kind here)"),
     ("helium", {"head_dim": 16}, "head_dim must be hidden_size / num_attention_heads = 8 (Helium's o_proj"),
     ("apertus", {"hidden_act": "silu"}, "hidden_act 'silu' is not supported for apertus; supported: xielu"),
+    ("dots1", {"n_shared_experts": None}, "n_shared_experts must be an integer (Dots1Config has no default for it)"),
 ])
 def test_config_fields_blocktrace_does_not_implement_are_refused(invoke, tmp_path, name, change, message):
     model, _ = build(name)
@@ -405,7 +411,7 @@ FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3
                   ("ernie4_5", "Ernie4_5Config"), ("glm4_moe", "Glm4MoeConfig"),
                   ("minimax_m2", "MiniMaxM2Config"), ("qwen3_next", "Qwen3NextConfig"),
                   ("granitemoehybrid", "GraniteMoeHybridConfig"), ("ernie4_5_moe", "Ernie4_5_MoeConfig"),
-                  ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("apertus", "ApertusConfig"), ("helium", "HeliumConfig"), ("arcee", "ArceeConfig"), ("glm4", "Glm4Config")]
+                  ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("apertus", "ApertusConfig"), ("helium", "HeliumConfig"), ("arcee", "ArceeConfig"), ("glm4", "Glm4Config"), ("dots1", "Dots1Config")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],

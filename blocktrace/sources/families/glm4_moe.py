@@ -32,8 +32,11 @@ class Glm4Moe(DeepSeekV3):
                 "kv_heads": config.integer("num_key_value_heads") or heads, "head_size": config.integer("head_dim"),
                 "norm": Norm.RMSNORM, "ffn": self.activation(config),
                 "eps": self.setting(config, "rms_norm_eps", positive=True),
-                "qk_norm": self.setting(config, "use_qk_norm", "boolean"), **self.bias_fields(config),
+                "qk_norm": self.qk_norm(config), **self.bias_fields(config),
                 **rope_fields(config, default_fraction=0.5), **self.router_fields(config)}
+
+    def qk_norm(self, config) -> bool:
+        return self.setting(config, "use_qk_norm", "boolean")
 
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": False, "qkv_bias": self.setting(config, "attention_bias", "boolean")}
