@@ -94,6 +94,11 @@ def hf_model(name: str):
         model = transformers.Ernie4_5_MoeForCausalLM(transformers.Ernie4_5_MoeConfig(
             **small, num_key_value_heads=2, head_dim=16, moe_intermediate_size=16, moe_k=2, moe_num_experts=4,
             moe_num_shared_experts=2, moe_layer_start_index=1))
+    elif name == "qwen3_5_text":  # Qwen3-Next's hybrid without experts, its delta net's projections apart
+        model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(
+            **small, num_key_value_heads=2, head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=8, linear_value_head_dim=8,
+            layer_types=["linear_attention", "full_attention", "linear_attention"]))
     elif name == "dots1":  # Qwen3's attention over DeepSeek-V3's experts after a dense layer
         model = transformers.Dots1ForCausalLM(transformers.Dots1Config(
             **small, num_key_value_heads=2, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
@@ -171,7 +176,8 @@ def our_layer_gradients(report: dict) -> list[float]:
                                   "exaone4", "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2",
                                   "llama4_text", "lfm2", "seed_oss", "ernie4_5", "glm4_moe",
                                   "minimax_m2", "qwen3_next", "granitemoehybrid", "ernie4_5_moe",
-                                  "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4", "dots1"])
+                                  "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4", "dots1",
+                                  "qwen3_5_text"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)
@@ -188,7 +194,7 @@ def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
 
 @pytest.mark.parametrize("name", ["llama", "granite", "smollm3", "olmo3", "exaone4", "cohere", "cohere2", "gpt_oss",
                                   "deepseek_v3", "deepseek_v2", "llama4_text", "lfm2", "glm4_moe", "qwen3_next",
-                                  "granitemoehybrid"])
+                                  "granitemoehybrid", "qwen3_5_text"])
 def test_a_padded_batch_predicts_real_tokens_only(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

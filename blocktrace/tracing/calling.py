@@ -104,14 +104,20 @@ def additive_mask(batch: int, tokens: int, dtype: torch.dtype, device, causal: b
 
 
 def _rotary_class(block: nn.Module):
-    """The rotary classes of the layer's module; where it has several (Llama-4's text and vision), the one named as
-    the layer is (Llama4TextDecoderLayer: Llama4TextRotaryEmbedding)."""
+    """The rotary classes of the layer's module; where it has several (Llama-4's, Qwen3.5's text and vision), the one
+    named as the layer is (Llama4TextDecoderLayer: Llama4TextRotaryEmbedding), else its text one (Qwen3_5DecoderLayer:
+    Qwen3_5TextRotaryEmbedding)."""
     module = sys.modules.get(type(block).__module__)
     classes = [value for name, value in vars(module).items()
                if name.endswith("RotaryEmbedding") and isinstance(value, type) and issubclass(value, nn.Module)]
-    own = type(block).__name__.replace("DecoderLayer", "RotaryEmbedding")
-    named = [value for value in classes if value.__name__ == own]
-    return named if len(classes) > 1 and named else classes
+    if len(classes) < 2:
+        return classes
+    layer = type(block).__name__
+    for own in (layer.replace("DecoderLayer", "RotaryEmbedding"), layer.replace("DecoderLayer", "TextRotaryEmbedding")):
+        named = [value for value in classes if value.__name__ == own]
+        if named:
+            return named
+    return classes
 
 
 def _layer_type(attention: Optional[nn.Module], config) -> Optional[str]:

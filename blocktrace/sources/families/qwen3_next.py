@@ -116,17 +116,23 @@ class Qwen3Next(Qwen2MoE):
                           "attn.gate_proj.bias": bias[:, 1].reshape(h * hd).contiguous()})
         return state
 
-    @staticmethod
-    def delta_net(read, c) -> dict:
+    def delta_net(self, read, c) -> dict:
         spec, d = c.token_mixer, c.d_model
         keys, values = spec.key_heads * spec.key_dims, spec.value_heads * spec.value_dims
-        return {"attn.in_proj_qkvz.weight": read("linear_attn.in_proj_qkvz.weight", (2 * keys + 2 * values, d)),
-                "attn.in_proj_ba.weight": read("linear_attn.in_proj_ba.weight", (2 * spec.value_heads, d)),
+        return {**self.delta_projections(read, c),
                 "attn.conv.weight": read("linear_attn.conv1d.weight", (2 * keys + values, 1, spec.kernel)),
                 "attn.dt_bias": read("linear_attn.dt_bias", (spec.value_heads,)),
                 "attn.A_log": read("linear_attn.A_log", (spec.value_heads,)),
                 "attn.norm.weight": read("linear_attn.norm.weight", (spec.value_dims,)),
                 "attn.out_proj.weight": read("linear_attn.out_proj.weight", (d, values))}
+
+    @staticmethod
+    def delta_projections(read, c) -> dict:
+        """in_proj_qkvz and in_proj_ba, grouped by key head as Qwen3-Next stores them (and its module reads them)."""
+        spec, d = c.token_mixer, c.d_model
+        keys, values = spec.key_heads * spec.key_dims, spec.value_heads * spec.value_dims
+        return {"attn.in_proj_qkvz.weight": read("linear_attn.in_proj_qkvz.weight", (2 * keys + 2 * values, d)),
+                "attn.in_proj_ba.weight": read("linear_attn.in_proj_ba.weight", (2 * spec.value_heads, d))}
 
     def notes(self, config: Optional[ConfigFile]):
         notes = super().notes(config)

@@ -1,0 +1,64 @@
+"""Qwen3.5's language model saved alone (Qwen, 2026; HF's Qwen3_5ForCausalLM, model_type qwen3_5_text): Qwen3-Next's
+hybrid without experts — gated delta-rule layers and gated attention layers, (1 + w) norms, one SwiGLU of
+`intermediate_size` in every layer. Its delta net stores its projections apart (`linear_attn.in_proj_qkv` with q, k
+and v each in head order, `in_proj_z`, `in_proj_b`, `in_proj_a`), where Qwen3-Next's groups them by key head: they
+are read into that grouping, a permutation of rows (every number the same). Its RoPE is multimodal (mRoPE
+sections over time, height and width): a text's positions are one and the same on every axis, which is 1D RoPE, as
+computed here (a note says so). The multimodal checkpoints (`qwen3_5`, the language model under a vision model) are
+another model type: save the language model alone."""
+
+from __future__ import annotations
+
+import torch
+
+from blocktrace.phrases import phrase
+from blocktrace.sources.families.base import HFLayer, rope_fields
+from blocktrace.sources.families.qwen3_next import QWEN3_NEXT_STEPS, Qwen3Next
+from blocktrace.vocab import Norm
+
+
+class Qwen3_5Text(Qwen3Next):
+    name, described, model_types = "qwen3_5_text", "qwen3_5_text (Qwen3-Next's hybrid, dense)", ("qwen3_5_text",)
+    hf_classes = ("Qwen3_5DecoderLayer",)
+    hf_layer = HFLayer(QWEN3_NEXT_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
+    # Qwen3_5TextConfig's defaults
+    defaults = {"rms_norm_eps": 1e-6, "hidden_act": "silu", "head_dim": 256, "attention_bias": False,
+                "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                "linear_num_key_heads": 16, "linear_num_value_heads": 32}
+
+    def config_fields(self, config):
+        heads = config.integer("num_attention_heads")
+        return {"d_model": config.integer("hidden_size"), "n_heads": heads, "norm": Norm.RMSNORM,
+                "eps": self.setting(config, "rms_norm_eps", positive=True), "ffn": self.activation(config),
+                "kv_heads": config.integer("num_key_value_heads") or heads,
+                "head_size": self.setting(config, "head_dim", "integer"), "bias": False,
+                "attn_bias": self.setting(config, "attention_bias", "boolean"), "qk_norm": True, "norm_offset": 1.0,
+                "attn_output_gate": True, **rope_fields(config, default_fraction=0.25), **self.all_dense(config)}
+
+    def sparse(self, config, layer: int) -> bool:
+        return False  # Qwen3_5TextConfig has no experts
+
+    @staticmethod
+    def delta_projections(read, c) -> dict:
+        """The projections read apart, then grouped by key head as Qwen3-Next stores them: per key head its q, its
+        k, its value heads' v and z (in_proj_qkvz), its value heads' b and a (in_proj_ba)."""
+        spec, d = c.token_mixer, c.d_model
+        keys, values = spec.key_heads * spec.key_dims, spec.value_heads * spec.value_dims
+        qkv = read("linear_attn.in_proj_qkv.weight", (2 * keys + values, d))
+        z = read("linear_attn.in_proj_z.weight", (values, d))
+        b = read("linear_attn.in_proj_b.weight", (spec.value_heads, d))
+        a = read("linear_attn.in_proj_a.weight", (spec.value_heads, d))
+
+        def by_key_head(*parts):  # each [Hk · width, d], its rows in head order → rows grouped by key head
+            return torch.cat([part.reshape(spec.key_heads, -1, d) for part in parts], dim=1).reshape(-1, d)
+
+        return {"attn.in_proj_qkvz.weight": by_key_head(qkv[:keys], qkv[keys:2 * keys], qkv[2 * keys:], z),
+                "attn.in_proj_ba.weight": by_key_head(b, a)}
+
+    def notes(self, config):
+        notes = super().notes(config)
+        if config is not None and "mrope_section" in config.merged("rope_scaling", "rope_parameters").data:
+            notes.append(phrase("mRoPE's sections read for text: every axis at the token's position, which is 1D "
+                                "RoPE"))
+        return notes
+
