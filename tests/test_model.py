@@ -99,6 +99,12 @@ def hf_model(name: str):
             **small, num_key_value_heads=2, head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
             linear_key_head_dim=8, linear_value_head_dim=8,
             layer_types=["linear_attention", "full_attention", "linear_attention"]))
+    elif name == "qwen3_5_moe_text":  # the same with Qwen3-Next's experts in every layer
+        model = transformers.Qwen3_5MoeForCausalLM(transformers.Qwen3_5MoeTextConfig(
+            **{key: value for key, value in small.items() if key != "intermediate_size"}, num_key_value_heads=2,
+            head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+            linear_value_head_dim=8, layer_types=["linear_attention", "full_attention", "linear_attention"],
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24))
     elif name == "dots1":  # Qwen3's attention over DeepSeek-V3's experts after a dense layer
         model = transformers.Dots1ForCausalLM(transformers.Dots1Config(
             **small, num_key_value_heads=2, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
@@ -177,7 +183,7 @@ def our_layer_gradients(report: dict) -> list[float]:
                                   "llama4_text", "lfm2", "seed_oss", "ernie4_5", "glm4_moe",
                                   "minimax_m2", "qwen3_next", "granitemoehybrid", "ernie4_5_moe",
                                   "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4", "dots1",
-                                  "qwen3_5_text"])
+                                  "qwen3_5_text", "qwen3_5_moe_text"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)
@@ -194,7 +200,7 @@ def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
 
 @pytest.mark.parametrize("name", ["llama", "granite", "smollm3", "olmo3", "exaone4", "cohere", "cohere2", "gpt_oss",
                                   "deepseek_v3", "deepseek_v2", "llama4_text", "lfm2", "glm4_moe", "qwen3_next",
-                                  "granitemoehybrid", "qwen3_5_text"])
+                                  "granitemoehybrid", "qwen3_5_text", "qwen3_5_moe_text"])
 def test_a_padded_batch_predicts_real_tokens_only(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

@@ -1,5 +1,6 @@
-"""Qwen3.5's language model saved alone (qwen3_5_text): Qwen3-Next's hybrid without experts, its delta net's
-projections stored apart and read into Qwen3-Next's grouping. Every traced step of both layer kinds equal to HF's
+"""Qwen3.5's and Qwen3.5-MoE's language models saved alone (qwen3_5_text, qwen3_5_moe_text): Qwen3-Next's hybrid
+without experts and with them in every layer, its delta net's projections stored apart and read into Qwen3-Next's
+grouping. Every traced step of both layer kinds equal to HF's
 (both weight scales), HF's own layers traced bare, the model's loss and per-layer gradients, the regrouping against
 a hand-built grouping of HF's projections, and HF's defaults."""
 
@@ -13,7 +14,7 @@ from helpers import capture, randomise_hf
 
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.families import checkpoint_config, model_info
-from blocktrace.sources.families.qwen3_5 import Qwen3_5Text
+from blocktrace.sources.families.qwen3_5 import Qwen3_5MoeText, Qwen3_5Text
 from blocktrace.sources.loader import load_block
 from blocktrace.tracing.tracer import trace
 
@@ -25,11 +26,18 @@ SMALL = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_
              attn_implementation="eager")
 
 
-def hf_qwen3_5(randomised: bool = True):
+EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24)
+
+
+def hf_qwen3_5(randomised: bool = True, experts: bool = False):
     import transformers
 
     torch.manual_seed(5)
-    model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**SMALL)).eval()
+    if experts:
+        model = transformers.Qwen3_5MoeForCausalLM(transformers.Qwen3_5MoeTextConfig(**{
+            key: value for key, value in {**SMALL, **EXPERTS}.items() if key != "intermediate_size"})).eval()
+    else:
+        model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**SMALL)).eval()
     if randomised:
         randomise_hf(model, seed=5)
     return model
@@ -43,9 +51,11 @@ def places(model, layer: int) -> dict:
             "ffn": (block.mlp, "out"), "residual2": (block, "out")}
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["randomised", "hf-initialised"])
+@pytest.fixture(scope="module", params=[(True, False), (False, False), (True, True), (False, True)],
+                ids=["randomised", "hf-initialised", "experts-randomised", "experts-hf-initialised"])
 def saved(request, tmp_path_factory):
-    model = hf_qwen3_5(randomised=request.param)
+    randomised, experts = request.param
+    model = hf_qwen3_5(randomised=randomised, experts=experts)
     directory = tmp_path_factory.mktemp("qwen3_5")
     model.save_pretrained(directory)
     return directory, model
@@ -54,7 +64,7 @@ def saved(request, tmp_path_factory):
 def loaded(directory, layer: int):
     checkpoint = Checkpoint(directory)
     info = model_info(checkpoint)
-    assert info.family_name == "qwen3_5_text"
+    assert info.family_name in ("qwen3_5_text", "qwen3_5_moe_text")
     return load_block(checkpoint, info, layer, checkpoint_config(checkpoint, info, {}))
 
 
@@ -105,9 +115,10 @@ def test_the_projections_are_regrouped_by_key_head_as_qwen3_next_stores_them():
 def test_hfs_defaults_and_its_multimodal_rope_note(tmp_path):
     import transformers
 
-    hf = transformers.Qwen3_5TextConfig()
-    for key, value in Qwen3_5Text.defaults.items():
-        assert getattr(hf, key) == value, key
+    for family, config_class in ((Qwen3_5Text, "Qwen3_5TextConfig"), (Qwen3_5MoeText, "Qwen3_5MoeTextConfig")):
+        hf = getattr(transformers, config_class)()
+        for key, value in family.defaults.items():
+            assert getattr(hf, key) == value, (config_class, key)
     model = hf_qwen3_5()
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
@@ -115,3 +126,17 @@ def test_hfs_defaults_and_its_multimodal_rope_note(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     info = model_info(Checkpoint(tmp_path))
     assert any("mRoPE's sections read for text" in note for note in info.notes)
+
+
+def test_qwen3_next_settings_qwen3_5_moe_does_not_have_are_said_unread(tmp_path):
+    """mlp_only_layers would leave a layer dense in Qwen3-Next; Qwen3.5-MoE's config deletes it and HF ignores it:
+    ignored here too (every layer's experts read), and said."""
+    model = hf_qwen3_5(experts=True)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["mlp_only_layers"] = [0]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    checkpoint = Checkpoint(tmp_path)
+    info = model_info(checkpoint)
+    assert any(note.startswith("mlp_only_layers in config.json not read") for note in info.notes)
+    assert load_block(checkpoint, info, 0, checkpoint_config(checkpoint, info, {})).config.n_experts == 4

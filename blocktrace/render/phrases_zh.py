@@ -181,6 +181,8 @@ PHRASES_ZH = {
     "all {count} ranks trained on the same batch": "全部 {count} 个 rank 用同一个 batch 训练",
     "rank {rank}'s {what} is {value:g}, rank 0's {reference:g}": "rank {rank} 的{what}为 {value}，rank 0 的为 {reference}",
     "every sequence's position_ids are one value throughout": "每条序列的 position_ids 从头到尾都是同一个值",
+    "{keys} in config.json not read: Qwen3.5-MoE has no such setting (HF ignores them too)":
+        "config.json 里的 {keys} 不会被读取：Qwen3.5-MoE 没有这样的设置（HF 也忽略它们）",
     "mRoPE's sections read for text: every axis at the token's position, which is 1D RoPE":
         "对文本而言 mRoPE 的三组位置相同，等于一维 RoPE",
     "the forward computed in float16 and its backward was not scaled: loss scale 1":

@@ -56,9 +56,48 @@ class Qwen3_5Text(Qwen3Next):
                 "attn.in_proj_ba.weight": by_key_head(b, a)}
 
     def notes(self, config):
-        notes = super().notes(config)
-        if config is not None and "mrope_section" in config.merged("rope_scaling", "rope_parameters").data:
-            notes.append(phrase("mRoPE's sections read for text: every axis at the token's position, which is 1D "
-                                "RoPE"))
-        return notes
+        return super().notes(config) + mrope_note(config)
+
+
+# Qwen3-Next's keys that Qwen3_5MoeTextConfig deletes: every layer has experts, their choice always renormalised
+UNREAD_BY_MOE = ("mlp_only_layers", "decoder_sparse_step", "norm_topk_prob")
+
+
+class Qwen3_5MoeText(Qwen3Next):
+    """Qwen3.5-MoE's language model alone: Qwen3-Next's layers with Qwen3.5's delta net, experts in every layer (no
+    mlp_only_layers or decoder_sparse_step: Qwen3_5MoeTextConfig removes them), the chosen experts' probabilities
+    always renormalised (its router has no norm_topk_prob), Qwen3-Next's gated shared expert."""
+    name, described, model_types = "qwen3_5_moe_text", "qwen3_5_moe_text (Qwen3-Next's hybrid, experts)", \
+        ("qwen3_5_moe_text",)
+    hf_classes = ("Qwen3_5MoeDecoderLayer",)
+    defaults = {key: value for key, value in {**Qwen3Next.defaults, "num_experts": 256,
+                                              "num_experts_per_tok": 8}.items() if key != "norm_topk_prob"}
+    delta_projections = staticmethod(Qwen3_5Text.delta_projections)
+
+    def moe_fields(self, config):
+        return {"n_experts": self.setting(config, "num_experts", "integer"),
+                "d_ff": self.setting(config, "moe_intermediate_size", "integer"),
+                "experts_per_token": self.setting(config, "num_experts_per_tok", "integer"),
+                "renormalise_top_k": True}
+
+    def config_fields(self, config):
+        self.setting(config, "num_experts", "integer")  # a positive integer: every layer has experts
+        return super().config_fields(config)
+
+    def sparse(self, config, layer: int) -> bool:
+        return True
+
+    def notes(self, config):
+        unread = [key for key in UNREAD_BY_MOE if config is not None and key in config]
+        said = [phrase("{keys} in config.json not read: Qwen3.5-MoE has no such setting (HF ignores them too)",
+                       keys=", ".join(unread))] if unread else []
+        return super().notes(config) + mrope_note(config) + said
+
+
+def mrope_note(config) -> list:
+    """A text's positions are one on every axis of Qwen3.5's multimodal RoPE: it is 1D RoPE (said where the file
+    has its sections)."""
+    if config is None or "mrope_section" not in config.merged("rope_scaling", "rope_parameters").data:
+        return []
+    return [phrase("mRoPE's sections read for text: every axis at the token's position, which is 1D RoPE")]
 
