@@ -173,6 +173,12 @@ FAMILIES = {
         num_key_value_heads=2, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
         n_group=2, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.5, norm_topk_prob=True,
         attention_bias=True, sliding_window=4, max_window_layers=2), LLAMA_PLACES),
+    # EXAONE-MoE: EXAONE-4's attention (QK-norm, sliding layers, a NoPE global one) in a Pre-LN layer over DeepSeek-V3's
+    # experts after a dense layer, the choice bias kept as mlp.e_score_correction_bias.
+    "exaone_moe": ("ExaoneMoeForCausalLM", "ExaoneMoeConfig", dict(
+        num_key_value_heads=2, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2, num_shared_experts=1,
+        first_k_dense_replace=1, sliding_window=4, sliding_window_pattern=3, routed_scaling_factor=1.5, n_group=2,
+        topk_group=1), LLAMA_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -239,7 +245,7 @@ NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
          "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy",
          "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5", "glm4_moe", "minimax_m2", "ernie4_5_moe",
-         "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4", "dots1"]
+         "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4", "dots1", "exaone_moe"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -411,7 +417,7 @@ FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3
                   ("ernie4_5", "Ernie4_5Config"), ("glm4_moe", "Glm4MoeConfig"),
                   ("minimax_m2", "MiniMaxM2Config"), ("qwen3_next", "Qwen3NextConfig"),
                   ("granitemoehybrid", "GraniteMoeHybridConfig"), ("ernie4_5_moe", "Ernie4_5_MoeConfig"),
-                  ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("apertus", "ApertusConfig"), ("helium", "HeliumConfig"), ("arcee", "ArceeConfig"), ("glm4", "Glm4Config"), ("dots1", "Dots1Config")]
+                  ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("apertus", "ApertusConfig"), ("helium", "HeliumConfig"), ("arcee", "ArceeConfig"), ("glm4", "Glm4Config"), ("dots1", "Dots1Config"), ("exaone_moe", "ExaoneMoeConfig")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],
@@ -573,3 +579,17 @@ def test_an_mlp_checkpoint_with_xielu_asked_for_is_refused(invoke):
     result = invoke("run", "--weights", str(sample), "--ffn", "xielu", "--token-ids", "1", "2", "3")
     assert result.exit_code == 2
     assert "Error: GPT-2 weights need" in result.output and "gelu, gelu_tanh, relu or relu2" in result.output
+
+
+@pytest.mark.parametrize("name", ["exaone4", "exaone_moe"])
+def test_a_global_layer_of_a_model_that_keeps_its_window_everywhere_is_traced_without_it(name):
+    """EXAONE-4's attention keeps the config's sliding_window on every layer and flags the sliding ones (is_sliding):
+    its global layer (NoPE, the whole context) traced bare got the window's mask (max |Δ| ~1 in attn) until the
+    caller read the flag."""
+    model, places = build(name)
+    layer = next(k for k, block in enumerate(layers_of(model)[1]) if block.self_attn.is_sliding is False)
+    expected = reference(model, places, layer, IDS)
+    traced = trace(layers_of(model)[1][layer], expected["hidden_states"][layer], keep_tensors=True).tensors()
+    for step in places:
+        delta = (traced[step].reshape(expected[step].shape) - expected[step]).abs().max().item()
+        assert delta <= 1e-5, f"{name} layer {layer} {step}: max |Δ| {delta}"

@@ -67,6 +67,8 @@ def _sliding_window(block: nn.Module, config) -> Optional[int]:
     Phi-3 apply it to every layer). 0 is no window (Qwen2-MoE's config writes 0 when use_sliding_window
     is off)."""
     attention = attention_module(block)
+    if attention is not None and getattr(attention, "is_sliding", None) is False:
+        return None  # EXAONE-4's and EXAONE-MoE's keep the config's window on every layer, and flag the sliding ones
     if attention is not None and hasattr(attention, "sliding_window"):
         return attention.sliding_window or None
     window = getattr(config, "sliding_window", None) or None

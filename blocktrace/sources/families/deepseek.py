@@ -31,6 +31,7 @@ LATENT_EPS = 1e-6  # HF builds q_a_layernorm and kv_a_layernorm with DeepseekV2/
 
 
 class DeepSeekV3(MixtureFamily, Llama):
+    choice_bias_key = "mlp.gate.e_score_correction_bias"  # where the file keeps the router's choice bias
     name, described, model_types = "deepseek_v3", "deepseek_v3 (latent attention, grouped sigmoid router)", \
         ("deepseek_v3",)
     hf_classes = ("DeepseekV3DecoderLayer",)
@@ -143,7 +144,7 @@ class DeepSeekV3(MixtureFamily, Llama):
         d, f = c.d_model, c.d_ff
         state = {"ffn.router.weight": read("mlp.gate.weight", (c.n_experts, d))}
         if c.choice_bias:
-            state["ffn.choice_bias"] = read("mlp.gate.e_score_correction_bias", (c.n_experts,))
+            state["ffn.choice_bias"] = read(self.choice_bias_key, (c.n_experts,))
         for e in range(c.n_experts):
             source = f"mlp.experts.{e}"
             state.update({**linear(read, f"{source}.gate_proj", f"ffn.experts.{e}.gate", f, d, False),

@@ -1,0 +1,61 @@
+"""EXAONE-MoE (LG, 2025; HF's ExaoneMoe): EXAONE-4's attention — a per-head QK-norm, sliding-window layers that
+rotate q and k, global layers without RoPE (NoPE) wherever the model has a sliding window — in a Pre-RMSNorm layer
+(OLMoE's: input_layernorm, post_attention_layernorm, not EXAONE-4's reordered norms), with DeepSeek-V3's experts:
+the grouped sigmoid router with its choice bias (kept in the file as `mlp.e_score_correction_bias`),
+`num_shared_experts` ungated shared experts, × `routed_scaling_factor`. `mlp_layer_types` ("dense", "sparse") says
+which layers have experts, else the first `first_k_dense_replace` are dense, as ExaoneMoeConfig computes it."""
+
+from __future__ import annotations
+
+from blocktrace.sources.configfile import ConfigFile
+from blocktrace.sources.families.base import HFLayer, rope_fields
+from blocktrace.sources.families.exaone4 import Exaone4
+from blocktrace.sources.families.glm4_moe import Glm4Moe
+from blocktrace.sources.families.llama import LLAMA_STEPS
+from blocktrace.vocab import Norm, RouterKind
+
+MLP_KINDS = ("dense", "sparse")
+
+
+class ExaoneMoe(Glm4Moe):
+    name, described, model_types = "exaone_moe", "exaone_moe (EXAONE-4's attention, DeepSeek-V3's experts)", \
+        ("exaone_moe",)
+    hf_classes = ("ExaoneMoeDecoderLayer",)
+    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, router="mlp.gate", router_kind=RouterKind.SIGMOID_GROUPED)
+    choice_bias_key = "mlp.e_score_correction_bias"
+    defaults = {"rms_norm_eps": 1e-5, "hidden_act": "silu", "intermediate_size": 16384, "moe_intermediate_size": 1024,
+                "num_experts": 64, "num_experts_per_tok": 8, "num_shared_experts": 1, "first_k_dense_replace": 1,
+                "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1,
+                "sliding_window": 4096, "sliding_window_pattern": 4}  # ExaoneMoeConfig's
+    sliding_by_default = Exaone4.sliding_by_default
+
+    def config_fields(self, config):
+        return {**super().config_fields(config), **rope_fields(config)}  # every dim rotated: not GLM-4.5's half
+
+    def qk_norm(self, config) -> bool:
+        return True  # Exaone4Attention's q_norm and k_norm, per head
+
+    def bias_fields(self, config):
+        return {"bias": False, "attn_bias": False}
+
+    def expert_fields(self, config: ConfigFile) -> dict:
+        shared = self.setting(config, "num_shared_experts", "integer", positive=False)
+        width = self.setting(config, "moe_intermediate_size", "integer")
+        return {"n_experts": self.setting(config, "num_experts", "integer"), "d_ff": width,
+                "experts_per_token": self.setting(config, "num_experts_per_tok", "integer"),
+                "routed_scaling": self.setting(config, "routed_scaling_factor", positive=True),
+                "shared_expert_d_ff": width * shared if shared else None, "shared_expert_gated": False}
+
+    def sparse(self, config: ConfigFile, layer: int) -> bool:
+        kinds = config.raw("mlp_layer_types", None)
+        if kinds is None:
+            return super().sparse(config, layer)
+        layers = config.integer("num_hidden_layers")
+        if not isinstance(kinds, list) or len(kinds) != layers or any(kind not in MLP_KINDS for kind in kinds):
+            raise config.bad("mlp_layer_types", f"a list of {layers} entries, each dense or sparse", kinds)
+        return kinds[layer] == "sparse"
+
+    def layer_fields(self, config, layer):
+        if config is None:
+            return {}
+        return {**super().layer_fields(config, layer), **Exaone4.layer_fields(self, config, layer)}
