@@ -32,6 +32,7 @@ LATENT_EPS = 1e-6  # HF builds q_a_layernorm and kv_a_layernorm with DeepseekV2/
 
 class DeepSeekV3(MixtureFamily, Llama):
     choice_bias_key = "mlp.gate.e_score_correction_bias"  # where the file keeps the router's choice bias
+    routed_key, shared_key = "n_routed_experts", "n_shared_experts"  # the config's names of the experts' counts
     name, described, model_types = "deepseek_v3", "deepseek_v3 (latent attention, grouped sigmoid router)", \
         ("deepseek_v3",)
     hf_classes = ("DeepseekV3DecoderLayer",)
@@ -97,9 +98,9 @@ class DeepSeekV3(MixtureFamily, Llama):
 
     def expert_fields(self, config: ConfigFile) -> dict:
         refuse_unless(config, "moe_layer_freq", (None, 1), "makes only some layers after the dense ones sparse")
-        shared = self.setting(config, "n_shared_experts", "integer", positive=False)
+        shared = self.setting(config, self.shared_key, "integer", positive=False)
         width = self.setting(config, "moe_intermediate_size", "integer")
-        return {"n_experts": self.setting(config, "n_routed_experts", "integer"), "d_ff": width,
+        return {"n_experts": self.setting(config, self.routed_key, "integer"), "d_ff": width,
                 "experts_per_token": self.setting(config, "num_experts_per_tok", "integer"),
                 "routed_scaling": self.setting(config, "routed_scaling_factor", positive=True),
                 "shared_expert_d_ff": width * shared if shared else None, "shared_expert_gated": False}

@@ -23,6 +23,8 @@ class ExaoneMoe(Glm4Moe):
     hf_classes = ("ExaoneMoeDecoderLayer",)
     hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, router="mlp.gate", router_kind=RouterKind.SIGMOID_GROUPED)
     choice_bias_key = "mlp.e_score_correction_bias"
+    routed_key, shared_key = "num_experts", "num_shared_experts"
+    config_keys = {**Glm4Moe.config_keys, "n_experts": "num_experts"}  # errors say the file's own key
     defaults = {"rms_norm_eps": 1e-5, "hidden_act": "silu", "intermediate_size": 16384, "moe_intermediate_size": 1024,
                 "num_experts": 64, "num_experts_per_tok": 8, "num_shared_experts": 1, "first_k_dense_replace": 1,
                 "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1,
@@ -37,14 +39,6 @@ class ExaoneMoe(Glm4Moe):
 
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": False}
-
-    def expert_fields(self, config: ConfigFile) -> dict:
-        shared = self.setting(config, "num_shared_experts", "integer", positive=False)
-        width = self.setting(config, "moe_intermediate_size", "integer")
-        return {"n_experts": self.setting(config, "num_experts", "integer"), "d_ff": width,
-                "experts_per_token": self.setting(config, "num_experts_per_tok", "integer"),
-                "routed_scaling": self.setting(config, "routed_scaling_factor", positive=True),
-                "shared_expert_d_ff": width * shared if shared else None, "shared_expert_gated": False}
 
     def sparse(self, config: ConfigFile, layer: int) -> bool:
         kinds = config.raw("mlp_layer_types", None)
