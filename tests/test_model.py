@@ -110,6 +110,9 @@ def hf_model(name: str):
             **small, num_key_value_heads=2, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
             num_shared_experts=1, first_k_dense_replace=1, sliding_window=4, sliding_window_pattern=3,
             routed_scaling_factor=1.5))
+    elif name == "hunyuan_v1_moe":  # Hunyuan's attention, experts and one shared MLP in every layer
+        model = transformers.HunYuanMoEV1ForCausalLM(transformers.HunYuanMoEV1Config(
+            **small, num_key_value_heads=2, head_dim=8, num_experts=4, moe_topk=2))
     elif name == "dots1":  # Qwen3's attention over DeepSeek-V3's experts after a dense layer
         model = transformers.Dots1ForCausalLM(transformers.Dots1Config(
             **small, num_key_value_heads=2, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
@@ -188,7 +191,7 @@ def our_layer_gradients(report: dict) -> list[float]:
                                   "llama4_text", "lfm2", "seed_oss", "ernie4_5", "glm4_moe",
                                   "minimax_m2", "qwen3_next", "granitemoehybrid", "ernie4_5_moe",
                                   "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4", "dots1",
-                                  "qwen3_5_text", "qwen3_5_moe_text", "exaone_moe"])
+                                  "qwen3_5_text", "qwen3_5_moe_text", "exaone_moe", "hunyuan_v1_moe"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

@@ -179,6 +179,9 @@ FAMILIES = {
         num_key_value_heads=2, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2, num_shared_experts=1,
         first_k_dense_replace=1, sliding_window=4, sliding_window_pattern=3, routed_scaling_factor=1.5, n_group=2,
         topk_group=1), LLAMA_PLACES),
+    # Hunyuan-MoE: Hunyuan's attention with experts in every layer and one shared MLP, the router as mlp.gate.wg.
+    "hunyuan_v1_moe": ("HunYuanMoEV1ForCausalLM", "HunYuanMoEV1Config", dict(
+        num_key_value_heads=2, head_dim=8, attention_bias=True, num_experts=4, moe_topk=2), LLAMA_PLACES),
     "phi3 rope-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(
         original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
         rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
@@ -245,7 +248,7 @@ NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
          "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy",
          "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5", "glm4_moe", "minimax_m2", "ernie4_5_moe",
-         "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4", "dots1", "exaone_moe"]
+         "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4", "dots1", "exaone_moe", "hunyuan_v1_moe"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -364,6 +367,7 @@ def test_unknown_model_types_and_llama_keys_without_config_are_refused(invoke, t
      "made of full_attention and sliding_attention (blocktrace traces no other kind here)"),
     ("helium", {"head_dim": 16}, "head_dim must be hidden_size / num_attention_heads = 8 (Helium's o_proj"),
     ("apertus", {"hidden_act": "silu"}, "hidden_act 'silu' is not supported for apertus; supported: xielu"),
+    ("hunyuan_v1_moe", {"moe_topk": [2, 2, 2]}, "moe_topk must be a positive integer"),
     ("dots1", {"n_shared_experts": None}, "n_shared_experts must be an integer (Dots1Config has no default for it)"),
 ])
 def test_config_fields_blocktrace_does_not_implement_are_refused(invoke, tmp_path, name, change, message):
@@ -417,7 +421,8 @@ FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3
                   ("ernie4_5", "Ernie4_5Config"), ("glm4_moe", "Glm4MoeConfig"),
                   ("minimax_m2", "MiniMaxM2Config"), ("qwen3_next", "Qwen3NextConfig"),
                   ("granitemoehybrid", "GraniteMoeHybridConfig"), ("ernie4_5_moe", "Ernie4_5_MoeConfig"),
-                  ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("apertus", "ApertusConfig"), ("helium", "HeliumConfig"), ("arcee", "ArceeConfig"), ("glm4", "Glm4Config"), ("dots1", "Dots1Config"), ("exaone_moe", "ExaoneMoeConfig")]
+                  ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("apertus", "ApertusConfig"), ("helium", "HeliumConfig"), ("arcee", "ArceeConfig"), ("glm4", "Glm4Config"), ("dots1", "Dots1Config"), ("exaone_moe", "ExaoneMoeConfig"),
+                  ("hunyuan_v1_moe", "HunYuanMoEV1Config")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],
@@ -593,3 +598,18 @@ def test_a_global_layer_of_a_model_that_keeps_its_window_everywhere_is_traced_wi
     for step in places:
         delta = (traced[step].reshape(expected[step].shape) - expected[step]).abs().max().item()
         assert delta <= 1e-5, f"{name} layer {layer} {step}: max |Δ| {delta}"
+
+
+def test_hunyuan_moe_files_keys_hf_does_not_read_are_said(tmp_path):
+    """Tencent's own files carry moe_intermediate_size and num_shared_expert; HF's HunYuanMoEV1 sizes everything by
+    intermediate_size: read as HF reads it, and said."""
+    model, _ = build("hunyuan_v1_moe")
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(moe_intermediate_size=8, num_shared_expert=1)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    checkpoint = Checkpoint(tmp_path)
+    info = model_info(checkpoint)
+    assert any(note.startswith("moe_intermediate_size, num_shared_expert in config.json not read") for note in info.notes)
+    block = load_block(checkpoint, info, 0, checkpoint_config(checkpoint, info, {}))
+    assert block.config.d_ff == block.config.shared_expert_d_ff == 64

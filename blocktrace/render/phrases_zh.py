@@ -183,6 +183,9 @@ PHRASES_ZH = {
     "every sequence's position_ids are one value throughout": "每条序列的 position_ids 从头到尾都是同一个值",
     "{keys} in config.json not read: Qwen3.5-MoE has no such setting (HF ignores them too)":
         "config.json 里的 {keys} 不会被读取：Qwen3.5-MoE 没有这样的设置（HF 也忽略它们）",
+    "{keys} in config.json not read: HF's HunYuanMoEV1 sizes every expert and its one shared MLP by "
+    "intermediate_size": "config.json 里的 {keys} 不会被读取：HF 的 HunYuanMoEV1 中每个专家和 shared MLP 的大小都由 "
+                         "intermediate_size 决定",
     "mRoPE's sections read for text: every axis at the token's position, which is 1D RoPE":
         "对文本而言 mRoPE 的三组位置相同，等于一维 RoPE",
     "the forward computed in float16 and its backward was not scaled: loss scale 1":

@@ -8,8 +8,9 @@ dynamic scaling."""
 from __future__ import annotations
 
 from blocktrace.phrases import phrase
-from blocktrace.sources.families.base import HFLayer, refuse_quantised, rope_fields
+from blocktrace.sources.families.base import HFLayer, linear, refuse_quantised, rope_fields
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
+from blocktrace.sources.families.moe import MixtureFamily
 from blocktrace.vocab import Norm
 
 
@@ -57,3 +58,43 @@ class HunyuanDense(Llama):
                                 alpha=self.ntk_alpha(config), theta=self.alpha_theta(config, fields,
                                                                                      self.ntk_alpha(config))))
         return notes
+
+
+# Keys of Tencent's own Hunyuan-MoE files that HF's HunYuanMoEV1 does not read (it sizes the experts and the shared
+# MLP by intermediate_size and always adds one shared MLP): said unread where a file has them
+UNREAD_BY_HF_MOE = ("moe_intermediate_size", "num_shared_expert", "use_mixed_mlp_moe")
+
+
+class HunyuanMoe(MixtureFamily, HunyuanDense):
+    """Hunyuan-MoE (HF's HunYuanMoEV1): Hunyuan dense's attention (QK-norm after RoPE) with experts in every layer —
+    the router `mlp.gate.wg` (softmax in float32, the top `moe_topk` renormalised), `num_experts` SwiGLU experts and
+    one ungated shared MLP (`mlp.shared_mlp`), all of `intermediate_size`, the shared MLP added to the experts' sum."""
+    name, described, model_types = "hunyuan_v1_moe", "hunyuan_v1_moe (Hunyuan's attention, experts, a shared MLP)", \
+        ("hunyuan_v1_moe",)
+    hf_classes = ("HunYuanMoEV1DecoderLayer",)
+    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, router="mlp.gate")
+    defaults = {**HunyuanDense.defaults, "num_experts": 1, "moe_topk": 1, "intermediate_size": 11008}  # HF's config
+    router_name, expert_width_key, always_renormalise = "gate.wg", "intermediate_size", True
+
+    def config_fields(self, config):
+        width = self.setting(config, "intermediate_size", "integer")
+        return {**super().config_fields(config), "n_experts": self.setting(config, "num_experts", "integer"),
+                "experts_per_token": self.top_k(config), "d_ff": width, "renormalise_top_k": True,
+                "shared_expert_d_ff": width, "shared_expert_gated": False}
+
+    def top_k(self, config) -> int:
+        """moe_topk: one number for every layer (a list per layer is refused: blocktrace reads one here)."""
+        return self.setting(config, "moe_topk", "integer")
+
+    def parameters(self, read, c):
+        d, f = c.d_model, c.shared_expert_d_ff
+        return {**super().parameters(read, c),
+                **linear(read, "mlp.shared_mlp.gate_proj", "ffn.shared_expert.gate", f, d, False),
+                **linear(read, "mlp.shared_mlp.up_proj", "ffn.shared_expert.up", f, d, False),
+                **linear(read, "mlp.shared_mlp.down_proj", "ffn.shared_expert.down", d, f, False)}
+
+    def notes(self, config):
+        unread = [key for key in UNREAD_BY_HF_MOE if config is not None and key in config]
+        said = [phrase("{keys} in config.json not read: HF's HunYuanMoEV1 sizes every expert and its one shared MLP "
+                       "by intermediate_size", keys=", ".join(unread))] if unread else []
+        return super().notes(config) + said

@@ -27,6 +27,7 @@ class MixtureFamily:
     """What the MoE families share: reading the router and the experts, and which layers are sparse."""
 
     moe_path = "mlp"  # where the router and experts live inside a layer
+    router_name = "gate"  # the router's linear layer inside it
     expert_names = ("gate_proj", "up_proj", "down_proj")  # each expert's gate, up and down projections
     expert_width_key = "moe_intermediate_size"
     always_renormalise = False  # Mixtral has no norm_topk_prob: it always renormalises
@@ -67,7 +68,7 @@ class MixtureFamily:
             return Llama.mlp(read, c)
         d, f = c.d_model, c.d_ff
         gate, up, down = self.expert_names
-        state = {"ffn.router.weight": read(f"{self.moe_path}.gate.weight", (c.n_experts, d))}
+        state = {"ffn.router.weight": read(f"{self.moe_path}.{self.router_name}.weight", (c.n_experts, d))}
         for e in range(c.n_experts):
             source = f"{self.moe_path}.experts.{e}"
             state.update({**linear(read, f"{source}.{gate}", f"ffn.experts.{e}.gate", f, d, False),
