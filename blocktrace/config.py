@@ -173,6 +173,8 @@ class GatedDeltaNet:
     key_dims: int  # linear_key_head_dim
     value_dims: int  # linear_value_head_dim
     kernel: int = 4  # linear_conv_kernel_dim: the tokens the convolution reads, itself and the kernel − 1 before it
+    beta_scale: float = 1.0  # β = beta_scale · sigmoid(b): OLMo-Hybrid's 2 (negative eigenvalues allowed), else 1
+    norm_eps: Optional[float] = None  # the output norm's eps (OLMo-Hybrid's fixed 1e-5); None: the block's eps
 
     def __post_init__(self):
         for name in ("key_heads", "value_heads", "key_dims", "value_dims", "kernel"):
@@ -180,13 +182,19 @@ class GatedDeltaNet:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"a gated delta net's {name} must be a positive integer, not {value!r}",
                                   "token_mixer")
+        for name, value in (("beta_scale", self.beta_scale), ("norm_eps", self.norm_eps)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value < float("inf")):
+                raise ConfigError(f"a gated delta net's {name} must be a positive number, not {value!r}",
+                                  "token_mixer")
         if self.value_heads % self.key_heads:
             raise ConfigError(f"a gated delta net's {self.value_heads} value heads must divide evenly among its "
                               f"{self.key_heads} key heads", "token_mixer")
 
     def __str__(self) -> str:
+        scaled = f", β × {self.beta_scale:g}" if self.beta_scale != 1 else ""
         return (f"gated delta rule, {self.key_heads} q·k heads of {self.key_dims}, {self.value_heads} value heads of "
-                f"{self.value_dims}, convolution over {self.kernel} tokens")
+                f"{self.value_dims}, convolution over {self.kernel} tokens{scaled}")
 
     mixer: ClassVar[MixerKind] = MixerKind.GATED_DELTA
 

@@ -113,6 +113,13 @@ def hf_model(name: str):
     elif name == "hunyuan_v1_moe":  # Hunyuan's attention, experts and one shared MLP in every layer
         model = transformers.HunYuanMoEV1ForCausalLM(transformers.HunYuanMoEV1Config(
             **small, num_key_value_heads=2, head_dim=8, num_experts=4, moe_topk=2))
+    elif name == "olmo_hybrid":  # delta-rule layers among OLMo-3 attention layers, NoPE as released
+        config = transformers.OlmoHybridConfig(
+            **small, num_key_value_heads=2, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+            linear_value_head_dim=8, layer_types=["linear_attention", "full_attention", "linear_attention"],
+            pad_token_id=0, eos_token_id=1)
+        config.rope_parameters = None
+        model = transformers.OlmoHybridForCausalLM(config)
     elif name == "dots1":  # Qwen3's attention over DeepSeek-V3's experts after a dense layer
         model = transformers.Dots1ForCausalLM(transformers.Dots1Config(
             **small, num_key_value_heads=2, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
@@ -191,7 +198,8 @@ def our_layer_gradients(report: dict) -> list[float]:
                                   "llama4_text", "lfm2", "seed_oss", "ernie4_5", "glm4_moe",
                                   "minimax_m2", "qwen3_next", "granitemoehybrid", "ernie4_5_moe",
                                   "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4", "dots1",
-                                  "qwen3_5_text", "qwen3_5_moe_text", "exaone_moe", "hunyuan_v1_moe"])
+                                  "qwen3_5_text", "qwen3_5_moe_text", "exaone_moe", "hunyuan_v1_moe",
+                                  "olmo_hybrid"])
 def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)
@@ -208,7 +216,7 @@ def test_loss_and_gradients_equal_huggingface(invoke, tmp_path, name):
 
 @pytest.mark.parametrize("name", ["llama", "granite", "smollm3", "olmo3", "exaone4", "cohere", "cohere2", "gpt_oss",
                                   "deepseek_v3", "deepseek_v2", "llama4_text", "lfm2", "glm4_moe", "qwen3_next",
-                                  "granitemoehybrid", "qwen3_5_text", "qwen3_5_moe_text"])
+                                  "granitemoehybrid", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid"])
 def test_a_padded_batch_predicts_real_tokens_only(invoke, tmp_path, name):
     model = hf_model(name)
     model.save_pretrained(tmp_path)

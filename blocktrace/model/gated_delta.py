@@ -50,7 +50,7 @@ class GatedDeltaNet(RecurrentMixer):
                               padding=spec.kernel - 1)
         self.dt_bias = nn.Parameter(torch.ones(spec.value_heads))
         self.A_log = nn.Parameter(torch.log(torch.empty(spec.value_heads).uniform_(1, 16)))  # HF's init range
-        self.norm = GatedRMSNorm(spec.value_dims, config.eps)
+        self.norm = GatedRMSNorm(spec.value_dims, spec.norm_eps or config.eps)
         self.out_proj = nn.Linear(self.value_width, d, bias=False)
 
     @staticmethod
@@ -66,7 +66,9 @@ class GatedDeltaNet(RecurrentMixer):
                 "attn.k": f"k = SiLU(CausalConv[{k}](in_proj_qkvz(x_in)))  (per key head)",
                 "attn.v": f"v = SiLU(CausalConv[{k}](in_proj_qkvz(x_in)))  (per value head)",
                 "attn.z": "z = in_proj_qkvz(x_in)  (the output gate)",
-                "attn.beta": "β = sigmoid(in_proj_ba(x_in))  (the write rate per value head)",
+                "attn.beta": ("β = sigmoid(in_proj_ba(x_in))" if config.token_mixer.beta_scale == 1 else
+                              f"β = {config.token_mixer.beta_scale:g}·sigmoid(in_proj_ba(x_in))")
+                + "  (the write rate per value head)",
                 "attn.decay": "g = −exp(A_log) · softplus(in_proj_ba(x_in) + dt_bias)  (state × exp(g) per token)",
                 "attn.delta": "o = Sᵀq,  S ← exp(g)·S + β·k(v − Sᵀk)ᵀ  (q, k L2-normalised)",
                 "attn.gated": "RMSNorm(o) · SiLU(z)  per head  (attn_out = out_proj of it)"}
@@ -74,7 +76,7 @@ class GatedDeltaNet(RecurrentMixer):
     def mix(self, h: torch.Tensor, unbatched: bool) -> torch.Tensor:
         q, k, v, z, b, a = self._streams(self.masked(h))
         q, k, v = self._convolved(q, k, v)
-        beta = b.sigmoid()
+        beta = b.sigmoid() if self.spec.beta_scale == 1 else b.sigmoid() * self.spec.beta_scale  # as HF: × 2.0
         decay = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # float: fp16's A may be inf
         for name, value in {"q": q, "k": k, "v": v, "z": z, "beta": beta, "decay": decay}.items():
             self.seen(name, value, unbatched)

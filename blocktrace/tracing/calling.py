@@ -167,10 +167,9 @@ def huggingface_call(block: nn.Module, x: torch.Tensor, token_mask: Optional[tor
     positions = torch.arange(tokens, device=x.device)[None].expand(batch, tokens)
     if "position_ids" in parameters:
         call.kwargs["position_ids"] = positions
-    # GraniteMoeHybrid's position_embedding_type other than "rope": its model makes no rotary embeddings at all
-    rotary = getattr(config, "position_embedding_type", "rope") == "rope"
-    if "position_embeddings" in parameters and config is not None and rotary:
-        call.kwargs["position_embeddings"] = _position_embeddings(block, config, batched_x, positions)
+    if "position_embeddings" in parameters and config is not None:
+        call.kwargs["position_embeddings"] = _position_embeddings(block, config, batched_x, positions) \
+            if _rotary(config) else None
     what = "causal mask" if causal else "no causal mask (bidirectional)"
     what += f" with a sliding window of {window}" if window is not None else ""
     what += f" within chunks of {chunk} tokens" if chunk is not None else ""
@@ -179,6 +178,15 @@ def huggingface_call(block: nn.Module, x: torch.Tensor, token_mask: Optional[tor
                          if "position_embeddings" in call.kwargs else "")
                       + ("; a batch of one added" if x.dim() == 2 else ""))
     return call
+
+
+def _rotary(config) -> bool:
+    """Whether the layer's model makes rotary embeddings: not where GraniteMoeHybrid's position_embedding_type is
+    other than "rope", nor where the config's rope_parameters are null (OLMo-Hybrid's released checkpoints: NoPE;
+    transformers 5 fills them wherever a model rotates)."""
+    if getattr(config, "position_embedding_type", "rope") != "rope":
+        return False
+    return getattr(config, "rope_parameters", {}) is not None
 
 
 def _recurrent_call(call: Call, parameters, x: torch.Tensor, token_mask: Optional[torch.Tensor]) -> Call:

@@ -43,7 +43,8 @@ def _declared_families() -> list[Family]:
 
 FAMILIES = {family.name: family for family in _declared_families()}
 # HF's decoder layer class name -> how it names its steps, as each family declares it.
-HF_LAYERS = {name: family.hf_layer for family in FAMILIES.values() for name in family.hf_classes}
+HF_LAYERS = {name: family.hf_layers.get(name, family.hf_layer) for family in FAMILIES.values()
+             for name in family.hf_classes}
 # Without config.json only these are told apart by their keys (Llama's keys are shared: see llama.py).
 KEYED_FAMILIES = ("gpt2", "bert", "llama", "gpt_neox")
 BY_MODEL_TYPE = {model_type: family for family in FAMILIES.values() for model_type in family.model_types}

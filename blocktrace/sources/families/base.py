@@ -130,6 +130,7 @@ class Family:
     nested_keys: dict[str, str] = {}
     hf_classes: tuple[str, ...] = ()  # the class names of HF's decoder layer for this family
     hf_layer: Optional[HFLayer] = None  # how that layer names its steps
+    hf_layers: dict = {}  # class name → its HFLayer, where the family's layers are of several classes (OLMo-Hybrid)
 
     @property
     def pattern(self) -> re.Pattern:
