@@ -57,8 +57,8 @@ class Batch:
             return  # ids the model takes some other way (a list it converts itself): no batch seen beside them
         self.ids = ids.detach()
         self.call = ForwardCall(tuple(args), dict(kwargs), ids)  # the probe calls the model as training did
-        self.inputs = input_evidence(self.ids, kwargs)
         self.kept = kept_positions(self.ids, kwargs)
+        self.inputs = input_evidence(self.ids, kwargs, self.kept)
         labels = next((kwargs[name] for name in TARGET_NAMES if isinstance(kwargs.get(name), torch.Tensor)), None)
         positional = args[self.targets_at] if self.targets_at is not None and self.targets_at < len(args) else None
         self.targets = labels if labels is not None else (positional if isinstance(positional, torch.Tensor) else None)

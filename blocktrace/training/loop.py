@@ -399,7 +399,7 @@ def target_match(ids: torch.Tensor, targets: torch.Tensor) -> dict:
             "counted": counted.double().mean(), "targets_counted": counted.sum()}
 
 
-def input_evidence(ids: torch.Tensor, kwargs: dict) -> dict:
+def input_evidence(ids: torch.Tensor, kwargs: dict, kept: Optional[torch.Tensor]) -> dict:
     """Device facts about the forward's other inputs, as HF names them: whether every sequence's `position_ids`
     are one value throughout (T ≥ 2), and, for an `attention_mask` [B, T] (1 keeps a token),
     whether the ids it keeps and the ids it drops are each one repeated value (padding is one repeated id)."""
@@ -408,8 +408,7 @@ def input_evidence(ids: torch.Tensor, kwargs: dict) -> dict:
     if isinstance(positions, torch.Tensor) and not positions.is_floating_point() and positions.dim() in (1, 2) \
             and positions.shape[-1] >= 2:
         found["positions_constant"] = (positions == positions[..., :1]).all()
-    kept = kept_positions(ids, kwargs)
-    if kept is not None:
+    if kept is not None:  # the positions the attention mask keeps (kept_positions)
         found["mask"] = {"kept_one_id": _one_value(ids, kept), "dropped_one_id": _one_value(ids, ~kept)}
     return found
 

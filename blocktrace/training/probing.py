@@ -1,9 +1,9 @@
 """The causal probe at a record step, as the Watch runs it: on the recorded batch's first sequence, on every
 rank's own copy under DDP (the unwrapped module: no collective inside), its largest leak and its failures gathered
 to rank 0. Under FSDP2, whose forward gathers shards (a collective), every rank probes alike, before the recording
-step's training forward: a forward between backward() and optimizer.step() changes what FSDP2 trains (tried with 2
-gloo ranks: the weights three steps later were not the same), one before the training forward changes nothing (the
-FSDP2 timeline equals one process's on the whole batch: tests/test_distributed.py). There the ranks first agree
+step's training forward: a forward between backward() and optimizer.step() changes what FSDP2 trains (an ad-hoc
+run with 2 gloo ranks, not kept as a test: the weights three steps later were not the same), one before the training
+forward changes nothing (the FSDP2 timeline equals one process's on the whole batch: tests/test_distributed.py). There the ranks first agree
 that each can probe (its ids, and the vocabulary of its input embedding), so that none waits alone in the gathers.
 A failure is kept as a note: the probe never stops training."""
 

@@ -52,11 +52,11 @@ class HunyuanDense(Llama):
 
     def notes(self, config):
         notes = super().notes(config)
-        if config is not None and self.ntk_alpha(config) is not None:
-            fields = super().config_fields(config)
+        alpha = self.ntk_alpha(config) if config is not None else None
+        if alpha is not None:
+            theta = self.alpha_theta(config, Llama.config_fields(self, config), alpha)
             notes.append(phrase("RoPE 'dynamic' with alpha {alpha:g} read as HF reads it: a fixed base of {theta:.6g}",
-                                alpha=self.ntk_alpha(config), theta=self.alpha_theta(config, fields,
-                                                                                     self.ntk_alpha(config))))
+                                alpha=alpha, theta=theta))
         return notes
 
 

@@ -22,7 +22,7 @@ from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.base import NOPE_FIELDS, HFLayer, linear, rope_fields, size
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
 from blocktrace.sources.families.olmo2 import OLMo2
-from blocktrace.sources.families.qwen3_next import LINEAR
+from blocktrace.sources.families.qwen3_next import LINEAR, grouped_by_key_head
 from blocktrace.vocab import FFNKind, Norm, Placement
 
 FULL = "full_attention"
@@ -104,11 +104,8 @@ class OlmoHybrid(Llama):
         v, z = read("linear_attn.v_proj.weight", (values, d)), read("linear_attn.g_proj.weight", (values, d))
         b = read("linear_attn.b_proj.weight", (spec.value_heads, d))
         a = read("linear_attn.a_proj.weight", (spec.value_heads, d))
-
-        def by_key_head(*parts):  # each [Hk · width, d], its rows in head order → rows grouped by key head
-            return torch.cat([part.reshape(spec.key_heads, -1, d) for part in parts], dim=1).reshape(-1, d)
-
-        return {"attn.in_proj_qkvz.weight": by_key_head(q, k, v, z), "attn.in_proj_ba.weight": by_key_head(b, a),
+        return {"attn.in_proj_qkvz.weight": grouped_by_key_head(spec, d, q, k, v, z),
+                "attn.in_proj_ba.weight": grouped_by_key_head(spec, d, b, a),
                 "attn.conv.weight": _convolution(read, keys, values, spec.kernel),
                 "attn.dt_bias": read("linear_attn.dt_bias", (spec.value_heads,)),
                 "attn.A_log": read("linear_attn.A_log", (spec.value_heads,)),

@@ -9,11 +9,9 @@ another model type: save the language model alone."""
 
 from __future__ import annotations
 
-import torch
-
 from blocktrace.phrases import phrase
 from blocktrace.sources.families.base import HFLayer, rope_fields
-from blocktrace.sources.families.qwen3_next import QWEN3_NEXT_STEPS, Qwen3Next
+from blocktrace.sources.families.qwen3_next import QWEN3_NEXT_STEPS, Qwen3Next, grouped_by_key_head
 from blocktrace.vocab import Norm
 
 
@@ -48,12 +46,9 @@ class Qwen3_5Text(Qwen3Next):
         z = read("linear_attn.in_proj_z.weight", (values, d))
         b = read("linear_attn.in_proj_b.weight", (spec.value_heads, d))
         a = read("linear_attn.in_proj_a.weight", (spec.value_heads, d))
-
-        def by_key_head(*parts):  # each [Hk · width, d], its rows in head order → rows grouped by key head
-            return torch.cat([part.reshape(spec.key_heads, -1, d) for part in parts], dim=1).reshape(-1, d)
-
-        return {"attn.in_proj_qkvz.weight": by_key_head(qkv[:keys], qkv[keys:2 * keys], qkv[2 * keys:], z),
-                "attn.in_proj_ba.weight": by_key_head(b, a)}
+        return {"attn.in_proj_qkvz.weight": grouped_by_key_head(spec, d, qkv[:keys], qkv[keys:2 * keys],
+                                                                qkv[2 * keys:], z),
+                "attn.in_proj_ba.weight": grouped_by_key_head(spec, d, b, a)}
 
     def notes(self, config):
         return super().notes(config) + mrope_note(config)
@@ -73,12 +68,7 @@ class Qwen3_5MoeText(Qwen3Next):
     defaults = {key: value for key, value in {**Qwen3Next.defaults, "num_experts": 256,
                                               "num_experts_per_tok": 8}.items() if key != "norm_topk_prob"}
     delta_projections = staticmethod(Qwen3_5Text.delta_projections)
-
-    def moe_fields(self, config):
-        return {"n_experts": self.setting(config, "num_experts", "integer"),
-                "d_ff": self.setting(config, "moe_intermediate_size", "integer"),
-                "experts_per_token": self.setting(config, "num_experts_per_tok", "integer"),
-                "renormalise_top_k": True}
+    always_renormalise = True  # its router has no norm_topk_prob
 
     def config_fields(self, config):
         self.setting(config, "num_experts", "integer")  # a positive integer: every layer has experts

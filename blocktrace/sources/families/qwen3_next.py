@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
+
 from blocktrace.config import GatedDeltaNet
 from blocktrace.phrases import phrase
 from blocktrace.sources.configfile import ConfigFile
@@ -60,7 +62,7 @@ class Qwen3Next(Qwen2MoE):
         return {"n_experts": self.setting(config, "num_experts", "integer"),
                 "d_ff": self.setting(config, "moe_intermediate_size", "integer"),
                 "experts_per_token": self.setting(config, "num_experts_per_tok", "integer"),
-                "renormalise_top_k": self.setting(config, "norm_topk_prob", "boolean")}
+                "renormalise_top_k": self.always_renormalise or self.setting(config, "norm_topk_prob", "boolean")}
 
     @staticmethod
     def all_dense(config: ConfigFile) -> dict:
@@ -144,3 +146,10 @@ class Qwen3Next(Qwen2MoE):
                                     "layer attends, the others are delta-rule layers, as HF computes it",
                                     interval=FULL_ATTENTION_INTERVAL))
         return notes
+
+
+def grouped_by_key_head(spec: GatedDeltaNet, d: int, *parts: torch.Tensor) -> torch.Tensor:
+    """Projections stored apart, each [key_heads · width, d] with its rows in head order, as one matrix whose rows are
+    grouped by key head (per key head, a slice of each part in turn): Qwen3-Next's in_proj_qkvz and in_proj_ba
+    layout, the one the gated delta net's module reads. A permutation of rows: every number the same."""
+    return torch.cat([part.reshape(spec.key_heads, -1, d) for part in parts], dim=1).reshape(-1, d)
