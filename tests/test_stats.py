@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers import numpy_stats
 
-from blocktrace.tracing.stats import attention_stats, tensor_stats
+from blocktrace.tracing.stats import attention_chunk_stats, attention_stats, future_rows, tensor_stats
 
 
 def test_tensor_stats_match_numpy():
@@ -28,3 +28,28 @@ def test_entropy_is_exact_for_peaked_and_extreme_logits():
         expected = torch.special.entr(weights.double()).sum(-1).mean(dim=(0, 2))
         got = attention_stats(weights, scores)["entropy_per_head"]
         assert torch.allclose(got, expected, atol=2e-6 * max(1.0, scale)), scale
+
+
+@pytest.mark.parametrize("rows, keys, start", [(5, 12, 0), (5, 12, 3), (5, 12, 7), (5, 12, 11), (4, 4, 0), (3, 9, 8),
+                                                (6, 20, 2), (1, 1, 0), (2, 5, 6)])
+def test_future_weight_of_a_chunk_matches_a_loop_over_every_key(rows, keys, start):
+    """Each query row's weight on the keys after it, for a chunk starting anywhere (a last chunk, one row, keys
+    ending inside the chunk or before it), against a plain loop over every (row, key)."""
+    w = torch.rand(2, 3, rows, keys, generator=torch.Generator().manual_seed(rows * 100 + start))
+    expected = torch.zeros(2, 3, rows)
+    for row in range(rows):
+        for key in range(keys):
+            if key > start + row:
+                expected[..., row] += w[..., row, key]
+    assert torch.allclose(future_rows(w, start), expected, atol=1e-6)
+
+
+def test_future_weight_leaves_padded_query_rows_out():
+    """With a query mask, a padded row's future weight counts for nothing; the rest as the loop sums it."""
+    w = torch.rand(2, 3, 4, 10, generator=torch.Generator().manual_seed(5))
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[1, 5:] = False  # the second sequence's queries 5.. are padding
+    got = attention_chunk_stats(w, torch.log(w), slice(4, 8), mask)["future_weight_sum"]
+    expected = sum(w[n, h, row, key].item() for n in range(2) for h in range(3) for row in range(4)
+                   for key in range(10) if key > 4 + row and mask[n, 4 + row])
+    assert got.item() == pytest.approx(expected, rel=1e-6)

@@ -110,17 +110,32 @@ def _log_normaliser(w: torch.Tensor, s: torch.Tensor, rows: slice, row_max_score
     return torch.where(tiny, row_max_score - torch.log(w.amax(dim=-1)), diagonal_s - torch.log(diagonal_w))
 
 
-@functools.lru_cache(maxsize=4)
-def _future_mask(rows: int, t: int, start: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[rows, T]: 1 above the diagonal, for a chunk of rows starting at query `start` (cached: the same
-    shapes come back for every layer and every chunk of a long input)."""
-    return torch.ones(rows, t, dtype=dtype, device=device).triu_(start + 1)
+@functools.lru_cache(maxsize=8)
+def _upper_triangle(rows: int, width: int, diagonal: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[rows, width]: 1 on and above `diagonal` (cached: every chunk of a long input but the last has the same shape,
+    and so does every layer)."""
+    return torch.ones(rows, width, dtype=dtype, device=device).triu_(diagonal)
 
 
+def future_rows(w: torch.Tensor, start: int) -> torch.Tensor:
+    """[..., rows]: each query row's weight on the keys after it, for a chunk of rows starting at query `start`.
+
+    Only those keys are read: the keys past the chunk's last query are after every row of it (a plain sum), and
+    those among the chunk's own queries are masked by a [rows, rows] triangle. A product with a [rows, T] mask read
+    the whole chunk and the mask besides, the trace's most expensive attention pass (benchmarks/bench_trace_cost.py).
+    """
+    rows, t = w.shape[-2], w.shape[-1]
+    lo, hi = min(start + 1, t), min(start + rows, t)
+    near = w[..., lo:hi] * _upper_triangle(rows, hi - lo, start + 1 - lo, w.dtype, w.device)
+    return near.sum(dim=-1) + w[..., hi:].sum(dim=-1)
+
+
+@functools.lru_cache(maxsize=64)
 def uniform_entropy(t: int, causal: bool, window: Optional[int] = None, chunk: Optional[int] = None) -> float:
     """Mean entropy of uniform attention over the keys each query may see: log T, or, causal,
     the mean of log(i + 1) over the queries (log min(i + 1, W) with a sliding window W; the keys from the
-    start of its chunk, i mod C + 1, with Llama-4's chunks of C)."""
+    start of its chunk, i mod C + 1, with Llama-4's chunks of C). Cached: a loop over T that every layer of a
+    model would repeat."""
     if not causal:
         return math.log(t)
     return sum(math.log(min(i + 1, window or t, i % chunk + 1 if chunk else t)) for i in range(t)) / t
@@ -166,16 +181,15 @@ def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: sli
     lse = _log_normaliser(w, s, rows, row_max_score)
     expected_score = torch.einsum("nhij,nhij->nhi", w, s)
     row_entropy = (lse - expected_score).double()  # [N, H, rows]
-    future_mask = _future_mask(w.shape[-2], t, rows.start, w.dtype, w.device)
+    future_by_row = future_rows(w, rows.start).double()  # [N, H, rows]
     row_max_weight = torch.exp(row_max_score - lse)
     if query_mask is None:
-        future = (w.reshape(-1, future_mask.numel()) @ future_mask.reshape(-1)).double().sum()
+        future = future_by_row.sum()
         return {"entropy_sum": row_entropy.sum(dim=(0, 2)), "future_weight_sum": future,
                 "max_weight": row_max_weight.amax().double(), "max_logit": row_max_score.amax().double(),
                 "rows": _count(w.shape[0] * w.shape[-2], w.device), **_positional_sums(w, rows, None)}
     real = query_mask[:, None, rows].to(w.device)  # [N, 1, rows]: padded queries count for nothing
-    future_rows = torch.einsum("nhij,ij->nhi", w, future_mask).double()
-    return {"entropy_sum": (row_entropy * real).sum(dim=(0, 2)), "future_weight_sum": (future_rows * real).sum(),
+    return {"entropy_sum": (row_entropy * real).sum(dim=(0, 2)), "future_weight_sum": (future_by_row * real).sum(),
             "max_weight": row_max_weight.masked_fill(~real, 0).amax().double(),
             "max_logit": row_max_score.masked_fill(~real, torch.finfo(s.dtype).min).amax().double(),
             "rows": real.sum(dtype=torch.float64), **_positional_sums(w, rows, real)}
@@ -191,9 +205,7 @@ def weights_only_stats(weights: torch.Tensor) -> dict[str, torch.Tensor]:
     n_heads, t = w.shape[-3], w.shape[-1]
     w = w.reshape(-1, n_heads, w.shape[-2], t)
     entropy = torch.special.entr(w.double()).sum(dim=(0, 2, 3))
-    future_mask = _future_mask(w.shape[-2], t, 0, w.dtype, w.device)
-    future = (w.reshape(-1, future_mask.numel()) @ future_mask.reshape(-1)).double().sum()
-    return {"entropy_sum": entropy, "future_weight_sum": future, "max_weight": w.amax().double(),
+    return {"entropy_sum": entropy, "future_weight_sum": future_rows(w, 0).double().sum(), "max_weight": w.amax().double(),
             "max_logit": None, "rows": _count(w.shape[0] * w.shape[-2], w.device), **_positional_sums(w, slice(0, w.shape[-2]), None)}
 
 
