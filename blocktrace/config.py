@@ -15,7 +15,7 @@ from blocktrace.errors import ConfigError
 from blocktrace.vocab import STEP_NAMES, FFNKind, MixerKind, Norm, Placement, RopeKind, RouterKind
 from blocktrace.wiring import Wiring, wiring_of
 
-__all__ = ["BlockConfig", "GatedDeltaNet", "LatentWidths", "Mamba2", "ShortConvolution", "TokenMixer", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind",
+__all__ = ["BlockConfig", "Experts", "GatedDeltaNet", "LatentWidths", "Mamba2", "ShortConvolution", "TokenMixer", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind",
            "RouterKind"]
 
 
@@ -245,6 +245,95 @@ class Mamba2:
     mixer: ClassVar[MixerKind] = MixerKind.MAMBA2
 
 
+@dataclass(frozen=True)
+class Experts:
+    """The feed-forward as a mixture of experts (the module is model.moe.MixtureOfExperts): a router sends each token
+    to `experts_per_token` of `n_experts` gated FFNs, each d_ff wide, and sums their outputs by the router's weights;
+    a shared expert every token passes may join them. The field names are the settings' names in every message and
+    in a family's description of its file (sources/families), so that an error is said in the file's keys."""
+
+    n_experts: int
+    experts_per_token: int = 2
+    renormalise_top_k: bool = True  # the chosen experts' probabilities rescaled to sum to 1 (Qwen's norm_topk_prob)
+    shared_expert_d_ff: Optional[int] = None  # Qwen2-MoE: an expert every token passes, gated by sigmoid(w·x)
+    shared_expert_gated: bool = True  # the shared expert's sigmoid gate (Qwen2-MoE); DeepSeek's has none
+    router: RouterKind = RouterKind.SOFTMAX  # how the router's logits become each token's experts and weights
+    expert_groups: Optional[int] = None  # DeepSeek: the experts split into this many groups (n_group)
+    groups_per_token: Optional[int] = None  # DeepSeek: a token's experts come from its best groups only (topk_group)
+    routed_scaling: float = 1.0  # DeepSeek: the routed experts' weights multiplied by this (routed_scaling_factor)
+    choice_bias: bool = False  # DeepSeek-V3: a bias per expert added to the scores for the choice only
+    router_bias: bool = False  # a bias on the router's logits (gpt-oss)
+
+    def __post_init__(self):
+        object.__setattr__(self, "router", _as_enum(RouterKind, self.router, "router"))
+        for name in ("n_experts", "experts_per_token", "shared_expert_d_ff"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"{name} must be a positive integer, not {value!r}", name)
+        if self.experts_per_token > self.n_experts:
+            raise ConfigError(f"each token cannot go to {self.experts_per_token} of {self.n_experts} experts",
+                              "experts_per_token")
+        self._validate_groups()
+
+    def _validate_groups(self) -> None:
+        biased = self.router is RouterKind.SOFTMAX_BIASED
+        if biased and not self.choice_bias:
+            raise ConfigError("the softmax_biased router (ERNIE-4.5's) chooses by p + bias: it needs choice_bias",
+                              "choice_bias")
+        if not self.router.grouped:
+            if self.expert_groups is not None or self.groups_per_token is not None or (self.choice_bias and not biased):
+                raise ConfigError("expert groups and a choice bias belong to DeepSeek's routers (a choice bias also to "
+                                  "softmax_biased): set router", "router")
+            return
+        groups, kept = self.expert_groups, self.groups_per_token
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (groups, kept)) or \
+                self.n_experts % groups or kept > groups:
+            raise ConfigError(f"a grouped router needs expert_groups dividing the {self.n_experts} experts and "
+                              f"groups_per_token ≤ expert_groups, not {groups!r} and {kept!r}", "expert_groups")
+        if self.experts_per_token > kept * (self.n_experts // groups):
+            raise ConfigError(f"{self.experts_per_token} experts per token cannot come from {kept} groups of "
+                              f"{self.n_experts // groups}", "groups_per_token")
+        if self.router is RouterKind.SIGMOID_GROUPED and self.n_experts // groups < 2:
+            raise ConfigError("DeepSeek-V3's router scores a group by its two best experts: a group needs two",
+                              "expert_groups")
+
+    def __str__(self) -> str:
+        said = f"top-{self.experts_per_token} of {self.n_experts}" + (", renormalised" if self.renormalise_top_k else "")
+        if self.shared_expert_d_ff is not None:
+            said += f", shared {self.shared_expert_d_ff} {'gated' if self.shared_expert_gated else 'ungated'}"
+        unusual = [f"{field.name}={_plain(getattr(self, field.name))}" for field in dataclasses.fields(self)
+                   if field.name in ROUTER_SETTINGS and getattr(self, field.name) != field.default]
+        return said + "".join(f" {setting}" for setting in unusual)
+
+    @classmethod
+    def of(cls, value) -> Optional["Experts"]:
+        return cls(**value) if isinstance(value, dict) else value
+
+
+EXPERT_FIELDS = tuple(field.name for field in dataclasses.fields(Experts))
+# Said in an Experts' str only where not their default: how the router chooses
+ROUTER_SETTINGS = ("router", "expert_groups", "groups_per_token", "routed_scaling", "choice_bias", "router_bias")
+
+
+def gathered(settings: dict, current: Optional[Experts] = None) -> dict:
+    """`settings` with the expert settings a family writes one by one (n_experts, router, …) gathered into one
+    `experts` piece, over `current` where some are given: n_experts None makes the layer dense (its other expert
+    settings, resets, are dropped); a setting without any experts to set is refused, naming it."""
+    flat = {key: settings[key] for key in EXPERT_FIELDS if key in settings}
+    if not flat:
+        return settings
+    rest = {key: value for key, value in settings.items() if key not in flat}
+    if "n_experts" in flat and flat["n_experts"] is None:
+        stray = [key for key in ("shared_expert_d_ff",) if flat.get(key) is not None]
+        if stray:
+            raise ConfigError("a shared expert belongs to a mixture of experts: set n_experts", "n_experts")
+        return {**rest, "experts": None}
+    base = dataclasses.asdict(current) if current is not None else {}
+    if "n_experts" not in {**base, **flat}:
+        raise ConfigError(f"{', '.join(flat)} belong to a mixture of experts: set n_experts", "n_experts")
+    return {**rest, "experts": Experts(**{**base, **flat})}
+
+
 TokenMixer = Union[ShortConvolution, GatedDeltaNet, Mamba2]
 TOKEN_MIXERS = {spec.mixer: spec for spec in (ShortConvolution, GatedDeltaNet, Mamba2)}
 
@@ -300,19 +389,7 @@ class BlockConfig:
     parallel_residual: bool = False  # GPT-NeoX: x + attn(norm1(x)) + ffn(norm2(x)), both from x
     one_norm: bool = False  # a parallel block whose sublayers both read norm1(x) (Cohere): no norm2
     residual_multiplier: float = 1.0  # multiplies each sublayer's output in its residual add (Granite): x + m·f(x)
-    # A mixture of experts in place of the FFN (Mixtral, Qwen-MoE, OLMoE): a router sends each token to its top
-    # `experts_per_token` of `n_experts` gated FFNs, each d_ff wide, and sums their outputs by the router's weights.
-    n_experts: Optional[int] = None  # None: one FFN
-    experts_per_token: int = 2
-    renormalise_top_k: bool = True  # the chosen experts' probabilities rescaled to sum to 1 (Qwen's norm_topk_prob)
-    shared_expert_d_ff: Optional[int] = None  # Qwen2-MoE: an expert every token passes, gated by sigmoid(w·x)
-    shared_expert_gated: bool = True  # the shared expert's sigmoid gate (Qwen2-MoE); DeepSeek's has none
-    router: RouterKind = RouterKind.SOFTMAX  # how the router's logits become each token's experts and weights
-    expert_groups: Optional[int] = None  # DeepSeek: the experts split into this many groups (n_group)
-    groups_per_token: Optional[int] = None  # DeepSeek: a token's experts come from its best groups only (topk_group)
-    routed_scaling: float = 1.0  # DeepSeek: the routed experts' weights multiplied by this (routed_scaling_factor)
-    choice_bias: bool = False  # DeepSeek-V3: a bias per expert added to the scores for the choice only
-    router_bias: bool = False  # a bias on the router's logits (gpt-oss)
+    experts: Optional[Experts] = None  # a mixture of experts in place of the FFN (Mixtral, Qwen-MoE, DeepSeek, …)
     attn_sinks: bool = False  # a learned logit per head that joins every softmax and takes weight from the keys (gpt-oss)
     glu_limit: float = 7.0  # swiglu_clamped: the gate clamped above at L, the up projection to ±L (gpt-oss's)
     glu_alpha: float = 1.702  # swiglu_clamped: the gate's sigmoid(α·g) (gpt-oss's)
@@ -329,7 +406,7 @@ class BlockConfig:
         set_field(self, "ffn", _as_enum(FFNKind, self.ffn, "ffn"))
         set_field(self, "placement", _as_enum(Placement, self.placement, "placement"))
         set_field(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
-        set_field(self, "router", _as_enum(RouterKind, self.router, "router"))
+        set_field(self, "experts", Experts.of(self.experts))
         set_field(self, "latent", LatentWidths.of(self.latent))
         set_field(self, "token_mixer", token_mixer_of(self.token_mixer))
         if self.d_ff is None and isinstance(self.d_model, int):
@@ -438,43 +515,9 @@ class BlockConfig:
             raise ConfigError("qk_l2_norm is Llama-4's QK-norm (after RoPE, no gain): it replaces qk_norm", "qk_norm")
 
     def _validate_experts(self) -> None:
-        if self.n_experts is None:
-            if self.shared_expert_d_ff is not None:
-                raise ConfigError("a shared expert belongs to a mixture of experts: set n_experts", "n_experts")
-            return
-        for name in ("n_experts", "experts_per_token", "shared_expert_d_ff"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ConfigError(f"{name} must be a positive integer, not {value!r}", name)
-        if self.experts_per_token > self.n_experts:
-            raise ConfigError(f"each token cannot go to {self.experts_per_token} of {self.n_experts} experts",
-                              "experts_per_token")
-        self._validate_groups()
-        if not self.ffn.gated:
+        if self.experts is not None and not self.ffn.gated:
             raise ConfigError("blocktrace's experts are gated FFNs (SwiGLU, as Mixtral's, Qwen's and OLMoE's): "
                               f"--ffn {self.ffn} has no gate", "ffn")
-
-    def _validate_groups(self) -> None:
-        biased = self.router is RouterKind.SOFTMAX_BIASED
-        if biased and not self.choice_bias:
-            raise ConfigError("the softmax_biased router (ERNIE-4.5's) chooses by p + bias: it needs choice_bias",
-                              "choice_bias")
-        if not self.router.grouped:
-            if self.expert_groups is not None or self.groups_per_token is not None or (self.choice_bias and not biased):
-                raise ConfigError("expert groups and a choice bias belong to DeepSeek's routers (a choice bias also to "
-                                  "softmax_biased): set router", "router")
-            return
-        groups, kept = self.expert_groups, self.groups_per_token
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (groups, kept)) or \
-                self.n_experts % groups or kept > groups:
-            raise ConfigError(f"a grouped router needs expert_groups dividing the {self.n_experts} experts and "
-                              f"groups_per_token ≤ expert_groups, not {groups!r} and {kept!r}", "expert_groups")
-        if self.experts_per_token > kept * (self.n_experts // groups):
-            raise ConfigError(f"{self.experts_per_token} experts per token cannot come from {kept} groups of "
-                              f"{self.n_experts // groups}", "groups_per_token")
-        if self.router is RouterKind.SIGMOID_GROUPED and self.n_experts // groups < 2:
-            raise ConfigError("DeepSeek-V3's router scores a group by its two best experts: a group needs two",
-                              "expert_groups")
 
     @property
     def head_dim(self) -> int:
@@ -531,6 +574,10 @@ class BlockConfig:
     def replace(self, **changes) -> "BlockConfig":
         return dataclasses.replace(self, **changes)
 
+    def replace_settings(self, settings: dict) -> "BlockConfig":
+        """replace, with a family's settings as it writes them: its expert settings one by one (gathered)."""
+        return self.replace(**gathered(settings, self.experts))
+
     def to_dict(self) -> dict:
         """Plain JSON-ready values (enums as their strings)."""
         plain = {field.name: _plain(getattr(self, field.name)) for field in dataclasses.fields(self)}
@@ -540,6 +587,9 @@ class BlockConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "BlockConfig":
+        """The config to_dict wrote; a trace written before the experts were one piece holds their settings one by
+        one (n_experts, router, …): gathered, not dropped (dropped, an MoE block would be read back as dense)."""
+        data = gathered(data) if "experts" not in data else data
         known = {field.name for field in dataclasses.fields(cls)}
         return cls(**{key: value for key, value in data.items() if key in known})
 

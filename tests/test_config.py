@@ -1,6 +1,6 @@
 import pytest
 
-from blocktrace.config import BlockConfig, FFNKind, Norm, Placement
+from blocktrace.config import BlockConfig, Experts, FFNKind, Norm, Placement, RouterKind
 from blocktrace.errors import ConfigError
 
 
@@ -32,3 +32,55 @@ def test_strings_become_enums_and_round_trip_through_dicts():
 def test_invalid_values_raise_a_clear_error(fields, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         BlockConfig(**fields)
+
+
+MOE = dict(d_model=8, n_heads=2, ffn="swiglu", norm="rmsnorm")
+
+
+def test_a_mixture_of_experts_is_one_piece_that_round_trips_through_dicts():
+    experts = Experts(n_experts=8, experts_per_token=2, router="sigmoid_grouped", expert_groups=4, groups_per_token=2,
+                      choice_bias=True, routed_scaling=2.5, shared_expert_d_ff=16, shared_expert_gated=False)
+    config = BlockConfig(**MOE, experts=experts)
+    assert config.experts.router is RouterKind.SIGMOID_GROUPED
+    assert BlockConfig.from_dict(config.to_dict()) == config
+    assert str(experts) == ("top-2 of 8, renormalised, shared 16 ungated router=sigmoid_grouped expert_groups=4 "
+                            "groups_per_token=2 routed_scaling=2.5 choice_bias=True")
+
+
+def test_a_trace_written_with_the_expert_settings_one_by_one_is_read_back_with_its_experts():
+    """Before the experts were one piece, to_dict wrote n_experts, router, … at the top level: dropped as unknown
+    keys, such a trace would come back as a dense block."""
+    old = {**BlockConfig(**MOE).to_dict(), "n_experts": 4, "experts_per_token": 1, "renormalise_top_k": False,
+           "router": "softmax", "shared_expert_d_ff": None}
+    del old["experts"]
+    assert BlockConfig.from_dict(old).experts == Experts(n_experts=4, experts_per_token=1, renormalise_top_k=False)
+    dense = {key: value for key, value in old.items() if key not in ("experts_per_token", "renormalise_top_k")}
+    assert BlockConfig.from_dict({**dense, "n_experts": None}).experts is None
+
+
+def test_a_family_writes_its_expert_settings_one_by_one_and_a_layer_may_make_them_dense():
+    sparse = BlockConfig(**MOE).replace_settings({"n_experts": 4, "experts_per_token": 2, "router": "softmax"})
+    assert sparse.experts == Experts(n_experts=4)
+    assert sparse.replace_settings({"experts_per_token": 1}).experts == Experts(n_experts=4, experts_per_token=1)
+    assert sparse.replace_settings({"n_experts": None, "router": "softmax", "d_ff": 12}).experts is None
+    with pytest.raises(ConfigError, match="shared expert belongs to a mixture of experts"):
+        sparse.replace_settings({"n_experts": None, "shared_expert_d_ff": 8})
+    with pytest.raises(ConfigError, match="choice_bias belong to a mixture of experts: set n_experts"):
+        BlockConfig(**MOE).replace_settings({"choice_bias": True})
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(n_experts=2, experts_per_token=3), "each token cannot go to 3 of 2 experts"),
+    (dict(n_experts=0), "n_experts must be a positive integer"),
+    (dict(n_experts=4, router="softmax_biased"), "it needs choice_bias"),
+    (dict(n_experts=4, expert_groups=2), "set router"),
+    (dict(n_experts=6, router="sigmoid_grouped", expert_groups=4, groups_per_token=1), "dividing the 6 experts"),
+])
+def test_an_impossible_mixture_of_experts_is_refused_by_name(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        Experts(**settings)
+
+
+def test_experts_are_gated_ffns():
+    with pytest.raises(ConfigError, match="has no gate"):
+        BlockConfig(d_model=8, n_heads=2, ffn="gelu", experts=Experts(n_experts=2))

@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import NanoGPT, make_gpt2, nano_batch
 
-from blocktrace.config import BlockConfig
+from blocktrace.config import BlockConfig, Experts
 from blocktrace.host import to_host
 from blocktrace.model.block import TransformerBlock
 from blocktrace.tracing.tracer import trace
@@ -112,7 +112,7 @@ def test_a_watch_record_reads_nothing_before_its_transfers_whatever_the_depth(mo
 
 
 def test_a_padded_batch_and_a_mixture_of_experts_read_nothing_before_their_transfer(monkeypatch):
-    block = own_block(n_experts=4, experts_per_token=2, ffn=FFNKind.SWIGLU, norm=Norm.RMSNORM)
+    block = own_block(experts=Experts(n_experts=4, experts_per_token=2), ffn=FFNKind.SWIGLU, norm=Norm.RMSNORM)
     x = torch.randn(2, 9, 16)
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[1, 6:] = False

@@ -438,9 +438,9 @@ def test_each_layers_settings_are_the_header_with_its_own_differences_as_hf_conf
                 [hf.sliding_window if kind == "sliding_attention" else None for kind in hf.layer_types]
         else:
             dense = [layer < hf.first_k_dense_replace for layer in range(hf.num_hidden_layers)]
-            assert [(s["d_ff"], s["n_experts"]) for s in settings] == \
+            assert [(s["d_ff"], s["experts"] and s["experts"]["n_experts"]) for s in settings] == \
                 [(hf.intermediate_size, None) if d else (hf.moe_intermediate_size, hf.n_routed_experts) for d in dense]
         assert any(layer["config_differences"] for layer in report["layers"])
     text = invoke("check", "--weights", str(tmp_path / "deepseek_v3"), "--token-ids", *map(str, IDS)).stdout
     line = text.splitlines()[text.splitlines().index("where a layer's block differs from that:") + 1]
-    assert line == f"  layer 0: d_ff={experts.config.intermediate_size} n_experts=None"  # no router said of it
+    assert line == f"  layer 0: d_ff={experts.config.intermediate_size} experts=None"  # no router said of it

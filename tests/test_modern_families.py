@@ -612,4 +612,4 @@ def test_hunyuan_moe_files_keys_hf_does_not_read_are_said(tmp_path):
     info = model_info(checkpoint)
     assert any(note.startswith("moe_intermediate_size, num_shared_expert in config.json not read") for note in info.notes)
     block = load_block(checkpoint, info, 0, checkpoint_config(checkpoint, info, {}))
-    assert block.config.d_ff == block.config.shared_expert_d_ff == 64
+    assert block.config.d_ff == block.config.experts.shared_expert_d_ff == 64

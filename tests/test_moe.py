@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import make_deepseek, randomise_hf
 
-from blocktrace.config import BlockConfig
+from blocktrace.config import BlockConfig, Experts
 from blocktrace.diagnose.health import evaluate
 from blocktrace.model.block import build_block
 from blocktrace.sources.checkpoint import Checkpoint
@@ -78,8 +78,8 @@ def test_the_shared_expert_and_the_routed_sum_add_up_to_the_ffn_step(qwen2_moe):
 
 
 def moe_block(**changes):
-    config = BlockConfig(d_model=16, n_heads=2, d_ff=24, ffn="swiglu", norm="rmsnorm", bias=False, n_experts=8,
-                         experts_per_token=2, **changes)
+    config = BlockConfig(d_model=16, n_heads=2, d_ff=24, ffn="swiglu", norm="rmsnorm", bias=False,
+                         experts=Experts(n_experts=8, experts_per_token=2), **changes)
     return build_block(config, seed=4)
 
 
@@ -127,7 +127,7 @@ def test_the_table_and_the_json_show_the_router_and_the_routing(invoke, qwen2_mo
     assert [s["name"] for s in report["ffn_substeps"]] == ["ffn.router_logits", "ffn.router_probs", "ffn.routed",
                                                            "ffn.shared"]
     assert report["routing"]["experts"] == 4 and sum(report["routing"]["load"]) == pytest.approx(1.0)
-    assert report["config"]["n_experts"] == 4 and report["config"]["shared_expert_d_ff"] == 40
+    assert report["config"]["experts"]["n_experts"] == 4 and report["config"]["experts"]["shared_expert_d_ff"] == 40
 
 
 def test_save_keeps_the_router_and_expert_substeps(invoke, qwen2_moe, tmp_path):
@@ -150,7 +150,7 @@ def test_a_dense_layer_of_a_sparse_model_has_one_ffn(tmp_path):
     checkpoint = Checkpoint(tmp_path)
     info = model_info(checkpoint)
     blocks = [load_block(checkpoint, info, layer, checkpoint_config(checkpoint, info, {})) for layer in range(3)]
-    assert [block.config.n_experts for block in blocks] == [4, None, 4]
+    assert [block.config.experts and block.config.experts.n_experts for block in blocks] == [4, None, 4]
     assert blocks[1].config.d_ff == 48
 
 

@@ -139,4 +139,4 @@ def test_qwen3_next_settings_qwen3_5_moe_does_not_have_are_said_unread(tmp_path)
     checkpoint = Checkpoint(tmp_path)
     info = model_info(checkpoint)
     assert any(note.startswith("mlp_only_layers in config.json not read") for note in info.notes)
-    assert load_block(checkpoint, info, 0, checkpoint_config(checkpoint, info, {})).config.n_experts == 4
+    assert load_block(checkpoint, info, 0, checkpoint_config(checkpoint, info, {})).config.experts.n_experts == 4

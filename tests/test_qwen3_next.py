@@ -213,13 +213,13 @@ def test_the_layer_kinds_and_the_dense_layers_are_read_as_qwen3nextconfig_reads_
     assert kinds == config.layer_types
     assert any("every 4th layer attends" in note for note in info.family.notes(info.config))
     config_ = checkpoint_config(checkpoint, info, {})
-    dense = [config_.replace(**info.family.layer_fields(info.config, k)).n_experts is None for k in range(8)]
+    dense = [config_.replace_settings(info.family.layer_fields(info.config, k)).experts is None for k in range(8)]
     assert dense == [k == 1 for k in range(8)]
     data["num_experts"] = 0
     (tmp_path / "config.json").write_text(json.dumps(data))
     checkpoint = Checkpoint(tmp_path)
     info = model_info(checkpoint)
-    assert checkpoint_config(checkpoint, info, {}).n_experts is None
+    assert checkpoint_config(checkpoint, info, {}).experts is None
 
 
 def test_a_gated_delta_nets_spec_is_checked_and_survives_json():

@@ -231,5 +231,5 @@ def test_llama4s_chunked_nope_and_sparse_layers_are_its_config_classs(tmp_path, 
         assert [f["attention_chunk"] is not None for f in fields] == \
             [kind == "chunked_attention" for kind in config.layer_types]
         assert [not f.get("nope", False) for f in fields] == [bool(v) for v in config.no_rope_layers]
-        assert [f.get("n_experts", True) is not None for f in fields] == \
+        assert [f.get("experts", True) is not None for f in fields] == \
             [layer in config.moe_layers for layer in range(layers)]

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from blocktrace.config import STEP_NAMES, BlockConfig
+from blocktrace.config import STEP_NAMES, BlockConfig, Experts
 from blocktrace.model.init import apply_deepnorm_beta, initialise
 from blocktrace.model.layers import LatentAttention, MultiHeadAttention, make_ffn, make_norm
 from blocktrace.model.moe import MixtureOfExperts
@@ -82,7 +82,7 @@ def _make_step(kind: Kind, config: BlockConfig) -> nn.Module:
             return MIXERS[config.token_mixer.mixer](config)
         return LatentAttention(config) if config.latent is not None else MultiHeadAttention(config)
     if kind is Kind.FFN:
-        return MixtureOfExperts(config) if config.n_experts else make_ffn(config)
+        return MixtureOfExperts(config) if config.experts is not None else make_ffn(config)
     return Residual(config.residual_scale, config.residual_multiplier)
 
 
@@ -121,11 +121,12 @@ def _norm_name(config: BlockConfig) -> str:
 
 
 def _ffn_name(config: BlockConfig) -> str:
-    if config.n_experts is None:
+    experts = config.experts
+    if experts is None:
         return FFN_NAMES[config.ffn]
-    shared = " + shared" if config.shared_expert_d_ff is not None else ""
-    router = "" if config.router is RouterKind.SOFTMAX else f", {config.router.value} router"
-    return f"MoE[top-{config.experts_per_token} of {config.n_experts} {FFN_NAMES[config.ffn]}{shared}{router}]"
+    shared = " + shared" if experts.shared_expert_d_ff is not None else ""
+    router = "" if experts.router is RouterKind.SOFTMAX else f", {experts.router.value} router"
+    return f"MoE[top-{experts.experts_per_token} of {experts.n_experts} {FFN_NAMES[config.ffn]}{shared}{router}]"
 
 
 def substep_operations(config: BlockConfig) -> dict[str, str]:
@@ -138,16 +139,21 @@ def substep_operations(config: BlockConfig) -> dict[str, str]:
         "attn.q_rope": "q_rope = RoPE(q, positions)", "attn.k_rope": "k_rope = RoPE(k, positions)",
         **(_latent_operations(config) if config.latent is not None else {}),
         **(MIXERS[config.token_mixer.mixer].operations(config) if config.token_mixer is not None else {}),
-        "ffn.router_logits": "logits = router(x_in)  (one per expert)",
-        "ffn.router_probs": _router_operation(config),
-        "ffn.routed": "Σ over its top-k experts: expert_e(s_e · x_in)" if config.router is RouterKind.SIGMOID_TOPK
-        else f"Σ over its top-k experts: {_weight_name(config)} · expert_e(x_in)",
+        **(_expert_operations(config.experts) if config.experts is not None else {}),
         "attn.q_l2norm": "q = q / RMS(q) per head, after RoPE (no gain)",
         "attn.k_l2norm": "k = k / RMS(k) per head, after RoPE (no gain)",
         "attn.output_gate": "sigmoid(gate_proj(x_in))  (multiplies each head's output before out_proj)",
-        "ffn.shared": "shared_expert(x_in)" if not config.shared_expert_gated
-        else "sigmoid(gate(x_in)) · shared_expert(x_in)",
     }
+
+
+def _expert_operations(experts: Experts) -> dict[str, str]:
+    """A mixture of experts' sub-steps: the router's logits and choice, the routed sum, the shared expert."""
+    return {"ffn.router_logits": "logits = router(x_in)  (one per expert)",
+            "ffn.router_probs": _router_operation(experts),
+            "ffn.routed": "Σ over its top-k experts: expert_e(s_e · x_in)" if experts.router is RouterKind.SIGMOID_TOPK
+            else f"Σ over its top-k experts: {_weight_name(experts)} · expert_e(x_in)",
+            "ffn.shared": "shared_expert(x_in)" if not experts.shared_expert_gated
+            else "sigmoid(gate(x_in)) · shared_expert(x_in)"}
 
 
 def _latent_operations(config: BlockConfig) -> dict[str, str]:
@@ -163,26 +169,26 @@ def _latent_operations(config: BlockConfig) -> dict[str, str]:
             "attn.k_rope": f"k_rope = RoPE(k[{latent.nope_dims}:], positions)  (one for every head)"}
 
 
-def _router_operation(config: BlockConfig) -> str:
-    k, renormalised = config.experts_per_token, ", renormalised" if config.renormalise_top_k else ""
-    if config.router is RouterKind.SOFTMAX:
+def _router_operation(experts: Experts) -> str:
+    k, renormalised = experts.experts_per_token, ", renormalised" if experts.renormalise_top_k else ""
+    if experts.router is RouterKind.SOFTMAX:
         return f"p = softmax(logits), top-{k} kept{renormalised}"
-    if config.router is RouterKind.SIGMOID_TOPK:
+    if experts.router is RouterKind.SIGMOID_TOPK:
         return f"p = softmax(logits); the top-{k} logits chosen, s = sigmoid(logit)"
-    if config.router is RouterKind.SOFTMAX_BIASED:
+    if experts.router is RouterKind.SOFTMAX_BIASED:
         return f"p = softmax(logits); chosen by p + bias: top-{k}, their p renormalised"
-    groups = f"top-{k} within the best {config.groups_per_token} of {config.expert_groups} groups"
-    if config.router is RouterKind.SOFTMAX_GROUPED:
+    groups = f"top-{k} within the best {experts.groups_per_token} of {experts.expert_groups} groups"
+    if experts.router is RouterKind.SOFTMAX_GROUPED:
         return f"p = softmax(logits), {groups} (a group's score: its best p)"
-    bias = " + bias" if config.choice_bias else ""
+    bias = " + bias" if experts.choice_bias else ""
     return (f"p = s / Σs, s = sigmoid(logits); chosen by s{bias}: {groups} (a group's score: its two best)"
             f"{renormalised}")
 
 
-def _weight_name(config: BlockConfig) -> str:
+def _weight_name(experts: Experts) -> str:
     """How the router weighs an expert's output: its probability, or DeepSeek's sigmoid score, times the scaling."""
-    weight = "s_e" if config.router is RouterKind.SIGMOID_GROUPED else "p_e"
-    return weight if config.routed_scaling == 1.0 else f"{config.routed_scaling:g} · {weight}"
+    weight = "s_e" if experts.router is RouterKind.SIGMOID_GROUPED else "p_e"
+    return weight if experts.routed_scaling == 1.0 else f"{experts.routed_scaling:g} · {weight}"
 
 
 def step_operations(config: BlockConfig) -> dict[str, str]:

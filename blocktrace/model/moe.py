@@ -56,19 +56,19 @@ def grouped_choice(scores: torch.Tensor, groups: int, kept: int, k: int, by_two_
 class MixtureOfExperts(nn.Module):
     def __init__(self, config: BlockConfig):
         super().__init__()
-        self.k, self.renormalise = config.experts_per_token, config.renormalise_top_k
-        self.kind, self.groups, self.groups_kept = config.router, config.expert_groups, config.groups_per_token
-        self.scaling = config.routed_scaling
-        self.router = nn.Linear(config.d_model, config.n_experts, bias=config.router_bias)
+        spec = config.experts
+        self.k, self.renormalise = spec.experts_per_token, spec.renormalise_top_k
+        self.kind, self.groups, self.groups_kept = spec.router, spec.expert_groups, spec.groups_per_token
+        self.scaling = spec.routed_scaling
+        self.router = nn.Linear(config.d_model, spec.n_experts, bias=spec.router_bias)
         # DeepSeek-V3's e_score_correction_bias: moves the choice, never the weights; a buffer, as in HF (set by the
         # training loop's load balancing, not by gradients)
-        self.register_buffer("choice_bias", torch.zeros(config.n_experts) if config.choice_bias else None)
-        self.experts = nn.ModuleList(gated_ffn(config) for _ in range(config.n_experts))
+        self.register_buffer("choice_bias", torch.zeros(spec.n_experts) if spec.choice_bias else None)
+        self.experts = nn.ModuleList(gated_ffn(config) for _ in range(spec.n_experts))
         self.shared_expert = self.shared_gate = None
-        if config.shared_expert_d_ff is not None:
-            self.shared_expert = GatedFFN(config.replace(d_ff=config.shared_expert_d_ff, n_experts=None,
-                                                         shared_expert_d_ff=None))
-            if config.shared_expert_gated:
+        if spec.shared_expert_d_ff is not None:
+            self.shared_expert = GatedFFN(config.replace(d_ff=spec.shared_expert_d_ff, experts=None))
+            if spec.shared_expert_gated:
                 self.shared_gate = nn.Linear(config.d_model, 1, bias=False)
             self.shared = HookPoint()
         self.router_logits, self.router_probs, self.routed = HookPoint(), HookPoint(), HookPoint()

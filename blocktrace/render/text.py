@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from tabulate import tabulate
 
-from blocktrace.config import BlockConfig, LatentWidths, RopeScaling, token_mixer_of
+from blocktrace.config import BlockConfig, Experts, LatentWidths, RopeScaling, token_mixer_of
 from blocktrace.diagnose.diagnosis import layer_ranges
 from blocktrace.render.translate import say
 from blocktrace.render.words import HEADINGS, explanation
@@ -39,17 +39,15 @@ CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_
                  "qkv_bias", "qk_norm", "qk_norm_whole", "qk_norm_after_rope", "qk_l2_norm", "norm_offset",
                  "norm_gain_float32", "attn_scale",
                  "attn_softcap", "sliding_window", "attention_chunk", "temperature_floor", "temperature_scale", "parallel_residual", "one_norm", "residual_multiplier",
-                 "attn_sinks", "latent", "n_experts", "experts_per_token", "renormalise_top_k", "shared_expert_d_ff",
-                 "shared_expert_gated", "router", "router_bias", "expert_groups", "groups_per_token", "routed_scaling",
-                 "choice_bias", "glu_limit", "glu_alpha", "attn_output_gate", "token_mixer")
-MOE_EXTRAS = ("experts_per_token", "renormalise_top_k")  # said of every mixture of experts, and only of one
-# The router's and the experts' settings: nothing to say of a dense layer (n_experts None) among sparse ones.
-EXPERT_SETTINGS = (*MOE_EXTRAS, "shared_expert_d_ff", "shared_expert_gated", "router", "router_bias", "expert_groups",
-                   "groups_per_token", "routed_scaling", "choice_bias")
+                 "attn_sinks", "latent", "experts", "glu_limit", "glu_alpha", "attn_output_gate", "token_mixer")
 _DEFAULTS = {field.name: field.default for field in dataclasses.fields(BlockConfig)}
 
 
 def _setting(key: str, value) -> str:
+    if value is None:
+        return "None"
+    if key == "experts":
+        return f"'{Experts.of(value)}'"
     if key == "rope_scaling":
         return f"'{RopeScaling.of(value)}'"
     if key == "latent":
@@ -63,8 +61,7 @@ def config_settings(config: dict, skip: str = "") -> str:
     """key=value for the settings a reader needs: the core ones, and every other that is not a default."""
     shown = [f"{key}={config[key]}" for key in CONFIG_SHOWN if key in config and key != skip]
     shown += [f"{key}={_setting(key, config[key])}" for key in CONFIG_EXTRAS
-              if key != skip and (config.get("n_experts") is not None if key in MOE_EXTRAS
-                                  else config.get(key) not in (None, _DEFAULTS[key]))]
+              if key != skip and config.get(key) not in (None, _DEFAULTS[key])]
     return " ".join(shown)
 
 
@@ -341,8 +338,6 @@ def _layers_that_differ(layers: list[dict]) -> list[str]:
     groups: dict[str, list[int]] = {}
     for entry in layers:
         differences = entry.get("config_differences") or {}
-        if "n_experts" in differences and differences["n_experts"] is None:
-            differences = {key: value for key, value in differences.items() if key not in EXPERT_SETTINGS}
         if differences:
             said = " ".join(f"{key}={_setting(key, value)}" for key, value in differences.items())
             groups.setdefault(said, []).append(entry["layer"])

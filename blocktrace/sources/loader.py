@@ -59,7 +59,7 @@ def _refuse_unread(checkpoint: Checkpoint, info: ModelInfo, layer: int, read_key
 def load_block(checkpoint: Checkpoint, info: ModelInfo, layer: int, config: BlockConfig,
                dtype: torch.dtype = torch.float32) -> TransformerBlock:
     """Layer `layer` as a TransformerBlock; only that layer's tensors are read."""
-    config = config.replace(**info.family.layer_fields(info.config, layer))
+    config = config.replace_settings(info.family.layer_fields(info.config, layer))
     info.family.check(config)
     check_layer(info, layer)
     read_keys: set = set()

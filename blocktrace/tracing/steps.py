@@ -162,7 +162,7 @@ def own_layout(block) -> Layout:
     """The layout of blocktrace's own TransformerBlock: every step is a module of its own."""
     config = block.config
     specs = tuple(StepSpec(name, name) for name in block.step_modules())
-    hidden = None if config.n_experts else "ffn.hidden"  # dead units are judged expert by expert: not yet
+    hidden = None if config.experts is not None else "ffn.hidden"  # dead units are judged expert by expert: not yet
     return Layout("blocktrace TransformerBlock", config.wiring, config.causal, specs, config.norm, hidden)
 
 

@@ -111,9 +111,7 @@ class DeepSeekV3(MixtureFamily, Llama):
     def dense_fields(self, config, layer):
         if config is None or self.sparse(config, layer):
             return {}
-        return {"n_experts": None, "shared_expert_d_ff": None, "router": RouterKind.SOFTMAX, "choice_bias": False,
-                "expert_groups": None, "groups_per_token": None,
-                "d_ff": self.setting(config, "intermediate_size", "integer")}
+        return {"experts": None, "d_ff": self.setting(config, "intermediate_size", "integer")}
 
     def layer_fields(self, config, layer):
         return self.dense_fields(config, layer)
@@ -140,19 +138,19 @@ class DeepSeekV3(MixtureFamily, Llama):
                 **linear(read, "self_attn.o_proj", "attn.out_proj", d, h * latent.value_dims, bias)}
 
     def expert_parameters(self, read, c):
-        if c.n_experts is None:
+        if c.experts is None:
             return Llama.mlp(read, c)
         d, f = c.d_model, c.d_ff
-        state = {"ffn.router.weight": read("mlp.gate.weight", (c.n_experts, d))}
-        if c.choice_bias:
-            state["ffn.choice_bias"] = read(self.choice_bias_key, (c.n_experts,))
-        for e in range(c.n_experts):
+        state = {"ffn.router.weight": read("mlp.gate.weight", (c.experts.n_experts, d))}
+        if c.experts.choice_bias:
+            state["ffn.choice_bias"] = read(self.choice_bias_key, (c.experts.n_experts,))
+        for e in range(c.experts.n_experts):
             source = f"mlp.experts.{e}"
             state.update({**linear(read, f"{source}.gate_proj", f"ffn.experts.{e}.gate", f, d, False),
                           **linear(read, f"{source}.up_proj", f"ffn.experts.{e}.up", f, d, False),
                           **linear(read, f"{source}.down_proj", f"ffn.experts.{e}.down", d, f, False)})
-        if c.shared_expert_d_ff is not None:
-            f = c.shared_expert_d_ff
+        if c.experts.shared_expert_d_ff is not None:
+            f = c.experts.shared_expert_d_ff
             state.update({**linear(read, "mlp.shared_experts.gate_proj", "ffn.shared_expert.gate", f, d, False),
                           **linear(read, "mlp.shared_experts.up_proj", "ffn.shared_expert.up", f, d, False),
                           **linear(read, "mlp.shared_experts.down_proj", "ffn.shared_expert.down", d, f, False)})

@@ -64,8 +64,7 @@ class Ernie4_5Moe(Ernie4_5):
     def layer_fields(self, config, layer):
         if config is None or self.sparse(config, layer):
             return {}
-        return {"n_experts": None, "shared_expert_d_ff": None, "router": RouterKind.SOFTMAX, "choice_bias": False,
-                "d_ff": config.integer("intermediate_size")}
+        return {"experts": None, "d_ff": config.integer("intermediate_size")}
 
     def parameters(self, read, c):
         d = c.d_model
@@ -73,9 +72,9 @@ class Ernie4_5Moe(Ernie4_5):
                 "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.ffn(read, c)}
 
     def ffn(self, read, c) -> dict:
-        if c.n_experts is None:
+        if c.experts is None:
             return self.mlp(read, c)
-        d, f, e = c.d_model, c.d_ff, c.n_experts
+        d, f, e = c.d_model, c.d_ff, c.experts.n_experts
         state = {"ffn.router.weight": read("mlp.gate.weight", (e, d)),
                  "ffn.choice_bias": read("mlp.moe_statics.e_score_correction_bias", (1, e)).reshape(e)}
         for k in range(e):
@@ -83,8 +82,8 @@ class Ernie4_5Moe(Ernie4_5):
             state.update({**linear(read, f"{source}.gate_proj", f"ffn.experts.{k}.gate", f, d, False),
                           **linear(read, f"{source}.up_proj", f"ffn.experts.{k}.up", f, d, False),
                           **linear(read, f"{source}.down_proj", f"ffn.experts.{k}.down", d, f, False)})
-        if c.shared_expert_d_ff is not None:
-            s = c.shared_expert_d_ff
+        if c.experts.shared_expert_d_ff is not None:
+            s = c.experts.shared_expert_d_ff
             state.update({**linear(read, "mlp.shared_experts.gate_proj", "ffn.shared_expert.gate", s, d, False),
                           **linear(read, "mlp.shared_experts.up_proj", "ffn.shared_expert.up", s, d, False),
                           **linear(read, "mlp.shared_experts.down_proj", "ffn.shared_expert.down", d, s, False)})

@@ -60,7 +60,7 @@ class GptOss(MixtureFamily, Llama):
         return {**MixtureFamily.shape_fields(self, checkpoint, base), "ffn": FFNKind.SWIGLU_CLAMPED}
 
     def parameters(self, read, c):
-        d, e, f = c.d_model, c.n_experts, c.d_ff
+        d, e, f = c.d_model, c.experts.n_experts, c.d_ff
         state = {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
                  "attn.sinks": read("self_attn.sinks", (c.n_heads,)),
                  "norm2.weight": read("post_attention_layernorm.weight", (d,)),

@@ -56,7 +56,7 @@ class GraniteMoeHybrid(Granite):
         ffn = {"n_experts": experts, "d_ff": config.integer("intermediate_size"), "shared_expert_d_ff": shared,
                "shared_expert_gated": False, "renormalise_top_k": True,
                "experts_per_token": self.setting(config, "num_experts_per_tok", "integer")} if experts else \
-            {"n_experts": None, "d_ff": shared}
+            {"experts": None, "d_ff": shared}
         positions = rope_fields(config) if rope == "rope" else {"rope_theta": None}
         return {"d_model": config.integer("hidden_size"), "n_heads": heads, "norm": Norm.RMSNORM,
                 "eps": self.setting(config, "rms_norm_eps", positive=True), "ffn": self.activation(config),
@@ -142,14 +142,14 @@ class GraniteMoeHybrid(Granite):
     def ffn(read, c) -> dict:
         """shared_mlp (gate and up stacked in input_linear), and the experts where the layer has them."""
         d = c.d_model
-        shared = c.shared_expert_d_ff if c.n_experts else c.d_ff
+        shared = c.experts.shared_expert_d_ff if c.experts is not None else c.d_ff
         gate_up = read("shared_mlp.input_linear.weight", (2 * shared, d))
-        target = "ffn.shared_expert" if c.n_experts else "ffn"
+        target = "ffn.shared_expert" if c.experts is not None else "ffn"
         state = {f"{target}.gate.weight": gate_up[:shared], f"{target}.up.weight": gate_up[shared:],
                  f"{target}.down.weight": read("shared_mlp.output_linear.weight", (d, shared))}
-        if not c.n_experts:
+        if c.experts is None:
             return state
-        e, f = c.n_experts, c.d_ff
+        e, f = c.experts.n_experts, c.d_ff
         experts_in = read("block_sparse_moe.input_linear.weight", (e, 2 * f, d))
         experts_out = read("block_sparse_moe.output_linear.weight", (e, d, f))
         state["ffn.router.weight"] = read("block_sparse_moe.router.layer.weight", (e, d))

@@ -87,7 +87,7 @@ class HunyuanMoe(MixtureFamily, HunyuanDense):
         return self.setting(config, "moe_topk", "integer")
 
     def parameters(self, read, c):
-        d, f = c.d_model, c.shared_expert_d_ff
+        d, f = c.d_model, c.experts.shared_expert_d_ff
         return {**super().parameters(read, c),
                 **linear(read, "mlp.shared_mlp.gate_proj", "ffn.shared_expert.gate", f, d, False),
                 **linear(read, "mlp.shared_mlp.up_proj", "ffn.shared_expert.up", f, d, False),

@@ -95,8 +95,7 @@ class Llama4(MixtureFamily, Llama):
                 attention.update(temperature_floor=self.setting(config, "floor_scale", "integer"),
                                  temperature_scale=self.setting(config, "attn_scale"))
         ffn = {} if self.sparse(config, layer) else {
-            "n_experts": None, "shared_expert_d_ff": None, "router": RouterKind.SOFTMAX,
-            "d_ff": self.setting(config, "intermediate_size_mlp", "integer")}
+            "experts": None, "d_ff": self.setting(config, "intermediate_size_mlp", "integer")}
         return {**attention, **ffn}
 
     @staticmethod
@@ -104,11 +103,11 @@ class Llama4(MixtureFamily, Llama):
         """The feed_forward of a layer: dense, or the router, the fused experts and the shared expert
         (MixtureFamily.parameters reads it after the norms and the attention)."""
         d, f = c.d_model, c.d_ff
-        if c.n_experts is None:
+        if c.experts is None:
             return {**linear(read, "feed_forward.gate_proj", "ffn.gate", f, d, False),
                     **linear(read, "feed_forward.up_proj", "ffn.up", f, d, False),
                     **linear(read, "feed_forward.down_proj", "ffn.down", d, f, False)}
-        e = c.n_experts
+        e = c.experts.n_experts
         gate_up, down = read("feed_forward.experts.gate_up_proj", (e, d, 2 * f)), \
             read("feed_forward.experts.down_proj", (e, f, d))
         state = {"ffn.router.weight": read("feed_forward.router.weight", (e, d)),

@@ -35,4 +35,4 @@ class MiniMaxM2(MixtureFamily, Llama):
 
     def expert_parameters(self, read, c):
         return {**super().expert_parameters(read, c),
-                "ffn.choice_bias": read(f"{self.moe_path}.e_score_correction_bias", (c.n_experts,))}
+                "ffn.choice_bias": read(f"{self.moe_path}.e_score_correction_bias", (c.experts.n_experts,))}

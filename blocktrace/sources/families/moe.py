@@ -61,15 +61,15 @@ class MixtureFamily:
     def dense_fields(self, config: ConfigFile, layer: int) -> dict:
         if config is None or self.sparse(config, layer):
             return {}
-        return {"n_experts": None, "shared_expert_d_ff": None, "d_ff": config.integer("intermediate_size")}
+        return {"experts": None, "d_ff": config.integer("intermediate_size")}
 
     def expert_parameters(self, read, c) -> dict:
-        if c.n_experts is None:  # a dense layer of a mostly sparse model
+        if c.experts is None:  # a dense layer of a mostly sparse model
             return Llama.mlp(read, c)
         d, f = c.d_model, c.d_ff
         gate, up, down = self.expert_names
-        state = {"ffn.router.weight": read(f"{self.moe_path}.{self.router_name}.weight", (c.n_experts, d))}
-        for e in range(c.n_experts):
+        state = {"ffn.router.weight": read(f"{self.moe_path}.{self.router_name}.weight", (c.experts.n_experts, d))}
+        for e in range(c.experts.n_experts):
             source = f"{self.moe_path}.experts.{e}"
             state.update({**linear(read, f"{source}.{gate}", f"ffn.experts.{e}.gate", f, d, False),
                           **linear(read, f"{source}.{up}", f"ffn.experts.{e}.up", f, d, False),
@@ -129,8 +129,8 @@ class Qwen2MoE(MixtureFamily, Qwen2):
 
     def parameters(self, read, c):
         d, state = c.d_model, super().parameters(read, c)
-        if c.shared_expert_d_ff is not None:
-            f = c.shared_expert_d_ff
+        if c.experts is not None and c.experts.shared_expert_d_ff is not None:  # not on a dense layer
+            f = c.experts.shared_expert_d_ff
             state.update({**linear(read, "mlp.shared_expert.gate_proj", "ffn.shared_expert.gate", f, d, False),
                           **linear(read, "mlp.shared_expert.up_proj", "ffn.shared_expert.up", f, d, False),
                           **linear(read, "mlp.shared_expert.down_proj", "ffn.shared_expert.down", d, f, False),

@@ -66,7 +66,7 @@ class Qwen3Next(Qwen2MoE):
 
     @staticmethod
     def all_dense(config: ConfigFile) -> dict:
-        return {"n_experts": None, "shared_expert_d_ff": None, "d_ff": config.integer("intermediate_size")}
+        return {"experts": None, "d_ff": config.integer("intermediate_size")}
 
     def sparse(self, config: ConfigFile, layer: int) -> bool:
         """Qwen2-MoE's rule, where the model has experts at all (HF: num_experts > 0)."""
