@@ -59,8 +59,10 @@ def pieces(d_model: int, heads: int) -> tuple[dict, dict]:
              *[getattr(block, name).register_forward_hook(
                  lambda m, a, out, name=name: seen.__setitem__(name, out.detach()))
                for name in ("norm1", "attn", "residual1", "norm2", "ffn", "residual2")]]
+    block.attn.query_chunk = TOKENS  # one chunk, so that the hooks see the whole [H, T, T] matrices
     with torch.no_grad():
         block(x)
+    block.attn.query_chunk = None  # every timed forward chunks as the CPU's default does
     for hook in hooks:
         hook.remove()
     w, s = seen["w"].reshape(1, heads, TOKENS, TOKENS), seen["s"].reshape(1, heads, TOKENS, TOKENS)

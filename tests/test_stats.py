@@ -44,6 +44,15 @@ def test_future_weight_of_a_chunk_matches_a_loop_over_every_key(rows, keys, star
     assert torch.allclose(future_rows(w, start), expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows, keys, start", [(600, 700, 0), (300, 1000, 512), (257, 257, 0)])
+def test_future_weight_of_a_chunk_longer_than_a_band_is_the_upper_triangles(rows, keys, start):
+    """A chunk of more rows than FUTURE_BAND (one chunk of a whole matrix) is taken band by band: against the product
+    with the whole mask."""
+    w = torch.rand(1, 2, rows, keys, generator=torch.Generator().manual_seed(rows), dtype=torch.float64)
+    expected = (w * torch.ones(rows, keys, dtype=torch.float64).triu_(start + 1)).sum(-1)
+    assert torch.allclose(future_rows(w, start), expected, rtol=1e-12)
+
+
 def test_future_weight_leaves_padded_query_rows_out():
     """With a query mask, a padded row's future weight counts for nothing; the rest as the loop sums it."""
     w = torch.rand(2, 3, 4, 10, generator=torch.Generator().manual_seed(5))

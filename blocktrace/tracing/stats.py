@@ -117,6 +117,9 @@ def _upper_triangle(rows: int, width: int, diagonal: int, dtype: torch.dtype, de
     return torch.ones(rows, width, dtype=dtype, device=device).triu_(diagonal)
 
 
+FUTURE_BAND = 256  # query rows whose own keys future_rows masks at once: [256, 256] triangles, whatever the chunk
+
+
 def future_rows(w: torch.Tensor, start: int) -> torch.Tensor:
     """[..., rows]: each query row's weight on the keys after it, for a chunk of rows starting at query `start`.
 
@@ -125,6 +128,9 @@ def future_rows(w: torch.Tensor, start: int) -> torch.Tensor:
     the whole chunk and the mask besides, the trace's most expensive attention pass (benchmarks/bench_trace_cost.py).
     """
     rows, t = w.shape[-2], w.shape[-1]
+    if rows > FUTURE_BAND:  # a whole matrix (a GPU's one chunk): its triangle band by band, not one [T, T] copy
+        return torch.cat([future_rows(w[..., a : a + FUTURE_BAND, :], start + a) for a in range(0, rows, FUTURE_BAND)],
+                         dim=-1)
     lo, hi = min(start + 1, t), min(start + rows, t)
     near = w[..., lo:hi] * _upper_triangle(rows, hi - lo, start + 1 - lo, w.dtype, w.device)
     return near.sum(dim=-1) + w[..., hi:].sum(dim=-1)
