@@ -105,6 +105,27 @@ def _norm_not_normalising(record, layer, evidence) -> list[Finding]:
                            scale_error=norm.scale_error))]
 
 
+@check(Scope.STEP, "norm_backward_not_its_derivative",
+       "the gradient the norm passes back leans along a direction its forward is blind to — the token itself "
+       "(both norms) or (1, …, 1) (LayerNorm) — with |cos| above the probe's tolerance (1e-2 in float32): measured "
+       "on the module, with two backward passes over 8 probe tokens",
+       "invariant: a function unchanged by rescaling its input has a gradient orthogonal to that input (Euler's "
+       "theorem for degree-0 homogeneous functions); one unchanged by a shift has a gradient summing to zero "
+       "(Ba et al. 2016; Zhang & Sennrich 2019 define the norms by these invariances)",
+       "the norm normalises in its forward but its backward is not the forward's derivative: its mean or variance "
+       "is detached from the graph (x.mean().detach(), x.var().detach(), .data) or a hand-written backward is "
+       "wrong, so every gradient below it is wrong", Cause.NORM, direct=True,
+       advice=phrase("compute the norm's statistics inside the graph (no .detach(), .data or .item() on the mean or "
+                     "variance), or use torch.nn.LayerNorm / torch.nn.RMSNorm"))
+def _norm_backward_not_its_derivative(record, layer, evidence) -> list[Finding]:
+    norm = record.probe.norm
+    if norm is None or norm.kind is NormKind.NONE or not norm.backward_broken:
+        return []
+    return [finding(Level.ERROR, record.name, layer, norm.gradient_error,
+                    phrase("the norm's input gradient has |cos| {gradient_error:.3g} with a direction its output "
+                           "ignores", gradient_error=norm.gradient_error))]
+
+
 GAIN_LOW, GAIN_HIGH = 0.1, 10.0  # a norm's effective gain (rms) outside this band is far from its start at 1
 
 

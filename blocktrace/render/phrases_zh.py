@@ -44,6 +44,12 @@ PHRASES_ZH = {
     "rescaling each token changed the output by {scale_error:.3g} (relative rms)":
         "对每个 token 重新缩放后，输出改变了 {scale_error}（相对 rms）",
     "rms of the effective gain {gain_rms:.3g}": "有效 gain 的 rms 为 {gain_rms}",
+    "the norm's input gradient has |cos| {gradient_error:.3g} with a direction its output ignores":
+        "norm 传回输入的梯度与其输出所忽略的方向的 |cos| 为 {gradient_error}",
+    "compute the norm's statistics inside the graph (no .detach(), .data or .item() on the mean or variance), or use "
+    "torch.nn.LayerNorm / torch.nn.RMSNorm":
+        "在计算图内计算 norm 的统计量（均值或方差上不要用 .detach()、.data 或 .item()），或改用 "
+        "torch.nn.LayerNorm / torch.nn.RMSNorm",
     "future_weight_sum={future_weight_sum:.4g} with a causal mask": "在因果掩码下 future_weight_sum={future_weight_sum}",
     "perturbing the last token moved earlier outputs by {leak:.3g} (relative rms)":
         "扰动最后一个 token 使更早的输出变化了 {leak}（相对 rms）",

@@ -7,6 +7,11 @@
   is not. The effective gain — g for LayerNorm and RMSNorm, (1 + w) for Gemma's — is read off
   the difference of two outputs, so gains near zero in some dimensions (trained LayerNorms have
   them) and the norm's bias change nothing.
+- Each norm's backward: a function blind to a direction has no derivative along it, so the
+  gradient a norm passes back has no component along the token itself (Euler's theorem for a
+  function of degree 0) and, for LayerNorm, none along (1, …, 1). Statistics detached from the
+  graph (`x.var().detach()`) or a hand-written backward keep the forward and break this: the
+  forward probe cannot see them, training can.
 
 Both use a few extra calls on small inputs after the traced forward (checks=True only). They
 return measurements as device tensors; what they mean (a kind of norm, causal or not) is decided
@@ -39,6 +44,15 @@ class NormBehaviour:  # what a NormMeasurement means
     scale_error: float  # relative change of the output when each token is rescaled (0 for a norm)
     shift_error: float  # ... when a constant is added to each token (0 for LayerNorm)
     gain_rms: Optional[float]  # rms of the effective per-dimension gain
+    # the largest |cosine| of a token's input gradient with a direction the forward is blind to (the token; for
+    # LayerNorm also (1, …, 1)): 0 for a norm whose backward is its forward's derivative; None: not measured
+    gradient_error: Optional[float] = None
+    tolerance: float = 1e-2  # what the probe's rounding allows in its dtype, for every error above
+
+    @property
+    def backward_broken(self) -> bool:
+        """Whether the measured gradient leans along a direction the norm ignores by more than rounding."""
+        return self.gradient_error is not None and self.gradient_error > self.tolerance
 
 
 @dataclass(frozen=True)
@@ -71,18 +85,25 @@ class NormMeasurement:
     shift_error: torch.Tensor
     gains: tuple[torch.Tensor, torch.Tensor]  # the effective gain if the norm centres (LayerNorm), if not (RMSNorm)
     tolerance: float
+    # the backward's components along the scale and the shift directions (None: no backward to measure)
+    gradient: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     def values(self) -> dict:
-        return {"scale_error": self.scale_error, "shift_error": self.shift_error, "gains": list(self.gains)}
+        return {"scale_error": self.scale_error, "shift_error": self.shift_error, "gains": list(self.gains),
+                "gradient": None if self.gradient is None else list(self.gradient)}
 
     def probe(self, values: dict) -> dict:
         """The behaviour, from `values()` on the host, as the step's Probe field."""
         scale_error, shift_error = values["scale_error"], values["shift_error"]
         if scale_error > self.tolerance:
-            return {"norm": NormBehaviour(NormKind.NONE, scale_error, shift_error, None)}
+            return {"norm": NormBehaviour(NormKind.NONE, scale_error, shift_error, None, tolerance=self.tolerance)}
         centres = shift_error <= self.tolerance
         kind = NormKind.LAYERNORM if centres else NormKind.RMSNORM
-        return {"norm": NormBehaviour(kind, scale_error, shift_error, values["gains"][0 if centres else 1])}
+        gradient = values["gradient"]
+        if gradient is not None:  # the shift direction is one only LayerNorm is blind to
+            gradient = max(gradient) if centres else gradient[0]
+        return {"norm": NormBehaviour(kind, scale_error, shift_error, values["gains"][0 if centres else 1],
+                                      gradient, self.tolerance)}
 
 
 @functools.lru_cache(maxsize=8)
@@ -113,7 +134,41 @@ def measure_norm(module: nn.Module, width: int) -> Optional[NormMeasurement]:
     delta_out = (y.double() - y_other.double()).pow(2).mean().sqrt()
     gains = tuple(delta_out / (_reference(x, centre) - _reference(other, centre)).pow(2).mean().sqrt().clamp_min(1e-30)
                   for centre in (True, False))
-    return NormMeasurement(_relative(y_scaled, y), _relative(y_shifted, y), gains, _tolerance(dtype))
+    return NormMeasurement(_relative(y_scaled, y), _relative(y_shifted, y), gains, _tolerance(dtype),
+                           _backward_components(module, x, y))
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The largest |cos| over tokens between a and b ([.., T, d], b broadcast)."""
+    a, b = a.double(), b.double().expand_as(a)
+    dot = (a * b).sum(-1).abs()
+    return (dot / (a.norm(dim=-1) * b.norm(dim=-1)).clamp_min(1e-300)).max()
+
+
+def _backward_components(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Optional[tuple]:
+    """How far the gradient `module` passes back to x leans along the token and along (1, …, 1), directions a
+    norm's forward is blind to (so the true derivative has no component there).
+
+    Any cotangent shows a correct backward's zeros; these two make a broken one's components large whatever
+    the gains' signs. With u = γ ⊙ n the output less its bias ((y(x) − y(−x)) / 2) and n the token
+    standardised, a backward that treats the statistics as constants returns γ ⊙ v / σ: against the token,
+    v = u ⊙ |n| gives Σ γ²·|n|³ > 0; against (1, …, 1), v = u ⊙ sign(n) gives Σ γ²·|n| > 0."""
+    if torch.is_inference_mode_enabled():
+        return None  # no graph can be recorded
+    try:
+        bias_free = (y - module(-x)) / 2
+        with torch.enable_grad():
+            probe = x.detach().clone().requires_grad_()
+            output = module(probe)
+    except Exception:
+        return None
+    if not isinstance(output, torch.Tensor) or not output.requires_grad:
+        return None  # a module that keeps no graph: nothing to measure
+    centred = x - x.mean(-1, keepdim=True)
+    n = centred / centred.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-30)
+    along_token, = torch.autograd.grad(output, probe, grad_outputs=bias_free * n.abs(), retain_graph=True)
+    along_ones, = torch.autograd.grad(output, probe, grad_outputs=bias_free * n.sign())
+    return _cosine(along_token, x), _cosine(along_ones, torch.ones_like(x[..., :1, :]))
 
 
 @dataclass(frozen=True)
