@@ -195,7 +195,7 @@ def test_a_traced_block_with_a_detached_norm_is_an_error_of_the_norm():
     block.ln_2 = DetachedStatistics()
     x = torch.randn(2, 8, WIDTH, generator=torch.Generator().manual_seed(0))
     flags = [f for f in evaluate([trace(block, x, checks=True)]) if f.name == "norm_backward_not_its_derivative"]
-    assert [(f.step, f.level, f.cause) for f in flags] == [("norm2", "error", "norm")]
+    assert [(f.step, f.level, f.cause) for f in flags] == [("norm2", "error", "gradient_flow")]
 
 
 def test_a_watch_finds_the_detached_norm_at_its_first_record_and_a_healthy_model_passes(tmp_path):
@@ -218,5 +218,5 @@ def test_a_watch_finds_the_detached_norm_at_its_first_record_and_a_healthy_model
     broken = first_record(True)
     found = [f for f in broken["flags"] if f["name"] == "norm_backward_not_its_derivative"]
     assert {(f["layer"], f["step"], f["level"]) for f in found} == {(0, "norm1", "error"), (1, "norm1", "error")}
-    assert broken["diagnosis"][0]["cause"] == "norm"
+    assert broken["diagnosis"][0]["cause"] == "gradient_flow"  # a .detach() cuts the gradient's path
     assert not [f for f in first_record(False)["flags"] if f["name"] == "norm_backward_not_its_derivative"]

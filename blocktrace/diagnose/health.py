@@ -114,7 +114,8 @@ def _norm_not_normalising(record, layer, evidence) -> list[Finding]:
        "(Ba et al. 2016; Zhang & Sennrich 2019 define the norms by these invariances)",
        "the norm normalises in its forward but its backward is not the forward's derivative: its mean or variance "
        "is detached from the graph (x.mean().detach(), x.var().detach(), .data) or a hand-written backward is "
-       "wrong, so every gradient below it is wrong", Cause.NORM, direct=True,
+       "wrong, so every gradient below it is wrong: a cut in the gradient's path (the forward is right)",
+       Cause.GRADIENT_FLOW, direct=True,
        advice=phrase("compute the norm's statistics inside the graph (no .detach(), .data or .item() on the mean or "
                      "variance), or use torch.nn.LayerNorm / torch.nn.RMSNorm"))
 def _norm_backward_not_its_derivative(record, layer, evidence) -> list[Finding]:
