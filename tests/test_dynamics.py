@@ -115,6 +115,20 @@ def test_tiny_updates_blame_the_learning_rate_only_when_it_is_tiny():
     assert judge([_moving(0, [None] * 2)], _moving(10, [0.01, 0.02])) == []
 
 
+def test_tiny_updates_are_judged_on_the_layers_that_train():
+    """A fine-tune that trains its top block alone (the others requires_grad False, their update 0) moves the median
+    matrix of all layers by nothing: the trained layer's own updates are what the optimizer makes, and they are
+    healthy. failures2's frozen-blocks run was called updates_tiny (optimizer) this way. With most layers still, the
+    median layer moves nothing either, so layer_frozen says nothing: the Watch cannot tell a mistake from a
+    fine-tune's choice."""
+    frozen, trained = dict(trainable=False), dict(trainable=True)
+    before = _record(0, [_layer(0, None, **trained), *(_layer(k, None, **frozen) for k in (1, 2, 3))], lr=1e-3)
+    after = _record(10, [_layer(0, 0.02, **trained), *(_layer(k, 0.0, **frozen) for k in (1, 2, 3))], lr=1e-3)
+    assert judge([before], after) == []
+    tiny = _record(10, [_layer(0, 1e-5, **trained), *(_layer(k, 0.0, **frozen) for k in (1, 2, 3))], lr=1e-3)
+    assert ("updates_tiny", None) in _names(judge([before], tiny))  # the layer that trains barely moves: still said
+
+
 def test_under_adam_updates_are_judged_per_unit_of_learning_rate():
     """Adam moves each weight by about lr·|m̂/√v̂|: 1e-4 of the norm per step at lr 1e-3 is tiny under Adam (a huge
     eps), not under SGD, whose step is lr times a gradient of any size."""

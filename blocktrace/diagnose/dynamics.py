@@ -418,9 +418,16 @@ def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Finding]:
     if _largest_moves(history, entry) is None or _still(history, entry):
         return []
     lr = interval_lr(history[-1], entry)
-    median = statistics.median(r for values in per_step_ratios(history[-1], entry).values() for r in values)
+    # the optimizer's updates are judged where it makes them: a layer whose parameters require no gradient stands
+    # still by choice (a fine-tune of the top layers), layer_frozen's information
+    frozen = {layer["layer"] for layer in entry["layers"] if layer.get("trainable") is False}
+    ratios = [r for layer, values in per_step_ratios(history[-1], entry).items() if layer not in frozen
+              for r in values]
+    if not ratios:
+        return []
+    median = statistics.median(ratios)
     adam = "adam" in str(entry.get("optimizer") or "").lower()
-    if not (median < TINY_UPDATE or (adam and lr and _adam_step_tiny(history[-1], entry, median, lr))):
+    if not (median < TINY_UPDATE or (adam and lr and _adam_step_tiny(history[-1], entry, median, lr, frozen))):
         return []
     cause = Cause.LEARNING_RATE if lr is not None and lr < TINY_LR else Cause.OPTIMIZER
     return [finding(Level.ERROR, None, None, median, phrase("the median matrix moves {median:.3g} of its norm per "
@@ -432,21 +439,24 @@ def _at_learning_rate(lr: Optional[float]) -> str:
     return "" if lr is None else phrase(" at learning rate {lr:g}", lr=lr)
 
 
-def _adam_step_tiny(before: dict, entry: dict, median_ratio: float, lr: float) -> bool:
-    """Whether Adam's median per-step rms(ΔW) is below ADAM_TINY_STEP × lr; by ‖ΔW‖/‖W‖ against ADAM_TINY × lr
-    where the records do not count their elements (timelines written before they did)."""
-    steps = _per_step_sizes(before, entry)
+def _adam_step_tiny(before: dict, entry: dict, median_ratio: float, lr: float, frozen: set) -> bool:
+    """Whether Adam's median per-step rms(ΔW) over the layers not `frozen` is below ADAM_TINY_STEP × lr; by
+    ‖ΔW‖/‖W‖ against ADAM_TINY × lr where the records do not count their elements (timelines written before they
+    did)."""
+    steps = _per_step_sizes(before, entry, frozen)
     if steps is None:
         return median_ratio < ADAM_TINY * lr
     return statistics.median(steps) < ADAM_TINY_STEP * lr
 
 
-def _per_step_sizes(before: dict, entry: dict) -> Optional[list[float]]:
-    """Each matrix kind's per-step rms(ΔW) = ‖ΔW‖ / √n / steps, ‖ΔW‖ = update_ratio × ‖W‖ as it was in `before`;
-    None unless every moved kind has its element count and its earlier norm."""
+def _per_step_sizes(before: dict, entry: dict, frozen: set) -> Optional[list[float]]:
+    """Each matrix kind's per-step rms(ΔW) = ‖ΔW‖ / √n / steps, ‖ΔW‖ = update_ratio × ‖W‖ as it was in `before`,
+    in the layers not `frozen`; None unless every moved kind has its element count and its earlier norm."""
     gap, earlier = entry["step"] - before["step"], {layer["layer"]: layer for layer in before["layers"]}
     sizes = []
     for layer in entry["layers"]:
+        if layer["layer"] in frozen:
+            continue
         for kind, w in (layer.get("weights") or {}).items():
             if kind == NORM_KIND or not _finite(w.get("update_ratio")):
                 continue
