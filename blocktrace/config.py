@@ -15,7 +15,7 @@ from blocktrace.errors import ConfigError
 from blocktrace.vocab import STEP_NAMES, FFNKind, MixerKind, Norm, Placement, RopeKind, RouterKind
 from blocktrace.wiring import Wiring, wiring_of
 
-__all__ = ["BlockConfig", "Experts", "GatedDeltaNet", "LatentWidths", "Mamba2", "ShortConvolution", "TokenMixer", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind",
+__all__ = ["BlockConfig", "Experts", "GatedDeltaNet", "GLUClamp", "QueryTemperature", "LatentWidths", "Mamba2", "ShortConvolution", "TokenMixer", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind",
            "RouterKind"]
 
 
@@ -334,6 +334,53 @@ def gathered(settings: dict, current: Optional[Experts] = None) -> dict:
     return {**rest, "experts": Experts(**{**base, **flat})}
 
 
+def _positive_number(value, name: str, field: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(f"{name} must be a positive number, not {value!r}", field)
+
+
+@dataclass(frozen=True)
+class QueryTemperature:
+    """Llama-4's NoPE layers sharpen later queries (HF's Llama4TextAttention with attn_temperature_tuning): each
+    query multiplied by 1 + scale·ln(1 + ⌊(position + 1)/floor⌋), its floor_scale and attn_scale."""
+
+    floor: int
+    scale: float = 0.1
+
+    def __post_init__(self):
+        if isinstance(self.floor, bool) or not isinstance(self.floor, int) or self.floor < 1:
+            raise ConfigError(f"the query temperature's floor must be a positive integer, not {self.floor!r}",
+                              "temperature")
+        _positive_number(self.scale, "the query temperature's scale", "temperature")
+
+    def __str__(self) -> str:
+        return f"1 + {self.scale:g}·ln(1 + ⌊(i + 1)/{self.floor}⌋)"
+
+    @classmethod
+    def of(cls, value) -> Optional["QueryTemperature"]:
+        return cls(**value) if isinstance(value, dict) else value
+
+
+@dataclass(frozen=True)
+class GLUClamp:
+    """gpt-oss's clamped SwiGLU (ffn swiglu_clamped; HF's GptOssExperts): the gate clamped above at `limit`, the up
+    projection to ±`limit`, the gate's sigmoid(α·g); its swiglu_limit and swiglu_alpha."""
+
+    limit: float = 7.0
+    alpha: float = 1.702
+
+    def __post_init__(self):
+        _positive_number(self.limit, "the clamped GLU's limit", "glu_clamp")
+        _positive_number(self.alpha, "the clamped GLU's alpha", "glu_clamp")
+
+    def __str__(self) -> str:
+        return f"limit {self.limit:g}, alpha {self.alpha:g}"
+
+    @classmethod
+    def of(cls, value) -> Optional["GLUClamp"]:
+        return cls(**value) if isinstance(value, dict) else value
+
+
 TokenMixer = Union[ShortConvolution, GatedDeltaNet, Mamba2]
 TOKEN_MIXERS = {spec.mixer: spec for spec in (ShortConvolution, GatedDeltaNet, Mamba2)}
 
@@ -383,16 +430,13 @@ class BlockConfig:
     attn_softcap: Optional[float] = None  # logits become cap·tanh(s/cap) before the mask (Gemma-2)
     sliding_window: Optional[int] = None  # a query sees only the last W keys (itself included)
     attention_chunk: Optional[int] = None  # Llama-4: the tokens split into chunks of C, a query sees only its own
-    # Llama-4's NoPE layers: each query multiplied by 1 + temperature_scale·ln(1 + ⌊(position + 1)/temperature_floor⌋)
-    temperature_floor: Optional[int] = None
-    temperature_scale: float = 0.1
+    temperature: Optional[QueryTemperature] = None  # Llama-4's NoPE layers: later queries sharpened
     parallel_residual: bool = False  # GPT-NeoX: x + attn(norm1(x)) + ffn(norm2(x)), both from x
     one_norm: bool = False  # a parallel block whose sublayers both read norm1(x) (Cohere): no norm2
     residual_multiplier: float = 1.0  # multiplies each sublayer's output in its residual add (Granite): x + m·f(x)
     experts: Optional[Experts] = None  # a mixture of experts in place of the FFN (Mixtral, Qwen-MoE, DeepSeek, …)
     attn_sinks: bool = False  # a learned logit per head that joins every softmax and takes weight from the keys (gpt-oss)
-    glu_limit: float = 7.0  # swiglu_clamped: the gate clamped above at L, the up projection to ±L (gpt-oss's)
-    glu_alpha: float = 1.702  # swiglu_clamped: the gate's sigmoid(α·g) (gpt-oss's)
+    glu_clamp: Optional[GLUClamp] = None  # ffn swiglu_clamped's clamp (gpt-oss's); None there: GLUClamp()'s
     latent: Optional[LatentWidths] = None  # DeepSeek's multi-head latent attention in place of q/k/v projections
     # Qwen3-Next's gated attention: each head's output multiplied by sigmoid(gate_proj(x)) before out_proj
     attn_output_gate: bool = False
@@ -408,6 +452,10 @@ class BlockConfig:
         set_field(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
         set_field(self, "experts", Experts.of(self.experts))
         set_field(self, "latent", LatentWidths.of(self.latent))
+        set_field(self, "temperature", QueryTemperature.of(self.temperature))
+        set_field(self, "glu_clamp", GLUClamp.of(self.glu_clamp))
+        if self.ffn is FFNKind.SWIGLU_CLAMPED and self.glu_clamp is None:
+            set_field(self, "glu_clamp", GLUClamp())
         set_field(self, "token_mixer", token_mixer_of(self.token_mixer))
         if self.d_ff is None and isinstance(self.d_model, int):
             set_field(self, "d_ff", 4 * self.d_model)
@@ -468,11 +516,10 @@ class BlockConfig:
             raise ConfigError("a NoPE layer has no rotary embedding: nope needs rope_theta None", "nope")
 
     def _validate_numbers(self) -> None:
-        """The multipliers and gpt-oss's clamp: positive finite numbers."""
-        for name in ("residual_multiplier", "glu_limit", "glu_alpha"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-                raise ConfigError(f"{name} must be a positive number, not {value!r}", name)
+        """The multiplier a positive finite number; a clamp only where the FFN clamps."""
+        _positive_number(self.residual_multiplier, "residual_multiplier", "residual_multiplier")
+        if self.glu_clamp is not None and self.ffn is not FFNKind.SWIGLU_CLAMPED:
+            raise ConfigError(f"glu_clamp is ffn swiglu_clamped's: --ffn {self.ffn} clamps nothing", "glu_clamp")
 
     def _validate_wiring(self) -> None:
         if self.one_norm and not self.parallel_residual:
@@ -507,10 +554,6 @@ class BlockConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1
                                       or not self.causal):
                 raise ConfigError(f"{name} {value!r} needs a positive width and causal attention", name)
-        if self.temperature_floor is not None and (isinstance(self.temperature_floor, bool) or not isinstance(
-                self.temperature_floor, int) or self.temperature_floor < 1):
-            raise ConfigError(f"temperature_floor must be a positive integer, not {self.temperature_floor!r}",
-                              "temperature_floor")
         if self.qk_l2_norm and self.qk_norm:
             raise ConfigError("qk_l2_norm is Llama-4's QK-norm (after RoPE, no gain): it replaces qk_norm", "qk_norm")
 
@@ -590,8 +633,23 @@ class BlockConfig:
         """The config to_dict wrote; a trace written before the experts were one piece holds their settings one by
         one (n_experts, router, …): gathered, not dropped (dropped, an MoE block would be read back as dense)."""
         data = gathered(data) if "experts" not in data else data
+        data = _pieces_of_older_traces(data)
         known = {field.name for field in dataclasses.fields(cls)}
         return cls(**{key: value for key, value in data.items() if key in known})
+
+
+def _pieces_of_older_traces(data: dict) -> dict:
+    """A trace written before the query temperature and the GLU clamp were pieces holds their settings one by one:
+    gathered (the temperature's floor given, the clamp's with the clamped FFN), else dropped."""
+    data = dict(data)
+    floor, scale = data.pop("temperature_floor", None), data.pop("temperature_scale", None)
+    if floor is not None and "temperature" not in data:
+        data["temperature"] = QueryTemperature(floor, *([] if scale is None else [scale]))
+    limit, alpha = data.pop("glu_limit", None), data.pop("glu_alpha", None)
+    if data.get("ffn") == FFNKind.SWIGLU_CLAMPED.value and "glu_clamp" not in data:
+        data["glu_clamp"] = GLUClamp(**{key: value for key, value in (("limit", limit), ("alpha", alpha))
+                                        if value is not None})
+    return data
 
 
 def _plain(value):

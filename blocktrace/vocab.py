@@ -45,7 +45,7 @@ class FFNKind(Choice):
     SWIGLU = "swiglu"  # Shazeer 2020: down(silu(gate(x)) · up(x))
     GEGLU = "geglu"  # Gemma: down(gelu_tanh(gate(x)) · up(x))
     GEGLU_EXACT = "geglu_exact"  # Gemma-2 with hidden_activation "gelu": down(gelu(gate(x)) · up(x))
-    # gpt-oss: down((clamp(up, ±L) + 1) · g·sigmoid(α·g)) with g = min(gate, L) (BlockConfig's glu_limit, glu_alpha)
+    # gpt-oss: down((clamp(up, ±L) + 1) · g·sigmoid(α·g)) with g = min(gate, L) (BlockConfig's glu_clamp)
     SWIGLU_CLAMPED = "swiglu_clamped"
     # Apertus: down(xIELU(up(x))), xIELU with two learned scalars per layer (Huang & Schlag 2024, arXiv 2411.13010)
     XIELU = "xielu"

@@ -1,6 +1,9 @@
+import re
+
 import pytest
 
-from blocktrace.config import BlockConfig, Experts, FFNKind, Norm, Placement, RouterKind
+from blocktrace.config import BlockConfig, Experts, FFNKind, GLUClamp, Norm, Placement, QueryTemperature, RouterKind
+from blocktrace.render.text import config_settings
 from blocktrace.errors import ConfigError
 
 
@@ -84,3 +87,49 @@ def test_an_impossible_mixture_of_experts_is_refused_by_name(settings, message):
 def test_experts_are_gated_ffns():
     with pytest.raises(ConfigError, match="has no gate"):
         BlockConfig(d_model=8, n_heads=2, ffn="gelu", experts=Experts(n_experts=2))
+
+
+LLAMA4_NOPE = dict(d_model=8, n_heads=2, norm="rmsnorm", ffn="swiglu")
+
+
+def test_the_query_temperature_and_the_glu_clamp_are_pieces_that_round_trip_and_are_said():
+    tempered = BlockConfig(**LLAMA4_NOPE, temperature=QueryTemperature(8192, 0.1))
+    clamped = BlockConfig(**{**LLAMA4_NOPE, "ffn": "swiglu_clamped"}, glu_clamp=GLUClamp(7.0, 1.702))
+    for config in (tempered, clamped):
+        assert BlockConfig.from_dict(config.to_dict()) == config
+    assert "temperature='1 + 0.1·ln(1 + ⌊(i + 1)/8192⌋)'" in config_settings(tempered.to_dict())
+    assert "glu_clamp='limit 7, alpha 1.702'" in config_settings(clamped.to_dict())
+
+
+def test_a_clamped_glu_without_its_clamp_gets_gpt_oss_values_and_says_them():
+    """Every default assumed is said: the clamp differs from BlockConfig's default (none), so the header shows it."""
+    config = BlockConfig(**{**LLAMA4_NOPE, "ffn": "swiglu_clamped"})
+    assert config.glu_clamp == GLUClamp(limit=7.0, alpha=1.702)
+    assert "glu_clamp='limit 7, alpha 1.702'" in config_settings(config.to_dict())
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: QueryTemperature(0), "floor must be a positive integer, not 0"),
+    (lambda: QueryTemperature(True), "floor must be a positive integer, not True"),
+    (lambda: QueryTemperature(8, scale=-0.1), "scale must be a positive number, not -0.1"),
+    (lambda: GLUClamp(limit=float("inf")), "limit must be a positive number, not inf"),
+    (lambda: GLUClamp(alpha=0), "alpha must be a positive number, not 0"),
+    (lambda: BlockConfig(**LLAMA4_NOPE, glu_clamp=GLUClamp()), "clamps nothing"),
+])
+def test_an_impossible_piece_is_refused_by_name(make, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make()
+
+
+def test_a_trace_written_with_the_settings_one_by_one_is_read_back_with_its_pieces():
+    """Before they were pieces, to_dict wrote temperature_floor/temperature_scale and glu_limit/glu_alpha at the top
+    level: read back into the pieces, not dropped (dropped, the layer would come back untempered, or clamped at
+    gpt-oss's values whatever the file said)."""
+    old = {**BlockConfig(**LLAMA4_NOPE).to_dict(), "temperature_floor": 16, "temperature_scale": 0.25,
+           "glu_limit": 7.0, "glu_alpha": 1.702}
+    del old["temperature"], old["glu_clamp"]
+    assert BlockConfig.from_dict(old).temperature == QueryTemperature(16, 0.25)
+    assert BlockConfig.from_dict(old).glu_clamp is None  # a SwiGLU that does not clamp: its clamp fields unread
+    assert BlockConfig.from_dict({**old, "temperature_floor": None}).temperature is None
+    clamped = {**old, "ffn": "swiglu_clamped", "glu_limit": 5.0, "glu_alpha": 2.0}
+    assert BlockConfig.from_dict(clamped).glu_clamp == GLUClamp(5.0, 2.0)

@@ -200,7 +200,7 @@ def step_operations(config: BlockConfig) -> dict[str, str]:
     marks = [mark for mark, on in (("NoPE", config.nope), ("sinks", config.attn_sinks),
                                    ("latent", config.latent is not None), ("L2 QK-norm", config.qk_l2_norm),
                                    (f"chunks of {config.attention_chunk}", config.attention_chunk is not None),
-                                   ("query temperature", config.temperature_floor is not None),
+                                   ("query temperature", config.temperature is not None),
                                    ("output gate", config.attn_output_gate)) if on]
     attention = f"MultiHeadAttention[{', '.join(marks)}]" if marks else "MultiHeadAttention"
     if config.token_mixer is not None:

@@ -142,8 +142,7 @@ class MultiHeadAttention(nn.Module):
         # Llama-4: q and k divided by their RMS after RoPE (one module each, so each is its own traced sub-step)
         self.q_l2norm, self.k_l2norm = (RMSNorm(hd, config.eps, gain=False) if config.qk_l2_norm else None
                                         for _ in range(2))
-        self.temperature = (config.temperature_floor, config.temperature_scale) \
-            if config.temperature_floor is not None else None
+        self.temperature = config.temperature
         if self.rope is not None or config.qk_norm or config.qk_l2_norm:
             self.q, self.k = HookPoint(), HookPoint()  # q and k as the projections give them
         else:
@@ -236,7 +235,7 @@ class MultiHeadAttention(nn.Module):
 
     def _temperature(self, q: torch.Tensor) -> torch.Tensor:
         """Llama-4's NoPE layers sharpen later queries: q × (1 + scale·ln(1 + ⌊(position + 1)/floor⌋)), as HF."""
-        floor, scale = self.temperature
+        floor, scale = self.temperature.floor, self.temperature.scale
         positions = torch.arange(q.shape[-2], device=q.device).float()
         factors = torch.log1p(torch.floor((positions + 1.0) / floor)) * scale + 1.0
         return (q * factors[:, None]).to(q.dtype)
@@ -390,7 +389,7 @@ class ClampedGatedFFN(GatedFFN):
 
     def __init__(self, config: BlockConfig):
         super().__init__(config)
-        self.limit, self.alpha = config.glu_limit, config.glu_alpha
+        self.limit, self.alpha = config.glu_clamp.limit, config.glu_clamp.alpha
         self.act = nn.Identity()  # its gate's activation is written out in forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from tabulate import tabulate
 
-from blocktrace.config import BlockConfig, Experts, LatentWidths, RopeScaling, token_mixer_of
+from blocktrace.config import BlockConfig, Experts, GLUClamp, LatentWidths, QueryTemperature, RopeScaling, token_mixer_of
 from blocktrace.diagnose.diagnosis import layer_ranges
 from blocktrace.render.translate import say
 from blocktrace.render.words import HEADINGS, explanation
@@ -38,8 +38,8 @@ CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placemen
 CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "rope_interleaved", "nope",
                  "qkv_bias", "qk_norm", "qk_norm_whole", "qk_norm_after_rope", "qk_l2_norm", "norm_offset",
                  "norm_gain_float32", "attn_scale",
-                 "attn_softcap", "sliding_window", "attention_chunk", "temperature_floor", "temperature_scale", "parallel_residual", "one_norm", "residual_multiplier",
-                 "attn_sinks", "latent", "experts", "glu_limit", "glu_alpha", "attn_output_gate", "token_mixer")
+                 "attn_softcap", "sliding_window", "attention_chunk", "temperature", "parallel_residual", "one_norm", "residual_multiplier",
+                 "attn_sinks", "latent", "experts", "glu_clamp", "attn_output_gate", "token_mixer")
 _DEFAULTS = {field.name: field.default for field in dataclasses.fields(BlockConfig)}
 
 
@@ -52,6 +52,10 @@ def _setting(key: str, value) -> str:
         return f"'{RopeScaling.of(value)}'"
     if key == "latent":
         return f"'{LatentWidths.of(value)}'"
+    if key == "temperature":
+        return f"'{QueryTemperature.of(value)}'"
+    if key == "glu_clamp":
+        return f"'{GLUClamp.of(value)}'"
     if key == "token_mixer":
         return f"'{token_mixer_of(value)}'"
     return f"{value:.4g}" if isinstance(value, float) else f"{value}"

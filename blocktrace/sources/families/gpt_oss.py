@@ -9,6 +9,7 @@ layers alternating with full ones (`layer_types`, or every other layer from the 
 
 from __future__ import annotations
 
+from blocktrace.config import GLUClamp
 from blocktrace.errors import UsageError
 from blocktrace.sources.families.base import HFLayer, rope_fields
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
@@ -40,8 +41,8 @@ class GptOss(MixtureFamily, Llama):
                 "kv_heads": config.integer("num_key_value_heads") or heads, "norm": Norm.RMSNORM,
                 "eps": self.setting(config, "rms_norm_eps", positive=True), "ffn": FFNKind.SWIGLU_CLAMPED,
                 "bias": True, "attn_bias": config.boolean("attention_bias", True), "attn_sinks": True,
-                "router_bias": True, "glu_limit": self.setting(config, "swiglu_limit", positive=True),
-                "glu_alpha": self.setting(config, "swiglu_alpha", positive=True), **self.moe_fields(config),
+                "router_bias": True, "glu_clamp": GLUClamp(self.setting(config, "swiglu_limit", positive=True),
+                                      self.setting(config, "swiglu_alpha", positive=True)), **self.moe_fields(config),
                 **rope_fields(config, parameters=parameters, default_theta=self.defaults["rope_theta"])}
 
     def activation(self, config):

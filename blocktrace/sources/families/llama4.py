@@ -17,6 +17,7 @@ type: save the text model alone (Llama4ForCausalLM) to trace it.
 
 from __future__ import annotations
 
+from blocktrace.config import QueryTemperature
 from blocktrace.errors import UsageError
 from blocktrace.sources.configfile import LAYER_TYPES, ConfigFile
 from blocktrace.sources.families.base import NOPE_FIELDS, HFLayer, linear, rope_fields, rotates
@@ -41,8 +42,7 @@ class Llama4(MixtureFamily, Llama):
                 "attn_scale": 0.1}
     default_theta = 500000.0  # Llama4TextConfig's, when neither rope_parameters nor rope_theta gives one
     config_keys = {**Llama.config_keys, "n_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
-                   "attention_chunk": "attention_chunk_size", "temperature_floor": "floor_scale",
-                   "temperature_scale": "attn_scale"}
+                   "attention_chunk": "attention_chunk_size"}
 
     def config_fields(self, config):
         heads = config.integer("num_attention_heads")
@@ -92,8 +92,8 @@ class Llama4(MixtureFamily, Llama):
         else:
             attention.update(NOPE_FIELDS)
             if self.setting(config, "attn_temperature_tuning", "boolean"):
-                attention.update(temperature_floor=self.setting(config, "floor_scale", "integer"),
-                                 temperature_scale=self.setting(config, "attn_scale"))
+                attention["temperature"] = QueryTemperature(self.setting(config, "floor_scale", "integer"),
+                                                            self.setting(config, "attn_scale"))
         ffn = {} if self.sparse(config, layer) else {
             "experts": None, "d_ff": self.setting(config, "intermediate_size_mlp", "integer")}
         return {**attention, **ffn}
