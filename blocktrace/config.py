@@ -32,6 +32,15 @@ def _as_enum(enum_cls, value, field_name):
         raise ConfigError(f"{field_name} must be one of {valid}, not {value!r}", field_name) from None
 
 
+class Piece:
+    """A part of a block with settings of its own (a frozen dataclass): `of` takes it, or the dict to_dict wrote of
+    it, or None."""
+
+    @classmethod
+    def of(cls, value):
+        return cls(**value) if isinstance(value, dict) else value
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """RoPE stretched past the context a model was trained on, with HF's parameters for each kind
@@ -98,7 +107,7 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
-class LatentWidths:
+class LatentWidths(Piece):
     """The widths of multi-head latent attention (DeepSeek-V2, 2024; HF's DeepseekV2/V3Attention; the module is
     model.layers.LatentAttention): keys and values come from one compressed latent per token (kv_a_proj, RMSNorm,
     then kv_b_proj per head), queries from their own optional latent; each head's query and key are `nope_dims`
@@ -130,10 +139,6 @@ class LatentWidths:
     def __str__(self) -> str:
         query = f"q latent {self.q_rank}, " if self.q_rank is not None else ""
         return f"{query}kv latent {self.kv_rank}, q·k {self.nope_dims}+{self.rope_dims} rope, v {self.value_dims}"
-
-    @classmethod
-    def of(cls, value) -> Optional["LatentWidths"]:
-        return cls(**value) if isinstance(value, dict) else value
 
 
 @dataclass(frozen=True)
@@ -246,7 +251,7 @@ class Mamba2:
 
 
 @dataclass(frozen=True)
-class Experts:
+class Experts(Piece):
     """The feed-forward as a mixture of experts (the module is model.moe.MixtureOfExperts): a router sends each token
     to `experts_per_token` of `n_experts` gated FFNs, each d_ff wide, and sums their outputs by the router's weights;
     a shared expert every token passes may join them. The field names are the settings' names in every message and
@@ -305,10 +310,6 @@ class Experts:
                    if field.name in ROUTER_SETTINGS and getattr(self, field.name) != field.default]
         return said + "".join(f" {setting}" for setting in unusual)
 
-    @classmethod
-    def of(cls, value) -> Optional["Experts"]:
-        return cls(**value) if isinstance(value, dict) else value
-
 
 EXPERT_FIELDS = tuple(field.name for field in dataclasses.fields(Experts))
 # Said in an Experts' str only where not their default: how the router chooses
@@ -340,7 +341,7 @@ def _positive_number(value, name: str, field: str) -> None:
 
 
 @dataclass(frozen=True)
-class QueryTemperature:
+class QueryTemperature(Piece):
     """Llama-4's NoPE layers sharpen later queries (HF's Llama4TextAttention with attn_temperature_tuning): each
     query multiplied by 1 + scale·ln(1 + ⌊(position + 1)/floor⌋), its floor_scale and attn_scale."""
 
@@ -356,13 +357,9 @@ class QueryTemperature:
     def __str__(self) -> str:
         return f"1 + {self.scale:g}·ln(1 + ⌊(i + 1)/{self.floor}⌋)"
 
-    @classmethod
-    def of(cls, value) -> Optional["QueryTemperature"]:
-        return cls(**value) if isinstance(value, dict) else value
-
 
 @dataclass(frozen=True)
-class GLUClamp:
+class GLUClamp(Piece):
     """gpt-oss's clamped SwiGLU (ffn swiglu_clamped; HF's GptOssExperts): the gate clamped above at `limit`, the up
     projection to ±`limit`, the gate's sigmoid(α·g); its swiglu_limit and swiglu_alpha."""
 
@@ -375,10 +372,6 @@ class GLUClamp:
 
     def __str__(self) -> str:
         return f"limit {self.limit:g}, alpha {self.alpha:g}"
-
-    @classmethod
-    def of(cls, value) -> Optional["GLUClamp"]:
-        return cls(**value) if isinstance(value, dict) else value
 
 
 TokenMixer = Union[ShortConvolution, GatedDeltaNet, Mamba2]
