@@ -118,15 +118,26 @@ def test_tiny_updates_blame_the_learning_rate_only_when_it_is_tiny():
 def test_tiny_updates_are_judged_on_the_layers_that_train():
     """A fine-tune that trains its top block alone (the others requires_grad False, their update 0) moves the median
     matrix of all layers by nothing: the trained layer's own updates are what the optimizer makes, and they are
-    healthy. failures2's frozen-blocks run was called updates_tiny (optimizer) this way. With most layers still, the
-    median layer moves nothing either, so layer_frozen says nothing: the Watch cannot tell a mistake from a
-    fine-tune's choice."""
+    healthy. failures2's frozen-blocks run was called updates_tiny (optimizer) this way. The still layers are
+    layer_frozen's, against the median of the layers that move: information, since neither a Watch (requires_grad
+    False) nor checkpoints can tell a mistake from a fine-tune's choice."""
     frozen, trained = dict(trainable=False), dict(trainable=True)
     before = _record(0, [_layer(0, None, **trained), *(_layer(k, None, **frozen) for k in (1, 2, 3))], lr=1e-3)
     after = _record(10, [_layer(0, 0.02, **trained), *(_layer(k, 0.0, **frozen) for k in (1, 2, 3))], lr=1e-3)
-    assert judge([before], after) == []
+    assert [(f.name, f.layer, f.level.value) for f in judge([before], after)] == [
+        ("layer_frozen", k, "info") for k in (1, 2, 3)]
+    between_checkpoints = judge([_moving(0, [None] * 4)], _moving(10, [0.02, 0.0, 0.0, 0.0]))
+    assert [(f.name, f.level.value) for f in between_checkpoints] == [("layer_frozen", "info")] * 3
     tiny = _record(10, [_layer(0, 1e-5, **trained), *(_layer(k, 0.0, **frozen) for k in (1, 2, 3))], lr=1e-3)
     assert ("updates_tiny", None) in _names(judge([before], tiny))  # the layer that trains barely moves: still said
+
+
+def test_most_layers_cut_off_from_the_loss_are_found_against_the_layers_that_move():
+    """In a Watch, layers that require a gradient and do not move while one does are cut off (an error), however many
+    they are: the median of all layers would be 0 with three of four still, and nothing would stand out."""
+    flags = judge([_moving(0, [None] * 4)], _moving(10, [0.0, 0.0, 0.0, 0.02], trainable=True))
+    assert [(f.name, f.layer, f.level.value, f.cause.value) for f in flags] == [
+        ("layer_frozen", k, "error", "gradient_flow") for k in (0, 1, 2)]
 
 
 def test_under_adam_updates_are_judged_per_unit_of_learning_rate():

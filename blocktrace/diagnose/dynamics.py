@@ -379,7 +379,7 @@ def _no_update(history: Sequence[dict], entry: dict) -> list[Finding]:
 
 
 @check(Scope.TRAINING, "layer_frozen",
-       f"a layer's largest per-step ‖ΔW‖/‖W‖ < {FROZEN_FRACTION:g} × the median layer's between "
+       f"a layer's largest per-step ‖ΔW‖/‖W‖ < {FROZEN_FRACTION:g} × the median moving layer's between "
        "two records (an error in a Watch's records when its parameters require a gradient; info when they do not, "
        "and between checkpoints, which cannot say)",
        "healthy-run measurement: layers of one model move within 10× of each other (benchmarks/FAILURES.md)",
@@ -389,7 +389,9 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Finding]:
     largest = _largest_moves(history, entry)
     if largest is None or _still(history, entry):
         return []
-    typical = statistics.median(largest.values())
+    # the median of the layers that move: where most layers stand still (a fine-tune of the top block, or most
+    # layers cut off), the median of all would be 0 and nothing would stand out
+    typical = statistics.median(moved for moved in largest.values() if moved >= STILL)
     # only a Watch knows whether a layer's parameters require a gradient; between checkpoints a layer frozen on
     # purpose (a fine-tune) and one cut off from the loss look the same: info, said so, never a verdict
     trainable = {layer["layer"]: layer.get("trainable") for layer in entry["layers"]}
@@ -403,7 +405,8 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Finding]:
 
 
 @check(Scope.TRAINING, "updates_tiny",
-       f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g}, or, under an Adam-family "
+       f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g} in the layers that move and require a gradient "
+       f"(the others are layer_frozen's), or, under an Adam-family "
        f"optimizer (a Watch given optimizer=), its per-step rms(ΔW) < {ADAM_TINY_STEP:g} × the learning rate "
        f"(records without element counts: ‖ΔW‖/‖W‖ < {ADAM_TINY:g} × the learning rate; learning_rate when the "
        f"learning rate is below {TINY_LR:g}, else optimizer)",
@@ -415,12 +418,14 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Finding]:
        advice=phrase("make the updates reach the weights: check the optimizer's learning rate, eps (Adam's 1e-8) and "
                      "betas, and that every parameter is in a param group"))
 def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Finding]:
-    if _largest_moves(history, entry) is None or _still(history, entry):
+    largest = _largest_moves(history, entry)
+    if largest is None or _still(history, entry):
         return []
     lr = interval_lr(history[-1], entry)
-    # the optimizer's updates are judged where it makes them: a layer whose parameters require no gradient stands
-    # still by choice (a fine-tune of the top layers), layer_frozen's information
-    frozen = {layer["layer"] for layer in entry["layers"] if layer.get("trainable") is False}
+    # the optimizer's updates are judged where it makes them: a layer whose parameters require no gradient, or that
+    # does not move at all while others do (no update reaches it: frozen or cut off from the loss), is layer_frozen's
+    frozen = {layer["layer"] for layer in entry["layers"] if layer.get("trainable") is False} | {
+        layer for layer, moved in largest.items() if moved < STILL}
     ratios = [r for layer, values in per_step_ratios(history[-1], entry).items() if layer not in frozen
               for r in values]
     if not ratios:
