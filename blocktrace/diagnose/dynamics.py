@@ -396,7 +396,7 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Finding]:
     # purpose (a fine-tune) and one cut off from the loss look the same: info, said so, never a verdict
     trainable = {layer["layer"]: layer.get("trainable") for layer in entry["layers"]}
     return [finding(Level.ERROR if trainable.get(layer) is True else Level.INFO, None, layer, moved,
-                    phrase("per-step ‖ΔW‖/‖W‖ at most {moved:.3g} against the median layer's {typical:.3g}{why}",
+                    phrase("per-step ‖ΔW‖/‖W‖ at most {moved:.3g} against the median moving layer's {typical:.3g}{why}",
                            moved=moved, typical=typical, why={
                                True: "", False: phrase(" (its parameters do not require a gradient)")}.get(
                                trainable.get(layer), phrase(" (frozen on purpose or cut off from the loss: checkpoints "

@@ -111,8 +111,8 @@ PHRASES_ZH = {
     "the targets passed to the model are its input ids, unshifted{copies}": "传给模型的目标就是它的输入 id，没有偏移{copies}",
     "no layer moved between steps {before} and {after}{at_lr}": "第 {before} 步到第 {after} 步之间没有任何层发生变化{at_lr}",
     "; optimizer.step() was not called between them": "；其间没有调用 optimizer.step()",
-    "per-step ‖ΔW‖/‖W‖ at most {moved:.3g} against the median layer's {typical:.3g}{why}":
-        "每步的 ‖ΔW‖/‖W‖ 最多为 {moved}，而中位层为 {typical}{why}",
+    "per-step ‖ΔW‖/‖W‖ at most {moved:.3g} against the median moving layer's {typical:.3g}{why}":
+        "每步的 ‖ΔW‖/‖W‖ 最多为 {moved}，而在移动的层的中位数为 {typical}{why}",
     "the median matrix moves {median:.3g} of its norm per step{at_lr}": "中位矩阵每步只移动其范数的 {median}{at_lr}",
     "‖ΔW‖/‖W‖ per unit of learning rate {factor:.3g}× its median over the previous {count} intervals":
         "每单位学习率的 ‖ΔW‖/‖W‖ 是之前 {count} 个区间中位数的 {factor} 倍",
