@@ -7,6 +7,7 @@ and `blocktrace --help` has to answer without paying for `import torch`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import ClassVar, Optional, Union
@@ -352,7 +353,10 @@ class QueryTemperature(Piece):
         if isinstance(self.floor, bool) or not isinstance(self.floor, int) or self.floor < 1:
             raise ConfigError(f"the query temperature's floor must be a positive integer, not {self.floor!r}",
                               "temperature")
-        _positive_number(self.scale, "the query temperature's scale", "temperature")
+        # any finite scale: HF computes every one (before it was a piece, the scale was not checked at all)
+        if isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)) or not math.isfinite(self.scale):
+            raise ConfigError(f"the query temperature's scale must be a finite number, not {self.scale!r}",
+                              "temperature")
 
     def __str__(self) -> str:
         return f"1 + {self.scale:g}·ln(1 + ⌊(i + 1)/{self.floor}⌋)"

@@ -111,7 +111,7 @@ def test_a_clamped_glu_without_its_clamp_gets_gpt_oss_values_and_says_them():
 @pytest.mark.parametrize("make, message", [
     (lambda: QueryTemperature(0), "floor must be a positive integer, not 0"),
     (lambda: QueryTemperature(True), "floor must be a positive integer, not True"),
-    (lambda: QueryTemperature(8, scale=-0.1), "scale must be a positive number, not -0.1"),
+    (lambda: QueryTemperature(8, scale=float("nan")), "scale must be a finite number, not nan"),
     (lambda: GLUClamp(limit=float("inf")), "limit must be a positive number, not inf"),
     (lambda: GLUClamp(alpha=0), "alpha must be a positive number, not 0"),
     (lambda: BlockConfig(**LLAMA4_NOPE, glu_clamp=GLUClamp()), "clamps nothing"),
@@ -119,6 +119,10 @@ def test_a_clamped_glu_without_its_clamp_gets_gpt_oss_values_and_says_them():
 def test_an_impossible_piece_is_refused_by_name(make, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         make()
+
+
+def test_any_finite_query_temperature_scale_is_computed_as_hf_computes_it():
+    assert QueryTemperature(8, scale=-0.1).scale == -0.1 and QueryTemperature(8, scale=0).scale == 0
 
 
 def test_a_trace_written_with_the_settings_one_by_one_is_read_back_with_its_pieces():
