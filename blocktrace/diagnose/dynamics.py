@@ -424,15 +424,15 @@ def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Finding]:
     lr = interval_lr(history[-1], entry)
     # the optimizer's updates are judged where it makes them: a layer whose parameters require no gradient, or that
     # does not move at all while others do (no update reaches it: frozen or cut off from the loss), is layer_frozen's
-    frozen = {layer["layer"] for layer in entry["layers"] if layer.get("trainable") is False} | {
+    unreached = {layer["layer"] for layer in entry["layers"] if layer.get("trainable") is False} | {
         layer for layer, moved in largest.items() if moved < STILL}
-    ratios = [r for layer, values in per_step_ratios(history[-1], entry).items() if layer not in frozen
+    ratios = [r for layer, values in per_step_ratios(history[-1], entry).items() if layer not in unreached
               for r in values]
     if not ratios:
         return []
     median = statistics.median(ratios)
     adam = "adam" in str(entry.get("optimizer") or "").lower()
-    if not (median < TINY_UPDATE or (adam and lr and _adam_step_tiny(history[-1], entry, median, lr, frozen))):
+    if not (median < TINY_UPDATE or (adam and lr and _adam_step_tiny(history[-1], entry, median, lr, unreached))):
         return []
     cause = Cause.LEARNING_RATE if lr is not None and lr < TINY_LR else Cause.OPTIMIZER
     return [finding(Level.ERROR, None, None, median, phrase("the median matrix moves {median:.3g} of its norm per "
@@ -444,23 +444,23 @@ def _at_learning_rate(lr: Optional[float]) -> str:
     return "" if lr is None else phrase(" at learning rate {lr:g}", lr=lr)
 
 
-def _adam_step_tiny(before: dict, entry: dict, median_ratio: float, lr: float, frozen: set) -> bool:
-    """Whether Adam's median per-step rms(ΔW) over the layers not `frozen` is below ADAM_TINY_STEP × lr; by
+def _adam_step_tiny(before: dict, entry: dict, median_ratio: float, lr: float, unreached: set) -> bool:
+    """Whether Adam's median per-step rms(ΔW) over the layers not `unreached` is below ADAM_TINY_STEP × lr; by
     ‖ΔW‖/‖W‖ against ADAM_TINY × lr where the records do not count their elements (timelines written before they
     did)."""
-    steps = _per_step_sizes(before, entry, frozen)
+    steps = _per_step_sizes(before, entry, unreached)
     if steps is None:
         return median_ratio < ADAM_TINY * lr
     return statistics.median(steps) < ADAM_TINY_STEP * lr
 
 
-def _per_step_sizes(before: dict, entry: dict, frozen: set) -> Optional[list[float]]:
+def _per_step_sizes(before: dict, entry: dict, unreached: set) -> Optional[list[float]]:
     """Each matrix kind's per-step rms(ΔW) = ‖ΔW‖ / √n / steps, ‖ΔW‖ = update_ratio × ‖W‖ as it was in `before`,
-    in the layers not `frozen`; None unless every moved kind has its element count and its earlier norm."""
+    in the layers not `unreached`; None unless every moved kind has its element count and its earlier norm."""
     gap, earlier = entry["step"] - before["step"], {layer["layer"]: layer for layer in before["layers"]}
     sizes = []
     for layer in entry["layers"]:
-        if layer["layer"] in frozen:
+        if layer["layer"] in unreached:
             continue
         for kind, w in (layer.get("weights") or {}).items():
             if kind == NORM_KIND or not _finite(w.get("update_ratio")):

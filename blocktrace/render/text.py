@@ -43,21 +43,16 @@ CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_
 _DEFAULTS = {field.name: field.default for field in dataclasses.fields(BlockConfig)}
 
 
+# The settings that are pieces: each read back from its dict and said by its str
+PIECE_READERS = {"experts": Experts.of, "rope_scaling": RopeScaling.of, "latent": LatentWidths.of,
+                 "temperature": QueryTemperature.of, "glu_clamp": GLUClamp.of, "token_mixer": token_mixer_of}
+
+
 def _setting(key: str, value) -> str:
     if value is None:
         return "None"
-    if key == "experts":
-        return f"'{Experts.of(value)}'"
-    if key == "rope_scaling":
-        return f"'{RopeScaling.of(value)}'"
-    if key == "latent":
-        return f"'{LatentWidths.of(value)}'"
-    if key == "temperature":
-        return f"'{QueryTemperature.of(value)}'"
-    if key == "glu_clamp":
-        return f"'{GLUClamp.of(value)}'"
-    if key == "token_mixer":
-        return f"'{token_mixer_of(value)}'"
+    if key in PIECE_READERS:
+        return f"'{PIECE_READERS[key](value)}'"
     return f"{value:.4g}" if isinstance(value, float) else f"{value}"
 
 
