@@ -13,10 +13,10 @@ from enum import Enum
 from typing import ClassVar, Optional, Union
 
 from blocktrace.errors import ConfigError
-from blocktrace.vocab import STEP_NAMES, FFNKind, MixerKind, Norm, Placement, RopeKind, RouterKind
+from blocktrace.vocab import STEP_NAMES, FFNKind, MixerKind, Norm, Placement, QKSpan, RopeKind, RouterKind
 from blocktrace.wiring import Wiring, wiring_of
 
-__all__ = ["BlockConfig", "Experts", "GatedDeltaNet", "GLUClamp", "QueryTemperature", "LatentWidths", "Mamba2", "ShortConvolution", "TokenMixer", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind",
+__all__ = ["BlockConfig", "Experts", "GatedDeltaNet", "GLUClamp", "QKNorm", "QKSpan", "QueryTemperature", "LatentWidths", "Mamba2", "ShortConvolution", "TokenMixer", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind",
            "RouterKind"]
 
 
@@ -378,6 +378,45 @@ class GLUClamp(Piece):
         return f"limit {self.limit:g}, alpha {self.alpha:g}"
 
 
+@dataclass(frozen=True)
+class QKNorm(Piece):
+    """An RMS norm on the queries and the keys on their way to the scores (Dehghani et al. 2023): over each head
+    (Qwen3) or all heads at once, before the split (OLMo-2); before RoPE, or after it (Hunyuan's query/key_layernorm,
+    Llama-4's); with a learned gain, or none (Llama-4's L2 norm, q / RMS(q))."""
+
+    span: QKSpan = QKSpan.HEAD
+    after_rope: bool = False
+    gain: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "span", _as_enum(QKSpan, self.span, "qk_norm"))
+        for name in ("after_rope", "gain"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"the QK-norm's {name} must be true or false, not {getattr(self, name)!r}",
+                                  "qk_norm")
+        if self.after_rope and self.span is QKSpan.ALL_HEADS:
+            raise ConfigError("a QK-norm over all heads reads the projection before the split into heads, so before "
+                              "RoPE: after_rope needs span head", "qk_norm")
+
+    @classmethod
+    def of(cls, value):
+        """The piece, its dict, None, or a bool: True is the common one (per head, before RoPE, a gain: Qwen3's)."""
+        if isinstance(value, bool):
+            return cls() if value else None
+        if value is None or isinstance(value, cls):
+            return value
+        try:
+            return cls(**value)
+        except TypeError:
+            raise ConfigError(f"qk_norm must be true, false or a QKNorm (span, after_rope, gain), not {value!r}",
+                              "qk_norm") from None
+
+    def __str__(self) -> str:
+        span = "over all heads" if self.span is QKSpan.ALL_HEADS else "per head"
+        return (f"RMSNorm {span}, {'after' if self.after_rope else 'before'} RoPE"
+                + ("" if self.gain else ", no gain"))
+
+
 TokenMixer = Union[ShortConvolution, GatedDeltaNet, Mamba2]
 TOKEN_MIXERS = {spec.mixer: spec for spec in (ShortConvolution, GatedDeltaNet, Mamba2)}
 
@@ -417,10 +456,7 @@ class BlockConfig:
     nope: bool = False  # a layer of a RoPE model that leaves q and k unrotated (SmolLM3's, EXAONE-4's NoPE layers)
     attn_bias: Optional[bool] = None  # biases of q, k, v and the output projection; None: as `bias`
     qkv_bias: Optional[bool] = None  # biases of q, k and v only (Qwen2); None: as attn_bias
-    qk_norm: bool = False  # RMSNorm on each head's q and k before RoPE (Qwen3)
-    qk_norm_whole: bool = False  # QK-norm over all heads' q (and all k) at once, before the split into heads (OLMo-2)
-    qk_norm_after_rope: bool = False  # QK-norm per head after RoPE, not before (Hunyuan's query/key_layernorm)
-    qk_l2_norm: bool = False  # Llama-4: each head's q and k divided by their RMS after RoPE, no gain
+    qk_norm: Optional[QKNorm] = None  # RMS norms on q and k on their way to the scores; True: Qwen3's (QKNorm())
     norm_offset: float = 0.0  # RMSNorm gain is (offset + w), computed in float32 (Gemma: 1)
     norm_gain_float32: bool = False  # RMSNorm multiplies its gain in float32, then casts (OLMo-2); else after (Llama)
     attn_scale: Optional[float] = None  # multiplies q·k; None: 1/√head_dim (Gemma-2: query_pre_attn_scalar^-½)
@@ -449,6 +485,7 @@ class BlockConfig:
         set_field(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
         set_field(self, "experts", Experts.of(self.experts))
         set_field(self, "latent", LatentWidths.of(self.latent))
+        set_field(self, "qk_norm", QKNorm.of(self.qk_norm))
         set_field(self, "temperature", QueryTemperature.of(self.temperature))
         set_field(self, "glu_clamp", GLUClamp.of(self.glu_clamp))
         if self.ffn is FFNKind.SWIGLU_CLAMPED and self.glu_clamp is None:
@@ -491,15 +528,10 @@ class BlockConfig:
                               f"pick heads among {_divisors(self.d_model)}", "n_heads")
 
     def _validate_norms(self) -> None:
-        """Gemma's (offset + w) gain is RMSNorm's; the QK-norm's span and place need a QK-norm."""
+        """Gemma's (offset + w) gain is RMSNorm's."""
         if self.norm_offset and self.norm is not Norm.RMSNORM:
             raise ConfigError("a norm gain of (offset + w), Gemma's, is RMSNorm's: a LayerNorm would not share it",
                               "norm")
-        if self.qk_norm_whole and not self.qk_norm:
-            raise ConfigError("qk_norm_whole says how QK-norm spans the heads: it needs qk_norm", "qk_norm_whole")
-        if self.qk_norm_after_rope and (not self.qk_norm or self.qk_norm_whole):
-            raise ConfigError("qk_norm_after_rope says where a per-head QK-norm sits: it needs qk_norm, per head",
-                              "qk_norm_after_rope")
 
     def _validate_mixer(self) -> None:
         """A token mixer replaces causal attention; the output gate and NoPE are attention's own."""
@@ -551,8 +583,6 @@ class BlockConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1
                                       or not self.causal):
                 raise ConfigError(f"{name} {value!r} needs a positive width and causal attention", name)
-        if self.qk_l2_norm and self.qk_norm:
-            raise ConfigError("qk_l2_norm is Llama-4's QK-norm (after RoPE, no gain): it replaces qk_norm", "qk_norm")
 
     def _validate_experts(self) -> None:
         if self.experts is not None and not self.ffn.gated:
@@ -636,9 +666,12 @@ class BlockConfig:
 
 
 def _pieces_of_older_traces(data: dict) -> dict:
-    """A trace written before the query temperature and the GLU clamp were pieces holds their settings one by one:
-    gathered (the temperature's floor given, the clamp's with the clamped FFN), else dropped."""
+    """A trace written before the QK-norm, the query temperature and the GLU clamp were pieces holds their settings
+    one by one: gathered (the temperature's floor given, the clamp's with the clamped FFN), else dropped."""
     data = dict(data)
+    whole, after_rope, l2 = (data.pop(name, False) for name in ("qk_norm_whole", "qk_norm_after_rope", "qk_l2_norm"))
+    if data.get("qk_norm") is True or l2:  # Llama-4's L2 norm was its own flag: after RoPE, no gain
+        data["qk_norm"] = QKNorm(QKSpan.ALL_HEADS if whole else QKSpan.HEAD, after_rope or l2, gain=not l2)
     floor, scale = data.pop("temperature_floor", None), data.pop("temperature_scale", None)
     if floor is not None and "temperature" not in data:
         data["temperature"] = QueryTemperature(floor, *([] if scale is None else [scale]))

@@ -79,6 +79,13 @@ class MixerKind(Choice):
     MAMBA2 = "mamba2"  # Granite-4's Mamba-2 selective state space
 
 
+class QKSpan(Choice):
+    """What one QK-norm normalises: each head's q (and k) by itself, or all heads' at once before the split."""
+
+    HEAD = "head"  # Qwen3, Gemma-3, Hunyuan, Llama-4
+    ALL_HEADS = "all_heads"  # OLMo-2, MiniMax-M2
+
+
 class RouterKind(Choice):
     """How a mixture of experts' router turns its logits into each token's experts and their weights."""
 

@@ -75,6 +75,22 @@ def test_compare_on_checkpoint_weights_uses_the_checkpoint_parameters():
         assert torch.equal(dict(pre.blocks[0].named_parameters())[name], parameter)
 
 
+@pytest.mark.parametrize("own", ["all_heads", "l2"])
+def test_compare_qk_norm_on_keeps_a_blocks_own_qk_norm_and_its_weights(own):
+    """OLMo-2's QK-norm spans all heads and Llama-4's has no gain: `--qk-norm` on keeps the block's own, so its
+    weights are the checkpoint's (a per-head one would be new, unshared parameters of another shape)."""
+    from blocktrace.config import QKNorm
+    from blocktrace.model.block import build_block
+
+    norm = QKNorm("all_heads") if own == "all_heads" else QKNorm(after_rope=True, gain=False)
+    native = BlockConfig(d_model=8, n_heads=2, norm="rmsnorm", ffn="swiglu", rope_theta=1e4, qk_norm=norm)
+    source = [build_block(native, seed=3)]
+    off, on = build_variants(native, Axis.QK_NORM, ["off", "on"], n_layers=1, seed=0, source=source)
+    assert on.config.qk_norm == norm and on.unshared == [] and off.config.qk_norm is None
+    for name, parameter in source[0].named_parameters():
+        assert torch.equal(dict(on.blocks[0].named_parameters())[name], parameter)
+
+
 def test_compare_with_weights_runs(invoke):
     report = _json(invoke, "compare", "--pre-ln", "--post-ln", "--weights", str(SAMPLES / "gpt2-tiny"), "--layer", "2",
                    "--token-ids", "1", "2", "3")

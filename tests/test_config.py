@@ -2,7 +2,8 @@ import re
 
 import pytest
 
-from blocktrace.config import BlockConfig, Experts, FFNKind, GLUClamp, Norm, Placement, QueryTemperature, RouterKind
+from blocktrace.config import (BlockConfig, Experts, FFNKind, GLUClamp, Norm, Placement, QKNorm, QKSpan, QueryTemperature,
+                               RouterKind)
 from blocktrace.render.text import config_settings
 from blocktrace.errors import ConfigError
 
@@ -137,3 +138,46 @@ def test_a_trace_written_with_the_settings_one_by_one_is_read_back_with_its_piec
     assert BlockConfig.from_dict({**old, "temperature_floor": None}).temperature is None
     clamped = {**old, "ffn": "swiglu_clamped", "glu_limit": 5.0, "glu_alpha": 2.0}
     assert BlockConfig.from_dict(clamped).glu_clamp == GLUClamp(5.0, 2.0)
+
+
+def test_a_qk_norm_is_one_piece_true_naming_qwen3s_and_its_dict_read_back():
+    """`qk_norm=True` (the CLI's --qk-norm, most families) is the common QK-norm: per head, before RoPE, a gain."""
+    assert BlockConfig(qk_norm=True).qk_norm == QKNorm(QKSpan.HEAD, after_rope=False, gain=True)
+    assert BlockConfig(qk_norm=False).qk_norm is None
+    for norm in (QKNorm(), QKNorm("all_heads"), QKNorm(after_rope=True), QKNorm(after_rope=True, gain=False)):
+        config = BlockConfig(d_model=8, n_heads=2, rope_theta=1e4, qk_norm=norm)
+        assert BlockConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: QKNorm("all_heads", after_rope=True), "after_rope needs span head"),
+    (lambda: QKNorm("rows"), "qk_norm must be one of head, all_heads, not 'rows'"),
+    (lambda: QKNorm(gain=1), "the QK-norm's gain must be true or false, not 1"),
+    (lambda: BlockConfig(qk_norm="yes"), "qk_norm must be true, false or a QKNorm (span, after_rope, gain), not 'yes'"),
+    (lambda: BlockConfig(qk_norm={"whole": True}), "not {'whole': True}"),
+])
+def test_an_impossible_qk_norm_is_refused_by_name(make, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make()
+
+
+@pytest.mark.parametrize("flags, piece", [
+    ({"qk_norm": True}, QKNorm()),
+    ({"qk_norm": True, "qk_norm_whole": True}, QKNorm(QKSpan.ALL_HEADS)),  # OLMo-2's
+    ({"qk_norm": True, "qk_norm_after_rope": True}, QKNorm(after_rope=True)),  # Hunyuan's
+    ({"qk_norm": False, "qk_l2_norm": True}, QKNorm(after_rope=True, gain=False)),  # Llama-4's
+    ({"qk_norm": False, "qk_norm_whole": False, "qk_norm_after_rope": False, "qk_l2_norm": False}, None),
+])
+def test_a_trace_written_with_four_qk_norm_flags_is_read_back_as_the_piece(flags, piece):
+    """Before the QK-norm was a piece, to_dict wrote qk_norm, qk_norm_whole, qk_norm_after_rope and qk_l2_norm: read
+    back into the one piece (dropped, OLMo-2's norm would come back per head, and its weights would not fit)."""
+    old = {**BlockConfig(d_model=8, n_heads=2, rope_theta=1e4).to_dict(), **flags}
+    assert BlockConfig.from_dict(old).qk_norm == piece
+
+
+def test_the_header_says_the_qk_norm_as_one_setting():
+    llama4 = BlockConfig(d_model=8, n_heads=2, rope_theta=1e4, qk_norm=QKNorm(after_rope=True, gain=False))
+    assert "qk_norm='RMSNorm per head, after RoPE, no gain'" in config_settings(llama4.to_dict())
+    assert "qk_norm='RMSNorm over all heads, before RoPE'" in config_settings(
+        BlockConfig(qk_norm=QKNorm("all_heads")).to_dict())
+    assert "qk_norm" not in config_settings(BlockConfig().to_dict())

@@ -67,10 +67,10 @@ def build_variants(base: BlockConfig, axis: Axis, values: list[str], *, n_layers
         source = build_stack(plain, n_layers, seed, init)
     variants = []
     for value in values:
-        change = {axis.value: field_value(axis, value), "n_layers": n_layers}
-        config = base.replace(**change)
+        config = changed(base, axis, value).replace(n_layers=n_layers)
         blocks = build_stack(config, n_layers, seed, init) if not layered else \
-            [build_block(origin.config.replace(**change), seed + layer, init) for layer, origin in enumerate(source)]
+            [build_block(changed(origin.config, axis, value).replace(n_layers=n_layers), seed + layer, init)
+             for layer, origin in enumerate(source)]
         config = blocks[0].config if layered else config  # the settings said: the first layer's own
         unshared = []
         for block, origin in zip(blocks, source):
@@ -81,9 +81,12 @@ def build_variants(base: BlockConfig, axis: Axis, values: list[str], *, n_layers
     return variants
 
 
-def field_value(axis: Axis, value: str):
-    """The BlockConfig value of an axis value as compare names it."""
-    return value == "on" if axis is Axis.QK_NORM else value
+def changed(config: BlockConfig, axis: Axis, value: str) -> BlockConfig:
+    """The config with the axis at the value as compare names it. QK-norm on keeps a block's own (OLMo-2's over all
+    heads, Llama-4's without a gain: its weights are then shared), else it is Qwen3's, per head before RoPE."""
+    if axis is not Axis.QK_NORM:
+        return config.replace(**{axis.value: value})
+    return config.replace(qk_norm=(config.qk_norm or QKNorm()) if value == "on" else None)
 
 
 def difference(a: torch.Tensor, b: torch.Tensor) -> dict:

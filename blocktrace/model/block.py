@@ -12,14 +12,14 @@ from typing import Optional
 import torch
 from torch import nn
 
-from blocktrace.config import STEP_NAMES, BlockConfig, Experts
+from blocktrace.config import STEP_NAMES, BlockConfig, Experts, QKNorm
 from blocktrace.model.init import apply_deepnorm_beta, initialise
 from blocktrace.model.layers import LatentAttention, MultiHeadAttention, make_ffn, make_norm
 from blocktrace.model.moe import MixtureOfExperts
 from blocktrace.model.gated_delta import GatedDeltaNet
 from blocktrace.model.mamba2 import Mamba2
 from blocktrace.model.short_conv import ShortConvolution
-from blocktrace.vocab import SANDWICH_STEPS, FFNKind, Init, MixerKind, Norm, Placement, RouterKind
+from blocktrace.vocab import SANDWICH_STEPS, FFNKind, Init, MixerKind, Norm, Placement, QKSpan, RouterKind
 from blocktrace.wiring import INPUT, Kind
 
 
@@ -131,19 +131,23 @@ def _ffn_name(config: BlockConfig) -> str:
 
 def substep_operations(config: BlockConfig) -> dict[str, str]:
     """The traced sub-steps inside attn and ffn, as formulas."""
-    scope = "over all heads" if config.qk_norm_whole else "per head" + (", after RoPE" if config.qk_norm_after_rope
-                                                                          else "")
     return {
         "attn.q": "q = heads(q_proj(x_in))", "attn.k": "k = heads(k_proj(x_in))",
-        "attn.q_norm": f"q = RMSNorm(q) {scope}", "attn.k_norm": f"k = RMSNorm(k) {scope}",
+        **(_qk_norm_operations(config.qk_norm) if config.qk_norm is not None else {}),
         "attn.q_rope": "q_rope = RoPE(q, positions)", "attn.k_rope": "k_rope = RoPE(k, positions)",
         **(_latent_operations(config) if config.latent is not None else {}),
         **(MIXERS[config.token_mixer.mixer].operations(config) if config.token_mixer is not None else {}),
         **(_expert_operations(config.experts) if config.experts is not None else {}),
-        "attn.q_l2norm": "q = q / RMS(q) per head, after RoPE (no gain)",
-        "attn.k_l2norm": "k = k / RMS(k) per head, after RoPE (no gain)",
         "attn.output_gate": "sigmoid(gate_proj(x_in))  (multiplies each head's output before out_proj)",
     }
+
+
+def _qk_norm_operations(norm: QKNorm) -> dict[str, str]:
+    """The QK-norm's two sub-steps: a learned RMSNorm, or Llama-4's division by the RMS alone."""
+    scope = "over all heads" if norm.span is QKSpan.ALL_HEADS else "per head" + (", after RoPE" if norm.after_rope
+                                                                                 else "")
+    return {f"attn.{x}_norm": f"{x} = RMSNorm({x}) {scope}" if norm.gain else f"{x} = {x} / RMS({x}) {scope} (no gain)"
+            for x in "qk"}
 
 
 def _expert_operations(experts: Experts) -> dict[str, str]:
@@ -198,7 +202,7 @@ def step_operations(config: BlockConfig) -> dict[str, str]:
     multiplier = "" if config.residual_multiplier == 1.0 else f"{config.residual_multiplier:.4g}·"
     # What sets the layer's attention apart: no rotation in a RoPE model (NoPE), a sink logit per head (gpt-oss)
     marks = [mark for mark, on in (("NoPE", config.nope), ("sinks", config.attn_sinks),
-                                   ("latent", config.latent is not None), ("L2 QK-norm", config.qk_l2_norm),
+                                   ("latent", config.latent is not None), ("L2 QK-norm", config.qk_norm is not None and not config.qk_norm.gain),
                                    (f"chunks of {config.attention_chunk}", config.attention_chunk is not None),
                                    ("query temperature", config.temperature is not None),
                                    ("output gate", config.attn_output_gate)) if on]

@@ -15,7 +15,7 @@ from torch import nn
 
 from blocktrace.config import BlockConfig
 from blocktrace.model.rope import RotaryEmbedding
-from blocktrace.vocab import FFNKind, Norm
+from blocktrace.vocab import FFNKind, Norm, QKSpan
 
 
 class HookPoint(nn.Module):
@@ -79,15 +79,14 @@ def attention_chunk_bytes(device: torch.device) -> int:
 
 @dataclass(frozen=True)
 class HeadPath:
-    """The modules one of q and k passes through on its way to the scores, in order (None: the block has no such
-    stage): its projection, its hook as projected, its QK-norm, its hook after RoPE, Llama-4's L2 norm; `tempered`,
-    whether Llama-4's query temperature applies (to q only)."""
+    """The modules one of q and k passes through on its way to the scores (None: the block has no such stage): its
+    projection, its hook as projected, its QK-norm, its hook after RoPE; `tempered`, whether Llama-4's query
+    temperature applies (to q only)."""
     proj: nn.Linear
     heads: int
     seen: Optional[nn.Module]
     norm: Optional[nn.Module]
     rotated: Optional[nn.Module]
-    l2norm: Optional[nn.Module]
     tempered: bool = False
 
 
@@ -124,14 +123,15 @@ class MultiHeadAttention(nn.Module):
         self.key_mask = None  # [B, T] bool, False at padding: those keys get no weight
 
     def _query_and_key_stages(self, config: BlockConfig) -> None:
-        """What q and k pass between their projection and the scores (HeadPath): QK-norm, RoPE and its hooks,
-        Llama-4's L2 norm and query temperature; the hooks `q` and `k` as projected, where any stage follows."""
+        """What q and k pass between their projection and the scores (HeadPath): the QK-norm (before or after RoPE),
+        RoPE and its hooks, Llama-4's query temperature; the hooks `q` and `k` as projected, where any stage follows."""
         hd = config.head_dim
-        self.qk_norm_whole = config.qk_norm_whole  # OLMo-2: one norm over all heads, before the split
-        self.qk_norm_after_rope = config.qk_norm_after_rope  # Hunyuan: the rotated q and k normalised
-        widths = (self.n_heads * hd, self.n_kv_heads * hd) if config.qk_norm_whole else (hd, hd)
-        self.q_norm, self.k_norm = (RMSNorm(width, config.eps, config.norm_offset, config.norm_gain_float32)
-                                    if config.qk_norm else None for width in widths)
+        self.qk_norm = config.qk_norm  # the piece: its span and its place beside RoPE
+        whole = self.qk_norm is not None and self.qk_norm.span is QKSpan.ALL_HEADS
+        widths = (self.n_heads * hd, self.n_kv_heads * hd) if whole else (hd, hd)
+        self.q_norm, self.k_norm = (RMSNorm(width, config.eps, config.norm_offset, config.norm_gain_float32,
+                                            gain=self.qk_norm.gain) if self.qk_norm is not None else None
+                                    for width in widths)
         self.rope = None
         if config.rope_theta is not None:
             self.rope = RotaryEmbedding(config.rotary_dims, config.rope_theta, config.rope_scaling,
@@ -139,11 +139,8 @@ class MultiHeadAttention(nn.Module):
             self.q_rope, self.k_rope = HookPoint(), HookPoint()
         else:
             self.q_rope = self.k_rope = None
-        # Llama-4: q and k divided by their RMS after RoPE (one module each, so each is its own traced sub-step)
-        self.q_l2norm, self.k_l2norm = (RMSNorm(hd, config.eps, gain=False) if config.qk_l2_norm else None
-                                        for _ in range(2))
         self.temperature = config.temperature
-        if self.rope is not None or config.qk_norm or config.qk_l2_norm:
+        if self.rope is not None or self.qk_norm is not None:
             self.q, self.k = HookPoint(), HookPoint()  # q and k as the projections give them
         else:
             self.q = self.k = None
@@ -161,8 +158,7 @@ class MultiHeadAttention(nn.Module):
         names = ("q", "k") if self.q is not None else ()
         norms = ("q_norm", "k_norm") if self.q_norm is not None else ()
         rotations = ("q_rope", "k_rope") if self.rope is not None else ()
-        names += rotations + norms if self.qk_norm_after_rope else norms + rotations
-        names += ("q_l2norm", "k_l2norm") if self.q_l2norm is not None else ()
+        names += rotations + norms if self.qk_norm is not None and self.qk_norm.after_rope else norms + rotations
         return names + (("output_gate",) if self.output_gate is not None else ())
 
     def _split_heads(self, x: torch.Tensor, heads: Optional[int] = None) -> torch.Tensor:
@@ -209,10 +205,10 @@ class MultiHeadAttention(nn.Module):
         return torch.matmul(self.weights(weights), v)  # [..., H, rows, hd]
 
     def _query_path(self) -> "HeadPath":
-        return HeadPath(self.q_proj, self.n_heads, self.q, self.q_norm, self.q_rope, self.q_l2norm, tempered=True)
+        return HeadPath(self.q_proj, self.n_heads, self.q, self.q_norm, self.q_rope, tempered=True)
 
     def _key_path(self) -> "HeadPath":
-        return HeadPath(self.k_proj, self.n_kv_heads, self.k, self.k_norm, self.k_rope, self.k_l2norm)
+        return HeadPath(self.k_proj, self.n_kv_heads, self.k, self.k_norm, self.k_rope)
 
     def _heads(self, x: torch.Tensor, path: "HeadPath", rotation) -> torch.Tensor:
         """q or k: projected, split into heads, then QK-norm and RoPE where the block has them (a QK-norm over all
@@ -221,14 +217,14 @@ class MultiHeadAttention(nn.Module):
         value = self._split_heads(projected, path.heads)
         if path.seen is not None:
             value = path.seen(value)
-        if path.norm is not None and not self.qk_norm_after_rope:
-            value = self._split_heads(path.norm(projected), path.heads) if self.qk_norm_whole else path.norm(value)
+        norm = self.qk_norm
+        if norm is not None and not norm.after_rope:
+            value = (self._split_heads(path.norm(projected), path.heads) if norm.span is QKSpan.ALL_HEADS
+                     else path.norm(value))
         if rotation is not None:
             value = path.rotated(self.rope.rotate(value, *rotation))
-        if path.norm is not None and self.qk_norm_after_rope:
+        if norm is not None and norm.after_rope:
             value = path.norm(value)
-        if path.l2norm is not None:
-            value = path.l2norm(value)
         if path.tempered and self.temperature is not None:
             value = self._temperature(value)
         return value

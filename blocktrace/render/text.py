@@ -12,7 +12,8 @@ from typing import Optional, Sequence
 
 from tabulate import tabulate
 
-from blocktrace.config import BlockConfig, Experts, GLUClamp, LatentWidths, QueryTemperature, RopeScaling, token_mixer_of
+from blocktrace.config import (BlockConfig, Experts, GLUClamp, LatentWidths, QKNorm, QueryTemperature, RopeScaling,
+                               token_mixer_of)
 from blocktrace.diagnose.diagnosis import layer_ranges
 from blocktrace.render.translate import say
 from blocktrace.render.words import HEADINGS, explanation
@@ -36,7 +37,7 @@ def _stat_cells(stats: dict) -> list:
 CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placement", "causal")
 # Shown too where they differ from BlockConfig's defaults: what makes a modern family's block its own.
 CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "rope_interleaved", "nope",
-                 "qkv_bias", "qk_norm", "qk_norm_whole", "qk_norm_after_rope", "qk_l2_norm", "norm_offset",
+                 "qkv_bias", "qk_norm", "norm_offset",
                  "norm_gain_float32", "attn_scale",
                  "attn_softcap", "sliding_window", "attention_chunk", "temperature", "parallel_residual", "one_norm", "residual_multiplier",
                  "attn_sinks", "latent", "experts", "glu_clamp", "attn_output_gate", "token_mixer")
@@ -45,7 +46,7 @@ _DEFAULTS = {field.name: field.default for field in dataclasses.fields(BlockConf
 
 # The settings that are pieces: each read back from its dict and said by its str
 PIECE_READERS = {"experts": Experts.of, "rope_scaling": RopeScaling.of, "latent": LatentWidths.of,
-                 "temperature": QueryTemperature.of, "glu_clamp": GLUClamp.of, "token_mixer": token_mixer_of}
+                 "qk_norm": QKNorm.of, "temperature": QueryTemperature.of, "glu_clamp": GLUClamp.of, "token_mixer": token_mixer_of}
 
 
 def _setting(key: str, value) -> str:

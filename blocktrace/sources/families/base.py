@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from blocktrace.phrases import phrase
-from blocktrace.config import BlockConfig, RopeScaling
+from blocktrace.config import BlockConfig, QKNorm, QKSpan, RopeScaling
 from blocktrace.errors import WeightsError
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.configfile import ConfigFile
@@ -365,6 +365,7 @@ def _factors(parameters: ConfigFile, key: str) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
+WHOLE_QK_NORM = QKNorm(QKSpan.ALL_HEADS)  # OLMo-2's: q (and k) of all heads normalised at once, before the split
 NOPE_FIELDS = {"rope_theta": None, "rope_scaling": None, "nope": True}  # a layer of a RoPE model left unrotated
 
 

@@ -6,6 +6,7 @@ Exaone4Config's default — every `sliding_window_pattern`-th layer global — s
 from __future__ import annotations
 
 from blocktrace.errors import UsageError, WeightsError
+from blocktrace.config import QKNorm
 from blocktrace.sources.families.base import NOPE_FIELDS, HFLayer
 from blocktrace.sources.families.olmo2 import OLMo2
 from blocktrace.vocab import Norm, Placement
@@ -20,7 +21,7 @@ class Exaone4(OLMo2):
     defaults = {**OLMo2.defaults, "sliding_window": 4096, "sliding_window_pattern": 4}
 
     def config_fields(self, config):
-        return {**super().config_fields(config), "qk_norm_whole": False, "norm_gain_float32": False}
+        return {**super().config_fields(config), "qk_norm": QKNorm(), "norm_gain_float32": False}
 
     def sliding_by_default(self, config, layer: int) -> bool:
         if self.setting(config, "sliding_window", "integer") is None:
@@ -42,6 +43,6 @@ class Exaone4(OLMo2):
         return {"sliding_window": None, **(NOPE_FIELDS if window is not None else {})}
 
     def check(self, config):
-        if config.placement is not Placement.REORDERED or config.qk_norm_whole or not config.qk_norm:
+        if config.placement is not Placement.REORDERED or config.qk_norm != QKNorm():
             raise UsageError("exaone4 weights need the reordered wiring (a norm after each sublayer) and QK-norm "
                                "per head")

@@ -7,6 +7,7 @@ dynamic scaling."""
 
 from __future__ import annotations
 
+from blocktrace.config import QKNorm
 from blocktrace.phrases import phrase
 from blocktrace.sources.families.base import HFLayer, linear, refuse_quantised, rope_fields
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
@@ -23,7 +24,7 @@ class HunyuanDense(Llama):
 
     def config_fields(self, config):
         refuse_quantised(config)
-        fields = {**super().config_fields(config), "qk_norm": True, "qk_norm_after_rope": True}
+        fields = {**super().config_fields(config), "qk_norm": QKNorm(after_rope=True)}
         alpha = self.ntk_alpha(config)
         if alpha is not None:
             fields.update(rope_theta=self.alpha_theta(config, fields, alpha), rope_scaling=None)

@@ -24,7 +24,7 @@ from blocktrace.sources.families.base import (
     rope_fields,
     size,
 )
-from blocktrace.vocab import FFNKind, Norm
+from blocktrace.vocab import FFNKind, Norm, QKSpan
 
 SLIDING = "sliding_attention"
 LLAMA_STEPS = {"norm1": "input_layernorm", "attn": "self_attn", "norm2": "post_attention_layernorm", "ffn": "mlp"}
@@ -77,9 +77,10 @@ class Llama(Family):
         hd = c.head_dim
         q, kv = c.n_heads * hd, c.n_kv_heads * hd
         state = Llama.projections(read, c)
-        if c.qk_norm:  # per head (Qwen3), or across all heads (OLMo-2)
-            state["attn.q_norm.weight"] = read("self_attn.q_norm.weight", (q if c.qk_norm_whole else hd,))
-            state["attn.k_norm.weight"] = read("self_attn.k_norm.weight", (kv if c.qk_norm_whole else hd,))
+        if c.qk_norm is not None and c.qk_norm.gain:  # per head (Qwen3), or across all heads (OLMo-2)
+            whole = c.qk_norm.span is QKSpan.ALL_HEADS
+            state["attn.q_norm.weight"] = read("self_attn.q_norm.weight", (q if whole else hd,))
+            state["attn.k_norm.weight"] = read("self_attn.k_norm.weight", (kv if whole else hd,))
         return state
 
     @staticmethod

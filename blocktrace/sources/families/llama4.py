@@ -17,7 +17,7 @@ type: save the text model alone (Llama4ForCausalLM) to trace it.
 
 from __future__ import annotations
 
-from blocktrace.config import QueryTemperature
+from blocktrace.config import QKNorm, QueryTemperature
 from blocktrace.errors import UsageError
 from blocktrace.sources.configfile import LAYER_TYPES, ConfigFile
 from blocktrace.sources.families.base import NOPE_FIELDS, HFLayer, linear, rope_fields, rotates
@@ -27,6 +27,9 @@ from blocktrace.vocab import FFNKind, Norm, RouterKind
 
 CHUNKED = "chunked_attention"
 STEPS = {"norm1": "input_layernorm", "attn": "self_attn", "norm2": "post_attention_layernorm", "ffn": "feed_forward"}
+
+
+L2_QK_NORM = QKNorm(after_rope=True, gain=False)  # Llama4TextL2Norm: q / RMS(q) per head, after RoPE, no weight
 
 
 class Llama4(MixtureFamily, Llama):
@@ -88,7 +91,7 @@ class Llama4(MixtureFamily, Llama):
                                                       "within chunks, sized", "integer")
                      if self.chunked(config, layer) else None}
         if self.rotates(config, layer):
-            attention["qk_l2_norm"] = self.setting(config, "use_qk_norm", "boolean")
+            attention["qk_norm"] = L2_QK_NORM if self.setting(config, "use_qk_norm", "boolean") else None
         else:
             attention.update(NOPE_FIELDS)
             if self.setting(config, "attn_temperature_tuning", "boolean"):

@@ -7,7 +7,7 @@ QK-norm over all heads at once, before the split (`self_attn.q_norm` [H·hd], `k
 
 from __future__ import annotations
 
-from blocktrace.sources.families.base import HFLayer, rope_fields
+from blocktrace.sources.families.base import WHOLE_QK_NORM, HFLayer, rope_fields
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
 from blocktrace.sources.families.moe import MixtureFamily
 from blocktrace.vocab import Norm, RouterKind
@@ -26,7 +26,7 @@ class MiniMaxM2(MixtureFamily, Llama):
         head_dim = self.setting(config, "head_dim", "integer")
         rotary_dim = config.integer("rotary_dim")
         fraction = rotary_dim / head_dim if rotary_dim is not None else 1.0
-        return {**super().config_fields(config), "head_size": head_dim, "qk_norm": True, "qk_norm_whole": True,
+        return {**super().config_fields(config), "head_size": head_dim, "qk_norm": WHOLE_QK_NORM,
                 **rope_fields(config, default_fraction=fraction, default_theta=5_000_000.0), **self.moe_fields(config),
                 "router": RouterKind.SIGMOID_GROUPED, "choice_bias": True, "expert_groups": 1, "groups_per_token": 1}
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from blocktrace.errors import WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import HFLayer, linear, refuse_unless, size
+from blocktrace.sources.families.base import WHOLE_QK_NORM, HFLayer, linear, refuse_unless, size
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama, Mistral, Qwen2, Qwen3, qwen_window
 from blocktrace.vocab import FFNKind, Norm
 
@@ -168,7 +168,7 @@ class OLMoE(MixtureFamily, Llama):
 
     def config_fields(self, config):
         refuse_unless(config, "clip_qkv", (None,), "clamps q, k and v")
-        return {**super().config_fields(config), **self.moe_fields(config), "qk_norm": True, "qk_norm_whole": True}
+        return {**super().config_fields(config), **self.moe_fields(config), "qk_norm": WHOLE_QK_NORM}
 
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": config.boolean("attention_bias", False)}

@@ -7,7 +7,7 @@ the projection before it is split into heads; RMSNorm multiplies its gain in flo
 from __future__ import annotations
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import HFLayer, size
+from blocktrace.sources.families.base import WHOLE_QK_NORM, HFLayer, size
 from blocktrace.sources.families.llama import Llama
 from blocktrace.vocab import FFNKind, Norm, Placement
 from blocktrace.wiring import REORDERED
@@ -22,8 +22,8 @@ class OLMo2(Llama):
     marker = "post_feedforward_layernorm.weight"  # no input_layernorm: the norms follow the sublayers
 
     def config_fields(self, config):
-        return {**super().config_fields(config), "placement": Placement.REORDERED, "qk_norm": True,
-                "qk_norm_whole": True, "norm_gain_float32": True}
+        return {**super().config_fields(config), "placement": Placement.REORDERED, "qk_norm": WHOLE_QK_NORM,
+                "norm_gain_float32": True}
 
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": config.boolean("attention_bias", False)}
@@ -40,6 +40,6 @@ class OLMo2(Llama):
 
     def check(self, config):
         if config.ffn is not FFNKind.SWIGLU or config.norm is not Norm.RMSNORM or \
-                config.placement is not Placement.REORDERED or not config.qk_norm_whole:
+                config.placement is not Placement.REORDERED or config.qk_norm != WHOLE_QK_NORM:
             raise UsageError("olmo2 weights need --norm rmsnorm, --ffn swiglu, the reordered wiring (a norm after "
                              "each sublayer) and its QK-norm over all heads")

@@ -19,7 +19,7 @@ import torch
 from blocktrace.config import GatedDeltaNet
 from blocktrace.errors import UsageError, WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import NOPE_FIELDS, HFLayer, linear, rope_fields, size
+from blocktrace.sources.families.base import NOPE_FIELDS, WHOLE_QK_NORM, HFLayer, linear, rope_fields, size
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
 from blocktrace.sources.families.olmo2 import OLMo2
 from blocktrace.sources.families.qwen3_next import LINEAR, grouped_by_key_head
@@ -48,8 +48,8 @@ class OlmoHybrid(Llama):
         """The attention layers' block (a delta-rule layer's differences are its layer_fields)."""
         parameters = config.merged("rope_scaling", "rope_parameters")
         rotary = rope_fields(config) if parameters.number("rope_theta", None) is not None else NOPE_FIELDS
-        return {**super().config_fields(config), "placement": Placement.REORDERED, "qk_norm": True,
-                "qk_norm_whole": True, "norm_gain_float32": True, **rotary}
+        return {**super().config_fields(config), "placement": Placement.REORDERED, "qk_norm": WHOLE_QK_NORM,
+                "norm_gain_float32": True, **rotary}
 
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": self.setting(config, "attention_bias", "boolean")}
@@ -67,7 +67,7 @@ class OlmoHybrid(Llama):
         if config is None or self.layer_kinds(config)[layer] != LINEAR:
             return {}
         return {"placement": Placement.PRE, "token_mixer": self.delta_net_spec(config), "rope_theta": None,
-                "rope_scaling": None, "nope": False, "qk_norm": False, "qk_norm_whole": False}
+                "rope_scaling": None, "nope": False, "qk_norm": None}
 
     def delta_net_spec(self, config: ConfigFile) -> GatedDeltaNet:
         """OlmoHybridConfig's widths, defaulted as it defaults them: a key head per attention head of 0.75·d/heads
