@@ -13,10 +13,10 @@ from enum import Enum
 from typing import ClassVar, Optional, Union
 
 from blocktrace.errors import ConfigError
-from blocktrace.vocab import STEP_NAMES, FFNKind, MixerKind, Norm, Placement, QKSpan, RopeKind, RouterKind
+from blocktrace.vocab import STEP_NAMES, FFNKind, MixerKind, Norm, Parallel, Placement, QKSpan, RopeKind, RouterKind
 from blocktrace.wiring import Wiring, wiring_of
 
-__all__ = ["BlockConfig", "Experts", "GatedDeltaNet", "GLUClamp", "QKNorm", "QKSpan", "QueryTemperature", "LatentWidths", "Mamba2", "ShortConvolution", "TokenMixer", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Placement", "RopeKind",
+__all__ = ["BlockConfig", "Experts", "GatedDeltaNet", "GLUClamp", "QKNorm", "QKSpan", "QueryTemperature", "LatentWidths", "Mamba2", "ShortConvolution", "TokenMixer", "RopeScaling", "STEP_NAMES", "FFNKind", "Norm", "Parallel", "Placement", "RopeKind",
            "RouterKind"]
 
 
@@ -421,6 +421,14 @@ TokenMixer = Union[ShortConvolution, GatedDeltaNet, Mamba2]
 TOKEN_MIXERS = {spec.mixer: spec for spec in (ShortConvolution, GatedDeltaNet, Mamba2)}
 
 
+def parallel_of(value, one_norm: bool = False) -> Parallel:
+    """The parallel residual's setting: a Parallel, its string, or a bool (True: two norms, GPT-NeoX's
+    use_parallel_residual); `one_norm`, an older trace's flag for Cohere's one norm."""
+    if isinstance(value, bool):
+        return (Parallel.ONE_NORM if one_norm else Parallel.TWO_NORMS) if value else Parallel.OFF
+    return _as_enum(Parallel, value, "parallel_residual")
+
+
 def token_mixer_of(value) -> Optional[TokenMixer]:
     """A mixer spec, or the dict to_dict writes of one (its kind under `mixer`; a trace written before there were
     two kinds holds a short convolution's fields alone)."""
@@ -464,8 +472,8 @@ class BlockConfig:
     sliding_window: Optional[int] = None  # a query sees only the last W keys (itself included)
     attention_chunk: Optional[int] = None  # Llama-4: the tokens split into chunks of C, a query sees only its own
     temperature: Optional[QueryTemperature] = None  # Llama-4's NoPE layers: later queries sharpened
-    parallel_residual: bool = False  # GPT-NeoX: x + attn(norm1(x)) + ffn(norm2(x)), both from x
-    one_norm: bool = False  # a parallel block whose sublayers both read norm1(x) (Cohere): no norm2
+    # attn and ffn side by side, both reading x (GPT-NeoX: two norms; Cohere: one); True: two norms
+    parallel_residual: Parallel = Parallel.OFF
     residual_multiplier: float = 1.0  # multiplies each sublayer's output in its residual add (Granite): x + m·f(x)
     experts: Optional[Experts] = None  # a mixture of experts in place of the FFN (Mixtral, Qwen-MoE, DeepSeek, …)
     attn_sinks: bool = False  # a learned logit per head that joins every softmax and takes weight from the keys (gpt-oss)
@@ -482,6 +490,7 @@ class BlockConfig:
         set_field(self, "norm", _as_enum(Norm, self.norm, "norm"))
         set_field(self, "ffn", _as_enum(FFNKind, self.ffn, "ffn"))
         set_field(self, "placement", _as_enum(Placement, self.placement, "placement"))
+        set_field(self, "parallel_residual", parallel_of(self.parallel_residual))
         set_field(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
         set_field(self, "experts", Experts.of(self.experts))
         set_field(self, "latent", LatentWidths.of(self.latent))
@@ -551,10 +560,7 @@ class BlockConfig:
             raise ConfigError(f"glu_clamp is ffn swiglu_clamped's: --ffn {self.ffn} clamps nothing", "glu_clamp")
 
     def _validate_wiring(self) -> None:
-        if self.one_norm and not self.parallel_residual:
-            raise ConfigError("one norm for both sublayers needs them side by side: one_norm needs parallel_residual",
-                              "one_norm")
-        if self.parallel_residual and self.placement is not Placement.PRE:
+        if self.parallel_residual is not Parallel.OFF and self.placement is not Placement.PRE:
             raise ConfigError("a parallel residual reads both branches from the stream before the norms: it needs "
                               "Pre-LN wiring", "placement")
 
@@ -620,7 +626,7 @@ class BlockConfig:
     @property
     def wiring(self) -> Wiring:
         """Which step reads which (blocktrace.wiring)."""
-        return wiring_of(self.placement, self.parallel_residual, self.one_norm)
+        return wiring_of(self.placement, self.parallel_residual)
 
     @property
     def sandwich(self) -> bool:
@@ -666,9 +672,11 @@ class BlockConfig:
 
 
 def _pieces_of_older_traces(data: dict) -> dict:
-    """A trace written before the QK-norm, the query temperature and the GLU clamp were pieces holds their settings
-    one by one: gathered (the temperature's floor given, the clamp's with the clamped FFN), else dropped."""
+    """A trace written before the QK-norm, the query temperature, the GLU clamp and the parallel residual's norms
+    were pieces holds their settings one by one: gathered (the temperature's floor given, the clamp's with the clamped FFN), else dropped."""
     data = dict(data)
+    if "one_norm" in data:
+        data["parallel_residual"] = parallel_of(data.get("parallel_residual", False), data.pop("one_norm"))
     whole, after_rope, l2 = (data.pop(name, False) for name in ("qk_norm_whole", "qk_norm_after_rope", "qk_l2_norm"))
     if data.get("qk_norm") is True or l2:  # Llama-4's L2 norm was its own flag: after RoPE, no gain
         data["qk_norm"] = QKNorm(QKSpan.ALL_HEADS if whole else QKSpan.HEAD, after_rope or l2, gain=not l2)

@@ -125,6 +125,14 @@ class Placement(Choice):
     # Which step reads which under each placement: blocktrace.wiring.
 
 
+class Parallel(Choice):
+    """Whether attn and ffn read the block's input side by side (a parallel residual), and under how many norms."""
+
+    OFF = "off"  # ffn reads the stream after attn's update (GPT-2, Llama)
+    TWO_NORMS = "two_norms"  # GPT-NeoX: x + attn(norm1(x)) + ffn(norm2(x))
+    ONE_NORM = "one_norm"  # Cohere (GPT-J's, Falcon-7B's too): x + attn(norm1(x)) + ffn(norm1(x)), no norm2
+
+
 class Init(Choice):
     DEFAULT = "default"  # PyTorch's own
     XAVIER = "xavier"

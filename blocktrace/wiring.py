@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from blocktrace.vocab import Choice, Placement
+from blocktrace.vocab import Choice, Parallel, Placement
 
 INPUT = "x"  # what the block receives: the first step reads it
 
@@ -156,7 +156,6 @@ def flag_parameter(wiring: Wiring) -> str:
     return wiring.flag.lstrip("-").replace("-", "_")
 
 
-def wiring_of(placement: Placement, parallel_residual: bool = False, one_norm: bool = False) -> Wiring:
-    if parallel_residual:
-        return PARALLEL_ONE_NORM if one_norm else PARALLEL
-    return WIRINGS[Placement(placement)]
+def wiring_of(placement: Placement, parallel: Parallel = Parallel.OFF) -> Wiring:
+    return {Parallel.TWO_NORMS: PARALLEL, Parallel.ONE_NORM: PARALLEL_ONE_NORM}.get(parallel) \
+        or WIRINGS[Placement(placement)]

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from blocktrace.config import BlockConfig
+from blocktrace.config import BlockConfig, Parallel
+from blocktrace.errors import ConfigError
 from blocktrace.model.block import build_block, step_operations
 from blocktrace.wiring import PARALLEL, WIRINGS
 
@@ -21,11 +22,13 @@ def by_hand(block, x):
     if placement == "sandwich":
         x1 = x + b.post_attn_norm(b.attn(b.norm1(x)))
         return x1 + b.post_ffn_norm(b.ffn(b.norm2(x1)))
+    if block.config.parallel_residual is Parallel.ONE_NORM:  # Cohere: both sublayers read norm1(x)
+        return x + b.attn(b.norm1(x)) + b.ffn(b.norm1(x))
     x1 = x + b.attn(b.norm1(x))
-    return x1 + b.ffn(b.norm2(x if block.config.parallel_residual else x1))
+    return x1 + b.ffn(b.norm2(x if block.config.parallel_residual is Parallel.TWO_NORMS else x1))
 
 
-CASES = [dict(placement=p.value) for p in WIRINGS] + [dict(parallel_residual=True)]
+CASES = [dict(placement=p.value) for p in WIRINGS] + [dict(parallel_residual=True), dict(parallel_residual="one_norm")]
 
 
 @pytest.mark.parametrize("fields", CASES, ids=lambda f: "-".join(str(v) for v in f.values()))
@@ -43,6 +46,21 @@ def test_every_wiring_reads_only_what_was_computed_before_and_ends_in_a_sum_or_a
             assert set(step.reads) <= seen, (wiring.name, step.name)
             seen.add(step.name)
         assert wiring.stream_normalised == (wiring.placement.value in ("post", "deepnorm"))
+
+
+def test_the_parallel_residual_is_one_setting_true_naming_neoxs_two_norms_and_older_traces_read_back():
+    assert BlockConfig(parallel_residual=True).parallel_residual is Parallel.TWO_NORMS
+    assert BlockConfig(parallel_residual=False).parallel_residual is Parallel.OFF
+    config = BlockConfig(d_model=8, n_heads=2, parallel_residual="one_norm")
+    assert BlockConfig.from_dict(config.to_dict()) == config
+    # before it was one setting, a trace held parallel_residual and Cohere's one_norm as two booleans
+    old = {**config.to_dict(), "parallel_residual": True, "one_norm": True}
+    assert BlockConfig.from_dict(old).parallel_residual is Parallel.ONE_NORM
+    assert BlockConfig.from_dict({**old, "one_norm": False}).parallel_residual is Parallel.TWO_NORMS
+    with pytest.raises(ConfigError, match="parallel_residual must be one of off, two_norms, one_norm, not 'three'"):
+        BlockConfig(parallel_residual="three")
+    with pytest.raises(ConfigError, match="needs Pre-LN wiring"):
+        BlockConfig(parallel_residual="one_norm", placement="post")
 
 
 def test_the_parallel_formulas_say_what_the_ffn_reads():

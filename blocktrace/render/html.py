@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from blocktrace.config import BlockConfig
+from blocktrace.config import BlockConfig, parallel_of
 from blocktrace.errors import BlocktraceError
 from blocktrace.files import write_atomically
 from blocktrace.render.documents.json_document import dumps
@@ -77,8 +77,8 @@ def step_explanations(report: dict) -> Optional[dict]:
     config = report.get("config")
     if report.get("kind") != ReportKind.BLOCK.value or not isinstance(config, dict) or "placement" not in config:
         return None
-    wiring = wiring_of(Placement(config["placement"]), config.get("parallel_residual", False),
-                       config.get("one_norm", False))
+    wiring = wiring_of(Placement(config["placement"]),
+                       parallel_of(config.get("parallel_residual", False), config.get("one_norm", False)))
     said = {language: explained_steps(language, wiring) for language in Lang}
     return {language.value: {step["name"]: said[language][step["name"]] for step in report["steps"]
                              if step["name"] in said[language]} for language in Lang}

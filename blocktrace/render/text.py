@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 from tabulate import tabulate
 
 from blocktrace.config import (BlockConfig, Experts, GLUClamp, LatentWidths, QKNorm, QueryTemperature, RopeScaling,
-                               token_mixer_of)
+                               parallel_of, token_mixer_of)
 from blocktrace.diagnose.diagnosis import layer_ranges
 from blocktrace.render.translate import say
 from blocktrace.render.words import HEADINGS, explanation
@@ -39,7 +39,7 @@ CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placemen
 CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "rope_interleaved", "nope",
                  "qkv_bias", "qk_norm", "norm_offset",
                  "norm_gain_float32", "attn_scale",
-                 "attn_softcap", "sliding_window", "attention_chunk", "temperature", "parallel_residual", "one_norm", "residual_multiplier",
+                 "attn_softcap", "sliding_window", "attention_chunk", "temperature", "parallel_residual", "residual_multiplier",
                  "attn_sinks", "latent", "experts", "glu_clamp", "attn_output_gate", "token_mixer")
 _DEFAULTS = {field.name: field.default for field in dataclasses.fields(BlockConfig)}
 
@@ -206,8 +206,8 @@ def routing_lines(routing: dict, labels: Sequence[str]) -> str:
 
 def explanations(report: dict, lang: Lang) -> str:
     config = report["config"]
-    wiring = wiring_of(Placement(config["placement"]), config.get("parallel_residual", False),
-                       config.get("one_norm", False))
+    wiring = wiring_of(Placement(config["placement"]),
+                       parallel_of(config.get("parallel_residual", False), config.get("one_norm", False)))
     lines = [f"{HEADINGS[lang]['why']}:"]
     lines += [f"{e['index']} {e['name']}: {explanation(lang, wiring, e['name'])}" for e in report["steps"]]
     return "\n".join(lines)

@@ -17,7 +17,7 @@ from blocktrace.sources.families.base import (
     rope_fields,
 )
 from blocktrace.sources.families.llama import Llama
-from blocktrace.vocab import FFNKind, Norm
+from blocktrace.vocab import FFNKind, Norm, Parallel
 from blocktrace.wiring import PARALLEL_ONE_NORM
 
 COHERE_STEPS = {"norm1": "input_layernorm", "attn": "self_attn", "ffn": "mlp"}
@@ -38,7 +38,7 @@ class Cohere(Llama):
                 "eps": self.setting(config, "layer_norm_eps", positive=True), "ffn": self.activation(config),
                 "norm": Norm.LAYERNORM, "bias": False, "attn_bias": config.boolean("attention_bias", False),
                 "kv_heads": config.integer("num_key_value_heads") or heads, "head_size": self.head_size(config),
-                "parallel_residual": True, "one_norm": True, "rope_interleaved": True,
+                "parallel_residual": Parallel.ONE_NORM, "rope_interleaved": True,
                 **rope_fields(config, default_theta=self.defaults["rope_theta"])}
 
     def head_size(self, config):
@@ -59,7 +59,8 @@ class Cohere(Llama):
                         eps=self.setting(info.config, "layer_norm_eps", positive=True), logit_scale=scale, tied=tied)
 
     def check(self, config):
-        if config.ffn is not FFNKind.SWIGLU or config.norm is not Norm.LAYERNORM or not config.one_norm:
+        if config.ffn is not FFNKind.SWIGLU or config.norm is not Norm.LAYERNORM or \
+                config.parallel_residual is not Parallel.ONE_NORM:
             raise UsageError(f"{self.name} weights need --norm layernorm, --ffn swiglu and the parallel block under "
                              "one norm")
 
