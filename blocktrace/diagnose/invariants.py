@@ -318,27 +318,93 @@ def _descent(entry: dict) -> Optional[dict]:
     return found
 
 
+# A momentum optimizer's velocity can carry a step or two uphill across a valley: SGD at lr 0.1 with momentum 0.9
+# climbed its own batch's loss at two records in a row in a run that trains (5.5 → 2.7 nats). A sign flipped climbs
+# at every step; the first step, before any velocity exists, is conclusive alone.
+CLIMBS_IN_A_ROW = 3
+# The batch's loss rose by as much as the objective backward() differentiated fell: |ΔL − (−g·Δw)| within this share
+# of |g·Δw| (a loss negated before backward: within 2% at lr 1e-3, 22% at the first step of a large one); a step
+# that overshoots its own batch lands there only by coincidence, so two records in a row
+MIRROR_TOLERANCE = 0.3
+MIRRORED_IN_A_ROW = 2
+
+
+def _climbs(entry: dict) -> bool:
+    """The step probed at this record raised its batch's loss, and its first-order prediction says it would."""
+    descent = _descent(entry)
+    return descent is not None and _finite(descent.get("loss_after")) and descent["predicted"] > 0 \
+        and descent["loss_after"] > descent["loss_before"]
+
+
+def _mirrored(entry: dict) -> bool:
+    """The step descends what backward() differentiated (g·Δw < 0) and the model's loss on the same batch rises by
+    about as much: the gradient the optimizer followed is minus the loss's."""
+    descent = _descent(entry)
+    if descent is None or not _finite(descent.get("loss_after")) or not descent["predicted"] < 0:
+        return False
+    rise = descent["loss_after"] - descent["loss_before"]
+    return rise > 0 and abs(rise + descent["predicted"]) <= MIRROR_TOLERANCE * -descent["predicted"]
+
+
+def _in_a_row(history: Sequence[dict], entry: dict, holds) -> int:
+    """How many records, this one and those just before it, the probe found `holds` at."""
+    count = 0
+    for record in (entry, *reversed(history)):
+        if not holds(record):
+            break
+        count += 1
+    return count
+
+
 @check(Scope.TRAINING, "update_ascends",
-       "a recorded step's update climbs on both counts: the first-order change it predicts, g·Δw, is above 0 and "
-       "the same batch's loss after the step (the same forward, the same dropout draws) is above its loss before "
-       "(a Watch given the optimizer)",
+       "a recorded step's update climbs on both counts — the first-order change it predicts, g·Δw, is above 0 and "
+       f"the same batch's loss after the step (the same forward, the same dropout draws) is above its loss before — "
+       f"at the optimizer's first step, or at {CLIMBS_IN_A_ROW} records in a row (a Watch given the optimizer)",
        "definition of descent: an optimizer's step moves the weights against the gradient, so g·Δw < 0 and, for a "
-       "step small enough to follow its gradient, the batch's loss falls. Momentum can turn one step against a "
-       "noisy gradient, but not the batch's own loss with it",
-       "the update climbs the loss: a sign flipped in the optimizer or in the gradient (maximize, a negative "
-       "learning rate, a custom step that adds the gradient, a loss negated before backward)",
+       "step small enough to follow its gradient, the batch's loss falls. The first step has no velocity that could "
+       "turn it; later, momentum can carry a step or two uphill across a valley, never every one",
+       "the update climbs the loss: a sign flipped in the optimizer (maximize, a negative learning rate, a custom "
+       "step that adds the gradient)",
        Cause.OPTIMIZER, direct=True,
        advice=phrase("make the step descend: p ← p − lr·update(g) with lr > 0 and maximize=False; check a custom "
-                     "optimizer's sign and what backward() is called on"))
+                     "optimizer's sign"))
 def _update_ascends(history: Sequence[dict], entry: dict) -> list[Finding]:
-    descent = _descent(entry)
-    if descent is None or not _finite(descent.get("loss_after")) or not descent["predicted"] > 0 \
-            or not descent["loss_after"] > descent["loss_before"]:
+    if not _climbs(entry):
         return []
+    descent, in_a_row = _descent(entry), _in_a_row(history, entry, _climbs)
+    if not descent["first_step"] and in_a_row < CLIMBS_IN_A_ROW:
+        return []
+    when = phrase("the optimizer's first step") if descent["first_step"] else \
+        phrase("{count} records in a row", count=in_a_row)
     return [finding(Level.ERROR, None, None, descent["predicted"],
                     phrase("the step after the record at step {step}: g·Δw = {predicted:.3g} > 0, and its batch's "
-                           "loss went from {before:.4g} to {after:.4g}", step=descent.get("at"),
-                           predicted=descent["predicted"], before=descent["loss_before"], after=descent["loss_after"]))]
+                           "loss went from {before:.4g} to {after:.4g} ({when})", step=descent.get("at"),
+                           predicted=descent["predicted"], before=descent["loss_before"], after=descent["loss_after"],
+                           when=when))]
+
+
+@check(Scope.TRAINING, "objective_opposes_the_loss",
+       "a recorded step descends what backward() differentiated (g·Δw < 0) while the model's own loss on the same "
+       f"batch rises by as much (within {MIRROR_TOLERANCE:.0%} of |g·Δw|), at {MIRRORED_IN_A_ROW} records in a row "
+       "(a Watch given the optimizer, a model that returns its loss)",
+       "first order: a small step changes a loss by its gradient · Δw. The optimizer followed g, and the loss moved "
+       "by −g·Δw: its gradient is −g, so backward() differentiated minus the loss. A step too large for its batch "
+       "raises the loss by any amount, not by the mirror of the prediction at record after record",
+       "backward() is called on the negative of the loss (a sign written for a maximisation, a log-likelihood not "
+       "negated): the optimizer descends it and the loss climbs",
+       Cause.LOSS_FUNCTION, direct=True,
+       advice=phrase("call backward() on the loss to minimise — the cross-entropy, the negative log-likelihood — not "
+                     "on its negation"))
+def _objective_opposes_the_loss(history: Sequence[dict], entry: dict) -> list[Finding]:
+    in_a_row = _in_a_row(history, entry, _mirrored)
+    if in_a_row < MIRRORED_IN_A_ROW:
+        return []
+    descent = _descent(entry)
+    return [finding(Level.ERROR, None, None, descent["loss_after"] - descent["loss_before"],
+                    phrase("the step after the record at step {step}: g·Δw = {predicted:.3g} predicts a descent, and "
+                           "its batch's loss rose from {before:.4g} to {after:.4g} — by minus the prediction, "
+                           "{count} records in a row", step=descent.get("at"), predicted=descent["predicted"],
+                           before=descent["loss_before"], after=descent["loss_after"], count=in_a_row))]
 
 
 # --- data-parallel training: what every rank must share, and what each must not ----------------------------------

@@ -161,7 +161,14 @@ PHRASES_ZH = {
     "token t + 2": "labels 已经是输入提前一位，模型又偏移了一次：位置 t 学的是 token t + 2",
     "the targets match the inputs at no shift ({shown} of the positions)": "目标与输入在任何偏移下都对不上（{shown} 的位置）",
     "the step after the record at step {step}: g·Δw = {predicted:.3g} > 0, and its batch's loss went from "
-    "{before:.4g} to {after:.4g}": "第 {step} 步记录之后的那一步：g·Δw = {predicted} > 0，它的 batch 损失从 {before} 变为 {after}",
+    "{before:.4g} to {after:.4g} ({when})":
+        "第 {step} 步记录之后的那一步：g·Δw = {predicted} > 0，它的 batch 损失从 {before} 变为 {after}（{when}）",
+    "the optimizer's first step": "优化器的第一步",
+    "{count} records in a row": "接连 {count} 条记录",
+    "the step after the record at step {step}: g·Δw = {predicted:.3g} predicts a descent, and its batch's loss rose "
+    "from {before:.4g} to {after:.4g} — by minus the prediction, {count} records in a row":
+        "第 {step} 步记录之后的那一步：g·Δw = {predicted} 预示下降，而它的 batch 损失从 {before} 升到 {after}——"
+        "恰为预测的相反数，接连 {count} 条记录",
     "rank {rank}'s weights differ from rank 0's: Σw² {value:.9g} against {reference:.9g}":
         "rank {rank} 的权重与 rank 0 不同：Σw² 为 {value}，rank 0 为 {reference}",
     "gated delta-rule layers: {layers}": "门控 delta 层：{layers}",
@@ -324,8 +331,10 @@ PHRASES_ZH = {
     "runs over": "对计入的目标取平均损失（reduction='mean'），或把学习率除以求和所覆盖的数量",
     "set the ignore index (-100) only at padding and prompt positions: check the mask that builds the labels":
         "只在 padding 和提示词的位置设置忽略索引（-100）：检查构造 labels 的掩码",
-    "make the step descend: p ← p − lr·update(g) with lr > 0 and maximize=False; check a custom optimizer's sign and "
-    "what backward() is called on": "让更新沿下降方向：p ← p − lr·update(g)，lr > 0 且 maximize=False；检查自定义优化器的符号，以及 backward() 是对什么调用的",
+    "make the step descend: p ← p − lr·update(g) with lr > 0 and maximize=False; check a custom optimizer's sign":
+        "让更新沿下降方向：p ← p − lr·update(g)，lr > 0 且 maximize=False；检查自定义优化器的符号",
+    "call backward() on the loss to minimise — the cross-entropy, the negative log-likelihood — not on its negation":
+        "对要最小化的损失调用 backward()——交叉熵，即负对数似然——而不是它的相反数",
     "make every rank run the same step on the same gradients: clip, scale and step on all ranks alike, and change "
     "weights only where every rank does": "让每个 rank 用同样的梯度执行同样的一步：在所有 rank 上同样地裁剪、缩放和更新，只在每个 rank 都修改的地方修改权重",
     "let DDP average the gradients: wrap the model after moving it to its device, and keep any communication hook's "

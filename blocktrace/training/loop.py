@@ -172,6 +172,7 @@ class Descent:
     rng: RandomState  # at the training forward: dropout draws the same masks again
     loss_before: torch.Tensor
     dot_before: Optional[torch.Tensor] = None
+    first_step: bool = False  # the optimizer held no state before this step: no momentum could turn it
 
     def replay_loss(self, model: nn.Module) -> Optional[torch.Tensor]:
         """The same forward on the same batch, after the step: the same modes, the same random state (forked: the
@@ -275,6 +276,7 @@ class LoopObserver:
         if self.descent is not None:
             try:  # inside the user's optimizer.step(): never raise into it
                 self.descent.dot_before = _gradient_dot_weights(_held(optimizer))
+                self.descent.first_step = not _torch_optimizer(optimizer).state
             except Exception as error:
                 self.descent, self.descended = None, {"at": self.step_gradient_at, "note": _not_run(error)}
 
@@ -286,11 +288,11 @@ class LoopObserver:
             return
         try:
             predicted = _gradient_dot_weights(_held(optimizer)) - descent.dot_before
-            # the replay (a third of a step) only where the prediction climbs: the one case a rule needs the loss
-            # after for, read on the host once (an update that descends to first order is not replayed)
-            replayed = descent.replay_loss(self.model) if bool(predicted > 0) else None
+            # the replay (a third of a step, once a record): whether the step lowered its own batch's loss, whichever
+            # way the prediction points; both stay on the device until the record's one copy
+            replayed = descent.replay_loss(self.model)
             self.descended = {"at": descent.step, "predicted": predicted, "loss_before": descent.loss_before,
-                              "loss_after": replayed}
+                              "loss_after": replayed, "first_step": descent.first_step}
         except Exception as error:  # the replayed forward may fail where the training one did not: said, not raised
             self.descended = {"at": descent.step, "note": _not_run(error)}
 

@@ -142,6 +142,7 @@ def _descent(value: Any, field: str) -> Optional[dict]:
     for key in ("predicted", "loss_before", "loss_after"):
         descent[key] = number(descent.get(key), f"{field}.{key}")
     descent["at"] = _index(descent.get("at"), f"{field}.at", optional=True)
+    descent["first_step"] = descent.get("first_step") is True  # older timelines: unknown, taken as not the first
     return descent
 
 
