@@ -527,8 +527,9 @@ def test_the_batch_loss_rising_by_minus_the_prediction_is_an_objective_opposed_t
 
 
 def test_a_loss_negated_before_backward_is_the_loss_function_not_the_optimizer(tmp_path):
-    """(−loss).backward(): the optimizer descends what it was given, so g·Δw < 0 and no update climbs its objective;
-    the model's loss rises by the mirror of the prediction."""
+    """(−loss).backward(): the backward starts at the model's loss with gradient −1, at the first record; the
+    optimizer descends what it was given, so g·Δw < 0 and no update climbs its objective, and the model's loss
+    rises by the mirror of the prediction."""
     torch.manual_seed(0)
     model = HandLM(dropout=0.1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -541,9 +542,18 @@ def test_a_loss_negated_before_backward_is_the_loss_function_not_the_optimizer(t
             optimizer.step()
             optimizer.zero_grad()
     records = read_timeline(tmp_path / "run.jsonl")
-    assert "objective_opposes_the_loss" not in errors(records[:2])  # one record of the mirror is not enough
-    assert "objective_opposes_the_loss" in {f["name"] for f in records[2]["flags"]}
-    assert records[2]["diagnosis"][0]["cause"] == "loss_function" and "update_ascends" not in errors(records)
+    assert records[0]["loop"]["backward_factor"] == -1.0
+    assert "objective_opposes_the_loss" in {f["name"] for f in records[0]["flags"]}
+    assert records[0]["diagnosis"][0]["cause"] == "loss_function" and "update_ascends" not in errors(records)
+    mirrored = [r["loop"]["descent"] for r in records[1:]]
+    assert all(d["loss_after"] - d["loss_before"] == pytest.approx(-d["predicted"], rel=0.3) for d in mirrored)
+
+
+def test_a_divided_or_scaled_loss_starts_its_backward_with_a_positive_factor(tmp_path):
+    """A loss divided over 4 micro-batches starts the backward at 1/4 (and a loss scaler at its scale): above 0."""
+    records = _descent_run(tmp_path, lambda p: torch.optim.Adam(p, lr=1e-3), accumulate=4)
+    assert records[0]["loop"]["backward_factor"] == pytest.approx(0.25)
+    assert "objective_opposes_the_loss" not in errors(records)
 
 
 @pytest.mark.parametrize("make_optimizer, accumulate", [

@@ -384,18 +384,28 @@ def _update_ascends(history: Sequence[dict], entry: dict) -> list[Finding]:
 
 
 @check(Scope.TRAINING, "objective_opposes_the_loss",
-       "a recorded step descends what backward() differentiated (g·Δw < 0) while the model's own loss on the same "
-       f"batch rises by as much (within {MIRROR_TOLERANCE:.0%} of |g·Δw|), at {MIRRORED_IN_A_ROW} records in a row "
-       "(a Watch given the optimizer, a model that returns its loss)",
-       "first order: a small step changes a loss by its gradient · Δw. The optimizer followed g, and the loss moved "
-       "by −g·Δw: its gradient is −g, so backward() differentiated minus the loss. A step too large for its batch "
-       "raises the loss by any amount, not by the mirror of the prediction at record after record",
+       "the backward of a recording step starts at the model's own loss with a negative gradient (what backward() "
+       "differentiated falls as the loss rises); or a recorded step descends what backward() differentiated "
+       f"(g·Δw < 0) while the model's loss on the same batch rises by as much (within {MIRROR_TOLERANCE:.0%} of "
+       f"|g·Δw|), at {MIRRORED_IN_A_ROW} records in a row (a Watch; the second given the optimizer; both a model "
+       "that returns its loss)",
+       "chain rule and first order: the gradient reaching the loss is d(objective)/d(loss), 1 for the loss itself, "
+       "1/k for a loss divided over k micro-batches, a loss scaler's scale — never below 0. And a small step changes "
+       "a loss by its gradient · Δw: the optimizer followed g, and the loss moved by −g·Δw, so its gradient is −g. "
+       "A step too large for its batch raises the loss by any amount, not by the mirror of the prediction at record "
+       "after record",
        "backward() is called on the negative of the loss (a sign written for a maximisation, a log-likelihood not "
        "negated): the optimizer descends it and the loss climbs",
        Cause.LOSS_FUNCTION, direct=True,
        advice=phrase("call backward() on the loss to minimise — the cross-entropy, the negative log-likelihood — not "
                      "on its negation"))
 def _objective_opposes_the_loss(history: Sequence[dict], entry: dict) -> list[Finding]:
+    factor = _loop(entry).get("backward_factor")
+    if _finite(factor) and factor < 0:
+        return [finding(Level.ERROR, None, None, factor,
+                        phrase("the backward of step {step} started at the model's loss with gradient {factor:.3g}: "
+                               "what backward() differentiated falls as the loss rises", step=entry["step"],
+                               factor=factor))]
     in_a_row = _in_a_row(history, entry, _mirrored)
     if in_a_row < MIRRORED_IN_A_ROW:
         return []

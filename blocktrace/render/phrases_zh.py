@@ -164,6 +164,9 @@ PHRASES_ZH = {
     "{before:.4g} to {after:.4g} ({when})":
         "第 {step} 步记录之后的那一步：g·Δw = {predicted} > 0，它的 batch 损失从 {before} 变为 {after}（{when}）",
     "the optimizer's first step": "优化器的第一步",
+    "the backward of step {step} started at the model's loss with gradient {factor:.3g}: what backward() "
+    "differentiated falls as the loss rises":
+        "第 {step} 步的反向传播从模型的损失开始时梯度为 {factor}：backward() 所微分的目标随损失上升而下降",
     "{count} records in a row": "接连 {count} 条记录",
     "the step after the record at step {step}: g·Δw = {predicted:.3g} predicts a descent, and its batch's loss rose "
     "from {before:.4g} to {after:.4g} — by minus the prediction, {count} records in a row":

@@ -330,7 +330,8 @@ class LoopObserver:
                 if self.optimizer is not None else None,
                 "optimizer": optimizer_hyperparameters(self.optimizer), "descent": descended,
                 "dropout": largest_dropout(self.model),
-                "loss_scale": self.loss_scale(), "float16_forward": self.float16 if self.trained else None,
+                "loss_scale": self.loss_scale(), "backward_factor": self.backward_factor,
+                "float16_forward": self.float16 if self.trained else None,
                 **loss_checks}
 
 

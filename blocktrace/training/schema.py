@@ -113,7 +113,8 @@ def _data(value: Any, field: str) -> dict:
     return data
 
 
-LOOP_NUMBERS = ("grads_before_backward", "step_gradient", "optimizer_share", "loss_over_cross_entropy", "loss_scale")
+LOOP_NUMBERS = ("grads_before_backward", "step_gradient", "optimizer_share", "loss_over_cross_entropy", "loss_scale",
+                "backward_factor")
 LOOP_FLAGS = ("outputs_are_probabilities", "softmax_before_loss")
 LOOP_COUNTS = ("step_gradient_at", "eval_mode_modules", "sequences", "positions", "optimizer_steps")
 
