@@ -164,6 +164,13 @@ PHRASES_ZH = {
     "{before:.4g} to {after:.4g} ({when})":
         "第 {step} 步记录之后的那一步：g·Δw = {predicted} > 0，它的 batch 损失从 {before} 变为 {after}（{when}）",
     "the optimizer's first step": "优化器的第一步",
+    "{records} records: each step applied {k} micro-batches' gradients, and the first one's loss changed by "
+    "{ratio:.2f} × the step's prediction (1 for their mean, {sum:.2f} for their sum)":
+        "{records} 条记录：每一步用了 {k} 个 micro-batch 的梯度，第一个的损失变化为该步预测的 {ratio} 倍"
+        "（取平均时为 1，求和时为 {sum}）",
+    "divide each micro-batch's loss by the number of accumulation steps before backward() (or average the "
+    "gradients before optimizer.step())":
+        "在 backward() 之前把每个 micro-batch 的损失除以 micro-batch 的个数（或在 optimizer.step() 之前对梯度取平均）",
     "the backward of step {step} started at the model's loss with gradient {factor:.3g}: what backward() "
     "differentiated falls as the loss rises":
         "第 {step} 步的反向传播从模型的损失开始时梯度为 {factor}：backward() 所微分的目标随损失上升而下降",

@@ -173,6 +173,7 @@ class Descent:
     loss_before: torch.Tensor
     dot_before: Optional[torch.Tensor] = None
     first_step: bool = False  # the optimizer held no state before this step: no momentum could turn it
+    micro_batches: int = 1  # the training forwards whose gradients this step applies (accumulation); the first replayed
 
     def replay_loss(self, model: nn.Module) -> Optional[torch.Tensor]:
         """The same forward on the same batch, after the step: the same modes, the same random state (forked: the
@@ -292,7 +293,8 @@ class LoopObserver:
             # way the prediction points; both stay on the device until the record's one copy
             replayed = descent.replay_loss(self.model)
             self.descended = {"at": descent.step, "predicted": predicted, "loss_before": descent.loss_before,
-                              "loss_after": replayed, "first_step": descent.first_step}
+                              "loss_after": replayed, "first_step": descent.first_step,
+                              "micro_batches": descent.micro_batches}
         except Exception as error:  # the replayed forward may fail where the training one did not: said, not raised
             self.descended = {"at": descent.step, "note": _not_run(error)}
 

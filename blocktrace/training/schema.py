@@ -144,6 +144,7 @@ def _descent(value: Any, field: str) -> Optional[dict]:
         descent[key] = number(descent.get(key), f"{field}.{key}")
     descent["at"] = _index(descent.get("at"), f"{field}.at", optional=True)
     descent["first_step"] = descent.get("first_step") is True  # older timelines: unknown, taken as not the first
+    descent["micro_batches"] = _index(descent.get("micro_batches"), f"{field}.micro_batches", optional=True)
     return descent
 
 

@@ -94,6 +94,7 @@ class Watch:
         # the records before, for the dynamics (diagnose/dynamics.py): the first (trends start there) and the last few
         self.history = History()
         self.order = DataOrder()  # every training step's batch, to tell an order that repeats (training/order.py)
+        self.forwards = 0  # training forwards (with gradients) since the last watch.step(): the step's micro-batches
 
     @property
     def recording(self) -> bool:
@@ -141,6 +142,7 @@ class Watch:
         """Every training forward (with gradients): the first of each step gives the step's batch key."""
         if not torch.is_grad_enabled() or self.stopped is not None:
             return
+        self.forwards += 1
         try:
             ids = input_ids(args, kwargs)
             if ids is not None:
@@ -183,7 +185,7 @@ class Watch:
                 self.captured_loss, self.captured_graph, self.random_state = None, None, None
                 self.sharded_probe = None
                 self.loop.expect_step(entry["step"], descent)
-            self.count += 1
+            self.count, self.forwards = self.count + 1, 0
             if self.count % self.every == 0:
                 self._arm()
         except Exception as error:  # a monitor never takes the run down
@@ -326,7 +328,8 @@ class Watch:
         if not self.checks or batch.call is None or self.captured_loss is None or self.random_state is None \
                 or self.reducer.world_size > 1:
             return None
-        return Descent(self.count, batch.call, self.random_state, self.captured_loss.double().reshape(()))
+        return Descent(self.count, batch.call, self.random_state, self.captured_loss.double().reshape(()),
+                       micro_batches=max(1, self.forwards))
 
     def _loss(self, loss) -> Optional[torch.Tensor]:
         """The loss as a device scalar, averaged over the ranks."""
