@@ -625,3 +625,40 @@ def test_a_loop_that_sums_its_micro_batches_losses_is_found(tmp_path):
     records = _descent_run(tmp_path, lambda p: torch.optim.SGD(p, lr=0.05), accumulate=4, summed=True)
     assert "accumulation_summed" in {f["name"] for f in records[-1]["flags"]}
     assert records[-1]["diagnosis"][0]["cause"] == "training_loop"
+
+
+def test_a_loss_rebuilt_from_its_value_reaches_no_parameter_and_is_gradient_flow(tmp_path):
+    """`torch.tensor(loss.item(), requires_grad=True).backward()`: a backward that reaches no parameter — none has a
+    gradient when the Watch records, none when the optimizer steps. Gradient flow, not the optimizer whose steps
+    then change nothing."""
+    torch.manual_seed(0)
+    model = HandLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, tmp_path / "run.jsonl", every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(11):
+            ids, targets = nano_batch(step)
+            _, loss = model(ids, targets)
+            torch.tensor(loss.item(), requires_grad=True).backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert "gradient_zero_everywhere" in {f["name"] for f in records[1]["flags"]}
+    assert records[1]["diagnosis"][0]["cause"] == "gradient_flow"
+
+
+def test_a_backward_after_watch_step_is_not_a_backward_that_reached_nothing(tmp_path):
+    """watch.step() before backward(): no gradient when the Watch records, but the optimizer's step finds one."""
+    torch.manual_seed(0)
+    model = HandLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with pytest.warns(RuntimeWarning), Watch(model, tmp_path / "run.jsonl", every=5, optimizer=optimizer,
+                                             overwrite=True) as watch:
+        for step in range(11):
+            ids, targets = nano_batch(step)
+            _, loss = model(ids, targets)
+            watch.step(loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert "gradient_zero_everywhere" not in errors(read_timeline(tmp_path / "run.jsonl"))

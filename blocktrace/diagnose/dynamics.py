@@ -136,9 +136,11 @@ def _blocks_cut_from_loss(history: Sequence[dict], entry: dict) -> list[Finding]
 
 
 @check(Scope.TRAINING, "gradient_zero_everywhere",
-       "every layer whose parameters require a gradient gets one of exactly 0 (not null: a backward ran) (a Watch)",
+       "every layer whose parameters require a gradient gets one of exactly 0 (not null: a backward ran); or none "
+       "at all, neither when the Watch recorded nor when the optimizer stepped after it (a Watch given the optimizer)",
        "invariant: a loss that depends on the parameters gives some of them a non-zero gradient; exactly 0 "
-       "everywhere means no path from the loss reaches any parameter with a non-zero derivative",
+       "everywhere means no path from the loss reaches any parameter with a non-zero derivative, and no gradient at "
+       "all by the optimizer's step means the backward started from a tensor the parameters are not on the graph of",
        "the backward reaches no parameter: the loss is clamped or thresholded where its derivative is 0, "
        "multiplied by 0, or computed from detached values — no update can follow", Cause.GRADIENT_FLOW,
        direct=True,
@@ -147,6 +149,10 @@ def _blocks_cut_from_loss(history: Sequence[dict], entry: dict) -> list[Finding]
 def _gradient_zero_everywhere(history: Sequence[dict], entry: dict) -> list[Finding]:
     if entry.get("source") != WATCH:
         return []
+    if history and _no_gradient_by_the_step(history[-1], entry):
+        return [finding(Level.ERROR, None, None, 0.0,
+                        phrase("no trainable layer had a gradient at step {step}, neither when the Watch recorded nor "
+                               "when the optimizer stepped: the backward reached no parameter", step=history[-1]['step']))]
     norms = [layer.get("grad_norm") for layer in entry["layers"] if layer.get("trainable", True) is not False]
     if not norms or not all(isinstance(n, (int, float)) and n == 0 for n in norms):
         return []
@@ -155,6 +161,16 @@ def _gradient_zero_everywhere(history: Sequence[dict], entry: dict) -> list[Find
     return [finding(Level.ERROR, None, None, 0.0,
                     phrase("every trainable layer's gradient is exactly 0 at step {step}: the backward reached no "
                            "parameter", step=entry['step']))]
+
+
+def _no_gradient_by_the_step(previous: dict, entry: dict) -> bool:
+    """The record before had trainable layers, none with a gradient (null), and the optimizer's step after it found
+    none either (‖.grad‖ = 0 over its parameters, this record's loop.step_gradient): a backward called after
+    watch.step() would have left one there."""
+    trainable = [layer for layer in previous["layers"] if layer.get("trainable", True) is not False]
+    loop = entry.get("loop") or {}
+    return bool(trainable) and all(layer.get("grad_norm") is None for layer in trainable) \
+        and loop.get("step_gradient") == 0 and loop.get("step_gradient_at") == previous.get("step")
 
 
 # --- the loss ----------------------------------------------------------------------------------------

@@ -164,6 +164,9 @@ PHRASES_ZH = {
     "{before:.4g} to {after:.4g} ({when})":
         "第 {step} 步记录之后的那一步：g·Δw = {predicted} > 0，它的 batch 损失从 {before} 变为 {after}（{when}）",
     "the optimizer's first step": "优化器的第一步",
+    "no trainable layer had a gradient at step {step}, neither when the Watch recorded nor when the optimizer "
+    "stepped: the backward reached no parameter":
+        "第 {step} 步没有任何可训练层有梯度，Watch 记录时没有，优化器更新时也没有：反向传播没有到达任何参数",
     "{records} records: each step applied {k} micro-batches' gradients, and the first one's loss changed by "
     "{ratio:.2f} × the step's prediction (1 for their mean, {sum:.2f} for their sum)":
         "{records} 条记录：每一步用了 {k} 个 micro-batch 的梯度，第一个的损失变化为该步预测的 {ratio} 倍"
