@@ -23,10 +23,10 @@ VOCAB = 61
 class HandAttention(nn.Module):
     """Attention written out by hand (no scaled_dot_product_attention): what a Watch's taps cannot see."""
 
-    def __init__(self, d: int, heads: int, causal: bool = True, view_bug: bool = False):
+    def __init__(self, d: int, heads: int, causal: bool = True, view_bug: bool = False, nan_mask: bool = False):
         super().__init__()
         self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.heads, self.causal, self.view_bug = heads, causal, view_bug
+        self.heads, self.causal, self.view_bug, self.nan_mask = heads, causal, view_bug, nan_mask
 
     def forward(self, x):
         b, t, c = x.shape
@@ -35,7 +35,9 @@ class HandAttention(nn.Module):
         else:
             q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.c_attn(x).split(c, 2))
         scores = q @ k.transpose(-1, -2) / math.sqrt(c // self.heads)
-        if self.causal:
+        if self.nan_mask:  # an additive mask built as triu(ones, 1) · −inf: 0 · −inf is NaN below the diagonal
+            scores = scores + torch.ones(t, t).triu(1) * float("-inf")
+        elif self.causal:
             scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
         y = torch.softmax(scores, -1) @ v
         return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
@@ -662,3 +664,37 @@ def test_a_backward_after_watch_step_is_not_a_backward_that_reached_nothing(tmp_
             optimizer.step()
             optimizer.zero_grad()
     assert "gradient_zero_everywhere" not in errors(read_timeline(tmp_path / "run.jsonl"))
+
+
+def test_a_nan_born_in_a_float32_attention_from_finite_inputs_is_the_mask(tmp_path):
+    """`triu(ones, 1) * -inf` as an additive mask: 0 · −inf is NaN wherever a query may look. Finite inputs, float32:
+    only the mask's arithmetic can make the NaN, at step 0 too (not the initialisation)."""
+    torch.manual_seed(0)
+    model = HandLM(nan_mask=True)
+    with pytest.warns(RuntimeWarning), Watch(model, tmp_path / "run.jsonl", every=1) as watch:
+        ids, targets = nano_batch(0)
+        _, loss = model(ids, targets)
+        loss.backward()
+        entry = watch.step(loss)
+    first = next(f for f in entry["flags"] if f["name"] == "non_finite")
+    assert first["step"] == "attn" and first["cause"] == "mask" and entry["diagnosis"][0]["cause"] == "mask"
+
+
+@pytest.mark.parametrize("name, dtype, inputs_finite, stored, cause", [
+    ("attn", "torch.float32", [True], "F32", "mask"),
+    ("attn", "torch.float16", [True], "F32", "learning_rate"),  # autocast: 16-bit scores can overflow
+    ("attn", "torch.float32", [False], "F32", "learning_rate"),  # born before it
+    ("ffn", "torch.float32", [True], "F32", "learning_rate"),
+    ("attn", "torch.float32", [True], "BF16", "precision"),
+])
+def test_only_a_nan_born_in_a_32_bit_attention_from_finite_inputs_is_the_mask(name, dtype, inputs_finite, stored,
+                                                                              cause):
+    from types import SimpleNamespace
+
+    from blocktrace.diagnose.checks import CHECKS, Scope
+
+    record = SimpleNamespace(name=name, dtype=dtype, stats=SimpleNamespace(nan=3, inf=0),
+                             probe=SimpleNamespace(inputs_finite=inputs_finite))
+    detect = next(d for scope, d in CHECKS["non_finite"].detectors if scope is Scope.STEP)
+    [flag] = detect(record, 0, SimpleNamespace(stored_dtype=stored))
+    assert flag.cause.value == cause

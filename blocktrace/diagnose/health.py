@@ -66,7 +66,9 @@ class ModelEvidence:
 
 @check(Scope.STEP, "non_finite",
        "any NaN or Inf in a step's output", "IEEE 754; the first step in execution order is the origin",
-       "this step produced NaN/Inf; if its inputs were finite, the fault is inside this step", Cause.LEARNING_RATE)
+       "this step produced NaN/Inf; if its inputs were finite, the fault is inside this step — inside a 32-bit "
+       "attention, its mask's arithmetic (0 · −inf, a row with every key at −inf): softmax of finite scores is finite",
+       Cause.LEARNING_RATE)
 def _non_finite(record, layer, evidence) -> list[Finding]:
     stats, finite_inputs = record.stats, record.probe.inputs_finite
     if not (stats.nan or stats.inf):
@@ -74,7 +76,17 @@ def _non_finite(record, layer, evidence) -> list[Finding]:
     inputs = "" if finite_inputs is None else phrase("; inputs finite: {finite}", finite=finite_inputs)
     detail = phrase("{nan} NaN, {inf} Inf{inputs}", nan=stats.nan, inf=stats.inf, inputs=inputs)
     cause = Cause.PRECISION if evidence.stored_dtype in ("F16", "BF16") else None
+    if cause is None and _born_in_attention(record):
+        cause = Cause.MASK
     return [finding(Level.ERROR, record.name, layer, stats.nan + stats.inf, detail, cause)]
+
+
+def _born_in_attention(record) -> bool:
+    """A non-finite attention output from finite inputs, computed in 32 bits or more: scores of finite q and k are
+    finite there and a softmax of finite scores is too, so only the mask's arithmetic makes it (0 · −inf, a row
+    whose every key is −inf). In 16 bits the scores themselves can overflow: precision's."""
+    finite = record.probe.inputs_finite
+    return record.name == "attn" and bool(finite) and all(finite) and "16" not in str(record.dtype)
 
 
 @check(Scope.STEP, "precision_overflow", "a float16 checkpoint whose activations exceed float16's largest value, 65504",
