@@ -529,22 +529,31 @@ def test_the_batch_loss_rising_by_minus_the_prediction_is_an_objective_opposed_t
     assert not _found("objective_opposes_the_loss", [mirrored[0], _probed(20, -0.12, 3.1, 2.99)])
 
 
-def test_a_loss_negated_before_backward_is_the_loss_function_not_the_optimizer(tmp_path):
-    """(−loss).backward(): the backward starts at the model's loss with gradient −1, at the first record; the
-    optimizer descends what it was given, so g·Δw < 0 and no update climbs its objective, and the model's loss
-    rises by the mirror of the prediction."""
+def _hand_loop(tmp_path, backward, model=None, backward_after_step=False) -> list:
+    """11 steps of AdamW on a HandLM, a Watch every 5, `backward(loss)` in the loop's place for it: before
+    watch.step() as it should be, or after it."""
     torch.manual_seed(0)
-    model = HandLM(dropout=0.1)
+    model = model or HandLM()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with Watch(model, tmp_path / "run.jsonl", every=5, optimizer=optimizer, overwrite=True) as watch:
         for step in range(11):
             ids, targets = nano_batch(step)
             _, loss = model(ids, targets)
-            (-loss).backward()
+            if not backward_after_step:
+                backward(loss)
             watch.step(loss)
+            if backward_after_step:
+                backward(loss)
             optimizer.step()
             optimizer.zero_grad()
-    records = read_timeline(tmp_path / "run.jsonl")
+    return read_timeline(tmp_path / "run.jsonl")
+
+
+def test_a_loss_negated_before_backward_is_the_loss_function_not_the_optimizer(tmp_path):
+    """(−loss).backward(): the backward starts at the model's loss with gradient −1, at the first record; the
+    optimizer descends what it was given, so g·Δw < 0 and no update climbs its objective, and the model's loss
+    rises by the mirror of the prediction."""
+    records = _hand_loop(tmp_path, lambda loss: (-loss).backward(), HandLM(dropout=0.1))
     assert records[0]["loop"]["backward_factor"] == -1.0
     assert "objective_opposes_the_loss" in {f["name"] for f in records[0]["flags"]}
     assert records[0]["diagnosis"][0]["cause"] == "loss_function" and "update_ascends" not in errors(records)
@@ -633,37 +642,16 @@ def test_a_loss_rebuilt_from_its_value_reaches_no_parameter_and_is_gradient_flow
     """`torch.tensor(loss.item(), requires_grad=True).backward()`: a backward that reaches no parameter — none has a
     gradient when the Watch records, none when the optimizer steps. Gradient flow, not the optimizer whose steps
     then change nothing."""
-    torch.manual_seed(0)
-    model = HandLM()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with Watch(model, tmp_path / "run.jsonl", every=5, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(11):
-            ids, targets = nano_batch(step)
-            _, loss = model(ids, targets)
-            torch.tensor(loss.item(), requires_grad=True).backward()
-            watch.step(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-    records = read_timeline(tmp_path / "run.jsonl")
+    records = _hand_loop(tmp_path, lambda loss: torch.tensor(loss.item(), requires_grad=True).backward())
     assert "gradient_zero_everywhere" in {f["name"] for f in records[1]["flags"]}
     assert records[1]["diagnosis"][0]["cause"] == "gradient_flow"
 
 
 def test_a_backward_after_watch_step_is_not_a_backward_that_reached_nothing(tmp_path):
     """watch.step() before backward(): no gradient when the Watch records, but the optimizer's step finds one."""
-    torch.manual_seed(0)
-    model = HandLM()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with pytest.warns(RuntimeWarning), Watch(model, tmp_path / "run.jsonl", every=5, optimizer=optimizer,
-                                             overwrite=True) as watch:
-        for step in range(11):
-            ids, targets = nano_batch(step)
-            _, loss = model(ids, targets)
-            watch.step(loss)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-    assert "gradient_zero_everywhere" not in errors(read_timeline(tmp_path / "run.jsonl"))
+    with pytest.warns(RuntimeWarning):
+        records = _hand_loop(tmp_path, lambda loss: loss.backward(), backward_after_step=True)
+    assert "gradient_zero_everywhere" not in errors(records)
 
 
 def test_a_nan_born_in_a_float32_attention_from_finite_inputs_is_the_mask(tmp_path):
