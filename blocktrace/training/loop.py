@@ -203,6 +203,7 @@ class LoopObserver:
         self.descent: Optional[Descent] = None  # the recorded step whose update is probed (at its optimizer step)
         self.descended: Optional[dict] = None  # what the probe found, for the next record
         self.optimizer_steps = 0  # optimizer.step() calls since the last record (a host count: no device read)
+        self.ever_stepped = False  # whether any optimizer.step() ran since the Watch began
         self.reset()
 
     def reset(self) -> None:
@@ -270,6 +271,7 @@ class LoopObserver:
 
     def _at_optimizer_step(self, optimizer, args, kwargs) -> None:
         self.optimizer_steps += 1
+        stepped_before, self.ever_stepped = self.ever_stepped, True
         if self.step_due is None:
             return
         self.step_gradient, self.step_gradient_at = _zero_if_none(grad_norm(_held(optimizer))), self.step_due
@@ -277,7 +279,9 @@ class LoopObserver:
         if self.descent is not None:
             try:  # inside the user's optimizer.step(): never raise into it
                 self.descent.dot_before = _gradient_dot_weights(_held(optimizer))
-                self.descent.first_step = not _torch_optimizer(optimizer).state
+                # no velocity can exist: the first step this Watch saw, and the optimizer holds no state (a
+                # hand-written one may keep its momentum elsewhere: only its first step counts)
+                self.descent.first_step = not stepped_before and not _torch_optimizer(optimizer).state
             except Exception as error:
                 self.descent, self.descended = None, {"at": self.step_gradient_at, "note": _not_run(error)}
 
