@@ -101,7 +101,7 @@ def train(model, path, steps=11, every=5, *, optimizer=None, zero_grad="after_st
             ids, shifted = nano_batch(step * accumulate + micro)
             wanted = targets(ids, shifted) if targets else shifted
             _, loss = model(ids, wanted)
-            if zero_grad == "before_backward" and micro == 0:
+            if (zero_grad == "before_backward" and micro == 0) or zero_grad == "every_micro_batch":
                 optimizer.zero_grad()
             (loss if summed else loss / accumulate).backward()
         watch.step(loss)
@@ -577,7 +577,10 @@ def test_descending_loops_pass_the_descent_probe(tmp_path, make_optimizer, accum
     records = _descent_run(tmp_path, make_optimizer, accumulate)
     assert all(r["loop"]["descent"] is not None for r in records[1:])
     assert [r["loop"]["descent"]["micro_batches"] for r in records[1:]] == [accumulate] * 3
-    assert not {"update_ascends", "accumulation_summed"} & {f["name"] for r in records for f in r["flags"]}
+    assert not {"update_ascends", "accumulation_summed", "gradients_zeroed_between_micro_batches"} & \
+        {f["name"] for r in records for f in r["flags"]}
+    later = [r["loop"]["grads_before_later_backward"] for r in records]
+    assert all(g is None for g in later) if accumulate == 1 else all(g > 0 for g in later)
 
 
 @pytest.mark.parametrize("make_optimizer", [
@@ -686,3 +689,14 @@ def test_only_a_nan_born_in_a_32_bit_attention_from_finite_inputs_is_the_mask(na
     detect = next(d for scope, d in CHECKS["non_finite"].detectors if scope is Scope.STEP)
     [flag] = detect(record, 0, SimpleNamespace(stored_dtype=stored))
     assert flag.cause.value == cause
+
+
+def test_zero_grad_inside_the_loop_over_micro_batches_is_found(tmp_path):
+    """zero_grad() before every micro-batch's backward: each later backward finds nothing to add to, and the step
+    applies the last micro-batch alone."""
+    torch.manual_seed(0)
+    model = HandLM()
+    records = train(model, tmp_path / "run.jsonl", steps=6, accumulate=4, zero_grad="every_micro_batch")
+    assert records[0]["loop"]["grads_before_later_backward"] == 0
+    assert "gradients_zeroed_between_micro_batches" in {f["name"] for f in records[0]["flags"]}
+    assert records[0]["diagnosis"][0]["cause"] == "training_loop"

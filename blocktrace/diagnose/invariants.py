@@ -63,6 +63,25 @@ def _gradients_not_zeroed(history: Sequence[dict], entry: dict) -> list[Finding]
                            "last optimizer step", step=entry['step'], before=before))]
 
 
+@check(Scope.TRAINING, "gradients_zeroed_between_micro_batches",
+       "in a step of several training forwards (micro-batches), every backward after the first finds ‖.grad‖ = 0, "
+       "while the step ends with a gradient (a Watch)",
+       "invariant of accumulation: each micro-batch's backward adds into .grad what the ones before it left, so "
+       "that the step applies their sum; a backward that finds nothing there started after a zero_grad()",
+       "optimizer.zero_grad() runs inside the loop over micro-batches: each backward clears the ones before, and "
+       "the step applies the last micro-batch's gradient alone", Cause.TRAINING_LOOP, direct=True,
+       advice=phrase("call optimizer.zero_grad() once per optimizer step — after optimizer.step() — not inside the loop "
+                     "over micro-batches"))
+def _gradients_zeroed_between_micro_batches(history: Sequence[dict], entry: dict) -> list[Finding]:
+    later = _loop(entry).get("grads_before_later_backward")
+    ended_with_one = any(_finite(layer.get("grad_norm")) and layer["grad_norm"] > 0 for layer in entry["layers"])
+    if later != 0 or not ended_with_one:
+        return []
+    return [finding(Level.ERROR, None, None, 0.0,
+                    phrase("at step {step}, every micro-batch's backward after the first found no gradient to add "
+                           "to", step=entry["step"]))]
+
+
 @check(Scope.TRAINING, "step_without_gradient",
        "optimizer.step() runs while no parameter it holds has a gradient (‖.grad‖ = 0), although the backward "
        "before it produced one (a Watch given optimizer=)",

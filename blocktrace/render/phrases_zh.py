@@ -164,6 +164,11 @@ PHRASES_ZH = {
     "{before:.4g} to {after:.4g} ({when})":
         "第 {step} 步记录之后的那一步：g·Δw = {predicted} > 0，它的 batch 损失从 {before} 变为 {after}（{when}）",
     "the optimizer's first step": "优化器的第一步",
+    "at step {step}, every micro-batch's backward after the first found no gradient to add to":
+        "第 {step} 步中，第一个之后的每个 micro-batch 的反向传播都没有找到可以叠加的梯度",
+    "call optimizer.zero_grad() once per optimizer step — after optimizer.step() — not inside the loop over "
+    "micro-batches":
+        "每个优化器步只调用一次 optimizer.zero_grad()——在 optimizer.step() 之后——而不是在处理各个 micro-batch 的循环里",
     "no trainable layer had a gradient at step {step}, neither when the Watch recorded nor when the optimizer "
     "stepped: the backward reached no parameter":
         "第 {step} 步没有任何可训练层有梯度，Watch 记录时没有，优化器更新时也没有：反向传播没有到达任何参数",

@@ -211,6 +211,9 @@ class LoopObserver:
         self.versions = _versions(_trainable(self.model))
         self.trained = False  # the taken forward's output was backpropagated
         self.grads_before: Optional[torch.Tensor] = None
+        # the later training forwards of the step (micro-batches): ‖.grad‖ as each one's backward started, the
+        # largest; None where no later backward ran
+        self.grads_before_later: Optional[torch.Tensor] = None
         # d(what backward differentiated)/d(the model's loss): a loss scaler's scale (GradScaler's 2^16), 1/k for a
         # loss divided over k micro-batches; None where the anchor is not the scalar loss
         self.backward_factor: Optional[torch.Tensor] = None
@@ -241,6 +244,20 @@ class LoopObserver:
                     self.backward_factor = grad.detach().reshape(()).double()
                 if stepped:
                     self.grads_before = _zero_if_none(grad_norm(self._stepped_parameters()))
+            return None
+
+        anchor.register_hook(backward_starts)
+
+    def later_forward(self, anchor: Optional[torch.Tensor]) -> None:
+        """A later training forward of the recording step (another micro-batch): when its backward starts, the
+        gradients the earlier micro-batches left must still be there, to be added to."""
+        if anchor is None or not anchor.requires_grad:
+            return
+
+        def backward_starts(grad):
+            found = _zero_if_none(grad_norm(self._stepped_parameters()))
+            before = self.grads_before_later
+            self.grads_before_later = found if before is None else torch.maximum(before, found)
             return None
 
         anchor.register_hook(backward_starts)
@@ -328,7 +345,8 @@ class LoopObserver:
         descended, self.descended = self.descended, None
         steps, self.optimizer_steps = self.optimizer_steps, 0
         return {"optimizer_steps": steps if self.step_hook is not None else None,
-                "grads_before_backward": self.grads_before, "step_gradient": step_gradient, "step_gradient_at": at,
+                "grads_before_backward": self.grads_before, "grads_before_later_backward": self.grads_before_later,
+                "step_gradient": step_gradient, "step_gradient_at": at,
                 "eval_mode_modules": self.eval_mode if self.trained else None,
                 "optimizer_share": share, "outside_optimizer": outside,
                 "lr_groups": [float(group["lr"]) for group in self.optimizer.param_groups

@@ -153,9 +153,13 @@ class Watch:
     def _capture_loss(self, module, args, kwargs, output):
         """The recording step's training forward — the first with gradients (an evaluation inside the loop runs
         under torch.no_grad()): its loss, its batch, and the loop's evidence of it."""
-        if not torch.is_grad_enabled() or self.batch.ids is not None or self.stopped is not None:
+        if not torch.is_grad_enabled() or self.stopped is not None:
             return
         try:
+            if self.batch.ids is not None:  # a later micro-batch of the step
+                loss = loss_of(output)
+                self.loop.later_forward(loss if isinstance(loss, torch.Tensor) else logits_of(output))
+                return
             self._see_forward(args, kwargs, output)
         except Exception as error:  # inside the training forward: never raise into it
             self._stop(f"reading the forward failed at step {self.count}: {type(error).__name__}: {error}")
