@@ -436,50 +436,40 @@ def _objective_opposes_the_loss(history: Sequence[dict], entry: dict) -> list[Fi
                            before=descent["loss_before"], after=descent["loss_after"], count=in_a_row))]
 
 
-# Records whose probed steps each accumulated k ≥ 2 micro-batches: their median ratio, (the first micro-batch's loss
-# change) / g·Δw, is what the rule reads (one record's ratio moves with the micro-batches' noise: measured 0.52–0.94
-# for a mean over 4, 0.13–0.23 for a sum)
-SUMMED_RECORDS = 3
-
-
-def _change_over_prediction(entry: dict) -> Optional[float]:
-    """The probed step's replayed loss change over its first-order prediction (None: not measured, or no descent)."""
-    descent = _descent(entry)
-    if descent is None or not _finite(descent.get("loss_after")) or not descent["predicted"] < 0:
-        return None
-    return (descent["loss_after"] - descent["loss_before"]) / descent["predicted"]
+MEAN_TOLERANCE = 0.1  # the model's loss within 10% of its logits' mean cross-entropy: a per-micro-batch mean
 
 
 @check(Scope.TRAINING, "accumulation_summed",
-       f"at {SUMMED_RECORDS} records in a row, the step applied the gradients of k ≥ 2 training forwards and the "
-       "first micro-batch's loss changed by about 1/k of what the step's gradient predicts (their median ratio "
-       "between 1/k^1.5 and 1/√k; a Watch given the optimizer, a model that returns its loss)",
-       "first order: a small step changes a batch's loss by that batch's gradient · Δw. With the mean over k "
-       "micro-batches in .grad, the first micro-batch's change is about the prediction g·Δw (ratio ≈ 1); with their "
-       "sum, .grad is k times the mean, and the ratio is 1/k. HF, nanoGPT and Lightning divide each micro-batch's "
-       "loss by k",
-       "the loss is not divided by the accumulation steps: each update is k times the mean gradient's — k times "
-       "the learning rate for SGD; for Adam and Lion, whose updates are scale-free, only ε's share changes",
+       "a step of k ≥ 2 training forwards whose backward starts at the model's own loss with gradient exactly 1 (not "
+       f"1/k), that loss its micro-batch's mean cross-entropy (within {MEAN_TOLERANCE:.0%}), and the optimizer's "
+       "step given ‖.grad‖ not divided after it (at least half the record's; a Watch given the optimizer, a model "
+       "that returns its loss)",
+       "chain rule: the gradient arriving at the loss is d(objective)/d(loss) — 1/k for a mean over k micro-batches "
+       "(HF, nanoGPT and Lightning divide each micro-batch's loss by k), 1 for their sum; a loss already normalised "
+       "over the whole step (HF's num_items_in_batch) is not its micro-batch's mean, and gradients divided before "
+       "the step shrink by k",
+       "the micro-batches' losses are summed, not averaged: each update is k times the mean gradient's — k times the "
+       "learning rate for SGD unless the rate was chosen for the sum; for Adam and Lion, whose updates are "
+       "scale-free, only ε's share changes",
        Cause.TRAINING_LOOP, direct=True,
        advice=phrase("divide each micro-batch's loss by the number of accumulation steps before backward() (or "
                      "average the gradients before optimizer.step())"))
 def _accumulation_summed(history: Sequence[dict], entry: dict) -> list[Finding]:
-    records = [*history[-(SUMMED_RECORDS - 1):], entry] if SUMMED_RECORDS > 1 else [entry]
-    counts = {_descent(r).get("micro_batches") if _descent(r) else None for r in records}
-    ratios = [_change_over_prediction(r) for r in records]
-    if len(records) < SUMMED_RECORDS or len(counts) != 1 or any(r is None for r in ratios):
+    if not history:
         return []
-    k = counts.pop()
-    if not isinstance(k, int) or k < 2:
+    recorded, loop = _loop(history[-1]), _loop(entry)  # the step's optimizer.step() is read at the next record
+    k, factor, mean = recorded.get("micro_batches"), recorded.get("backward_factor"), \
+        recorded.get("loss_over_cross_entropy")
+    norm, stepped = history[-1].get("grad_norm"), loop.get("step_gradient")
+    if not (isinstance(k, int) and k >= 2 and factor == 1 and _finite(mean) and abs(mean - 1) <= MEAN_TOLERANCE
+            and _finite(norm) and norm > 0 and _finite(stepped) and stepped >= norm / 2
+            and loop.get("step_gradient_at") == history[-1].get("step")):
         return []
-    median = sorted(ratios)[len(ratios) // 2]
-    if not k ** -1.5 <= median <= k ** -0.5:
-        return []
-    scale_free = any(name in _optimizer_class(entry).lower() for name in ("adam", "lion"))
-    return [finding(Level.WARNING if scale_free else Level.ERROR, None, None, median,
-                    phrase("{records} records: each step applied {k} micro-batches' gradients, and the first one's "
-                           "loss changed by {ratio:.2f} × the step's prediction (1 for their mean, {sum:.2f} for their "
-                           "sum)", records=SUMMED_RECORDS, k=k, ratio=median, sum=1 / k))]
+    scale_free = any(name in _optimizer_class(history[-1]).lower() for name in ("adam", "lion"))
+    return [finding(Level.WARNING if scale_free else Level.ERROR, None, None, float(k),
+                    phrase("at step {step}, {k} micro-batches each backpropagated its own mean loss undivided "
+                           "(d(objective)/d(loss) = 1, not 1/{k}): the step applied their sum",
+                           step=history[-1]["step"], k=k))]
 
 
 def _optimizer_class(entry: dict) -> str:

@@ -172,10 +172,10 @@ PHRASES_ZH = {
     "no trainable layer had a gradient at step {step}, neither when the Watch recorded nor when the optimizer "
     "stepped: the backward reached no parameter":
         "第 {step} 步没有任何可训练层有梯度，Watch 记录时没有，优化器更新时也没有：反向传播没有到达任何参数",
-    "{records} records: each step applied {k} micro-batches' gradients, and the first one's loss changed by "
-    "{ratio:.2f} × the step's prediction (1 for their mean, {sum:.2f} for their sum)":
-        "{records} 条记录：每一步用了 {k} 个 micro-batch 的梯度，第一个的损失变化为该步预测的 {ratio} 倍"
-        "（取平均时为 1，求和时为 {sum}）",
+    "at step {step}, {k} micro-batches each backpropagated its own mean loss undivided (d(objective)/d(loss) = 1, "
+    "not 1/{k}): the step applied their sum":
+        "第 {step} 步中，{k} 个 micro-batch 各自反向传播了未除以个数的平均损失（d(目标)/d(损失) = 1，而不是 1/{k}）："
+        "这一步用的是它们的和",
     "divide each micro-batch's loss by the number of accumulation steps before backward() (or average the "
     "gradients before optimizer.step())":
         "在 backward() 之前把每个 micro-batch 的损失除以 micro-batch 的个数（或在 optimizer.step() 之前对梯度取平均）",

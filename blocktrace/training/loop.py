@@ -173,7 +173,6 @@ class Descent:
     loss_before: torch.Tensor
     dot_before: Optional[torch.Tensor] = None
     first_step: bool = False  # the optimizer held no state before this step: no momentum could turn it
-    micro_batches: int = 1  # the training forwards whose gradients this step applies (accumulation); the first replayed
 
     def replay_loss(self, model: nn.Module) -> Optional[torch.Tensor]:
         """The same forward on the same batch, after the step: the same modes, the same random state (forked: the
@@ -314,8 +313,7 @@ class LoopObserver:
             # way the prediction points; both stay on the device until the record's one copy
             replayed = descent.replay_loss(self.model)
             self.descended = {"at": descent.step, "predicted": predicted, "loss_before": descent.loss_before,
-                              "loss_after": replayed, "first_step": descent.first_step,
-                              "micro_batches": descent.micro_batches}
+                              "loss_after": replayed, "first_step": descent.first_step}
         except Exception as error:  # the replayed forward may fail where the training one did not: said, not raised
             self.descended = {"at": descent.step, "note": _not_run(error)}
 
@@ -337,7 +335,7 @@ class LoopObserver:
             return None
         return {id(p) for p in _held(self.optimizer)}
 
-    def evidence(self, loss_checks: dict) -> dict:
+    def evidence(self, loss_checks: dict, micro_batches: Optional[int] = None) -> dict:
         """The record's "loop": device tensors and numbers, copied to the host with the rest of the record."""
         share, outside = self._optimizer_share()
         step_gradient, at = self.step_gradient, self.step_gradient_at
@@ -346,6 +344,7 @@ class LoopObserver:
         steps, self.optimizer_steps = self.optimizer_steps, 0
         return {"optimizer_steps": steps if self.step_hook is not None else None,
                 "grads_before_backward": self.grads_before, "grads_before_later_backward": self.grads_before_later,
+                "micro_batches": micro_batches,
                 "step_gradient": step_gradient, "step_gradient_at": at,
                 "eval_mode_modules": self.eval_mode if self.trained else None,
                 "optimizer_share": share, "outside_optimizer": outside,

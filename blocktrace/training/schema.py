@@ -116,7 +116,7 @@ def _data(value: Any, field: str) -> dict:
 LOOP_NUMBERS = ("grads_before_backward", "step_gradient", "optimizer_share", "loss_over_cross_entropy", "loss_scale",
                 "backward_factor", "grads_before_later_backward")
 LOOP_FLAGS = ("outputs_are_probabilities", "softmax_before_loss")
-LOOP_COUNTS = ("step_gradient_at", "eval_mode_modules", "sequences", "positions", "optimizer_steps")
+LOOP_COUNTS = ("step_gradient_at", "eval_mode_modules", "sequences", "positions", "optimizer_steps", "micro_batches")
 
 
 def _loop(value: Any, field: str) -> dict:
@@ -144,7 +144,6 @@ def _descent(value: Any, field: str) -> Optional[dict]:
         descent[key] = number(descent.get(key), f"{field}.{key}")
     descent["at"] = _index(descent.get("at"), f"{field}.at", optional=True)
     descent["first_step"] = descent.get("first_step") is True  # older timelines: unknown, taken as not the first
-    descent["micro_batches"] = _index(descent.get("micro_batches"), f"{field}.micro_batches", optional=True)
     return descent
 
 

@@ -290,7 +290,7 @@ class Watch:
         measured = {"grads": grads, "model_grad": _unscaled(_grad_norm(self.model), scale),
                     "moved": [m.values() for m in moved],
                     "loss": self._loss(loss),
-                    "loop": self.loop.evidence(self._loss_checks(loss) if self.checks else {}),
+                    "loop": self.loop.evidence(self._loss_checks(loss) if self.checks else {}, self.forwards or None),
                     "probe": causal_probe(self.model, self.batch, self.reducer, device_of(self.blocks[0]),
                                           self.sharded_probe) if self.checks else None,
                     "data": self.batch.report(self.loop.trained),
@@ -332,8 +332,7 @@ class Watch:
         if not self.checks or batch.call is None or self.captured_loss is None or self.random_state is None \
                 or self.reducer.world_size > 1:
             return None
-        return Descent(self.count, batch.call, self.random_state, self.captured_loss.double().reshape(()),
-                       micro_batches=max(1, self.forwards))
+        return Descent(self.count, batch.call, self.random_state, self.captured_loss.double().reshape(()))
 
     def _loss(self, loss) -> Optional[torch.Tensor]:
         """The loss as a device scalar, averaged over the ranks."""
