@@ -36,6 +36,16 @@ def _groups(entry: dict) -> list[tuple[int, dict]]:
     return list(enumerate(optimizer.get("groups") or []))
 
 
+# optimizers whose update ignores a constant factor on the gradient: Adam's m/√v, Lion's sign
+SCALE_FREE_FAMILIES = (ADAM_FAMILY, "lion")
+
+
+def scale_free(entry: dict) -> bool:
+    """Whether the record's optimizer (by its class name) makes scale-free updates."""
+    name = ((entry.get("loop") or {}).get("optimizer") or {}).get("class") or ""
+    return any(family in name.lower() for family in SCALE_FREE_FAMILIES)
+
+
 def _class(entry: dict) -> str:
     return ((entry.get("loop") or {}).get("optimizer") or {}).get("class") or "the optimizer"
 

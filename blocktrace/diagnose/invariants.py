@@ -20,6 +20,7 @@ import math
 from typing import Optional, Sequence
 
 from blocktrace.phrases import phrase
+from blocktrace.diagnose.audit import scale_free
 from blocktrace.diagnose.checks import Cause, Finding, Scope, check, finding
 from blocktrace.vocab import Level
 
@@ -465,15 +466,10 @@ def _accumulation_summed(history: Sequence[dict], entry: dict) -> list[Finding]:
             and _finite(norm) and norm > 0 and _finite(stepped) and stepped >= norm / 2
             and loop.get("step_gradient_at") == history[-1].get("step")):
         return []
-    scale_free = any(name in _optimizer_class(history[-1]).lower() for name in ("adam", "lion"))
-    return [finding(Level.WARNING if scale_free else Level.ERROR, None, None, float(k),
+    return [finding(Level.WARNING if scale_free(history[-1]) else Level.ERROR, None, None, float(k),
                     phrase("at step {step}, {k} micro-batches each backpropagated its own mean loss undivided "
                            "(d(objective)/d(loss) = 1, not 1/{k}): the step applied their sum",
                            step=history[-1]["step"], k=k))]
-
-
-def _optimizer_class(entry: dict) -> str:
-    return (_loop(entry).get("optimizer") or {}).get("class") or ""
 
 
 # --- data-parallel training: what every rank must share, and what each must not ----------------------------------
