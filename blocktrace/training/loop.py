@@ -242,7 +242,7 @@ class LoopObserver:
                 if grad.numel() == 1:
                     self.backward_factor = grad.detach().reshape(()).double()
                 if stepped:
-                    self.grads_before = _zero_if_none(grad_norm(self._stepped_parameters()))
+                    self.grads_before = self._gradient_now()
             return None
 
         anchor.register_hook(backward_starts)
@@ -254,7 +254,7 @@ class LoopObserver:
             return
 
         def backward_starts(grad):
-            found = _zero_if_none(grad_norm(self._stepped_parameters()))
+            found = self._gradient_now()
             before = self.grads_before_later
             self.grads_before_later = found if before is None else torch.maximum(before, found)
             return None
@@ -269,6 +269,10 @@ class LoopObserver:
         if factor is None:
             return None
         return torch.where(factor > 1, factor, torch.ones_like(factor))
+
+    def _gradient_now(self) -> torch.Tensor:
+        """‖.grad‖ over the parameters a step updates, 0 where none has one (a device scalar)."""
+        return _zero_if_none(grad_norm(self._stepped_parameters()))
 
     def _stepped_parameters(self) -> list[torch.Tensor]:
         """The parameters an optimizer step updates, whose gradients optimizer.zero_grad() clears: the optimizer's

@@ -157,8 +157,7 @@ class Watch:
             return
         try:
             if self.batch.ids is not None:  # a later micro-batch of the step
-                loss = loss_of(output)
-                self.loop.later_forward(loss if isinstance(loss, torch.Tensor) else logits_of(output))
+                self.loop.later_forward(_anchor(output))
                 return
             self._see_forward(args, kwargs, output)
         except Exception as error:  # inside the training forward: never raise into it
@@ -171,7 +170,7 @@ class Watch:
             self.captured_graph = loss  # its autograd graph, for what the loss was computed from
         self.batch.see(args, kwargs, output)
         self.synchronised = synchronised(self.model)  # DDP inside no_sync: this backward averages nothing
-        self.loop.forward(loss if isinstance(loss, torch.Tensor) else logits_of(output))
+        self.loop.forward(_anchor(output))
 
     def step(self, loss: Optional[torch.Tensor] = None, lr: Optional[float] = None) -> Optional[dict]:
         """Call after loss.backward() and before optimizer.step(); returns the record written, if any. Whatever
@@ -364,3 +363,9 @@ def _grad_norm(module: nn.Module) -> Optional[torch.Tensor]:
     return grad_norm(module.parameters())
 
 
+
+
+def _anchor(output) -> Optional[torch.Tensor]:
+    """Where a training forward's backward starts to be seen: its loss where it returns one, else its logits."""
+    loss = loss_of(output)
+    return loss if isinstance(loss, torch.Tensor) else logits_of(output)
