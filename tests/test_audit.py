@@ -19,14 +19,15 @@ from blocktrace.training.timeline import read_timeline
 AUDIT = {"optimizer_ascends", "moment_rates_invalid", "weight_decay_too_strong"}
 
 
-def _train(path, make_optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3), model=None, clamp=None) -> list[dict]:
+def _train(path, make_optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3), model=None, clamp=None,
+           steps=6) -> list[dict]:
     """A nanoGPT loop with the README's Watch lines (a loss clamped at `clamp` if given: a clamp meant to tame
     spikes); the records as `track` reads them back."""
     torch.manual_seed(0)
     model = model or NanoGPT()
     optimizer = make_optimizer(model.parameters())
     with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(6):
+        for step in range(steps):
             ids, targets = nano_batch(step)
             _, loss = model(ids, targets)
             loss = loss if clamp is None else loss.clamp(max=clamp)
@@ -189,3 +190,152 @@ def test_zero_gradients_made_by_zero_weights_are_the_initialisation_not_gradient
     names = {f["name"] for f in records[0]["flags"]}
     assert "weights_zero_stuck" in names and "gradient_zero_everywhere" not in names
     assert records[0]["diagnosis"][0]["cause"] == "initialisation"
+
+
+# --- update_exceeds_its_bound and second_moment_lost: the optimizer's arithmetic against its definition -----------
+
+class _HandAdam(torch.optim.Optimizer):
+    """Adam from Kingma & Ba's Algorithm 1, or one of two published slips: no square root in the denominator, bias
+    corrections multiplied in."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, fault=None):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
+        self.fault = fault
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in (p for p in group["params"] if p.grad is not None):
+                state = self.state[p]
+                if not state:
+                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                state["step"] += 1
+                t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                if self.fault == "bias_multiplied":
+                    m_hat, v_hat = m * (1 - b1 ** t), v * (1 - b2 ** t)
+                else:
+                    m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+                denominator = v_hat if self.fault == "no_sqrt" else v_hat.sqrt()
+                p.addcdiv_(m_hat, denominator.add_(group["eps"]), value=-group["lr"])
+
+
+class _HandLion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023): w ← w·(1 − lr·λ) − lr·sign(β1·m + (1 − β1)·g); m ← β2·m + (1 − β2)·g."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in (p for p in group["params"] if p.grad is not None):
+                m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(torch.sign(m * b1 + p.grad * (1 - b1)), alpha=-group["lr"])
+                m.mul_(b2).add_(p.grad, alpha=1 - b2)
+
+
+@pytest.mark.parametrize("betas", [(0.9, 0.999), (0.9, 0.95), (0.0, 0.99)])
+def test_the_adam_move_bound_is_reached_by_torch_adam_on_its_extremal_gradients_and_never_passed(betas):
+    """The bound against torch.optim.Adam itself (eps = 0): gradients g_i ∝ (β2/β1)^i make Cauchy–Schwarz an
+    equality, so Adam's move at step t is the bound at t; random gradients stay under the supremum."""
+    from blocktrace.diagnose.audit import adam_move_bound
+    beta1, beta2 = betas
+    steps = 40
+    weight = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    adam = torch.optim.Adam([weight], lr=1.0, betas=betas, eps=0.0)
+    for i in range(1, steps + 1):
+        before = weight.detach().clone()
+        weight.grad = torch.full_like(weight, (beta2 / beta1) ** i if beta1 else float(i == steps) + 1e-30)
+        adam.step()
+        moved = float((weight.detach() - before).abs())
+    gamma = beta1 ** 2 / beta2
+    at_t = (1 - beta1) / math.sqrt(1 - beta2) * math.sqrt((1 - gamma ** steps) / (1 - gamma)) \
+        * math.sqrt(1 - beta2 ** steps) / (1 - beta1 ** steps)
+    assert moved == pytest.approx(at_t, rel=1e-9) and moved <= adam_move_bound(*betas) * (1 + 1e-12)
+
+    torch.manual_seed(0)
+    weights = torch.nn.Parameter(torch.zeros(10_000, dtype=torch.float64))
+    adam = torch.optim.Adam([weights], lr=1.0, betas=betas, eps=0.0)
+    for i in range(300):
+        before = weights.detach().clone()
+        weights.grad = torch.randn_like(weights) * torch.rand(()) ** 4 * 10 ** (i % 7 - 3)
+        adam.step()
+        assert float((weights.detach() - before).abs().max()) <= adam_move_bound(*betas)
+
+
+def _bound_flags(records: list[dict]) -> list[dict]:
+    return [f for r in records for f in r["flags"] if f["name"] in {"update_exceeds_its_bound", "second_moment_lost"}]
+
+
+@pytest.mark.parametrize("fault", ["no_sqrt", "bias_multiplied"])
+def test_a_hand_written_adam_whose_arithmetic_is_not_adams_is_the_optimizer(tmp_path, fault):
+    """Seen in the fourth and fifth blind groups (F04, F08; calibration now): a hand-written Adam without the square
+    root, or with its bias corrections multiplied in, was found through its symptoms and called the learning rate.
+    Its settings are valid; its moves are not: each is larger than any Adam's can be."""
+    records = _train(tmp_path / "run.jsonl", lambda ps: _HandAdam(ps, lr=1e-3, fault=fault))
+    found = [f for f in _bound_flags(records[1:]) if f["name"] == "update_exceeds_its_bound"]
+    assert found and found[0]["level"] == "error" and "_HandAdam's param group 0" in found[0]["detail"]
+    assert "after the record at step 0" in found[0]["detail"]
+    assert records[1]["diagnosis"][0]["cause"] == "optimizer"
+    assert records[1]["loop"]["update_step"] == 1  # a fresh optimizer's first step: Adam moves a weight by ≤ lr
+    assert records[1]["loop"]["update_moves"][0] > 1.5 and "at its step 1" in found[0]["detail"]
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: _HandAdam(ps, lr=1e-3),
+    lambda ps: torch.optim.Adam(ps, lr=3e-3, weight_decay=0.01),
+    lambda ps: torch.optim.AdamW(ps, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1),
+    lambda ps: torch.optim.AdamW(ps, lr=1e-3, amsgrad=True),
+    lambda ps: _HandLion(ps, lr=1e-4),
+    lambda ps: torch.optim.RAdam(ps, lr=1e-3),
+], ids=["hand-adam", "adam-l2", "adamw-0.95", "amsgrad", "lion", "radam"])
+def test_adam_and_lion_moves_within_their_bound_pass(tmp_path, make):
+    records = _train(tmp_path / "run.jsonl", make, steps=21)
+    assert all(r["loop"]["update_moves"] is not None for r in records[1:])  # measured at steps 1, 6, 11, 16
+    assert records[-1]["loop"]["update_step"] in (16, None)  # RAdam and Lion keep no count in torch's form
+    assert not _bound_flags(records)
+
+
+@pytest.mark.parametrize("optimizer_class, betas, move, flagged", [
+    ("HandAdam", [0.9, 0.999], 12.0, True), ("HandAdam", [0.9, 0.999], 10.0, False),
+    ("AdamW", [0.9, 0.95], 2.0, True), ("RAdam", [0.9, 0.999], 50.0, False), ("NAdam", [0.9, 0.999], 50.0, False),
+    ("AdamWScheduleFree", [0.9, 0.999], 50.0, False), ("Lion", [0.9, 0.99], 1.6, True), ("Lion", [0.9, 0.99], 1.0, False),
+    ("SGD", None, 50.0, False),
+])
+def test_the_move_bound_applies_to_the_optimizers_that_define_it(optimizer_class, betas, move, flagged):
+    group = {"lr": 1e-3, **({"betas": betas} if betas else {})}
+    entry = {"step": 10, "layers": [], "loop": {"optimizer": {"class": optimizer_class, "groups": [group]},
+                                                "update_moves": [move], "step_gradient_at": 5}}
+    names = {f.name for f in judge([], entry)}
+    assert ("update_exceeds_its_bound" in names) == flagged
+
+
+def test_adams_second_moment_rounded_to_0_by_a_16_bit_save_is_precision(tmp_path):
+    """A state saved through float16 (its smallest value 6e-8) loses every v below it while m keeps its value: the
+    resumed run's first steps divide m by ε alone. Seen as an update spike called the learning rate (fifth blind
+    group, F03; calibration)."""
+    def run(path, rounded: bool) -> list[dict]:
+        torch.manual_seed(0)
+        model = NanoGPT()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for step in range(3):  # the earlier job
+            ids, targets = nano_batch(step)
+            model(ids, targets)[1].backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        if rounded:  # saved in float16, loaded back: torch casts the state to the parameters' dtype
+            for state in optimizer.state.values():
+                state["exp_avg"], state["exp_avg_sq"] = state["exp_avg"].half().float(), \
+                    state["exp_avg_sq"].half().float()
+        return _train(path, lambda ps: optimizer, model=model)
+
+    records = run(tmp_path / "rounded.jsonl", rounded=True)
+    lost = [f for f in _bound_flags(records[1:]) if f["name"] == "second_moment_lost"]
+    assert lost and lost[0]["cause"] == "precision"
+    assert records[1]["diagnosis"][0]["cause"] == "precision"
+    assert not _bound_flags(run(tmp_path / "kept.jsonl", rounded=False))

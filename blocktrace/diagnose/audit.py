@@ -167,6 +167,107 @@ def _dropout_too_high(history: Sequence[dict], entry: dict) -> list[Finding]:
                            dropout=dropout['p']))]
 
 
+# the optimizers whose every move per unit of learning rate is bounded by their definition, by class-name ending
+# (torch's Adam and AdamW and the hand-written or wrapped ones named so; Lion's sign): NAdam, RAdam, Adamax,
+# schedule-free, 8-bit, GaLore's projected and Adam-mini's block-shared updates follow other arithmetic
+BOUNDED_ADAM, BOUNDED_SIGN = ("adam", "adamw"), ("lion",)
+UNBOUNDED_VARIANTS = ("nadam", "radam", "adamax", "schedulefree", "8bit", "galore", "mini")
+# the bound is exact (ε only lowers a move); the margin is for state kept in 16 bits, whose rounding of m and v
+# can move the ratio by a few per cent, never by half
+MOVE_MARGIN = 1.5
+# a first moment this far from 0 cannot sit over a float32 second moment of exactly 0 (|m| ≤ C·√v with C below
+# 1,000 for every β2 ≤ 0.999999, and the smallest float32 is 1.4e-45: |m| < 4e-20 there): only rounding to 16 bits or
+# below can have zeroed v
+FIRST_MOMENT_FLOOR = 1e-12
+
+
+def adam_move_bound(beta1: float, beta2: float, step: Optional[int] = None) -> Optional[float]:
+    """The largest |m̂_t|/√v̂_t any gradient sequence can give at step t (every step when t is not known; None outside
+    β1² < β2): by Cauchy–Schwarz on m_t = Σ(1−β1)β1^(t−i)g_i against v_t = Σ(1−β2)β2^(t−i)g_i²,
+    |m_t| ≤ (1−β1)/√(1−β2)·√((1−γ^t)/(1−γ))·√v_t with γ = β1²/β2; with the bias corrections that is
+    (1−β1)/√(1−β2)·√((1−γ^t)/(1−γ))·√(1−β2^t)/(1−β1^t) — 1 at t = 1, (1−β1)/√((1−β2)(1−γ)) as t grows (the
+    same limit bounds an Adam without bias correction)."""
+    if not (0 <= beta1 < 1 and 0 <= beta2 < 1) or beta1 ** 2 >= beta2:
+        return None
+    gamma = beta1 ** 2 / beta2
+    scale = (1 - beta1) / math.sqrt(1 - beta2)
+
+    def at(t: int) -> float:
+        return scale * math.sqrt((1 - gamma ** t) / (1 - gamma)) * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+
+    if step is not None:
+        return at(step)
+    steps = list(range(1, 2001)) + [int(10 ** (k / 8)) for k in range(27, 57)]
+    return max(max(at(t) for t in steps), scale / math.sqrt(1 - gamma))
+
+
+def _move_bound(optimizer_class: str, group: dict, step: Optional[int]) -> Optional[float]:
+    """The largest move per unit of learning rate the class's definition allows this group at this step of its
+    (None: no bound)."""
+    name = optimizer_class.lower()
+    if any(variant in name for variant in UNBOUNDED_VARIANTS):
+        return None
+    if name.endswith(BOUNDED_SIGN):
+        return 1.0  # lr·sign(·): every weight moves by exactly lr, or not at all
+    betas = [_number(b) for b in group.get("betas") or []]
+    if name.endswith(BOUNDED_ADAM) and len(betas) == 2 and None not in betas:
+        return adam_move_bound(*betas, step)
+    return None
+
+
+@check(Scope.TRAINING, "update_exceeds_its_bound",
+       f"in the optimizer step after a record, a weight of a param group of an Adam or AdamW (by class name, "
+       f"hand-written ones included) moved by more than {MOVE_MARGIN:g} × the largest |m̂/√v̂| its betas allow at "
+       f"that step (over every step where the optimizer keeps no step count), per unit of learning rate (Lion: {MOVE_MARGIN:g} × 1); the decay's part lr·λ·|w| and the rounding of the "
+       f"weight's dtype are not counted",
+       "definition and Cauchy–Schwarz: Adam moves each weight by lr·m̂/(√v̂ + ε), and m and v average the same "
+       "gradients, so |m̂|/√v̂ ≤ (1−β1)/√((1−β2)(1−β1²/β2)) at most (7.3 at β (0.9, 0.999), 1.2 at (0.9, 0.95); "
+       "1 at the first step; Kingma & Ba 2015 §2.1 bound the typical move by lr); Lion moves each by lr·sign(·)",
+       "the optimizer's arithmetic is not its definition: a square root missing from the denominator, bias "
+       "corrections multiplied in, a moment updated with the wrong rate — or its second moment rounded to 0 "
+       "(a state saved or kept in 16 bits: precision)", Cause.OPTIMIZER, direct=True,
+       advice=phrase("use torch.optim.AdamW, or check a hand-written optimizer's update against its formula: "
+                     "lr·m̂/(√v̂ + ε) with m̂ = m/(1 − β1^t), v̂ = v/(1 − β2^t)"))
+def _update_exceeds_its_bound(history: Sequence[dict], entry: dict) -> list[Finding]:
+    loop = entry.get("loop") or {}
+    moves = loop.get("update_moves") or []
+    lost = _number(loop.get("moments_lost")) or 0
+    flags = []
+    for (index, group), move in zip(_groups(entry), moves):
+        bound = _move_bound(_class(entry), group, loop.get("update_step"))
+        move = _number(move)
+        if bound is None or move is None or move <= MOVE_MARGIN * bound:
+            continue
+        flags.append(finding(Level.ERROR, None, None, move, phrase(
+            "{class_}'s param group {index} moved a weight by {move:.3g} × its learning rate in the step after the "
+            "record at step {step}; its definition bounds a move by {bound:.3g} × the learning rate{when}{why}",
+            class_=_class(entry), index=index, move=move, step=loop.get("step_gradient_at", entry.get("step")),
+            bound=bound, when=phrase(" at its step {t}", t=loop["update_step"]) if loop.get("update_step") else "",
+            why=phrase(": {lost:g} of its second moments are 0 where the first is not, rounded away", lost=lost)
+            if lost else ""), Cause.PRECISION if lost else None))
+    return flags
+
+
+@check(Scope.TRAINING, "second_moment_lost",
+       "as the optimizer step after a record begins, some element of the optimizer's state has exp_avg_sq exactly "
+       f"0 while |exp_avg| > {FIRST_MOMENT_FLOOR:g}",
+       "Cauchy–Schwarz: m and v average the same gradients, |m_t| ≤ C·√v_t (C as in update_exceeds_its_bound, "
+       "below 1,000 for every β2 ≤ 0.999999), so in exact or float32 arithmetic v = 0 forces |m| < 4e-20; only rounding to 16 bits (float16's smallest value "
+       "is 6e-8) zeroes a v whose m is larger",
+       "Adam's second moment lost its small values to rounding: a state kept in float16, or saved in 16 bits and "
+       "loaded back; the next steps divide m by ε alone and move those weights by lr·|m|/ε", Cause.PRECISION,
+       direct=True,
+       advice=phrase("keep the optimizer's state in float32 (and save it so); with 16-bit parameters, keep "
+                     "float32 master weights and state"))
+def _second_moment_lost(history: Sequence[dict], entry: dict) -> list[Finding]:
+    lost = _number((entry.get("loop") or {}).get("moments_lost"))
+    if not lost:
+        return []
+    return [finding(Level.ERROR, None, None, lost, phrase(
+        "{lost:g} elements of {class_}'s state have exp_avg_sq = 0 and exp_avg ≠ 0", lost=lost,
+        class_=_class(entry)))]
+
+
 @check(Scope.TRAINING, "weights_zero_stuck",
        "a layer's FFN input and output matrices, or its query and key matrices (a fused qkv), are exactly 0 "
        "since the run's first record (zeroed later: weights_zeroed)",

@@ -131,6 +131,15 @@ PHRASES_ZH = {
     "{class_}'s param group {index} has maximize=True: each step climbs the loss":
         "{class_} 的第 {index} 个参数组设置了 maximize=True：每一步都在让损失上升",
     "{class_}'s param group {index}: {detail}": "{class_} 的第 {index} 个参数组：{detail}",
+    "{class_}'s param group {index} moved a weight by {move:.3g} × its learning rate in the step after the record at "
+    "step {step}; its definition bounds a move by {bound:.3g} × the learning rate{when}{why}":
+        "{class_} 的第 {index} 个参数组在第 {step} 步的记录之后的那一步，把一个权重移动了学习率的 {move} 倍；"
+        "按其定义，一步的移动不超过学习率的 {bound} 倍{when}{why}",
+    " at its step {t}": "（在它的第 {t} 步）",
+    ": {lost:g} of its second moments are 0 where the first is not, rounded away":
+        "：有 {lost} 个二次矩为 0 而一次矩不为 0，因精度不足而丢失",
+    "{lost:g} elements of {class_}'s state have exp_avg_sq = 0 and exp_avg ≠ 0":
+        "{class_} 的状态中有 {lost} 个元素 exp_avg_sq = 0 而 exp_avg ≠ 0",
     "{class_}'s param group {index}: lr·weight_decay = {lr:g} × {decay:g} = {product:.3g}: each step multiplies the "
     "weights by {kept:.3g}":
         "{class_} 的第 {index} 个参数组：lr·weight_decay = {lr} × {decay} = {product}：每一步都把权重乘以 {kept}",
@@ -307,6 +316,13 @@ PHRASES_ZH = {
         "并让 momentum 小于 1（通常为 0.9）",
     "use a decoupled weight decay λ around 0.1 with learning rates around 1e-3 or below (lr·λ near 1e-4)":
         "使用 0.1 左右的解耦 weight decay λ，学习率在 1e-3 左右或更低（lr·λ 接近 1e-4）",
+    "use torch.optim.AdamW, or check a hand-written optimizer's update against its formula: lr·m̂/(√v̂ + ε) with "
+    "m̂ = m/(1 − β1^t), v̂ = v/(1 − β2^t)":
+        "使用 torch.optim.AdamW，或按公式检查手写优化器的更新：lr·m̂/(√v̂ + ε)，其中 m̂ = m/(1 − β1^t)，"
+        "v̂ = v/(1 − β2^t)",
+    "keep the optimizer's state in float32 (and save it so); with 16-bit parameters, keep float32 master weights "
+    "and state":
+        "让优化器的状态保持 float32（保存时也如此）；参数为 16 位时，保留 float32 的主权重和状态",
     "set dropout to the recipe's rate (0.0 to 0.1 for pre-training a language model; p is the share dropped, not "
     "kept)": "把 dropout 设为训练配方的比例（预训练语言模型用 0.0 到 0.1；p 是丢弃的比例，不是保留的比例）",
     "initialise weight matrices randomly (nn.init.normal_(std=0.02) as GPT-2 does); zero only a residual branch's "

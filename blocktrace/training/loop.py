@@ -31,6 +31,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from blocktrace.training.stepping import StepSample
+
 IGNORE_INDEX = -100  # F.cross_entropy's and HF's ignore_index: a target that the loss does not count
 PROBE_TOKENS = 64  # the causal probe's sequence: the first row of the batch, at most this long
 CHUNK_ELEMENTS = 1 << 24  # logits cross-entropy is recomputed in chunks of about this many elements (64 MB)
@@ -201,6 +203,8 @@ class LoopObserver:
         self.step_gradient_at: Optional[int] = None
         self.descent: Optional[Descent] = None  # the recorded step whose update is probed (at its optimizer step)
         self.descended: Optional[dict] = None  # what the probe found, for the next record
+        self.step_sample: Optional[StepSample] = None  # the weights sampled as the record's optimizer step began
+        self.stepped: dict = {}  # what that step did (training/stepping.py), for the next record
         self.optimizer_steps = 0  # optimizer.step() calls since the last record (a host count: no device read)
         self.ever_stepped = False  # whether any optimizer.step() ran since the Watch began
         self.reset()
@@ -296,6 +300,10 @@ class LoopObserver:
             return
         self.step_gradient, self.step_gradient_at = _zero_if_none(grad_norm(_held(optimizer))), self.step_due
         self.step_due = None
+        try:  # inside the user's optimizer.step(): never raise into it
+            self.step_sample = StepSample(_torch_optimizer(optimizer), first_step=not stepped_before)
+        except Exception:  # an optimizer whose groups are not torch's: its moves are not measured
+            self.step_sample = None
         if self.descent is not None:
             try:  # inside the user's optimizer.step(): never raise into it
                 self.descent.dot_before = _gradient_dot_weights(_held(optimizer))
@@ -308,6 +316,7 @@ class LoopObserver:
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         """g·Δw, the first-order change of the loss the update predicts, and, where it climbs, the batch's loss
         after the update. A failure is a note: the probe never stops training."""
+        self._measure_step(optimizer)
         descent, self.descent = self.descent, None
         if descent is None or descent.dot_before is None:
             return
@@ -320,6 +329,17 @@ class LoopObserver:
                               "loss_after": replayed, "first_step": descent.first_step}
         except Exception as error:  # the replayed forward may fail where the training one did not: said, not raised
             self.descended = {"at": descent.step, "note": _not_run(error)}
+
+    def _measure_step(self, optimizer) -> None:
+        """Each group's largest move per unit of learning rate, and Adam's moments' agreement (training/stepping)."""
+        sample, self.step_sample = self.step_sample, None
+        if sample is None:
+            return
+        try:
+            self.stepped = {"update_moves": sample.moves(), "moments_lost": sample.moments_lost,
+                            "update_step": sample.step}
+        except Exception:  # never raise into the user's step: the record says nothing of it
+            self.stepped = {}
 
     # -- the record --------------------------------------------------------------------------------------------
 
@@ -345,6 +365,7 @@ class LoopObserver:
         step_gradient, at = self.step_gradient, self.step_gradient_at
         self.step_gradient = self.step_gradient_at = None
         descended, self.descended = self.descended, None
+        stepped, self.stepped = self.stepped, {}
         steps, self.optimizer_steps = self.optimizer_steps, 0
         return {"optimizer_steps": steps if self.step_hook is not None else None,
                 "grads_before_backward": self.grads_before, "grads_before_later_backward": self.grads_before_later,
@@ -356,6 +377,8 @@ class LoopObserver:
                               if isinstance(group.get("lr"), (int, float, torch.Tensor))]
                 if self.optimizer is not None else None,
                 "optimizer": optimizer_hyperparameters(self.optimizer), "descent": descended,
+                "update_moves": stepped.get("update_moves"), "moments_lost": stepped.get("moments_lost"),
+                "update_step": stepped.get("update_step"),
                 "dropout": largest_dropout(self.model),
                 "loss_scale": self.loss_scale(), "backward_factor": self.backward_factor,
                 "float16_forward": self.float16 if self.trained else None,

@@ -114,9 +114,10 @@ def _data(value: Any, field: str) -> dict:
 
 
 LOOP_NUMBERS = ("grads_before_backward", "step_gradient", "optimizer_share", "loss_over_cross_entropy", "loss_scale",
-                "backward_factor", "grads_before_later_backward")
+                "backward_factor", "grads_before_later_backward", "moments_lost")
 LOOP_FLAGS = ("outputs_are_probabilities", "softmax_before_loss")
-LOOP_COUNTS = ("step_gradient_at", "eval_mode_modules", "sequences", "positions", "optimizer_steps", "micro_batches")
+LOOP_COUNTS = ("step_gradient_at", "eval_mode_modules", "sequences", "positions", "optimizer_steps", "micro_batches",
+               "update_step")
 
 
 def _loop(value: Any, field: str) -> dict:
@@ -130,6 +131,7 @@ def _loop(value: Any, field: str) -> dict:
         loop[key] = _boolean(loop.get(key), f"{field}.{key}")
     loop["outside_optimizer"] = _listed(loop.get("outside_optimizer", []), f"{field}.outside_optimizer", _text)
     loop["lr_groups"] = _listed(loop.get("lr_groups"), f"{field}.lr_groups", number, optional=True)
+    loop["update_moves"] = _listed(loop.get("update_moves"), f"{field}.update_moves", number, optional=True)
     loop["optimizer"] = _optimizer(loop.get("optimizer"), f"{field}.optimizer")
     loop["descent"] = _descent(loop.get("descent"), f"{field}.descent")
     return loop

@@ -1,0 +1,111 @@
+"""What one optimizer step did to the weights it holds, measured around the step after a record.
+
+Two facts the optimizer's own definition fixes, whatever the model, the data or the learning rate:
+
+- **Each weight's move per unit of learning rate.** The audit bounds it for the optimizers whose update is
+  m̂/√v̂ or a sign (diagnose/audit.py: `update_exceeds_its_bound`); here each param group's largest
+  |Δw| − lr·λ·|w| (the decay's part, by the triangle inequality) − the rounding of w's own dtype, over lr, is
+  measured on a strided sample of each tensor: a few thousand elements per tensor copied before the step, read
+  again after it, so no full copy of the weights is made.
+- **Adam's two moments agree.** By Cauchy–Schwarz |m_t| ≤ C·√v_t for exact arithmetic (both sum the same
+  gradients), so a second moment of exactly 0 where the first is well away from 0 was rounded away: a state kept
+  or saved in 16 bits. Counted, as the step begins, over every tensor of the optimizer's state that has both: a
+  state loaded from a file is seen before its first step rebuilds v (a resumed run's first record), a state kept
+  in 16 bits at every step.
+
+Everything stays on the device until the record's one copy; nothing here raises into the user's step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from blocktrace.diagnose.audit import FIRST_MOMENT_FLOOR
+
+SAMPLED = 4096  # elements of each tensor sampled (strided) for its move: enough for a fault that spans a tensor
+
+
+@dataclass
+class _Sampled:
+    parameter: torch.Tensor
+    stride: int
+    before: torch.Tensor
+
+
+@dataclass
+class _Group:
+    lr: float
+    decay: float
+    sampled: list[_Sampled]
+
+
+def _number(value) -> Optional[float]:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _sample(parameter: torch.Tensor) -> _Sampled:
+    flat = parameter.detach().reshape(-1)
+    stride = max(1, flat.numel() // SAMPLED)
+    return _Sampled(parameter, stride, flat[::stride].clone())
+
+
+class StepSample:
+    """The sampled weights of every param group as the optimizer's step begins (taken in its pre-hook)."""
+
+    def __init__(self, optimizer, first_step: bool):
+        self.moments_lost = moments_lost(optimizer)
+        self.step = _step_about_to_run(optimizer, first_step)
+        self.groups: list[Optional[_Group]] = []
+        for group in optimizer.param_groups:
+            lr, decay = _number(group.get("lr")), _number(group.get("weight_decay")) or 0.0
+            held = [p for p in group["params"] if p.grad is not None and p.is_floating_point()]
+            usable = lr is not None and lr > 0 and held
+            self.groups.append(_Group(lr, abs(decay), [_sample(p) for p in held]) if usable else None)
+
+    @torch.no_grad()
+    def moves(self) -> list[Optional[torch.Tensor]]:
+        """Per param group (None where none was sampled), as the step has ended: the largest |Δw| beyond the
+        decay's part and the rounding, per unit of learning rate, a device scalar."""
+        return [None if group is None else self._largest(group) for group in self.groups]
+
+    @staticmethod
+    def _largest(group: _Group) -> torch.Tensor:
+        largest = []
+        for sampled in group.sampled:
+            after = sampled.parameter.detach().reshape(-1)[:: sampled.stride].double()
+            before = sampled.before.double()
+            rounding = 2 * torch.finfo(sampled.before.dtype).eps * torch.maximum(before.abs(), after.abs())
+            beyond = (after - before).abs() - group.lr * group.decay * before.abs() - rounding
+            largest.append(beyond.amax().to(largest[0].device if largest else beyond.device))
+        return torch.stack(largest).amax().clamp_min(0) / group.lr
+
+
+def _step_about_to_run(optimizer, first_step: bool) -> Optional[int]:
+    """The step count t the optimizer's bias corrections will use in the step that begins: one past the largest
+    "step" its state keeps; 1 at the first step the Watch saw with no state at all; None when it keeps no count."""
+    counts = [_number(state.get("step")) for state in optimizer.state.values() if isinstance(state, dict)]
+    counts = [count for count in counts if count is not None]
+    if counts:
+        return int(max(counts)) + 1
+    return 1 if first_step and not optimizer.state else None
+
+
+@torch.no_grad()
+def moments_lost(optimizer) -> Optional[torch.Tensor]:
+    """Elements of the optimizer's state whose second moment (exp_avg_sq) is exactly 0 while the first (exp_avg)
+    is above FIRST_MOMENT_FLOOR, a device count; None where no state holds both."""
+    counts = []
+    for state in optimizer.state.values():
+        if not isinstance(state, dict):
+            continue
+        first, second = state.get("exp_avg"), state.get("exp_avg_sq")
+        if not (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)) or first.shape != second.shape:
+            continue
+        lost = ((second == 0) & (first.abs() > FIRST_MOMENT_FLOOR)).sum()
+        counts.append(lost.to(counts[0].device) if counts else lost)
+    return torch.stack(counts).sum() if counts else None
