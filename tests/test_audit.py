@@ -339,3 +339,32 @@ def test_adams_second_moment_rounded_to_0_by_a_16_bit_save_is_precision(tmp_path
     assert lost and lost[0]["cause"] == "precision"
     assert records[1]["diagnosis"][0]["cause"] == "precision"
     assert not _bound_flags(run(tmp_path / "kept.jsonl", rounded=False))
+
+
+def test_every_linear_layer_set_to_one_value_is_initialisation_at_step_0(tmp_path):
+    """Seen in the fifth blind group (F06, calibration now): nn.init.constant_(w, 0.02) where normal_ was meant made
+    every unit of a layer a copy of the others; it was found at step 20 through the residual stream's growth and
+    called the learning rate. A matrix of one value is a fact about the weights at step 0."""
+    torch.manual_seed(0)
+    model = NanoGPT()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            torch.nn.init.constant_(module.weight, 0.02)
+    records = _train(tmp_path / "constant.jsonl", model=model)
+    found = [f for f in records[0]["flags"] if f["name"] == "weights_constant"]
+    assert {f["layer"] for f in found} == {0, 1} and found[0]["level"] == "error"
+    assert records[0]["diagnosis"][0]["cause"] == "initialisation"
+
+    healthy = _train(tmp_path / "healthy.jsonl", model=_zeroed(everything=False))  # zero projections: a recipe
+    assert "weights_constant" not in {f["name"] for r in healthy for f in r["flags"]}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_large_constant_matrix_has_spread_0_where_its_float32_moments_leave_a_std(dtype):
+    from blocktrace.diagnose.weights import sampled_spread, sum_and_squares
+    constant = torch.full((4096, 4096), 0.02, dtype=dtype)
+    assert float(sampled_spread(constant)) == 0
+    total, squares = sum_and_squares(constant)
+    n = constant.numel()
+    assert dtype is torch.bfloat16 or float(squares - total ** 2 / n) > 0  # the moments' rounding: not 0
+    assert float(sampled_spread(torch.randn(4096, 4096).to(dtype) * 0.02)) > 0

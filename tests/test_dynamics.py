@@ -115,6 +115,18 @@ def test_tiny_updates_blame_the_learning_rate_only_when_it_is_tiny():
     assert judge([_moving(0, [None] * 2)], _moving(10, [0.01, 0.02])) == []
 
 
+def test_tiny_updates_after_the_schedule_cut_the_learning_rate_a_hundredfold_blame_the_learning_rate():
+    """Seen in the fifth blind group (F05, calibration now): a ReduceLROnPlateau built with mode="max" on a loss cut
+    the rate tenfold every third check, and the tiny updates that followed were called the optimizer's. A rate at
+    1/100 of the largest the run recorded is the schedule's doing, whatever its absolute value."""
+    history = [_moving(0, [None] * 2, lr=1e-3), _moving(10, [0.01, 0.02], lr=5e-6)]
+    cut = judge(history, _moving(20, [1e-5, 2e-5], lr=5e-6))
+    assert _names(cut) == [("updates_tiny", None)] and cut[0].cause.value == "learning_rate"
+    history = [_moving(0, [None] * 2, lr=1e-3), _moving(10, [0.01, 0.02], lr=5e-5)]
+    decayed = judge(history, _moving(20, [1e-5, 2e-5], lr=5e-5))  # 1/20 of the peak: the optimizer's still
+    assert _names(decayed) == [("updates_tiny", None)] and decayed[0].cause.value == "optimizer"
+
+
 def test_tiny_updates_are_judged_on_the_layers_that_train():
     """A fine-tune that trains its top block alone (the others requires_grad False, their update 0) moves the median
     matrix of all layers by nothing: the trained layer's own updates are what the optimizer makes, and they are

@@ -33,6 +33,8 @@ FROZEN_FRACTION = 0.02  # a layer moving less than this share of the median laye
 STILL = 1e-9  # per-step ‖ΔW‖/‖W‖ below this is no movement at all (float32 rounding of an unchanged tensor is 0)
 TINY_UPDATE = 1e-5  # per-step ‖ΔW‖/‖W‖ of the median matrix: healthy calibration runs stay ≥ 10× above
 TINY_LR = 1e-6  # a learning rate this small explains tiny updates by itself
+# a learning rate this far below the largest the run has recorded: the schedule itself made the updates small
+SCHEDULE_SHRANK = 100
 ADAM_TINY = 0.5  # Adam's per-step ‖ΔW‖/‖W‖ per unit of learning rate: ≈ |m̂/√v̂| / std(W), ≥ 1 for usual weights
 # Adam's per-step rms(ΔW) per unit of learning rate, |m̂/√v̂| ≈ 0.1–1: tiny 10× below. The same bound as ADAM_TINY at
 # std(W) 0.02 (0.5 × 0.02), and the one that holds at any weight size (a run whose weights grew 20× moves them
@@ -425,7 +427,8 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Finding]:
        f"(the others are layer_frozen's), or, under an Adam-family "
        f"optimizer (a Watch given optimizer=), its per-step rms(ΔW) < {ADAM_TINY_STEP:g} × the learning rate "
        f"(records without element counts: ‖ΔW‖/‖W‖ < {ADAM_TINY:g} × the learning rate; learning_rate when the "
-       f"learning rate is below {TINY_LR:g}, else optimizer)",
+       f"learning rate is below {TINY_LR:g} or below 1/{SCHEDULE_SHRANK} of the largest the run recorded — the "
+       f"schedule shrank it —, else optimizer)",
        "Kingma & Ba 2015: Adam moves each weight by about lr·|m̂/√v̂| with |m̂/√v̂| ≈ 0.1–1, so rms(ΔW) per unit "
        "of learning rate is about that whatever the weights' size (‖ΔW‖/‖W‖ per unit of learning rate ≈ 10 at std "
        "0.02); healthy-run measurement (benchmarks/FAILURES.md, calibration half)",
@@ -450,10 +453,17 @@ def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Finding]:
     adam = "adam" in str(entry.get("optimizer") or "").lower()
     if not (median < TINY_UPDATE or (adam and lr and _adam_step_tiny(history[-1], entry, median, lr, unreached))):
         return []
-    cause = Cause.LEARNING_RATE if lr is not None and lr < TINY_LR else Cause.OPTIMIZER
+    cause = Cause.LEARNING_RATE if lr is not None and (lr < TINY_LR or _schedule_shrank(history, lr)) \
+        else Cause.OPTIMIZER
     return [finding(Level.ERROR, None, None, median, phrase("the median matrix moves {median:.3g} of its norm per "
                                                             "step{at_lr}", median=median, at_lr=_at_learning_rate(lr)),
                     cause)]
+
+
+def _schedule_shrank(history: Sequence[dict], lr: float) -> bool:
+    """Whether the run's schedule brought the learning rate to 1/SCHEDULE_SHRANK of its largest recorded value."""
+    peak = max((r["lr"] for r in history if _finite(r.get("lr"))), default=None)
+    return peak is not None and peak > 0 and lr <= peak / SCHEDULE_SHRANK
 
 
 def _at_learning_rate(lr: Optional[float]) -> str:

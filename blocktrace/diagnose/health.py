@@ -400,6 +400,27 @@ def _weight_scale(evidence) -> list[Finding]:
     return flags
 
 
+@check(Scope.MODEL, "weights_constant",
+       "a weight matrix of a layer has every sampled entry equal and its norm above 0 (4,096 entries read, strided)",
+       "definition: a matrix of one value c maps every input x to c·Σx in every output unit, so the units it feeds are "
+       "identical and, beside another such matrix, receive identical gradients forever — the symmetry a random "
+       "initialisation exists to break (Goodfellow, Bengio & Courville 2016, §8.4); no published initialisation "
+       "fills a matrix with one nonzero value",
+       "the layer's units are copies of one another: nn.init.constant_ (or fill_) where normal_ was meant, or a "
+       "loader that broadcast one value", Cause.INITIALISATION, direct=True,
+       advice=phrase("initialise weight matrices randomly (nn.init.normal_(std=0.02) as GPT-2 does, or the "
+                     "family's own init)"))
+def _weights_constant(evidence) -> list[Finding]:
+    flags = []
+    for index, matrices in enumerate(evidence.weights):
+        constant = [name for name, entry in matrices.items() if entry.get("spread") == 0 and entry["norm"] > 0]
+        if constant:
+            flags.append(finding(Level.ERROR, None, evidence.first_layer + index, 0.0, phrase(
+                "{names}: every sampled entry holds the same value", names=", ".join(constant[:3]) +
+                (" …" if len(constant) > 3 else ""))))
+    return flags
+
+
 @check(Scope.MODEL, "weights_non_finite",
        "a checkpoint's weight matrix holds NaN or Inf (its sum of squares is not finite)",
        "definition: no optimizer step on finite gradients writes NaN into a weight it holds finite; a non-finite "

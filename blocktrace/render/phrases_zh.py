@@ -76,6 +76,7 @@ PHRASES_ZH = {
 
     # --- the weights, the loss, the router of a checkpoint
     "the median matrix has std·√fan_in = {median:.3g}": "中位矩阵的 std·√fan_in = {median}",
+    "{names}: every sampled entry holds the same value": "{names}：取样的每个元素都是同一个值",
     "{names} hold NaN or Inf": "{names} 含有 NaN 或 Inf",
     "{name}: std {std:.3g}, {factor:.3g}× the median of its {count} siblings ({median:.3g})":
         "{name}：std {std}，是其他 {count} 层同一矩阵中位数（{median}）的 {factor} 倍",
@@ -316,6 +317,8 @@ PHRASES_ZH = {
         "并让 momentum 小于 1（通常为 0.9）",
     "use a decoupled weight decay λ around 0.1 with learning rates around 1e-3 or below (lr·λ near 1e-4)":
         "使用 0.1 左右的解耦 weight decay λ，学习率在 1e-3 左右或更低（lr·λ 接近 1e-4）",
+    "initialise weight matrices randomly (nn.init.normal_(std=0.02) as GPT-2 does, or the family's own init)":
+        "随机初始化权重矩阵（像 GPT-2 那样用 nn.init.normal_(std=0.02)，或该系列模型自己的初始化）",
     "use torch.optim.AdamW, or check a hand-written optimizer's update against its formula: lr·m̂/(√v̂ + ε) with "
     "m̂ = m/(1 − β1^t), v̂ = v/(1 − β2^t)":
         "使用 torch.optim.AdamW，或按公式检查手写优化器的更新：lr·m̂/(√v̂ + ε)，其中 m̂ = m/(1 − β1^t)，"
