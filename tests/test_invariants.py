@@ -453,6 +453,44 @@ def test_the_loss_graph_probe_on_both_sides():
     assert softmax_before_loss(torch.tensor(1.0)) is None
 
 
+def test_the_axis_the_loss_normalises_is_read_from_the_graph_after_the_backward():
+    from blocktrace.training.loop import log_softmax_axes
+
+    z = torch.randn(2, 5, 7, requires_grad=True)
+    y = torch.randint(0, 7, (2, 5)).reshape(-1)
+    cases = [(F.nll_loss(F.log_softmax(z, dim=0).reshape(-1, 7), y), [2]),
+             (F.nll_loss(F.log_softmax(z.reshape(-1, 7), dim=0), y), [10]),
+             (F.cross_entropy(z.reshape(-1, 7), y), [7]),
+             (F.cross_entropy(z.transpose(1, 2), y.reshape(2, 5)), [7]),  # [B, V, T]: dim 1 is the vocabulary
+             (F.nll_loss(F.log_softmax(z, dim=-1).reshape(-1, 7), y), [7]),
+             (F.cross_entropy(z.reshape(-1, 7), y) + F.log_softmax(z.sum(-1), dim=0).mean(), [7])]  # no V axis
+    for loss, sizes in cases:
+        loss.backward()  # the Watch reads the graph after it
+        assert log_softmax_axes(loss, 7) == sizes
+
+
+@pytest.mark.parametrize("dim, found", [(0, True), (1, True), (-1, False)])
+def test_a_loss_that_normalises_over_the_batch_or_the_positions_is_the_loss_function(tmp_path, dim, found):
+    """Seen in the fourth blind group (F02, calibration now): nll_loss(log_softmax(logits, dim=0)) normalises over
+    the batch; nothing was raised. The graph's log-softmax says over which axis it ran."""
+    torch.manual_seed(0)
+    model = HandLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(2):
+            ids, targets = nano_batch(step)
+            logits, _ = model(ids)
+            loss = F.nll_loss(F.log_softmax(logits, dim=dim).reshape(-1, VOCAB), targets.reshape(-1))
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert ("loss_normalises_another_axis" in {f["name"] for f in records[0]["flags"]}) == found
+    if found:
+        assert records[0]["diagnosis"][0]["cause"] == "loss_function"
+
+
 # --- the descent probe ---------------------------------------------------------------------------------------------
 
 class AddsTheGradient(torch.optim.Optimizer):

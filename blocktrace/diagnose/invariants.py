@@ -227,6 +227,26 @@ def _loss_of_probabilities(history: Sequence[dict], entry: dict) -> list[Finding
                                                          "softmax"))]
 
 
+@check(Scope.TRAINING, "loss_normalises_another_axis",
+       "a log-softmax near the top of the loss's autograd graph takes the logits (an input with an axis of the "
+       "vocabulary's size) and normalises over an axis of another size (a Watch given the loss)",
+       "definition: cross-entropy is −log of the softmax over the classes, so the log-softmax must run over the "
+       "vocabulary's axis, whatever the layout (F.cross_entropy on [B, V, T] normalises dim 1, of size V, and "
+       "passes); over the batch or the positions it makes each token's 'probability' a share among other tokens",
+       "the loss normalises over the wrong axis: log_softmax(logits, dim=0) or dim=1 on [B, T, V], a softmax "
+       "without its dim", Cause.LOSS_FUNCTION, direct=True,
+       advice=phrase("normalise over the vocabulary: F.log_softmax(logits, dim=-1), or F.cross_entropy on logits "
+                     "reshaped to [N, V]"))
+def _loss_normalises_another_axis(history: Sequence[dict], entry: dict) -> list[Finding]:
+    sizes, vocab = _loop(entry).get("log_softmax_over") or [], entry.get("vocab")  # the logits' last axis
+    wrong = [size for size in sizes if isinstance(vocab, int) and size != vocab]
+    if not wrong:
+        return []
+    return [finding(Level.ERROR, None, None, float(wrong[0]), phrase(
+        "the loss's log-softmax normalises over an axis of size {size}, not the vocabulary's {vocab}",
+        size=wrong[0], vocab=vocab))]
+
+
 def _sum_over(ratio: float, counts: dict) -> Optional[str]:
     for name, count in counts.items():
         if isinstance(count, int) and count >= 2 and abs(ratio / count - 1) < SUM_TOLERANCE:

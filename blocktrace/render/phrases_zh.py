@@ -77,6 +77,10 @@ PHRASES_ZH = {
     # --- the weights, the loss, the router of a checkpoint
     "the median matrix has std·√fan_in = {median:.3g}": "中位矩阵的 std·√fan_in = {median}",
     "{names}: every sampled entry holds the same value": "{names}：取样的每个元素都是同一个值",
+    "the loss's log-softmax normalises over an axis of size {size}, not the vocabulary's {vocab}":
+        "损失的 log-softmax 在大小为 {size} 的维度上归一化，而不是词表的 {vocab}",
+    "normalise over the vocabulary: F.log_softmax(logits, dim=-1), or F.cross_entropy on logits reshaped to [N, V]":
+        "在词表维度上归一化：F.log_softmax(logits, dim=-1)，或对 reshape 成 [N, V] 的 logits 用 F.cross_entropy",
     "{names} hold NaN or Inf": "{names} 含有 NaN 或 Inf",
     "{name}: std {std:.3g}, {factor:.3g}× the median of its {count} siblings ({median:.3g})":
         "{name}：std {std}，是其他 {count} 层同一矩阵中位数（{median}）的 {factor} 倍",

@@ -496,21 +496,49 @@ SHAPE_ONLY_NODES = frozenset({"ViewBackward0", "ReshapeAliasBackward0", "UnsafeV
 LOSS_GRAPH_NODES = 64  # the nodes of the loss's graph searched from its top: cross-entropy sits near it
 
 
+def _loss_graph(loss: Optional[torch.Tensor]):
+    """The nodes of the loss's autograd graph nearest its top, breadth first, not past a log-softmax (what made
+    its input is the model's); none without a graph."""
+    if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+        return
+    pending, seen = [loss.grad_fn], 0
+    while pending and seen < LOSS_GRAPH_NODES:
+        node = pending.pop(0)
+        seen += 1
+        yield node
+        if type(node).__name__ != "LogSoftmaxBackward0":
+            pending += [parent for parent, _ in node.next_functions if parent is not None]
+
+
 def softmax_before_loss(loss: Optional[torch.Tensor]) -> Optional[bool]:
     """Whether the loss's own autograd graph applies log-softmax (cross-entropy's first step) to a softmax's
     output — probabilities given to the loss, made in the model or in the loop; None when no log-softmax is found
     near the graph's top (another loss, or no graph). A structural fact of the graph: no value is compared."""
-    if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
-        return None
-    pending, seen, found = [loss.grad_fn], 0, None
-    while pending and seen < LOSS_GRAPH_NODES:
-        node = pending.pop(0)
-        seen += 1
+    found = None
+    for node in _loss_graph(loss):
         if type(node).__name__ == "LogSoftmaxBackward0":
             found = bool(found) or _behind_shape_nodes(node) == "SoftmaxBackward0"
-            continue
-        pending += [parent for parent, _ in node.next_functions if parent is not None]
     return found
+
+
+def log_softmax_axes(loss: Optional[torch.Tensor], vocab: int) -> Optional[list[int]]:
+    """For each log-softmax near the top of the loss's graph whose input has an axis of the vocabulary's size (the
+    logits, whatever their layout), the size of the axis it normalises over; None where the graph cannot say. Read
+    from the graph's shapes and saved dim, which outlive the backward (its saved tensors do not)."""
+    sizes = []
+    try:
+        for node in _loss_graph(loss):
+            if type(node).__name__ != "LogSoftmaxBackward0":
+                continue
+            shape = list(node._input_metadata[0].shape)
+            if vocab not in shape:
+                continue  # another softmax: over a similarity matrix, a router
+            dim = int(node._saved_dim)
+            dim = dim - (1 << 64) if dim >= 1 << 63 else dim  # a negative dim comes back as an unsigned 64-bit int
+            sizes.append(shape[dim % len(shape)])
+    except (AttributeError, IndexError, RuntimeError, TypeError):  # a torch without these node attributes
+        return None
+    return sizes
 
 
 def _behind_shape_nodes(node) -> Optional[str]:
@@ -538,13 +566,14 @@ def _mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, shift: int)
 def loss_checks(logits: Optional[torch.Tensor], targets: Optional[torch.Tensor], loss: Optional[torch.Tensor],
                 graph: Optional[torch.Tensor] = None) -> dict:
     """Whether the outputs are probabilities, whether the loss's graph (`graph`, else `loss`) gave cross-entropy a
-    softmax's output, and the loss over the mean cross-entropy of the model's own logits (at the targets' shift
+    softmax's output and over which axis its log-softmax normalises the logits, and the loss over the mean cross-entropy of the model's own logits (at the targets' shift
     that fits best: 0 for a hand-written model's targets, 1 for HF's labels)."""
     found: dict = {"outputs_are_probabilities": None, "loss_over_cross_entropy": None,
                    "softmax_before_loss": softmax_before_loss(graph if graph is not None else loss)}
     if logits is None or logits.dim() != 3 or not logits.is_floating_point():
         return found
     logits = logits.detach()
+    found["log_softmax_over"] = log_softmax_axes(graph if graph is not None else loss, logits.shape[-1])
     found["outputs_are_probabilities"] = (logits.amin() >= 0) & \
         ((logits.sum(-1, dtype=torch.float32) - 1).abs().amax() < PROBABILITY_TOLERANCE)
     if targets is not None and loss is not None and targets.shape == logits.shape[:2] and logits.shape[1] > 1:

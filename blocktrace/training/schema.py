@@ -131,6 +131,8 @@ def _loop(value: Any, field: str) -> dict:
         loop[key] = _boolean(loop.get(key), f"{field}.{key}")
     loop["outside_optimizer"] = _listed(loop.get("outside_optimizer", []), f"{field}.outside_optimizer", _text)
     loop["lr_groups"] = _listed(loop.get("lr_groups"), f"{field}.lr_groups", number, optional=True)
+    loop["log_softmax_over"] = _listed(loop.get("log_softmax_over"), f"{field}.log_softmax_over", _index,
+                                       optional=True)
     loop["update_moves"] = _listed(loop.get("update_moves"), f"{field}.update_moves", number, optional=True)
     loop["optimizer"] = _optimizer(loop.get("optimizer"), f"{field}.optimizer")
     loop["descent"] = _descent(loop.get("descent"), f"{field}.descent")
