@@ -491,6 +491,39 @@ def test_a_loss_that_normalises_over_the_batch_or_the_positions_is_the_loss_func
         assert records[0]["diagnosis"][0]["cause"] == "loss_function"
 
 
+@pytest.mark.parametrize("distinct, found", [(4, True), (24, False)])
+def test_a_handful_of_sequences_trained_on_again_and_again_is_the_data(tmp_path, distinct, found):
+    """The failure that drew every batch from 4 fixed windows (issue 41: the held-out gap showed at step 40,
+    blocktrace at 110), and documents truncated to their first window: each sequence comes back far more than the
+    16 times past which repeating data adds nothing. Three epochs over 24 sequences (a small fine-tune) pass."""
+    pool = torch.randint(0, VOCAB, (distinct, 13), generator=torch.Generator().manual_seed(5))
+    records = _train_on(pool, tmp_path / "run.jsonl", steps=31)
+    names = [{f["name"] for f in r["flags"]} for r in records]
+    assert any("data_repeated_past_use" in n for n in names) == found
+    if found:
+        first = next(r for r, n in zip(records, names) if "data_repeated_past_use" in n)
+        # 26 steps of 3 sequences over 4: 19.5 times each (at step 20, 63 over 4: 15.75, not yet)
+        assert first["step"] == 25 and first["data"]["repetition"] == {"sequences": 78, "distinct": 4}
+        assert first["diagnosis"][0]["cause"] == "data"
+
+
+def _train_on(pool: torch.Tensor, path, steps: int) -> list[dict]:
+    """HandLM trained on batches of 3 drawn in turn from a fixed pool of sequences (targets shifted by one)."""
+    torch.manual_seed(0)
+    model = HandLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(steps):
+            rows = pool[[(3 * step + i) % len(pool) for i in range(3)]]
+            logits, _ = model(rows[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, VOCAB), rows[:, 1:].reshape(-1))
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return read_timeline(path)
+
+
 # --- the descent probe ---------------------------------------------------------------------------------------------
 
 class AddsTheGradient(torch.optim.Optimizer):

@@ -57,3 +57,27 @@ def test_a_batchs_key_tells_a_reordering_of_the_same_ids():
     ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
     assert batch_key(ids).tolist() == [21, 1 + 4 + 9 + 4 + 10 + 18]
     assert batch_key(ids.flip(-1)).tolist() != batch_key(ids).tolist()
+
+
+def _repetition_of(batches: list[torch.Tensor], record_every: int = 3):
+    order = DataOrder()
+    for step, ids in enumerate(batches):
+        order.see(step, ids)
+        order.see(step, ids + 1)  # a later micro-batch of the step: not counted
+        if step % record_every == 0 or step == len(batches) - 1:
+            order.report(order.take())
+    return order.repetition()
+
+
+def test_sequences_trained_on_against_distinct_ones_match_a_count_of_the_ids_themselves():
+    batches = _epochs(DATA, 5, 4, reshuffle=True) + [DATA[:4]]
+    distinct = {tuple(row.tolist()) for ids in batches for row in ids}  # independent: the ids, not their keys
+    assert _repetition_of(batches) == {"sequences": sum(len(ids) for ids in batches), "distinct": len(distinct)}
+    assert len(distinct) == 64 and sum(len(ids) for ids in batches) == 5 * 64 + 4
+
+
+def test_random_windows_of_a_corpus_are_almost_never_seen_twice():
+    stream = torch.randint(0, 256, (100_000,), generator=torch.Generator().manual_seed(3))
+    starts = torch.randint(0, 100_000 - 16, (200, 4), generator=torch.Generator().manual_seed(4))
+    found = _repetition_of([torch.stack([stream[int(i):int(i) + 16] for i in row]) for row in starts])
+    assert found["sequences"] == 800 and found["distinct"] >= 790

@@ -27,6 +27,7 @@ from blocktrace.vocab import Level
 EXACT = 0.99  # share of target positions a relation must hold on to be the loop's relation (a few padding slips)
 CHANCE = 0.5  # below this share at every shift, the targets are not the input text: coincidences stay far below
 SUM_TOLERANCE = 0.1  # a loss within 10% of N × the mean cross-entropy is a sum over those N
+REPEATED_PAST_USE = 16  # times each sequence is trained on past which repeating data adds nothing (Muennighoff 2023)
 LEAK_TOLERANCE = 1e-3  # relative change of an earlier position's logits: float32 rounding of the same rows is ~1e-7
 FROZEN_BY_ROUNDING = 0.5  # share of a 16-bit tensor kind's elements unchanged over a whole interval of steps
 
@@ -625,6 +626,28 @@ def _data_order_repeats(history: Sequence[dict], entry: dict) -> list[Finding]:
     return [finding(level, None, None, float(repeats["period"]),
                     phrase("from step {since} on, each batch repeats the batch {period} steps before it: the same "
                            "order again", since=repeats["since"], period=repeats["period"]))]
+
+
+@check(Scope.TRAINING, "data_repeated_past_use",
+       f"the sequences trained on since the Watch began, over the distinct ones among them, exceed "
+       f"{REPEATED_PAST_USE} (a Watch, which keys every step's sequences)",
+       "Muennighoff et al. 2023, 'Scaling Data-Constrained Language Models': up to 4 epochs of repeated data train "
+       "almost as well as fresh data, and the value of repeating decays to nothing at around 16 (40 epochs are "
+       "worthless); the count needs no dataset length — each sequence's ids are keyed, and a random window of a "
+       "large corpus is almost never drawn twice",
+       "the model sees a handful of sequences again and again and memorises them: documents truncated to their "
+       "first window, a sampler that draws from a few fixed windows, a dataset far smaller than meant",
+       Cause.DATA, direct=True,
+       advice=phrase("train on more distinct text: check how the dataset is cut into sequences (truncation keeps only "
+                     "each document's first window) and that the sampler draws from all of it"))
+def _data_repeated_past_use(history: Sequence[dict], entry: dict) -> list[Finding]:
+    counts = _data(entry).get("repetition") or {}
+    sequences, distinct = counts.get("sequences"), counts.get("distinct")
+    if not sequences or not distinct or sequences / distinct <= REPEATED_PAST_USE:
+        return []
+    return [finding(Level.WARNING, None, None, sequences / distinct, phrase(
+        "the {sequences} sequences trained on are {distinct} distinct ones, each seen {times:.3g} times on average",
+        sequences=sequences, distinct=distinct, times=sequences / distinct))]
 
 
 @check(Scope.TRAINING, "ranks_step_apart",

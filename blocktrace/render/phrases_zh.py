@@ -77,6 +77,12 @@ PHRASES_ZH = {
     # --- the weights, the loss, the router of a checkpoint
     "the median matrix has std·√fan_in = {median:.3g}": "中位矩阵的 std·√fan_in = {median}",
     "{names}: every sampled entry holds the same value": "{names}：取样的每个元素都是同一个值",
+    "the {sequences} sequences trained on are {distinct} distinct ones, each seen {times:.3g} times on average":
+        "训练过的 {sequences} 个序列中只有 {distinct} 个各不相同，平均每个出现了 {times} 次",
+    "train on more distinct text: check how the dataset is cut into sequences (truncation keeps only each "
+    "document's first window) and that the sampler draws from all of it":
+        "用更多不同的文本训练：检查数据如何分成序列（只保留每个文档的开头，就只有它的第一个序列），"
+        "以及取样器是否从全部数据中取样",
     "the loss's log-softmax normalises over an axis of size {size}, not the vocabulary's {vocab}":
         "损失的 log-softmax 在大小为 {size} 的维度上归一化，而不是词表的 {vocab}",
     "normalise over the vocabulary: F.log_softmax(logits, dim=-1), or F.cross_entropy on logits reshaped to [N, V]":

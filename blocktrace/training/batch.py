@@ -90,9 +90,12 @@ class Batch:
         return found
 
 
-def with_order(data: Optional[dict], repeats: Optional[dict]) -> Optional[dict]:
-    """The batch's report with the repeated order found (training/order.py), where one was."""
-    return data if repeats is None else {**(data or {}), "order_repeats": repeats}
+def with_order(data: Optional[dict], repeats: Optional[dict], repetition: Optional[dict] = None) -> Optional[dict]:
+    """The batch's report with the repeated order found and the sequences trained on against the distinct ones
+    (training/order.py), where there are."""
+    extra = {**({"order_repeats": repeats} if repeats is not None else {}),
+             **({"repetition": repetition} if repetition is not None else {})}
+    return {**(data or {}), **extra} if extra else data
 
 
 def input_ids(args, kwargs) -> Optional[torch.Tensor]:

@@ -110,6 +110,8 @@ def _data(value: Any, field: str) -> dict:
     data["target_match"] = _mapped(data.get("target_match"), f"{field}.target_match", number, optional=True)
     data["order_repeats"] = _mapped(data.get("order_repeats"), f"{field}.order_repeats",
                                     lambda item, name: _index(item, name), optional=True)
+    data["repetition"] = _mapped(data.get("repetition"), f"{field}.repetition",
+                                 lambda item, name: _index(item, name), optional=True)
     return data
 
 
