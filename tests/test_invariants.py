@@ -273,6 +273,7 @@ def test_a_loss_summed_over_the_tokens_is_caught_a_mean_is_not(tmp_path):
     assert found and "36 counted targets" in found[0]["detail"]  # 3 sequences of 12 positions
     assert records[0]["diagnosis"][0]["cause"] == "loss_function"
     assert records[0]["loop"]["loss_over_cross_entropy"] == pytest.approx(36, rel=0.01)  # the better-fitting shift
+    assert "loss_above_any_cross_entropy" not in {f["name"] for f in records[0]["flags"]}  # one finding of one fault
     mean = train(HandLM(), tmp_path / "mean.jsonl")
     assert mean[0]["loop"]["loss_over_cross_entropy"] == pytest.approx(1.0, rel=0.05)  # the better-fitting shift
 
@@ -522,6 +523,63 @@ def _train_on(pool: torch.Tensor, path, steps: int) -> list[dict]:
             optimizer.step()
             optimizer.zero_grad()
     return read_timeline(path)
+
+
+def test_the_worst_cross_entropy_of_a_batch_is_its_largest_minus_log_p():
+    from blocktrace.training.loop import _worst_cross_entropy
+
+    logits = torch.randn(3, 4, 11) * 3
+    naive = max(-float(torch.log_softmax(logits[b, t].double(), -1)[v]) for b in range(3) for t in range(4)
+                for v in range(11))
+    assert float(_worst_cross_entropy(logits)) == pytest.approx(naive, rel=1e-5)
+    assert float(_worst_cross_entropy(logits.bfloat16())) == pytest.approx(
+        float(_worst_cross_entropy(logits.bfloat16().float())), rel=1e-6)
+
+
+def _loop_with_loss(path, loss_of) -> list[dict]:
+    """HandLM under AdamW, the loss computed in the loop by `loss_of(logits, targets)`."""
+    torch.manual_seed(0)
+    model = HandLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, path, every=1, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(2):
+            ids, targets = nano_batch(step)
+            logits, _ = model(ids)
+            loss = loss_of(logits, targets)
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return read_timeline(path)
+
+
+def _smoothed(uniform_mass: float):
+    def loss_of(logits, targets):
+        q = 0.9 * F.one_hot(targets, VOCAB).float() + uniform_mass / VOCAB
+        return -(q * F.log_softmax(logits, -1)).sum(-1).mean()
+    return loss_of
+
+
+@pytest.mark.parametrize("name, loss_of, found", [
+    ("smoothing +1/V", _smoothed(1.0), True),
+    ("loss x 3", lambda z, y: 3 * F.cross_entropy(z.reshape(-1, VOCAB), y.reshape(-1)), True),
+    ("smoothing +eps/V", _smoothed(0.1), False),
+    ("label_smoothing=0.1", lambda z, y: F.cross_entropy(z.reshape(-1, VOCAB), y.reshape(-1), label_smoothing=0.1),
+     False),
+    ("z-loss", lambda z, y: F.cross_entropy(z.reshape(-1, VOCAB), y.reshape(-1))
+     + 1e-4 * torch.logsumexp(z, -1).pow(2).mean(), False),
+    ("summed, the targets unknown", lambda z, y: F.cross_entropy(z.reshape(-1, VOCAB), y.reshape(-1),
+                                                                  reduction="sum"), True),
+])
+def test_a_loss_above_any_cross_entropy_of_the_logits_is_the_loss_function(tmp_path, name, loss_of, found):
+    """Seen in the fifth blind group (F09, calibration now): smoothed targets written + 1/V where ε/V was meant sum
+    to 1.9; the loss sat at 1.9 × log V at step 0 and was called the initialisation. No cross-entropy against a
+    distribution exceeds the largest −log p of the logits it is computed from."""
+    records = _loop_with_loss(tmp_path / "run.jsonl", loss_of)
+    names = {f["name"] for f in records[0]["flags"]}
+    assert ("loss_above_any_cross_entropy" in names) == found, name
+    if found:
+        assert records[0]["diagnosis"][0]["cause"] == "loss_function"
 
 
 # --- the descent probe ---------------------------------------------------------------------------------------------

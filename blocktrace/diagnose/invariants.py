@@ -27,6 +27,7 @@ from blocktrace.vocab import Level
 EXACT = 0.99  # share of target positions a relation must hold on to be the loop's relation (a few padding slips)
 CHANCE = 0.5  # below this share at every shift, the targets are not the input text: coincidences stay far below
 SUM_TOLERANCE = 0.1  # a loss within 10% of N × the mean cross-entropy is a sum over those N
+WORST_TOLERANCE = 1e-3  # relative: the float32 rounding of a logsumexp over a vocabulary is ~1e-6
 REPEATED_PAST_USE = 16  # times each sequence is trained on past which repeating data adds nothing (Muennighoff 2023)
 LEAK_TOLERANCE = 1e-3  # relative change of an earlier position's logits: float32 rounding of the same rows is ~1e-7
 FROZEN_BY_ROUNDING = 0.5  # share of a 16-bit tensor kind's elements unchanged over a whole interval of steps
@@ -278,6 +279,28 @@ def _loss_not_mean(history: Sequence[dict], entry: dict) -> list[Finding]:
     return [finding(Level.ERROR, None, None, ratio,
                     phrase("the loss is {ratio:.4g} × the mean cross-entropy of the model's logits: a sum over its "
                            "{counts} {over}", ratio=ratio, counts=counts[over], over=over))]
+
+
+@check(Scope.TRAINING, "loss_above_any_cross_entropy",
+       f"the loss given to the Watch exceeds, by more than {WORST_TOLERANCE:.0e} of it, the largest −log p of any "
+       f"row and class of the recorded forward's logits (one training forward per step; where loss_not_mean finds "
+       f"a sum over a count of the batch, it says so instead)",
+       "definition: a cross-entropy against a distribution q is a q-weighted mean of −log p over the classes, so "
+       "no row's can exceed its worst class's −log p, nor a mean over rows the worst row's. Label smoothing, soft "
+       "targets and small added terms (a z-loss, a router's balance loss) stay under it",
+       "the loss is not a mean cross-entropy of the model's logits against a distribution: soft targets whose "
+       "mass exceeds 1, a loss multiplied by a constant, a sum over the classes", Cause.LOSS_FUNCTION, direct=True,
+       advice=phrase("make the loss a mean cross-entropy against targets that are distributions: one-hot labels, or "
+                     "soft targets that sum to 1 in every row"))
+def _loss_above_any_cross_entropy(history: Sequence[dict], entry: dict) -> list[Finding]:
+    loop = _loop(entry)
+    ratio = loop.get("loss_over_worst_cross_entropy")
+    if not _finite(ratio) or ratio <= 1 + WORST_TOLERANCE or (loop.get("micro_batches") or 1) > 1 \
+            or _loss_not_mean(history, entry):
+        return []
+    return [finding(Level.ERROR, None, None, ratio, phrase(
+        "the loss is {ratio:.4g} × the largest −log p of any token and class in the batch: no cross-entropy "
+        "against a distribution reaches it", ratio=ratio))]
 
 
 # --- the targets beside the inputs -------------------------------------------------------------------------

@@ -77,6 +77,12 @@ PHRASES_ZH = {
     # --- the weights, the loss, the router of a checkpoint
     "the median matrix has std·√fan_in = {median:.3g}": "中位矩阵的 std·√fan_in = {median}",
     "{names}: every sampled entry holds the same value": "{names}：取样的每个元素都是同一个值",
+    "the loss is {ratio:.4g} × the largest −log p of any token and class in the batch: no cross-entropy against a "
+    "distribution reaches it":
+        "损失是这个 batch 中任一 token、词表中任一 token 最大的 −log p 的 {ratio} 倍：对一个分布的交叉熵不可能达到",
+    "make the loss a mean cross-entropy against targets that are distributions: one-hot labels, or soft targets that "
+    "sum to 1 in every row":
+        "让损失是对分布目标的平均交叉熵：one-hot 的 label，或每行之和为 1 的 soft target",
     "the {sequences} sequences trained on are {distinct} distinct ones, each seen {times:.3g} times on average":
         "训练过的 {sequences} 个序列中只有 {distinct} 个各不相同，平均每个出现了 {times} 次",
     "train on more distinct text: check how the dataset is cut into sequences (truncation keeps only each "

@@ -562,11 +562,22 @@ def _mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, shift: int)
     return total / (wanted != IGNORE_INDEX).sum().clamp_min(1)
 
 
+def _worst_cross_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """The largest −log p over every row and class of the logits (logsumexp − min per row), in float32, chunk by
+    chunk: no cross-entropy against a distribution over these rows can exceed it."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    step = max(1, CHUNK_ELEMENTS // rows.shape[-1])
+    worst = [(torch.logsumexp(chunk.float(), -1) - chunk.float().amin(-1)).amax()
+             for chunk in rows.split(step)]
+    return torch.stack(worst).amax()
+
+
 @torch.no_grad()
 def loss_checks(logits: Optional[torch.Tensor], targets: Optional[torch.Tensor], loss: Optional[torch.Tensor],
                 graph: Optional[torch.Tensor] = None) -> dict:
     """Whether the outputs are probabilities, whether the loss's graph (`graph`, else `loss`) gave cross-entropy a
-    softmax's output and over which axis its log-softmax normalises the logits, and the loss over the mean cross-entropy of the model's own logits (at the targets' shift
+    softmax's output and over which axis its log-softmax normalises the logits, the loss over the largest −log p
+    of any row and class, and the loss over the mean cross-entropy of the model's own logits (at the targets' shift
     that fits best: 0 for a hand-written model's targets, 1 for HF's labels)."""
     found: dict = {"outputs_are_probabilities": None, "loss_over_cross_entropy": None,
                    "softmax_before_loss": softmax_before_loss(graph if graph is not None else loss)}
@@ -576,6 +587,9 @@ def loss_checks(logits: Optional[torch.Tensor], targets: Optional[torch.Tensor],
     found["log_softmax_over"] = log_softmax_axes(graph if graph is not None else loss, logits.shape[-1])
     found["outputs_are_probabilities"] = (logits.amin() >= 0) & \
         ((logits.sum(-1, dtype=torch.float32) - 1).abs().amax() < PROBABILITY_TOLERANCE)
+    if loss is not None and logits.numel():
+        found["loss_over_worst_cross_entropy"] = loss.detach().double().reshape(()) / \
+            _worst_cross_entropy(logits).double().clamp_min(1e-12)
     if targets is not None and loss is not None and targets.shape == logits.shape[:2] and logits.shape[1] > 1:
         best = torch.minimum(_mean_cross_entropy(logits, targets, 0), _mean_cross_entropy(logits, targets, 1))
         found["loss_over_cross_entropy"] = loss.detach().double().reshape(()) / best.double().clamp_min(1e-12)
