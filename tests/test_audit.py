@@ -368,3 +368,16 @@ def test_a_large_constant_matrix_has_spread_0_where_its_float32_moments_leave_a_
     n = constant.numel()
     assert dtype is torch.bfloat16 or float(squares - total ** 2 / n) > 0  # the moments' rounding: not 0
     assert float(sampled_spread(torch.randn(4096, 4096).to(dtype) * 0.02)) > 0
+
+
+def test_a_dropout_rate_no_recipe_uses_outranks_the_symptom_it_explains():
+    """failures3's gpt2-radam-dropout-0.9: the dropout rate was said as a warning at step 0, and its tiny updates
+    at step 10 (an error, a symptom with no mechanism of its own) took the diagnosis to the optimizer. A setting
+    observed outside every recipe is a fact about the run; a symptom it explains does not outrank it."""
+    from blocktrace.diagnose.checks import Cause, Flag
+    from blocktrace.diagnose.diagnosis import Context, diagnose
+    from blocktrace.vocab import Level
+
+    flags = [Flag("dropout_too_high", Level.WARNING, None, None, 0.9, "p = 0.9", Cause.ARCHITECTURE),
+             Flag("updates_tiny", Level.ERROR, None, None, 1e-6, "tiny", Cause.OPTIMIZER)]
+    assert diagnose(flags, Context(step=10))[0]["cause"] == "architecture"

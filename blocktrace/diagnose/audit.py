@@ -155,7 +155,7 @@ DROPOUT_HALF = 0.5  # a rate that drops at least every other activation: publish
        "definition: dropout zeroes each activation with probability p and scales the rest by 1/(1 − p); published "
        "language-model recipes use 0 to 0.3 (GPT-2, BERT and T5 0.1, nanoGPT's Shakespeare 0.2, none above 0.3)",
        "most of each layer's signal is dropped at every step, so the gradient is mostly noise: a config value left "
-       "on, or a keep probability given where a drop rate is meant", Cause.ARCHITECTURE,
+       "on, or a keep probability given where a drop rate is meant", Cause.ARCHITECTURE, direct=True,
        advice=phrase("set dropout to the recipe's rate (0.0 to 0.1 for pre-training a language model; p is the share "
                      "dropped, not kept)"))
 def _dropout_too_high(history: Sequence[dict], entry: dict) -> list[Finding]:
