@@ -379,6 +379,56 @@ class GLUClamp(Piece):
 
 
 @dataclass(frozen=True)
+class AttentionParts(Piece):
+    """What a few families add to softmax(q·kᵀ·scale + mask)·v, each off by default: Gemma-2's cap on the scores,
+    Llama-4's chunks and query temperature, gpt-oss's sinks. A family writes them one by one (attn_softcap,
+    attention_chunk, temperature, attn_sinks: ATTENTION_PART_KEYS), gathered into this piece."""
+
+    softcap: Optional[float] = None  # scores become cap·tanh(s/cap) before the mask (Gemma-2)
+    chunk: Optional[int] = None  # the tokens split into chunks of C: a query sees only its own chunk (Llama-4)
+    temperature: Optional[QueryTemperature] = None  # Llama-4's NoPE layers: later queries sharpened
+    sinks: bool = False  # a learned logit per head that joins every softmax and takes weight from the keys (gpt-oss)
+
+    def __post_init__(self):
+        object.__setattr__(self, "temperature", QueryTemperature.of(self.temperature))
+        if self.softcap is not None:
+            _positive_number(self.softcap, "attn_softcap", "attn_softcap")
+        if self.chunk is not None and (isinstance(self.chunk, bool) or not isinstance(self.chunk, int)
+                                       or self.chunk < 1):
+            raise ConfigError(f"attention_chunk {self.chunk!r} needs a positive width", "attention_chunk")
+        if not isinstance(self.sinks, bool):
+            raise ConfigError(f"attn_sinks must be true or false, not {self.sinks!r}", "attn_sinks")
+        if self.temperature is not None and not isinstance(self.temperature, QueryTemperature):
+            raise ConfigError(f"temperature must be a query temperature, not {self.temperature!r}", "temperature")
+
+    def __str__(self) -> str:
+        parts = [f"softcap {self.softcap:g}" if self.softcap is not None else "",
+                 f"chunks of {self.chunk}" if self.chunk is not None else "",
+                 f"query temperature {self.temperature}" if self.temperature is not None else "",
+                 "sinks" if self.sinks else ""]
+        return ", ".join(part for part in parts if part)
+
+
+NO_ATTENTION_PARTS = AttentionParts()
+# the block settings a family writes one by one, and the AttentionParts field each is gathered into
+ATTENTION_PART_KEYS = {"attn_softcap": "softcap", "attention_chunk": "chunk", "temperature": "temperature",
+                       "attn_sinks": "sinks"}
+
+
+def gathered_attention(settings: dict, current: Optional[AttentionParts] = None) -> dict:
+    """`settings` with the attention parts written one by one gathered into one `attention` piece, over `current`
+    (None where every part is off)."""
+    flat = {ATTENTION_PART_KEYS[key]: settings[key] for key in ATTENTION_PART_KEYS if key in settings}
+    if not flat:
+        return settings
+    rest = {key: value for key, value in settings.items() if key not in ATTENTION_PART_KEYS}
+    base = {field.name: getattr(current, field.name) for field in dataclasses.fields(AttentionParts)} \
+        if current is not None else {}
+    parts = AttentionParts(**{**base, **flat})
+    return {**rest, "attention": None if parts == NO_ATTENTION_PARTS else parts}
+
+
+@dataclass(frozen=True)
 class QKNorm(Piece):
     """An RMS norm on the queries and the keys on their way to the scores (Dehghani et al. 2023): over each head
     (Qwen3) or all heads at once, before the split (OLMo-2); before RoPE, or after it (Hunyuan's query/key_layernorm,
@@ -468,15 +518,12 @@ class BlockConfig:
     norm_offset: float = 0.0  # RMSNorm gain is (offset + w), computed in float32 (Gemma: 1)
     norm_gain_float32: bool = False  # RMSNorm multiplies its gain in float32, then casts (OLMo-2); else after (Llama)
     attn_scale: Optional[float] = None  # multiplies q·k; None: 1/√head_dim (Gemma-2: query_pre_attn_scalar^-½)
-    attn_softcap: Optional[float] = None  # logits become cap·tanh(s/cap) before the mask (Gemma-2)
     sliding_window: Optional[int] = None  # a query sees only the last W keys (itself included)
-    attention_chunk: Optional[int] = None  # Llama-4: the tokens split into chunks of C, a query sees only its own
-    temperature: Optional[QueryTemperature] = None  # Llama-4's NoPE layers: later queries sharpened
+    attention: Optional[AttentionParts] = None  # a few families' own parts of the attention (caps, chunks, sinks)
     # attn and ffn side by side, both reading x (GPT-NeoX: two norms; Cohere: one); True: two norms
     parallel_residual: Parallel = Parallel.OFF
     residual_multiplier: float = 1.0  # multiplies each sublayer's output in its residual add (Granite): x + m·f(x)
     experts: Optional[Experts] = None  # a mixture of experts in place of the FFN (Mixtral, Qwen-MoE, DeepSeek, …)
-    attn_sinks: bool = False  # a learned logit per head that joins every softmax and takes weight from the keys (gpt-oss)
     glu_clamp: Optional[GLUClamp] = None  # ffn swiglu_clamped's clamp (gpt-oss's); None there: GLUClamp()'s
     latent: Optional[LatentWidths] = None  # DeepSeek's multi-head latent attention in place of q/k/v projections
     # Qwen3-Next's gated attention: each head's output multiplied by sigmoid(gate_proj(x)) before out_proj
@@ -495,7 +542,7 @@ class BlockConfig:
         set_field(self, "experts", Experts.of(self.experts))
         set_field(self, "latent", LatentWidths.of(self.latent))
         set_field(self, "qk_norm", QKNorm.of(self.qk_norm))
-        set_field(self, "temperature", QueryTemperature.of(self.temperature))
+        set_field(self, "attention", AttentionParts.of(self.attention))
         set_field(self, "glu_clamp", GLUClamp.of(self.glu_clamp))
         if self.ffn is FFNKind.SWIGLU_CLAMPED and self.glu_clamp is None:
             set_field(self, "glu_clamp", GLUClamp())
@@ -570,7 +617,7 @@ class BlockConfig:
         if self.head_dim != self.latent.head_dims or self.n_kv_heads != self.n_heads:
             raise ConfigError(f"latent attention needs head_size {self.latent.head_dims} (nope + rope dims) and a key "
                               f"per head, not {self.head_dim} and {self.n_kv_heads} key heads", "latent")
-        if self.rope_theta is None or self.qk_norm or self.attn_sinks or self.rotary_fraction != 1.0:
+        if self.rope_theta is None or self.qk_norm or self.attention_parts.sinks or self.rotary_fraction != 1.0:
             raise ConfigError("latent attention rotates its rope dims with RoPE and has no QK-norm, sinks or partial "
                               "rotary of its own", "latent")
 
@@ -580,12 +627,9 @@ class BlockConfig:
                               f"{self.head_dim} dims", "rotary_fraction")
         if self.rope_theta is not None and self.rope_scaling is not None:
             self.rope_scaling.check_dims(self.rotary_dims)
-        for name in ("attn_scale", "attn_softcap"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError(f"{name} must be positive, not {value!r}", name)
-        for name in ("sliding_window", "attention_chunk"):
-            value = getattr(self, name)
+        if self.attn_scale is not None and not self.attn_scale > 0:
+            raise ConfigError(f"attn_scale must be positive, not {self.attn_scale!r}", "attn_scale")
+        for name, value in (("sliding_window", self.sliding_window), ("attention_chunk", self.attention_parts.chunk)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1
                                       or not self.causal):
                 raise ConfigError(f"{name} {value!r} needs a positive width and causal attention", name)
@@ -594,6 +638,11 @@ class BlockConfig:
         if self.experts is not None and not self.ffn.gated:
             raise ConfigError("blocktrace's experts are gated FFNs (SwiGLU, as Mixtral's, Qwen's and OLMoE's): "
                               f"--ffn {self.ffn} has no gate", "ffn")
+
+    @property
+    def attention_parts(self) -> AttentionParts:
+        """The attention's added parts; none (NO_ATTENTION_PARTS) where the block has none."""
+        return self.attention or NO_ATTENTION_PARTS
 
     @property
     def head_dim(self) -> int:
@@ -651,8 +700,9 @@ class BlockConfig:
         return dataclasses.replace(self, **changes)
 
     def replace_settings(self, settings: dict) -> "BlockConfig":
-        """replace, with a family's settings as it writes them: its expert settings one by one (gathered)."""
-        return self.replace(**gathered(settings, self.experts))
+        """replace, with a family's settings as it writes them: its expert settings and attention parts one by one
+        (gathered)."""
+        return self.replace(**gathered_attention(gathered(settings, self.experts), self.attention))
 
     def to_dict(self) -> dict:
         """Plain JSON-ready values (enums as their strings)."""
@@ -664,9 +714,12 @@ class BlockConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "BlockConfig":
         """The config to_dict wrote; a trace written before the experts were one piece holds their settings one by
-        one (n_experts, router, …): gathered, not dropped (dropped, an MoE block would be read back as dense)."""
+        one (n_experts, router, …), one written before the attention's parts were one piece its attn_softcap,
+        attention_chunk, temperature and attn_sinks: gathered, not dropped (dropped, an MoE block would be read back
+        as dense)."""
         data = gathered(data) if "experts" not in data else data
         data = _pieces_of_older_traces(data)
+        data = gathered_attention(data) if "attention" not in data else data
         known = {field.name for field in dataclasses.fields(cls)}
         return cls(**{key: value for key, value in data.items() if key in known})
 

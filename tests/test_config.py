@@ -2,8 +2,8 @@ import re
 
 import pytest
 
-from blocktrace.config import (BlockConfig, Experts, FFNKind, GLUClamp, Norm, Placement, QKNorm, QKSpan, QueryTemperature,
-                               RouterKind)
+from blocktrace.config import (AttentionParts, BlockConfig, Experts, FFNKind, GLUClamp, Norm, Placement, QKNorm,
+                               QKSpan, QueryTemperature, RouterKind)
 from blocktrace.render.text import config_settings
 from blocktrace.errors import ConfigError
 
@@ -94,11 +94,11 @@ LLAMA4_NOPE = dict(d_model=8, n_heads=2, norm="rmsnorm", ffn="swiglu")
 
 
 def test_the_query_temperature_and_the_glu_clamp_are_pieces_that_round_trip_and_are_said():
-    tempered = BlockConfig(**LLAMA4_NOPE, temperature=QueryTemperature(8192, 0.1))
+    tempered = BlockConfig(**LLAMA4_NOPE, attention=AttentionParts(temperature=QueryTemperature(8192, 0.1)))
     clamped = BlockConfig(**{**LLAMA4_NOPE, "ffn": "swiglu_clamped"}, glu_clamp=GLUClamp(7.0, 1.702))
     for config in (tempered, clamped):
         assert BlockConfig.from_dict(config.to_dict()) == config
-    assert "temperature='1 + 0.1·ln(1 + ⌊(i + 1)/8192⌋)'" in config_settings(tempered.to_dict())
+    assert "attention='query temperature 1 + 0.1·ln(1 + ⌊(i + 1)/8192⌋)'" in config_settings(tempered.to_dict())
     assert "glu_clamp='limit 7, alpha 1.702'" in config_settings(clamped.to_dict())
 
 
@@ -132,10 +132,10 @@ def test_a_trace_written_with_the_settings_one_by_one_is_read_back_with_its_piec
     gpt-oss's values whatever the file said)."""
     old = {**BlockConfig(**LLAMA4_NOPE).to_dict(), "temperature_floor": 16, "temperature_scale": 0.25,
            "glu_limit": 7.0, "glu_alpha": 1.702}
-    del old["temperature"], old["glu_clamp"]
-    assert BlockConfig.from_dict(old).temperature == QueryTemperature(16, 0.25)
+    del old["attention"], old["glu_clamp"]
+    assert BlockConfig.from_dict(old).attention.temperature == QueryTemperature(16, 0.25)
     assert BlockConfig.from_dict(old).glu_clamp is None  # a SwiGLU that does not clamp: its clamp fields unread
-    assert BlockConfig.from_dict({**old, "temperature_floor": None}).temperature is None
+    assert BlockConfig.from_dict({**old, "temperature_floor": None}).attention is None
     clamped = {**old, "ffn": "swiglu_clamped", "glu_limit": 5.0, "glu_alpha": 2.0}
     assert BlockConfig.from_dict(clamped).glu_clamp == GLUClamp(5.0, 2.0)
 
@@ -181,3 +181,24 @@ def test_the_header_says_the_qk_norm_as_one_setting():
     assert "qk_norm='RMSNorm over all heads, before RoPE'" in config_settings(
         BlockConfig(qk_norm=QKNorm("all_heads")).to_dict())
     assert "qk_norm" not in config_settings(BlockConfig().to_dict())
+
+
+def test_the_attention_parts_one_family_adds_are_one_piece_gathered_from_a_familys_settings_and_older_traces():
+    """Issue 43: Gemma-2's cap, Llama-4's chunks and temperature and gpt-oss's sinks were four BlockConfig fields,
+    each read by one family; a family still writes them one by one, and a trace written before holds them so."""
+    from blocktrace.config import gathered_attention
+
+    assert gathered_attention({"attn_softcap": 50.0, "d_model": 8}) == {"d_model": 8,
+                                                                       "attention": AttentionParts(softcap=50.0)}
+    assert gathered_attention({"attn_softcap": None}, AttentionParts(softcap=50.0, sinks=True)) == \
+        {"attention": AttentionParts(sinks=True)}  # a layer's setting over the model's
+    assert gathered_attention({"attention_chunk": None}) == {"attention": None}  # nothing added: no piece
+    older = {key: value for key, value in BlockConfig(**LLAMA4_NOPE).to_dict().items() if key != "attention"}
+    read = BlockConfig.from_dict({**older, "attn_softcap": 30.0, "attention_chunk": 4, "attn_sinks": True})
+    assert read.attention == AttentionParts(softcap=30.0, chunk=4, sinks=True)
+    assert "attention='softcap 30, chunks of 4, sinks'" in config_settings(read.to_dict())
+    assert BlockConfig.from_dict(read.to_dict()) == read
+    with pytest.raises(ConfigError, match="attention_chunk 0 needs a positive width"):
+        AttentionParts(chunk=0)
+    with pytest.raises(ConfigError, match="attn_softcap must be a positive number"):
+        AttentionParts(softcap=-1.0)

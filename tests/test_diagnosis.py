@@ -12,7 +12,7 @@ import torch
 from helpers import SAMPLES
 from safetensors.torch import load_file, save_file
 
-from blocktrace.config import BlockConfig
+from blocktrace.config import AttentionParts, BlockConfig
 from blocktrace.diagnose.diagnosis import Context, diagnose
 from blocktrace.diagnose.health import evaluate
 from blocktrace.model.block import build_block
@@ -59,7 +59,7 @@ def test_uniform_attention_is_measured_against_the_keys_each_query_sees():
     assert uniform_entropy(6, causal=True, window=2) == pytest.approx(5 * math.log(2) / 6)
     # Llama-4's chunks of 4: queries 0–3 see 1–4 keys, queries 4 and 5 see 1 and 2
     assert uniform_entropy(6, causal=True, chunk=4) == pytest.approx((math.log(24) + math.log(2)) / 6)
-    chunked = trace(build_block(BlockConfig(d_model=8, n_heads=2, attention_chunk=2)), torch.randn(5, 8),
+    chunked = trace(build_block(BlockConfig(d_model=8, n_heads=2, attention=AttentionParts(chunk=2))), torch.randn(5, 8),
                     keep_tensors=True)
     weights = chunked.attention.tensor
     assert weights[..., 2:4, :2].abs().max() == 0 and weights[..., 4, :4].abs().max() == 0  # earlier chunks unseen

@@ -201,10 +201,11 @@ def step_operations(config: BlockConfig) -> dict[str, str]:
     alpha = "" if config.residual_scale == 1.0 else f"{config.residual_scale:.4g}·"
     multiplier = "" if config.residual_multiplier == 1.0 else f"{config.residual_multiplier:.4g}·"
     # What sets the layer's attention apart: no rotation in a RoPE model (NoPE), a sink logit per head (gpt-oss)
-    marks = [mark for mark, on in (("NoPE", config.nope), ("sinks", config.attn_sinks),
+    parts = config.attention_parts
+    marks = [mark for mark, on in (("NoPE", config.nope), ("sinks", parts.sinks),
                                    ("latent", config.latent is not None), ("L2 QK-norm", config.qk_norm is not None and not config.qk_norm.gain),
-                                   (f"chunks of {config.attention_chunk}", config.attention_chunk is not None),
-                                   ("query temperature", config.temperature is not None),
+                                   (f"chunks of {parts.chunk}", parts.chunk is not None),
+                                   ("query temperature", parts.temperature is not None),
                                    ("output gate", config.attn_output_gate)) if on]
     attention = f"MultiHeadAttention[{', '.join(marks)}]" if marks else "MultiHeadAttention"
     if config.token_mixer is not None:

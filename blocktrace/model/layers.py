@@ -106,8 +106,9 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         hd = config.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, hd
-        self.causal, self.window, self.chunk = config.causal, config.sliding_window, config.attention_chunk
-        self.scale, self.softcap = config.scale, config.attn_softcap
+        parts = config.attention_parts
+        self.causal, self.window, self.chunk = config.causal, config.sliding_window, parts.chunk
+        self.scale, self.softcap = config.scale, parts.softcap
         self._projections(config)
         # Qwen3-Next's gated attention (Qiu et al. 2025): each head's output × sigmoid(gate_proj(x)), a sub-step
         self.gate_proj = nn.Linear(config.d_model, self.n_heads * hd, bias=config.projection_bias) \
@@ -115,7 +116,7 @@ class MultiHeadAttention(nn.Module):
         self.output_gate = HookPoint() if config.attn_output_gate else None
         self._query_and_key_stages(config)
         # gpt-oss: one learned logit per head, a column every query row's softmax includes and then drops
-        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attn_sinks else None
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if parts.sinks else None
         self.scores = HookPoint()
         self.weights = HookPoint()
         self.query_chunk = None  # rows per chunk; None: as many as fit attention_chunk_bytes(device)
@@ -139,7 +140,7 @@ class MultiHeadAttention(nn.Module):
             self.q_rope, self.k_rope = HookPoint(), HookPoint()
         else:
             self.q_rope = self.k_rope = None
-        self.temperature = config.temperature
+        self.temperature = config.attention_parts.temperature
         if self.rope is not None or self.qk_norm is not None:
             self.q, self.k = HookPoint(), HookPoint()  # q and k as the projections give them
         else:

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from tabulate import tabulate
 
-from blocktrace.config import (BlockConfig, Experts, GLUClamp, LatentWidths, QKNorm, QueryTemperature, RopeScaling,
+from blocktrace.config import (AttentionParts, BlockConfig, Experts, GLUClamp, LatentWidths, QKNorm, RopeScaling,
                                parallel_of, token_mixer_of)
 from blocktrace.diagnose.diagnosis import layer_ranges
 from blocktrace.render.translate import say
@@ -39,14 +39,15 @@ CONFIG_SHOWN = ("module", "d_model", "n_heads", "d_ff", "norm", "ffn", "placemen
 CONFIG_EXTRAS = ("kv_heads", "head_size", "rope_theta", "rope_scaling", "rotary_fraction", "rope_interleaved", "nope",
                  "qkv_bias", "qk_norm", "norm_offset",
                  "norm_gain_float32", "attn_scale",
-                 "attn_softcap", "sliding_window", "attention_chunk", "temperature", "parallel_residual", "residual_multiplier",
-                 "attn_sinks", "latent", "experts", "glu_clamp", "attn_output_gate", "token_mixer")
+                 "sliding_window", "attention", "parallel_residual", "residual_multiplier",
+                 "latent", "experts", "glu_clamp", "attn_output_gate", "token_mixer")
 _DEFAULTS = {field.name: field.default for field in dataclasses.fields(BlockConfig)}
 
 
 # The settings that are pieces: each read back from its dict and said by its str
 PIECE_READERS = {"experts": Experts.of, "rope_scaling": RopeScaling.of, "latent": LatentWidths.of,
-                 "qk_norm": QKNorm.of, "temperature": QueryTemperature.of, "glu_clamp": GLUClamp.of, "token_mixer": token_mixer_of}
+                 "qk_norm": QKNorm.of, "attention": AttentionParts.of, "glu_clamp": GLUClamp.of,
+                 "token_mixer": token_mixer_of}
 
 
 def _setting(key: str, value) -> str:

@@ -189,6 +189,6 @@ def _operations(block, layout: Layout, own: bool) -> dict[str, str]:
 def _visible(block, own: bool) -> tuple[Optional[int], Optional[int]]:
     """The sliding window and the attention chunk that limit the keys a query sees."""
     if own:
-        return block.config.sliding_window, block.config.attention_chunk
+        return block.config.sliding_window, block.config.attention_parts.chunk
     window = getattr(attention_module(block), "sliding_window", None)
     return (window if isinstance(window, int) else None), attention_chunk(block, hf_config(block))

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from blocktrace.config import BlockConfig, gathered
+from blocktrace.config import BlockConfig, gathered, gathered_attention
 from blocktrace.errors import ConfigError, UsageError, WeightsError
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.configfile import ConfigFile
@@ -229,7 +229,7 @@ def _check_conflict(name: str, from_file, given) -> None:
 def _native_config(fields: dict, from_file: set, info: ModelInfo) -> BlockConfig:
     """The checkpoint's own config; a value from config.json that is invalid names the file's key."""
     try:
-        return BlockConfig(**gathered(fields))
+        return BlockConfig(**gathered_attention(gathered(fields)))
     except ConfigError as error:
         if error.field not in from_file:
             raise
