@@ -831,3 +831,59 @@ def test_zero_grad_inside_the_loop_over_micro_batches_is_found(tmp_path):
     assert records[0]["loop"]["grads_before_later_backward"] == 0
     assert "gradients_zeroed_between_micro_batches" in {f["name"] for f in records[0]["flags"]}
     assert records[0]["diagnosis"][0]["cause"] == "training_loop"
+
+
+def test_trailing_padding_is_counted_as_a_naive_loop_counts_it():
+    from blocktrace.training.loop import trailing_padding
+
+    generator = torch.Generator().manual_seed(7)
+    ids = torch.randint(1, 50, (6, 16), generator=generator)
+    ids[0, 10:] = 0  # 6 pads
+    ids[1, 12:] = 0  # 4 pads
+    ids[2, 15:] = 0  # 1: too short a run
+    ids[3, 8:] = 9  # another id, a longer run: the batch's largest id among runs wins
+    targets = ids.clone()
+    targets[1, 13:] = -100  # only one of row 1's pads counted (inside a model that shifts: position 12 is never read)
+
+    def naive(shifts: bool):
+        rows = []
+        for row, wanted in zip(ids.tolist(), targets.tolist()):
+            run = next((k for k in range(1, 17) if row[-k] != row[-1]), 17) - 1
+            counted = sum(1 for t in range(max(16 - run, 1 if shifts else 0), 16) if wanted[t] != -100)
+            rows.append((row[-1], run, counted))
+        largest = max((last for last, run, _ in rows if run >= 4), default=-1)
+        return sum(1 for last, run, counted in rows if run >= 4 and last == largest and counted > 1), largest
+
+    for shifts in (False, True):
+        found = trailing_padding(ids, targets, shifts)
+        assert (int(found["padded_rows"]), int(found["padding_id"])) == naive(shifts)
+
+
+@pytest.mark.parametrize("labels_of, found", [
+    (lambda ids: ids, True),  # the pads' labels kept: padding trained on
+    (lambda ids: torch.where(ids == 0, torch.full_like(ids, -100), ids), False),  # masked as a collator does
+])
+def test_right_padding_trained_on_without_a_mask_is_the_data(tmp_path, labels_of, found):
+    """failures3's gpt2-radam-pad-in-loss (calibration): every sequence half text, half pad id 0, labels equal to the
+    ids, no attention mask — missed, as the mask was the only sign read. Text never ends half a batch with one token
+    repeated; a collator's -100 on the pads passes."""
+    from helpers import make_gpt2
+
+    torch.manual_seed(0)
+    model = make_gpt2(head=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(2):
+            ids = torch.randint(1, 101, (4, 16), generator=torch.Generator().manual_seed(step))
+            ids[:, 8:] = 0
+            loss = model(input_ids=ids, labels=labels_of(ids)).loss
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    records = read_timeline(tmp_path / "run.jsonl")
+    flagged = [f for f in records[0]["flags"] if f["name"] == "padding_trained_on"]
+    assert bool(flagged) == found
+    if found:
+        assert "4 of the batch's 4 sequences end with a run of id 0" in flagged[0]["detail"]
+        assert records[0]["diagnosis"][0]["cause"] == "data"

@@ -773,6 +773,27 @@ def _padding_counted(history: Sequence[dict], entry: dict) -> list[Finding]:
                            count=int(counted)))]
 
 
+@check(Scope.TRAINING, "padding_trained_on",
+       "at least half the sequences of the batch (and 2) end with a run of one id, the same in each, over at least "
+       "1/8 of the sequence (and 4 positions), with more than one of the run's targets counted by the loss (a "
+       "Watch that sees the targets; where an attention mask drops the run, padding_counted says it)",
+       "definition: a collator right-pads a batch with one id, and the padded positions' targets are the ignore "
+       "index (-100), as HF's DataCollatorForLanguageModeling sets them; text does not end half a batch's "
+       "sequences with one token repeated. One counted target per sequence passes: the end-of-text target",
+       "the padding is in the loss, with no mask to say so: the model is trained to predict pad after pad, an easy "
+       "target that lowers the training loss and teaches nothing", Cause.DATA, direct=True,
+       advice=phrase("set the labels of padded positions to -100 (and pass the attention_mask), or build the "
+                     "batches with a collator that does"))
+def _padding_trained_on(history: Sequence[dict], entry: dict) -> list[Finding]:
+    data = _data(entry)
+    padded, rows = data.get("padded_rows"), data.get("rows")
+    if not padded or not rows or padded < max(2, rows / 2) or _padding_counted(history, entry):
+        return []
+    return [finding(Level.ERROR, None, None, float(padded), phrase(
+        "{padded} of the batch's {rows} sequences end with a run of id {id} whose targets the loss counts: right "
+        "padding trained on", padded=padded, rows=rows, id=int(data.get("padding_id"))))]
+
+
 # --- a probe of causality ------------------------------------------------------------------------------------
 
 def causal_expected(entry: dict) -> bool:

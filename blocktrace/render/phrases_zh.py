@@ -77,6 +77,12 @@ PHRASES_ZH = {
     # --- the weights, the loss, the router of a checkpoint
     "the median matrix has std·√fan_in = {median:.3g}": "中位矩阵的 std·√fan_in = {median}",
     "{names}: every sampled entry holds the same value": "{names}：取样的每个元素都是同一个值",
+    "{padded} of the batch's {rows} sequences end with a run of id {id} whose targets the loss counts: right padding "
+    "trained on":
+        "batch 的 {rows} 个序列中有 {padded} 个以重复的 id {id} 结尾，损失计入了它们的目标：右边的 padding 被用来训练",
+    "set the labels of padded positions to -100 (and pass the attention_mask), or build the batches with a collator "
+    "that does":
+        "把 padding 位置的 label 设为 -100（并传入 attention_mask），或用会这样做的 collator 组 batch",
     "the loss is {ratio:.4g} × the largest −log p of any token and class in the batch: no cross-entropy against a "
     "distribution reaches it":
         "损失是这个 batch 中任一 token、词表中任一 token 最大的 −log p 的 {ratio} 倍：对一个分布的交叉熵不可能达到",

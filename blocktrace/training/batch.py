@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from blocktrace.training.loop import ForwardCall, input_evidence, kept_positions, logits_of, padding_counted, \
-    target_match
+    target_match, trailing_padding
 
 
 # the names a forward gives its targets (nanoGPT's targets, HF's labels, a tutorial's y)
@@ -83,6 +83,7 @@ class Batch:
             found.update(target_match(self.ids, self.targets))
             if self.kept is not None:
                 found["padding_counted"] = padding_counted(self.targets, self.kept, self.shifts_labels)
+            found.update(trailing_padding(self.ids, self.targets, self.shifts_labels), rows=int(self.ids.shape[0]))
         found.update(self.inputs)
         if trained:  # a copy: a loop that refills one buffer in place would otherwise compare the batch with itself
             self.previous = self.ids.clone()

@@ -481,6 +481,26 @@ def padding_counted(targets: torch.Tensor, kept: torch.Tensor, shifts_inside: bo
     return (counted[:, 1:] if shifts_inside else counted).sum(dim=-1).max()
 
 
+PADDING_RUN_SHARE = 8  # a trailing run of one id over at least 1/8 of a sequence (and 4 positions) is padding
+PADDING_RUN_MIN = 4
+
+
+def trailing_padding(ids: torch.Tensor, targets: torch.Tensor, shifts_inside: bool) -> dict:
+    """On the device: how many sequences end with a run of one id — the same id in each, the largest among them —
+    over at least 1/PADDING_RUN_SHARE of the sequence, with more than one of the run's targets counted by the loss;
+    and that id. Text never ends half the sequences of a batch with one token repeated: right padding does."""
+    tokens = ids.shape[-1]
+    last = ids[:, -1]
+    run = (ids == last[:, None]).flip(-1).int().cumprod(-1).sum(-1)
+    long = run >= max(PADDING_RUN_MIN, tokens // PADDING_RUN_SHARE)
+    padding_id = torch.where(long, last, torch.full_like(last, -1)).max()
+    positions = torch.arange(tokens, device=ids.device)
+    counted = (targets != IGNORE_INDEX) & (positions[None, :] >= (tokens - run)[:, None])
+    counted = (counted[:, 1:] if shifts_inside else counted).sum(-1)
+    padded = long & (last == padding_id) & (counted > 1)  # one counted target passes: the end-of-text one
+    return {"padded_rows": padded.sum(), "padding_id": padding_id}
+
+
 def _one_value(ids: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
     """Whether the ids at `where` are all one value (True where there are none), without leaving the device."""
     largest = torch.where(where, ids, torch.full_like(ids, torch.iinfo(ids.dtype).min)).max()

@@ -106,6 +106,9 @@ def _data(value: Any, field: str) -> dict:
     for key in ("repeated", "labels_are_inputs", "shifts_inside", "language_model"):
         data[key] = _boolean(data.get(key), f"{field}.{key}")
     data["counted"] = number(data.get("counted"), f"{field}.counted")
+    for key in ("padded_rows", "rows"):
+        data[key] = _index(data.get(key), f"{field}.{key}", optional=True)
+    data["padding_id"] = number(data.get("padding_id"), f"{field}.padding_id")
     data["targets_counted"] = _index(data.get("targets_counted"), f"{field}.targets_counted", optional=True)
     data["target_match"] = _mapped(data.get("target_match"), f"{field}.target_match", number, optional=True)
     data["order_repeats"] = _mapped(data.get("order_repeats"), f"{field}.order_repeats",
