@@ -260,3 +260,48 @@ def test_a_check_over_training_is_one_entry_too():
         assert [f.name for f in judge([record], later) if f.name == "test_only_loss_rose"] == ["test_only_loss_rose"]
     finally:
         del CHECKS["test_only_loss_rose"]
+
+
+class _DroppedBlock(torch.nn.Module):
+    """nanoGPT's block with dropout 0.1 on each sub-layer's output before the add (Vaswani et al. 2017's residual
+    dropout), or on the residual sum itself (the stream dropped with its update)."""
+
+    def __init__(self, d: int, heads: int, on_stream: bool):
+        super().__init__()
+        from helpers import NanoAttention
+
+        self.ln_1, self.attn, self.ln_2 = torch.nn.LayerNorm(d), NanoAttention(d, heads), torch.nn.LayerNorm(d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+        self.drop, self.on_stream = torch.nn.Dropout(0.1), on_stream
+
+    def forward(self, x):
+        if self.on_stream:
+            x = self.drop(x + self.attn(self.ln_1(x)))
+            return self.drop(x + self.mlp(self.ln_2(x)))
+        x = x + self.drop(self.attn(self.ln_1(x)))
+        return x + self.drop(self.mlp(self.ln_2(x)))
+
+
+@pytest.mark.parametrize("on_stream", [False, True])
+def test_residual_dropout_in_training_is_a_residual_a_dropped_stream_is_not(tmp_path, on_stream):
+    """The sixth blind group's first score: a healthy run with dropout 0.1 on each sub-layer's output before the add
+    (a published recipe) was called residual_not_added at step 0 — in training the add holds as
+    x + D⊙f(x)/(1 − p), not x + f(x). That identity, dropout's own arithmetic, passes; dropout of the sum (the
+    stream dropped with its update) is still no residual."""
+    from helpers import NanoGPT, nano_batch
+
+    from blocktrace import Watch
+    from blocktrace.training.timeline import read_timeline
+
+    torch.manual_seed(0)
+    model = NanoGPT()
+    model.h = torch.nn.ModuleList(_DroppedBlock(16, 2, on_stream) for _ in range(2))
+    model.train()
+    with Watch(model, tmp_path / "run.jsonl", every=1, overwrite=True) as watch:
+        ids, targets = nano_batch(0)
+        _, loss = model(ids, targets)
+        loss.backward()
+        watch.step(loss)
+    flagged = {f["layer"] for f in read_timeline(tmp_path / "run.jsonl")[0]["flags"]
+               if f["name"] == "residual_not_added"}
+    assert flagged == ({0, 1} if on_stream else set())

@@ -180,8 +180,11 @@ def _causal_leak(trace, layer) -> list[Finding]:
     return []
 
 
-@check(Scope.STEP, "residual_not_added", "‖output − (α·stream + update)‖ > 1e-3 · ‖output‖ at a residual step",
-       "definition of the residual connection (He et al. 2016)",
+@check(Scope.STEP, "residual_not_added", "‖output − (α·stream + update)‖ > 1e-3 · ‖output‖ at a residual step, "
+       "and so in training with dropout before the add: output − α·stream is 0 or c·update element by element, c "
+       "above 1 and the zeroed share 1 − 1/c (±0.05)",
+       "definition of the residual connection (He et al. 2016); in training with residual dropout (Vaswani et al. "
+       "2017, §5.4) it holds as x + D⊙f(x)/(1 − p)",
        "the residual step does not return stream + update: the skip connection is missing or adds the wrong "
        "tensor", Cause.RESIDUAL)
 def _residual_not_added(record, layer, evidence) -> list[Finding]:

@@ -86,11 +86,32 @@ def residual_probe(context: ProbeContext, name: str, value: torch.Tensor) -> dic
         if context.update_scale != 1.0:
             update = update * context.update_scale
         expected = torch.add(update, stream, alpha=context.residual_scale)
-        probe["residual_mismatch"] = _norm(expected.sub_(value)) / _norm(value).clamp_min(1e-30)
+        plain = _norm(expected.sub_(value)) / _norm(value).clamp_min(1e-30)
+        probe["residual_mismatch"] = torch.minimum(plain, _dropped_out_mismatch(stream, update, value,
+                                                                                context.residual_scale))
         probe["update_ratio"] = _norm(update) / _norm(stream).clamp_min(1e-30)
     for used in (stream_name, update_name):  # compared: no reason to hold them any longer
         context.refs.pop(used, None)
     return probe
+
+
+DROPOUT_SHARE_TOLERANCE = 0.05  # the dropped share against 1 − 1/scale: thousands of elements put its noise at ~0.005
+
+
+def _dropped_out_mismatch(stream: torch.Tensor, update: torch.Tensor, value: torch.Tensor,
+                          alpha: float) -> torch.Tensor:
+    """The residual identity with dropout between the update and the add (x + dropout(f(x)), in training): each
+    element of output − α·stream is 0 (dropped) or the update × c (kept, c = 1/(1 − p)). Its mismatch, with c fitted
+    over the kept elements; infinite where c is not above 1 or the dropped share is not 1 − 1/c — dropout's own
+    arithmetic, so a stream dropped with its update (dropout(x + f(x))) or any other tensor is not taken for it."""
+    added = value.float() - alpha * stream.float()
+    update = update.float()
+    kept = (added != 0) | (update == 0)
+    scale = (added * update * kept).sum() / (update * update * kept).sum().clamp_min(1e-30)
+    share = 1 - kept.float().mean()
+    dropout = (scale > 1) & ((share - (1 - 1 / scale.clamp_min(1e-30))).abs() <= DROPOUT_SHARE_TOLERANCE)
+    mismatch = _norm(added - scale * update * kept) / _norm(value).clamp_min(1e-30)
+    return torch.where(dropout, mismatch, torch.full_like(mismatch, float("inf")))
 
 
 def _at_real_tokens(value: torch.Tensor, token_mask: Optional[torch.Tensor], fill: float) -> torch.Tensor:

@@ -54,7 +54,9 @@ class Probe:
     """What the health checks measured at one step (a trace with checks); None where it does not apply."""
 
     token_sq_median: Optional[float] = None  # the block's output: the median over tokens of ‖x‖²/d
-    residual_mismatch: Optional[float] = None  # residual steps: ‖output − (α·stream + m·update)‖ / ‖output‖
+    # residual steps: ‖output − (α·stream + m·update)‖ / ‖output‖, or, where dropout before the add fits better,
+    # the mismatch of its identity (tracing.probes._dropped_out_mismatch)
+    residual_mismatch: Optional[float] = None
     update_ratio: Optional[float] = None  # residual steps: ‖update‖ / ‖stream‖
     massive_ratio: Optional[float] = None  # residual steps whose max |x| exceeds 100: max |x| / median |x|
     inputs_finite: Optional[list[bool]] = None  # a step that is not finite: which of its inputs were
