@@ -111,6 +111,24 @@ def test_sgd_momentum_of_one_never_forgets_nesterov_and_heavy_ball_pass():
     assert _audited(torch.optim.SGD(_parameters(), lr=0.1)) == {}
 
 
+class _GroupsOnly(torch.optim.Optimizer):
+    """A hand-written optimizer's param groups, as the audit reads them (its step is not taken here)."""
+
+    def __init__(self, params, **settings):
+        super().__init__(params, settings)
+
+
+def test_nesterov_with_dampening_and_a_dampening_of_1_are_outside_sgds_definition():
+    """Seen in the sixth blind group (F07, calibration): a hand-written Nesterov SGD given dampening = momentum = 0.9
+    (Torch7's convention) averages its velocity where Nesterov's sums it; torch.optim.SGD refuses the pair."""
+    found = _audited(_GroupsOnly(_parameters(), lr=0.3, momentum=0.9, dampening=0.9, nesterov=True))
+    assert "Nesterov momentum is defined without dampening" in found["moment_rates_invalid"].detail
+    assert "dampening=1 is outside" in _audited(_GroupsOnly(_parameters(), lr=0.1, momentum=0.9, dampening=1.0,
+                                                            nesterov=False))["moment_rates_invalid"].detail
+    assert _audited(torch.optim.SGD(_parameters(), lr=0.1, momentum=0.9, dampening=0.9)) == {}  # heavy ball, damped
+    assert _audited(_GroupsOnly(_parameters(), lr=0.3, momentum=0.9, dampening=0.0, nesterov=True)) == {}
+
+
 def test_decoupled_weight_decay_that_zeroes_or_halves_the_weights_is_caught_published_decay_passes():
     assert (1 - DECAY_TOO_STRONG) ** DECAY_HALVES_IN == pytest.approx(0.5)  # the bound is what its comment says
     strong = _audited(torch.optim.AdamW(_parameters(), lr=1e-2, weight_decay=200.0))["weight_decay_too_strong"]

@@ -78,9 +78,13 @@ def _optimizer_ascends(history: Sequence[dict], entry: dict) -> list[Finding]:
 
 
 @check(Scope.TRAINING, "moment_rates_invalid",
-       "a param group's betas or momentum lie outside [0, 1); or, for an Adam-family optimizer, β1 ≥ √β2",
+       "a param group's betas, momentum or dampening lie outside [0, 1); Nesterov momentum with a dampening; or, for "
+       "an Adam-family optimizer, β1 ≥ √β2",
        "definition: an exponential moving average m ← β·m + (1 − β)·g averages only for β in [0, 1) (at 1 it never "
-       "forgets, above it grows without bound), and SGD's velocity v ← μ·v + g stays bounded only for μ < 1; "
+       "forgets, above it grows without bound), and SGD's velocity v ← μ·v + (1 − dampening)·g stays bounded only "
+       "for μ < 1 and takes the gradient in only for dampening < 1; Nesterov's step g + μ·v is defined with no "
+       "dampening (Sutskever et al. 2013; torch.optim.SGD raises 'Nesterov momentum requires a momentum and zero "
+       "dampening'); "
        "Adam's convergence analysis needs β1 < √β2 (Kingma & Ba 2015, γ = β1²/√β2 < 1; Reddi et al. 2018, "
        "'On the Convergence of Adam and Beyond', β1 < √β2)",
        "the optimizer's moments do not average the gradients as its definition requires: swapped betas (0.999, "
@@ -110,6 +114,12 @@ def _moment_fault(group: dict, adam: bool) -> Optional[tuple[float, str]]:
     momentum = _number(group.get("momentum"))
     if momentum is not None and not 0 <= momentum < 1:
         return momentum, phrase("momentum={momentum:g} is outside [0, 1)", momentum=momentum)
+    dampening = _number(group.get("dampening"))
+    if dampening is not None and not 0 <= dampening < 1:
+        return dampening, phrase("dampening={dampening:g} is outside [0, 1)", dampening=dampening)
+    if dampening and group.get("nesterov") is True:
+        return dampening, phrase("nesterov=True with dampening={dampening:g}: Nesterov momentum is defined without "
+                                 "dampening (torch.optim.SGD refuses it)", dampening=dampening)
     if adam and len(betas) == 2 and betas[0] >= math.sqrt(betas[1]):
         return betas[0], phrase("betas={betas}: β1 = {beta1:g} ≥ √β2 = {root:.4g}, outside the region where Adam "
                                 "converges (β1 < √β2)", betas=tuple(betas), beta1=betas[0], root=math.sqrt(betas[1]))

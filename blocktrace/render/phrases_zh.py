@@ -77,6 +77,10 @@ PHRASES_ZH = {
     # --- the weights, the loss, the router of a checkpoint
     "the median matrix has std·√fan_in = {median:.3g}": "中位矩阵的 std·√fan_in = {median}",
     "{names}: every sampled entry holds the same value": "{names}：取样的每个元素都是同一个值",
+    "dampening={dampening:g} is outside [0, 1)": "dampening={dampening} 不在 [0, 1) 内",
+    "nesterov=True with dampening={dampening:g}: Nesterov momentum is defined without dampening (torch.optim.SGD "
+    "refuses it)":
+        "nesterov=True 而 dampening={dampening}：Nesterov 动量的定义里没有 dampening（torch.optim.SGD 不接受它）",
     "{padded} of the batch's {rows} sequences end with a run of id {id} whose targets the loss counts: right padding "
     "trained on":
         "batch 的 {rows} 个序列中有 {padded} 个以重复的 id {id} 结尾，损失计入了它们的目标：右边的 padding 被用来训练",
