@@ -281,13 +281,28 @@ def _loss_not_mean(history: Sequence[dict], entry: dict) -> list[Finding]:
                            "{counts} {over}", ratio=ratio, counts=counts[over], over=over))]
 
 
+def _judged_as_cross_entropy(loop: dict) -> bool:
+    """Whether the loss's range can be judged against a cross-entropy's: one training forward per step, and the loss's
+    graph holds no more than one log-softmax over the logits, reading them as the model gave them — a distillation
+    (a student at a temperature beside a cross-entropy, a KL at a temperature) mixes others, whose sum may leave the
+    range legitimately."""
+    sizes = loop.get("log_softmax_over") or []
+    return (loop.get("micro_batches") or 1) <= 1 and \
+        (not sizes or (len(sizes) == 1 and loop.get("log_softmax_reads_logits") is not False))
+
+
+CROSS_ENTROPY_RANGE_SOURCE = (
+    "definition: a cross-entropy against a distribution q is a q-weighted mean of −log p over the classes, so a "
+    "row's lies between its best and its worst class's −log p, and a mean over rows between the smallest and the "
+    "largest of those. Label smoothing, soft targets and small added terms (a z-loss, a router's balance loss) "
+    "stay inside; a distillation's mix (a second log-softmax, or logits at a temperature, in the loss's graph) and "
+    "several micro-batches a step are not judged")
+
+
 @check(Scope.TRAINING, "loss_above_any_cross_entropy",
        f"the loss given to the Watch exceeds, by more than {WORST_TOLERANCE:.0e} of it, the largest −log p of any "
-       f"row and class of the recorded forward's logits (one training forward per step; where loss_not_mean finds "
-       f"a sum over a count of the batch, it says so instead)",
-       "definition: a cross-entropy against a distribution q is a q-weighted mean of −log p over the classes, so "
-       "no row's can exceed its worst class's −log p, nor a mean over rows the worst row's. Label smoothing, soft "
-       "targets and small added terms (a z-loss, a router's balance loss) stay under it",
+       f"row and class of the recorded forward's logits (where loss_not_mean finds a sum over a count of the batch, "
+       f"it says so instead)", CROSS_ENTROPY_RANGE_SOURCE,
        "the loss is not a mean cross-entropy of the model's logits against a distribution: soft targets whose "
        "mass exceeds 1, a loss multiplied by a constant, a sum over the classes", Cause.LOSS_FUNCTION, direct=True,
        advice=phrase("make the loss a mean cross-entropy against targets that are distributions: one-hot labels, or "
@@ -295,12 +310,30 @@ def _loss_not_mean(history: Sequence[dict], entry: dict) -> list[Finding]:
 def _loss_above_any_cross_entropy(history: Sequence[dict], entry: dict) -> list[Finding]:
     loop = _loop(entry)
     ratio = loop.get("loss_over_worst_cross_entropy")
-    if not _finite(ratio) or ratio <= 1 + WORST_TOLERANCE or (loop.get("micro_batches") or 1) > 1 \
+    if not _finite(ratio) or ratio <= 1 + WORST_TOLERANCE or not _judged_as_cross_entropy(loop) \
             or _loss_not_mean(history, entry):
         return []
     return [finding(Level.ERROR, None, None, ratio, phrase(
         "the loss is {ratio:.4g} × the largest −log p of any token and class in the batch: no cross-entropy "
         "against a distribution reaches it", ratio=ratio))]
+
+
+@check(Scope.TRAINING, "loss_below_any_cross_entropy",
+       f"the loss given to the Watch is below, by more than {WORST_TOLERANCE:.0e} of it, the smallest −log p of any "
+       f"row and class of the recorded forward's logits", CROSS_ENTROPY_RANGE_SOURCE,
+       "the loss is not a cross-entropy of the model's logits: a binary cross-entropy (sigmoid per class) or a "
+       "squared error on them, a loss divided by a constant — lower than any softmax's prediction of a token allows",
+       Cause.LOSS_FUNCTION, direct=True,
+       advice=phrase("train a language model on F.cross_entropy(logits, targets): a softmax over the vocabulary, "
+                     "not a sigmoid per class"))
+def _loss_below_any_cross_entropy(history: Sequence[dict], entry: dict) -> list[Finding]:
+    loop = _loop(entry)
+    ratio = loop.get("loss_over_best_cross_entropy")
+    if not _finite(ratio) or ratio >= 1 - WORST_TOLERANCE or not _judged_as_cross_entropy(loop):
+        return []
+    return [finding(Level.ERROR, None, None, ratio, phrase(
+        "the loss is {ratio:.4g} × the smallest −log p of any token and class in the batch: no cross-entropy "
+        "of these logits is that low", ratio=ratio))]
 
 
 # --- the targets beside the inputs -------------------------------------------------------------------------

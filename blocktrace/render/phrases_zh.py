@@ -77,6 +77,12 @@ PHRASES_ZH = {
     # --- the weights, the loss, the router of a checkpoint
     "the median matrix has std·√fan_in = {median:.3g}": "中位矩阵的 std·√fan_in = {median}",
     "{names}: every sampled entry holds the same value": "{names}：取样的每个元素都是同一个值",
+    "the loss is {ratio:.4g} × the smallest −log p of any token and class in the batch: no cross-entropy of these "
+    "logits is that low":
+        "损失是这个 batch 中任一 token、词表中任一 token 最小的 −log p 的 {ratio} 倍：这样的 logits 的交叉熵不可能这么低",
+    "train a language model on F.cross_entropy(logits, targets): a softmax over the vocabulary, not a sigmoid per "
+    "class":
+        "用 F.cross_entropy(logits, targets) 训练语言模型：在词表上做 softmax，而不是对每个 token 各做 sigmoid",
     "dampening={dampening:g} is outside [0, 1)": "dampening={dampening} 不在 [0, 1) 内",
     "nesterov=True with dampening={dampening:g}: Nesterov momentum is defined without dampening (torch.optim.SGD "
     "refuses it)":

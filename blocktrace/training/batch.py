@@ -44,6 +44,7 @@ class Batch:
         self.ids: Optional[torch.Tensor] = None
         self.targets: Optional[torch.Tensor] = None
         self.logits: Optional[torch.Tensor] = None
+        self.logits_node = None  # the autograd node that made the logits: what the loss's graph reads them from
         self.call: Optional[ForwardCall] = None  # how the training forward was called
         self.inputs: dict = {}  # the forward's position ids and attention mask, as device facts (loop.input_evidence)
         self.kept: Optional[torch.Tensor] = None  # the positions its attention mask keeps, if it has one
@@ -66,7 +67,7 @@ class Batch:
             self.targets = None  # not a target per position (a class per sequence): nothing to set beside the ids
         logits = logits_of(output)
         if logits is not None and logits.is_floating_point():
-            self.logits, self.vocab = logits.detach(), int(logits.shape[-1])
+            self.logits, self.vocab, self.logits_node = logits.detach(), int(logits.shape[-1]), logits.grad_fn
 
     def report(self, trained: bool = True) -> Optional[dict]:
         """What the batch seen says, as device values (None when no ids were seen): whether it repeats the last
@@ -88,6 +89,7 @@ class Batch:
         if trained:  # a copy: a loop that refills one buffer in place would otherwise compare the batch with itself
             self.previous = self.ids.clone()
         self.ids, self.targets, self.logits, self.call, self.inputs, self.kept = None, None, None, None, {}, None
+        self.logits_node = None
         return found
 
 

@@ -541,11 +541,13 @@ def softmax_before_loss(loss: Optional[torch.Tensor]) -> Optional[bool]:
     return found
 
 
-def log_softmax_axes(loss: Optional[torch.Tensor], vocab: int) -> Optional[list[int]]:
+def log_softmax_axes(loss: Optional[torch.Tensor], vocab: int, logits_node=None) -> dict:
     """For each log-softmax near the top of the loss's graph whose input has an axis of the vocabulary's size (the
-    logits, whatever their layout), the size of the axis it normalises over; None where the graph cannot say. Read
-    from the graph's shapes and saved dim, which outlive the backward (its saved tensors do not)."""
-    sizes = []
+    logits, whatever their layout), the size of the axis it normalises over (`log_softmax_over`), and whether
+    every such one reads the model's output logits as they are, through nothing but moves, reshapes and casts
+    (`log_softmax_reads_logits`; None where it cannot be told). Read from the graph's shapes and saved dim, which
+    outlive the backward (its saved tensors do not); {} where the graph cannot say."""
+    sizes, direct = [], []
     try:
         for node in _loss_graph(loss):
             if type(node).__name__ != "LogSoftmaxBackward0":
@@ -556,9 +558,18 @@ def log_softmax_axes(loss: Optional[torch.Tensor], vocab: int) -> Optional[list[
             dim = int(node._saved_dim)
             dim = dim - (1 << 64) if dim >= 1 << 63 else dim  # a negative dim comes back as an unsigned 64-bit int
             sizes.append(shape[dim % len(shape)])
+            if logits_node is not None:
+                direct.append(_through_shape_nodes(node.next_functions[0][0]) is _through_shape_nodes(logits_node))
     except (AttributeError, IndexError, RuntimeError, TypeError):  # a torch without these node attributes
-        return None
-    return sizes
+        return {}
+    return {"log_softmax_over": sizes, "log_softmax_reads_logits": all(direct) if len(direct) == len(sizes) else None}
+
+
+def _through_shape_nodes(node):
+    """The first node at or behind `node` that does more than move, reshape or cast its input."""
+    while node is not None and type(node).__name__ in SHAPE_ONLY_NODES:
+        node = node.next_functions[0][0] if node.next_functions else None
+    return node
 
 
 def _behind_shape_nodes(node) -> Optional[str]:
@@ -582,34 +593,41 @@ def _mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, shift: int)
     return total / (wanted != IGNORE_INDEX).sum().clamp_min(1)
 
 
-def _worst_cross_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """The largest −log p over every row and class of the logits (logsumexp − min per row), in float32, chunk by
-    chunk: no cross-entropy against a distribution over these rows can exceed it."""
+def _cross_entropy_range(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest and the largest −log p over every row and class of the logits (logsumexp − max and logsumexp −
+    min per row), in float32, chunk by chunk: a mean cross-entropy against distributions over any of these rows lies
+    between them."""
     rows = logits.reshape(-1, logits.shape[-1])
     step = max(1, CHUNK_ELEMENTS // rows.shape[-1])
-    worst = [(torch.logsumexp(chunk.float(), -1) - chunk.float().amin(-1)).amax()
-             for chunk in rows.split(step)]
-    return torch.stack(worst).amax()
+    best, worst = [], []
+    for chunk in rows.split(step):
+        chunk = chunk.float()
+        total = torch.logsumexp(chunk, -1)
+        best.append((total - chunk.amax(-1)).amin())
+        worst.append((total - chunk.amin(-1)).amax())
+    return torch.stack(best).amin(), torch.stack(worst).amax()
 
 
 @torch.no_grad()
 def loss_checks(logits: Optional[torch.Tensor], targets: Optional[torch.Tensor], loss: Optional[torch.Tensor],
-                graph: Optional[torch.Tensor] = None) -> dict:
+                graph: Optional[torch.Tensor] = None, logits_node=None) -> dict:
     """Whether the outputs are probabilities, whether the loss's graph (`graph`, else `loss`) gave cross-entropy a
-    softmax's output and over which axis its log-softmax normalises the logits, the loss over the largest −log p
-    of any row and class, and the loss over the mean cross-entropy of the model's own logits (at the targets' shift
+    softmax's output and over which axis its log-softmax normalises the logits, the loss over the smallest and the
+    largest −log p of any row and class, and the loss over the mean cross-entropy of the model's own logits (at the targets' shift
     that fits best: 0 for a hand-written model's targets, 1 for HF's labels)."""
     found: dict = {"outputs_are_probabilities": None, "loss_over_cross_entropy": None,
                    "softmax_before_loss": softmax_before_loss(graph if graph is not None else loss)}
     if logits is None or logits.dim() != 3 or not logits.is_floating_point():
         return found
     logits = logits.detach()
-    found["log_softmax_over"] = log_softmax_axes(graph if graph is not None else loss, logits.shape[-1])
+    found.update(log_softmax_axes(graph if graph is not None else loss, logits.shape[-1], logits_node))
     found["outputs_are_probabilities"] = (logits.amin() >= 0) & \
         ((logits.sum(-1, dtype=torch.float32) - 1).abs().amax() < PROBABILITY_TOLERANCE)
     if loss is not None and logits.numel():
-        found["loss_over_worst_cross_entropy"] = loss.detach().double().reshape(()) / \
-            _worst_cross_entropy(logits).double().clamp_min(1e-12)
+        best, worst = _cross_entropy_range(logits)
+        value = loss.detach().double().reshape(())
+        found["loss_over_worst_cross_entropy"] = value / worst.double().clamp_min(1e-12)
+        found["loss_over_best_cross_entropy"] = value / best.double().clamp_min(1e-12)
     if targets is not None and loss is not None and targets.shape == logits.shape[:2] and logits.shape[1] > 1:
         best = torch.minimum(_mean_cross_entropy(logits, targets, 0), _mean_cross_entropy(logits, targets, 1))
         found["loss_over_cross_entropy"] = loss.detach().double().reshape(()) / best.double().clamp_min(1e-12)

@@ -307,7 +307,7 @@ class Watch:
         graph = next((t for t in (loss, self.captured_graph) if isinstance(t, torch.Tensor) and t.grad_fn is not None),
                      None)
         return loss_checks(self.batch.logits, self.batch.targets,
-                           checked if isinstance(checked, torch.Tensor) else None, graph)
+                           checked if isinstance(checked, torch.Tensor) else None, graph, self.batch.logits_node)
 
     def _replicas(self, scale: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """Every rank's fingerprint (training/distributed.py), gathered in one collective; None in one process."""
