@@ -399,3 +399,49 @@ def test_a_dropout_rate_no_recipe_uses_outranks_the_symptom_it_explains():
     flags = [Flag("dropout_too_high", Level.WARNING, None, None, 0.9, "p = 0.9", Cause.ARCHITECTURE),
              Flag("updates_tiny", Level.ERROR, None, None, 1e-6, "tiny", Cause.OPTIMIZER)]
     assert diagnose(flags, Context(step=10))[0]["cause"] == "architecture"
+
+
+class _Rounded(torch.nn.Linear):
+    """A Linear whose forward uses its weight rounded to 8 bits (fake quantisation), with or without the
+    straight-through estimator."""
+
+    def __init__(self, linear: torch.nn.Linear, straight_through: bool):
+        super().__init__(linear.in_features, linear.out_features)
+        self.load_state_dict(linear.state_dict())
+        self.straight_through = straight_through
+
+    def forward(self, x):
+        scale = self.weight.abs().max() / 127
+        rounded = torch.round(self.weight / scale) * scale
+        weight = self.weight + (rounded - self.weight).detach() if self.straight_through else rounded
+        return torch.nn.functional.linear(x, weight, self.bias)
+
+
+def _quantised(straight_through: bool) -> NanoGPT:
+    torch.manual_seed(0)
+    model = NanoGPT()
+    for block in model.h:
+        block.mlp[0] = _Rounded(block.mlp[0], straight_through)
+    return model
+
+
+@pytest.mark.parametrize("straight_through", [False, True])
+def test_weights_the_gradient_reaches_only_through_a_rounding_are_gradient_flow(tmp_path, straight_through):
+    """Seen in the sixth blind group (F01, calibration): quantisation-aware training without the straight-through
+    estimator — torch.round has a zero derivative, so the weight gets a gradient only through its scale (one entry):
+    nothing was raised. With the estimator (a published recipe) every entry gets its gradient."""
+    records = _train(tmp_path / "run.jsonl", model=_quantised(straight_through), steps=11)
+    found = [f for r in records for f in r["flags"] if f["name"] == "gradient_misses_weights"]
+    if straight_through:
+        assert not found
+        return
+    assert {f["layer"] for f in found} == {0, 1} and "ffn_w1 gets a nonzero gradient at 1 of its entries" in \
+        found[0]["detail"]
+    assert records[1]["diagnosis"][0]["cause"] == "gradient_flow"
+    assert records[0]["layers"][0]["weights"]["ffn_w1"]["gradient_entries"] == 1  # the largest entry, by the scale
+
+
+def test_a_zero_initialised_partner_leaves_a_matrix_without_gradient_for_one_step_only(tmp_path):
+    records = _train(tmp_path / "run.jsonl", model=_zeroed(everything=False), steps=11)
+    assert records[0]["layers"][0]["weights"]["ffn_w1"]["gradient_entries"] == 0  # ∂L/∂W1 ∝ W2 = 0 at step 0
+    assert not [f for r in records for f in r["flags"] if f["name"] == "gradient_misses_weights"]

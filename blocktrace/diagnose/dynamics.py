@@ -137,6 +137,42 @@ def _blocks_cut_from_loss(history: Sequence[dict], entry: dict) -> list[Finding]
                            if blocks.get("traced") != blocks.get("count") else ""))]
 
 
+@check(Scope.TRAINING, "gradient_misses_weights",
+       "in a layer that gets a gradient, the matrices of one kind get a nonzero gradient at fewer entries than one "
+       "of their rows or columns holds, at two records in a row (a Watch)",
+       "calculus of a linear map y = x·Wᵀ: ∂L/∂W = δᵀ·x reaches every entry of every row whose unit gets a gradient "
+       "(x is dense), so a weight used through its product with the input gets a nonzero gradient at a row's worth "
+       "of entries at least; dead units zero whole rows, not all but a few entries. A zero-initialised partner "
+       "(∂L/∂W1 ∝ W2 = 0 at step 0) passes by the next record",
+       "the gradient does not reach the weights through the layer's product: a rounding or comparison in the "
+       "forward (quantisation without a straight-through estimator), a detach on the weight; they never learn",
+       Cause.GRADIENT_FLOW, direct=True,
+       advice=phrase("let the gradient reach the weights: w + (q(w) − w).detach() for a quantised or rounded weight "
+                     "(the straight-through estimator), no detach on it"))
+def _gradient_misses_weights(history: Sequence[dict], entry: dict) -> list[Finding]:
+    if not history:
+        return []
+    before = {layer["layer"]: layer for layer in history[-1]["layers"]}
+    flags = []
+    for layer in entry["layers"]:
+        if layer.get("trainable") is False or not _finite(layer.get("grad_norm")) or not layer["grad_norm"] > 0 \
+                or in_zero_saddle(layer):  # zero matrices zero their partners' gradients: weights_zero_stuck's
+            continue
+        missed = [kind for kind, w in (layer.get("weights") or {}).items()
+                  if _misses(w) and _misses(((before.get(layer["layer"]) or {}).get("weights") or {}).get(kind))]
+        if missed:
+            w = layer["weights"][missed[0]]
+            flags.append(finding(Level.ERROR, None, layer["layer"], float(w["gradient_entries"]), phrase(
+                "{kind} gets a nonzero gradient at {reached} of its entries (a row of it holds {line}), here and at the "
+                "record before", kind=missed[0], reached=int(w["gradient_entries"]), line=int(w["line"]))))
+    return flags
+
+
+def _misses(weights: Optional[dict]) -> bool:
+    reached, line = (weights or {}).get("gradient_entries"), (weights or {}).get("line")
+    return _finite(reached) and _finite(line) and reached < line
+
+
 @check(Scope.TRAINING, "gradient_zero_everywhere",
        "every layer whose parameters require a gradient gets one of exactly 0 (not null: a backward ran); or none "
        "at all, neither when the Watch recorded nor when the optimizer stepped after it (a Watch given the optimizer)",

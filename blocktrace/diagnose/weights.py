@@ -138,6 +138,10 @@ class Movement:
         self.comparable: dict[str, bool] = {}
         self.unchanged: dict[str, list] = {}  # kind -> [elements unchanged, elements] of rounded tensors
         self.elements: dict[str, int] = {}  # kind -> its tensors' element count (a host number: no transfer)
+        # kind -> the entries of its matrices with a nonzero gradient (a device count), and the fewest entries one
+        # of those matrices' rows or columns holds (a host number)
+        self.gradient_entries: dict[str, torch.Tensor] = {}
+        self.line: dict[str, int] = {}
 
     def add(self, kind: str, now: torch.Tensor, previous: Optional[torch.Tensor], rounded: bool = False) -> None:
         entry = self.sums.setdefault(kind, [0.0, 0.0, 0.0])
@@ -153,8 +157,20 @@ class Movement:
         else:
             self.comparable[kind] = False
 
+    def add_gradient(self, kind: str, gradient: torch.Tensor) -> None:
+        """A matrix's gradient: how many of its entries it reaches (a weight's gradient reaches every entry of every
+        row whose unit gets a gradient, so fewer than a row's worth means the weight is not reached through its
+        product with the input)."""
+        if gradient.dim() != 2:
+            return
+        nonzero = (gradient != 0).sum()
+        before = self.gradient_entries.get(kind)
+        self.gradient_entries[kind] = nonzero if before is None else before + nonzero.to(before.device)
+        self.line[kind] = min(self.line.get(kind, min(gradient.shape)), min(gradient.shape))
+
     def values(self) -> dict[str, list]:
-        return {kind: [*sums, *self.unchanged.get(kind, [None, None])] for kind, sums in self.sums.items()}
+        return {kind: [*sums, *self.unchanged.get(kind, [None, None]), self.gradient_entries.get(kind)]
+                for kind, sums in self.sums.items()}
 
     def result(self, values: Optional[dict[str, list]] = None) -> dict[str, dict]:
         """{kind: {norm, update_ratio, elements[, unchanged]}} from `values()` on the host (read here, in one copy,
@@ -163,8 +179,9 @@ class Movement:
             values = to_host(self.values())
         return {kind: {"norm": norm ** 0.5,
                        "update_ratio": (delta / before) ** 0.5 if self.comparable[kind] and before > 0 else None,
-                       "elements": self.elements[kind], **({"unchanged": same / total} if total else {})}
-                for kind, (norm, delta, before, same, total) in values.items()}
+                       "elements": self.elements[kind], **({"unchanged": same / total} if total else {}),
+                       **({"gradient_entries": reached, "line": self.line[kind]} if reached is not None else {})}
+                for kind, (norm, delta, before, same, total, reached) in values.items()}
 
 
 @torch.no_grad()
@@ -176,5 +193,8 @@ def movement(block: nn.Module, previous: Optional[dict[str, torch.Tensor]], upda
     moved = Movement()
     for name, parameter in block.named_parameters():
         rounded = updated_in_place is not None and parameter.requires_grad and id(parameter) in updated_in_place
-        moved.add(tensor_kind(name), parameter.detach(), previous.get(name) if previous is not None else None, rounded)
+        kind = tensor_kind(name)
+        moved.add(kind, parameter.detach(), previous.get(name) if previous is not None else None, rounded)
+        if parameter.requires_grad and parameter.grad is not None and not hasattr(parameter.grad, "to_local"):
+            moved.add_gradient(kind, parameter.grad.detach())  # (a sharded gradient's shard says nothing alone)
     return moved

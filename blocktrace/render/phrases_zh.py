@@ -77,6 +77,12 @@ PHRASES_ZH = {
     # --- the weights, the loss, the router of a checkpoint
     "the median matrix has std·√fan_in = {median:.3g}": "中位矩阵的 std·√fan_in = {median}",
     "{names}: every sampled entry holds the same value": "{names}：取样的每个元素都是同一个值",
+    "{kind} gets a nonzero gradient at {reached} of its entries (a row of it holds {line}), here and at the record "
+    "before":
+        "{kind} 只有 {reached} 个元素得到非零梯度（它的一行就有 {line} 个），这条记录和上一条都是如此",
+    "let the gradient reach the weights: w + (q(w) − w).detach() for a quantised or rounded weight (the "
+    "straight-through estimator), no detach on it":
+        "让梯度到达权重：量化或取整的权重用 w + (q(w) − w).detach()（straight-through estimator），不要对它 detach",
     "the loss is {ratio:.4g} × the smallest −log p of any token and class in the batch: no cross-entropy of these "
     "logits is that low":
         "损失是这个 batch 中任一 token、词表中任一 token 最小的 −log p 的 {ratio} 倍：这样的 logits 的交叉熵不可能这么低",
