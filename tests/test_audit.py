@@ -445,3 +445,29 @@ def test_a_zero_initialised_partner_leaves_a_matrix_without_gradient_for_one_ste
     records = _train(tmp_path / "run.jsonl", model=_zeroed(everything=False), steps=11)
     assert records[0]["layers"][0]["weights"]["ffn_w1"]["gradient_entries"] == 0  # ∂L/∂W1 ∝ W2 = 0 at step 0
     assert not [f for r in records for f in r["flags"] if f["name"] == "gradient_misses_weights"]
+
+
+@pytest.mark.parametrize("n_inner, found", [(2, True), (None, False), (8, False)])
+def test_an_ffn_narrower_than_any_published_one_is_the_architecture(tmp_path, n_inner, found):
+    """Seen in the sixth blind group (F03, calibration): GPT2Config(n_inner=4) — a width where a ratio was meant —
+    makes a 4-unit MLP; nothing was raised. Published FFNs are 8/3·d to 4·d, experts no narrower than d/4."""
+    records = _train(tmp_path / "run.jsonl", lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+                     model=_HFLoss(make_gpt2(head=True, n_inner=n_inner).train()), steps=1)
+    flagged = [f for f in records[0]["flags"] if f["name"] == "ffn_too_narrow"]
+    assert bool(flagged) == found
+    if found:
+        assert {f["layer"] for f in flagged} == {0, 1, 2} and "c_fc.weight has 2 units for a 32-wide stream" in \
+            flagged[0]["detail"] and flagged[0]["level"] == "warning"
+
+
+class _HFLoss(torch.nn.Module):
+    """An HF causal LM called as the README's nanoGPT loop calls its model: (ids, targets) -> (logits, loss)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, targets=None):
+        out = self.model(input_ids=ids)
+        loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), targets.reshape(-1))
+        return out.logits, loss

@@ -19,6 +19,7 @@ from typing import Optional
 from blocktrace.phrases import phrase
 from blocktrace.diagnose.checks import Cause, Finding, Flag, Scope, check, detectors, finding
 from blocktrace.diagnose.loss import SHIFT_MIN_POSITIONS
+from blocktrace.diagnose.weights import tensor_kind
 from blocktrace.tracing.behaviour import NormKind
 from blocktrace.vocab import Level
 
@@ -421,6 +422,31 @@ def _weights_constant(evidence) -> list[Finding]:
             flags.append(finding(Level.ERROR, None, evidence.first_layer + index, 0.0, phrase(
                 "{names}: every sampled entry holds the same value", names=", ".join(constant[:3]) +
                 (" …" if len(constant) > 3 else ""))))
+    return flags
+
+
+# the narrowest FFN published models use, over the stream's width: Qwen3-Next's experts, 512 for a 2048-wide stream
+# (dense FFNs are 8/3·d to 4·d: Llama's SwiGLU, GPT-2's); half of it leaves room for research's finer experts
+NARROWEST_FFN = 1 / 8
+
+
+@check(Scope.MODEL, "ffn_too_narrow",
+       f"a layer's FFN input matrix (or an expert's) has fewer than {NARROWEST_FFN:g} × the stream's width units",
+       "published configs: dense FFNs are 8/3·d (Llama's SwiGLU) to 4·d (GPT-2, Vaswani et al. 2017) wide, "
+       "mixture-of-experts' experts no narrower than d/4 (Qwen3-Next: 512 for d = 2048; DeepSeek-V3: 2048 for 7168)",
+       "the FFN is a bottleneck no published model has: a width given where a ratio was meant (GPT-2's n_inner=4 "
+       "for 4·d), or a config read wrong", Cause.ARCHITECTURE, direct=True,
+       advice=phrase("give the FFN its published width: 4·d (GPT-2's n_inner=None), or 8/3·d for a SwiGLU"))
+def _ffn_too_narrow(evidence) -> list[Finding]:
+    flags = []
+    for index, matrices in enumerate(evidence.weights):
+        narrow = [(name, entry) for name, entry in matrices.items() if tensor_kind(name) == "ffn_w1"
+                  and entry.get("fan_out") and entry["fan_out"] < NARROWEST_FFN * entry["fan_in"]]
+        if narrow:
+            name, entry = narrow[0]
+            flags.append(finding(Level.WARNING, None, evidence.first_layer + index, float(entry["fan_out"]), phrase(
+                "{name} has {units} units for a {width}-wide stream", name=name, units=entry["fan_out"],
+                width=entry["fan_in"])))
     return flags
 
 

@@ -77,6 +77,9 @@ PHRASES_ZH = {
     # --- the weights, the loss, the router of a checkpoint
     "the median matrix has std·√fan_in = {median:.3g}": "中位矩阵的 std·√fan_in = {median}",
     "{names}: every sampled entry holds the same value": "{names}：取样的每个元素都是同一个值",
+    "{name} has {units} units for a {width}-wide stream": "{name} 只有 {units} 个单元，而 stream 的维度是 {width}",
+    "give the FFN its published width: 4·d (GPT-2's n_inner=None), or 8/3·d for a SwiGLU":
+        "让 FFN 用公开模型的大小：4·d（GPT-2 的 n_inner=None），SwiGLU 用 8/3·d",
     "{kind} gets a nonzero gradient at {reached} of its entries (a row of it holds {line}), here and at the record "
     "before":
         "{kind} 只有 {reached} 个元素得到非零梯度（它的一行就有 {line} 个），这条记录和上一条都是如此",
