@@ -474,19 +474,8 @@ def test_the_axis_the_loss_normalises_is_read_from_the_graph_after_the_backward(
 def test_a_loss_that_normalises_over_the_batch_or_the_positions_is_the_loss_function(tmp_path, dim, found):
     """Seen in the fourth blind group (F02, calibration now): nll_loss(log_softmax(logits, dim=0)) normalises over
     the batch; nothing was raised. The graph's log-softmax says over which axis it ran."""
-    torch.manual_seed(0)
-    model = HandLM()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(2):
-            ids, targets = nano_batch(step)
-            logits, _ = model(ids)
-            loss = F.nll_loss(F.log_softmax(logits, dim=dim).reshape(-1, VOCAB), targets.reshape(-1))
-            loss.backward()
-            watch.step(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-    records = read_timeline(tmp_path / "run.jsonl")
+    records = _loop_with_loss(tmp_path / "run.jsonl", lambda z, y: F.nll_loss(
+        F.log_softmax(z, dim=dim).reshape(-1, VOCAB), y.reshape(-1)))
     assert ("loss_normalises_another_axis" in {f["name"] for f in records[0]["flags"]}) == found
     if found:
         assert records[0]["diagnosis"][0]["cause"] == "loss_function"

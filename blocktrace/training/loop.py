@@ -573,10 +573,8 @@ def _through_shape_nodes(node):
 
 
 def _behind_shape_nodes(node) -> Optional[str]:
-    """The first node behind `node`'s input that does more than move, reshape or cast it."""
-    parent = node.next_functions[0][0] if node.next_functions else None
-    while parent is not None and type(parent).__name__ in SHAPE_ONLY_NODES:
-        parent = parent.next_functions[0][0] if parent.next_functions else None
+    """The name of the first node behind `node`'s input that does more than move, reshape or cast it."""
+    parent = _through_shape_nodes(node.next_functions[0][0] if node.next_functions else None)
     return type(parent).__name__ if parent is not None else None
 
 
@@ -613,8 +611,8 @@ def loss_checks(logits: Optional[torch.Tensor], targets: Optional[torch.Tensor],
                 graph: Optional[torch.Tensor] = None, logits_node=None) -> dict:
     """Whether the outputs are probabilities, whether the loss's graph (`graph`, else `loss`) gave cross-entropy a
     softmax's output and over which axis its log-softmax normalises the logits, the loss over the smallest and the
-    largest −log p of any row and class, and the loss over the mean cross-entropy of the model's own logits (at the targets' shift
-    that fits best: 0 for a hand-written model's targets, 1 for HF's labels)."""
+    largest −log p of any row and class, and the loss over the mean cross-entropy of the model's own logits (at the
+    targets' shift that fits best: 0 for a hand-written model's targets, 1 for HF's labels)."""
     found: dict = {"outputs_are_probabilities": None, "loss_over_cross_entropy": None,
                    "softmax_before_loss": softmax_before_loss(graph if graph is not None else loss)}
     if logits is None or logits.dim() != 3 or not logits.is_floating_point():
