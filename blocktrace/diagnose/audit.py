@@ -228,7 +228,8 @@ def _move_bound(optimizer_class: str, group: dict, step: Optional[int]) -> Optio
 @check(Scope.TRAINING, "update_exceeds_its_bound",
        f"in the optimizer step after a record, a weight of a param group of an Adam or AdamW (by class name, "
        f"hand-written ones included) moved by more than {MOVE_MARGIN:g} × the largest |m̂/√v̂| its betas allow at "
-       f"that step (over every step where the optimizer keeps no step count), per unit of learning rate (Lion: {MOVE_MARGIN:g} × 1); the decay's part lr·λ·|w| and the rounding of the "
+       f"that step (over every step where the optimizer keeps no step count), per unit of learning rate "
+       f"(Lion: {MOVE_MARGIN:g} × 1); the decay's part lr·λ·|w| and the rounding of the "
        f"weight's dtype are not counted",
        "definition and Cauchy–Schwarz: Adam moves each weight by lr·m̂/(√v̂ + ε), and m and v average the same "
        "gradients, so |m̂|/√v̂ ≤ (1−β1)/√((1−β2)(1−β1²/β2)) at most (7.3 at β (0.9, 0.999), 1.2 at (0.9, 0.95); "
@@ -262,7 +263,8 @@ def _update_exceeds_its_bound(history: Sequence[dict], entry: dict) -> list[Find
        "as the optimizer step after a record begins, some element of the optimizer's state has exp_avg_sq exactly "
        f"0 while |exp_avg| > {FIRST_MOMENT_FLOOR:g}",
        "Cauchy–Schwarz: m and v average the same gradients, |m_t| ≤ C·√v_t (C as in update_exceeds_its_bound, "
-       "below 1,000 for every β2 ≤ 0.999999), so in exact or float32 arithmetic v = 0 forces |m| < 4e-20; only rounding to 16 bits (float16's smallest value "
+       "below 1,000 for every β2 ≤ 0.999999), so in exact or float32 arithmetic v = 0 forces |m| < 4e-20; "
+       "only rounding to 16 bits (float16's smallest value "
        "is 6e-8) zeroes a v whose m is larger",
        "Adam's second moment lost its small values to rounding: a state kept in float16, or saved in 16 bits and "
        "loaded back; the next steps divide m by ε alone and move those weights by lr·|m|/ε", Cause.PRECISION,
