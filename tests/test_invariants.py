@@ -824,8 +824,26 @@ def test_only_a_nan_born_in_a_32_bit_attention_from_finite_inputs_is_the_mask(na
     record = SimpleNamespace(name=name, dtype=dtype, stats=SimpleNamespace(nan=3, inf=0),
                              probe=SimpleNamespace(inputs_finite=inputs_finite))
     detect = next(d for scope, d in CHECKS["non_finite"].detectors if scope is Scope.STEP)
-    [flag] = detect(record, 0, SimpleNamespace(stored_dtype=stored))
+    [flag] = detect(record, 0, SimpleNamespace(stored_dtype=stored, weights=[{"attn.c_attn.weight": {"norm": 1.0}}],
+                                               first_layer=0))
     assert flag.cause.value == cause
+
+
+def test_a_nan_born_in_attention_beside_a_nan_weight_is_not_the_mask():
+    """failures3's gpt2-6l-nan-tensor (a checkpoint with one weight tensor set to NaN): the NaN is born in layer 4's
+    attention from finite inputs, but from a NaN weight — q and k are not finite; the mask rule took it (second
+    session's failures3 run, a regression of the first's mask rule): a NaN weight is weights_non_finite's."""
+    from types import SimpleNamespace
+
+    from blocktrace.diagnose.checks import CHECKS, Scope
+
+    record = SimpleNamespace(name="attn", dtype="torch.float32", stats=SimpleNamespace(nan=3, inf=0),
+                             probe=SimpleNamespace(inputs_finite=[True]))
+    detect = next(d for scope, d in CHECKS["non_finite"].detectors if scope is Scope.STEP)
+    broken = SimpleNamespace(stored_dtype="F32", weights=[{"attn.c_attn.weight": {"norm": float("nan")}}],
+                             first_layer=4)
+    [flag] = detect(record, 4, broken)
+    assert flag.cause.value != "mask"
 
 
 def test_zero_grad_inside_the_loop_over_micro_batches_is_found(tmp_path):

@@ -77,9 +77,17 @@ def _non_finite(record, layer, evidence) -> list[Finding]:
     inputs = "" if finite_inputs is None else phrase("; inputs finite: {finite}", finite=finite_inputs)
     detail = phrase("{nan} NaN, {inf} Inf{inputs}", nan=stats.nan, inf=stats.inf, inputs=inputs)
     cause = Cause.PRECISION if evidence.stored_dtype in ("F16", "BF16") else None
-    if cause is None and _born_in_attention(record):
+    if cause is None and _born_in_attention(record) and _weights_finite(evidence, layer):
         cause = Cause.MASK
     return [finding(Level.ERROR, record.name, layer, stats.nan + stats.inf, detail, cause)]
+
+
+def _weights_finite(evidence, layer: Optional[int]) -> bool:
+    """Whether the layer's weight matrices are finite (True where they were not read): a NaN weight makes a NaN
+    step from finite inputs by itself — weights_non_finite's, not the mask's."""
+    index = (layer or 0) - evidence.first_layer
+    matrices = evidence.weights[index] if 0 <= index < len(evidence.weights) else {}
+    return all(math.isfinite(entry["norm"]) for entry in matrices.values())
 
 
 def _born_in_attention(record) -> bool:
