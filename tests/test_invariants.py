@@ -468,6 +468,7 @@ def test_the_axis_the_loss_normalises_is_read_from_the_graph_after_the_backward(
     for loss, sizes in cases:
         loss.backward()  # the Watch reads the graph after it
         assert log_softmax_axes(loss, 7)["log_softmax_over"] == sizes
+    assert log_softmax_axes(cases[0][0].detach(), 7) == {}  # a detached loss has no graph to read: unknown
 
 
 @pytest.mark.parametrize("dim, found", [(0, True), (1, True), (-1, False)])

@@ -547,6 +547,8 @@ def log_softmax_axes(loss: Optional[torch.Tensor], vocab: int, logits_node=None)
     every such one reads the model's output logits as they are, through nothing but moves, reshapes and casts
     (`log_softmax_reads_logits`; None where it cannot be told). Read from the graph's shapes and saved dim, which
     outlive the backward (its saved tensors do not); {} where the graph cannot say."""
+    if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+        return {}  # a detached loss (watch.step(loss.detach())): its graph says nothing
     sizes, direct = [], []
     try:
         for node in _loss_graph(loss):
@@ -562,7 +564,8 @@ def log_softmax_axes(loss: Optional[torch.Tensor], vocab: int, logits_node=None)
                 direct.append(_through_shape_nodes(node.next_functions[0][0]) is _through_shape_nodes(logits_node))
     except (AttributeError, IndexError, RuntimeError, TypeError):  # a torch without these node attributes
         return {}
-    return {"log_softmax_over": sizes, "log_softmax_reads_logits": all(direct) if len(direct) == len(sizes) else None}
+    return {"log_softmax_over": sizes,
+            "log_softmax_reads_logits": all(direct) if direct and len(direct) == len(sizes) else None}
 
 
 def _through_shape_nodes(node):
