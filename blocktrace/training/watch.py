@@ -364,8 +364,6 @@ def _grad_norm(module: nn.Module) -> Optional[torch.Tensor]:
     return grad_norm(module.parameters())
 
 
-
-
 def _anchor(output) -> Optional[torch.Tensor]:
     """Where a training forward's backward starts to be seen: its loss where it returns one, else its logits."""
     loss = loss_of(output)
