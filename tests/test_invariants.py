@@ -4,6 +4,7 @@ frozen on purpose, an evaluation inside the loop, a second optimizer) raises not
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -913,3 +914,104 @@ def test_right_padding_trained_on_without_a_mask_is_the_data(tmp_path, labels_of
         assert "4 of the batch's 4 sequences end with a run of id 0" in flagged[0]["detail"]
         assert records[0]["diagnosis"][0]["cause"] == "data"
     assert records[0]["loop"]["log_softmax_reads_logits"] is True  # HF's own loss reads the logits it returns
+
+
+# --- the weights between two optimizer steps: only the optimizer writes them --------------------------------------
+
+def _between_loop(path, between, steps=16, every=5) -> list[dict]:
+    """helpers' NanoGPT under AdamW; `between(step, model, optimizer, saved)` runs after each optimizer step, where a
+    loop loads checkpoints, swaps averaged weights or applies constraints; `saved` maps a step to the state after
+    its update (model and optimizer), as checkpoints written at every step would."""
+    torch.manual_seed(0)
+    model = nano()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    saved = {-1: (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()))}
+    watch = Watch(model, path, every=every, optimizer=optimizer, overwrite=True)
+    for step in range(steps):
+        ids, shifted = nano_batch(step)
+        _, loss = model(ids, shifted)
+        loss.backward()
+        watch.step(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        saved[step] = (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()))
+        between(step, model, optimizer, saved)
+    watch.close()
+    return read_timeline(path)
+
+
+def _resume_from(stale: int, at: int):
+    def resume(step, model, optimizer, saved):
+        if step == at - 1:  # the job ends after step at − 1; the next one loads a checkpoint
+            model.load_state_dict(saved[stale][0])
+            optimizer.load_state_dict(saved[stale][1])
+    return resume
+
+
+def _between_flags(records) -> list[dict]:
+    return [f for r in records for f in r["flags"] if f["name"] in {"weights_returned_to_earlier_step",
+                                                                     "weights_written_outside_optimizer"}]
+
+
+@pytest.mark.parametrize("stale, back", [(5, 5), (-1, -1)])
+def test_a_resume_from_an_older_checkpoint_is_the_run_gone_back_to_that_step(tmp_path, stale, back):
+    records = _between_loop(tmp_path / "w.jsonl", _resume_from(stale, at=11))
+    flags = _between_flags(records)
+    assert [(f["name"], f["level"]) for f in flags] == [("weights_returned_to_earlier_step", "error")]
+    assert records[-1]["loop"]["between_steps"]["returned_to"] == back
+    assert records[-1]["loop"]["between_steps"]["changed_at"] == 11
+    # the steps undone: 6 … 10 after step 5's weights, 0 … 10 after the start
+    assert f"{10 - back} steps of training undone" in flags[0]["detail"]
+    assert records[-1]["diagnosis"][0]["cause"] == "weights"
+
+
+def test_a_resume_from_the_newest_checkpoint_and_a_plain_loop_change_nothing_between_steps(tmp_path):
+    for between in (_resume_from(10, at=11), lambda *args: None):
+        records = _between_loop(tmp_path / "w.jsonl", between)
+        assert not _between_flags(records)
+        assert [r["loop"]["between_steps"] for r in records[1:]] == [
+            {"changed_at": None, "change": 0.0, "step_move": None, "returned_to": None}] * 3
+
+
+def _swap_in_average(back: bool):
+    """An exponential average of the weights (decay 0.9) swapped in for an evaluation after step 9; swapped back
+    afterwards, or left in place."""
+    average = {}
+
+    def swap(step, model, optimizer, saved):
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                average[name] = p.detach().clone() if name not in average else 0.9 * average[name] + 0.1 * p
+            if step == 9:
+                current = {name: p.detach().clone() for name, p in model.named_parameters()}
+                for name, p in model.named_parameters():
+                    p.copy_(average[name])
+                model(*nano_batch(999))  # the evaluation
+                if back:
+                    for name, p in model.named_parameters():
+                        p.copy_(current[name])
+    return swap
+
+
+def _decay_by_hand(step, model, optimizer, saved):
+    """AdamW's decoupled decay written in the loop, after the step: w ← w·(1 − lr·λ), λ = 0.1."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1 - 1e-3 * 0.1)
+
+
+def test_an_average_swapped_in_and_not_back_is_weights_written_outside_the_optimizer(tmp_path):
+    records = _between_loop(tmp_path / "w.jsonl", _swap_in_average(back=False))
+    flags = _between_flags(records)
+    assert [(f["name"], f["level"]) for f in flags] == [("weights_written_outside_optimizer", "warning")]
+    found = records[3]["loop"]["between_steps"]  # seen as step 10's optimizer step began: in the next record
+    assert found["changed_at"] == 10 and found["change"] > found["step_move"] > 0
+
+
+@pytest.mark.parametrize("between", [_swap_in_average(back=True), _decay_by_hand], ids=["swapped_back", "decay"])
+def test_an_average_swapped_back_and_a_decay_written_by_hand_pass(tmp_path, between):
+    records = _between_loop(tmp_path / "w.jsonl", between)
+    assert not _between_flags(records)
+    if between is _decay_by_hand:  # the decay is seen, and is a fraction of a step
+        found = records[1]["loop"]["between_steps"]
+        assert found["changed_at"] == 1 and 0 < found["change"] < found["step_move"]

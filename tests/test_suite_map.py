@@ -47,6 +47,8 @@ TESTED_IN = {
     "tracing/steps.py": (["test_userblock.py", "test_hf_layers.py"], "where a block's steps live, found unnamed"),
     "tracing/tap.py": (["test_watch.py"], "a block inside someone else's forward, sdpa's attention"),
     "training/loop.py": (["test_invariants.py"], "what the Watch measures of the loop itself"),
+    "training/between.py": (["test_invariants.py"], "the weights between two optimizer steps: a resume from an older "
+                            "checkpoint, an average left swapped in, a decay written by hand"),
     "training/stepping.py": (["test_audit.py"], "what the optimizer step after a record did: each group's largest "
                              "move per unit of learning rate, Adam's moments' agreement"),
     "model/mixer.py": (["test_lfm2.py", "test_qwen3_next.py", "test_granitemoehybrid.py"], "the three mixers "

@@ -109,6 +109,58 @@ def _step_without_gradient(history: Sequence[dict], entry: dict) -> list[Finding
                            "none", step=at, before=before['grad_norm']))]
 
 
+def _between_steps(entry: dict) -> Optional[dict]:
+    """The first change of the weights between two optimizer steps since the record before (training/between.py)."""
+    found = _loop(entry).get("between_steps")
+    return found if found and found.get("changed_at") is not None else None
+
+
+@check(Scope.TRAINING, "weights_returned_to_earlier_step",
+       "between two optimizer steps (after one ended, before the next began) the weights the optimizer holds "
+       "changed, and became exactly what they were after an earlier recorded step's update, or as the Watch's "
+       "first step began (a fingerprint of each of the optimizer's 4 largest tensors; a Watch given optimizer=)",
+       "invariant: between the end of one step and the start of the next, the loop only reads the weights (its "
+       "forward and backward); a state this run had steps ago, to the last sampled bit, is a checkpoint of it "
+       "loaded again while the step count, the learning rate and the data went on",
+       "the run resumed from an older checkpoint than its last (a checkpoint chosen by a sort of file names, "
+       "'ckpt_100' before 'ckpt_80'; a stale 'latest' link; a restart that reloads the start): the steps since "
+       "that state are lost, and are lost again at each such resume", Cause.WEIGHTS, direct=True,
+       advice=phrase("resume from the newest checkpoint (choose it by its step number, not by sorting names); if the "
+                     "run went back on purpose (as PaLM did around loss spikes), this is that"))
+def _weights_returned_to_earlier_step(history: Sequence[dict], entry: dict) -> list[Finding]:
+    found = _between_steps(entry)
+    if found is None or found.get("returned_to") is None:
+        return []
+    back = found["returned_to"]
+    state = (phrase("those after step {back}'s update", back=back) if back >= 0
+             else phrase("the ones before step 0's update (the initial weights)"))
+    return [finding(Level.ERROR, None, None, float(found["changed_at"] - 1 - back), phrase(
+        "as step {at}'s optimizer step began, the weights were again {state}: {lost} steps of training undone",
+        at=found["changed_at"], state=state, lost=found["changed_at"] - 1 - back))]
+
+
+@check(Scope.TRAINING, "weights_written_outside_optimizer",
+       "between two optimizer steps the weights the optimizer holds changed by more than its own last step moved "
+       "them (largest change of a sampled weight; a Watch given optimizer=)",
+       "invariant: only the optimizer writes the weights it holds, inside its step; a constraint or a hand-written "
+       "decay applied between steps moves a weight by a fraction of a step (lr·λ·|w|, against Adam's ~lr), a "
+       "replacement by more",
+       "something replaced the weights between steps: a checkpoint loaded in the middle of the run, averaged "
+       "weights (EMA, SWA) swapped in for an evaluation and not swapped back, an outer optimizer (Lookahead, "
+       "DiLoCo) the Watch was not given", Cause.WEIGHTS,
+       advice=phrase("find what writes the model's parameters between optimizer.step() and the next forward"))
+def _weights_written_outside_optimizer(history: Sequence[dict], entry: dict) -> list[Finding]:
+    found = _between_steps(entry)
+    if found is None or found.get("returned_to") is not None:
+        return []  # a return to an earlier state is its own, sharper finding
+    change, move = found.get("change"), found.get("step_move")
+    if not _finite(change) or not _finite(move) or change <= move:
+        return []
+    return [finding(Level.WARNING, None, None, change, phrase(
+        "as step {at}'s optimizer step began, a weight had changed by {change:.3g} since the step before ended, "
+        "which moved weights by {move:.3g} at most", at=found["changed_at"], change=change, move=move))]
+
+
 @check(Scope.TRAINING, "optimizer_lacks_parameters",
        "the optimizer given to the Watch holds none of the trainable parameters that got a gradient (error); "
        "some of them (info: a second optimizer may hold the rest)",

@@ -180,6 +180,18 @@ PHRASES_ZH = {
     " at its step {t}": "（在它的第 {t} 步）",
     ": {lost:g} of its second moments are 0 where the first is not, rounded away":
         "：有 {lost} 个二次矩为 0 而一次矩不为 0，因精度不足而丢失",
+    "as step {at}'s optimizer step began, the weights were again {state}: {lost} steps of training undone":
+        "第 {at} 步的优化器更新开始时，权重又变回了{state}：{lost} 步的训练丢失了",
+    "those after step {back}'s update": "第 {back} 步更新之后的权重",
+    "the ones before step 0's update (the initial weights)": "第 0 步更新之前的权重（初始权重）",
+    "as step {at}'s optimizer step began, a weight had changed by {change:.3g} since the step before ended, which "
+    "moved weights by {move:.3g} at most":
+        "第 {at} 步的优化器更新开始时，一个权重自上一步结束以来改变了 {change}，而上一步对权重的移动最多为 {move}",
+    "resume from the newest checkpoint (choose it by its step number, not by sorting names); if the run went back on "
+    "purpose (as PaLM did around loss spikes), this is that":
+        "从最新的检查点恢复（按步数选，而不是按名称的次序）；如果是有意回退（如 PaLM 在损失峰值前后所做的），那就是这个原因",
+    "find what writes the model's parameters between optimizer.step() and the next forward":
+        "找出在 optimizer.step() 与下一次前向之间改写模型参数的代码",
     "{lost:g} elements of {class_}'s state have exp_avg_sq = 0 and exp_avg ≠ 0":
         "{class_} 的状态中有 {lost} 个元素 exp_avg_sq = 0 而 exp_avg ≠ 0",
     "{class_}'s param group {index}: lr·weight_decay = {lr:g} × {decay:g} = {product:.3g}: each step multiplies the "

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from blocktrace.training.between import BetweenSteps
 from blocktrace.training.stepping import StepSample
 
 IGNORE_INDEX = -100  # F.cross_entropy's and HF's ignore_index: a target that the loss does not count
@@ -207,6 +208,8 @@ class LoopObserver:
         self.stepped: dict = {}  # what that step did (training/stepping.py), for the next record
         self.optimizer_steps = 0  # optimizer.step() calls since the last record (a host count: no device read)
         self.ever_stepped = False  # whether any optimizer.step() ran since the Watch began
+        # the weights between one optimizer step and the next (training/between.py); the Watch tells it the step
+        self.between = BetweenSteps(_torch_optimizer(optimizer)) if self.step_hook is not None else None
         self.reset()
 
     def reset(self) -> None:
@@ -292,10 +295,13 @@ class LoopObserver:
         """Measure the gradients at the next optimizer.step() (the one after this record's backward), and, given
         the recorded forward to replay, that step's effect on its own batch."""
         self.step_due, self.descent = step, descent
+        if self.between is not None:
+            self.between.keep_next = True
 
     def _at_optimizer_step(self, optimizer, args, kwargs) -> None:
         self.optimizer_steps += 1
         stepped_before, self.ever_stepped = self.ever_stepped, True
+        self._between(BetweenSteps.step_begins)
         if self.step_due is None:
             return
         self.step_gradient, self.step_gradient_at = _zero_if_none(grad_norm(_held(optimizer))), self.step_due
@@ -316,6 +322,7 @@ class LoopObserver:
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         """g·Δw, the first-order change of the loss the update predicts, and, where it climbs, the batch's loss
         after the update. A failure is a note: the probe never stops training."""
+        self._between(BetweenSteps.step_ends)
         self._measure_step(optimizer)
         descent, self.descent = self.descent, None
         if descent is None or descent.dot_before is None:
@@ -329,6 +336,16 @@ class LoopObserver:
                               "loss_after": replayed, "first_step": descent.first_step}
         except Exception as error:  # the replayed forward may fail where the training one did not: said, not raised
             self.descended = {"at": descent.step, "note": _not_run(error)}
+
+    def _between(self, at_step) -> None:
+        """The between-steps fingerprint at a step's start or end; inside the user's optimizer.step(): never
+        raises (what fails is not measured from then on)."""
+        if self.between is None:
+            return
+        try:
+            at_step(self.between)
+        except Exception:
+            self.between = None
 
     def _measure_step(self, optimizer) -> None:
         """Each group's largest move per unit of learning rate, and Adam's moments' agreement (training/stepping)."""
@@ -379,6 +396,7 @@ class LoopObserver:
                 "optimizer": optimizer_hyperparameters(self.optimizer), "descent": descended,
                 "update_moves": stepped.get("update_moves"), "moments_lost": stepped.get("moments_lost"),
                 "update_step": stepped.get("update_step"),
+                "between_steps": self.between.evidence() if self.between is not None else None,
                 "dropout": largest_dropout(self.model),
                 "loss_scale": self.loss_scale(), "backward_factor": self.backward_factor,
                 "float16_forward": self.float16 if self.trained else None,

@@ -142,7 +142,22 @@ def _loop(value: Any, field: str) -> dict:
     loop["update_moves"] = _listed(loop.get("update_moves"), f"{field}.update_moves", number, optional=True)
     loop["optimizer"] = _optimizer(loop.get("optimizer"), f"{field}.optimizer")
     loop["descent"] = _descent(loop.get("descent"), f"{field}.descent")
+    loop["between_steps"] = _between_steps(loop.get("between_steps"), f"{field}.between_steps")
     return loop
+
+
+def _between_steps(value: Any, field: str) -> Optional[dict]:
+    """The weights between two optimizer steps (training/between.py): the first step found changed, or None."""
+    found = _mapped(value, field, lambda item, name: item, optional=True)
+    if found is None:
+        return None
+    found["changed_at"] = _index(found.get("changed_at"), f"{field}.changed_at", optional=True)
+    back = found.get("returned_to")  # a step, or −1: the weights before step 0's update
+    if back is not None and not (_is_integer(back) and back >= -1):
+        raise SchemaError(f"{field}.returned_to must be an integer ≥ -1 or null, not {_shown(back)}")
+    for key in ("change", "step_move"):
+        found[key] = number(found.get(key), f"{field}.{key}")
+    return found
 
 
 def _descent(value: Any, field: str) -> Optional[dict]:

@@ -32,6 +32,7 @@ from blocktrace.tracing.assembly import finish
 from blocktrace.tracing.tap import BlockTap, attention_through_sdpa
 from blocktrace.training.arguments import Blocks, check_arguments, first_step, scalar_argument
 from blocktrace.training.batch import Batch, input_ids, shifts_labels, targets_position, with_order
+from blocktrace.training.between import settled
 from blocktrace.training.blocks import device_of, find_blocks, is_trainable, sharded, unwrap
 from blocktrace.training.distributed import Reducer, fingerprint, replica_rows, synchronised
 from blocktrace.training.judging import FIRST_ERROR_WARNING, Rollback, judge_record
@@ -188,6 +189,8 @@ class Watch:
                 self.captured_loss, self.captured_graph, self.random_state = None, None, None
                 self.sharded_probe = None
                 self.loop.expect_step(entry["step"], descent)
+            if self.loop.between is not None:
+                self.loop.between.step = self.count  # the step whose optimizer.step() comes next
             self.count, self.forwards = self.count + 1, 0
             if self.count % self.every == 0:
                 self._arm()
@@ -249,6 +252,7 @@ class Watch:
     def _record(self, loss, lr) -> Optional[dict]:
         """Everything measured on the device, read on the host in one copy (tracing.assembly.finish), then judged."""
         present, moved, traces, host = self._measure(loss)
+        host["loop"]["between_steps"] = settled(host["loop"].get("between_steps"))
         weights = [m.result(values) for m, values in zip(moved, host["moved"])] or [None] * len(self.blocks)
         for t in traces:
             t.notes += self.reducer.note()

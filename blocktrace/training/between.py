@@ -1,0 +1,121 @@
+"""What happens to the weights between two optimizer steps: in a correct loop, nothing.
+
+The optimizer writes the weights it holds inside its step; between the end of one step and the start of the next,
+the loop runs a forward and a backward, which read them. Whatever writes them in that gap is outside the optimizer:
+a checkpoint loaded (a resume), an average swapped in and not swapped back, a weight constraint or a hand-written
+decay. A constraint or a decay moves a weight by a fraction of a step (lr·λ·|w| against Adam's ~lr); a change larger
+than the optimizer's own last step is weights replaced; and a replacement that is exactly a state this run had
+earlier (the weights after an earlier recorded step's update, or as the Watch's first step began) is the run gone
+back in time while its step count, its learning rate and its data went on: a resume from an older checkpoint.
+
+Measured on a fingerprint: a strided sample of each of the optimizer's few largest plain tensors, taken as every
+step begins and as it ends (two small gathers a step). Everything stays on the device, accumulated without a host
+read, until the record's one copy.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Optional
+
+import torch
+
+FINGERPRINTED = 4  # tensors fingerprinted: the optimizer's largest (a reload or a swap writes every tensor)
+FINGERPRINT = 256  # elements sampled (strided) from each
+KEPT_STATES = 64  # the fingerprints after recorded steps' updates kept to compare a replacement with
+NOTHING = -1.0  # "no change seen" on the device
+
+
+def _chosen(optimizer) -> list[torch.Tensor]:
+    """The optimizer's largest floating plain tensors (a sharded DTensor is left out: sampling it would gather)."""
+    held = [p for group in optimizer.param_groups for p in group["params"]
+            if p.is_floating_point() and type(p.detach()) is torch.Tensor and p.numel()]
+    return sorted(held, key=lambda p: -p.numel())[:FINGERPRINTED]
+
+
+class BetweenSteps:
+    """The weights' fingerprint at each optimizer step's start and end, and what changed them in between."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+        self.tensors: Optional[list[torch.Tensor]] = None
+        self.step: Optional[int] = None  # the training step whose optimizer.step() runs next (the Watch sets it)
+        self.began: Optional[torch.Tensor] = None  # the fingerprint as the last step began
+        self.left: Optional[torch.Tensor] = None  # as it ended
+        self.kept: OrderedDict[int, torch.Tensor] = OrderedDict()  # state after step r's update → its fingerprint
+        self.keep_next = False  # the step about to run follows a record: keep what it leaves
+        self._clear()
+
+    def _clear(self) -> None:
+        self.changed_at: Optional[torch.Tensor] = None  # the first step since the last record found changed
+        self.change = self.step_move = self.found = None
+
+    def _fingerprint(self) -> torch.Tensor:
+        device = self.tensors[0].device
+        parts = [t.detach().reshape(-1)[:: max(1, t.numel() // FINGERPRINT)].to(device, torch.float64)
+                 for t in self.tensors]
+        return torch.cat(parts)
+
+    @torch.no_grad()
+    def step_begins(self) -> None:
+        """The optimizer's pre-hook: compare with what the last step left; the first change is kept."""
+        if self.step is None:
+            return
+        if self.tensors is None:
+            self.tensors = _chosen(self.optimizer)
+        if not self.tensors:
+            return
+        now = self._fingerprint()
+        if self.left is None:
+            self.kept.setdefault(self.step - 1, now)  # the state the Watch first saw: "after step s − 1"
+        else:
+            self._compare(now)
+        self.began = now
+
+    def _compare(self, now: torch.Tensor) -> None:
+        change, move = (now - self.left).abs().amax(), (self.left - self.began).abs().amax()
+        if self.changed_at is None:
+            self.changed_at = torch.full((), NOTHING, dtype=torch.float64, device=now.device)
+            self.change, self.step_move, self.found = torch.zeros_like(change), torch.zeros_like(move), now
+        first = (change > 0) & (self.changed_at < 0)  # on the device: no host read at a step
+        self.changed_at = torch.where(first, float(self.step), self.changed_at)
+        self.change = torch.where(first, change, self.change)
+        self.step_move = torch.where(first, move, self.step_move)
+        self.found = torch.where(first, now, self.found)
+
+    @torch.no_grad()
+    def step_ends(self) -> None:
+        """The optimizer's post-hook: what the step left; kept when the step follows a record."""
+        if self.began is None:
+            return
+        self.left = self._fingerprint()
+        if self.keep_next and self.step is not None:
+            self.kept[self.step] = self.left
+            while len(self.kept) > KEPT_STATES:
+                self.kept.popitem(last=False)
+        self.keep_next = False
+
+    def evidence(self) -> Optional[dict]:
+        """Device values for the record (None when nothing was compared since the last one); then cleared."""
+        if self.changed_at is None:
+            return None
+        earlier = [(step, state) for step, state in self.kept.items() if state.shape == self.found.shape]
+        matches = torch.stack([(state == self.found).all() for _, state in earlier]) if earlier else None
+        found = {"changed_at": self.changed_at, "change": self.change, "step_move": self.step_move,
+                 "kept": [step for step, _ in earlier], "matches": matches}
+        self._clear()
+        return found
+
+
+def settled(found: Optional[dict]) -> Optional[dict]:
+    """The record's between-steps fact, read on the host: the first step found changed (None: none), how much, the
+    optimizer's own move in the step before, and the earlier step whose updated weights the change restored."""
+    if not found:
+        return None
+    changed_at = found["changed_at"]
+    if changed_at is None or changed_at < 0:
+        return {"changed_at": None, "change": 0.0, "step_move": None, "returned_to": None}
+    matches = found.get("matches") or []
+    restored = [step for step, equal in zip(found.get("kept") or [], matches) if equal and step < changed_at - 1]
+    return {"changed_at": int(changed_at), "change": found["change"], "step_move": found["step_move"],
+            "returned_to": max(restored) if restored else None}
