@@ -1015,3 +1015,55 @@ def test_an_average_swapped_back_and_a_decay_written_by_hand_pass(tmp_path, betw
     if between is _decay_by_hand:  # the decay is seen, and is a fraction of a step
         found = records[1]["loop"]["between_steps"]
         assert found["changed_at"] == 1 and 0 < found["change"] < found["step_move"]
+
+
+# --- the temperature the loss reads the logits at, from its gradient -------------------------------------------
+
+def _tempered_run(path, loss_of) -> list[dict]:
+    """HandLM with embeddings (so tied logits) of std 0.5: its logits span several nats from step 0, as a trained
+    model's do, so that a straight line of log ∂L/∂z_j can be told from a curve."""
+    torch.manual_seed(0)
+    model = HandLM()
+    nn.init.normal_(model.wte.weight, std=0.5)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, path, every=1, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(2):
+            ids, targets = nano_batch(step)
+            logits, _ = model(ids)
+            loss = loss_of(logits, targets)
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return read_timeline(path)
+
+
+def _cross_entropy(scale: float = 1.0, **options):
+    return lambda z, y: F.cross_entropy(z.reshape(-1, VOCAB) * scale, y.reshape(-1), **options)
+
+
+@pytest.mark.parametrize("name, loss_of, slope", [
+    ("temperature 2", _cross_entropy(0.5), 0.5),
+    ("temperature 0.5", _cross_entropy(2.0), 2.0),
+    ("plain", _cross_entropy(), None),
+    ("summed", _cross_entropy(reduction="sum"), None),
+    ("z-loss", lambda z, y: _cross_entropy()(z, y) + 1e-4 * torch.logsumexp(z, -1).pow(2).mean(), None),
+    ("label_smoothing=0.1", _cross_entropy(label_smoothing=0.1), None),
+    ("distillation", _distilled, None),
+])
+def test_a_hard_label_loss_on_tempered_logits_is_the_loss_function(tmp_path, name, loss_of, slope):
+    """Seen in the sixth blind group (F08, calibration now): the labels' cross-entropy on logits / 2, a
+    distillation temperature applied to the hard term. Its gradient at the logits is (c/N)·softmax(c·z)_j off the
+    target: log-linear in z_j with slope c, which the plain, summed and z-loss cross-entropies give as 1 and a
+    smoothed label or a distillation's mix not at all."""
+    records = _tempered_run(tmp_path / "run.jsonl", loss_of)
+    tempered = records[0]["loop"]["tempered"]
+    flags = [f for f in records[0]["flags"] if f["name"] == "loss_tempers_logits"]
+    if slope is None:
+        assert not flags, name
+        if name in ("plain", "summed", "z-loss"):  # a cross-entropy of the logits as they are: slope 1 exactly
+            assert tempered["rows"] >= 4 and abs(tempered["slope_low"] - 1) < 1e-4 > abs(tempered["slope_high"] - 1)
+        return
+    assert [f["level"] for f in flags] == ["error"]
+    assert tempered["rows"] >= 4 and abs(tempered["slope_low"] - slope) < 1e-4 > abs(tempered["slope_high"] - slope)
+    assert records[0]["diagnosis"][0]["cause"] == "loss_function"

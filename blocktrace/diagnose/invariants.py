@@ -30,6 +30,9 @@ SUM_TOLERANCE = 0.1  # a loss within 10% of N × the mean cross-entropy is a sum
 WORST_TOLERANCE = 1e-3  # relative: the float32 rounding of a logsumexp over a vocabulary is ~1e-6
 REPEATED_PAST_USE = 16  # times each sequence is trained on past which repeating data adds nothing (Muennighoff 2023)
 LEAK_TOLERANCE = 1e-3  # relative change of an earlier position's logits: float32 rounding of the same rows is ~1e-7
+TEMPERED_ROWS = 4  # sampled rows that must fit a tempered cross-entropy (training/tempered.py samples 16)
+TEMPERED_AGREE = 0.01  # relative spread of their slopes: one constant c
+TEMPERED_MARGIN = 0.05  # |c − 1| beyond which c is a temperature (float32 fits c within 1e-6; bfloat16 ~1e-2)
 FROZEN_BY_ROUNDING = 0.5  # share of a 16-bit tensor kind's elements unchanged over a whole interval of steps
 
 
@@ -349,6 +352,34 @@ CROSS_ENTROPY_RANGE_SOURCE = (
     "largest of those. Label smoothing, soft targets and small added terms (a z-loss, a router's balance loss) "
     "stay inside; a distillation's mix (a second log-softmax, or logits at a temperature, in the loss's graph) and "
     "several micro-batches a step are not judged")
+
+
+@check(Scope.TRAINING, "loss_tempers_logits",
+       f"the gradient the backward hands the model's logits is, on at least {TEMPERED_ROWS} sampled rows, that of a "
+       f"hard-label cross-entropy of c × the logits, with c the same on every row (within {TEMPERED_AGREE:.0%}) and "
+       f"|c − 1| > {TEMPERED_MARGIN:g} (training/tempered.py; a Watch)",
+       "calculus: the cross-entropy of softmax(c·z) at target t has ∂L/∂z_j = (c/N)·softmax(c·z)_j for j ≠ t, so log "
+       "∂L/∂z_j is a straight line in z_j of slope c — 1 for the logits as they are; Hinton, Vinyals & Dean 2015 "
+       "§2: the hard-label term is computed 'using exactly the same logits … but at a temperature of 1'. A "
+       "smoothed label, a distillation or a binary loss fits no such line and is not judged",
+       "the hard-label loss reads the logits at a temperature 1/c (a distillation temperature applied to the label "
+       "term, a 'temperature' left in a config): the model learns logits 1/c times those a softmax of them should "
+       "be, miscalibrated wherever they are read as they are (evaluation, generation)", Cause.LOSS_FUNCTION,
+       direct=True,
+       advice=phrase("compute the cross-entropy with the labels on the logits as they are (temperature 1); keep a "
+                     "temperature for the soft, distillation term only"))
+def _loss_tempers_logits(history: Sequence[dict], entry: dict) -> list[Finding]:
+    tempered = _loop(entry).get("tempered") or {}
+    low, high, rows = tempered.get("slope_low"), tempered.get("slope_high"), tempered.get("rows") or 0
+    if rows < TEMPERED_ROWS or not _finite(low) or not _finite(high) or low <= 0:
+        return []
+    if high > low * (1 + TEMPERED_AGREE) or abs((low + high) / 2 - 1) <= TEMPERED_MARGIN:
+        return []
+    slope = (low + high) / 2
+    return [finding(Level.ERROR, None, None, slope, phrase(
+        "at step {step} the loss's gradient at the logits is the cross-entropy's of {slope:.3g} × the logits "
+        "(temperature {temperature:.3g}) on {rows} rows", step=entry["step"], slope=slope, temperature=1 / slope,
+        rows=rows))]
 
 
 @check(Scope.TRAINING, "loss_above_any_cross_entropy",

@@ -180,6 +180,12 @@ PHRASES_ZH = {
     " at its step {t}": "（在它的第 {t} 步）",
     ": {lost:g} of its second moments are 0 where the first is not, rounded away":
         "：有 {lost} 个二次矩为 0 而一次矩不为 0，因精度不足而丢失",
+    "at step {step} the loss's gradient at the logits is the cross-entropy's of {slope:.3g} × the logits "
+    "(temperature {temperature:.3g}) on {rows} rows":
+        "第 {step} 步，损失在 logits 处的梯度是 {slope} × logits 的交叉熵的梯度（T = {temperature}），在 {rows} 行上一致",
+    "compute the cross-entropy with the labels on the logits as they are (temperature 1); keep a temperature for the "
+    "soft, distillation term only":
+        "用原样的 logits（T = 1）计算与目标的交叉熵；T ≠ 1 只用于 distillation 的那一部分",
     "as step {at}'s optimizer step began, the weights were again {state}: {lost} steps of training undone":
         "第 {at} 步的优化器更新开始时，权重又变回了{state}：{lost} 步的训练丢失了",
     "those after step {back}'s update": "第 {back} 步更新之后的权重",

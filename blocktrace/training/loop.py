@@ -33,6 +33,7 @@ from torch.nn import functional as F
 
 from blocktrace.training.between import BetweenSteps
 from blocktrace.training.stepping import StepSample
+from blocktrace.training.tempered import temperature_slopes
 
 IGNORE_INDEX = -100  # F.cross_entropy's and HF's ignore_index: a target that the loss does not count
 PROBE_TOKENS = 64  # the causal probe's sequence: the first row of the batch, at most this long
@@ -225,6 +226,7 @@ class LoopObserver:
         self.backward_factor: Optional[torch.Tensor] = None
         self.eval_mode: Optional[int] = None
         self.float16: Optional[bool] = None  # whether the recording forward computed in float16
+        self.tempered: Optional[dict] = None  # the loss's temperature, read off its gradient at the logits
 
     def close(self) -> None:
         for hook in (self.step_hook, self.after_step_hook):
@@ -253,6 +255,23 @@ class LoopObserver:
             return None
 
         anchor.register_hook(backward_starts)
+
+    def watch_logits(self, logits: Optional[torch.Tensor]) -> None:
+        """The recording forward's logits: when the backward hands them their gradient, the temperature the loss
+        read them at (training/tempered.py)."""
+        if logits is None or not logits.requires_grad or not logits.is_floating_point():
+            return
+        held = logits.detach()
+
+        def reached(grad):
+            if self.tempered is None:
+                try:  # inside the user's backward: never raise into it
+                    self.tempered = temperature_slopes(held, grad)
+                except Exception:
+                    self.tempered = None
+            return None
+
+        logits.register_hook(reached)
 
     def later_forward(self, anchor: Optional[torch.Tensor]) -> None:
         """A later training forward of the recording step (another micro-batch): when its backward starts, the
@@ -397,6 +416,7 @@ class LoopObserver:
                 "update_moves": stepped.get("update_moves"), "moments_lost": stepped.get("moments_lost"),
                 "update_step": stepped.get("update_step"),
                 "between_steps": self.between.evidence() if self.between is not None else None,
+                "tempered": self.tempered if self.trained else None,
                 "dropout": largest_dropout(self.model),
                 "loss_scale": self.loss_scale(), "backward_factor": self.backward_factor,
                 "float16_forward": self.float16 if self.trained else None,

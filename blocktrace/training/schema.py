@@ -143,6 +143,10 @@ def _loop(value: Any, field: str) -> dict:
     loop["optimizer"] = _optimizer(loop.get("optimizer"), f"{field}.optimizer")
     loop["descent"] = _descent(loop.get("descent"), f"{field}.descent")
     loop["between_steps"] = _between_steps(loop.get("between_steps"), f"{field}.between_steps")
+    tempered = _mapped(loop.get("tempered"), f"{field}.tempered", number, optional=True)
+    if tempered is not None:
+        tempered["rows"] = _index(tempered.get("rows"), f"{field}.tempered.rows")
+    loop["tempered"] = tempered
     return loop
 
 

@@ -39,6 +39,7 @@ from blocktrace.training.judging import FIRST_ERROR_WARNING, Rollback, judge_rec
 from blocktrace.training.loop import Descent, LoopObserver, RandomState, grad_norm, logits_of, loss_checks, loss_of
 from blocktrace.training.order import DataOrder
 from blocktrace.training.probing import ProbeResult, causal_probe, probe_before_forward
+from blocktrace.training.tempered import settled as tempered_rows
 from blocktrace.training.tensorboard import open_tensorboard, write_scalars
 from blocktrace.training.timeline import TimelineWriter, layer_entry, record
 
@@ -172,6 +173,7 @@ class Watch:
         self.batch.see(args, kwargs, output)
         self.synchronised = synchronised(self.model)  # DDP inside no_sync: this backward averages nothing
         self.loop.forward(_anchor(output))
+        self.loop.watch_logits(logits_of(output))
 
     def step(self, loss: Optional[torch.Tensor] = None, lr: Optional[float] = None) -> Optional[dict]:
         """Call after loss.backward() and before optimizer.step(); returns the record written, if any. Whatever
@@ -253,6 +255,7 @@ class Watch:
         """Everything measured on the device, read on the host in one copy (tracing.assembly.finish), then judged."""
         present, moved, traces, host = self._measure(loss)
         host["loop"]["between_steps"] = settled(host["loop"].get("between_steps"))
+        host["loop"]["tempered"] = tempered_rows(host["loop"].get("tempered"))
         weights = [m.result(values) for m, values in zip(moved, host["moved"])] or [None] * len(self.blocks)
         for t in traces:
             t.notes += self.reducer.note()

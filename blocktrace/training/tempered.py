@@ -1,0 +1,58 @@
+"""What the loss's gradient at the model's logits says of the loss: the temperature it applied to them.
+
+The cross-entropy of hard labels on logits z read at a temperature T, L = mean over N rows of −log softmax(c·z)_t
+with c = 1/T, has the gradient ∂L/∂z_j = (c/N)·softmax(c·z)_j for every class j but the target t. So over the
+non-target classes log(∂L/∂z_j) = c·z_j + a constant of the row: a straight line in z_j whose slope is c, exactly
+1 for the cross-entropy of the logits as they are. The slope is read off the gradient the backward hands the logits
+(a hook on them at the recording step), on a few rows, with no target known: the target is the row's one negative
+entry. Only a row that fits the line is taken: each non-target entry positive (a smoothed label's gradient
+p_j − ε/V turns negative where p_j < ε/V), a straight line within LINE_TOLERANCE over at least SPREAD nats of logits
+(log(p_j − ε/V) curves: over a narrow spread, near the uniform start, the two cannot be told apart, and the row is
+left out). A loss that is no such cross-entropy (a distillation term, a binary loss, a mixture) fits no line and is
+left out: this says what temperature a tempered cross-entropy used, and nothing of other losses.
+
+Everything stays on the device until the record's one copy.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+ROWS = 16  # rows (positions) sampled, evenly, from the logits
+SPREAD = 3.0  # nats of logits the fitted entries must span for a straight line to say anything
+LINE_TOLERANCE = 0.01  # largest distance of log ∂L/∂z_j from the fitted line, in nats (float32 rounds to ~1e-6)
+RELATIVE_FLOOR = 1e-6  # entries below this share of the row's largest are left out of the fit (their rounding)
+
+
+@torch.no_grad()
+def temperature_slopes(logits: torch.Tensor, grad: torch.Tensor) -> Optional[dict]:
+    """Per sampled row, the slope c of log ∂L/∂z_j over z_j and whether the row fits a tempered cross-entropy;
+    device tensors, None where the logits have no class axis to read."""
+    if logits.shape != grad.shape or logits.dim() < 2 or logits.shape[-1] < 3:
+        return None
+    z, g = logits.reshape(-1, logits.shape[-1]), grad.reshape(-1, grad.shape[-1])
+    index = torch.linspace(0, z.shape[0] - 1, min(ROWS, z.shape[0]), device=z.device).long()
+    z, g = z[index].double(), g[index].double()
+    fitted = g > RELATIVE_FLOOR * g.amax(dim=-1, keepdim=True)
+    count = fitted.sum(dim=-1).clamp_min(1)
+    x = torch.where(fitted, z, 0.0)
+    y = torch.where(fitted, g.clamp_min(torch.finfo(torch.float64).tiny).log(), 0.0)
+    mean_x, mean_y = x.sum(-1, keepdim=True) / count[:, None], y.sum(-1, keepdim=True) / count[:, None]
+    dx, dy = torch.where(fitted, x - mean_x, 0.0), torch.where(fitted, y - mean_y, 0.0)
+    slope = (dx * dy).sum(-1) / (dx * dx).sum(-1).clamp_min(1e-300)
+    off_line = torch.where(fitted, (dy - slope[:, None] * dx).abs(), 0.0).amax(-1)
+    spread = torch.where(fitted, z, -torch.inf).amax(-1) - torch.where(fitted, z, torch.inf).amin(-1)
+    one_negative = (g < 0).sum(-1) == 1  # the target's entry, and no other (a smoothed label makes more)
+    fits = one_negative & (off_line <= LINE_TOLERANCE) & (spread >= SPREAD) & (count >= 3)
+    return {"slopes": slope, "fits": fits}
+
+
+def settled(found: Optional[dict]) -> Optional[dict]:
+    """On the host: the slopes of the rows that fit, their count, smallest and largest (None: no row was read)."""
+    if not found:
+        return None
+    slopes = [slope for slope, fits in zip(found["slopes"], found["fits"]) if fits]
+    return {"rows": len(slopes), "slope_low": min(slopes) if slopes else None,
+            "slope_high": max(slopes) if slopes else None}
