@@ -20,6 +20,8 @@ WEIGHT_NAMES = ("attn_q", "attn_k", "attn_v", "attn_o", "ffn_w1", "ffn_w2")
 # (docs/reference.md: Documents and their versions).
 SCHEMA_VERSION = 2
 
+IGNORE_INDEX = -100  # F.cross_entropy's and HF's ignore_index: a target that the loss does not count
+
 
 class Choice(str, Enum):
     """An enum whose values are what users type and what JSON carries."""

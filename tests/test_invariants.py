@@ -405,7 +405,8 @@ def test_a_mask_passed_second_is_not_taken_for_the_targets(tmp_path):
             optimizer.zero_grad()
     records = read_timeline(tmp_path / "run.jsonl")
     assert "targets_misaligned" not in errors(records)
-    assert records[0]["data"].get("target_match") is None  # no targets seen: none judged
+    # the targets are the loop's, read off the loss's gradient at the logits (the window advanced by one), not the mask
+    assert records[0]["data"]["target_match"]["next"] == 1.0 and records[0]["data"]["hard_rows"] == 1.0
 
     delayed = train(HandLM(), tmp_path / "delayed.jsonl", targets=lambda ids, shifted: ids.roll(1, 1))
     assert "targets_misaligned" in errors(delayed)  # targets passed second, as named, are still judged
@@ -1067,3 +1068,70 @@ def test_a_hard_label_loss_on_tempered_logits_is_the_loss_function(tmp_path, nam
     assert [f["level"] for f in flags] == ["error"]
     assert tempered["rows"] >= 4 and abs(tempered["slope_low"] - slope) < 1e-4 > abs(tempered["slope_high"] - slope)
     assert records[0]["diagnosis"][0]["cause"] == "loss_function"
+
+
+# --- the targets a loss outside the model used, read off its gradient at the logits --------------------------------
+
+def _outside_loop(path, targets_of, loss_of=None, model=None) -> list[dict]:
+    """HandLM called on ids alone; the loop builds the targets from the same 13-token window (`targets_of(window)`
+    → (logits' positions kept, targets)) and computes the loss itself, as nanoGPT-style loops do."""
+    torch.manual_seed(0)
+    model = model or HandLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss_of = loss_of or (lambda z, y: F.cross_entropy(z.reshape(-1, VOCAB), y.reshape(-1)))
+    with Watch(model, path, every=1, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(2):
+            ids, shifted = nano_batch(step)
+            window = torch.cat([ids, shifted[:, -1:]], dim=1)
+            logits, _ = model(ids)
+            kept, targets = targets_of(window)
+            loss = loss_of(logits[:, kept], targets)
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return read_timeline(path)
+
+
+NEXT = lambda w: (slice(0, 12), w[:, 1:])  # noqa: E731 (the right targets: the window advanced by one)
+SAME = lambda w: (slice(0, 12), w[:, :12])  # noqa: E731 (not advanced: each position learns its own token)
+TWO_AHEAD = lambda w: (slice(0, 11), w[:, 2:])  # noqa: E731 (advanced twice)
+LAST_DROPPED = lambda w: (slice(0, 11), w[:, 1:12])  # noqa: E731 (right, the last position left out)
+
+
+@pytest.mark.parametrize("name, targets_of, relation, flagged", [
+    ("next", NEXT, "next", False), ("last dropped", LAST_DROPPED, "next", False),
+    ("same", SAME, "same", True), ("two ahead", TWO_AHEAD, None, True),
+])
+def test_targets_built_in_the_loop_are_read_off_the_gradient_at_the_logits(tmp_path, name, targets_of, relation,
+                                                                          flagged):
+    """A hard-label loss's gradient at a row of logits is negative at the row's target only: where the model is
+    given no targets, the ones the loop used are read there, at the logits' positions (no shift inside)."""
+    records = _outside_loop(tmp_path / "run.jsonl", targets_of)
+    data = records[0]["data"]
+    assert data["hard_rows"] == 1.0 and data["shifts_inside"] is False
+    if relation is not None:
+        assert data["target_match"][relation] == 1.0
+    assert ("targets_misaligned" in errors(records[:1])) == flagged, name
+    if flagged:
+        assert records[0]["diagnosis"][0]["cause"] == "data"
+
+
+def test_a_smoothed_label_names_its_target_and_passes_where_the_targets_are_right(tmp_path):
+    """A smoothed label's gradient is most negative at the target (p_t − 1 + ε − ε/V against p_j − ε/V): its
+    targets read where the row has one negative entry (near the uniform start), and right targets pass."""
+    smoothed = lambda z, y: F.cross_entropy(z.reshape(-1, VOCAB), y.reshape(-1), label_smoothing=0.1)  # noqa: E731
+    records = _outside_loop(tmp_path / "run.jsonl", NEXT, smoothed)
+    assert records[0]["data"]["target_match"]["next"] == 1.0
+    assert not errors(records) & {"targets_misaligned", "targets_not_counted", "padding_counted"}
+
+
+def test_a_distillation_whose_gradient_names_no_single_target_is_not_judged_on_targets(tmp_path):
+    """A distillation's gradient (p − q)/N is negative wherever the teacher puts more mass than the student: its
+    rows name no one target, the share says so, and no target check reads them — even where the loop's targets
+    would be misaligned."""
+    distilled = lambda z, y: F.kl_div(F.log_softmax(z, -1), F.softmax(torch.randn_like(z) * 3, -1),  # noqa: E731
+                                      reduction="batchmean")
+    records = _outside_loop(tmp_path / "run.jsonl", SAME, distilled)
+    assert records[0]["data"]["hard_rows"] < 0.9
+    assert not errors(records) & {"targets_misaligned", "targets_not_counted", "padding_counted"}

@@ -30,7 +30,8 @@ SUM_TOLERANCE = 0.1  # a loss within 10% of N × the mean cross-entropy is a sum
 WORST_TOLERANCE = 1e-3  # relative: the float32 rounding of a logsumexp over a vocabulary is ~1e-6
 REPEATED_PAST_USE = 16  # times each sequence is trained on past which repeating data adds nothing (Muennighoff 2023)
 LEAK_TOLERANCE = 1e-3  # relative change of an earlier position's logits: float32 rounding of the same rows is ~1e-7
-TEMPERED_ROWS = 4  # sampled rows that must fit a tempered cross-entropy (training/tempered.py samples 16)
+HARD_ROWS = 0.9  # share of the rows with a gradient that name one target: the loss is a hard-label one
+TEMPERED_ROWS = 4  # sampled rows that must fit a tempered cross-entropy (training/logit_gradient.py samples 16)
 TEMPERED_AGREE = 0.01  # relative spread of their slopes: one constant c
 TEMPERED_MARGIN = 0.05  # |c − 1| beyond which c is a temperature (float32 fits c within 1e-6; bfloat16 ~1e-2)
 FROZEN_BY_ROUNDING = 0.5  # share of a 16-bit tensor kind's elements unchanged over a whole interval of steps
@@ -40,8 +41,18 @@ def _loop(entry: dict) -> dict:
     return entry.get("loop") or {}
 
 
+# What a record says of the batch's targets: read off the loss's gradient where the forward was given none
+TARGET_FACTS = ("target_match", "counted", "targets_counted", "padding_counted", "padded_rows", "padding_id")
+
+
 def _data(entry: dict) -> dict:
-    return entry.get("data") or {}
+    """The record's batch facts; the targets' only where they are the loop's: given to the forward, or read off the
+    gradient of a hard-label loss (`hard_rows` ≥ HARD_ROWS: training/logit_gradient.py)."""
+    data = entry.get("data") or {}
+    hard = data.get("hard_rows")
+    if hard is not None and not (_finite(hard) and hard >= HARD_ROWS):
+        return {key: value for key, value in data.items() if key not in TARGET_FACTS}
+    return data
 
 
 def _finite(value) -> bool:
@@ -357,7 +368,7 @@ CROSS_ENTROPY_RANGE_SOURCE = (
 @check(Scope.TRAINING, "loss_tempers_logits",
        f"the gradient the backward hands the model's logits is, on at least {TEMPERED_ROWS} sampled rows, that of a "
        f"hard-label cross-entropy of c × the logits, with c the same on every row (within {TEMPERED_AGREE:.0%}) and "
-       f"|c − 1| > {TEMPERED_MARGIN:g} (training/tempered.py; a Watch)",
+       f"|c − 1| > {TEMPERED_MARGIN:g} (training/logit_gradient.py; a Watch)",
        "calculus: the cross-entropy of softmax(c·z) at target t has ∂L/∂z_j = (c/N)·softmax(c·z)_j for j ≠ t, so log "
        "∂L/∂z_j is a straight line in z_j of slope c — 1 for the logits as they are; Hinton, Vinyals & Dean 2015 "
        "§2: the hard-label term is computed 'using exactly the same logits … but at a temperature of 1'. A "
@@ -464,19 +475,24 @@ def _targets_misaligned(history: Sequence[dict], entry: dict) -> list[Finding]:
     if not isinstance(match, dict):
         return []
     detail = misalignment(match, data.get("shifts_inside") is True,
-                          bool(data.get("language_model")) and _finite(data.get("counted")) and data["counted"] >= CHANCE)
+                          bool(data.get("language_model")) and _finite(data.get("counted")) and data["counted"] >= CHANCE,
+                          at_logits=data.get("hard_rows") is not None)
     if detail is None:
         return []
     return [finding(Level.ERROR, None, None, max(match.values()), detail)]
 
 
-def misalignment(match: dict, inside: bool, judged_at_no_shift: bool = True) -> Optional[str]:
+def misalignment(match: dict, inside: bool, judged_at_no_shift: bool = True, at_logits: bool = False) -> Optional[str]:
     """What is wrong with targets that match the inputs by these shares at each shift (None: nothing): `inside`,
     the model shifts its labels itself; `judged_at_no_shift`, unrelated targets are judged (a language model whose
-    targets are mostly counted: a masked-LM's are not)."""
+    targets are mostly counted: a masked-LM's are not); `at_logits`, the targets are the loss's at the logits' own
+    positions (read off its gradient), where one equal to its input is the token that position sees."""
     relation = _relation(match)
     if relation == "previous":
         return phrase("the targets are the inputs delayed by one: each position is trained on a token it already sees")
+    if relation == "same" and at_logits:
+        return phrase("the loss's target at each position is that position's own input token, which the model "
+                      "sees: it learns to copy")
     if relation == "next" and inside:
         return phrase("the labels are already the inputs advanced by one, and the model shifts them again: position "
                       "t is trained on token t + 2")

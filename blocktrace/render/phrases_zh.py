@@ -186,6 +186,9 @@ PHRASES_ZH = {
     "compute the cross-entropy with the labels on the logits as they are (temperature 1); keep a temperature for the "
     "soft, distillation term only":
         "用原样的 logits（T = 1）计算与目标的交叉熵；T ≠ 1 只用于 distillation 的那一部分",
+    "the loss's target at each position is that position's own input token, which the model sees: it learns to "
+    "copy":
+        "损失在每个位置上的目标就是该位置自己的输入 token，而模型看得到它：它学会的是复制",
     "as step {at}'s optimizer step began, the weights were again {state}: {lost} steps of training undone":
         "第 {at} 步的优化器更新开始时，权重又变回了{state}：{lost} 步的训练丢失了",
     "those after step {back}'s update": "第 {back} 步更新之后的权重",

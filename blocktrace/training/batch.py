@@ -69,22 +69,29 @@ class Batch:
         if logits is not None and logits.is_floating_point():
             self.logits, self.vocab, self.logits_node = logits.detach(), int(logits.shape[-1]), logits.grad_fn
 
-    def report(self, trained: bool = True) -> Optional[dict]:
+    def report(self, trained: bool = True, from_gradient: Optional[tuple] = None) -> Optional[dict]:
         """What the batch seen says, as device values (None when no ids were seen): whether it repeats the last
         trained batch, whether its targets equal its inputs, how they match them at each shift, the share of
         targets counted; then forget it. A batch whose output no backward reached (a forward with gradients that
-        was not trained on) is not remembered as the last trained batch."""
+        was not trained on) is not remembered as the last trained batch. Where the forward was given no targets,
+        `from_gradient` (training/logit_gradient.gradient_targets) gives the ones the loss used at the logits'
+        positions, with the share of rows that name one (`hard_rows`: the checks judge them only where it is
+        whole)."""
         if self.ids is None:
             return None
+        targets, shifts_inside = self.targets, self.shifts_labels
         found = {"repeated": same_ids(self.previous, self.ids) if trained else None,
                  "labels_are_inputs": not self.shifts_labels and same_ids(self.targets, self.ids),
-                 "shifts_inside": self.shifts_labels,
                  "language_model": self.ids.max() < self.vocab if self.vocab is not None and self.ids.numel() else None}
-        if self.targets is not None:
-            found.update(target_match(self.ids, self.targets))
+        if targets is None and from_gradient is not None and from_gradient[0].shape == self.ids.shape:
+            targets, shifts_inside = from_gradient[0], False  # at the logits' own positions: no shift inside
+            found["hard_rows"] = from_gradient[1]
+        found["shifts_inside"] = shifts_inside
+        if targets is not None:
+            found.update(target_match(self.ids, targets))
             if self.kept is not None:
-                found["padding_counted"] = padding_counted(self.targets, self.kept, self.shifts_labels)
-            found.update(trailing_padding(self.ids, self.targets, self.shifts_labels), rows=int(self.ids.shape[0]))
+                found["padding_counted"] = padding_counted(targets, self.kept, shifts_inside)
+            found.update(trailing_padding(self.ids, targets, shifts_inside), rows=int(self.ids.shape[0]))
         found.update(self.inputs)
         if trained:  # a copy: a loop that refills one buffer in place would otherwise compare the batch with itself
             self.previous = self.ids.clone()

@@ -32,10 +32,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from blocktrace.training.between import BetweenSteps
+from blocktrace.training.logit_gradient import gradient_targets, temperature_slopes
 from blocktrace.training.stepping import StepSample
-from blocktrace.training.tempered import temperature_slopes
+from blocktrace.vocab import IGNORE_INDEX
 
-IGNORE_INDEX = -100  # F.cross_entropy's and HF's ignore_index: a target that the loss does not count
 PROBE_TOKENS = 64  # the causal probe's sequence: the first row of the batch, at most this long
 CHUNK_ELEMENTS = 1 << 24  # logits cross-entropy is recomputed in chunks of about this many elements (64 MB)
 PROBABILITY_TOLERANCE = 1e-3  # |Σ row − 1| of outputs that are probabilities (float32 sums of a softmax: ~1e-6)
@@ -227,6 +227,7 @@ class LoopObserver:
         self.eval_mode: Optional[int] = None
         self.float16: Optional[bool] = None  # whether the recording forward computed in float16
         self.tempered: Optional[dict] = None  # the loss's temperature, read off its gradient at the logits
+        self.gradient_targets: Optional[tuple] = None  # the targets it used there, and the share of rows naming one
 
     def close(self) -> None:
         for hook in (self.step_hook, self.after_step_hook):
@@ -258,7 +259,7 @@ class LoopObserver:
 
     def watch_logits(self, logits: Optional[torch.Tensor]) -> None:
         """The recording forward's logits: when the backward hands them their gradient, the temperature the loss
-        read them at (training/tempered.py)."""
+        read them at and the targets it used (training/logit_gradient.py)."""
         if logits is None or not logits.requires_grad or not logits.is_floating_point():
             return
         held = logits.detach()
@@ -267,8 +268,9 @@ class LoopObserver:
             if self.tempered is None:
                 try:  # inside the user's backward: never raise into it
                     self.tempered = temperature_slopes(held, grad)
+                    self.gradient_targets = gradient_targets(grad)
                 except Exception:
-                    self.tempered = None
+                    self.tempered = self.gradient_targets = None
             return None
 
         logits.register_hook(reached)

@@ -106,6 +106,7 @@ def _data(value: Any, field: str) -> dict:
     for key in ("repeated", "labels_are_inputs", "shifts_inside", "language_model"):
         data[key] = _boolean(data.get(key), f"{field}.{key}")
     data["counted"] = number(data.get("counted"), f"{field}.counted")
+    data["hard_rows"] = number(data.get("hard_rows"), f"{field}.hard_rows")
     for key in ("padded_rows", "rows"):
         data[key] = _index(data.get(key), f"{field}.{key}", optional=True)
     data["padding_id"] = number(data.get("padding_id"), f"{field}.padding_id")

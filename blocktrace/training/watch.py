@@ -39,7 +39,7 @@ from blocktrace.training.judging import FIRST_ERROR_WARNING, Rollback, judge_rec
 from blocktrace.training.loop import Descent, LoopObserver, RandomState, grad_norm, logits_of, loss_checks, loss_of
 from blocktrace.training.order import DataOrder
 from blocktrace.training.probing import ProbeResult, causal_probe, probe_before_forward
-from blocktrace.training.tempered import settled as tempered_rows
+from blocktrace.training.logit_gradient import settled as tempered_rows
 from blocktrace.training.tensorboard import open_tensorboard, write_scalars
 from blocktrace.training.timeline import TimelineWriter, layer_entry, record
 
@@ -300,7 +300,7 @@ class Watch:
                     "loop": self.loop.evidence(self._loss_checks(loss) if self.checks else {}, self.forwards or None),
                     "probe": causal_probe(self.model, self.batch, self.reducer, device_of(self.blocks[0]),
                                           self.sharded_probe) if self.checks else None,
-                    "data": self.batch.report(self.loop.trained),
+                    "data": self.batch.report(self.loop.trained, self.loop.gradient_targets),
                     "order": self.order.take(),
                     "weights": [weight_moments(block) for block in self.blocks] if self.checks else None}
         measured["replicas"] = replicas

@@ -1,5 +1,7 @@
-"""What the loss's gradient at the model's logits says of the loss: the temperature it applied to them.
+"""What the loss's gradient at the model's logits says of the loss: the temperature it read them at, and the
+targets it used.
 
+**The temperature.**
 The cross-entropy of hard labels on logits z read at a temperature T, L = mean over N rows of −log softmax(c·z)_t
 with c = 1/T, has the gradient ∂L/∂z_j = (c/N)·softmax(c·z)_j for every class j but the target t. So over the
 non-target classes log(∂L/∂z_j) = c·z_j + a constant of the row: a straight line in z_j whose slope is c, exactly
@@ -11,6 +13,13 @@ p_j − ε/V turns negative where p_j < ε/V), a straight line within LINE_TOLER
 left out). A loss that is no such cross-entropy (a distillation term, a binary loss, a mixture) fits no line and is
 left out: this says what temperature a tempered cross-entropy used, and nothing of other losses.
 
+**The targets.** A hard-label loss — a cross-entropy at any temperature, summed or averaged, with a z-loss, a
+binary cross-entropy against one-hot targets — pushes down only the target's logit, up every other: each row's
+gradient has one negative entry, at its target. Where a loop computes its loss outside the model, the targets it
+used are read there; a row with no negative entry (ignored, padding) or several (a smoothed label, a distillation
+against a teacher, a squared error) names none, and the share of rows that name one says whether the loss is of
+that kind at all (`hard_rows`).
+
 Everything stays on the device until the record's one copy.
 """
 
@@ -19,6 +28,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+
+from blocktrace.vocab import IGNORE_INDEX
 
 ROWS = 16  # rows (positions) sampled, evenly, from the logits
 SPREAD = 3.0  # nats of logits the fitted entries must span for a straight line to say anything
@@ -56,3 +67,14 @@ def settled(found: Optional[dict]) -> Optional[dict]:
     slopes = [slope for slope, fits in zip(found["slopes"], found["fits"]) if fits]
     return {"rows": len(slopes), "slope_low": min(slopes) if slopes else None,
             "slope_high": max(slopes) if slopes else None}
+
+
+@torch.no_grad()
+def gradient_targets(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's target as the loss used it (its one negative entry; IGNORE_INDEX where it has none or several),
+    shaped as the logits without their class axis, and the share of rows with any gradient that name one."""
+    negative = (grad < 0).sum(-1)
+    named = negative == 1
+    targets = torch.where(named, grad.argmin(-1), torch.full_like(negative, IGNORE_INDEX))
+    touched = (grad != 0).any(-1)
+    return targets, named.sum().double() / touched.sum().clamp_min(1).double()
