@@ -1135,3 +1135,16 @@ def test_a_distillation_whose_gradient_names_no_single_target_is_not_judged_on_t
     records = _outside_loop(tmp_path / "run.jsonl", SAME, distilled)
     assert records[0]["data"]["hard_rows"] < 0.9
     assert not errors(records) & {"targets_misaligned", "targets_not_counted", "padding_counted"}
+
+
+def test_an_encoder_decoders_logits_are_not_set_beside_its_encoder_ids():
+    """The logits of a forward given decoder inputs are the decoder's positions: targets read at them say nothing
+    of the encoder's ids, even when the two lengths agree."""
+    from blocktrace.training.batch import Batch
+
+    ids = torch.arange(12).reshape(2, 6)
+    read_off = (ids.roll(1, 1), torch.tensor(1.0, dtype=torch.float64))
+    for kwargs, judged in (({}, True), ({"decoder_input_ids": ids}, False)):
+        batch = Batch(shifts_labels=False)
+        batch.see((ids,), kwargs, torch.zeros(2, 6, 13))
+        assert ("target_match" in batch.report(True, read_off)) == judged

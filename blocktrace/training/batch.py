@@ -49,6 +49,7 @@ class Batch:
         self.inputs: dict = {}  # the forward's position ids and attention mask, as device facts (loop.input_evidence)
         self.kept: Optional[torch.Tensor] = None  # the positions its attention mask keeps, if it has one
         self.vocab: Optional[int] = None
+        self.decoded = False  # the forward was given decoder inputs (an encoder-decoder)
 
     def see(self, args, kwargs, output) -> None:
         if self.ids is not None:
@@ -58,6 +59,8 @@ class Batch:
             return  # ids the model takes some other way (a list it converts itself): no batch seen beside them
         self.ids = ids.detach()
         self.call = ForwardCall(tuple(args), dict(kwargs), ids)  # the probe calls the model as training did
+        # an encoder-decoder's logits are the decoder's positions, not the ids': no target is set beside the ids
+        self.decoded = any(name.startswith("decoder_") for name in kwargs)
         self.kept = kept_positions(self.ids, kwargs)
         self.inputs = input_evidence(self.ids, kwargs, self.kept)
         labels = next((kwargs[name] for name in TARGET_NAMES if isinstance(kwargs.get(name), torch.Tensor)), None)
@@ -83,7 +86,8 @@ class Batch:
         found = {"repeated": same_ids(self.previous, self.ids) if trained else None,
                  "labels_are_inputs": not self.shifts_labels and same_ids(self.targets, self.ids),
                  "language_model": self.ids.max() < self.vocab if self.vocab is not None and self.ids.numel() else None}
-        if targets is None and from_gradient is not None and from_gradient[0].shape == self.ids.shape:
+        if targets is None and from_gradient is not None and from_gradient[0].shape == self.ids.shape \
+                and not self.decoded:
             targets, shifts_inside = from_gradient[0], False  # at the logits' own positions: no shift inside
             found["hard_rows"] = from_gradient[1]
         found["shifts_inside"] = shifts_inside
