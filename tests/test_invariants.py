@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Optional
 
 import pytest
 import torch
@@ -530,10 +531,13 @@ def test_the_cross_entropy_range_of_a_batch_is_its_smallest_and_largest_minus_lo
         [float(v) for v in _cross_entropy_range(logits.bfloat16().float())], rel=1e-6)
 
 
-def _loop_with_loss(path, loss_of) -> list[dict]:
-    """HandLM under AdamW, the loss computed in the loop by `loss_of(logits, targets)`."""
+def _loop_with_loss(path, loss_of, embedding_std: Optional[float] = None) -> list[dict]:
+    """HandLM under AdamW, the loss computed in the loop by `loss_of(logits, targets)`; its (tied) embeddings drawn
+    again with `embedding_std` where given."""
     torch.manual_seed(0)
     model = HandLM()
+    if embedding_std is not None:
+        nn.init.normal_(model.wte.weight, std=embedding_std)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with Watch(model, path, every=1, optimizer=optimizer, overwrite=True) as watch:
         for step in range(2):
@@ -1021,22 +1025,9 @@ def test_an_average_swapped_back_and_a_decay_written_by_hand_pass(tmp_path, betw
 # --- the temperature the loss reads the logits at, from its gradient -------------------------------------------
 
 def _tempered_run(path, loss_of) -> list[dict]:
-    """HandLM with embeddings (so tied logits) of std 0.5: its logits span several nats from step 0, as a trained
-    model's do, so that a straight line of log ∂L/∂z_j can be told from a curve."""
-    torch.manual_seed(0)
-    model = HandLM()
-    nn.init.normal_(model.wte.weight, std=0.5)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with Watch(model, path, every=1, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(2):
-            ids, targets = nano_batch(step)
-            logits, _ = model(ids)
-            loss = loss_of(logits, targets)
-            loss.backward()
-            watch.step(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-    return read_timeline(path)
+    """Embeddings (so tied logits) of std 0.5: the logits span several nats from step 0, as a trained model's do,
+    so that a straight line of log ∂L/∂z_j can be told from a curve."""
+    return _loop_with_loss(path, loss_of, embedding_std=0.5)
 
 
 def _cross_entropy(scale: float = 1.0, **options):
