@@ -471,3 +471,38 @@ class _HFLoss(torch.nn.Module):
         out = self.model(input_ids=ids)
         loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), targets.reshape(-1))
         return out.logits, loss
+
+
+def _hf_loop(path, model) -> list[dict]:
+    """An HF language model trained on its own loss (labels = ids) for 6 steps under AdamW."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(6):
+            ids, _ = nano_batch(step, vocab=model.config.vocab_size)
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return read_timeline(path)
+
+
+@pytest.mark.parametrize("untie, tied", [(False, True), (True, False)])
+def test_a_head_its_config_ties_to_the_embedding_held_as_another_tensor_is_caught(tmp_path, untie, tied):
+    """GPT-2's config ties the head to the token embedding (tie_word_embeddings, true by default) and HF makes them
+    one tensor; a head re-created as a copy (as a device move or a wrapper copying parameters one by one can leave
+    it) is a model other than the config's."""
+    model = make_gpt2(head=True)
+    if untie:
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    records = _hf_loop(tmp_path / "run.jsonl", model)
+    assert records[0]["loop"]["embeddings"] == {"tied": tied}
+    found = [f for f in records[0]["flags"] if f["name"] == "embeddings_untied"]
+    assert [f["level"] for f in found] == ([] if tied else ["error"])
+
+
+def test_a_model_whose_config_does_not_tie_or_that_has_no_config_is_not_judged(tmp_path):
+    model = make_gpt2(head=True, tie_word_embeddings=False)
+    assert _hf_loop(tmp_path / "hf.jsonl", model)[0]["loop"]["embeddings"] is None
+    assert _train(tmp_path / "nano.jsonl")[0]["loop"]["embeddings"] is None

@@ -177,6 +177,26 @@ def _dropout_too_high(history: Sequence[dict], entry: dict) -> list[Finding]:
                            dropout=dropout['p']))]
 
 
+@check(Scope.TRAINING, "embeddings_untied",
+       "the model's config ties its output embedding to its input embedding (tie_word_embeddings true), and the "
+       "two are different tensors (a Watch, on an HF model)",
+       "definition: HF's PreTrainedModel makes a tied head the very tensor of the input embedding (tie_weights), so "
+       "one matrix both reads and writes the vocabulary; two tensors are a model other than the config's",
+       "the tie was lost after the model was built: a head replaced or re-created, the model moved or wrapped by a "
+       "tool that copies parameters one by one (a device move that unties, a sharding that duplicates), a "
+       "checkpoint loaded into a fresh head; the head then trains apart from the embedding, with twice the "
+       "parameters", Cause.ARCHITECTURE, direct=True,
+       advice=phrase("call model.tie_weights() after moving, wrapping or loading the model, before the optimizer is "
+                     "built (so that it holds the one tensor)"))
+def _embeddings_untied(history: Sequence[dict], entry: dict) -> list[Finding]:
+    embeddings = (entry.get("loop") or {}).get("embeddings")
+    if not isinstance(embeddings, dict) or embeddings.get("tied") is not False:
+        return []
+    return [finding(Level.ERROR, None, None, 1.0, phrase(
+        "{model}'s config ties its output embedding to its input embedding, and they are two tensors",
+        model=entry.get("model") or phrase("the model")))]
+
+
 # the optimizers whose every move per unit of learning rate is bounded by their definition, by class-name ending
 # (torch's Adam and AdamW and the hand-written or wrapped ones named so; Lion's sign): NAdam, RAdam, Adamax,
 # schedule-free, 8-bit, GaLore's projected and Adam-mini's block-shared updates follow other arithmetic

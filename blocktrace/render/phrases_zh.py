@@ -189,6 +189,12 @@ PHRASES_ZH = {
     "the loss's target at each position is that position's own input token, which the model sees: it learns to "
     "copy":
         "损失在每个位置上的目标就是该位置自己的输入 token，而模型看得到它：它学会的是复制",
+    "the model": "模型",
+    "{model}'s config ties its output embedding to its input embedding, and they are two tensors":
+        "{model} 的配置把输出嵌入与输入嵌入绑定为同一个矩阵，而它们却是两个 tensor",
+    "call model.tie_weights() after moving, wrapping or loading the model, before the optimizer is built (so that it "
+    "holds the one tensor)":
+        "在移动、包装或加载模型之后、创建优化器之前调用 model.tie_weights()（让优化器持有的是同一个 tensor）",
     "as step {at}'s optimizer step began, the weights were again {state}: {lost} steps of training undone":
         "第 {at} 步的优化器更新开始时，权重又变回了{state}：{lost} 步的训练丢失了",
     "those after step {back}'s update": "第 {back} 步更新之后的权重",

@@ -95,6 +95,23 @@ def largest_dropout(model: nn.Module) -> Optional[dict]:
     return {"p": rate, "module": name or "the model"}
 
 
+def embeddings_untied(model: nn.Module) -> Optional[dict]:
+    """An HF model whose config ties the output embedding to the input one (`tie_word_embeddings`): whether they are
+    one tensor, as HF makes them; None for a model that says nothing of it (a hand-written one) or has no head."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "tie_word_embeddings", None) is not True:
+        return None
+    try:
+        head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    weights = [getattr(module, "weight", None) for module in (head, embedding)]
+    if not all(isinstance(weight, torch.Tensor) for weight in weights):
+        return None
+    return {"tied": weights[0] is weights[1] or weights[0].data_ptr() == weights[1].data_ptr()}
+
+
 def _torch_optimizer(optimizer):
     """The torch optimizer inside wrappers that hold one as `.optimizer` (accelerate's is an Optimizer without
     hooks of its own; Lightning's)."""
@@ -419,7 +436,7 @@ class LoopObserver:
                 "update_step": stepped.get("update_step"),
                 "between_steps": self.between.evidence() if self.between is not None else None,
                 "tempered": self.tempered if self.trained else None,
-                "dropout": largest_dropout(self.model),
+                "dropout": largest_dropout(self.model), "embeddings": embeddings_untied(self.model),
                 "loss_scale": self.loss_scale(), "backward_factor": self.backward_factor,
                 "float16_forward": self.float16 if self.trained else None,
                 **loss_checks}

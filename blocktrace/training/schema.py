@@ -148,6 +148,10 @@ def _loop(value: Any, field: str) -> dict:
     if tempered is not None:
         tempered["rows"] = _index(tempered.get("rows"), f"{field}.tempered.rows")
     loop["tempered"] = tempered
+    embeddings = _mapped(loop.get("embeddings"), f"{field}.embeddings", lambda item, name: item, optional=True)
+    if embeddings is not None:
+        embeddings["tied"] = _boolean(embeddings.get("tied"), f"{field}.embeddings.tied")
+    loop["embeddings"] = embeddings
     return loop
 
 
