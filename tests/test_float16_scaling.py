@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from helpers import make_llama
+from helpers import NanoGPT, make_llama, nano_batch
 
 
 def _names(dtype, scaled: bool, tmp_path, micro_batches: int = 1):
@@ -58,3 +58,44 @@ def test_float16_parameters_without_a_scaler_are_found(tmp_path):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not computes_in_float16(model)
     assert computes_in_float16(model.half())
+
+
+def _scaled_loop(tmp_path, order: str) -> dict:
+    """helpers' NanoGPT trained 2 steps under a GradScaler (float32 compute: the scaler's arithmetic is the same)
+    with clipping at 1.0, in `order`; the findings of the last record."""
+    from blocktrace import Watch
+
+    torch.manual_seed(0)
+    model = NanoGPT()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
+            for step in range(2):
+                scaler.scale(model(*nano_batch(step))[1]).backward()
+                entry = watch.step()
+                if order == "unscale, clip, scaler.step":
+                    scaler.unscale_(optimizer)
+                if order != "optimizer.step":
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                optimizer.zero_grad()
+    return {flag["name"]: flag for flag in entry["flags"] if flag["level"] in ("error", "warning")}
+
+
+@pytest.mark.parametrize("order, found", [
+    ("unscale, clip, scaler.step", set()),
+    ("clip, scaler.step", {"clipped_before_unscaling"}),
+    ("optimizer.step", {"stepped_on_scaled_gradients"}),
+])
+def test_the_step_a_scaler_should_unscale_is_read_against_the_losss_own_gradient(tmp_path, order, found):
+    """The optimizer's step must find the loss's own gradients: a clip on the scaled ones leaves max_norm / S, a step
+    that bypasses the scaler S times the loss's own."""
+    names = _scaled_loop(tmp_path, order)
+    assert set(names) & {"clipped_before_unscaling", "stepped_on_scaled_gradients"} == found, order
+    for name in found:
+        assert names[name]["cause"] == "training_loop"

@@ -30,6 +30,7 @@ SUM_TOLERANCE = 0.1  # a loss within 10% of N × the mean cross-entropy is a sum
 WORST_TOLERANCE = 1e-3  # relative: the float32 rounding of a logsumexp over a vocabulary is ~1e-6
 REPEATED_PAST_USE = 16  # times each sequence is trained on past which repeating data adds nothing (Muennighoff 2023)
 LEAK_TOLERANCE = 1e-3  # relative change of an earlier position's logits: float32 rounding of the same rows is ~1e-7
+MIN_SCALE = 4.0  # a loss scale this large is told apart from its absence (GradScaler starts at 65,536)
 HARD_ROWS = 0.9  # share of the rows with a gradient that name one target: the loss is a hard-label one
 TEMPERED_ROWS = 4  # sampled rows that must fit a tempered cross-entropy (training/logit_gradient.py samples 16)
 TEMPERED_AGREE = 0.01  # relative spread of their slopes: one constant c
@@ -843,6 +844,62 @@ def _float16_unscaled(history: Sequence[dict], entry: dict) -> list[Finding]:
         return []
     return [finding(Level.ERROR, None, None, 1.0, phrase("the forward computed in float16 and its backward was "
                                                          "not scaled: loss scale 1"))]
+
+
+def _scaled_step(history: Sequence[dict], entry: dict) -> Optional[tuple[int, float, float, float]]:
+    """The step after an earlier record whose backward a loss scaler multiplied by S ≥ MIN_SCALE: (its step, S, the
+    record's gradient norm as the loss's own, the norm the optimizer's step found); None where not measured."""
+    loop = _loop(entry)
+    at, stepped = loop.get("step_gradient_at"), loop.get("step_gradient")
+    before = next((r for r in reversed(history) if r.get("step") == at), None) if at is not None else None
+    if before is None or not _finite(stepped) or not _finite(before.get("grad_norm")):
+        return None
+    scale = _loop(before).get("loss_scale")
+    if not _finite(scale) or scale < MIN_SCALE or not before["grad_norm"] > 0:
+        return None
+    return at, scale, before["grad_norm"], stepped
+
+
+@check(Scope.TRAINING, "stepped_on_scaled_gradients",
+       f"a loss scaler multiplied the backward by S ≥ {MIN_SCALE:g}, and the optimizer's step after the record found "
+       f"gradients of at least S/2 × the loss's own (a Watch given the optimizer)",
+       "PyTorch's AMP recipe: scaler.scale(loss).backward() multiplies every gradient by S, and scaler.step(optimizer) "
+       "divides them by S before the optimizer's step (or scaler.unscale_ does, earlier); the step must see the "
+       "loss's own gradients",
+       "optimizer.step() called directly where scaler.step(optimizer) was meant: the update uses gradients S times "
+       "too large (SGD moves S times too far; Adam's scale-free step hides it but for ε), and infinite ones are "
+       "not skipped", Cause.TRAINING_LOOP, direct=True,
+       advice=phrase("step through the scaler: scaler.step(optimizer); scaler.update() — not optimizer.step()"))
+def _stepped_on_scaled_gradients(history: Sequence[dict], entry: dict) -> list[Finding]:
+    found = _scaled_step(history, entry)
+    if found is None or found[3] < found[1] * found[2] / 2:
+        return []
+    at, scale, own, stepped = found
+    return [finding(Level.ERROR, None, None, stepped / own, phrase(
+        "the optimizer's step after step {at} found gradients of norm {stepped:.3g}, {ratio:.3g} × the loss's own "
+        "({own:.3g}): still multiplied by the loss scale {scale:g}", at=at, stepped=stepped, ratio=stepped / own,
+        own=own, scale=scale))]
+
+
+@check(Scope.TRAINING, "clipped_before_unscaling",
+       f"a loss scaler multiplied the backward by S ≥ {MIN_SCALE:g}, and the optimizer's step after the record found "
+       f"gradients of at most 1/S of the loss's own (a Watch given the optimizer)",
+       "PyTorch's AMP recipe ('Working with unscaled gradients'): clip after scaler.unscale_(optimizer), since "
+       "clip_grad_norm_ on scaled gradients measures S × the norm; scaler.step then divides what the clip left by S, "
+       "so the step finds max_norm / S — below 1/S of the loss's own gradient wherever the clip acted on a "
+       "gradient of norm ≥ max_norm (a legitimate clip leaves min(‖g‖, max_norm))",
+       "the gradients were clipped while still multiplied by the loss scale: every step is clipped to max_norm / S, "
+       "the learning rate in effect divided by the scale (65,536 by default)", Cause.TRAINING_LOOP, direct=True,
+       advice=phrase("call scaler.unscale_(optimizer) before clip_grad_norm_, then scaler.step(optimizer)"))
+def _clipped_before_unscaling(history: Sequence[dict], entry: dict) -> list[Finding]:
+    found = _scaled_step(history, entry)
+    if found is None or not 0 < found[3] * found[1] <= found[2]:
+        return []
+    at, scale, own, stepped = found
+    return [finding(Level.ERROR, None, None, stepped / own, phrase(
+        "the optimizer's step after step {at} found gradients of norm {stepped:.3g}, {ratio:.2g} × the loss's own "
+        "({own:.3g}), under a loss scale of {scale:g}", at=at, stepped=stepped, ratio=stepped / own, own=own,
+        scale=scale))]
 
 
 # --- the forward's other inputs ------------------------------------------------------------------------------
