@@ -25,10 +25,12 @@ VOCAB = 61
 class HandAttention(nn.Module):
     """Attention written out by hand (no scaled_dot_product_attention): what a Watch's taps cannot see."""
 
-    def __init__(self, d: int, heads: int, causal: bool = True, view_bug: bool = False, nan_mask: bool = False):
+    def __init__(self, d: int, heads: int, causal: bool = True, view_bug: bool = False, nan_mask: bool = False,
+                 softmax: str = "keys"):
         super().__init__()
         self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.heads, self.causal, self.view_bug, self.nan_mask = heads, causal, view_bug, nan_mask
+        self.softmax = softmax  # "keys" (right); "queries": softmax(dim=-2); "keys, vᵀ·w": [keys, queries] scores
 
     def forward(self, x):
         b, t, c = x.shape
@@ -41,7 +43,12 @@ class HandAttention(nn.Module):
             scores = scores + torch.ones(t, t).triu(1) * float("-inf")
         elif self.causal:
             scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-        y = torch.softmax(scores, -1) @ v
+        if self.softmax == "queries":  # the weights normalised over the queries, then summed over the keys
+            y = torch.softmax(scores, -2) @ v
+        elif self.softmax == "keys, vᵀ·w":  # scores laid out [keys, queries]: normalised and summed over the keys
+            y = (v.transpose(-1, -2) @ torch.softmax(scores.transpose(-1, -2), -2)).transpose(-1, -2)
+        else:
+            y = torch.softmax(scores, -1) @ v
         return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
 
 
@@ -1139,3 +1146,16 @@ def test_an_encoder_decoders_logits_are_not_set_beside_its_encoder_ids():
         batch = Batch(shifts_labels=False)
         batch.see((ids,), kwargs, torch.zeros(2, 6, 13))
         assert ("target_match" in batch.report(True, read_off)) == judged
+
+
+@pytest.mark.parametrize("softmax, found", [("queries", True), ("keys", False), ("keys, vᵀ·w", False)])
+def test_attention_weights_normalised_over_an_axis_the_product_does_not_sum_are_the_architecture(tmp_path, softmax,
+                                                                                                  found):
+    """softmax(scores, dim=-2) in a hand-written attention: the weights are a distribution over the queries, and
+    `@ v` sums them over the keys. The same weights laid out [keys, queries], normalised and summed over the keys
+    (vᵀ·w), are right."""
+    records = train(HandLM(softmax=softmax), tmp_path / "run.jsonl", steps=1)
+    flags = [f for f in records[0]["flags"] if f["name"] == "attention_normalised_over_another_axis"]
+    assert bool(flags) == found, softmax
+    if found:
+        assert flags[0]["level"] == "error" and "axis -2" in flags[0]["detail"] and "axis -1" in flags[0]["detail"]

@@ -247,6 +247,26 @@ def _attention_scale_wrong(trace, layer) -> list[Finding]:
                         if multiplied else phrase(" (the definition: ÷ √{width})", width=width) if width else "")))]
 
 
+@check(Scope.ATTENTION, "attention_normalised_over_another_axis",
+       "the attention's softmax normalises one axis of the scores and the product with v sums its output over "
+       "another (a user's attention module, seen while it runs)",
+       "definition (Vaswani et al. 2017): each query's weights are a distribution over the keys they weight, "
+       "softmax over the keys' axis, the one the product with v sums; normalised over the queries instead, a "
+       "position's output depends on every other query's scores (later ones included) and its weights do not sum "
+       "to 1",
+       "softmax(scores, dim=-2) (or dim=1 of [B, T, T]) where dim=-1 is meant: the weights are normalised over the "
+       "queries, not the keys", Cause.ARCHITECTURE, direct=True,
+       advice=phrase("normalise the scores over the keys: F.softmax(scores, dim=-1) for scores laid out [..., "
+                     "queries, keys]"))
+def _attention_normalised_over_another_axis(trace, layer) -> list[Finding]:
+    axes = trace.contracted_elsewhere
+    if axes is None:
+        return []
+    return [finding(Level.ERROR, "attn", layer, float(axes[0]), phrase(
+        "the softmax normalises axis {normalised} of the scores, and the product with v sums the weights over axis "
+        "{summed}", normalised=axes[0], summed=axes[1]))]
+
+
 def _positional(attention, head: int) -> Optional[str]:
     for name, weights in ((phrase("first-token"), attention.first_weight), (phrase("self"), attention.self_weight),
                           (phrase("previous-token"), attention.previous_weight)):

@@ -199,6 +199,11 @@ PHRASES_ZH = {
         "通过 scaler 更新：scaler.step(optimizer); scaler.update() —— 而不是 optimizer.step()",
     "call scaler.unscale_(optimizer) before clip_grad_norm_, then scaler.step(optimizer)":
         "在 clip_grad_norm_ 之前调用 scaler.unscale_(optimizer)，然后 scaler.step(optimizer)",
+    "the softmax normalises axis {normalised} of the scores, and the product with v sums the weights over axis "
+    "{summed}":
+        "softmax 对分数的第 {normalised} 维归一化，而与 v 的乘积却在第 {summed} 维上对权重求和",
+    "normalise the scores over the keys: F.softmax(scores, dim=-1) for scores laid out [..., queries, keys]":
+        "在 key 的维度上归一化分数：分数的形状为 [..., queries, keys] 时，用 F.softmax(scores, dim=-1)",
     "the model": "模型",
     "{model}'s config ties its output embedding to its input embedding, and they are two tensors":
         "{model} 的配置把输出嵌入与输入嵌入绑定为同一个矩阵，而它们却是两个 tensor",

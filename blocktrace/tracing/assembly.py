@@ -121,7 +121,7 @@ class Collected:
         self.pending = []
         return Trace(self.block.config if self.own else None, records[0], records[1:n_steps], summary, self.output,
                      self.layout.name, self.layout.wiring, missing, notes, records[n_steps:], self.layout.causal,
-                     routing)
+                     routing, self.recorder.attention.contracted_elsewhere)
 
     def _behaviour(self, name: str, values: dict) -> dict:
         measured = self.behaviour.get(name)

@@ -111,6 +111,8 @@ class AttentionAccumulator:
         self.scores = None  # the current chunk's scores, until its weights arrive
         # (c, head width) where the code scaled q·kᵀ by a plain number c (tracing/softmax.py); None where not seen
         self.score_scale: Optional[tuple[float, int]] = None
+        # (the axis a softmax normalised, the axis the product with v summed over) where they differ (softmax.py)
+        self.contracted_elsewhere: Optional[tuple[int, int]] = None
         self.chunks: list[dict] = []
         self.kept: list[torch.Tensor] = []
         self.shape_lead = None
@@ -357,6 +359,7 @@ class Recorder:
             mode, watching = watching, None
             mode.__exit__(None, None, None)
             self.attention.score_scale = mode.scale
+            self.attention.contracted_elsewhere = mode.contracted_elsewhere
             weights = _attention_weights(output)
             if weights is not None:
                 self.attention.add(weights, None)

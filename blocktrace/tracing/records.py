@@ -116,6 +116,9 @@ class Trace:
     substeps: list[StepRecord] = field(default_factory=list)  # inside attn: q and k around QK-norm and RoPE
     expected_causal: Optional[bool] = None  # what the block is meant to be (its layout or config); None: unknown
     routing: Optional[RoutingSummary] = None  # a mixture of experts' router: what it did with the tokens
+    # a user's attention: (the axis its softmax normalised, the axis a product then summed the weights over) where
+    # the two differ (tracing/softmax.py); None where they agree or were not seen
+    contracted_elsewhere: Optional[tuple[int, int]] = None
 
     @property
     def placement(self) -> Placement:

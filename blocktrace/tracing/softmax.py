@@ -21,6 +21,9 @@ SOFTMAXES = frozenset({torch.softmax, F.softmax, torch.Tensor.softmax, torch.spe
 PRODUCTS = frozenset({torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm})
 DIVISIONS = frozenset({torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.__truediv__})
 SCALINGS = DIVISIONS | {torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__}
+# what weights pass through between their softmax and the product with v, each keeping their shape and axes
+KEEPING_AXES = frozenset({F.dropout, torch.dropout, torch.Tensor.masked_fill, torch.masked_fill, torch.Tensor.type_as,
+                          torch.Tensor.to, torch.Tensor.float, torch.Tensor.contiguous})
 
 
 def _dim(args: tuple, kwargs: dict) -> Optional[int]:
@@ -38,18 +41,41 @@ class SoftmaxSeen(TorchFunctionMode):
         self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.products: list[tuple[torch.Tensor, int]] = []  # matrix products made, with their contracted width
         self.scale: Optional[tuple[float, int]] = None
+        self.normalised: list[tuple[torch.Tensor, int]] = []  # every softmax's output, with the axis it normalised
+        # (the axis a softmax normalised, the axis a product then summed its output over) where the two differ
+        self.contracted_elsewhere: Optional[tuple[int, int]] = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         output = func(*args, **kwargs)
-        if func in SOFTMAXES and isinstance(output, torch.Tensor) and output.dim() >= 2 \
-                and _dim(args, kwargs) in (-1, output.dim() - 1) and isinstance(args[0], torch.Tensor):
-            self.seen.append((args[0].detach(), output.detach()))
-        elif func in PRODUCTS and isinstance(output, torch.Tensor) and output.dim() >= 2 and not self.seen:
+        if func in SOFTMAXES and isinstance(output, torch.Tensor) and output.dim() >= 2 and _dim(args, kwargs) is not None:
+            axis = _dim(args, kwargs) % output.dim()
+            self.normalised.append((output, axis))
+            if axis == output.dim() - 1 and isinstance(args[0], torch.Tensor):
+                self.seen.append((args[0].detach(), output.detach()))
+        elif func in KEEPING_AXES and args and isinstance(output, torch.Tensor):
+            axis = self._axis_of(args[0])
+            if axis is not None and output.shape == args[0].shape:
+                self.normalised.append((output, axis))
+        if func in PRODUCTS and len(args) == 2:
+            self._contracted(*args)
+        if func in PRODUCTS and isinstance(output, torch.Tensor) and output.dim() >= 2 and not self.seen:
             self.products.append((output, args[0].shape[-1]))
         elif func in SCALINGS and self.scale is None and len(args) == 2:
             self._scaled(func, *args)
         return output
+
+    def _axis_of(self, tensor) -> Optional[int]:
+        """The axis `tensor` was normalised over by a softmax seen (through dropout, masking or a cast), if any."""
+        return next((axis for output, axis in self.normalised if output is tensor), None)
+
+    def _contracted(self, left, right) -> None:
+        """A product summing a softmax's output over an axis other than the one it normalised: the weights it
+        applies are no distribution over what it sums (left @ right sums left's last axis, right's second last)."""
+        for operand, summed in ((left, -1), (right, -2)):
+            axis = self._axis_of(operand) if isinstance(operand, torch.Tensor) and operand.dim() >= 2 else None
+            if axis is not None and axis != summed % operand.dim() and self.contracted_elsewhere is None:
+                self.contracted_elsewhere = (axis - operand.dim(), summed)
 
     def _scaled(self, func, left, right) -> None:
         tensor, number = (left, right) if isinstance(right, (int, float)) else (right, left)
