@@ -63,6 +63,7 @@ def test_a_learning_rate_below_zero_climbs_the_loss():
     optimizer = torch.optim.SGD(_parameters(), lr=0.1)
     optimizer.param_groups[0]["lr"] = -0.1  # what a schedule gone below 0 leaves (torch refuses it at construction)
     assert "lr=-0.1 < 0" in _audited(optimizer)["optimizer_ascends"].detail
+    assert _audited(optimizer)["optimizer_ascends"].cause.value == "learning_rate"  # the lr's value, not the rule
     assert "optimizer_ascends" not in _audited(torch.optim.SGD(_parameters(), lr=0.0))  # 0 is not a climb
 
 

@@ -99,3 +99,44 @@ def test_the_step_a_scaler_should_unscale_is_read_against_the_losss_own_gradient
     assert set(names) & {"clipped_before_unscaling", "stepped_on_scaled_gradients"} == found, order
     for name in found:
         assert names[name]["cause"] == "training_loop"
+
+
+def _scale_unseen_loop(tmp_path, clip_first: bool) -> list[dict]:
+    """As _scaled_loop, with the loss computed in the loop from the model's logits, so the Watch never sees the loss
+    scale, under SGD (whose step is as small as its gradient); the records."""
+    from torch.nn import functional as F
+
+    from blocktrace import Watch
+    from blocktrace.training.timeline import read_timeline
+
+    torch.manual_seed(0)
+    model = NanoGPT()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
+            for step in range(3):
+                ids, targets = nano_batch(step)
+                logits, _ = model(ids)
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+                scaler.scale(loss).backward()
+                watch.step(loss)
+                if not clip_first:
+                    scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+    return read_timeline(tmp_path / "run.jsonl")
+
+
+@pytest.mark.parametrize("clip_first", [True, False])
+def test_tiny_updates_from_gradients_cut_between_backward_and_step_are_the_loop(tmp_path, clip_first):
+    """Where the Watch cannot see the loss scale, a clip before scaler.unscale_ still shows: the optimizer's step
+    finds gradients far below the ones the backward left, and the updates they make are tiny — the loop's doing."""
+    records = _scale_unseen_loop(tmp_path, clip_first)
+    tiny = [f for r in records for f in r["flags"] if f["name"] == "updates_tiny"]
+    assert bool(tiny) == clip_first
+    if clip_first:
+        assert tiny[0]["cause"] == "training_loop" and "the optimizer's step found gradients" in tiny[0]["detail"]

@@ -26,11 +26,13 @@ class HandAttention(nn.Module):
     """Attention written out by hand (no scaled_dot_product_attention): what a Watch's taps cannot see."""
 
     def __init__(self, d: int, heads: int, causal: bool = True, view_bug: bool = False, nan_mask: bool = False,
-                 softmax: str = "keys"):
+                 softmax: str = "keys", draws: Optional[str] = None):
         super().__init__()
         self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.heads, self.causal, self.view_bug, self.nan_mask = heads, causal, view_bug, nan_mask
         self.softmax = softmax  # "keys" (right); "queries": softmax(dim=-2); "keys, vᵀ·w": [keys, queries] scores
+        self.draws = draws  # what the forward draws: "dropout module" (right), "F.dropout" (always), "fresh layer"
+        self.drop = nn.Dropout(0.1)
 
     def forward(self, x):
         b, t, c = x.shape
@@ -49,7 +51,13 @@ class HandAttention(nn.Module):
             y = (v.transpose(-1, -2) @ torch.softmax(scores.transpose(-1, -2), -2)).transpose(-1, -2)
         else:
             y = torch.softmax(scores, -1) @ v
-        return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+        y = y.transpose(1, 2).reshape(b, t, c)
+        if self.draws == "fresh layer":  # an output projection made at every call: random, never trained
+            return nn.Linear(c, c)(y)
+        out = self.c_proj(y)
+        if self.draws == "F.dropout":  # functional dropout without training=self.training: on in eval mode too
+            return F.dropout(out, 0.1)
+        return self.drop(out) if self.draws == "dropout module" else out
 
 
 class HandBlock(nn.Module):
@@ -1020,7 +1028,21 @@ def test_an_average_swapped_in_and_not_back_is_weights_written_outside_the_optim
     assert found["changed_at"] == 10 and found["change"] > found["step_move"] > 0
 
 
-@pytest.mark.parametrize("between", [_swap_in_average(back=True), _decay_by_hand], ids=["swapped_back", "decay"])
+def _prune_by_magnitude(step, model, optimizer, saved):
+    """Gradual magnitude pruning (Zhu & Gupta 2017): at steps 4 and 9 every matrix's smallest |w| zeroed (30%, then
+    60%), the masks applied again after every step."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                if step in (4, 9):
+                    keep = p.abs() > p.abs().flatten().quantile(0.3 if step == 4 else 0.6)
+                    p.mask = keep if not hasattr(p, "mask") else p.mask & keep
+                if hasattr(p, "mask"):
+                    p.mul_(p.mask)
+
+
+@pytest.mark.parametrize("between", [_swap_in_average(back=True), _decay_by_hand, _prune_by_magnitude],
+                         ids=["swapped_back", "decay", "pruned"])
 def test_an_average_swapped_back_and_a_decay_written_by_hand_pass(tmp_path, between):
     records = _between_loop(tmp_path / "w.jsonl", between)
     assert not _between_flags(records)
@@ -1159,3 +1181,17 @@ def test_attention_weights_normalised_over_an_axis_the_product_does_not_sum_are_
     assert bool(flags) == found, softmax
     if found:
         assert flags[0]["level"] == "error" and "axis -2" in flags[0]["detail"] and "axis -1" in flags[0]["detail"]
+
+
+@pytest.mark.parametrize("draws, found", [("fresh layer", True), ("F.dropout", True), ("dropout module", False),
+                                          (None, False)])
+def test_a_forward_that_draws_in_eval_mode_is_the_architecture_and_not_a_leak(tmp_path, draws, found):
+    """A layer made inside forward() and F.dropout left on draw at every call, eval mode or not: the same sequence
+    gives other logits each time. The causal probe compares its changed sequence under the same draws, so the
+    draws are not taken for a leak; nn.Dropout, off in eval mode, passes."""
+    records = train(HandLM(draws=draws), tmp_path / "run.jsonl", steps=1)
+    names = {f["name"] for f in records[0]["flags"] if f["level"] == "error"}
+    assert ("forward_not_deterministic" in names) == found, draws
+    assert "future_leak" not in names
+    if found:
+        assert records[0]["diagnosis"][0]["cause"] == "architecture"

@@ -59,8 +59,9 @@ def _number(value) -> Optional[float]:
        "a param group of the optimizer the Watch is given has maximize=True, or a learning rate below 0",
        "definition (torch.optim): maximize=True steps along +∇L, and a negative learning rate along +∇L as well; "
        "a loss is minimised only by steps along −∇L",
-       "every optimizer step climbs the loss: a flag copied from another model's optimizer, or a schedule that "
-       "went below 0", Cause.OPTIMIZER, direct=True,
+       "every optimizer step climbs the loss: a flag copied from another model's optimizer (optimizer), or a "
+       "learning rate that went below 0 — a schedule whose multiplier is not clamped, a warm-down past its end "
+       "(learning_rate)", Cause.OPTIMIZER, direct=True,
        advice=phrase("build the optimizer with maximize=False (the default) and keep every learning rate ≥ 0"))
 def _optimizer_ascends(history: Sequence[dict], entry: dict) -> list[Finding]:
     flags = []
@@ -70,10 +71,10 @@ def _optimizer_ascends(history: Sequence[dict], entry: dict) -> list[Finding]:
             flags.append(finding(Level.ERROR, None, None, 1.0,
                                  phrase("{class_}'s param group {index} has maximize=True: each step climbs the loss",
                                         class_=_class(entry), index=index)))
-        elif lr is not None and lr < 0:
+        elif lr is not None and lr < 0:  # a value of the learning rate: its schedule's, not the optimizer's rule
             flags.append(finding(Level.ERROR, None, None, lr,
                                  phrase("{class_}'s param group {index} has lr={lr:g} < 0: each step climbs the loss",
-                                        class_=_class(entry), index=index, lr=lr)))
+                                        class_=_class(entry), index=index, lr=lr), Cause.LEARNING_RATE))
     return flags
 
 

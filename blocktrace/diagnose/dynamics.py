@@ -35,6 +35,10 @@ TINY_UPDATE = 1e-5  # per-step ‖ΔW‖/‖W‖ of the median matrix: healthy c
 TINY_LR = 1e-6  # a learning rate this small explains tiny updates by itself
 # a learning rate this far below the largest the run has recorded: the schedule itself made the updates small
 SCHEDULE_SHRANK = 100
+# The optimizer's step found gradients below this share of the ones the backward left: the loop cut them in between
+# (a clip acting on loss-scaled gradients then unscaled, a clip on a gradient 1,000 × its max_norm), so tiny updates
+# are the loop's, not the optimizer's
+GRADIENT_CUT = 1e-3
 ADAM_TINY = 0.5  # Adam's per-step ‖ΔW‖/‖W‖ per unit of learning rate: ≈ |m̂/√v̂| / std(W), ≥ 1 for usual weights
 # Adam's per-step rms(ΔW) per unit of learning rate, |m̂/√v̂| ≈ 0.1–1: tiny 10× below. The same bound as ADAM_TINY at
 # std(W) 0.02 (0.5 × 0.02), and the one that holds at any weight size (a run whose weights grew 20× moves them
@@ -489,11 +493,26 @@ def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Finding]:
     adam = "adam" in str(entry.get("optimizer") or "").lower()
     if not (median < TINY_UPDATE or (adam and lr and _adam_step_tiny(history[-1], entry, median, lr, unreached))):
         return []
+    cut = _gradient_cut(history[-1], entry)
     cause = Cause.LEARNING_RATE if lr is not None and (lr < TINY_LR or _schedule_shrank(history, lr)) \
-        else Cause.OPTIMIZER
-    return [finding(Level.ERROR, None, None, median, phrase("the median matrix moves {median:.3g} of its norm per "
-                                                            "step{at_lr}", median=median, at_lr=_at_learning_rate(lr)),
-                    cause)]
+        else Cause.TRAINING_LOOP if cut is not None and cut < GRADIENT_CUT else Cause.OPTIMIZER
+    return [finding(Level.ERROR, None, None, median, phrase(
+        "the median matrix moves {median:.3g} of its norm per step{at_lr}{cut}", median=median,
+        at_lr=_at_learning_rate(lr), cut=phrase(": the optimizer's step found gradients {cut:.2g} × the ones the "
+                                                "backward left", cut=cut)
+        if cause is Cause.TRAINING_LOOP else ""), cause)]
+
+
+def _gradient_cut(before: dict, entry: dict) -> Optional[float]:
+    """The gradient norm the optimizer's step after `before` found, over the one `before` recorded after its
+    backward (as the loss's own where a loss scale was seen): below 1 where the loop cut the gradients between the
+    two (a clip, an unscale); None where either is missing."""
+    loop = entry.get("loop") or {}
+    stepped, recorded = loop.get("step_gradient"), before.get("grad_norm")
+    if loop.get("step_gradient_at") != before.get("step") or not _finite(stepped) or not _finite(recorded) \
+            or recorded <= 0:
+        return None
+    return stepped / recorded
 
 
 def _schedule_shrank(history: Sequence[dict], lr: float) -> bool:

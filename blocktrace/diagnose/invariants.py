@@ -159,7 +159,7 @@ def _weights_returned_to_earlier_step(history: Sequence[dict], entry: dict) -> l
        "them (largest change of a sampled weight; a Watch given optimizer=)",
        "invariant: only the optimizer writes the weights it holds, inside its step; a constraint or a hand-written "
        "decay applied between steps moves a weight by a fraction of a step (lr·λ·|w|, against Adam's ~lr), a "
-       "replacement by more",
+       "replacement by more; a change that only sets weights to 0 (a pruning mask, Zhu & Gupta 2017) is passed over",
        "something replaced the weights between steps: a checkpoint loaded in the middle of the run, averaged "
        "weights (EMA, SWA) swapped in for an evaluation and not swapped back, an outer optimizer (Lookahead, "
        "DiLoCo) the Watch was not given", Cause.WEIGHTS,
@@ -990,6 +990,24 @@ def causal_expected(entry: dict) -> bool:
     data = _data(entry)
     return bool((entry.get("probe") or {}).get("causal_model")) or \
         _relation(data.get("target_match") or {}) is not None
+
+
+@check(Scope.TRAINING, "forward_not_deterministic",
+       f"two forwards of one sequence in eval mode, under no_grad, give logits that differ by more than "
+       f"{LEAK_TOLERANCE:g} (relative to their largest magnitude; a Watch's probe, with the causal one)",
+       "definition of a network's eval mode: model.eval() switches off everything that draws (dropout, stochastic "
+       "depth, noisy gates), so a forward is a function of its input and its weights",
+       "the forward draws random numbers in eval mode: a layer created inside forward() (fresh random weights at "
+       "each call, never trained: nn.Linear(...)(x)), F.dropout(x, p) without training=self.training, noise "
+       "added unconditionally", Cause.ARCHITECTURE, direct=True,
+       advice=phrase("create every layer in __init__ (so it is a module of the model, trained and saved), and pass "
+                     "training=self.training to functional dropout"))
+def _forward_not_deterministic(history: Sequence[dict], entry: dict) -> list[Finding]:
+    moved = (entry.get("probe") or {}).get("nondeterministic")
+    if not _finite(moved) or moved <= LEAK_TOLERANCE:
+        return []
+    return [finding(Level.ERROR, None, None, moved, phrase(
+        "the same sequence, given twice in eval mode, gave logits {moved:.3g} apart (relative)", moved=moved))]
 
 
 @check(Scope.TRAINING, "future_leak",

@@ -155,7 +155,9 @@ PHRASES_ZH = {
     "; optimizer.step() was not called between them": "；其间没有调用 optimizer.step()",
     "per-step ‖ΔW‖/‖W‖ at most {moved:.3g} against the median moving layer's {typical:.3g}{why}":
         "每步的 ‖ΔW‖/‖W‖ 最多为 {moved}，而在移动的层的中位数为 {typical}{why}",
-    "the median matrix moves {median:.3g} of its norm per step{at_lr}": "中位矩阵每步只移动其范数的 {median}{at_lr}",
+    "the median matrix moves {median:.3g} of its norm per step{at_lr}{cut}": "中位矩阵每步只移动其范数的 {median}{at_lr}{cut}",
+    ": the optimizer's step found gradients {cut:.2g} × the ones the backward left":
+        "：优化器更新看到的梯度只有反向传播留下的梯度的 {cut} 倍",
     "‖ΔW‖/‖W‖ per unit of learning rate {factor:.3g}× its median over the previous {count} intervals":
         "每单位学习率的 ‖ΔW‖/‖W‖ 是之前 {count} 个区间中位数的 {factor} 倍",
     "learning rate {lr:g}, {factor:.3g}× the largest recorded before ({largest:g})":
@@ -204,6 +206,11 @@ PHRASES_ZH = {
         "softmax 对分数的第 {normalised} 维归一化，而与 v 的乘积却在第 {summed} 维上对权重求和",
     "normalise the scores over the keys: F.softmax(scores, dim=-1) for scores laid out [..., queries, keys]":
         "在 key 的维度上归一化分数：分数的形状为 [..., queries, keys] 时，用 F.softmax(scores, dim=-1)",
+    "the same sequence, given twice in eval mode, gave logits {moved:.3g} apart (relative)":
+        "同一个序列在 eval 模式下前向两次，得到的 logits 相差 {moved}（相对值）",
+    "create every layer in __init__ (so it is a module of the model, trained and saved), and pass "
+    "training=self.training to functional dropout":
+        "在 __init__ 中创建每一层（让它是模型的模块，被训练、被保存），并给函数式 dropout 传入 training=self.training",
     "the model": "模型",
     "{model}'s config ties its output embedding to its input embedding, and they are two tensors":
         "{model} 的配置把输出嵌入与输入嵌入绑定为同一个矩阵，而它们却是两个 tensor",

@@ -3,8 +3,9 @@
 The optimizer writes the weights it holds inside its step; between the end of one step and the start of the next,
 the loop runs a forward and a backward, which read them. Whatever writes them in that gap is outside the optimizer:
 a checkpoint loaded (a resume), an average swapped in and not swapped back, a weight constraint or a hand-written
-decay. A constraint or a decay moves a weight by a fraction of a step (lr·λ·|w| against Adam's ~lr); a change larger
-than the optimizer's own last step is weights replaced; and a replacement that is exactly a state this run had
+decay, a pruning mask. A constraint or a decay moves a weight by a fraction of a step (lr·λ·|w| against Adam's ~lr),
+a pruning mask sets weights to exactly 0 and nothing else; any other change larger than the optimizer's own last
+step is weights replaced; and a replacement that is exactly a state this run had
 earlier (the weights after an earlier recorded step's update, or as the Watch's first step began) is the run gone
 back in time while its step count, its learning rate and its data went on: a resume from an older checkpoint.
 
@@ -74,10 +75,12 @@ class BetweenSteps:
 
     def _compare(self, now: torch.Tensor) -> None:
         change, move = (now - self.left).abs().amax(), (self.left - self.began).abs().amax()
+        zeroed = ((now == self.left) | (now == 0)).all()
         if self.changed_at is None:
             self.changed_at = torch.full((), NOTHING, dtype=torch.float64, device=now.device)
             self.change, self.step_move, self.found = torch.zeros_like(change), torch.zeros_like(move), now
-        first = (change > 0) & (self.changed_at < 0)  # on the device: no host read at a step
+        # the first change that is not a mask's (a mask's are passed over, and one after them is still seen)
+        first = (change > 0) & (self.changed_at < 0) & ~zeroed  # on the device: no host read at a step
         self.changed_at = torch.where(first, float(self.step), self.changed_at)
         self.change = torch.where(first, change, self.change)
         self.step_move = torch.where(first, move, self.step_move)

@@ -717,8 +717,10 @@ def logits_of(output) -> Optional[torch.Tensor]:
 
 @torch.no_grad()
 def future_leak(call: Callable[[torch.Tensor], object], ids: torch.Tensor, vocab: int) -> Optional[dict]:
-    """Two forwards of one sequence, the second with its later half changed: how far the earlier positions' logits
-    moved, relative to their largest magnitude (0 in any causal model), and the first position that moved."""
+    """Three forwards of one sequence: the second with its later half changed and the same random draws as the
+    first, so that how far the earlier positions' logits moved (relative to their largest magnitude; 0 in any
+    causal model) is the mask's doing, whatever the forward draws; the third the sequence again, with other draws,
+    how far its logits moved from the first (0 in eval mode, where nothing in a forward should draw)."""
     length = min(ids.shape[1], PROBE_TOKENS)
     half = length // 2
     if half < 1 or vocab < 2:
@@ -728,13 +730,27 @@ def future_leak(call: Callable[[torch.Tensor], object], ids: torch.Tensor, vocab
     changed[:, half:] = (changed[:, half:] + 1) % vocab
     devices = [ids.device] if ids.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        before, after = logits_of(call(original)), logits_of(call(changed))
-    if before is None or after is None:
+        start = _random_state(devices)
+        before = logits_of(call(original))
+        _restore_random_state(start, devices)
+        after, again = logits_of(call(changed)), logits_of(call(original))
+    if before is None or after is None or again is None:
         return None
-    earlier = before[:, :half].float()
+    earlier, largest = before[:, :half].float(), before.float().abs().amax().clamp_min(1e-30)
     moved = (earlier - after[:, :half].float()).abs().amax(dim=(0, 2))
     relative = moved / earlier.abs().amax().clamp_min(1e-30)
-    return {"future_leak": relative.amax(), "leak_position": torch.argmax(relative)}
+    return {"future_leak": relative.amax(), "leak_position": torch.argmax(relative),
+            "nondeterministic": (before.float() - again.float()).abs().amax() / largest}
+
+
+def _random_state(devices: list) -> tuple:
+    return torch.random.get_rng_state(), [torch.cuda.get_rng_state(device) for device in devices]
+
+
+def _restore_random_state(state: tuple, devices: list) -> None:
+    torch.random.set_rng_state(state[0])
+    for device, cuda_state in zip(devices, state[1]):
+        torch.cuda.set_rng_state(cuda_state, device)
 
 
 @dataclasses.dataclass

@@ -89,7 +89,8 @@ def _across_ranks(reducer: Reducer, leak: Optional[dict], note: Optional[str], s
     failed = reducer.summed(torch.tensor(0.0 if leak or not seen else 1.0, dtype=torch.float64, device=device))
     largest = reducer.largest(value)
     result = {"future_leak": torch.where(largest >= 0, largest, torch.full_like(largest, float("nan"))),
-              "leak_position": leak["leak_position"] if leak else None, "ranks_failed": failed}
+              "leak_position": leak["leak_position"] if leak else None,
+              "nondeterministic": leak.get("nondeterministic") if leak else None, "ranks_failed": failed}
     if note:
         result["note"] = note  # rank 0's own; ranks_failed counts every rank's
     return result

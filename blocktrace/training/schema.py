@@ -210,6 +210,7 @@ def _probe(value: Any, field: str) -> dict:
     probe = _mapped(value, field, lambda item, name: item)
     probe["future_leak"] = number(probe.get("future_leak"), f"{field}.future_leak")
     probe["leak_position"] = _index(probe.get("leak_position"), f"{field}.leak_position", optional=True)
+    probe["nondeterministic"] = number(probe.get("nondeterministic"), f"{field}.nondeterministic")
     probe["causal_model"] = _boolean(probe.get("causal_model"), f"{field}.causal_model")
     probe["note"] = _text(probe.get("note"), f"{field}.note")
     return probe
