@@ -74,29 +74,30 @@ def _scaled_loop(tmp_path, order: str) -> dict:
         with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
             for step in range(2):
                 scaler.scale(model(*nano_batch(step))[1]).backward()
-                entry = watch.step()
-                if order == "unscale, clip, scaler.step":
+                if order.startswith("unscale before the Watch"):
                     scaler.unscale_(optimizer)
-                if order != "optimizer.step":
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
+                entry = watch.step()
+                if order.startswith("unscale, clip"):
+                    scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                scaler.step(optimizer)
+                scaler.update()
                 optimizer.zero_grad()
     return {flag["name"]: flag for flag in entry["flags"] if flag["level"] in ("error", "warning")}
 
 
 @pytest.mark.parametrize("order, found", [
     ("unscale, clip, scaler.step", set()),
+    ("unscale before the Watch, clip, scaler.step", set()),
     ("clip, scaler.step", {"clipped_before_unscaling"}),
-    ("optimizer.step", {"stepped_on_scaled_gradients"}),
 ])
 def test_the_step_a_scaler_should_unscale_is_read_against_the_losss_own_gradient(tmp_path, order, found):
-    """The optimizer's step must find the loss's own gradients: a clip on the scaled ones leaves max_norm / S, a step
-    that bypasses the scaler S times the loss's own."""
+    """The optimizer's step must find the loss's own gradients: a clip on the scaled ones leaves max_norm / S. A loop
+    that unscales before watch.step() (failures3's fp16 run) hands the Watch gradients already divided: it passes.
+    (A step that bypasses the scaler finds S times the loss's own gradients — the same the Watch sees when the loop
+    unscaled before it: not told apart, so not judged.)"""
     names = _scaled_loop(tmp_path, order)
-    assert set(names) & {"clipped_before_unscaling", "stepped_on_scaled_gradients"} == found, order
+    assert set(names) & {"clipped_before_unscaling"} == found, order
     for name in found:
         assert names[name]["cause"] == "training_loop"
 

@@ -860,27 +860,6 @@ def _scaled_step(history: Sequence[dict], entry: dict) -> Optional[tuple[int, fl
     return at, scale, before["grad_norm"], stepped
 
 
-@check(Scope.TRAINING, "stepped_on_scaled_gradients",
-       f"a loss scaler multiplied the backward by S ≥ {MIN_SCALE:g}, and the optimizer's step after the record found "
-       f"gradients of at least S/2 × the loss's own (a Watch given the optimizer)",
-       "PyTorch's AMP recipe: scaler.scale(loss).backward() multiplies every gradient by S, and scaler.step(optimizer) "
-       "divides them by S before the optimizer's step (or scaler.unscale_ does, earlier); the step must see the "
-       "loss's own gradients",
-       "optimizer.step() called directly where scaler.step(optimizer) was meant: the update uses gradients S times "
-       "too large (SGD moves S times too far; Adam's scale-free step hides it but for ε), and infinite ones are "
-       "not skipped", Cause.TRAINING_LOOP, direct=True,
-       advice=phrase("step through the scaler: scaler.step(optimizer); scaler.update() — not optimizer.step()"))
-def _stepped_on_scaled_gradients(history: Sequence[dict], entry: dict) -> list[Finding]:
-    found = _scaled_step(history, entry)
-    if found is None or found[3] < found[1] * found[2] / 2:
-        return []
-    at, scale, own, stepped = found
-    return [finding(Level.ERROR, None, None, stepped / own, phrase(
-        "the optimizer's step after step {at} found gradients of norm {stepped:.3g}, {ratio:.3g} × the loss's own "
-        "({own:.3g}): still multiplied by the loss scale {scale:g}", at=at, stepped=stepped, ratio=stepped / own,
-        own=own, scale=scale))]
-
-
 @check(Scope.TRAINING, "clipped_before_unscaling",
        f"a loss scaler multiplied the backward by S ≥ {MIN_SCALE:g}, and the optimizer's step after the record found "
        f"gradients of at most 1/S of the loss's own (a Watch given the optimizer)",

@@ -191,14 +191,9 @@ PHRASES_ZH = {
     "the loss's target at each position is that position's own input token, which the model sees: it learns to "
     "copy":
         "损失在每个位置上的目标就是该位置自己的输入 token，而模型看得到它：它学会的是复制",
-    "the optimizer's step after step {at} found gradients of norm {stepped:.3g}, {ratio:.3g} × the loss's own "
-    "({own:.3g}): still multiplied by the loss scale {scale:g}":
-        "第 {at} 步之后的优化器更新看到的梯度范数为 {stepped}，是损失自身梯度（{own}）的 {ratio} 倍：仍乘着损失缩放 {scale}",
     "the optimizer's step after step {at} found gradients of norm {stepped:.3g}, {ratio:.2g} × the loss's own "
     "({own:.3g}), under a loss scale of {scale:g}":
         "第 {at} 步之后的优化器更新看到的梯度范数为 {stepped}，是损失自身梯度（{own}）的 {ratio} 倍，损失缩放为 {scale}",
-    "step through the scaler: scaler.step(optimizer); scaler.update() — not optimizer.step()":
-        "通过 scaler 更新：scaler.step(optimizer); scaler.update() —— 而不是 optimizer.step()",
     "call scaler.unscale_(optimizer) before clip_grad_norm_, then scaler.step(optimizer)":
         "在 clip_grad_norm_ 之前调用 scaler.unscale_(optimizer)，然后 scaler.step(optimizer)",
     "the softmax normalises axis {normalised} of the scores, and the product with v sums the weights over axis "
