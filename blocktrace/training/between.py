@@ -4,10 +4,10 @@ The optimizer writes the weights it holds inside its step; between the end of on
 the loop runs a forward and a backward, which read them. Whatever writes them in that gap is outside the optimizer:
 a checkpoint loaded (a resume), an average swapped in and not swapped back, a weight constraint or a hand-written
 decay, a pruning mask. A constraint or a decay moves a weight by a fraction of a step (lr·λ·|w| against Adam's ~lr),
-a pruning mask sets weights to exactly 0 and nothing else; any other change larger than the optimizer's own last
-step is weights replaced; and a replacement that is exactly a state this run had
-earlier (the weights after an earlier recorded step's update, or as the Watch's first step began) is the run gone
-back in time while its step count, its learning rate and its data went on: a resume from an older checkpoint.
+and a pruning mask sets weights to exactly 0 and does nothing else; any other change larger than the optimizer's
+own last step is weights replaced. A replacement that is exactly a state this run had earlier (the weights after
+an earlier recorded step's update, or as the Watch's first step began) is the run gone back in time while its step
+count, its learning rate and its data went on: a resume from an older checkpoint.
 
 Measured on a fingerprint: a strided sample of each of the optimizer's few largest plain tensors, taken as every
 step begins and as it ends (two small gathers a step). Everything stays on the device, accumulated without a host
