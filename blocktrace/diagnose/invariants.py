@@ -56,6 +56,11 @@ def _data(entry: dict) -> dict:
     return data
 
 
+def _record_at(history: Sequence[dict], step: Optional[int]) -> Optional[dict]:
+    """The latest record of `step` among the ones before (None where there is none, or no step is named)."""
+    return next((r for r in reversed(history) if r.get("step") == step), None) if step is not None else None
+
+
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -116,7 +121,7 @@ def _step_without_gradient(history: Sequence[dict], entry: dict) -> list[Finding
         return []  # an optimizer holding none of the trained parameters finds none of their gradients: its own finding
     if at is None or norm != 0:
         return []
-    before = next((r for r in reversed(history) if r.get("step") == at), None)  # the record before, in a step
+    before = _record_at(history, at)  # the record before, in a step
     if before is None or not _finite(before.get("grad_norm")) or not before["grad_norm"] > 0:
         return []
     return [finding(Level.ERROR, None, None, 0.0,
@@ -851,7 +856,7 @@ def _scaled_step(history: Sequence[dict], entry: dict) -> Optional[tuple[int, fl
     record's gradient norm as the loss's own, the norm the optimizer's step found); None where not measured."""
     loop = _loop(entry)
     at, stepped = loop.get("step_gradient_at"), loop.get("step_gradient")
-    before = next((r for r in reversed(history) if r.get("step") == at), None) if at is not None else None
+    before = _record_at(history, at)
     if before is None or not _finite(stepped) or not _finite(before.get("grad_norm")):
         return None
     scale = _loop(before).get("loss_scale")
