@@ -38,6 +38,9 @@ from blocktrace.vocab import IGNORE_INDEX
 
 PROBE_TOKENS = 64  # the causal probe's sequence: the first row of the batch, at most this long
 CHUNK_ELEMENTS = 1 << 24  # logits cross-entropy is recomputed in chunks of about this many elements (64 MB)
+# ‖g‖ at watch.step() × the loss scale S against ‖g‖ as the backward ended: unscale_ divides by S exactly (a power of
+# two), a clip after it leaves less; the slack is the float32 norms' rounding
+UNSCALED_TOLERANCE = 1.001
 PROBABILITY_TOLERANCE = 1e-3  # |Σ row − 1| of outputs that are probabilities (float32 sums of a softmax: ~1e-6)
 EVAL_SENSITIVE = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
                   nn.modules.batchnorm._BatchNorm)
@@ -241,6 +244,8 @@ class LoopObserver:
         # d(what backward differentiated)/d(the model's loss): a loss scaler's scale (GradScaler's 2^16), 1/k for a
         # loss divided over k micro-batches; None where the anchor is not the scalar loss
         self.backward_factor: Optional[torch.Tensor] = None
+        # ‖.grad‖ as the step's last backward ended, to tell gradients the loop unscaled before watch.step()
+        self.grads_after_backward: Optional[torch.Tensor] = None
         self.eval_mode: Optional[int] = None
         self.float16: Optional[bool] = None  # whether the recording forward computed in float16
         self.tempered: Optional[dict] = None  # the loss's temperature, read off its gradient at the logits
@@ -270,6 +275,7 @@ class LoopObserver:
                     self.backward_factor = grad.detach().reshape(()).double()
                 if stepped:
                     self.grads_before = self._gradient_now()
+            self._measure_when_backward_ends()
             return None
 
         anchor.register_hook(backward_starts)
@@ -302,6 +308,7 @@ class LoopObserver:
             found = self._gradient_now()
             before = self.grads_before_later
             self.grads_before_later = found if before is None else torch.maximum(before, found)
+            self._measure_when_backward_ends()
             return None
 
         anchor.register_hook(backward_starts)
@@ -314,6 +321,28 @@ class LoopObserver:
         if factor is None:
             return None
         return torch.where(factor > 1, factor, torch.ones_like(factor))
+
+    def gradient_scale(self, distributed: bool) -> Optional[torch.Tensor]:
+        """The factor the gradients still carry now (at watch.step()), on the device: the loss scale, or 1 where the
+        loop already divided them — scaler.unscale_ before watch.step() leaves ‖g‖ at (at most, after a clip) 1/S
+        of what the backward left, where a loop at the Watch's documented place leaves it as it was. A clip on
+        still-scaled gradients looks the same by norms (the clipped_before_unscaling bug): read as unscaled. Under
+        DDP/FSDP the backward's end is seen before the gradients are reduced, so the ratio is not read there."""
+        scale = self.loss_scale()
+        after = self.grads_after_backward
+        if scale is None or after is None or distributed:
+            return scale
+        now = self._gradient_now().to(after.device)
+        unscaled = now.double() * scale.to(after.device) <= after.double() * UNSCALED_TOLERANCE
+        return torch.where(unscaled, torch.ones_like(scale), scale)
+
+    def _measure_when_backward_ends(self) -> None:
+        """Inside a backward hook: ‖.grad‖ once this backward has added every gradient (autograd's end-of-backward
+        callback, the one DDP's reducer uses)."""
+        def ended():
+            self.grads_after_backward = self._gradient_now()
+
+        torch.autograd.Variable._execution_engine.queue_callback(ended)
 
     def _gradient_now(self) -> torch.Tensor:
         """‖.grad‖ over the parameters a step updates, 0 where none has one (a device scalar)."""

@@ -285,8 +285,9 @@ class Watch:
         """The blocks that ran, their movements, their Traces and the rest of what was measured, on the host."""
         collected = [(index, tap.result(self.reducer)) for index, tap in enumerate(self.taps)]
         present = [(index, c) for index, c in collected if c is not None]
-        scale = self.loop.loss_scale()  # the gradients as the loss's own, not a loss scaler's multiple
-        grads = [_unscaled(_grad_norm(block), scale) for block in self.blocks]
+        scale = self.loop.loss_scale()
+        carried = self.loop.gradient_scale(self.reducer.active)  # the gradients as the loss's own, not S × them
+        grads = [_unscaled(_grad_norm(block), carried) for block in self.blocks]
         self._warn_if_called_before_backward(grads)
         held = self.loop.held_by_optimizer()
         moved = [movement(block, self.snapshots[i] if self.snapshots else None, held)
@@ -294,7 +295,7 @@ class Watch:
         if self.track_updates:
             self.snapshots = [snapshot(block) for block in self.blocks]
         replicas = self._replicas(scale)  # before the batch's report, which forgets the batch
-        measured = {"grads": grads, "model_grad": _unscaled(_grad_norm(self.model), scale),
+        measured = {"grads": grads, "model_grad": _unscaled(_grad_norm(self.model), carried),
                     "moved": [m.values() for m in moved],
                     "loss": self._loss(loss),
                     "loop": self.loop.evidence(self._loss_checks(loss) if self.checks else {}, self.forwards or None),
