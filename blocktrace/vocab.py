@@ -203,6 +203,13 @@ class Axis(Choice):
     QK_NORM = "qk_norm"
 
 
+class Exterior(Choice):
+    """The model's input and output layers, which Muon's definition leaves to AdamW (diagnose/audit.py)."""
+
+    EMBEDDING = "embedding"
+    HEAD = "head"
+
+
 QK_NORM_VALUES = ("off", "on")  # how compare names the two QK-norm variants
 
 

@@ -13,7 +13,7 @@ from helpers import NanoGPT, make_gpt2, nano_batch
 from blocktrace import Watch
 from blocktrace.diagnose.audit import DECAY_HALVES_IN, DECAY_TOO_STRONG
 from blocktrace.diagnose.dynamics import judge
-from blocktrace.training.loop import optimizer_hyperparameters
+from blocktrace.training.loop import exterior_parameters, optimizer_hyperparameters
 from blocktrace.training.timeline import read_timeline
 
 AUDIT = {"optimizer_ascends", "moment_rates_invalid", "weight_decay_too_strong"}
@@ -507,3 +507,72 @@ def test_a_model_whose_config_does_not_tie_or_that_has_no_config_is_not_judged(t
     model = make_gpt2(head=True, tie_word_embeddings=False)
     assert _hf_loop(tmp_path / "hf.jsonl", model)[0]["loop"]["embeddings"] is None
     assert _train(tmp_path / "nano.jsonl")[0]["loop"]["embeddings"] is None
+
+
+class _MuonWithAuxAdam(torch.optim.SGD):
+    """The shape of KellerJordan/Muon's MuonWithAuxAdam for the audit: param groups flagged use_muon (the update rule
+    itself is not what the audit reads)."""
+
+    def __init__(self, groups):
+        super().__init__([{k: v for k, v in g.items()} for g in groups], lr=0.02)
+
+
+def _hidden_matrices(model) -> list[torch.nn.Parameter]:
+    return [p for p in model.h.parameters() if p.ndim >= 2]
+
+
+def _the_rest(model, muon) -> list[torch.nn.Parameter]:
+    chosen = {id(p) for p in muon}
+    return [p for p in model.parameters() if id(p) not in chosen]
+
+
+def _two_optimizer_loop(path, muon_params_of) -> list[dict]:
+    """Muon (torch.optim.Muon) on the matrices `muon_params_of` picks, AdamW on the rest, as Muon's README pairs
+    them; the Watch is given Muon's optimizer."""
+    torch.manual_seed(0)
+    model = NanoGPT()
+    muon_params = muon_params_of(model)
+    muon = torch.optim.Muon(muon_params, lr=0.02)
+    adam = torch.optim.AdamW(_the_rest(model, muon_params), lr=1e-3)
+    with Watch(model, path, every=5, optimizer=muon, overwrite=True) as watch:
+        for step in range(6):
+            ids, targets = nano_batch(step)
+            _, loss = model(ids, targets)
+            loss.backward()
+            watch.step(loss)
+            for optimizer in (muon, adam):
+                optimizer.step()
+                optimizer.zero_grad()
+    return read_timeline(path)
+
+
+def test_muon_on_the_embedding_or_the_head_is_outside_its_definition(tmp_path):
+    """Muon is defined for the hidden layers' matrices; its authors, Keras and DeepSpeed keep the embedding and the
+    output head on AdamW: every 2D parameter handed to Muon (the README's model.body left out) puts them in."""
+    every_matrix = _two_optimizer_loop(tmp_path / "all.jsonl", lambda m: [p for p in m.parameters() if p.ndim >= 2])
+    found = [f for f in every_matrix[0]["flags"] if f["name"] == "orthogonalised_embedding_or_head"]
+    assert found and found[0]["level"] == "warning"
+    assert "embedding" in found[0]["detail"] and "head" in found[0]["detail"]  # nanoGPT's head is the tied wte
+    assert every_matrix[0]["loop"]["optimizer"]["groups"][0]["holds_embedding"] is True  # read back by the schema
+
+    hidden_only = _two_optimizer_loop(tmp_path / "hidden.jsonl", _hidden_matrices)
+    assert not [f for r in hidden_only for f in r["flags"] if f["name"] == "orthogonalised_embedding_or_head"]
+
+
+def test_muons_groups_are_read_by_their_use_muon_flag():
+    model = make_gpt2(head=True)
+    head, embedding = model.get_output_embeddings().weight, model.transformer.wpe.weight
+    hidden = [p for p in model.transformer.h.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+
+    def audited(muon_group, adam_group):
+        optimizer = _MuonWithAuxAdam([dict(params=muon_group, use_muon=True),
+                                      dict(params=adam_group, use_muon=False)])
+        entry = {"step": 0, "layers": [],
+                 "loop": {"optimizer": optimizer_hyperparameters(optimizer, exterior_parameters(model))}}
+        return [f for f in judge([], entry) if f.name == "orthogonalised_embedding_or_head"]
+
+    assert not audited(hidden, rest + [head, embedding])  # the README's split: exterior weights on Adam
+    found = audited(hidden + [embedding], rest + [head])
+    assert found and "embedding" in found[0].detail and "head" not in found[0].detail
+    assert found[0].cause.value == "optimizer"

@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 from blocktrace.phrases import phrase
 from blocktrace.diagnose.checks import Cause, Finding, Scope, check, finding
-from blocktrace.vocab import Level
+from blocktrace.vocab import Exterior, Level
 
 # optimizers whose update divides a first moment by the square root of a second (Adam, AdamW, NAdam, RAdam,
 # Adamax, fused and 8-bit AdamW): the convergence region β1 < √β2 is theirs; Lion's and Adan's betas mean otherwise
@@ -150,6 +150,30 @@ def _weight_decay_too_strong(history: Sequence[dict], entry: dict) -> list[Findi
                                         "{product:.3g}: each step multiplies the weights by {kept:.3g}",
                                         class_=_class(entry), index=index, lr=lr, decay=decay, product=product,
                                         kept=1 - product)))
+    return flags
+
+
+@check(Scope.TRAINING, "orthogonalised_embedding_or_head",
+       "a param group Muon updates (use_muon=True, or any group of an optimizer named Muon that carries no such flag) "
+       "holds the model's embedding or its output head (a Watch)",
+       "definition (Jordan 2024, 'Muon: An optimizer for hidden layers in neural networks'): Muon orthogonalises the "
+       "updates of the hidden layers' 2D weights, and 'the input and output layers should be optimized by a standard "
+       "method such as AdamW'; its README splits model.body from model.embed and model.head, Keras's Muon excludes "
+       "the embedding and the final output layer, DeepSpeed (PR #7641) keeps embedding and lm_head on AdamW",
+       "the embedding or the head takes an orthogonalised step meant for hidden matrices: every matrix of the model "
+       "handed to Muon (p.ndim >= 2 over the whole model, not its body)", Cause.OPTIMIZER, direct=True,
+       advice=phrase("give Muon the hidden layers' matrices only, and the embedding, the output head, gains and biases "
+                     "to an AdamW group"))
+def _orthogonalised_embedding_or_head(history: Sequence[dict], entry: dict) -> list[Finding]:
+    named_muon = "muon" in _class(entry).lower()
+    flags = []
+    for index, group in _groups(entry):
+        muon = group.get("use_muon") is True or (named_muon and "use_muon" not in group)
+        held = [role.value for role in Exterior if group.get(f"holds_{role.value}") is True]
+        if muon and held:
+            flags.append(finding(Level.WARNING, None, None, float(len(held)), phrase(
+                "{class_}'s param group {index} updates the model's {layers} with Muon's orthogonalised step",
+                class_=_class(entry), index=index, layers=" and ".join(held))))
     return flags
 
 

@@ -171,6 +171,10 @@ PHRASES_ZH = {
     "momentum={momentum:g} is outside [0, 1)": "momentum={momentum} 不在 [0, 1) 内",
     "betas={betas}: β1 = {beta1:g} ≥ √β2 = {root:.4g}, outside the region where Adam converges (β1 < √β2)":
         "betas={betas}：β1 = {beta1} ≥ √β2 = {root}，不在 Adam 收敛的区域内（β1 < √β2）",
+    "{class_}'s param group {index} updates the model's {layers} with Muon's orthogonalised step":
+        "{class_} 的第 {index} 个参数组用 Muon 的正交化更新了模型的 {layers}",
+    "give Muon the hidden layers' matrices only, and the embedding, the output head, gains and biases to an AdamW group":
+        "Muon 只用于隐藏层的矩阵；嵌入、输出头、gain 和偏置交给 AdamW 参数组",
     "{module} drops p = {dropout:g} of its activations": "{module} 丢弃了 p = {dropout} 的激活",
     "{class_}'s param group {index} has maximize=True: each step climbs the loss":
         "{class_} 的第 {index} 个参数组设置了 maximize=True：每一步都在让损失上升",

@@ -34,7 +34,7 @@ from torch.nn import functional as F
 from blocktrace.training.between import BetweenSteps
 from blocktrace.training.logit_gradient import gradient_targets, temperature_slopes
 from blocktrace.training.stepping import StepSample
-from blocktrace.vocab import IGNORE_INDEX
+from blocktrace.vocab import IGNORE_INDEX, Exterior
 
 PROBE_TOKENS = 64  # the causal probe's sequence: the first row of the batch, at most this long
 CHUNK_ELEMENTS = 1 << 24  # logits cross-entropy is recomputed in chunks of about this many elements (64 MB)
@@ -113,6 +113,38 @@ def embeddings_untied(model: nn.Module) -> Optional[dict]:
     if not all(isinstance(weight, torch.Tensor) for weight in weights):
         return None
     return {"tied": weights[0] is weights[1] or weights[0].data_ptr() == weights[1].data_ptr()}
+
+
+def exterior_parameters(model: nn.Module) -> dict[int, set]:
+    """id(parameter) → its roles among the model's input and output layers: every nn.Embedding's weight (tokens and
+    learned positions: the input layer) and HF's input embedding, the output head (HF's output embedding; without
+    one, the last nn.Linear whose width is the largest embedding table's, i.e. the vocabulary). A tied head is both."""
+    roles: dict[int, set] = {}
+
+    def mark(weight, role: Exterior) -> None:
+        if isinstance(weight, torch.Tensor):
+            roles.setdefault(id(weight), set()).add(role)
+
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    for module in embeddings:
+        mark(module.weight, Exterior.EMBEDDING)
+    try:  # an HF model says which are its layers (a base model has no head)
+        mark(getattr(model.get_input_embeddings(), "weight", None), Exterior.EMBEDDING)
+        head = model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        head = _hand_written_head(model, embeddings)
+    mark(getattr(head, "weight", None), Exterior.HEAD)
+    return roles
+
+
+def _hand_written_head(model: nn.Module, embeddings: list[nn.Embedding]) -> Optional[nn.Module]:
+    """The last nn.Linear as wide as the largest embedding table (the vocabulary); without one, that table itself:
+    logits made with its own weight (nanoGPT's tied `x @ wte.weight.T`)."""
+    if not embeddings:
+        return None
+    table = max(embeddings, key=lambda m: m.num_embeddings)
+    linear = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == table.num_embeddings]
+    return linear[-1] if linear else table
 
 
 def _torch_optimizer(optimizer):
@@ -231,6 +263,7 @@ class LoopObserver:
         self.ever_stepped = False  # whether any optimizer.step() ran since the Watch began
         # the weights between one optimizer step and the next (training/between.py); the Watch tells it the step
         self.between = BetweenSteps(_torch_optimizer(optimizer)) if self.step_hook is not None else None
+        self.exterior = exterior_parameters(model)  # which parameters are the embedding and the head (the audit's)
         self.reset()
 
     def reset(self) -> None:
@@ -460,7 +493,7 @@ class LoopObserver:
                 "lr_groups": [float(group["lr"]) for group in self.optimizer.param_groups
                               if isinstance(group.get("lr"), (int, float, torch.Tensor))]
                 if self.optimizer is not None else None,
-                "optimizer": optimizer_hyperparameters(self.optimizer), "descent": descended,
+                "optimizer": optimizer_hyperparameters(self.optimizer, self.exterior), "descent": descended,
                 "update_moves": stepped.get("update_moves"), "moments_lost": stepped.get("moments_lost"),
                 "update_step": stepped.get("update_step"),
                 "between_steps": self.between.evidence() if self.between is not None else None,
@@ -491,7 +524,7 @@ def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
 
 
 # the hyperparameters of a param group the audit reads (diagnose/audit.py), wherever an optimizer defines them
-AUDITED = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "maximize")
+AUDITED = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "maximize", "use_muon")
 
 
 def _plain(value):
@@ -507,8 +540,9 @@ def _plain(value):
     return None
 
 
-def optimizer_hyperparameters(optimizer) -> Optional[dict]:
-    """The optimizer's class and, per param group, every audited setting it holds (None without an optimizer).
+def optimizer_hyperparameters(optimizer, exterior: Optional[dict[int, set]] = None) -> Optional[dict]:
+    """The optimizer's class and, per param group, every audited setting it holds (None without an optimizer), and
+    whether it holds the model's embedding or head (`exterior`: exterior_parameters).
     Decoupled weight decay (AdamW's p ← p·(1 − lr·λ)) is said apart from an L2 term added to the gradient."""
     if optimizer is None:
         return None
@@ -518,6 +552,8 @@ def optimizer_hyperparameters(optimizer) -> Optional[dict]:
         plain = {key: _plain(group[key]) for key in AUDITED if key in group}
         settings = {key: value for key, value in plain.items() if value is not None}
         settings["decoupled_weight_decay"] = bool(group.get("decoupled_weight_decay", name.startswith("AdamW")))
+        held = set().union(*((exterior or {}).get(id(p), set()) for p in group["params"]))
+        settings.update({f"holds_{role.value}": role in held for role in Exterior})
         groups.append(settings)
     return {"class": name, "groups": groups}
 

@@ -181,7 +181,7 @@ def _descent(value: Any, field: str) -> Optional[dict]:
     return descent
 
 
-OPTIMIZER_FLAGS = ("nesterov", "maximize", "decoupled_weight_decay")
+OPTIMIZER_FLAGS = ("nesterov", "maximize", "decoupled_weight_decay", "holds_embedding", "holds_head")
 
 
 def _setting(value: Any, field: str):
