@@ -119,3 +119,117 @@ def test_left_padding_is_counted_as_hfs_shifted_loss_counts_it(tmp_path):
         padded[0, :pads] = PAD
         mask = (padded != PAD).long()
         assert ("padding_counted" in _padding_names(padded.clone(), padded, mask, tmp_path)) is found
+
+
+class _MaskDropped(torch.nn.Module):
+    """A wrapper that takes the collator's attention_mask and never hands it on (the model attends to padding)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        return self.inner(input_ids=input_ids, labels=labels)
+
+
+class _KeepAddedAttention(torch.nn.Module):
+    """Causal attention that adds the 0/1 keep mask to the scores, as if it were an additive mask
+    (scaled_dot_product_attention adds a float attn_mask): padding gets +0, text +1, nothing is masked."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.c_attn, self.heads = torch.nn.Linear(d, 3 * d), heads
+
+    def forward(self, x, attention_mask):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.c_attn(x).split(c, 2))
+        causal = torch.full((t, t), float("-inf")).triu(1)
+        keep = attention_mask[:, None, None, :].to(x.dtype)  # the bug: a keep mask used as an additive one
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=causal + keep)
+        return y.transpose(1, 2).reshape(b, t, c)
+
+
+class _KeepAddedBlock(torch.nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln_1, self.attn = torch.nn.LayerNorm(d), _KeepAddedAttention(d, heads)
+        self.ln_2, self.mlp = torch.nn.LayerNorm(d), torch.nn.Linear(d, d)
+
+    def forward(self, x, attention_mask):
+        x = x + self.attn(self.ln_1(x), attention_mask)
+        return x + self.mlp(self.ln_2(x))
+
+
+class _AdditiveFromKeep(torch.nn.Module):
+    """A hand-written causal LM of nanoGPT's layout whose attention adds the keep mask to its scores."""
+
+    def __init__(self, vocab=50, d=16, heads=2):
+        super().__init__()
+        self.wte, self.lm_head = torch.nn.Embedding(vocab, d), torch.nn.Linear(d, vocab)
+        self.h = torch.nn.ModuleList([_KeepAddedBlock(d, heads)])
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        x = self.h[0](self.wte(input_ids), attention_mask)
+        logits = self.lm_head(x)
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                 labels[:, 1:].reshape(-1), ignore_index=-100)
+        return logits, loss
+
+
+def _left_padded():
+    ids = torch.randint(1, 50, (2, 12), generator=torch.Generator().manual_seed(3))
+    ids[0, :4] = PAD
+    mask = (ids != PAD).long()
+    labels = ids.masked_fill(mask == 0, -100)
+    return ids, mask, labels
+
+
+def _probe_record(model, ids, mask, labels, tmp_path):
+    from blocktrace import Watch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Watch(model, tmp_path / "run.jsonl", every=1, overwrite=True) as watch:
+            output = model(input_ids=ids, attention_mask=mask, labels=labels)
+            loss = output.loss if hasattr(output, "loss") else output[1]
+            loss.backward()
+            entry = watch.step(loss)
+    assert entry is not None, watch.stopped
+    return entry
+
+
+def test_padding_a_model_attends_to_is_found_by_changing_it(tmp_path):
+    """The probe's definition: positions the attention_mask drops must not change any kept position's logits."""
+    ids, mask, labels = _left_padded()
+    for model in (_MaskDropped(make_llama(head=True)[0]), _AdditiveFromKeep()):
+        torch.manual_seed(0)
+        entry = _probe_record(model.train(), ids, mask, labels, tmp_path)
+        found = {f["name"]: f for f in entry["flags"]}
+        assert entry["probe"]["padding_probed"] is True
+        assert entry["probe"]["padding_leak"] > 1e-2, type(model).__name__
+        assert found["padding_leak"]["level"] == "error" and found["padding_leak"]["cause"] == "mask"
+
+
+def test_a_mask_applied_left_or_right_and_a_batch_without_padding_pass(tmp_path):
+    ids, mask, labels = _left_padded()
+    model = make_llama(head=True)[0].train()
+    left = _probe_record(model, ids, mask, labels, tmp_path)
+    assert left["probe"]["padding_probed"] is True and left["probe"]["padding_leak"] == 0.0  # masked keys weigh 0
+    assert "padding_leak" not in {f["name"] for f in left["flags"]}
+    right, right_mask = _padded()
+    entry = _probe_record(model, right, right_mask, right.masked_fill(right_mask == 0, -100), tmp_path)
+    assert "padding_leak" not in {f["name"] for f in entry["flags"]}
+    whole = _probe_record(model, ids, torch.ones_like(mask), ids, tmp_path)
+    assert whole["probe"]["padding_probed"] is False and "padding_leak" not in {f["name"] for f in whole["flags"]}
+
+
+def test_a_mask_that_drops_text_is_not_a_padding_mask_and_is_not_probed(tmp_path):
+    """A hand-written loop's [B, T] mask over the prompt (several ids, not one pad id) is some other mask: the
+    padding probe leaves it alone, whatever the model does with it."""
+    ids, _, labels = _left_padded()
+    ids[0, :4] = torch.tensor([5, 6, 7, 8])  # a prompt the mask drops: text, not padding
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    entry = _probe_record(_MaskDropped(make_llama(head=True)[0]).train(), ids, mask, labels, tmp_path)
+    assert entry["probe"]["padding_probed"] is False
+    assert "padding_leak" not in {f["name"] for f in entry["flags"]}

@@ -994,6 +994,27 @@ def _forward_not_deterministic(history: Sequence[dict], entry: dict) -> list[Fin
         "the same sequence, given twice in eval mode, gave logits {moved:.3g} apart (relative)", moved=moved))]
 
 
+@check(Scope.TRAINING, "padding_leak",
+       f"changing only the ids at the positions the forward's attention_mask drops moves the logits of a kept "
+       f"position by more than {LEAK_TOLERANCE:g} (relative) (a Watch's probe: two forwards of one padded sequence "
+       "in eval mode, the same random draws; one process)",
+       "definition of HF's attention_mask: 0 drops a position from every attention, so a kept position's output "
+       "cannot depend on what a dropped one holds (its key weighs exactly 0)",
+       "the padding reaches the text: the mask is taken and not passed on to the attention, or a 0/1 keep mask is "
+       "added to the scores as if it were an additive one (nothing is masked), so each prediction depends on how "
+       "much padding its batch had", Cause.MASK, direct=True,
+       advice=phrase("pass the attention_mask to every attention: as a boolean mask (True keeps), or as an additive "
+                     "one of 0 and -inf built from it, never the 0/1 mask added to the scores"))
+def _padding_leak(history: Sequence[dict], entry: dict) -> list[Finding]:
+    probe = entry.get("probe") or {}
+    leak = probe.get("padding_leak")
+    if probe.get("padding_probed") is not True or not _finite(leak) or leak <= LEAK_TOLERANCE:
+        return []
+    return [finding(Level.ERROR, None, None, leak,
+                    phrase("changing only the padding's ids moved the text's logits by up to {leak:.3g} (relative)",
+                           leak=leak))]
+
+
 @check(Scope.TRAINING, "future_leak",
        f"changing only the later half of a sequence moves the logits of an earlier position by more than "
        f"{LEAK_TOLERANCE:g} (relative), in a model trained on next-token prediction (a Watch's probe: two "

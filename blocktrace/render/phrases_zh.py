@@ -175,6 +175,12 @@ PHRASES_ZH = {
         "{class_} 的第 {index} 个参数组用 Muon 的正交化更新了模型的 {layers}",
     "give Muon the hidden layers' matrices only, and the embedding, the output head, gains and biases to an AdamW group":
         "Muon 只用于隐藏层的矩阵；嵌入、输出头、gain 和偏置交给 AdamW 参数组",
+    "changing only the padding's ids moved the text's logits by up to {leak:.3g} (relative)":
+        "只改变 padding 位置的 id，正文的 logits 就变化了 {leak}（相对值）",
+    "pass the attention_mask to every attention: as a boolean mask (True keeps), or as an additive one of 0 and -inf "
+    "built from it, never the 0/1 mask added to the scores":
+        "把 attention_mask 传给每个注意力：用 bool 掩码（True 表示保留），或由它构造的 0 与 -inf 加性掩码，"
+        "不要把 0/1 掩码直接加到分数上",
     "{module} drops p = {dropout:g} of its activations": "{module} 丢弃了 p = {dropout} 的激活",
     "{class_}'s param group {index} has maximize=True: each step climbs the loss":
         "{class_} 的第 {index} 个参数组设置了 maximize=True：每一步都在让损失上升",

@@ -808,6 +808,46 @@ def future_leak(call: Callable[[torch.Tensor], object], ids: torch.Tensor, vocab
             "nondeterministic": (before.float() - again.float()).abs().amax() / largest}
 
 
+def _padded_row(kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sequence to probe, a device index [1], and whether it drops some position and keeps another: one whose
+    dropped position comes before a kept one first (the only kind a causal model can show), on the device."""
+    positions = torch.arange(kept.shape[1], device=kept.device)
+    first_dropped = torch.where(~kept, positions, kept.shape[1]).amin(dim=1)
+    last_kept = torch.where(kept, positions, -1).amax(dim=1)
+    both = (~kept).any(dim=1) & kept.any(dim=1)
+    score = both.long() + (both & (first_dropped < last_kept)).long()
+    return score.argmax().reshape(1), score.amax() > 0
+
+
+@torch.no_grad()
+def padding_leak(call: Callable[[torch.Tensor, torch.Tensor], object], ids: torch.Tensor, kept: torch.Tensor,
+                 vocab: int) -> Optional[dict]:
+    """Two forwards of one sequence whose attention mask drops some positions, the second with the dropped
+    positions' ids changed and the same random draws: how far the kept positions' logits moved, relative to their
+    largest magnitude — exactly 0 in any model that applies its mask (a dropped key's weight is exactly 0)."""
+    if vocab < 2:
+        return None
+    row, probed = _padded_row(kept)
+    original = ids.index_select(0, row)
+    dropped = ~kept.index_select(0, row)
+    # padding is one repeated id (the pad id): a mask that drops text is not a padding mask, and not judged here
+    pad = original.masked_fill(~dropped, torch.iinfo(original.dtype).max).amin()
+    probed = probed & torch.where(dropped, original == pad, True).all()
+    changed = torch.where(dropped, (original + 1) % vocab, original)
+    devices = [ids.device] if ids.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        start = _random_state(devices)
+        before = logits_of(call(original, row))
+        _restore_random_state(start, devices)
+        after = logits_of(call(changed, row))
+    if before is None or after is None or before.shape[:2] != original.shape or after.shape != before.shape:
+        return None
+    kept_rows = (~dropped).to(before.device)
+    moved = ((before.float() - after.float()).abs().amax(dim=-1) * kept_rows).amax()
+    largest = (before.float().abs().amax(dim=-1) * kept_rows).amax().clamp_min(1e-30)
+    return {"padding_leak": moved / largest, "padding_probed": probed}
+
+
 def _random_state(devices: list) -> tuple:
     return torch.random.get_rng_state(), [torch.cuda.get_rng_state(device) for device in devices]
 
@@ -827,10 +867,11 @@ class ForwardCall:
     kwargs: dict
     ids: torch.Tensor  # the very tensor passed (found among the arguments by identity)
 
-    def with_ids(self, new: torch.Tensor) -> tuple[tuple, dict]:
+    def with_ids(self, new: torch.Tensor, row: Optional[torch.Tensor] = None) -> tuple[tuple, dict]:
         """The same call on `new` (the first `new.shape[1]` tokens of one sequence) in place of the ids: every
-        other tensor of the batch cut alike — its batch dimension to the first sequence, each later dimension as
-        long as the sequence to the probe's length — so targets, masks and position ids follow the probed input."""
+        other tensor of the batch cut alike — its batch dimension to the first sequence (or to `row`, a device index
+        [1]: no host read), each later dimension as long as the sequence to the probe's length — so targets, masks
+        and position ids follow the probed input."""
         batch, length = self.ids.shape[0], self.ids.shape[1]
 
         def cut(value):
@@ -838,7 +879,9 @@ class ForwardCall:
                 return new
             if not isinstance(value, torch.Tensor) or value.dim() == 0:
                 return value
-            index = [slice(0, 1) if i == 0 and size == batch else
+            if row is not None and value.shape[0] == batch:
+                value = value.index_select(0, row.to(value.device))
+            index = [slice(0, 1) if i == 0 and size == batch and row is None else
                      slice(0, new.shape[1]) if i > 0 and size == length else slice(None)
                      for i, size in enumerate(value.shape)]
             return value[tuple(index)]
@@ -855,3 +898,15 @@ def probe_causality(model: nn.Module, forward: ForwardCall, ids: torch.Tensor, v
 
     with _evaluating(model):
         return future_leak(call, ids, vocab)
+
+
+def probe_padding(model: nn.Module, forward: ForwardCall, ids: torch.Tensor, kept: torch.Tensor,
+                  vocab: int) -> Optional[dict]:
+    """padding_leak through the model in eval mode, called as the training forward was called (every tensor of the
+    batch cut to the probed sequence)."""
+    def call(x, row):
+        args, kwargs = forward.with_ids(x, row)
+        return model(*args, **kwargs)
+
+    with _evaluating(model):
+        return padding_leak(call, ids, kept, vocab)

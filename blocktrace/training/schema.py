@@ -212,6 +212,8 @@ def _probe(value: Any, field: str) -> dict:
     probe["leak_position"] = _index(probe.get("leak_position"), f"{field}.leak_position", optional=True)
     probe["nondeterministic"] = number(probe.get("nondeterministic"), f"{field}.nondeterministic")
     probe["causal_model"] = _boolean(probe.get("causal_model"), f"{field}.causal_model")
+    probe["padding_leak"] = number(probe.get("padding_leak"), f"{field}.padding_leak")
+    probe["padding_probed"] = _boolean(probe.get("padding_probed"), f"{field}.padding_probed")
     probe["note"] = _text(probe.get("note"), f"{field}.note")
     return probe
 
