@@ -214,7 +214,7 @@ def test_a_mask_applied_left_or_right_and_a_batch_without_padding_pass(tmp_path)
     ids, mask, labels = _left_padded()
     model = make_llama(head=True)[0].train()
     left = _probe_record(model, ids, mask, labels, tmp_path)
-    assert left["probe"]["padding_probed"] is True and left["probe"]["padding_leak"] == 0.0  # masked keys weigh 0
+    assert left["probe"]["padding_probed"] is True and left["probe"]["padding_leak"] < 1e-6  # masked keys weigh 0
     assert "padding_leak" not in {f["name"] for f in left["flags"]}
     right, right_mask = _padded()
     entry = _probe_record(model, right, right_mask, right.masked_fill(right_mask == 0, -100), tmp_path)
@@ -233,3 +233,80 @@ def test_a_mask_that_drops_text_is_not_a_padding_mask_and_is_not_probed(tmp_path
     entry = _probe_record(_MaskDropped(make_llama(head=True)[0]).train(), ids, mask, labels, tmp_path)
     assert entry["probe"]["padding_probed"] is False
     assert "padding_leak" not in {f["name"] for f in entry["flags"]}
+
+
+class _SequenceFirstAttention(torch.nn.Module):
+    """nn.MultiheadAttention left at batch_first=False and given [B, T, E]: it reads B as the sequence, so each
+    position attends to the same position of the other sequences (the causal mask built over that axis too)."""
+
+    def __init__(self, d, heads, batch_first):
+        super().__init__()
+        self.mha = torch.nn.MultiheadAttention(d, heads, batch_first=batch_first)
+
+    def forward(self, x):
+        length = x.shape[1] if self.mha.batch_first else x.shape[0]
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(length)
+        return self.mha(x, x, x, attn_mask=mask, need_weights=False)[0]
+
+
+class _MHABlock(torch.nn.Module):
+    def __init__(self, d, heads, batch_first):
+        super().__init__()
+        self.ln_1, self.attn = torch.nn.LayerNorm(d), _SequenceFirstAttention(d, heads, batch_first)
+        self.ln_2, self.mlp = torch.nn.LayerNorm(d), torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class _MHALanguageModel(torch.nn.Module):
+    def __init__(self, batch_first, vocab=50, d=16, heads=2, batch_norm=False):
+        super().__init__()
+        self.wte, self.lm_head = torch.nn.Embedding(vocab, d), torch.nn.Linear(d, vocab)
+        self.h = torch.nn.ModuleList([_MHABlock(d, heads, batch_first) for _ in range(2)])
+        self.pooled = torch.nn.BatchNorm1d(d) if batch_norm else None  # pools the batch in training only
+
+    def forward(self, ids, targets):
+        x = self.wte(ids)
+        for block in self.h:
+            x = block(x)
+        if self.pooled is not None:
+            x = self.pooled(x.transpose(1, 2)).transpose(1, 2)
+        logits = self.lm_head(x)
+        return logits, torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _batch_record(model, tmp_path, batch=4):
+    from blocktrace import Watch
+
+    ids = torch.randint(0, 50, (batch, 10), generator=torch.Generator().manual_seed(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Watch(model.train(), tmp_path / "run.jsonl", every=1, overwrite=True) as watch:
+            _, loss = model(ids[:, :-1], ids[:, 1:])
+            loss.backward()
+            entry = watch.step(loss)
+    assert entry is not None, watch.stopped
+    return entry
+
+
+def test_sequences_of_a_batch_that_attend_to_each_other_are_found(tmp_path):
+    """The probe's definition: changing one sequence must not move another's logits. Found where
+    nn.MultiheadAttention is given [B, T, E] without batch_first (the one-sequence causal probe cannot see it)."""
+    torch.manual_seed(0)
+    entry = _batch_record(_MHALanguageModel(batch_first=False), tmp_path)
+    found = {f["name"]: f for f in entry["flags"]}
+    assert entry["probe"]["batch_leak"] > 1e-2
+    assert found["batch_leak"]["level"] == "error" and found["batch_leak"]["cause"] == "architecture"
+    assert "future_leak" not in found  # each position sees only itself when the batch holds one sequence
+
+
+def test_sequences_computed_alone_pass_batch_norm_included(tmp_path):
+    for model in (_MHALanguageModel(batch_first=True), _MHALanguageModel(batch_first=True, batch_norm=True)):
+        torch.manual_seed(0)
+        entry = _batch_record(model, tmp_path)
+        assert entry["probe"]["batch_leak"] < 1e-6  # each row's arithmetic is its own (0 here; rounding aside)
+        assert "batch_leak" not in {f["name"] for f in entry["flags"]}
+    one = _batch_record(_MHALanguageModel(batch_first=False), tmp_path, batch=1)
+    assert one["probe"].get("batch_leak") is None  # one sequence: nothing to compare

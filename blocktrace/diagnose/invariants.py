@@ -1015,6 +1015,27 @@ def _padding_leak(history: Sequence[dict], entry: dict) -> list[Finding]:
                            leak=leak))]
 
 
+@check(Scope.TRAINING, "batch_leak",
+       f"changing one sequence of the batch moves another sequence's logits by more than {LEAK_TOLERANCE:g} "
+       f"(relative) (a Watch's probe: two forwards of the batch's first sequences in eval mode, the middle one "
+       "changed in the second, the same random draws; one process)",
+       "definition: a Transformer computes each sequence of a batch alone — attention, norms over the features and "
+       "the FFN act within a sequence; batch norm, the one layer that pools a batch, uses its running statistics "
+       "in eval mode",
+       "the sequences of a batch are mixed: nn.MultiheadAttention given [B, T, E] without batch_first=True attends "
+       "across the batch, a reshape or transpose swaps the batch and time axes, a norm pools over the batch",
+       Cause.ARCHITECTURE, direct=True,
+       advice=phrase("keep the batch axis apart: nn.MultiheadAttention(..., batch_first=True) for [B, T, E] inputs, "
+                     "reshapes that keep B first, norms over the last (feature) axis only"))
+def _batch_leak(history: Sequence[dict], entry: dict) -> list[Finding]:
+    leak = (entry.get("probe") or {}).get("batch_leak")
+    if not _finite(leak) or leak <= LEAK_TOLERANCE:
+        return []
+    return [finding(Level.ERROR, None, None, leak,
+                    phrase("changing one sequence of the batch moved another's logits by up to {leak:.3g} (relative)",
+                           leak=leak))]
+
+
 @check(Scope.TRAINING, "future_leak",
        f"changing only the later half of a sequence moves the logits of an earlier position by more than "
        f"{LEAK_TOLERANCE:g} (relative), in a model trained on next-token prediction (a Watch's probe: two "

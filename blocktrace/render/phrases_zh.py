@@ -181,6 +181,12 @@ PHRASES_ZH = {
     "built from it, never the 0/1 mask added to the scores":
         "把 attention_mask 传给每个注意力：用 bool 掩码（True 表示保留），或由它构造的 0 与 -inf 加性掩码，"
         "不要把 0/1 掩码直接加到分数上",
+    "changing one sequence of the batch moved another's logits by up to {leak:.3g} (relative)":
+        "只改变 batch 中的一个序列，另一个序列的 logits 就变化了 {leak}（相对值）",
+    "keep the batch axis apart: nn.MultiheadAttention(..., batch_first=True) for [B, T, E] inputs, reshapes that keep "
+    "B first, norms over the last (feature) axis only":
+        "让 batch 维度各自分开：[B, T, E] 输入用 nn.MultiheadAttention(..., batch_first=True)，reshape 时保持 B 在最前，"
+        "归一化只在最后一维上做",
     "{module} drops p = {dropout:g} of its activations": "{module} 丢弃了 p = {dropout} 的激活",
     "{class_}'s param group {index} has maximize=True: each step climbs the loss":
         "{class_} 的第 {index} 个参数组设置了 maximize=True：每一步都在让损失上升",

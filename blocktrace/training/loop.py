@@ -819,6 +819,28 @@ def _padded_row(kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return score.argmax().reshape(1), score.amax() > 0
 
 
+def _two_forwards(call: Callable[[torch.Tensor, torch.Tensor], object], original: torch.Tensor,
+                  changed: torch.Tensor, rows: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """The logits of `original` and of `changed` (the same rows of the batch, `rows`) under the same random draws
+    (the training's own stream untouched); None where the model gives no [rows, T, V] logits."""
+    devices = [original.device] if original.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        start = _random_state(devices)
+        before = logits_of(call(original, rows))
+        _restore_random_state(start, devices)
+        after = logits_of(call(changed, rows))
+    if before is None or after is None or before.shape[:2] != original.shape or after.shape != before.shape:
+        return None
+    return before, after
+
+
+def _relative_move(before: torch.Tensor, after: torch.Tensor, watched: torch.Tensor) -> torch.Tensor:
+    """How far the logits at the `watched` positions ([rows, T] bool) moved, over their largest magnitude."""
+    watched = watched.to(before.device)
+    moved = ((before.float() - after.float()).abs().amax(dim=-1) * watched).amax()
+    return moved / (before.float().abs().amax(dim=-1) * watched).amax().clamp_min(1e-30)
+
+
 @torch.no_grad()
 def padding_leak(call: Callable[[torch.Tensor, torch.Tensor], object], ids: torch.Tensor, kept: torch.Tensor,
                  vocab: int) -> Optional[dict]:
@@ -833,19 +855,33 @@ def padding_leak(call: Callable[[torch.Tensor, torch.Tensor], object], ids: torc
     # padding is one repeated id (the pad id): a mask that drops text is not a padding mask, and not judged here
     pad = original.masked_fill(~dropped, torch.iinfo(original.dtype).max).amin()
     probed = probed & torch.where(dropped, original == pad, True).all()
-    changed = torch.where(dropped, (original + 1) % vocab, original)
-    devices = [ids.device] if ids.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        start = _random_state(devices)
-        before = logits_of(call(original, row))
-        _restore_random_state(start, devices)
-        after = logits_of(call(changed, row))
-    if before is None or after is None or before.shape[:2] != original.shape or after.shape != before.shape:
+    pair = _two_forwards(call, original, torch.where(dropped, (original + 1) % vocab, original), row)
+    if pair is None:
         return None
-    kept_rows = (~dropped).to(before.device)
-    moved = ((before.float() - after.float()).abs().amax(dim=-1) * kept_rows).amax()
-    largest = (before.float().abs().amax(dim=-1) * kept_rows).amax().clamp_min(1e-30)
-    return {"padding_leak": moved / largest, "padding_probed": probed}
+    return {"padding_leak": _relative_move(*pair, ~dropped), "padding_probed": probed}
+
+
+BATCH_PROBE_ROWS = 3  # the batch probe changes the middle one of 3 sequences: a mixing in either direction shows
+
+
+@torch.no_grad()
+def batch_leak(call: Callable[[torch.Tensor, torch.Tensor], object], ids: torch.Tensor, vocab: int) -> Optional[dict]:
+    """Two forwards of the batch's first sequences (up to 3, each cut to PROBE_TOKENS), the second with one of them
+    changed and the same random draws: how far the others' logits moved — exactly 0 where each sequence is
+    computed alone, as a Transformer in eval mode does (batch norm, the one layer that pools a batch, then uses its
+    running statistics)."""
+    count, length = min(ids.shape[0], BATCH_PROBE_ROWS), min(ids.shape[1], PROBE_TOKENS)
+    if count < 2 or vocab < 2:
+        return None
+    original, changed_row = ids[:count, :length], (count - 1) // 2
+    changed = original.clone()
+    changed[changed_row] = (changed[changed_row] + 1) % vocab
+    pair = _two_forwards(call, original, changed, torch.arange(count, device=ids.device))
+    if pair is None:
+        return None
+    watched = torch.ones(count, length, dtype=torch.bool)
+    watched[changed_row] = False
+    return {"batch_leak": _relative_move(*pair, watched)}
 
 
 def _random_state(devices: list) -> tuple:
@@ -900,13 +936,14 @@ def probe_causality(model: nn.Module, forward: ForwardCall, ids: torch.Tensor, v
         return future_leak(call, ids, vocab)
 
 
-def probe_padding(model: nn.Module, forward: ForwardCall, ids: torch.Tensor, kept: torch.Tensor,
-                  vocab: int) -> Optional[dict]:
-    """padding_leak through the model in eval mode, called as the training forward was called (every tensor of the
-    batch cut to the probed sequence)."""
-    def call(x, row):
-        args, kwargs = forward.with_ids(x, row)
+def probe_padding_and_batch(model: nn.Module, forward: ForwardCall, ids: torch.Tensor, kept: Optional[torch.Tensor],
+                            vocab: int) -> dict:
+    """padding_leak (where the forward had a [B, T] attention mask) and batch_leak through the model in eval mode,
+    called as the training forward was called (every tensor of the batch cut to the probed sequences)."""
+    def call(x, rows):
+        args, kwargs = forward.with_ids(x, rows)
         return model(*args, **kwargs)
 
     with _evaluating(model):
-        return padding_leak(call, ids, kept, vocab)
+        padding = padding_leak(call, ids, kept, vocab) if kept is not None else None
+        return {**(padding or {}), **(batch_leak(call, ids, vocab) or {})}

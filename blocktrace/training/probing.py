@@ -19,7 +19,7 @@ from blocktrace.phrases import phrase
 from blocktrace.training.batch import Batch, input_ids
 from blocktrace.training.blocks import sharded, unwrap
 from blocktrace.training.distributed import Reducer
-from blocktrace.training.loop import ForwardCall, causal_model, probe_causality, probe_padding
+from blocktrace.training.loop import ForwardCall, causal_model, probe_causality, probe_padding_and_batch
 
 
 @dataclass
@@ -78,21 +78,21 @@ def causal_probe(model: nn.Module, batch: Batch, reducer: Reducer, device: torch
         return {**found, **_across_ranks(reducer, leak, note, seen, device)}
     if not seen:
         return None
-    padding, padding_note = _padding(unwrap(model), batch)
-    notes = "; ".join(text for text in (note, padding_note) if text)
-    return {**found, **(leak or {}), **(padding or {}), **({"note": notes} if notes else {})}
+    others, others_note = _padding_and_batch(unwrap(model), batch)
+    notes = "; ".join(text for text in (note, others_note) if text)
+    return {**found, **(leak or {}), **others, **({"note": notes} if notes else {})}
 
 
-def _padding(model: nn.Module, batch: Batch) -> tuple[Optional[dict], Optional[str]]:
-    """The padding probe (one process): on a sequence whose attention mask drops positions, whether changing them
-    moves the kept positions' logits; not run without a [B, T] mask, or for an encoder-decoder (its mask is the
+def _padding_and_batch(model: nn.Module, batch: Batch) -> tuple[dict, Optional[str]]:
+    """The padding and batch probes (one process): whether changing the padding a [B, T] attention mask drops, or
+    another sequence of the batch, moves a sequence's logits. Not run for an encoder-decoder (its mask is the
     encoder's, its logits the decoder's)."""
-    if batch.kept is None or batch.decoded or batch.call is None:
-        return None, None
+    if batch.decoded or batch.call is None:
+        return {}, None
     try:
-        return probe_padding(model, batch.call, batch.ids, batch.kept, batch.vocab), None
-    except Exception as error:  # the model may refuse a one-sequence batch: say so, and go on
-        return None, f"padding probe not run: {type(error).__name__}: {error}"[:200]
+        return probe_padding_and_batch(model, batch.call, batch.ids, batch.kept, batch.vocab), None
+    except Exception as error:  # the model may refuse a smaller batch: say so, and go on
+        return {}, f"padding and batch probes not run: {type(error).__name__}: {error}"[:200]
 
 
 def _across_ranks(reducer: Reducer, leak: Optional[dict], note: Optional[str], seen: bool,

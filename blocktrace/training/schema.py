@@ -214,6 +214,7 @@ def _probe(value: Any, field: str) -> dict:
     probe["causal_model"] = _boolean(probe.get("causal_model"), f"{field}.causal_model")
     probe["padding_leak"] = number(probe.get("padding_leak"), f"{field}.padding_leak")
     probe["padding_probed"] = _boolean(probe.get("padding_probed"), f"{field}.padding_probed")
+    probe["batch_leak"] = number(probe.get("batch_leak"), f"{field}.batch_leak")
     probe["note"] = _text(probe.get("note"), f"{field}.note")
     return probe
 
