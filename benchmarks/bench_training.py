@@ -18,6 +18,7 @@ Prints the section; benchmarks/bench.py puts it into benchmarks/RESULTS.md.
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import statistics
 import sys
@@ -221,7 +222,10 @@ def watch_section(work: Path) -> list[str]:
 
 
 if __name__ == "__main__":
-    if "--watch-only" in sys.argv:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--watch-only", action="store_true",
+                        help="only the Watch's cost on HF's GPT-2 and on hand-written attention")
+    if parser.parse_args().watch_only:
         folder = DATA / "watch-bench"
         folder.mkdir(parents=True, exist_ok=True)
         print("\n".join(watch_section(folder)))
