@@ -101,11 +101,23 @@ def nano_block():
     return block, {}, {"residual1": r1, "residual2": r2}
 
 
+def book_block():
+    """"Build a Large Language Model (From Scratch)"'s TransformerBlock (tests/book_gpt.py): attention by hand."""
+    from book_gpt import SMALL, TransformerBlock
+
+    block = _randomise(TransformerBlock({**SMALL, "emb_dim": D, "n_heads": 4}))
+    with torch.no_grad():
+        r1 = X + block.att(block.norm1(X))
+        r2 = r1 + block.ff(block.norm2(r1))
+    return block, {}, {"residual1": r1, "residual2": r2}
+
+
 @pytest.mark.parametrize("make, order, weights", [
     (gpt2_block, SIX, True),
     (bert_layer, ["attn", "residual1", "norm1", "ffn", "residual2", "norm2"], True),
     (llama_layer, SIX, True),
     (nano_block, SIX, False),
+    (book_block, SIX, True),
 ])
 @pytest.mark.parametrize("bare", [False, True], ids=["model's arguments given", "bare: blocktrace supplies them"])
 def test_known_blocks_trace_without_naming_steps(make, order, weights, bare):

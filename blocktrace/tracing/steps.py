@@ -109,6 +109,9 @@ def _hf_layout(class_name: str, layer: HFLayer, parallel: bool) -> Layout:
 NAMED_LAYOUTS = (
     ("nanoGPT-style Block (ln_1/attn/ln_2/mlp)", GPT2_STEPS, True),
     ("tutorial block (ln1/attn/ln2/ffn)", {"norm1": "ln1", "attn": "attn", "norm2": "ln2", "ffn": "ffn"}, False),
+    # Raschka, "Build a Large Language Model (From Scratch)", chapter 4's TransformerBlock: a GPT decoder block
+    ("LLMs-from-scratch TransformerBlock (norm1/att/norm2/ff)",
+     {"norm1": "norm1", "attn": "att", "norm2": "norm2", "ffn": "ff"}, True),
 )
 
 

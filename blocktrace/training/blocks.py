@@ -37,8 +37,8 @@ def _known(block: nn.Module) -> bool:
 
 def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[nn.Module]:
     """The model's Transformer blocks: the ones named (a list, or a dotted path to a ModuleList), else the
-    longest ModuleList whose modules blocktrace knows (HF GPT-2 / BERT / Llama-family layers, nanoGPT's Block,
-    blocktrace's own)."""
+    longest ModuleList or nn.Sequential (the "LLMs from scratch" book's `trf_blocks`) whose modules blocktrace knows
+    (HF GPT-2 / BERT / Llama-family layers, nanoGPT's and the book's blocks, blocktrace's own)."""
     model = unwrap(model)
     if isinstance(blocks, str):
         try:
@@ -52,7 +52,7 @@ def find_blocks(model: nn.Module, blocks: Blocks = None) -> list[nn.Module]:
     if blocks is not None:
         return list(blocks)
     candidates = [list(module) for module in model.modules()
-                  if isinstance(module, nn.ModuleList) and len(module) and _known(module[0])]
+                  if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) and _known(module[0])]
     if not candidates:
         raise UsageError(f"cannot find the Transformer blocks of {type(model).__name__}: pass blocks= (a list of "
                          "modules, or the path of the ModuleList holding them, e.g. 'transformer.h')")
