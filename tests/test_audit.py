@@ -576,3 +576,69 @@ def test_muons_groups_are_read_by_their_use_muon_flag():
     found = audited(hidden + [embedding], rest + [head])
     assert found and "embedding" in found[0].detail and "head" not in found[0].detail
     assert found[0].cause.value == "optimizer"
+
+
+class _TrustRatioSGD(torch.optim.Optimizer):
+    """LARS/LAMB's layer-wise step, w ← w − lr·(‖w‖/‖g‖)·g, with or without the guard that takes the ratio as 1
+    where ‖w‖ or ‖g‖ is 0 (You et al. 2019; cybertronai/pytorch-lamb PR #6 added it)."""
+
+    def __init__(self, params, lr, guarded):
+        super().__init__(params, {"lr": lr})
+        self.guarded = guarded
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                w_norm, g_norm = p.norm(), p.grad.norm()
+                ratio = w_norm / g_norm.clamp_min(1e-12)
+                if self.guarded:
+                    ratio = torch.where((w_norm > 0) & (g_norm > 0), ratio, torch.ones_like(ratio))
+                p.add_(p.grad, alpha=-(group["lr"] * float(ratio)))
+
+
+def _zero_projection_model() -> NanoGPT:
+    """NanoGPT with each attention's output projection zero-initialised (Fixup, GPT-NeoX's recipes)."""
+    torch.manual_seed(0)
+    model = NanoGPT()
+    with torch.no_grad():
+        for block in model.h:
+            block.attn.c_proj.weight.zero_()
+            block.attn.c_proj.bias.zero_()
+    return model
+
+
+def test_a_zero_matrix_a_trust_ratio_holds_at_zero_is_the_optimizer(tmp_path):
+    records = _train(tmp_path / "run.jsonl", lambda ps: _TrustRatioSGD(ps, lr=0.05, guarded=False),
+                     model=_zero_projection_model(), steps=11)
+    found = [f for f in records[-1]["flags"] if f["name"] == "zero_matrix_not_updated"]
+    assert found and found[0]["level"] == "error" and "exactly 0 at steps 5 and 10" in found[0]["detail"]
+    assert records[-1]["diagnosis"][0]["cause"] == "optimizer"
+    assert "gradient_misses_weights" not in {f["name"] for f in records[-1]["flags"]}  # the zero matrix explains it
+
+
+def test_a_guarded_trust_ratio_and_a_group_at_lr_0_pass(tmp_path):
+    guarded = _train(tmp_path / "guarded.jsonl", lambda ps: _TrustRatioSGD(ps, lr=0.05, guarded=True),
+                     model=_zero_projection_model(), steps=11)
+    assert not [f for r in guarded for f in r["flags"] if f["name"] == "zero_matrix_not_updated"]
+    frozen = _train(tmp_path / "frozen.jsonl", lambda ps: torch.optim.SGD(ps, lr=0.0),
+                    model=_zero_projection_model(), steps=11)
+    assert not [f for r in frozen for f in r["flags"] if f["name"] == "zero_matrix_not_updated"]
+
+
+def test_a_matrix_drawn_from_torch_rand_is_off_centre_at_step_0(tmp_path):
+    """torch.rand's U[0, 1) has mean/std = 0.5/0.289: no published initialisation is off centre; the nanoGPT
+    model's own draws (normal, Kaiming uniform) are centred."""
+    torch.manual_seed(0)
+    model = NanoGPT()
+    with torch.no_grad():
+        model.h[0].attn.c_attn.weight.copy_(torch.rand_like(model.h[0].attn.c_attn.weight))
+    records = _train(tmp_path / "rand.jsonl", model=model, steps=1)
+    found = [f for f in records[0]["flags"] if f["name"] == "weights_off_centre"]
+    assert found and found[0]["level"] == "error" and found[0]["layer"] == 0 and found[0]["cause"] == "initialisation"
+    mean, std = (float(word.rstrip(",;")) for word in found[0]["detail"].split() if word[0].isdigit())
+    assert mean / std == pytest.approx(0.5 / (1 / 12) ** 0.5, rel=0.1)  # U[0, 1): mean / std = √3
+    healthy = _train(tmp_path / "healthy.jsonl", steps=1)
+    assert "weights_off_centre" not in {f["name"] for f in healthy[0]["flags"]}

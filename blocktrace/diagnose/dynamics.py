@@ -160,7 +160,8 @@ def _gradient_misses_weights(history: Sequence[dict], entry: dict) -> list[Findi
     flags = []
     for layer in entry["layers"]:
         if layer.get("trainable") is False or not _finite(layer.get("grad_norm")) or not layer["grad_norm"] > 0 \
-                or in_zero_saddle(layer):  # zero matrices zero their partners' gradients: weights_zero_stuck's
+                or in_zero_saddle(layer) \
+                or _zero_held_still(before.get(layer["layer"]), layer, entry):  # a zero partner explains it
             continue
         missed = [kind for kind, w in (layer.get("weights") or {}).items()
                   if _misses(w) and _misses(((before.get(layer["layer"]) or {}).get("weights") or {}).get(kind))]
@@ -170,6 +171,49 @@ def _gradient_misses_weights(history: Sequence[dict], entry: dict) -> list[Findi
                 "{kind} gets a nonzero gradient at {reached} of its entries (a row of it holds {line}), here and at the "
                 "record before", kind=missed[0], reached=int(w["gradient_entries"]), line=int(w["line"]))))
     return flags
+
+
+@check(Scope.TRAINING, "zero_matrix_not_updated",
+       "a layer's weight matrix is exactly 0 at two records in a row, with a nonzero gradient at both and optimizer "
+       "steps between them at learning rates above 0 (a Watch given the optimizer)",
+       "definition of the first-order optimizers: a step on a nonzero gradient moves the weights (SGD's −lr·g, Adam's "
+       "m̂/√v̂ ≠ 0 where g ≠ 0, Lion's sign), and a zero weight takes any step exactly; a zero matrix held at 0 under "
+       "its gradient has a rule that scales the step by ‖w‖ — LAMB's or LARS's trust ratio ‖w‖/‖u‖ without the guard "
+       "that sets it to 1 at ‖w‖ = 0 (You et al. 2019; NVIDIA apex's FusedLAMB; cybertronai/pytorch-lamb PR #6)",
+       "a zero-initialised matrix (a residual branch's output projection, as Fixup and GPT-NeoX recipes zero it) never "
+       "leaves 0, so its branch adds nothing and the matrices before it get no gradient", Cause.OPTIMIZER, direct=True,
+       advice=phrase("guard the trust ratio: use 1 where ‖w‖ or ‖update‖ is 0 (LAMB's reference implementations do), "
+                     "or do not zero-initialise the matrices such an optimizer updates"))
+def _zero_matrix_not_updated(history: Sequence[dict], entry: dict) -> list[Finding]:
+    if not history:
+        return []
+    before = {layer["layer"]: layer for layer in history[-1]["layers"]}
+    flags = []
+    for layer in entry["layers"]:
+        still = _zero_held_still(before.get(layer["layer"]), layer, entry)
+        if still:
+            flags.append(finding(Level.ERROR, None, layer["layer"], 0.0, phrase(
+                "{kind} is exactly 0 at steps {start} and {end} under a nonzero gradient: "
+                "{steps} optimizer steps left it there", kind=still[0], start=history[-1]["step"], end=entry["step"],
+                steps=int(entry["loop"]["optimizer_steps"]))))
+    return flags
+
+
+def _zero_held_still(before: Optional[dict], layer: dict, entry: dict) -> list[str]:
+    """The matrices of a layer exactly 0 at the record before and now, with a gradient at nonzero entries at both,
+    over optimizer steps at learning rates above 0 (a group at lr 0 is frozen on purpose: not judged)."""
+    loop = entry.get("loop") or {}
+    rates, steps = loop.get("lr_groups") or [], loop.get("optimizer_steps")
+    if before is None or not _finite(steps) or steps < 1 or not rates or not all(_finite(r) and r > 0 for r in rates):
+        return []
+    earlier = before.get("weights") or {}
+    return [kind for kind, w in (layer.get("weights") or {}).items()
+            if _zero_with_gradient(w) and _zero_with_gradient(earlier.get(kind))]
+
+
+def _zero_with_gradient(weights: Optional[dict]) -> bool:
+    norm, reached = (weights or {}).get("norm"), (weights or {}).get("gradient_entries")
+    return norm == 0 and _finite(reached) and reached > 0
 
 
 def _misses(weights: Optional[dict]) -> bool:

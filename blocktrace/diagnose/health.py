@@ -453,6 +453,31 @@ def _weights_constant(evidence) -> list[Finding]:
     return flags
 
 
+@check(Scope.MODEL, "weights_off_centre",
+       "a weight matrix of a layer has a mean larger in magnitude than its standard deviation",
+       "definition of the published initialisations — normal and truncated normal (GPT-2, BERT, T5), Xavier and "
+       "Kaiming uniform (PyTorch's nn.Linear), orthogonal — all centred on 0; a matrix of mean m feeds every unit m·Σx "
+       "besides its random part, and training moves a matrix's mean far less than its spread. |mean| > std is a "
+       "matrix drawn from a one-signed distribution: torch.rand's U[0, 1) has mean/std = 1.73",
+       "the layer starts far from any initialisation a recipe uses: every unit sees the same large positive part of "
+       "its input, so attention saturates and units move together — torch.rand where torch.randn was meant, or .abs() "
+       "on a normal draw", Cause.INITIALISATION, direct=True,
+       advice=phrase("draw weight matrices centred on 0: nn.init.normal_(std=0.02) as GPT-2, or torch.randn scaled "
+                     "by 1/√fan_in — not torch.rand, whose values are all positive"))
+def _weights_off_centre(evidence) -> list[Finding]:
+    flags = []
+    for index, matrices in enumerate(evidence.weights):
+        off = [(name, entry) for name, entry in matrices.items()
+               if entry.get("spread") != 0 and isinstance(entry.get("mean"), float) and math.isfinite(entry["mean"])
+               and math.isfinite(entry["std"]) and abs(entry["mean"]) > entry["std"]]
+        if off:
+            name, entry = off[0]
+            flags.append(finding(Level.ERROR, None, evidence.first_layer + index, abs(entry["mean"]) / entry["std"],
+                                 phrase("{name}: mean {mean:.3g} against a standard deviation of {std:.3g}",
+                                        name=name, mean=entry["mean"], std=entry["std"])))
+    return flags
+
+
 # the narrowest FFN published models use, over the stream's width: Qwen3-Next's experts, 512 for a 2048-wide stream
 # (dense FFNs are 8/3·d to 4·d: Llama's SwiGLU, GPT-2's); half of it leaves room for research's finer experts
 NARROWEST_FFN = 1 / 8

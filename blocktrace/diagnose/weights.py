@@ -92,14 +92,14 @@ def sum_and_squares(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def weight_summary(moments: dict[str, dict]) -> dict[str, dict]:
-    """weight_moments on the host -> per weight its std (unbiased, as torch.std), Frobenius norm, fan-in
+    """weight_moments on the host -> per weight its mean, std (unbiased, as torch.std), Frobenius norm, fan-in
     (std·√fan_in ≈ 0.5–1.5 at the usual inits), fan-out and sampled spread."""
     summary = {}
     for name, m in moments.items():
         n = m["count"]
         variance = (m["squares"] - m["sum"] ** 2 / n) / max(n - 1, 1)
-        summary[name] = {"std": max(variance, 0.0) ** 0.5, "norm": m["squares"] ** 0.5, "fan_in": m["fan_in"],
-                         "spread": m.get("spread"), "fan_out": n // max(m["fan_in"], 1)}
+        summary[name] = {"mean": m["sum"] / max(n, 1), "std": max(variance, 0.0) ** 0.5, "norm": m["squares"] ** 0.5,
+                         "fan_in": m["fan_in"], "spread": m.get("spread"), "fan_out": n // max(m["fan_in"], 1)}
     return summary
 
 

@@ -187,6 +187,18 @@ PHRASES_ZH = {
     "B first, norms over the last (feature) axis only":
         "让 batch 维度各自分开：[B, T, E] 输入用 nn.MultiheadAttention(..., batch_first=True)，reshape 时保持 B 在最前，"
         "归一化只在最后一维上做",
+    "{kind} is exactly 0 at steps {start} and {end} under a nonzero gradient: {steps} optimizer steps left it there":
+        "{kind} 在第 {start} 步和第 {end} 步都恰好为 0，梯度不为 0：{steps} 次优化器更新都没有移动它",
+    "guard the trust ratio: use 1 where ‖w‖ or ‖update‖ is 0 (LAMB's reference implementations do), or do not "
+    "zero-initialise the matrices such an optimizer updates":
+        "trust ratio 要在 ‖w‖ 或 ‖update‖ 为 0 时取 1（LAMB 的原始实现就是这样），"
+        "或者不要把这种优化器更新的矩阵初始化为 0",
+    "{name}: mean {mean:.3g} against a standard deviation of {std:.3g}":
+        "{name}：均值 {mean}，标准差 {std}",
+    "draw weight matrices centred on 0: nn.init.normal_(std=0.02) as GPT-2, or torch.randn scaled by 1/√fan_in — not "
+    "torch.rand, whose values are all positive":
+        "权重矩阵要以 0 为中心初始化：像 GPT-2 那样用 nn.init.normal_(std=0.02)，或用按 1/√fan_in 缩放的 torch.randn，"
+        "不要用 torch.rand（它的值全为正）",
     "{module} drops p = {dropout:g} of its activations": "{module} 丢弃了 p = {dropout} 的激活",
     "{class_}'s param group {index} has maximize=True: each step climbs the loss":
         "{class_} 的第 {index} 个参数组设置了 maximize=True：每一步都在让损失上升",
