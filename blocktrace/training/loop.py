@@ -761,7 +761,7 @@ def loss_checks(logits: Optional[torch.Tensor], targets: Optional[torch.Tensor],
 # --- the causal probe -------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _evaluating(model: nn.Module):
+def evaluating(model: nn.Module):
     """The model in eval mode (no dropout), every module's own mode restored after."""
     modes = [(module, module.training) for module in model.modules()]
     model.eval()
@@ -795,9 +795,9 @@ def future_leak(call: Callable[[torch.Tensor], object], ids: torch.Tensor, vocab
     changed[:, half:] = (changed[:, half:] + 1) % vocab
     devices = [ids.device] if ids.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        start = _random_state(devices)
+        start = random_state(devices)
         before = logits_of(call(original))
-        _restore_random_state(start, devices)
+        restore_random_state(start, devices)
         after, again = logits_of(call(changed)), logits_of(call(original))
     if before is None or after is None or again is None:
         return None
@@ -808,87 +808,11 @@ def future_leak(call: Callable[[torch.Tensor], object], ids: torch.Tensor, vocab
             "nondeterministic": (before.float() - again.float()).abs().amax() / largest}
 
 
-def _padded_row(kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sequence to probe, a device index [1], and whether it drops some position and keeps another: one whose
-    dropped position comes before a kept one first (the only kind a causal model can show), on the device."""
-    positions = torch.arange(kept.shape[1], device=kept.device)
-    first_dropped = torch.where(~kept, positions, kept.shape[1]).amin(dim=1)
-    last_kept = torch.where(kept, positions, -1).amax(dim=1)
-    both = (~kept).any(dim=1) & kept.any(dim=1)
-    score = both.long() + (both & (first_dropped < last_kept)).long()
-    return score.argmax().reshape(1), score.amax() > 0
-
-
-def _two_forwards(call: Callable[[torch.Tensor, torch.Tensor], object], original: torch.Tensor,
-                  changed: torch.Tensor, rows: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-    """The logits of `original` and of `changed` (the same rows of the batch, `rows`) under the same random draws
-    (the training's own stream untouched); None where the model gives no [rows, T, V] logits."""
-    devices = [original.device] if original.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        start = _random_state(devices)
-        before = logits_of(call(original, rows))
-        _restore_random_state(start, devices)
-        after = logits_of(call(changed, rows))
-    if before is None or after is None or before.shape[:2] != original.shape or after.shape != before.shape:
-        return None
-    return before, after
-
-
-def _relative_move(before: torch.Tensor, after: torch.Tensor, watched: torch.Tensor) -> torch.Tensor:
-    """How far the logits at the `watched` positions ([rows, T] bool) moved, over their largest magnitude."""
-    watched = watched.to(before.device)
-    moved = ((before.float() - after.float()).abs().amax(dim=-1) * watched).amax()
-    return moved / (before.float().abs().amax(dim=-1) * watched).amax().clamp_min(1e-30)
-
-
-@torch.no_grad()
-def padding_leak(call: Callable[[torch.Tensor, torch.Tensor], object], ids: torch.Tensor, kept: torch.Tensor,
-                 vocab: int) -> Optional[dict]:
-    """Two forwards of one sequence whose attention mask drops some positions, the second with the dropped
-    positions' ids changed and the same random draws: how far the kept positions' logits moved, relative to their
-    largest magnitude — exactly 0 in any model that applies its mask (a dropped key's weight is exactly 0)."""
-    if vocab < 2:
-        return None
-    row, probed = _padded_row(kept)
-    original = ids.index_select(0, row)
-    dropped = ~kept.index_select(0, row)
-    # padding is one repeated id (the pad id): a mask that drops text is not a padding mask, and not judged here
-    pad = original.masked_fill(~dropped, torch.iinfo(original.dtype).max).amin()
-    probed = probed & torch.where(dropped, original == pad, True).all()
-    pair = _two_forwards(call, original, torch.where(dropped, (original + 1) % vocab, original), row)
-    if pair is None:
-        return None
-    return {"padding_leak": _relative_move(*pair, ~dropped), "padding_probed": probed}
-
-
-BATCH_PROBE_ROWS = 3  # the batch probe changes the middle one of 3 sequences: a mixing in either direction shows
-
-
-@torch.no_grad()
-def batch_leak(call: Callable[[torch.Tensor, torch.Tensor], object], ids: torch.Tensor, vocab: int) -> Optional[dict]:
-    """Two forwards of the batch's first sequences (up to 3, each cut to PROBE_TOKENS), the second with one of them
-    changed and the same random draws: how far the others' logits moved — exactly 0 where each sequence is
-    computed alone, as a Transformer in eval mode does (batch norm, the one layer that pools a batch, then uses its
-    running statistics)."""
-    count, length = min(ids.shape[0], BATCH_PROBE_ROWS), min(ids.shape[1], PROBE_TOKENS)
-    if count < 2 or vocab < 2:
-        return None
-    original, changed_row = ids[:count, :length], (count - 1) // 2
-    changed = original.clone()
-    changed[changed_row] = (changed[changed_row] + 1) % vocab
-    pair = _two_forwards(call, original, changed, torch.arange(count, device=ids.device))
-    if pair is None:
-        return None
-    watched = torch.ones(count, length, dtype=torch.bool)
-    watched[changed_row] = False
-    return {"batch_leak": _relative_move(*pair, watched)}
-
-
-def _random_state(devices: list) -> tuple:
+def random_state(devices: list) -> tuple:
     return torch.random.get_rng_state(), [torch.cuda.get_rng_state(device) for device in devices]
 
 
-def _restore_random_state(state: tuple, devices: list) -> None:
+def restore_random_state(state: tuple, devices: list) -> None:
     torch.random.set_rng_state(state[0])
     for device, cuda_state in zip(devices, state[1]):
         torch.cuda.set_rng_state(cuda_state, device)
@@ -903,10 +827,10 @@ class ForwardCall:
     kwargs: dict
     ids: torch.Tensor  # the very tensor passed (found among the arguments by identity)
 
-    def with_ids(self, new: torch.Tensor, row: Optional[torch.Tensor] = None) -> tuple[tuple, dict]:
+    def with_ids(self, new: torch.Tensor, rows: Optional[torch.Tensor] = None) -> tuple[tuple, dict]:
         """The same call on `new` (the first `new.shape[1]` tokens of one sequence) in place of the ids: every
-        other tensor of the batch cut alike — its batch dimension to the first sequence (or to `row`, a device index
-        [1]: no host read), each later dimension as long as the sequence to the probe's length — so targets, masks
+        other tensor of the batch cut alike — its batch dimension to the first sequence (or to `rows`, a device
+        index: no host read), each later dimension as long as the sequence to the probe's length — so targets, masks
         and position ids follow the probed input."""
         batch, length = self.ids.shape[0], self.ids.shape[1]
 
@@ -915,9 +839,9 @@ class ForwardCall:
                 return new
             if not isinstance(value, torch.Tensor) or value.dim() == 0:
                 return value
-            if row is not None and value.shape[0] == batch:
-                value = value.index_select(0, row.to(value.device))
-            index = [slice(0, 1) if i == 0 and size == batch and row is None else
+            if rows is not None and value.shape[0] == batch:
+                value = value.index_select(0, rows.to(value.device))
+            index = [slice(0, 1) if i == 0 and size == batch and rows is None else
                      slice(0, new.shape[1]) if i > 0 and size == length else slice(None)
                      for i, size in enumerate(value.shape)]
             return value[tuple(index)]
@@ -932,18 +856,5 @@ def probe_causality(model: nn.Module, forward: ForwardCall, ids: torch.Tensor, v
         args, kwargs = forward.with_ids(x)
         return model(*args, **kwargs)
 
-    with _evaluating(model):
+    with evaluating(model):
         return future_leak(call, ids, vocab)
-
-
-def probe_padding_and_batch(model: nn.Module, forward: ForwardCall, ids: torch.Tensor, kept: Optional[torch.Tensor],
-                            vocab: int) -> dict:
-    """padding_leak (where the forward had a [B, T] attention mask) and batch_leak through the model in eval mode,
-    called as the training forward was called (every tensor of the batch cut to the probed sequences)."""
-    def call(x, rows):
-        args, kwargs = forward.with_ids(x, rows)
-        return model(*args, **kwargs)
-
-    with _evaluating(model):
-        padding = padding_leak(call, ids, kept, vocab) if kept is not None else None
-        return {**(padding or {}), **(batch_leak(call, ids, vocab) or {})}
