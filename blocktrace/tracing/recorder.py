@@ -358,19 +358,24 @@ class Recorder:
                 return
             mode, watching = watching, None
             mode.__exit__(None, None, None)
-            self.attention.score_scale = mode.scale
-            self.attention.contracted_elsewhere = mode.contracted_elsewhere
-            weights = _attention_weights(output)
-            if weights is not None:
-                self.attention.add(weights, None)
-            elif not self.attention.chunks:  # no weights returned, none measured from sdpa: the ones computed by hand
-                for scores, weights in mode.seen:
-                    self.attention.scores, weights = as_heads(scores, weights)
-                    self.attention.add(weights, slice(0, weights.shape[-2]))
+            self._take_attention(mode, output)
 
         # always_call: a forward that raises leaves the mode too
         return [module.register_forward_pre_hook(self.guard(on_input)),
                 module.register_forward_hook(self.guard(on_output), always_call=True)]
+
+    def _take_attention(self, mode: SoftmaxSeen, output) -> None:
+        """What a user's attention module showed of its weights: the ones it returns; else, where sdpa measured
+        none, the ones its own softmax computed (SoftmaxSeen)."""
+        self.attention.score_scale = mode.scale
+        self.attention.contracted_elsewhere = mode.contracted_elsewhere
+        weights = _attention_weights(output)
+        if weights is not None:
+            self.attention.add(weights, None)
+        elif not self.attention.chunks:
+            for scores, weights in mode.seen:
+                self.attention.scores, weights = as_heads(scores, weights)
+                self.attention.add(weights, slice(0, weights.shape[-2]))
 
 
 def _attention_weights(output) -> Optional[torch.Tensor]:
