@@ -8,13 +8,14 @@ import math
 
 import pytest
 import torch
-from helpers import NanoGPT, make_gpt2, nano_batch
+from helpers import NanoGPT, make_gpt2, make_llama, nano_batch
 
 from blocktrace import Watch
 from blocktrace.diagnose.audit import DECAY_HALVES_IN, DECAY_TOO_STRONG
 from blocktrace.diagnose.dynamics import judge
 from blocktrace.training.loop import exterior_parameters, optimizer_hyperparameters
 from blocktrace.training.timeline import read_timeline
+from blocktrace.vocab import Exterior
 
 AUDIT = {"optimizer_ascends", "moment_rates_invalid", "weight_decay_too_strong"}
 
@@ -647,3 +648,23 @@ def test_a_matrix_drawn_from_torch_rand_is_off_centre_at_step_0(tmp_path):
     assert mean / std == pytest.approx(0.5 / (1 / 12) ** 0.5, rel=0.1)  # U[0, 1): mean / std = √3
     healthy = _train(tmp_path / "healthy.jsonl", steps=1)
     assert "weights_off_centre" not in {f["name"] for f in healthy[0]["flags"]}
+
+
+def test_the_embedding_and_the_head_are_found_in_hf_and_hand_written_models():
+    """exterior_parameters: HF's input/output embeddings (tied or not) and every nn.Embedding; in a hand-written model
+    the last Linear as wide as the vocabulary, or the embedding its logits multiply by (nanoGPT's tie)."""
+    from book_gpt import SMALL, GPTModel
+
+    llama = make_llama(head=True, tie_word_embeddings=False)[0]
+    roles = exterior_parameters(llama)
+    assert roles[id(llama.lm_head.weight)] == {Exterior.HEAD}
+    assert roles[id(llama.model.embed_tokens.weight)] == {Exterior.EMBEDDING}
+    gpt2 = make_gpt2(head=True)  # tied: one tensor, both roles
+    assert exterior_parameters(gpt2)[id(gpt2.transformer.wte.weight)] == {Exterior.EMBEDDING, Exterior.HEAD}
+    book = GPTModel(SMALL)  # the book's out_head, tok_emb and pos_emb
+    roles = exterior_parameters(book)
+    assert roles[id(book.out_head.weight)] == {Exterior.HEAD} and roles[id(book.pos_emb.weight)] == {Exterior.EMBEDDING}
+    nano = NanoGPT()  # logits = x @ wte.weight.T
+    assert exterior_parameters(nano)[id(nano.wte.weight)] == {Exterior.EMBEDDING, Exterior.HEAD}
+    hidden = {id(p) for p in book.trf_blocks.parameters()}
+    assert not hidden & set(exterior_parameters(book))
