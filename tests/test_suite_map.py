@@ -68,8 +68,9 @@ TESTED_IN = {
                           "repeated, targets by name or position, shifted or not"),
     "training/probing.py": (["test_probes.py", "test_distributed.py"], "the causal probe in one process and across "
                             "ranks, refused under FSDP2"),
-    "training/independence.py": (["test_forward_inputs.py"], "the padding and batch probes: a mask not applied, "
-                                 "sequences mixed, against HF's left and right padding and batch_first attention"),
+    "training/independence.py": (["test_forward_inputs.py", "test_probes.py"], "the causal, padding and batch "
+                                 "probes: a leak, a mask not applied, sequences mixed, against HF's left and right "
+                                 "padding and batch_first attention"),
     "training/judging.py": (["test_watch.py", "test_rollback.py"], "a record's flags and diagnosis, the rollback "
                             "warning at the first error"),
     "training/settings.py": (["test_host.py"], "eps as float16 and bfloat16 store it, computed on the host"),

@@ -1,7 +1,8 @@
-"""What a sequence's logits must not depend on, probed at a record step in one process: the padding its attention
-mask drops, and the other sequences of its batch. Each probe is two forwards in eval mode under the same random
-draws, the second with only that part changed; the logits that must not move are compared on the device (their
-largest move over their largest magnitude: exactly 0 where the property holds), and nothing reaches the host
+"""What a sequence's logits must not depend on, probed at a record step: the tokens after each position (the causal
+probe), the padding its attention mask drops, and the other sequences of its batch (the last two in one process).
+Each probe runs forwards in eval mode under the same random draws (RandomState: the training's own stream is
+untouched), the second with only that part changed; the logits that must not move are compared on the device
+(their largest move over their largest magnitude: exactly 0 where the property holds), and nothing reaches the host
 before the record's one copy."""
 
 from __future__ import annotations
@@ -11,8 +12,47 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from blocktrace.training.loop import PROBE_TOKENS, ForwardCall, evaluating, logits_of, random_state, \
-    restore_random_state
+from blocktrace.training.loop import ForwardCall, RandomState, evaluating, logits_of
+
+PROBE_TOKENS = 64  # the probes' sequences: the batch's first rows, at most this long
+
+
+@torch.no_grad()
+def future_leak(call: Callable[[torch.Tensor], object], ids: torch.Tensor, vocab: int) -> Optional[dict]:
+    """Three forwards of one sequence: the second with its later half changed and the same random draws as the
+    first, so that how far the earlier positions' logits moved (relative to their largest magnitude; 0 in any
+    causal model) is the mask's doing, whatever the forward draws; the third the sequence again, with other draws,
+    how far its logits moved from the first (0 in eval mode, where nothing in a forward should draw)."""
+    length = min(ids.shape[1], PROBE_TOKENS)
+    half = length // 2
+    if half < 1 or vocab < 2:
+        return None
+    original = ids[:1, :length]
+    changed = original.clone()
+    changed[:, half:] = (changed[:, half:] + 1) % vocab
+    start = RandomState.now(ids.device)
+    with start.restored():
+        before = logits_of(call(original))
+    with start.restored():  # the changed sequence under the first's draws, then the first again under new ones
+        after, again = logits_of(call(changed)), logits_of(call(original))
+    if before is None or after is None or again is None:
+        return None
+    earlier, largest = before[:, :half].float(), before.float().abs().amax().clamp_min(1e-30)
+    moved = (earlier - after[:, :half].float()).abs().amax(dim=(0, 2))
+    relative = moved / earlier.abs().amax().clamp_min(1e-30)
+    return {"future_leak": relative.amax(), "leak_position": torch.argmax(relative),
+            "nondeterministic": (before.float() - again.float()).abs().amax() / largest}
+
+
+def probe_causality(model: nn.Module, forward: ForwardCall, ids: torch.Tensor, vocab: int) -> Optional[dict]:
+    """future_leak through the model in eval mode, called as the training forward was called (its targets, masks
+    and position ids cut to the probed sequence alike)."""
+    def call(x):
+        args, kwargs = forward.with_ids(x)
+        return model(*args, **kwargs)
+
+    with evaluating(model):
+        return future_leak(call, ids, vocab)
 
 
 def _padded_row(kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,11 +70,10 @@ def _two_forwards(call: Callable[[torch.Tensor, torch.Tensor], object], original
                   changed: torch.Tensor, rows: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """The logits of `original` and of `changed` (the same rows of the batch, `rows`) under the same random draws
     (the training's own stream untouched); None where the model gives no [rows, T, V] logits."""
-    devices = [original.device] if original.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        start = random_state(devices)
+    start = RandomState.now(original.device)
+    with start.restored():
         before = logits_of(call(original, rows))
-        restore_random_state(start, devices)
+    with start.restored():
         after = logits_of(call(changed, rows))
     if before is None or after is None or before.shape[:2] != original.shape or after.shape != before.shape:
         return None

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import nn
@@ -36,7 +36,6 @@ from blocktrace.training.logit_gradient import gradient_targets, temperature_slo
 from blocktrace.training.stepping import StepSample
 from blocktrace.vocab import IGNORE_INDEX, Exterior
 
-PROBE_TOKENS = 64  # the causal probe's sequence: the first row of the batch, at most this long
 CHUNK_ELEMENTS = 1 << 24  # logits cross-entropy is recomputed in chunks of about this many elements (64 MB)
 # ‖g‖ at watch.step() × the loss scale S against ‖g‖ as the backward ended: unscale_ divides by S exactly (a power of
 # two), a clip after it leaves less; the slack is the float32 norms' rounding
@@ -780,44 +779,6 @@ def logits_of(output) -> Optional[torch.Tensor]:
     return logits if isinstance(logits, torch.Tensor) and logits.dim() == 3 else None
 
 
-@torch.no_grad()
-def future_leak(call: Callable[[torch.Tensor], object], ids: torch.Tensor, vocab: int) -> Optional[dict]:
-    """Three forwards of one sequence: the second with its later half changed and the same random draws as the
-    first, so that how far the earlier positions' logits moved (relative to their largest magnitude; 0 in any
-    causal model) is the mask's doing, whatever the forward draws; the third the sequence again, with other draws,
-    how far its logits moved from the first (0 in eval mode, where nothing in a forward should draw)."""
-    length = min(ids.shape[1], PROBE_TOKENS)
-    half = length // 2
-    if half < 1 or vocab < 2:
-        return None
-    original = ids[:1, :length]
-    changed = original.clone()
-    changed[:, half:] = (changed[:, half:] + 1) % vocab
-    devices = [ids.device] if ids.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        start = random_state(devices)
-        before = logits_of(call(original))
-        restore_random_state(start, devices)
-        after, again = logits_of(call(changed)), logits_of(call(original))
-    if before is None or after is None or again is None:
-        return None
-    earlier, largest = before[:, :half].float(), before.float().abs().amax().clamp_min(1e-30)
-    moved = (earlier - after[:, :half].float()).abs().amax(dim=(0, 2))
-    relative = moved / earlier.abs().amax().clamp_min(1e-30)
-    return {"future_leak": relative.amax(), "leak_position": torch.argmax(relative),
-            "nondeterministic": (before.float() - again.float()).abs().amax() / largest}
-
-
-def random_state(devices: list) -> tuple:
-    return torch.random.get_rng_state(), [torch.cuda.get_rng_state(device) for device in devices]
-
-
-def restore_random_state(state: tuple, devices: list) -> None:
-    torch.random.set_rng_state(state[0])
-    for device, cuda_state in zip(devices, state[1]):
-        torch.cuda.set_rng_state(cuda_state, device)
-
-
 @dataclasses.dataclass
 class ForwardCall:
     """How the training forward was called: its arguments as given (held until the record is made), the ids
@@ -847,14 +808,3 @@ class ForwardCall:
             return value[tuple(index)]
 
         return tuple(cut(v) for v in self.args), {key: cut(v) for key, v in self.kwargs.items()}
-
-
-def probe_causality(model: nn.Module, forward: ForwardCall, ids: torch.Tensor, vocab: int) -> Optional[dict]:
-    """future_leak through the model in eval mode, called as the training forward was called (its targets, masks
-    and position ids cut to the probed sequence alike)."""
-    def call(x):
-        args, kwargs = forward.with_ids(x)
-        return model(*args, **kwargs)
-
-    with evaluating(model):
-        return future_leak(call, ids, vocab)

@@ -19,8 +19,8 @@ from blocktrace.phrases import phrase
 from blocktrace.training.batch import Batch, input_ids
 from blocktrace.training.blocks import sharded, unwrap
 from blocktrace.training.distributed import Reducer
-from blocktrace.training.independence import probe_padding_and_batch
-from blocktrace.training.loop import ForwardCall, causal_model, probe_causality
+from blocktrace.training.independence import probe_causality, probe_padding_and_batch
+from blocktrace.training.loop import ForwardCall, causal_model
 
 
 @dataclass

@@ -206,7 +206,7 @@ def _optimizer(value: Any, field: str):
 
 
 def _probe(value: Any, field: str) -> dict:
-    """The Watch's causal probe (training/loop.future_leak)."""
+    """The Watch's probes (training/independence.py): causal, padding, batch."""
     probe = _mapped(value, field, lambda item, name: item)
     probe["future_leak"] = number(probe.get("future_leak"), f"{field}.future_leak")
     probe["leak_position"] = _index(probe.get("leak_position"), f"{field}.leak_position", optional=True)
