@@ -169,3 +169,23 @@ def test_weight_statistics_equal_float64_sums_in_any_dtype(dtype):
         assert found[name]["std"] == pytest.approx(values.std().item(), rel=1e-5), name  # float32 sums
         assert found[name]["norm"] == pytest.approx(values.norm().item(), rel=1e-5), name
         assert found[name]["fan_in"] == values.shape[1]
+
+
+def test_bare_matrices_are_weights_where_they_meet_the_stream():
+    """A bare 2-D parameter with a side as wide as the stream is a weight matrix (its std as float64 gives it; a
+    fan-in only where it is square, since `x @ W` and F.linear(x, W) read a non-square one by opposite sides); one
+    that does not meet the stream — a Mamba layer's A_log [2d, 16], positive by design — is no weight matrix."""
+    from blocktrace.diagnose.weights import weight_statistics
+
+    d = 32
+    block = torch.nn.Module()
+    block.W_query = torch.nn.Parameter(torch.rand(d, d))
+    block.W_up = torch.nn.Parameter(torch.randn(d, 4 * d))
+    block.A_log = torch.nn.Parameter(torch.log(torch.arange(1, 17.0)).repeat(2 * d, 1))
+    block.gain = torch.nn.Parameter(torch.ones(d))
+    found = weight_statistics(block, width=d)
+    assert set(found) == {"W_query", "W_up"}
+    assert found["W_query"]["std"] == pytest.approx(block.W_query.detach().double().std().item(), rel=1e-5)
+    assert found["W_query"]["mean"] == pytest.approx(block.W_query.detach().double().mean().item(), rel=1e-5)
+    assert found["W_query"]["fan_in"] == d and found["W_up"]["fan_in"] is None and found["W_up"]["fan_out"] is None
+    assert weight_statistics(block) == {}  # no stream width known: no bare matrix is taken for a weight

@@ -424,7 +424,7 @@ def _residual_explosion(traces, first_layer: int) -> list[Finding]:
 def _weight_scale(evidence) -> list[Finding]:
     flags = []
     for index, matrices in enumerate(evidence.weights):
-        gains = sorted(entry["std"] * math.sqrt(entry["fan_in"]) for entry in matrices.values())
+        gains = sorted(entry["std"] * math.sqrt(entry["fan_in"]) for entry in matrices.values() if entry["fan_in"])
         if gains and gains[len(gains) // 2] > WEIGHT_GAIN_ERROR:
             median = gains[len(gains) // 2]
             flags.append(finding(Level.ERROR, None, evidence.first_layer + index, median,

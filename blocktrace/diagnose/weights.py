@@ -46,16 +46,25 @@ def _fan_in(module: nn.Module, weight: torch.Tensor) -> int:
 @torch.no_grad()
 def weight_moments(block: nn.Module) -> dict[str, dict]:
     """Per linear map of the block: Σw and Σw² as device scalars (summed in float32 at least), the count and the fan-in (read with
-    weight_summary once on the host; exact for a weight sharded across ranks, whose sums cover every shard)."""
+    weight_summary once on the host; exact for a weight sharded across ranks, whose sums cover every shard). A module's
+    2-D `.weight` is a linear map by convention; a bare 2-D parameter (a hand-written `x @ W`) is listed with its
+    shape and no fan-in, for weight_summary to keep only where it meets the stream."""
     moments = {}
     for module_name, module in block.named_modules():
         weight = getattr(module, "weight", None)
-        if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or isinstance(module, nn.Embedding):
-            continue
-        total, squares = sum_and_squares(weight)
-        moments[f"{module_name}.weight"] = {"sum": total, "squares": squares, "count": weight.numel(),
-                                            "fan_in": _fan_in(module, weight), "spread": sampled_spread(weight)}
+        if isinstance(weight, torch.Tensor) and weight.dim() == 2 and not isinstance(module, nn.Embedding):
+            moments[f"{module_name}.weight"] = _moments(weight, _fan_in(module, weight))
+        for name, parameter in module.named_parameters(recurse=False):
+            if parameter is not weight and parameter.dim() == 2 and parameter.is_floating_point():
+                moments[f"{module_name}.{name}" if module_name else name] = {
+                    **_moments(parameter, None), "shape": list(parameter.shape)}
     return moments
+
+
+def _moments(weight: torch.Tensor, fan_in: Optional[int]) -> dict:
+    total, squares = sum_and_squares(weight)
+    return {"sum": total, "squares": squares, "count": weight.numel(), "fan_in": fan_in,
+            "spread": sampled_spread(weight)}
 
 
 SPREAD_SAMPLE = 4096  # entries of a matrix read, strided, for its spread: no published initialisation repeats one
@@ -91,21 +100,28 @@ def sum_and_squares(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return total, squares
 
 
-def weight_summary(moments: dict[str, dict]) -> dict[str, dict]:
+def weight_summary(moments: dict[str, dict], width: Optional[int] = None) -> dict[str, dict]:
     """weight_moments on the host -> per weight its mean, std (unbiased, as torch.std), Frobenius norm, fan-in
-    (std·√fan_in ≈ 0.5–1.5 at the usual inits), fan-out and sampled spread."""
+    (std·√fan_in ≈ 0.5–1.5 at the usual inits), fan-out and sampled spread. A bare 2-D parameter counts as a weight
+    matrix only where one of its sides is the stream's width (a map into or out of the stream: W_query [d, d_out] as
+    the hand-written `x @ W`, not a state-space layer's A_log [2d, 16]); whether it is used as `x @ W` or
+    F.linear(x, W) cannot be read from the tensor, so only a square one has a fan-in."""
     summary = {}
     for name, m in moments.items():
-        n = m["count"]
+        shape = m.get("shape")
+        if shape is not None and width not in shape:
+            continue
+        n, fan_in = m["count"], m["fan_in"] if shape is None else (width if shape[0] == shape[1] else None)
         variance = (m["squares"] - m["sum"] ** 2 / n) / max(n - 1, 1)
         summary[name] = {"mean": m["sum"] / max(n, 1), "std": max(variance, 0.0) ** 0.5, "norm": m["squares"] ** 0.5,
-                         "fan_in": m["fan_in"], "spread": m.get("spread"), "fan_out": n // max(m["fan_in"], 1)}
+                         "fan_in": fan_in, "spread": m.get("spread"),
+                         "fan_out": n // fan_in if fan_in else None}
     return summary
 
 
-def weight_statistics(block: nn.Module) -> dict[str, dict]:
+def weight_statistics(block: nn.Module, width: Optional[int] = None) -> dict[str, dict]:
     """weight_summary of the block's weights, in one copy to the host."""
-    return weight_summary(to_host(weight_moments(block)))
+    return weight_summary(to_host(weight_moments(block)), width)
 
 
 def _square(tensor: torch.Tensor) -> torch.Tensor:

@@ -159,7 +159,7 @@ def _trace_layers(model: OpenedModel, x: torch.Tensor, model_input: ModelInput, 
         if layer in traced:
             result = trace(block, x, checks=analysis.checks, token_mask=mask, attention_map=analysis.attention_map)
             done.traces.append(result)
-            done.weights.append(weight_statistics(block))
+            done.weights.append(weight_statistics(block, x.shape[-1]))
             x = result.output
         else:
             with torch.no_grad():

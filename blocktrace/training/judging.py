@@ -45,7 +45,8 @@ def _block_findings(traces: list, grads: list, weights: Optional[list], step: in
     gradients = GradientReport(loss=float("nan"), batches=1, step_norms=[{"parameters": g} for g in grads
                                                                          if g is not None], weight_norms=[],
                                loss_scaled=loss_scaled)
-    evidence = ModelEvidence(weights=[weight_summary(w) for w in weights], n_layers=len(traces), step=step,
+    width = traces[0].input.shape[-1]  # the stream's: a bare matrix is a weight where it meets it
+    evidence = ModelEvidence(weights=[weight_summary(w, width) for w in weights], n_layers=len(traces), step=step,
                              stored_dtype=stored_dtype(blocks[0]), optimizer=optimizer_settings(optimizer),
                              in_training=True)
     return evaluate(traces, gradients, evidence)
