@@ -973,16 +973,19 @@ def _between_flags(records) -> list[dict]:
                                                                      "weights_written_outside_optimizer"}]
 
 
-@pytest.mark.parametrize("stale, back", [(5, 5), (-1, -1)])
-def test_a_resume_from_an_older_checkpoint_is_the_run_gone_back_to_that_step(tmp_path, stale, back):
-    records = _between_loop(tmp_path / "w.jsonl", _resume_from(stale, at=11))
+@pytest.mark.parametrize("stale, back, at", [(5, 5, 11), (-1, -1, 11), (5, 5, 10)])
+def test_a_resume_from_an_older_checkpoint_is_the_run_gone_back_to_that_step(tmp_path, stale, back, at):
+    """Loaded after step at − 1: seen before step at's optimizer step — by its record where step at is recorded
+    (10), else as that step begins, in the next record (15)."""
+    records = _between_loop(tmp_path / "w.jsonl", _resume_from(stale, at=at))
     flags = _between_flags(records)
     assert [(f["name"], f["level"]) for f in flags] == [("weights_returned_to_earlier_step", "error")]
-    assert records[-1]["loop"]["between_steps"]["returned_to"] == back
-    assert records[-1]["loop"]["between_steps"]["changed_at"] == 11
-    # the steps undone: 6 … 10 after step 5's weights, 0 … 10 after the start
-    assert f"{10 - back} steps of training undone" in flags[0]["detail"]
-    assert records[-1]["diagnosis"][0]["cause"] == "weights"
+    seen = next(r for r in records if r["step"] >= at)
+    assert seen["loop"]["between_steps"]["returned_to"] == back
+    assert seen["loop"]["between_steps"]["changed_at"] == at
+    # the steps undone: 6 … at − 1 after step 5's weights, 0 … at − 1 after the start
+    assert f"{at - 1 - back} steps of training undone" in flags[0]["detail"]
+    assert seen["diagnosis"][0]["cause"] == "weights"
 
 
 def test_a_resume_from_the_newest_checkpoint_and_a_plain_loop_change_nothing_between_steps(tmp_path):
@@ -1024,8 +1027,10 @@ def test_an_average_swapped_in_and_not_back_is_weights_written_outside_the_optim
     records = _between_loop(tmp_path / "w.jsonl", _swap_in_average(back=False))
     flags = _between_flags(records)
     assert [(f["name"], f["level"]) for f in flags] == [("weights_written_outside_optimizer", "warning")]
-    found = records[3]["loop"]["between_steps"]  # seen as step 10's optimizer step began: in the next record
-    assert found["changed_at"] == 10 and found["change"] > found["step_move"] > 0
+    # written after step 9's update: seen by step 10's record (after its backward, before its optimizer step)
+    found = records[2]["loop"]["between_steps"]
+    assert records[2]["step"] == 10 and found["changed_at"] == 10 and found["change"] > found["step_move"] > 0
+    assert records[3]["loop"]["between_steps"]["changed_at"] is None  # one change, found once
 
 
 def _prune_by_magnitude(step, model, optimizer, saved):

@@ -155,7 +155,7 @@ def _weights_returned_to_earlier_step(history: Sequence[dict], entry: dict) -> l
     state = (phrase("those after step {back}'s update", back=back) if back >= 0
              else phrase("the ones before step 0's update (the initial weights)"))
     return [finding(Level.ERROR, None, None, float(found["changed_at"] - 1 - back), phrase(
-        "as step {at}'s optimizer step began, the weights were again {state}: {lost} steps of training undone",
+        "before step {at}'s optimizer step, the weights were again {state}: {lost} steps of training undone",
         at=found["changed_at"], state=state, lost=found["changed_at"] - 1 - back))]
 
 
@@ -177,7 +177,7 @@ def _weights_written_outside_optimizer(history: Sequence[dict], entry: dict) -> 
     if not _finite(change) or not _finite(move) or change <= move:
         return []
     return [finding(Level.WARNING, None, None, change, phrase(
-        "as step {at}'s optimizer step began, a weight had changed by {change:.3g} since the step before ended, "
+        "before step {at}'s optimizer step, a weight had changed by {change:.3g} since the step before ended, "
         "which moved weights by {move:.3g} at most", at=found["changed_at"], change=change, move=move))]
 
 

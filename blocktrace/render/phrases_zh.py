@@ -240,13 +240,13 @@ PHRASES_ZH = {
     "call model.tie_weights() after moving, wrapping or loading the model, before the optimizer is built (so that it "
     "holds the one tensor)":
         "在移动、包装或加载模型之后、创建优化器之前调用 model.tie_weights()（让优化器持有的是同一个 tensor）",
-    "as step {at}'s optimizer step began, the weights were again {state}: {lost} steps of training undone":
-        "第 {at} 步的优化器更新开始时，权重又变回了{state}：{lost} 步的训练丢失了",
+    "before step {at}'s optimizer step, the weights were again {state}: {lost} steps of training undone":
+        "第 {at} 步的优化器更新之前，权重又变回了{state}：{lost} 步的训练丢失了",
     "those after step {back}'s update": "第 {back} 步更新之后的权重",
     "the ones before step 0's update (the initial weights)": "第 0 步更新之前的权重（初始权重）",
-    "as step {at}'s optimizer step began, a weight had changed by {change:.3g} since the step before ended, which "
+    "before step {at}'s optimizer step, a weight had changed by {change:.3g} since the step before ended, which "
     "moved weights by {move:.3g} at most":
-        "第 {at} 步的优化器更新开始时，一个权重自上一步结束以来改变了 {change}，而上一步对权重的移动最多为 {move}",
+        "第 {at} 步的优化器更新之前，一个权重自上一步结束以来改变了 {change}，而上一步对权重的移动最多为 {move}",
     "resume from the newest checkpoint (choose it by its step number, not by sorting names); if the run went back on "
     "purpose (as PaLM did around loss spikes), this is that":
         "从最新的检查点恢复（按步数选，而不是按名称的次序）；如果是有意回退（如 PaLM 在损失峰值前后所做的），那就是这个原因",

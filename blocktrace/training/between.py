@@ -10,7 +10,8 @@ an earlier recorded step's update, or as the Watch's first step began) is the ru
 count, its learning rate and its data went on: a resume from an older checkpoint.
 
 Measured on a fingerprint: a strided sample of each of the optimizer's few largest plain tensors, taken as every
-step begins and as it ends (two small gathers a step). Everything stays on the device, accumulated without a host
+step begins and as it ends (two small gathers a step), and at each record, so that a change made before a
+recorded step is in that step's record. Everything stays on the device, accumulated without a host
 read, until the record's one copy.
 """
 
@@ -42,7 +43,8 @@ class BetweenSteps:
         self.tensors: Optional[list[torch.Tensor]] = None
         self.step: Optional[int] = None  # the training step whose optimizer.step() runs next (the Watch sets it)
         self.began: Optional[torch.Tensor] = None  # the fingerprint as the last step began
-        self.left: Optional[torch.Tensor] = None  # as it ended
+        self.left: Optional[torch.Tensor] = None  # as it ended (or as a record after it saw the weights)
+        self.moved: Optional[torch.Tensor] = None  # the largest change the last step made to a sampled weight
         self.kept: OrderedDict[int, torch.Tensor] = OrderedDict()  # state after step r's update → its fingerprint
         self.keep_next = False  # the step about to run follows a record: keep what it leaves
         self._clear()
@@ -70,18 +72,29 @@ class BetweenSteps:
         if self.left is None:
             self.kept.setdefault(self.step - 1, now)  # the state the Watch first saw: "after step s − 1"
         else:
-            self._compare(now)
+            self._compare(now, self.step)
         self.began = now
 
-    def _compare(self, now: torch.Tensor) -> None:
-        change, move = (now - self.left).abs().amax(), (self.left - self.began).abs().amax()
+    @torch.no_grad()
+    def record_taken(self, step: int) -> None:
+        """At a record (the Watch's step(), after its backward and before its optimizer step): a change since the last
+        step ended is seen in this record, not in the next one; the pre-hook then compares with the state seen here,
+        so one change is found once."""
+        if self.left is None or self.tensors is None:
+            return
+        now = self._fingerprint()
+        self._compare(now, step)
+        self.left = now
+
+    def _compare(self, now: torch.Tensor, step: int) -> None:
+        change, move = (now - self.left).abs().amax(), self.moved
         zeroed = ((now == self.left) | (now == 0)).all()
         if self.changed_at is None:
             self.changed_at = torch.full((), NOTHING, dtype=torch.float64, device=now.device)
             self.change, self.step_move, self.found = torch.zeros_like(change), torch.zeros_like(move), now
         # the first change that is not a mask's (a mask's are passed over, and one after them is still seen)
         first = (change > 0) & (self.changed_at < 0) & ~zeroed  # on the device: no host read at a step
-        self.changed_at = torch.where(first, float(self.step), self.changed_at)
+        self.changed_at = torch.where(first, float(step), self.changed_at)
         self.change = torch.where(first, change, self.change)
         self.step_move = torch.where(first, move, self.step_move)
         self.found = torch.where(first, now, self.found)
@@ -92,6 +105,7 @@ class BetweenSteps:
         if self.began is None:
             return
         self.left = self._fingerprint()
+        self.moved = (self.left - self.began).abs().amax()
         if self.keep_next and self.step is not None:
             self.kept[self.step] = self.left
             while len(self.kept) > KEPT_STATES:

@@ -436,6 +436,10 @@ class LoopObserver:
         except Exception as error:  # the replayed forward may fail where the training one did not: said, not raised
             self.descended = {"at": descent.step, "note": _not_run(error)}
 
+    def record_taken(self, step: int) -> None:
+        """A record is being taken at this step (after its backward, before its optimizer step)."""
+        self._between(lambda between: between.record_taken(step))
+
     def _between(self, at_step) -> None:
         """The between-steps fingerprint at a step's start or end; inside the user's optimizer.step(): never
         raises (what fails is not measured from then on)."""

@@ -295,6 +295,7 @@ class Watch:
         if self.track_updates:
             self.snapshots = [snapshot(block) for block in self.blocks]
         replicas = self._replicas(scale)  # before the batch's report, which forgets the batch
+        self.loop.record_taken(self.count)  # weights written since the last optimizer step: seen in this record
         measured = {"grads": grads, "model_grad": _unscaled(_grad_norm(self.model), carried),
                     "moved": [m.values() for m in moved],
                     "loss": self._loss(loss),
