@@ -668,3 +668,49 @@ def test_the_embedding_and_the_head_are_found_in_hf_and_hand_written_models():
     assert exterior_parameters(nano)[id(nano.wte.weight)] == {Exterior.EMBEDDING, Exterior.HEAD}
     hidden = {id(p) for p in book.trf_blocks.parameters()}
     assert not hidden & set(exterior_parameters(book))
+
+
+def _scheduled(path, make_scheduler, step_scheduler, steps=12) -> list[dict]:
+    """A nanoGPT loop whose scheduler the Watch is not given: it finds the ones driving its optimizer."""
+    torch.manual_seed(0)
+    model = NanoGPT()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = make_scheduler(optimizer)
+    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(steps):
+            _, loss = model(*nano_batch(step))
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            step_scheduler(scheduler, step, loss)
+    return read_timeline(path)
+
+
+def _one_cycle(optimizer):
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=2e-3, total_steps=100)
+
+
+def test_a_scheduler_stepped_with_the_loss_is_evaluated_at_a_value_not_a_step(tmp_path):
+    """Seen in the eighth blind group (F03, calibration now): OneCycleLR.step(loss.item()), the call
+    ReduceLROnPlateau needs, sets the schedule's step count to the loss (pytorch/pytorch#2849)."""
+    with pytest.warns(UserWarning):  # torch's own deprecation warning for step(epoch)
+        records = _scheduled(tmp_path / "bad.jsonl", _one_cycle, lambda s, step, loss: s.step(loss.item()))
+    found = [f for f in records[1]["flags"] if f["name"] == "scheduler_stepped_with_a_value"]
+    assert found and found[0]["level"] == "error" and found[0]["cause"] == "learning_rate"
+    assert "OneCycleLR" in found[0]["detail"]
+    assert records[1]["loop"]["schedulers"][0]["last_epoch"] != int(records[1]["loop"]["schedulers"][0]["last_epoch"])
+    assert records[1]["diagnosis"][0]["cause"] == "learning_rate"
+
+
+@pytest.mark.parametrize("name, make, step", [
+    ("one-cycle stepped each step", _one_cycle, lambda s, step, loss: s.step()),
+    ("warm restarts at fractional epochs", lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=2),
+     lambda s, step, loss: s.step(step / 4)),  # torch's docs: scheduler.step(epoch + i / iters)
+    ("plateau stepped with the loss", lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o),
+     lambda s, step, loss: s.step(loss.item())),
+])
+def test_schedulers_stepped_as_their_definitions_say_pass(tmp_path, name, make, step):
+    records = _scheduled(tmp_path / "good.jsonl", make, step)
+    assert records[1]["loop"]["schedulers"]  # found without being handed to the Watch
+    assert not [f for r in records for f in r["flags"] if f["name"] == "scheduler_stepped_with_a_value"]

@@ -73,6 +73,8 @@ TESTED_IN = {
                                  "padding and batch_first attention"),
     "training/judging.py": (["test_watch.py", "test_rollback.py"], "a record's flags and diagnosis, the rollback "
                             "warning at the first error"),
+    "training/schedulers.py": (["test_audit.py"], "the schedulers driving the optimizer found without being handed to "
+                               "the Watch: OneCycleLR, CosineAnnealingWarmRestarts, ReduceLROnPlateau"),
     "training/settings.py": (["test_host.py"], "eps as float16 and bfloat16 store it, computed on the host"),
     "training/tensorboard.py": (["test_watch.py"], "records as scalars in a SummaryWriter"),
     "training/schema.py": (["test_fuzz_files.py", "test_hostile_inputs.py"], "every field of a timeline record "

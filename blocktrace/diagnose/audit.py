@@ -177,6 +177,32 @@ def _orthogonalised_embedding_or_head(history: Sequence[dict], entry: dict) -> l
     return flags
 
 
+# schedulers whose step takes a fraction of an epoch by design (torch's docs: scheduler.step(epoch + i / iters))
+FRACTIONAL_EPOCHS = ("CosineAnnealingWarmRestarts",)
+
+
+@check(Scope.TRAINING, "scheduler_stepped_with_a_value",
+       "a learning-rate scheduler driving the optimizer the Watch is given has a step count (last_epoch) that is not "
+       "a whole number (CosineAnnealingWarmRestarts, which takes fractional epochs, aside; a Watch given optimizer=)",
+       "definition (torch.optim.lr_scheduler): step() counts steps, and step(epoch)'s argument (deprecated) is the "
+       "step number the schedule is evaluated at; only ReduceLROnPlateau.step(metrics) takes a measured value "
+       "(pytorch/pytorch#2849: 'the default API for step is either step() or step(epoch) … for ReduceLROnPlateau "
+       "is step(metric)'). A count that is not whole was set from a value",
+       "the schedule is evaluated at a loss or a metric instead of the step: step(loss.item()) written for a "
+       "scheduler that is not ReduceLROnPlateau — its learning rate follows the loss, not the recipe",
+       Cause.LEARNING_RATE, direct=True,
+       advice=phrase("call scheduler.step() with no argument once per optimizer step; pass the metric only to "
+                     "ReduceLROnPlateau.step(metric)"))
+def _scheduler_stepped_with_a_value(history: Sequence[dict], entry: dict) -> list[Finding]:
+    for scheduler in (entry.get("loop") or {}).get("schedulers") or []:
+        count = _number(scheduler.get("last_epoch"))
+        if count is not None and count != int(count) and scheduler.get("class") not in FRACTIONAL_EPOCHS:
+            return [finding(Level.ERROR, None, None, count, phrase(
+                "{class_}'s step count is {count:.6g}, not a step number: step() was given a value",
+                class_=scheduler.get("class"), count=count))]
+    return []
+
+
 # pairs of weight kinds each of which is the other's gradient factor: both zero, neither ever moves
 # (∂L/∂W1 ∝ W2 and ∂L/∂W2 ∝ act(x·W1) = act(0) = 0 for GELU, SiLU and ReLU; ∂L/∂Wq ∝ Wk and ∂L/∂Wk ∝ Wq)
 STUCK_TOGETHER = (("ffn_w1", "ffn_w2"), ("attn_q", "attn_k"), ("attn_qkv", "attn_qkv"))

@@ -175,6 +175,11 @@ PHRASES_ZH = {
         "{class_} 的第 {index} 个参数组用 Muon 的正交化更新了模型的 {layers}",
     "give Muon the hidden layers' matrices only, and the embedding, the output head, gains and biases to an AdamW group":
         "Muon 只用于隐藏层的矩阵；嵌入、输出头、gain 和偏置交给 AdamW 参数组",
+    "{class_}'s step count is {count:.6g}, not a step number: step() was given a value":
+        "{class_} 的步数计数是 {count}，不是步数：step() 收到了一个数值",
+    "call scheduler.step() with no argument once per optimizer step; pass the metric only to "
+    "ReduceLROnPlateau.step(metric)":
+        "每次优化器更新后调用一次不带参数的 scheduler.step()；只有 ReduceLROnPlateau.step(metric) 才传入指标",
     "changing only the padding's ids moved the text's logits by up to {leak:.3g} (relative)":
         "只改变 padding 位置的 id，正文的 logits 就变化了 {leak}（相对值）",
     "pass the attention_mask to every attention: as a boolean mask (True keeps), or as an additive one of 0 and -inf "

@@ -33,6 +33,7 @@ from torch.nn import functional as F
 
 from blocktrace.training.between import BetweenSteps
 from blocktrace.training.logit_gradient import gradient_targets, temperature_slopes
+from blocktrace.training.schedulers import Schedulers
 from blocktrace.training.stepping import StepSample
 from blocktrace.vocab import IGNORE_INDEX, Exterior
 
@@ -263,6 +264,7 @@ class LoopObserver:
         # the weights between one optimizer step and the next (training/between.py); the Watch tells it the step
         self.between = BetweenSteps(_torch_optimizer(optimizer)) if self.step_hook is not None else None
         self.exterior = exterior_parameters(model)  # which parameters are the embedding and the head (the audit's)
+        self.schedulers = Schedulers(_torch_optimizer(optimizer) if optimizer is not None else None)  # the schedulers that drive it (the audit reads their step counts)
         self.reset()
 
     def reset(self) -> None:
@@ -497,6 +499,7 @@ class LoopObserver:
                               if isinstance(group.get("lr"), (int, float, torch.Tensor))]
                 if self.optimizer is not None else None,
                 "optimizer": optimizer_hyperparameters(self.optimizer, self.exterior), "descent": descended,
+                "schedulers": self.schedulers.evidence(),
                 "update_moves": stepped.get("update_moves"), "moments_lost": stepped.get("moments_lost"),
                 "update_step": stepped.get("update_step"),
                 "between_steps": self.between.evidence() if self.between is not None else None,

@@ -144,6 +144,7 @@ def _loop(value: Any, field: str) -> dict:
     loop["optimizer"] = _optimizer(loop.get("optimizer"), f"{field}.optimizer")
     loop["descent"] = _descent(loop.get("descent"), f"{field}.descent")
     loop["between_steps"] = _between_steps(loop.get("between_steps"), f"{field}.between_steps")
+    loop["schedulers"] = _listed(loop.get("schedulers"), f"{field}.schedulers", _scheduler, optional=True)
     tempered = _mapped(loop.get("tempered"), f"{field}.tempered", number, optional=True)
     if tempered is not None:
         tempered["rows"] = _index(tempered.get("rows"), f"{field}.tempered.rows")
@@ -203,6 +204,14 @@ def _optimizer(value: Any, field: str):
             group[key] = _boolean(group.get(key), f"{field}.groups[{i}].{key}")
     optimizer["groups"] = groups
     return optimizer
+
+
+def _scheduler(value: Any, field: str) -> dict:
+    """A scheduler that drives the optimizer: its class and step count (training/schedulers.py)."""
+    scheduler = _mapped(value, field, lambda item, name: item)
+    scheduler["class"] = _text(scheduler.get("class"), f"{field}.class")
+    scheduler["last_epoch"] = number(scheduler.get("last_epoch"), f"{field}.last_epoch")
+    return scheduler
 
 
 def _probe(value: Any, field: str) -> dict:
