@@ -60,6 +60,13 @@ class Wiring:
         """Whether the block's output is a norm's (Post-LN, DeepNorm): the stream is rescaled every block."""
         return self.steps[-1].kind is Kind.NORM
 
+    @property
+    def updates_normalised(self) -> bool:
+        """Whether every residual add's update is a norm's output (sandwich, reordered): each add moves ‖x‖/√d by at
+        most that norm's largest |gain| (the triangle inequality), so the stream grows only as far as the gains allow."""
+        kinds = {step.name: step.kind for step in self.steps}
+        return all(kinds.get(step.reads[1]) is Kind.NORM for step in self.steps if step.kind is Kind.RESIDUAL)
+
     @cached_property  # read at every traced step: built once per wiring
     def residual_sources(self) -> dict[str, tuple[str, str]]:
         """Each residual step's (stream, update)."""

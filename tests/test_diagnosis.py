@@ -189,3 +189,31 @@ def test_bare_matrices_are_weights_where_they_meet_the_stream():
     assert found["W_query"]["mean"] == pytest.approx(block.W_query.detach().double().mean().item(), rel=1e-5)
     assert found["W_query"]["fan_in"] == d and found["W_up"]["fan_in"] is None and found["W_up"]["fan_out"] is None
     assert weight_statistics(block) == {}  # no stream width known: no bare matrix is taken for a weight
+
+
+@pytest.mark.parametrize("family", ["Olmo2", "Exaone4"])
+def test_a_stream_of_normalised_updates_is_not_taken_for_an_explosion(tmp_path, family):
+    """OLMo-2's and EXAONE-4's reordered wiring adds norm(f(x)) to the stream: by the triangle inequality each add
+    moves ‖x‖/√d by at most the norm's largest |gain|, so the stream cannot explode whatever the weights do. At init
+    a tiny embedding (N(0, 0.02)) and branch outputs below the norm's eps make layer 0's output small and the later
+    ones larger: a growth of hundreds × that Xiong et al.'s Pre-LN bound does not describe (a false alarm at step 0
+    before)."""
+    import transformers
+
+    from blocktrace import Watch
+    from blocktrace.training.timeline import read_timeline
+
+    config = getattr(transformers, f"{family}Config")(vocab_size=256, hidden_size=128, num_hidden_layers=3,
+                                                       num_attention_heads=4, num_key_value_heads=2,
+                                                       intermediate_size=256)
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{family}ForCausalLM")(config)
+    ids = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(0))
+    with Watch(model, tmp_path / "run.jsonl", every=1, overwrite=True) as watch:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        watch.step(loss)
+    record = read_timeline(tmp_path / "run.jsonl")[0]
+    sizes = [layer["median_token_sq_norm_per_d"] for layer in record["layers"]]
+    assert sizes[-1] > 100 * sizes[0]  # the growth the Pre-LN bound would call an explosion
+    assert "residual_explosion" not in {f["name"] for f in record["flags"]}

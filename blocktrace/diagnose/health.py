@@ -396,12 +396,16 @@ def _massive_activation(record, layer, evidence) -> list[Finding]:
 # --- the layers together, the model, its gradients ---------------------------------------------------
 
 @check(Scope.STACK, "residual_explosion", "the median token's ‖x‖²/d grows past 100 × Xiong et al.'s bound (1 + 3l/2, "
-       "relative to the first layer's output) across the layers",
-       "Xiong et al. 2020, Lemma 2 (Pre-LN ‖x_l‖²/d ≤ 1 + 3l/2 at init); Wortsman et al. 2023",
+       "relative to the first layer's output) across the layers (not where every update is a norm's output: "
+       "sandwich, reordered)",
+       "Xiong et al. 2020, Lemma 2 (Pre-LN ‖x_l‖²/d ≤ 1 + 3l/2 at init); Wortsman et al. 2023; where each update is "
+       "norm(f(x)), the triangle inequality bounds each add's move of ‖x‖/√d by the norm's largest |gain|",
        "the residual stream grows by orders of magnitude from layer to layer: the model is diverging",
        Cause.LEARNING_RATE)
 def _residual_explosion(traces, first_layer: int) -> list[Finding]:
     """Growth of the median token's ‖x‖²/d across the traced layers, against Xiong et al.'s bound."""
+    if traces and all(t.wiring.updates_normalised for t in traces):
+        return []  # the stream grows only as far as the norms' gains allow: theirs to judge, not the stream's
     sizes = [(first_layer + i, t.steps[-1].probe.token_sq_median) for i, t in enumerate(traces)]
     sizes = [(layer, size) for layer, size in sizes if size is not None and math.isfinite(size) and size > 0]
     if len(sizes) < 2:
