@@ -200,3 +200,32 @@ def test_a_failure_inside_blocktrace_is_not_blamed_on_the_users_forward(invoke, 
     monkeypatch.setattr(recorder, "tensor_moments", broken_inside_the_forward)
     with pytest.raises(ZeroDivisionError, match="a bug in blocktrace"):
         invoke("run", "--module", "hfblocks:nano")
+
+
+@pytest.mark.parametrize("family, dropout", [("GPTNeoX", {"hidden_dropout": 0.1}), ("Phi3", {"resid_pdrop": 0.1})])
+def test_a_layer_whose_dropout_sits_outside_its_sublayers_adds_what_it_traced(tmp_path, family, dropout):
+    """GPT-NeoX and Phi-3 drop out each sublayer's output in the layer itself, between the attention (or MLP) module
+    and the residual add: the steps are the dropouts' outputs, what the add takes, so in training the residual sums
+    hold (each residual was called 'not added', ‖output − (stream + update)‖/‖output‖ ≈ 0.2, before)."""
+    import transformers
+
+    from blocktrace import Watch
+    from blocktrace.training.timeline import read_timeline
+
+    config = getattr(transformers, f"{family}Config")(vocab_size=256, hidden_size=64, num_hidden_layers=2,
+                                                       num_attention_heads=4, intermediate_size=128, pad_token_id=0,
+                                                       **dropout)
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{family}ForCausalLM")(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(2):
+            ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(step))
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert records[-1]["layers"][0]["max_logit"] is not None  # the attention weights still read off its own module
+    assert not [f for r in records for f in r["flags"] if f["level"] in ("error", "warning")]

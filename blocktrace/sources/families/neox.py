@@ -26,8 +26,11 @@ from blocktrace.vocab import Norm, Placement
 class GPTNeoX(Family):
     name, described, model_types = "gpt_neox", "gpt_neox (layers.{k}.attention.query_key_value.*)", ("gpt_neox",)
     hf_classes = ("GPTNeoXLayer",)
-    hf_layer = HFLayer({"norm1": "input_layernorm", "attn": "attention", "norm2": "post_attention_layernorm",
-                        "ffn": "mlp"}, hidden="mlp.act", parallel_flag="use_parallel_residual")
+    # the sublayers' outputs as the residual adds take them: after the layer's own dropouts (hidden_dropout), which
+    # sit outside the attention and MLP modules; the attention's weights are read off the attention module
+    hf_layer = HFLayer({"norm1": "input_layernorm", "attn": "post_attention_dropout",
+                        "norm2": "post_attention_layernorm", "ffn": "post_mlp_dropout"}, hidden="mlp.act",
+                       weights="attention", parallel_flag="use_parallel_residual")
     layers_path, marker, prefixes = "layers", "attention.query_key_value.weight", ("", "gpt_neox.")
     embedding_key = "embed_in.weight"
     ignored = ("attention.bias", "attention.masked_bias", "attention.rotary_emb.inv_freq")  # buffers of old files
