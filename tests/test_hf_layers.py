@@ -229,3 +229,48 @@ def test_a_layer_whose_dropout_sits_outside_its_sublayers_adds_what_it_traced(tm
     records = read_timeline(tmp_path / "run.jsonl")
     assert records[-1]["layers"][0]["max_logit"] is not None  # the attention weights still read off its own module
     assert not [f for r in records for f in r["flags"] if f["level"] in ("error", "warning")]
+
+
+TRACED_ONLY_MODELS = {  # model class, config class and the sizes' names where they are not Llama's
+    "olmo": ("OlmoForCausalLM", "OlmoConfig", {}),
+    "gptj": ("GPTJForCausalLM", "GPTJConfig", {"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8,
+                                               "resid_pdrop": 0.1, "embd_pdrop": 0.0, "attn_pdrop": 0.0}),
+    "codegen": ("CodeGenForCausalLM", "CodeGenConfig", {"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8,
+                                                        "resid_pdrop": 0.1, "embd_pdrop": 0.0, "attn_pdrop": 0.0}),
+    "stablelm": ("StableLmForCausalLM", "StableLmConfig", {"hidden_dropout": 0.1, "num_key_value_heads": 4}),
+    "stablelm-parallel": ("StableLmForCausalLM", "StableLmConfig", {"hidden_dropout": 0.1, "num_key_value_heads": 4,
+                                                                    "use_parallel_residual": True}),
+}
+
+
+@pytest.mark.parametrize("name", list(TRACED_ONLY_MODELS))
+def test_hf_layers_traced_only_are_watched_step_by_step(tmp_path, name):
+    """OLMo-1, GPT-J, CodeGen and StableLM (sequential and parallel), whose checkpoints blocktrace does not read, are
+    traced as they are under the Watch (refused before: 'cannot find the Transformer blocks'): six steps in every
+    layer, the residual sums holding in training with their dropouts on, nothing raised on a healthy step."""
+    import transformers
+
+    from blocktrace import Watch
+    from blocktrace.training.timeline import read_timeline
+
+    model_class, config_class, sizes = TRACED_ONLY_MODELS[name]
+    llama_sizes = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+    config = getattr(transformers, config_class)(vocab_size=256, **(sizes if "n_embd" in sizes else
+                                                                   {**llama_sizes, **sizes}))
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(2):
+            ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(step))
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert [list(layer["steps"]) for layer in records[-1]["layers"]] == [
+        ["norm1", "attn", "residual1", "norm2", "ffn", "residual2"] if "norm2" in records[-1]["layers"][0]["steps"]
+        else ["norm1", "attn", "residual1", "ffn", "residual2"]] * 2
+    assert records[-1]["layers"][0]["max_logit"] is not None  # the attention's weights read
+    assert not [f for r in records for f in r["flags"] if f["level"] in ("error", "warning")]

@@ -20,7 +20,7 @@ from blocktrace.sources.families import HF_LAYERS, HFLayer
 from blocktrace.sources.families.gpt2 import GPT2_STEPS
 from blocktrace.tracing.calling import hf_causal
 from blocktrace.vocab import Capture, Norm, Placement, RouterKind
-from blocktrace.wiring import PARALLEL, PRE, Kind, Wiring, wiring_of
+from blocktrace.wiring import PRE, Kind, Wiring, wiring_of
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,11 @@ def _layout(name, wiring, causal, names, norm=Norm.LAYERNORM, hidden=None, weigh
 
 def _hf_layout(class_name: str, layer: HFLayer, parallel: bool) -> Layout:
     # Causal by default; the layer's own attention says otherwise (detect_layout reads its is_causal).
-    wiring, label = (PARALLEL, f"{class_name} (parallel residual)") if parallel else (layer.wiring, class_name)
-    return _layout(f"HuggingFace {label}", wiring, True, layer.steps, layer.norm, layer.hidden, layer.weights,
+    wiring, label = (layer.parallel_wiring, f"{class_name} (parallel residual)") if parallel else \
+        (layer.wiring, class_name)
+    needed = {step.name for step in wiring.steps}  # a parallel layer holds no second norm (StableLM's is None)
+    steps = {name: path for name, path in layer.steps.items() if name in needed}
+    return _layout(f"HuggingFace {label}", wiring, True, steps, layer.norm, layer.hidden, layer.weights,
                    batched=True, router=layer.router, router_kind=layer.router_kind,
                    router_logits_at=layer.router_logits_at,
                    residual_multiplier=layer.residual_multiplier)

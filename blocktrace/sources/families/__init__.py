@@ -22,6 +22,7 @@ from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.base import Family, HFLayer, ModelInfo, refuse_quantised
 from blocktrace.sources.families.gpt2 import GPT2
 from blocktrace.sources.families.layouts import describe_file
+from blocktrace.sources.families.traced_only import TRACED_ONLY
 
 __all__ = ["FAMILIES", "HF_LAYERS", "Family", "HFLayer", "ModelInfo", "SIZE_FIELDS", "checkpoint_config", "model_info",
            "reading_as"]
@@ -42,9 +43,9 @@ def _declared_families() -> list[Family]:
 
 
 FAMILIES = {family.name: family for family in _declared_families()}
-# HF's decoder layer class name -> how it names its steps, as each family declares it.
-HF_LAYERS = {name: family.hf_layers.get(name, family.hf_layer) for family in FAMILIES.values()
-             for name in family.hf_classes}
+# HF's decoder layer class name -> how it names its steps, as each family declares it, and the layers traced only
+HF_LAYERS = {**TRACED_ONLY, **{name: family.hf_layers.get(name, family.hf_layer) for family in FAMILIES.values()
+                               for name in family.hf_classes}}
 # Without config.json only these are told apart by their keys (Llama's keys are shared: see llama.py).
 KEYED_FAMILIES = ("gpt2", "bert", "llama", "gpt_neox")
 BY_MODEL_TYPE = {model_type: family for family in FAMILIES.values() for model_type in family.model_types}

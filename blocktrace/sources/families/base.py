@@ -22,7 +22,7 @@ from blocktrace.errors import WeightsError
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.vocab import Choice, FFNKind, Norm, RopeKind, RouterKind
-from blocktrace.wiring import PRE, Wiring
+from blocktrace.wiring import PARALLEL, PRE, Wiring
 
 Reader = Callable[..., torch.Tensor]  # (name or names inside the layer, expected shape) -> tensor
 
@@ -80,6 +80,7 @@ class HFLayer:
     router_kind: RouterKind = RouterKind.SOFTMAX  # how that router's logits become probabilities
     router_logits_at: int = 0  # where the logits are in the router's output tuple (Llama-4's: after its scores)
     parallel_flag: Optional[str] = None  # the layer's attribute that, when true, makes its residual parallel
+    parallel_wiring: Wiring = PARALLEL  # the wiring it then has (GPT-NeoX's two norms; StableLM's one)
     residual_multiplier: Optional[str] = None  # the layer's attribute that scales each sublayer's output in its
     # residual add (Granite's x + m·f(x))
     # (a submodule path, why): a layer holding that module (not None) cannot be traced as it is, and is refused so

@@ -1,0 +1,21 @@
+"""HF decoder layers blocktrace traces as they are — under the Watch and `check --module` — but whose checkpoints
+it does not read: no family file computes them, so `run` and `check --weights` refuse their model_type by name.
+Each entry names the steps as the layer's forward takes them: a sublayer's output after any dropout the layer
+applies outside it (StableLM drops out its MLP's output in the layer itself), so the residual sums hold in
+training."""
+
+from __future__ import annotations
+
+from blocktrace.sources.families.base import HFLayer
+from blocktrace.sources.families.llama import LLAMA_STEPS
+from blocktrace.wiring import PARALLEL_ONE_NORM
+
+GPTJ_STEPS = {"norm1": "ln_1", "attn": "attn", "ffn": "mlp"}  # x + attn(ln_1(x)) + mlp(ln_1(x))
+
+TRACED_ONLY = {
+    "OlmoDecoderLayer": HFLayer(LLAMA_STEPS, hidden="mlp.act_fn"),  # OLMo-1: LayerNorms without gain or bias
+    "GPTJBlock": HFLayer(GPTJ_STEPS, PARALLEL_ONE_NORM, hidden="mlp.act"),
+    "CodeGenBlock": HFLayer(GPTJ_STEPS, PARALLEL_ONE_NORM, hidden="mlp.act"),
+    "StableLmDecoderLayer": HFLayer({**LLAMA_STEPS, "ffn": "dropout"}, hidden="mlp.act_fn",
+                                    parallel_flag="use_parallel_residual", parallel_wiring=PARALLEL_ONE_NORM),
+}
