@@ -670,7 +670,7 @@ def test_the_embedding_and_the_head_are_found_in_hf_and_hand_written_models():
     assert not hidden & set(exterior_parameters(book))
 
 
-def _scheduled(path, make_scheduler, step_scheduler, steps=12) -> list[dict]:
+def _scheduled(path, make_scheduler, step_scheduler, steps=6) -> list[dict]:
     """A nanoGPT loop whose scheduler the Watch is not given: it finds the ones driving its optimizer."""
     torch.manual_seed(0)
     model = NanoGPT()

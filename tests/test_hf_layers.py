@@ -219,7 +219,7 @@ def test_a_layer_whose_dropout_sits_outside_its_sublayers_adds_what_it_traced(tm
     model = getattr(transformers, f"{family}ForCausalLM")(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(2):
+        for step in range(1):  # one training step: its record holds the residual sums in training
             ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(step))
             loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
@@ -261,7 +261,7 @@ def test_hf_layers_traced_only_are_watched_step_by_step(tmp_path, name):
     model = getattr(transformers, model_class)(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(2):
+        for step in range(1):  # one training step: its record holds the residual sums in training
             ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(step))
             loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
