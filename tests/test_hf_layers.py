@@ -202,75 +202,63 @@ def test_a_failure_inside_blocktrace_is_not_blamed_on_the_users_forward(invoke, 
         invoke("run", "--module", "hfblocks:nano")
 
 
-@pytest.mark.parametrize("family, dropout", [("GPTNeoX", {"hidden_dropout": 0.1}), ("Phi3", {"resid_pdrop": 0.1})])
-def test_a_layer_whose_dropout_sits_outside_its_sublayers_adds_what_it_traced(tmp_path, family, dropout):
-    """GPT-NeoX and Phi-3 drop out each sublayer's output in the layer itself, between the attention (or MLP) module
-    and the residual add: the steps are the dropouts' outputs, what the add takes, so in training the residual sums
-    hold (each residual was called 'not added', ‖output − (stream + update)‖/‖output‖ ≈ 0.2, before)."""
+def _one_watched_step(path, model_class: str, config_class: str, **config) -> dict:
+    """An HF model from a config, trained one step in training mode under a Watch: its record."""
     import transformers
 
     from blocktrace import Watch
     from blocktrace.training.timeline import read_timeline
 
-    config = getattr(transformers, f"{family}Config")(vocab_size=256, hidden_size=64, num_hidden_layers=2,
-                                                       num_attention_heads=4, intermediate_size=128, pad_token_id=0,
-                                                       **dropout)
     torch.manual_seed(0)
-    model = getattr(transformers, f"{family}ForCausalLM")(config).train()
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(vocab_size=256, **config)).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(1):  # one training step: its record holds the residual sums in training
-            ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(step))
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            watch.step(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-    records = read_timeline(tmp_path / "run.jsonl")
-    assert records[-1]["layers"][0]["max_logit"] is not None  # the attention weights still read off its own module
-    assert not [f for r in records for f in r["flags"] if f["level"] in ("error", "warning")]
+    with Watch(model, path, every=1, optimizer=optimizer, overwrite=True) as watch:
+        ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(0))
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        watch.step(loss)
+        optimizer.step()
+    return read_timeline(path)[0]
 
 
-TRACED_ONLY_MODELS = {  # model class, config class and the sizes' names where they are not Llama's
-    "olmo": ("OlmoForCausalLM", "OlmoConfig", {}),
-    "gptj": ("GPTJForCausalLM", "GPTJConfig", {"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8,
-                                               "resid_pdrop": 0.1, "embd_pdrop": 0.0, "attn_pdrop": 0.0}),
-    "codegen": ("CodeGenForCausalLM", "CodeGenConfig", {"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8,
-                                                        "resid_pdrop": 0.1, "embd_pdrop": 0.0, "attn_pdrop": 0.0}),
-    "stablelm": ("StableLmForCausalLM", "StableLmConfig", {"hidden_dropout": 0.1, "num_key_value_heads": 4}),
-    "stablelm-parallel": ("StableLmForCausalLM", "StableLmConfig", {"hidden_dropout": 0.1, "num_key_value_heads": 4,
-                                                                    "use_parallel_residual": True}),
+LLAMA_SIZES = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+SERIOUS = ("error", "warning")
+
+
+@pytest.mark.parametrize("family, dropout", [("GPTNeoX", {"hidden_dropout": 0.1}), ("Phi3", {"resid_pdrop": 0.1})])
+def test_a_layer_whose_dropout_sits_outside_its_sublayers_adds_what_it_traced(tmp_path, family, dropout):
+    """GPT-NeoX and Phi-3 drop out each sublayer's output in the layer itself, between the attention (or MLP) module
+    and the residual add: the steps are the dropouts' outputs, what the add takes, so in training the residual sums
+    hold (each residual was called 'not added', ‖output − (stream + update)‖/‖output‖ ≈ 0.2, before)."""
+    record = _one_watched_step(tmp_path / "run.jsonl", f"{family}ForCausalLM", f"{family}Config", pad_token_id=0,
+                               **LLAMA_SIZES, **dropout)
+    assert record["layers"][0]["max_logit"] is not None  # the attention weights still read off its own module
+    assert not [f for f in record["flags"] if f["level"] in SERIOUS]
+
+
+SIX = ["norm1", "attn", "residual1", "norm2", "ffn", "residual2"]
+PARALLEL_FIVE = ["norm1", "attn", "residual1", "ffn", "residual2"]  # one norm read by both sublayers
+GPTJ_SIZES = {"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8, "resid_pdrop": 0.1, "embd_pdrop": 0.0,
+              "attn_pdrop": 0.0}
+TRACED_ONLY_MODELS = {  # model class, config class, config, the steps of a layer
+    "olmo": ("OlmoForCausalLM", "OlmoConfig", LLAMA_SIZES, SIX),
+    "gptj": ("GPTJForCausalLM", "GPTJConfig", GPTJ_SIZES, PARALLEL_FIVE),
+    "codegen": ("CodeGenForCausalLM", "CodeGenConfig", GPTJ_SIZES, PARALLEL_FIVE),
+    "stablelm": ("StableLmForCausalLM", "StableLmConfig",
+                 {**LLAMA_SIZES, "hidden_dropout": 0.1, "num_key_value_heads": 4}, SIX),
+    "stablelm-parallel": ("StableLmForCausalLM", "StableLmConfig",
+                          {**LLAMA_SIZES, "hidden_dropout": 0.1, "num_key_value_heads": 4,
+                           "use_parallel_residual": True}, PARALLEL_FIVE),
 }
 
 
 @pytest.mark.parametrize("name", list(TRACED_ONLY_MODELS))
 def test_hf_layers_traced_only_are_watched_step_by_step(tmp_path, name):
     """OLMo-1, GPT-J, CodeGen and StableLM (sequential and parallel), whose checkpoints blocktrace does not read, are
-    traced as they are under the Watch (refused before: 'cannot find the Transformer blocks'): six steps in every
-    layer, the residual sums holding in training with their dropouts on, nothing raised on a healthy step."""
-    import transformers
-
-    from blocktrace import Watch
-    from blocktrace.training.timeline import read_timeline
-
-    model_class, config_class, sizes = TRACED_ONLY_MODELS[name]
-    llama_sizes = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
-    config = getattr(transformers, config_class)(vocab_size=256, **(sizes if "n_embd" in sizes else
-                                                                   {**llama_sizes, **sizes}))
-    torch.manual_seed(0)
-    model = getattr(transformers, model_class)(config).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(1):  # one training step: its record holds the residual sums in training
-            ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(step))
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            watch.step(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-    records = read_timeline(tmp_path / "run.jsonl")
-    assert [list(layer["steps"]) for layer in records[-1]["layers"]] == [
-        ["norm1", "attn", "residual1", "norm2", "ffn", "residual2"] if "norm2" in records[-1]["layers"][0]["steps"]
-        else ["norm1", "attn", "residual1", "ffn", "residual2"]] * 2
-    assert records[-1]["layers"][0]["max_logit"] is not None  # the attention's weights read
-    assert not [f for r in records for f in r["flags"] if f["level"] in ("error", "warning")]
+    traced as they are under the Watch (refused before: 'cannot find the Transformer blocks'): every step of their
+    wiring in every layer, the residual sums holding in training with their dropouts on, nothing raised."""
+    model_class, config_class, config, steps = TRACED_ONLY_MODELS[name]
+    record = _one_watched_step(tmp_path / "run.jsonl", model_class, config_class, **config)
+    assert [list(layer["steps"]) for layer in record["layers"]] == [steps] * 2
+    assert record["layers"][0]["max_logit"] is not None  # the attention's weights read
+    assert not [f for f in record["flags"] if f["level"] in SERIOUS]
