@@ -180,6 +180,32 @@ def test_a_loss_whose_gradient_is_zero_everywhere_is_gradient_flow_from_the_firs
     assert "gradient_zero_everywhere" not in {f["name"] for r in loose for f in r["flags"]}
 
 
+def test_a_zero_initialised_head_is_a_recipe_not_a_backward_that_reaches_nothing(tmp_path):
+    """modded-nanogpt zero-initialises its head (`lm_head.weight.zero_()`) and µP its readout (Yang et al. 2021): at
+    step 0 every block's gradient is exactly 0 — ∂L/∂h = W_headᵀ·(p − y) = 0 — while the head's is not, and the first
+    step moves the head. It was called gradient_zero_everywhere ('the backward reached no parameter') at step 0."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=101, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=128, tie_word_embeddings=False))
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(3):
+            ids = torch.randint(0, 101, (4, 16), generator=torch.Generator().manual_seed(step))
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert all(layer["grad_norm"] == 0 for layer in records[0]["layers"]) and records[0]["grad_norm"] > 0
+    assert all(layer["grad_norm"] > 0 for layer in records[1]["layers"])
+    assert not [f for r in records for f in r["flags"] if f["level"] in ("error", "warning")]
+
+
 @pytest.mark.parametrize("p, found", [(0.9, True), (0.5, True), (0.3, False)])
 def test_a_dropout_rate_no_recipe_uses_is_a_warning(tmp_path, p, found):
     """Published LM recipes drop 0 to 0.3; p ≥ 0.5 drops every other activation or more (a keep probability given

@@ -226,7 +226,9 @@ def _misses(weights: Optional[dict]) -> bool:
        "at all, neither when the Watch recorded nor when the optimizer stepped after it (a Watch given the optimizer)",
        "invariant: a loss that depends on the parameters gives some of them a non-zero gradient; exactly 0 "
        "everywhere means no path from the loss reaches any parameter with a non-zero derivative, and no gradient at "
-       "all by the optimizer's step means the backward started from a tensor the parameters are not on the graph of",
+       "all by the optimizer's step means the backward started from a tensor the parameters are not on the graph of; "
+       "blocks at 0 while the model's gradient is not are a zero weight between them and the loss (a zero-initialised "
+       "head: modded-nanogpt, µP's readout, Yang et al. 2021), which its first step moves",
        "the backward reaches no parameter: the loss is clamped or thresholded where its derivative is 0, "
        "multiplied by 0, or computed from detached values — no update can follow", Cause.GRADIENT_FLOW,
        direct=True,
@@ -244,6 +246,10 @@ def _gradient_zero_everywhere(history: Sequence[dict], entry: dict) -> list[Find
         return []
     if any(in_zero_saddle(layer) for layer in entry["layers"]):
         return []  # matrices at exactly 0 make the zero gradients themselves: the weights' fact (weights_zero_stuck)
+    if _finite(entry.get("grad_norm")) and entry["grad_norm"] > 0:
+        # the backward reached parameters outside the blocks: a weight at exactly 0 between the blocks and the loss
+        # (a zero-initialised head, as modded-nanogpt's and µP's readout) stops it there for the steps it stays 0
+        return []
     return [finding(Level.ERROR, None, None, 0.0,
                     phrase("every trainable layer's gradient is exactly 0 at step {step}: the backward reached no "
                            "parameter", step=entry['step']))]
@@ -507,8 +513,8 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Finding]:
 
 
 @check(Scope.TRAINING, "updates_tiny",
-       f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g} in the layers that move and require a gradient "
-       f"(the others are layer_frozen's), or, under an Adam-family "
+       f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g} in the layers that move, require a gradient and had "
+       f"a nonzero one at the step (the others are layer_frozen's), or, under an Adam-family "
        f"optimizer (a Watch given optimizer=), its per-step rms(ΔW) < {ADAM_TINY_STEP:g} × the learning rate "
        f"(records without element counts: ‖ΔW‖/‖W‖ < {ADAM_TINY:g} × the learning rate; learning_rate when the "
        f"learning rate is below {TINY_LR:g} or below 1/{SCHEDULE_SHRANK} of the largest the run recorded — the "
@@ -528,7 +534,7 @@ def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Finding]:
     # the optimizer's updates are judged where it makes them: a layer whose parameters require no gradient, or that
     # does not move at all while others do (no update reaches it: frozen or cut off from the loss), is layer_frozen's
     unreached = {layer["layer"] for layer in entry["layers"] if layer.get("trainable") is False} | {
-        layer for layer, moved in largest.items() if moved < STILL}
+        layer for layer, moved in largest.items() if moved < STILL} | _without_gradient(history[-1])
     ratios = [r for layer, values in per_step_ratios(history[-1], entry).items() if layer not in unreached
               for r in values]
     if not ratios:
@@ -545,6 +551,13 @@ def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Finding]:
         at_lr=_at_learning_rate(lr), cut=phrase(": the optimizer's step found gradients {cut:.2g} × the ones the "
                                                 "backward left", cut=cut)
         if cause is Cause.TRAINING_LOOP else ""), cause)]
+
+
+def _without_gradient(before: dict) -> set[int]:
+    """The layers whose gradient was exactly 0 when the step after `before` was taken: no optimizer follows a zero
+    gradient (a weight decay alone moves them), so their small move is no fault of the update (a zero-initialised
+    head stops the first backward at the blocks; whatever zeroes a gradient is gradient_zero_everywhere's)."""
+    return {layer["layer"] for layer in before.get("layers", []) if layer.get("grad_norm") == 0}
 
 
 def _gradient_cut(before: dict, entry: dict) -> Optional[float]:
