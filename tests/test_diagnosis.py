@@ -217,3 +217,21 @@ def test_a_stream_of_normalised_updates_is_not_taken_for_an_explosion(tmp_path, 
     sizes = [layer["median_token_sq_norm_per_d"] for layer in record["layers"]]
     assert sizes[-1] > 100 * sizes[0]  # the growth the Pre-LN bound would call an explosion
     assert "residual_explosion" not in {f["name"] for f in record["flags"]}
+
+
+def test_a_stream_that_starts_below_unit_scale_grows_to_it_without_exploding():
+    """Xiong et al.'s Lemma 2 bounds a Pre-LN stream by 1 + 3l/2 in units where the sublayers add ~1 each: a first
+    layer whose output is far below that scale (an embedding of std 0.02 and a first block that adds little — frozen,
+    or still at init, as in a healthy HF Llama with its layer 0 frozen, called exploding at 241×) is measured against
+    1, not against itself. An explosion (each layer's update hundreds of times the last) is still one."""
+    blocks = build_stack(BlockConfig(d_model=16, n_heads=4), 3, seed=0)
+    with torch.no_grad():
+        for matrix in (blocks[0].attn.out_proj, blocks[0].ffn.proj):
+            matrix.weight.mul_(0.01)
+            matrix.bias.zero_()
+        for block in blocks[1:]:
+            block.ffn.proj.weight.mul_(8.0)  # later layers adding O(1), as trained ones do
+    traces = trace_stack(blocks, 0.02 * torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0)), checks=True)
+    sizes = [t.steps[-1].probe.token_sq_median for t in traces]
+    assert sizes[0] < 0.01 and sizes[-1] / sizes[0] > 100 * (1 + 1.5 * 3) / (1 + 1.5) and sizes[-1] < 100
+    assert "residual_explosion" not in names(evaluate(traces))

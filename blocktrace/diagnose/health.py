@@ -34,6 +34,7 @@ RESIDUAL_MISMATCH = 1e-3
 UPDATE_SMALL, UPDATE_LARGE = 1e-3, 10.0
 MASSIVE_RATIO = 1000.0
 STREAM_GROWTH_ERROR = 100.0  # ‖x‖²/d growth past Xiong et al.'s 1 + 3l/2 bound, ×
+UNIT_STREAM = 1.0  # ‖x‖²/d of the stream Xiong et al.'s bound starts from: growth is measured from at least this
 WEIGHT_GAIN_ERROR = 10.0  # std·√fan_in of a weight matrix: ≈ 0.5–1.5 at the usual inits
 SIBLING_RATIO, MIN_SIBLINGS = 10.0, 3  # a matrix an order of magnitude off the same matrix of the other layers
 FLOAT16_MAX = 65504.0
@@ -396,8 +397,8 @@ def _massive_activation(record, layer, evidence) -> list[Finding]:
 # --- the layers together, the model, its gradients ---------------------------------------------------
 
 @check(Scope.STACK, "residual_explosion", "the median token's ‖x‖²/d grows past 100 × Xiong et al.'s bound (1 + 3l/2, "
-       "relative to the first layer's output) across the layers (not where every update is a norm's output: "
-       "sandwich, reordered)",
+       "relative to the first layer's output, or to 1 where that is smaller) across the layers (not where every "
+       "update is a norm's output: sandwich, reordered)",
        "Xiong et al. 2020, Lemma 2 (Pre-LN ‖x_l‖²/d ≤ 1 + 3l/2 at init); Wortsman et al. 2023; where each update is "
        "norm(f(x)), the triangle inequality bounds each add's move of ‖x‖/√d by the norm's largest |gain|",
        "the residual stream grows by orders of magnitude from layer to layer: the model is diverging",
@@ -411,12 +412,16 @@ def _residual_explosion(traces, first_layer: int) -> list[Finding]:
     if len(sizes) < 2:
         return []
     (first, reference), bound_of = sizes[0], lambda layer: 1 + 1.5 * (layer + 1)
+    # the lemma's units: sublayers that add ~1 each to ‖x‖²/d; a stream that starts below that (an embedding of std
+    # 0.02, a first block that adds little) reaches it without exploding
+    reference = max(reference, UNIT_STREAM)
     for layer, size in sizes[1:]:
         growth, bound = size / reference, bound_of(layer) / bound_of(first)
         if growth > STREAM_GROWTH_ERROR * bound:
             return [finding(Level.ERROR, traces[layer - first_layer].steps[-1].name, layer, growth,
                             phrase("the median token's ‖x‖²/d grew {growth:.3g}× from layer {first} to layer {layer} "
-                                   "(bound {bound:.3g}×)", growth=growth, first=first, layer=layer, bound=bound))]
+                                   "(bound {bound:.3g}×; ‖x‖²/d = {size:.3g} there)", growth=growth, first=first,
+                                   layer=layer, bound=bound, size=size))]
     return []
 
 

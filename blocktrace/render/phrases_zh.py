@@ -66,8 +66,9 @@ PHRASES_ZH = {
     "{flat_fraction:.1%} of hidden activations in the flat region": "{flat_fraction} 的隐藏激活落在激活函数的平坦区",
     "‖update‖/‖stream‖ = {ratio:.3g}": "‖更新‖/‖残差流‖ = {ratio}",
     "max |x| {absmax:.4g} = {ratio:.4g} × median |x|": "max |x| {absmax} = {ratio} × |x| 的中位数",
-    "the median token's ‖x‖²/d grew {growth:.3g}× from layer {first} to layer {layer} (bound {bound:.3g}×)":
-        "中位 token 的 ‖x‖²/d 从第 {first} 层到第 {layer} 层增长了 {growth} 倍（上界 {bound} 倍）",
+    "the median token's ‖x‖²/d grew {growth:.3g}× from layer {first} to layer {layer} (bound {bound:.3g}×; ‖x‖²/d = "
+    "{size:.3g} there)":
+        "中位 token 的 ‖x‖²/d 从第 {first} 层到第 {layer} 层增长了 {growth} 倍（上界 {bound} 倍；该层 ‖x‖²/d = {size}）",
     "mean ‖∂L/∂step‖ {first:.3g} at layer {first_layer} against {last:.3g} at layer {last_layer}":
         "平均 ‖∂L/∂step‖ 在第 {first_layer} 层为 {first}，在第 {last_layer} 层为 {last}",
     "non-finite gradient of a scaled loss: the loss scaler skips this step and lowers its scale":
