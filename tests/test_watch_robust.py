@@ -116,3 +116,26 @@ def test_a_statistic_that_fails_inside_the_forward_never_reaches_the_training_lo
                                                                                       broken))
     watch.close()
     assert returned[0] is not None and returned[2:] == [None, None]
+
+
+def test_an_optimizer_that_sets_its_own_step_size_is_recorded_without_a_learning_rate(tmp_path):
+    """transformers' Adafactor with relative_step=True holds lr=None in its groups (it computes min(1e-2, 1/√t)
+    itself): the Watch stopped recording at its first record (float(None)); the records say lr null and go on."""
+    from transformers.optimization import Adafactor
+
+    torch.manual_seed(0)
+    model = NanoGPT()
+    optimizer = Adafactor(model.parameters(), lr=None, relative_step=True, scale_parameter=True, warmup_init=False)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with Watch(model, tmp_path / "run.jsonl", every=2, optimizer=optimizer, overwrite=True) as watch:
+            for step in range(5):
+                _, loss = model(*nano_batch(step))
+                loss.backward()
+                watch.step(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+    assert not [w for w in said if "stopped recording" in str(w.message)]
+    records = timeline.read_timeline(tmp_path / "run.jsonl")
+    assert [r["step"] for r in records] == [0, 2, 4] and all(r["lr"] is None for r in records)
+    assert records[-1]["loop"]["optimizer"]["class"] == "Adafactor"

@@ -248,7 +248,9 @@ class Watch:
         if lr is not None:
             return float(lr)
         if self.optimizer is not None and self.optimizer.param_groups:
-            return float(self.optimizer.param_groups[0]["lr"])
+            value = self.optimizer.param_groups[0].get("lr")
+            # None where the optimizer sets its own step size: transformers' Adafactor with relative_step=True
+            return float(value) if isinstance(value, (int, float, torch.Tensor)) else None
         return None
 
     def _record(self, loss, lr) -> Optional[dict]:
