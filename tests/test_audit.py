@@ -740,3 +740,26 @@ def test_schedulers_stepped_as_their_definitions_say_pass(tmp_path, name, make, 
     records = _scheduled(tmp_path / "good.jsonl", make, step)
     assert records[1]["loop"]["schedulers"]  # found without being handed to the Watch
     assert not [f for r in records for f in r["flags"] if f["name"] == "scheduler_stepped_with_a_value"]
+
+
+@pytest.mark.parametrize("eps, tiny", [(1e-8, False), (10.0, True)])
+def test_radam_first_steps_are_not_adam_steps(tmp_path, eps, tiny):
+    """RAdam (Liu et al. 2020) takes lr·m̂ — no division by √v̂ — while ρ_t ≤ 5 (its steps 1–5 at β2 0.999), so its
+    first interval moves weights far less than Adam's lr per weight: a healthy RAdam with decoupled decay was called
+    updates_tiny at step 5. Once rectified it is Adam's step, and an ε of 10 that shrinks it is still found."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=101, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=128))
+    optimizer = torch.optim.RAdam(model.parameters(), lr=1e-3, eps=eps, weight_decay=0.1, decoupled_weight_decay=True)
+    with Watch(model, tmp_path / "run.jsonl", every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(11):
+            ids = torch.randint(0, 101, (4, 32), generator=torch.Generator().manual_seed(step))
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    found = {r["step"] for r in read_timeline(tmp_path / "run.jsonl") for f in r["flags"] if f["name"] == "updates_tiny"}
+    assert found == ({10} if tiny else set())

@@ -44,6 +44,7 @@ ADAM_TINY = 0.5  # Adam's per-step ‖ΔW‖/‖W‖ per unit of learning rate: 
 # std(W) 0.02 (0.5 × 0.02), and the one that holds at any weight size (a run whose weights grew 20× moves them
 # 20× less relative to their norm at the same Adam step)
 ADAM_TINY_STEP = ADAM_TINY * 0.02
+RECTIFIED_ABOVE = 5.0  # RAdam's adaptive step needs ρ_t > 5 (Liu et al. 2020, Algorithm 2; torch.optim.RAdam)
 SHRINK_PER_STEP = 0.9  # a tensor kind's ‖W‖ losing > 10% per step between two records (AdamW's decay: lr·λ ≈ 1e-4)
 SPIKE_FACTOR = 10.0  # a record's ‖ΔW‖/‖W‖ per unit of learning rate against its median over the previous records
 LR_JUMP = 10.0  # a learning rate against the largest one recorded before
@@ -514,7 +515,8 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Finding]:
 
 @check(Scope.TRAINING, "updates_tiny",
        f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g} in the layers that move, require a gradient and had "
-       f"a nonzero one at the step (the others are layer_frozen's), or, under an Adam-family "
+       f"a nonzero one at the step (the others are layer_frozen's), or, under an Adam-family (RAdam past its first "
+       f"steps, where ρ_t ≤ {RECTIFIED_ABOVE:g} makes its step lr·m̂) "
        f"optimizer (a Watch given optimizer=), its per-step rms(ΔW) < {ADAM_TINY_STEP:g} × the learning rate "
        f"(records without element counts: ‖ΔW‖/‖W‖ < {ADAM_TINY:g} × the learning rate; learning_rate when the "
        f"learning rate is below {TINY_LR:g} or below 1/{SCHEDULE_SHRANK} of the largest the run recorded — the "
@@ -540,7 +542,7 @@ def _updates_tiny(history: Sequence[dict], entry: dict) -> list[Finding]:
     if not ratios:
         return []
     median = statistics.median(ratios)
-    adam = "adam" in str(entry.get("optimizer") or "").lower()
+    adam = "adam" in str(entry.get("optimizer") or "").lower() and not _unrectified(entry)
     if not (median < TINY_UPDATE or (adam and lr and _adam_step_tiny(history[-1], entry, median, lr, unreached))):
         return []
     cut = _gradient_cut(history[-1], entry)
@@ -580,6 +582,23 @@ def _schedule_shrank(history: Sequence[dict], lr: float) -> bool:
 
 def _at_learning_rate(lr: Optional[float]) -> str:
     return "" if lr is None else phrase(" at learning rate {lr:g}", lr=lr)
+
+
+def _unrectified(entry: dict) -> bool:
+    """Whether the interval's first optimizer step is one of RAdam's first steps, which take lr·m̂ (SGD with momentum)
+    instead of Adam's lr·m̂/√v̂ while ρ_t = ρ_∞ − 2tβ2^t/(1 − β2^t) ≤ 5 (ρ_∞ = 2/(1 − β2) − 1: t ≤ 5 at β2 0.999), so
+    Adam's per-step size says nothing of them; also where the step count or β2 is not known."""
+    loop = entry.get("loop") or {}
+    optimizer = loop.get("optimizer") or {}
+    if "radam" not in str(optimizer.get("class") or entry.get("optimizer") or "").lower():
+        return False
+    groups, t = optimizer.get("groups") or [{}], loop.get("update_step")
+    betas = groups[0].get("betas") or []
+    if not _finite(t) or t < 1 or len(betas) != 2 or not _finite(betas[1]) or not 0 < betas[1] < 1:
+        return True
+    beta2 = betas[1]
+    rho = 2 / (1 - beta2) - 1 - 2 * t * beta2 ** t / (1 - beta2 ** t)
+    return rho <= RECTIFIED_ABOVE
 
 
 def _adam_step_tiny(before: dict, entry: dict, median_ratio: float, lr: float, unreached: set) -> bool:
