@@ -18,4 +18,6 @@ TRACED_ONLY = {
     "CodeGenBlock": HFLayer(GPTJ_STEPS, PARALLEL_ONE_NORM, hidden="mlp.act"),
     "StableLmDecoderLayer": HFLayer({**LLAMA_STEPS, "ffn": "dropout"}, hidden="mlp.act_fn",
                                     parallel_flag="use_parallel_residual", parallel_wiring=PARALLEL_ONE_NORM),
+    "PersimmonDecoderLayer": HFLayer({**LLAMA_STEPS, "ffn": "dropout"}, hidden="mlp.act"),
+    "NemotronDecoderLayer": HFLayer(LLAMA_STEPS, hidden="mlp.act_fn"),  # LayerNorm with gain 1 + w, a relu² MLP
 }
