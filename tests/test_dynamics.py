@@ -191,6 +191,16 @@ def test_an_update_ten_times_its_usual_size_per_unit_of_learning_rate_is_a_spike
     assert judge(history, _moving(50, [0.02, 0.02], lr=2e-3)) == []
 
 
+def test_updates_that_grow_steadily_are_not_a_spike():
+    """Seen in the ninth blind group (H4, calibration now): Prodigy (Mishchenko & Defazio 2023) estimates its own step
+    size d, growing ~3× per record from 1e-6 while the group's lr stays 1.0 — per unit of lr its updates grew steadily
+    (2e-4, 7e-4, 7.5e-3, 2.6e-2, …) and each was called a spike against the lagging median. A spike is one interval
+    far above the one just before it."""
+    growing = [_moving(10 * k, [2e-4 * 3 ** k] * 2) for k in range(5)]
+    assert judge(growing, _moving(50, [2e-4 * 3 ** 5] * 2)) == []
+    assert _names(judge(growing, _moving(50, [2e-4 * 3 ** 4 * 30] * 2))) == [("update_spike", None)]
+
+
 def test_a_learning_rate_ten_times_any_before_is_a_jump_but_warm_up_is_not():
     history = [_moving(10 * k, [0.01, 0.01], lr=1e-3) for k in range(3)]
     flags = judge(history, _moving(30, [0.01, 0.01], lr=0.086))

@@ -1200,3 +1200,42 @@ def test_a_forward_that_draws_in_eval_mode_is_the_architecture_and_not_a_leak(tm
     assert "future_leak" not in names
     if found:
         assert records[0]["diagnosis"][0]["cause"] == "architecture"
+
+
+def _adversarial_loop(path, zero_between: bool) -> list[dict]:
+    """FGM adversarial training (Miyato et al. 2017), as the copied PyTorch snippet writes it: the clean backward,
+    watch.step(), the embedding moved along its gradient, a second forward and backward on the same batch, the
+    embedding put back, then the optimizer's step. `zero_between`: SAM's form (Foret et al. 2021), whose second
+    gradient replaces the first (first_step(zero_grad=True))."""
+    torch.manual_seed(0)
+    model = nano()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    embedding = model.wte.weight
+    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(11):
+            ids, shifted = nano_batch(step)
+            _, loss = model(ids, shifted)
+            loss.backward()
+            watch.step(loss)
+            backup = embedding.detach().clone()
+            with torch.no_grad():
+                embedding.add_(embedding.grad / embedding.grad.norm())
+            if zero_between:
+                optimizer.zero_grad()
+            model(ids, shifted)[1].backward()
+            with torch.no_grad():
+                embedding.copy_(backup)
+            optimizer.step()
+            optimizer.zero_grad()
+    return read_timeline(path)
+
+
+@pytest.mark.parametrize("zero_between", [False, True], ids=["fgm", "sam"])
+def test_a_second_forward_and_backward_before_the_optimizer_step_belongs_to_its_step(tmp_path, zero_between):
+    """Seen in the ninth blind group (H5, calibration now): the adversarial forward after watch.step() was taken for
+    the next step's first micro-batch, so the next step's own backward 'found no gradient to add to' — an error on a
+    healthy FGM run. The Watch now arms for a record as the optimizer step of the step before ends."""
+    records = _adversarial_loop(tmp_path / "run.jsonl", zero_between)
+    assert [r["step"] for r in records] == [0, 5, 10]
+    assert all(r["loop"]["micro_batches"] == 1 for r in records[1:])  # the recorded step's own forward only
+    assert not [f for r in records for f in r["flags"] if f["level"] in ("error", "warning")]

@@ -631,7 +631,7 @@ def _per_step_sizes(before: dict, entry: dict, unreached: set) -> Optional[list[
 
 @check(Scope.TRAINING, "update_spike",
        f"a record's median ‖ΔW‖/‖W‖ per unit of learning rate > {SPIKE_FACTOR:g} × its median "
-       f"over the previous records (at least {MIN_HISTORY})",
+       f"over the previous records (at least {MIN_HISTORY}) and > {SPIKE_FACTOR:g} × the last of them",
        "Kingma & Ba 2015: Adam's update per element is bounded by about the learning rate, so per unit of "
        "learning rate it stays steady; Marin #1368: update-norm spikes precede loss spikes",
        "one update was far larger than the ones before: a spike that can "
@@ -645,7 +645,9 @@ def _update_spike(history: Sequence[dict], entry: dict) -> list[Finding]:
         return []  # nothing moved to judge: the window's intervals are spared
     window = list(history[-LOSS_SPIKE_WINDOW:])
     earlier = [u for a, b in zip(window, window[1:]) for u in [_median_update(a, b)] if u]
-    if len(earlier) < MIN_HISTORY or not now > SPIKE_FACTOR * statistics.median(earlier):
+    # one interval far above the ones before it, and above the last of them: updates that grow steadily (an
+    # optimizer that estimates its own step size, Prodigy or D-Adaptation, under a fixed group lr) are no spike
+    if len(earlier) < MIN_HISTORY or not now > SPIKE_FACTOR * max(statistics.median(earlier), earlier[-1]):
         return []
     factor = now / statistics.median(earlier)
     return [finding(Level.ERROR, None, None, factor,

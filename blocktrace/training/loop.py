@@ -264,12 +264,20 @@ class LoopObserver:
         # the weights between one optimizer step and the next (training/between.py); the Watch tells it the step
         self.between = BetweenSteps(_torch_optimizer(optimizer)) if self.step_hook is not None else None
         self.exterior = exterior_parameters(model)  # which parameters are the embedding and the head (the audit's)
+        # whether a training forward ran since the optimizer's last step (its step is still to come), and what to do
+        # once that step ends (the Watch arms for its next record there: training/watch.py)
+        self.forward_since_step = False
+        self.steps_ended = 0  # the optimizer's steps that have ended since the Watch began
+        self.on_step_end = None
+        self.forward_seen = model.register_forward_pre_hook(self._forward_starts) if self.step_hook is not None \
+            else None
         self.schedulers = Schedulers(_torch_optimizer(optimizer) if optimizer is not None else None)  # the schedulers that drive it (the audit reads their step counts)
         self.reset()
 
-    def reset(self) -> None:
-        """Armed for a recording step: what the parameters were before it, nothing seen yet."""
-        self.versions = _versions(_trainable(self.model))
+    def reset(self, stepped: bool = False) -> None:
+        """Armed for a recording step: what the parameters were before it, nothing seen yet (`stepped`: armed as an
+        optimizer step ended, so the step the recorded forward follows is known to have run)."""
+        self.versions = None if stepped else _versions(_trainable(self.model))
         self.trained = False  # the taken forward's output was backpropagated
         self.grads_before: Optional[torch.Tensor] = None
         # the later training forwards of the step (micro-batches): ‖.grad‖ as each one's backward started, the
@@ -286,10 +294,20 @@ class LoopObserver:
         self.gradient_targets: Optional[tuple] = None  # the targets it used there, and the share of rows naming one
 
     def close(self) -> None:
-        for hook in (self.step_hook, self.after_step_hook):
+        for hook in (self.step_hook, self.after_step_hook, self.forward_seen):
             if hook is not None:
                 hook.remove()
-        self.step_hook = self.after_step_hook = None
+        self.step_hook = self.after_step_hook = self.forward_seen = self.on_step_end = None
+
+    def _forward_starts(self, module, args) -> None:
+        if torch.is_grad_enabled():
+            self.forward_since_step = True
+
+    def step_pending(self) -> bool:
+        """Whether the step under way has its optimizer step still to come: a training forward ran since the last
+        one (watch.step() called after the backward, as documented), and the optimizer given is seen stepping (one
+        that never steps — not the loop's — is waited for by nothing)."""
+        return self.step_hook is not None and self.ever_stepped and self.forward_since_step
 
     # -- the recording step's forward and backward -------------------------------------------------------------
 
@@ -300,7 +318,8 @@ class LoopObserver:
         self.float16 = computes_in_float16(self.model)
         if anchor is None or not anchor.requires_grad:
             return
-        stepped = _versions(_trainable(self.model)) != self.versions  # an optimizer step since the Watch armed
+        # an optimizer step since the Watch armed (or it armed as one ended)
+        stepped = self.versions is None or _versions(_trainable(self.model)) != self.versions
 
         def backward_starts(grad):
             if not self.trained:
@@ -421,10 +440,19 @@ class LoopObserver:
                 self.descent, self.descended = None, {"at": self.step_gradient_at, "note": _not_run(error)}
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
-        """g·Δw, the first-order change of the loss the update predicts, and, where it climbs, the batch's loss
-        after the update. A failure is a note: the probe never stops training."""
+        """What the step did, and the Watch armed for its next record where it waited for this step to end."""
         self._between(BetweenSteps.step_ends)
         self._measure_step(optimizer)
+        self._probe_descent(optimizer)
+        self.forward_since_step = False
+        self.steps_ended += 1
+        then, self.on_step_end = self.on_step_end, None
+        if then is not None:  # last: the probe's replayed forward is not the next step's
+            then()
+
+    def _probe_descent(self, optimizer) -> None:
+        """g·Δw, the first-order change of the loss the update predicts, and, where it climbs, the batch's loss
+        after the update. A failure is a note: the probe never stops training."""
         descent, self.descent = self.descent, None
         if descent is None or descent.dot_before is None:
             return

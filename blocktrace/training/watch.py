@@ -97,13 +97,17 @@ class Watch:
         self.history = History()
         self.order = DataOrder()  # every training step's batch, to tell an order that repeats (training/order.py)
         self.forwards = 0  # training forwards (with gradients) since the last watch.step(): the step's micro-batches
+        # the optimizer's ended steps as step() returned, where that step's own optimizer step was still to come: the
+        # forwards before it ends are that step's (adversarial training's, SAM's second pass), not the next one's
+        self.step_still_due: Optional[int] = None
 
     @property
     def recording(self) -> bool:
         return self.armed is not None
 
-    def _arm(self) -> None:
-        """Attach everything for the next forward: it belongs to a recording step."""
+    def _arm(self, stepped: bool = False) -> None:
+        """Attach everything for the next forward: it belongs to a recording step (`stepped`: armed as an optimizer
+        step ended)."""
         for tap in self.taps:
             tap.attach()
         self.loss_hook = self.model.register_forward_hook(self._capture_loss, with_kwargs=True)
@@ -111,9 +115,27 @@ class Watch:
         # FSDP2: the causal probe runs before the training forward, on every rank alike (training/probing.py)
         self.probe_hook = self.model.register_forward_pre_hook(self._probe_before_forward, with_kwargs=True) \
             if self.checks and self.reducer.active and sharded(self.model) else None
-        self.loop.reset()
+        self.loop.reset(stepped)
         self.armed = attention_through_sdpa()
         self.armed.__enter__()
+
+    def _arm_for_next_step(self) -> None:
+        """The next step's first training forward is recorded. Where this step's optimizer step is still to come (a
+        training forward since the last one: step() called after the backward, as documented), the forwards until
+        it ends are this step's — a second forward and backward of adversarial training (FGM, Miyato et al. 2017)
+        or of sharpness-aware minimisation (SAM, Foret et al. 2021) — and the taps go on as that step ends."""
+        if self.loop.step_pending():
+            self.loop.on_step_end = self._arm_as_step_ends
+        else:
+            self._arm()
+
+    def _arm_as_step_ends(self) -> None:
+        """Inside the user's optimizer.step(): never raises into it."""
+        try:
+            if self.stopped is None:
+                self._arm(stepped=True)
+        except Exception as error:
+            self._stop(f"arming failed after step {self.count - 1}: {type(error).__name__}: {error}")
 
     def _disarm(self) -> None:
         for tap in self.taps:
@@ -142,7 +164,7 @@ class Watch:
 
     def _see_order(self, module, args, kwargs) -> None:
         """Every training forward (with gradients): the first of each step gives the step's batch key."""
-        if not torch.is_grad_enabled() or self.stopped is not None:
+        if not torch.is_grad_enabled() or self.stopped is not None or self._before_the_steps_optimizer_step():
             return
         self.forwards += 1
         try:
@@ -151,6 +173,10 @@ class Watch:
                 self.order.see(self.count, ids)
         except Exception as error:  # inside the training forward: never raise into it
             self._stop(f"reading the batch failed at step {self.count}: {type(error).__name__}: {error}")
+
+    def _before_the_steps_optimizer_step(self) -> bool:
+        """Whether a forward runs after step() and before the optimizer step of the same training step."""
+        return self.step_still_due is not None and self.loop.steps_ended == self.step_still_due
 
     def _capture_loss(self, module, args, kwargs, output):
         """The recording step's training forward — the first with gradients (an evaluation inside the loop runs
@@ -193,9 +219,12 @@ class Watch:
                 self.loop.expect_step(entry["step"], descent)
             if self.loop.between is not None:
                 self.loop.between.step = self.count  # the step whose optimizer.step() comes next
+            # an arm left waiting for an optimizer step that never came (a loss scaler skipped it): wait again
+            skipped, self.loop.on_step_end = self.loop.on_step_end is not None, None
+            self.step_still_due = self.loop.steps_ended if self.loop.step_pending() else None
             self.count, self.forwards = self.count + 1, 0
-            if self.count % self.every == 0:
-                self._arm()
+            if skipped or self.count % self.every == 0:
+                self._arm_for_next_step()
         except Exception as error:  # a monitor never takes the run down
             self._stop(f"recording failed at step {self.count}: {type(error).__name__}: {error}")
             return None
