@@ -310,6 +310,13 @@ def test_targets_of_another_order_match_the_inputs_at_no_shift(tmp_path):
     assert right[0]["data"]["target_match"]["next"] == 1.0 and "targets_misaligned" not in errors(right)
 
 
+def test_a_target_match_with_no_shift_measured_says_nothing():
+    """Found by the timeline fuzz (a hostile file's `target_match` of {}): no share measured is no evidence of
+    targets unrelated to the inputs — it raised max() of an empty sequence inside `track`."""
+    assert misalignment({}, inside=False) is None
+    assert misalignment({"same": 0.01, "next": 0.02, "previous": 0.01}, inside=False) is not None
+
+
 def test_every_target_masked_is_a_loss_that_counts_nothing(tmp_path):
     records = train(nano(), tmp_path / "run.jsonl", steps=1,
                     targets=lambda ids, shifted: torch.full_like(shifted, -100))

@@ -502,7 +502,7 @@ def misalignment(match: dict, inside: bool, judged_at_no_shift: bool = True, at_
     if relation == "next" and inside:
         return phrase("the labels are already the inputs advanced by one, and the model shifts them again: position "
                       "t is trained on token t + 2")
-    if relation is None and judged_at_no_shift and all(_finite(v) and v < CHANCE for v in match.values()):
+    if relation is None and judged_at_no_shift and match and all(_finite(v) and v < CHANCE for v in match.values()):
         shown = ", ".join(phrase("{relation} {share:.0%}", relation=RELATIONS_SAID.get(name, name), share=value)
                           for name, value in match.items())
         return phrase("the targets match the inputs at no shift ({shown} of the positions)", shown=shown)
