@@ -180,6 +180,19 @@ def test_a_loss_whose_gradient_is_zero_everywhere_is_gradient_flow_from_the_firs
     assert "gradient_zero_everywhere" not in {f["name"] for r in loose for f in r["flags"]}
 
 
+def _hf_trained(path, model, optimizer, steps: int, every: int) -> list[dict]:
+    """An HF causal LM trained on random ids (vocabulary 101) under a Watch given its optimizer: its records."""
+    with Watch(model, path, every=every, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(steps):
+            ids = torch.randint(0, 101, (4, 32), generator=torch.Generator().manual_seed(step))
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return read_timeline(path)
+
+
 def test_a_zero_initialised_head_is_a_recipe_not_a_backward_that_reaches_nothing(tmp_path):
     """modded-nanogpt zero-initialises its head (`lm_head.weight.zero_()`) and µP its readout (Yang et al. 2021): at
     step 0 every block's gradient is exactly 0 — ∂L/∂h = W_headᵀ·(p − y) = 0 — while the head's is not, and the first
@@ -192,15 +205,7 @@ def test_a_zero_initialised_head_is_a_recipe_not_a_backward_that_reaches_nothing
     with torch.no_grad():
         model.lm_head.weight.zero_()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with Watch(model, tmp_path / "run.jsonl", every=1, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(3):
-            ids = torch.randint(0, 101, (4, 16), generator=torch.Generator().manual_seed(step))
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            watch.step(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-    records = read_timeline(tmp_path / "run.jsonl")
+    records = _hf_trained(tmp_path / "run.jsonl", model, optimizer, steps=3, every=1)
     assert all(layer["grad_norm"] == 0 for layer in records[0]["layers"]) and records[0]["grad_norm"] > 0
     assert all(layer["grad_norm"] > 0 for layer in records[1]["layers"])
     assert not [f for r in records for f in r["flags"] if f["level"] in ("error", "warning")]
@@ -753,13 +758,6 @@ def test_radam_first_steps_are_not_adam_steps(tmp_path, eps, tiny):
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=101, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                          num_key_value_heads=2, intermediate_size=128))
     optimizer = torch.optim.RAdam(model.parameters(), lr=1e-3, eps=eps, weight_decay=0.1, decoupled_weight_decay=True)
-    with Watch(model, tmp_path / "run.jsonl", every=5, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(11):
-            ids = torch.randint(0, 101, (4, 32), generator=torch.Generator().manual_seed(step))
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            watch.step(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-    found = {r["step"] for r in read_timeline(tmp_path / "run.jsonl") for f in r["flags"] if f["name"] == "updates_tiny"}
+    records = _hf_trained(tmp_path / "run.jsonl", model, optimizer, steps=11, every=5)
+    found = {r["step"] for r in records for f in r["flags"] if f["name"] == "updates_tiny"}
     assert found == ({10} if tiny else set())
