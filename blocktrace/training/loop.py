@@ -271,7 +271,8 @@ class LoopObserver:
         self.on_step_end = None
         self.forward_seen = model.register_forward_pre_hook(self._forward_starts) if self.step_hook is not None \
             else None
-        self.schedulers = Schedulers(_torch_optimizer(optimizer) if optimizer is not None else None)  # the schedulers that drive it (the audit reads their step counts)
+        # the schedulers that drive it (the audit reads their step counts)
+        self.schedulers = Schedulers(_torch_optimizer(optimizer) if optimizer is not None else None)
         self.reset()
 
     def reset(self, stepped: bool = False) -> None:
