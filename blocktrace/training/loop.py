@@ -264,13 +264,11 @@ class LoopObserver:
         # the weights between one optimizer step and the next (training/between.py); the Watch tells it the step
         self.between = BetweenSteps(_torch_optimizer(optimizer)) if self.step_hook is not None else None
         self.exterior = exterior_parameters(model)  # which parameters are the embedding and the head (the audit's)
-        # whether a training forward ran since the optimizer's last step (its step is still to come), and what to do
-        # once that step ends (the Watch arms for its next record there: training/watch.py)
+        # whether a training forward ran since the optimizer's last step (its step is still to come: the Watch's
+        # forward hook says so), and what to do once that step ends (the Watch arms for its next record there)
         self.forward_since_step = False
         self.steps_ended = 0  # the optimizer's steps that have ended since the Watch began
         self.on_step_end = None
-        self.forward_seen = model.register_forward_pre_hook(self._forward_starts) if self.step_hook is not None \
-            else None
         # the schedulers that drive it (the audit reads their step counts)
         self.schedulers = Schedulers(_torch_optimizer(optimizer) if optimizer is not None else None)
         self.reset()
@@ -295,14 +293,14 @@ class LoopObserver:
         self.gradient_targets: Optional[tuple] = None  # the targets it used there, and the share of rows naming one
 
     def close(self) -> None:
-        for hook in (self.step_hook, self.after_step_hook, self.forward_seen):
+        for hook in (self.step_hook, self.after_step_hook):
             if hook is not None:
                 hook.remove()
-        self.step_hook = self.after_step_hook = self.forward_seen = self.on_step_end = None
+        self.step_hook = self.after_step_hook = self.on_step_end = None
 
-    def _forward_starts(self, module, args) -> None:
-        if torch.is_grad_enabled():
-            self.forward_since_step = True
+    def forward_started(self) -> None:
+        """A training forward (with gradients) began: the step it belongs to has its optimizer step to come."""
+        self.forward_since_step = True
 
     def step_pending(self) -> bool:
         """Whether the step under way has its optimizer step still to come: a training forward ran since the last

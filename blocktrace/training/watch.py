@@ -63,7 +63,7 @@ class Watch:
         self.reducer = Reducer()
         self._open_outputs(Path(path), tensorboard, append, overwrite, start)
         self._observe_loop(model, optimizer)
-        self.order_hook = model.register_forward_pre_hook(self._see_order, with_kwargs=True) if checks else None
+        self.forward_hook = model.register_forward_pre_hook(self._forward_starts, with_kwargs=True)
         if self.count % every == 0:
             self._arm()
 
@@ -162,10 +162,19 @@ class Watch:
         except Exception as error:  # inside the training forward: never raise into it
             self._stop(f"the causal probe failed at step {self.count}: {type(error).__name__}: {error}")
 
-    def _see_order(self, module, args, kwargs) -> None:
-        """Every training forward (with gradients): the first of each step gives the step's batch key."""
-        if not torch.is_grad_enabled() or self.stopped is not None or self._before_the_steps_optimizer_step():
+    def _forward_starts(self, module, args, kwargs) -> None:
+        """Every training forward (with gradients), the one hook the Watch keeps between records: a step is under
+        way for the loop; with the checks on, the step's micro-batches are counted and the first gives its batch
+        key — unless the forward comes before the optimizer step of the step already recorded."""
+        if not torch.is_grad_enabled() or self.stopped is not None:
             return
+        before_its_step = self._before_the_steps_optimizer_step()
+        self.loop.forward_started()
+        if self.checks and not before_its_step:
+            self._see_order(args, kwargs)
+
+    def _see_order(self, args, kwargs) -> None:
+        """A training forward of the step: counted, and the first gives the step's batch key."""
         self.forwards += 1
         try:
             ids = input_ids(args, kwargs)
@@ -260,9 +269,9 @@ class Watch:
         close() records nothing."""
         if self.recording:
             self._disarm()
-        if self.order_hook is not None:
-            self.order_hook.remove()
-            self.order_hook = None
+        if self.forward_hook is not None:
+            self.forward_hook.remove()
+            self.forward_hook = None
         self.loop.close()
         if self.stopped is None:
             self.stopped = "closed"
