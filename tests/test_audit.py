@@ -734,17 +734,33 @@ def test_a_scheduler_stepped_with_the_loss_is_evaluated_at_a_value_not_a_step(tm
     assert records[1]["diagnosis"][0]["cause"] == "learning_rate"
 
 
-@pytest.mark.parametrize("name, make, step", [
-    ("one-cycle stepped each step", _one_cycle, lambda s, step, loss: s.step()),
+@pytest.mark.parametrize("name, make, step, sought", [
+    ("one-cycle stepped each step", _one_cycle, lambda s, step, loss: s.step(), True),
     ("warm restarts at fractional epochs", lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=2),
-     lambda s, step, loss: s.step(step / 4)),  # torch's docs: scheduler.step(epoch + i / iters)
+     lambda s, step, loss: s.step(step / 4), True),  # torch's docs: scheduler.step(epoch + i / iters)
+    # ReduceLROnPlateau takes the loss by definition and leaves no initial_lr in the groups: it is not sought
     ("plateau stepped with the loss", lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o),
-     lambda s, step, loss: s.step(loss.item())),
+     lambda s, step, loss: s.step(loss.item()), False),
 ])
-def test_schedulers_stepped_as_their_definitions_say_pass(tmp_path, name, make, step):
+def test_schedulers_stepped_as_their_definitions_say_pass(tmp_path, name, make, step, sought):
     records = _scheduled(tmp_path / "good.jsonl", make, step)
-    assert records[1]["loop"]["schedulers"]  # found without being handed to the Watch
+    assert bool(records[1]["loop"].get("schedulers")) == sought  # found without being handed to the Watch
     assert not [f for r in records for f in r["flags"] if f["name"] == "scheduler_stepped_with_a_value"]
+
+
+def test_a_loop_without_a_scheduler_never_walks_the_garbage_collector(tmp_path, monkeypatch):
+    """The referrer walk costs one pass over every object Python tracks (~25 ms with transformers imported, more in
+    a large process): it is taken only once a torch scheduler has marked the groups (`initial_lr`)."""
+    import gc
+
+    from blocktrace.training.schedulers import SEARCHES
+
+    walks = []
+    monkeypatch.setattr(gc, "get_referrers", lambda *objects: walks.append(objects) or [])
+    _scheduled(tmp_path / "plain.jsonl", lambda optimizer: None, lambda s, step, loss: None, steps=11)
+    assert walks == []
+    _scheduled(tmp_path / "scheduled.jsonl", _one_cycle, lambda s, step, loss: s.step(), steps=11)
+    assert len(walks) == SEARCHES  # the patched walk finds nothing: it is tried at the first SEARCHES records
 
 
 @pytest.mark.parametrize("eps, tiny", [(1e-8, False), (10.0, True)])

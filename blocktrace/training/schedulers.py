@@ -2,8 +2,10 @@
 
 A torch scheduler holds its optimizer (`scheduler.optimizer`); the optimizer holds no reference back. The objects
 that refer to the optimizer are asked of Python's garbage collector (`gc.get_referrers`: one walk over the tracked
-objects, ~20 ms for 350,000 of them), at a few records only — schedulers are built before the loop — and the ones
-found are held weakly, so a scheduler the loop drops is not kept alive.
+objects, ~25 ms for 350,000 of them), at a few records only, and only once a torch scheduler has marked the
+optimizer's groups (`initial_lr`, which every LRScheduler built from step 0 sets): a loop without one pays nothing.
+ReduceLROnPlateau sets no mark and is not sought: it takes the loss by definition. The schedulers found are held
+weakly, so a scheduler the loop drops is not kept alive.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class Schedulers:
         self.searches_left = SEARCHES if optimizer is not None else 0
 
     def _search(self) -> None:
-        if self.found or self.searches_left <= 0:
+        if self.found or self.searches_left <= 0 or not _marked_by_a_scheduler(self.optimizer):
             return
         self.searches_left -= 1
         self.found = [weakref.ref(s) for s in gc.get_referrers(self.optimizer)
@@ -40,6 +42,10 @@ class Schedulers:
         if not live:
             return None
         return [{"class": type(s).__name__, "last_epoch": _plain(getattr(s, "last_epoch", None))} for s in live]
+
+
+def _marked_by_a_scheduler(optimizer) -> bool:
+    return any("initial_lr" in group for group in getattr(optimizer, "param_groups", ()))
 
 
 def _plain(value) -> Optional[float]:
