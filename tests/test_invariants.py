@@ -1063,6 +1063,52 @@ def test_an_average_swapped_back_and_a_decay_written_by_hand_pass(tmp_path, betw
         assert found["changed_at"] == 1 and 0 < found["change"] < found["step_move"]
 
 
+def _fgm_loop(path, backup, steps=11, every=5, max_norm=None) -> list[dict]:
+    """FGM adversarial training (Miyato et al. 2017) on NanoGPT's tied embedding, as the widely copied snippet does
+    it: after the clean backward and the Watch's record, the embedding is backed up (`backup(weight)`), moved by
+    1.0·g/‖g‖, a second forward/backward adds the adversarial gradient, the backup is put back, then the step. The
+    embedding (976 elements) is not among the optimizer's 4 largest tensors (the blocks' 1,024-element matrices)."""
+    torch.manual_seed(0)
+    model = nano()
+    if max_norm is not None:  # rows renormalised in place by every forward (a constraint, inside the forward)
+        model.wte.max_norm = max_norm
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    embedding = model.wte.weight
+    assert embedding.numel() < sorted(p.numel() for p in model.parameters())[-4]
+    with Watch(model, path, every=every, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(steps):
+            ids, shifted = nano_batch(step)
+            model(ids, shifted)[1].backward()
+            watch.step()
+            saved = backup(embedding.data)
+            embedding.data.add_(embedding.grad / embedding.grad.norm())  # the attack
+            model(ids, shifted)[1].backward()  # the adversarial gradient, added to the clean one
+            embedding.data = saved  # restore
+            optimizer.step()
+            optimizer.zero_grad()
+    return read_timeline(path)
+
+
+@pytest.mark.parametrize("backup, caught", [(lambda w: w.clone(), False), (lambda w: w, True)],
+                         ids=["cloned", "by_reference"])
+def test_an_embedding_perturbed_and_not_restored_is_written_outside_the_optimizer(tmp_path, backup, caught):
+    """Seen in the ninth blind group (F07, calibration now): FGM's backup taken as `param.data`, not a copy, so the
+    restore writes the perturbed embedding back and every step's ascent step stays. The embedding and the head are
+    always fingerprinted, however small next to the blocks' matrices: they are where such loops write."""
+    flags = _between_flags(_fgm_loop(tmp_path / "w.jsonl", backup))
+    if not caught:
+        assert not flags
+        return
+    assert {(f["name"], f["level"]) for f in flags} == {("weights_written_outside_optimizer", "warning")}
+
+
+def test_an_embedding_renormalised_by_its_own_forward_passes(tmp_path):
+    """nn.Embedding(max_norm=…) rescales the rows it looks up, in place, inside the forward: a constraint whose
+    change after the first forward is a fraction of a step (the rows the step pushed past the norm). At 0.08, the
+    median row norm of N(0, 0.02) rows of 16, half the rows are shortened by the first forward and more later."""
+    assert not _between_flags(_fgm_loop(tmp_path / "w.jsonl", lambda w: w.clone(), max_norm=0.08))
+
+
 # --- the temperature the loss reads the logits at, from its gradient -------------------------------------------
 
 def _tempered_run(path, loss_of) -> list[dict]:

@@ -138,7 +138,8 @@ def _between_steps(entry: dict) -> Optional[dict]:
 @check(Scope.TRAINING, "weights_returned_to_earlier_step",
        "between two optimizer steps (after one ended, before the next began) the weights the optimizer holds "
        "changed, and became exactly what they were after an earlier recorded step's update, or as the Watch's "
-       "first step began (a fingerprint of each of the optimizer's 4 largest tensors; a Watch given optimizer=)",
+       "first step began (a fingerprint of the optimizer's 4 largest tensors, the embedding and the head; a Watch "
+       "given optimizer=)",
        "invariant: between the end of one step and the start of the next, the loop only reads the weights (its "
        "forward and backward); a state this run had steps ago, to the last sampled bit, is a checkpoint of it "
        "loaded again while the step count, the learning rate and the data went on",
@@ -161,7 +162,8 @@ def _weights_returned_to_earlier_step(history: Sequence[dict], entry: dict) -> l
 
 @check(Scope.TRAINING, "weights_written_outside_optimizer",
        "between two optimizer steps the weights the optimizer holds changed by more than its own last step moved "
-       "them (largest change of a sampled weight; a Watch given optimizer=)",
+       "them (largest change of a sampled weight of the 4 largest tensors, the embedding and the head; a Watch "
+       "given optimizer=)",
        "invariant: only the optimizer writes the weights it holds, inside its step; a constraint or a hand-written "
        "decay applied between steps moves a weight by a fraction of a step (lr·λ·|w|, against Adam's ~lr), a "
        "replacement by more; a change that only sets weights to 0 (a pruning mask, Zhu & Gupta 2017) is passed over",

@@ -9,7 +9,8 @@ own last step is weights replaced. A replacement that is exactly a state this ru
 an earlier recorded step's update, or as the Watch's first step began) is the run gone back in time while its step
 count, its learning rate and its data went on: a resume from an older checkpoint.
 
-Measured on a fingerprint: a strided sample of each of the optimizer's few largest plain tensors, taken as every
+Measured on a fingerprint: a strided sample of each of the optimizer's few largest plain tensors and of the model's
+embedding and head (where loops write between steps, however small those are next to the blocks), taken as every
 step begins and as it ends (two small gathers a step), and at each record, so that a change made before a
 recorded step is in that step's record. Everything stays on the device, accumulated without a host
 read, until the record's one copy.
@@ -28,18 +29,23 @@ KEPT_STATES = 64  # the fingerprints after recorded steps' updates kept to compa
 NOTHING = -1.0  # "no change seen" on the device
 
 
-def _chosen(optimizer) -> list[torch.Tensor]:
-    """The optimizer's largest floating plain tensors (a sharded DTensor is left out: sampling it would gather)."""
+def _chosen(optimizer, always: frozenset, never: frozenset) -> list[torch.Tensor]:
+    """The optimizer's largest floating plain tensors and those whose id is in `always` (the embedding and the head:
+    where loops write between steps, FGM's perturbation, a tied table re-tied); not those in `never` (written by the
+    forward itself), nor a sharded DTensor (sampling it would gather)."""
     held = [p for group in optimizer.param_groups for p in group["params"]
-            if p.is_floating_point() and type(p.detach()) is torch.Tensor and p.numel()]
-    return sorted(held, key=lambda p: -p.numel())[:FINGERPRINTED]
+            if p.is_floating_point() and type(p.detach()) is torch.Tensor and p.numel() and id(p) not in never]
+    largest = sorted(held, key=lambda p: -p.numel())[:FINGERPRINTED]
+    chosen = {id(p): p for p in largest + [p for p in held if id(p) in always]}
+    return list(chosen.values())
 
 
 class BetweenSteps:
     """The weights' fingerprint at each optimizer step's start and end, and what changed them in between."""
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer, always: frozenset = frozenset(), never: frozenset = frozenset()):
         self.optimizer = optimizer
+        self.always, self.never = always, never  # ids of tensors fingerprinted whatever their size; never
         self.tensors: Optional[list[torch.Tensor]] = None
         self.step: Optional[int] = None  # the training step whose optimizer.step() runs next (the Watch sets it)
         self.began: Optional[torch.Tensor] = None  # the fingerprint as the last step began
@@ -65,7 +71,7 @@ class BetweenSteps:
         if self.step is None:
             return
         if self.tensors is None:
-            self.tensors = _chosen(self.optimizer)
+            self.tensors = _chosen(self.optimizer, self.always, self.never)
         if not self.tensors:
             return
         now = self._fingerprint()

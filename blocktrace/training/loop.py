@@ -137,6 +137,12 @@ def exterior_parameters(model: nn.Module) -> dict[int, set]:
     return roles
 
 
+def _renormed_by_forward(model: nn.Module) -> frozenset:
+    """ids of the embedding tables whose forward rescales the rows it looks up, in place (`max_norm`): weights the
+    forward writes by definition, each row at its first look-up by as much as it exceeds the norm."""
+    return frozenset(id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.max_norm is not None)
+
+
 def _hand_written_head(model: nn.Module, embeddings: list[nn.Embedding]) -> Optional[nn.Module]:
     """The last nn.Linear as wide as the largest embedding table (the vocabulary); without one, that table itself:
     logits made with its own weight (nanoGPT's tied `x @ wte.weight.T`)."""
@@ -262,8 +268,9 @@ class LoopObserver:
         self.optimizer_steps = 0  # optimizer.step() calls since the last record (a host count: no device read)
         self.ever_stepped = False  # whether any optimizer.step() ran since the Watch began
         # the weights between one optimizer step and the next (training/between.py); the Watch tells it the step
-        self.between = BetweenSteps(_torch_optimizer(optimizer)) if self.step_hook is not None else None
         self.exterior = exterior_parameters(model)  # which parameters are the embedding and the head (the audit's)
+        self.between = None if self.step_hook is None else BetweenSteps(
+            _torch_optimizer(optimizer), frozenset(self.exterior), _renormed_by_forward(model))
         # whether a training forward ran since the optimizer's last step (its step is still to come: the Watch's
         # forward hook says so), and what to do once that step ends (the Watch arms for its next record there)
         self.forward_since_step = False
