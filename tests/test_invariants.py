@@ -1148,6 +1148,63 @@ def test_a_hard_label_loss_on_tempered_logits_is_the_loss_function(tmp_path, nam
     assert records[0]["diagnosis"][0]["cause"] == "loss_function"
 
 
+# --- the weight each row of the loss carries, from its gradient at the logits --------------------------------------
+
+def _class_weights(low: float, high: float) -> torch.Tensor:
+    """A weight per class spread evenly over [low, high] in a fixed shuffled order (sklearn's 'balanced' weights
+    span orders of magnitude on real text)."""
+    return torch.linspace(low, high, VOCAB)[torch.randperm(VOCAB, generator=torch.Generator().manual_seed(3))]
+
+
+def _per_sequence_mean(z, y):
+    """Each sequence's mean, then the batch's: a row's weight depends on its sequence (here all are as long)."""
+    rows = F.cross_entropy(z.transpose(1, 2), y, reduction="none")
+    return (rows.mean(1) * torch.tensor([1.0, 2.0, 0.5])).mean()  # sequences weighted (e.g. by their source)
+
+
+def _focal(z, y, gamma=2.0):
+    """Focal loss (Lin et al. 2017): −(1 − p_t)^γ · log p_t; its gradient off the target is p_j times a factor of
+    p_t, so each row's scale depends on the model's confidence, not the class."""
+    logp = F.log_softmax(z.reshape(-1, VOCAB), -1).gather(1, y.reshape(-1, 1)).squeeze(1)
+    return (-(1 - logp.exp()) ** gamma * logp).mean()
+
+
+def _padded(z, y):
+    """The last 4 targets of every sequence ignored (padding)."""
+    y = y.clone()
+    y[:, -4:] = -100
+    return F.cross_entropy(z.reshape(-1, VOCAB), y.reshape(-1))
+
+
+@pytest.mark.parametrize("name, loss_of, flagged", [
+    ("balanced class weights", _cross_entropy(weight=_class_weights(0.1, 10.0)), "error"),
+    ("mild class weights", _cross_entropy(weight=_class_weights(0.8, 1.25)), "warning"),
+    ("plain", _cross_entropy(), None),
+    ("summed", _cross_entropy(reduction="sum"), None),
+    ("padding ignored", _padded, None),
+    ("one class weighted 0", _cross_entropy(weight=torch.ones(VOCAB).index_fill(0, torch.tensor([7]), 0.0)), None),
+    ("per-sequence mean", _per_sequence_mean, None),
+    ("focal", _focal, None),
+    ("z-loss", lambda z, y: _cross_entropy()(z, y) + 1e-4 * torch.logsumexp(z, -1).pow(2).mean(), None),
+    ("label_smoothing=0.1", _cross_entropy(label_smoothing=0.1), None),
+])
+def test_a_loss_that_weighs_each_target_class_differently_is_the_loss_function(tmp_path, name, loss_of, flagged):
+    """Seen in the ninth blind group (F02, calibration now): F.cross_entropy(weight=…) with class weights from the
+    training bytes' frequencies. A row's gradient off its target is s·softmax(z)_j; maximum likelihood gives every
+    counted row the same s, class weights give rows of the same target the same s and rows of other targets
+    another. Weights by sequence, by confidence (focal) or a z-loss tie s to the row, not the class, and pass."""
+    records = _tempered_run(tmp_path / "run.jsonl", loss_of)
+    flags = [f for r in records for f in r["flags"] if f["name"] == "loss_weights_classes"]
+    if flagged is None:
+        assert not flags, name
+        return
+    assert flags and {f["level"] for f in flags} == {flagged}
+    weighted = records[0]["loop"]["row_weights"]
+    assert weighted["same_target_pairs"] >= 2 and weighted["same_target_spread"] < 1e-3
+    if flagged == "error":
+        assert records[0]["diagnosis"][0]["cause"] == "loss_function"
+
+
 # --- the targets a loss outside the model used, read off its gradient at the logits --------------------------------
 
 def _outside_loop(path, targets_of, loss_of=None, model=None) -> list[dict]:

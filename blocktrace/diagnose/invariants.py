@@ -32,9 +32,13 @@ REPEATED_PAST_USE = 16  # times each sequence is trained on past which repeating
 LEAK_TOLERANCE = 1e-3  # relative change of an earlier position's logits: float32 rounding of the same rows is ~1e-7
 MIN_SCALE = 4.0  # a loss scale this large is told apart from its absence (GradScaler starts at 65,536)
 HARD_ROWS = 0.9  # share of the rows with a gradient that name one target: the loss is a hard-label one
-TEMPERED_ROWS = 4  # sampled rows that must fit a tempered cross-entropy (training/logit_gradient.py samples 16)
+TEMPERED_ROWS = 4  # sampled rows that must fit a tempered cross-entropy (training/logit_gradient.py samples 64)
 TEMPERED_AGREE = 0.01  # relative spread of their slopes: one constant c
 TEMPERED_MARGIN = 0.05  # |c − 1| beyond which c is a temperature (float32 fits c within 1e-6; bfloat16 ~1e-2)
+SAME_WEIGHT = 1e-3  # rows of one target carry one weight: their scales agree to float32's rounding of the fit
+SAME_TARGET_PAIRS = 2  # pairs of sampled rows with the same target that must agree before the class is the cause
+WEIGHTED_ROWS = 1.1  # ratio of two rows' weights within one sequence beyond which the loss weights its rows
+WEIGHTED_ERROR = 2.0  # ... and beyond which the objective is far from the likelihood (an error, not a warning)
 FROZEN_BY_ROUNDING = 0.5  # share of a 16-bit tensor kind's elements unchanged over a whole interval of steps
 
 
@@ -399,6 +403,31 @@ def _loss_tempers_logits(history: Sequence[dict], entry: dict) -> list[Finding]:
         "at step {step} the loss's gradient at the logits is the cross-entropy's of {slope:.3g} × the logits "
         "(temperature {temperature:.3g}) on {rows} rows", step=entry["step"], slope=slope, temperature=1 / slope,
         rows=rows))]
+
+
+@check(Scope.TRAINING, "loss_weights_classes",
+       f"the gradient the backward hands the model's logits gives sampled rows of the same target the same weight "
+       f"(within {SAME_WEIGHT:g}, on at least {SAME_TARGET_PAIRS} pairs) and rows of one sequence with other targets "
+       f"weights more than {WEIGHTED_ROWS:g}× apart (error from {WEIGHTED_ERROR:g}×; training/logit_gradient.py)",
+       "calculus and definition: a row's cross-entropy gradient off its target is s·softmax(z)_j; the likelihood "
+       "(a mean or sum over the tokens) gives every counted token the same s, and F.cross_entropy(weight=w) gives "
+       "a token w[target]/Σw. Weights by sequence, by confidence (focal loss) or a z-loss depend on the row, so "
+       "rows of one target differ, and are not judged",
+       "the loss weights the target classes (class weights from the token frequencies, sklearn's 'balanced', "
+       "copied from a classifier): the model is trained to over-predict the up-weighted tokens, and its "
+       "probabilities, loss and perplexity are not the text's", Cause.LOSS_FUNCTION, direct=True,
+       advice=phrase("train a language model on the unweighted cross-entropy (no weight= argument); set a token's "
+                     "targets to ignore_index to leave it out"))
+def _loss_weights_classes(history: Sequence[dict], entry: dict) -> list[Finding]:
+    weights = _loop(entry).get("row_weights") or {}
+    pairs, spread, ratio = (weights.get(key) for key in ("same_target_pairs", "same_target_spread", "sequence_ratio"))
+    if not (pairs or 0) >= SAME_TARGET_PAIRS or not _finite(spread) or spread > SAME_WEIGHT \
+            or not _finite(ratio) or ratio <= WEIGHTED_ROWS:
+        return []
+    return [finding(Level.ERROR if ratio >= WEIGHTED_ERROR else Level.WARNING, None, None, ratio, phrase(
+        "at step {step} the loss weighs a token whose target is id {high} {ratio:.3g}× one whose target is id {low}, "
+        "in one sequence, and tokens of the same target alike ({pairs} pairs)", step=entry["step"],
+        high=weights.get("high_target"), low=weights.get("low_target"), ratio=ratio, pairs=pairs))]
 
 
 @check(Scope.TRAINING, "loss_above_any_cross_entropy",

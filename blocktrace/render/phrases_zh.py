@@ -222,6 +222,13 @@ PHRASES_ZH = {
     "compute the cross-entropy with the labels on the logits as they are (temperature 1); keep a temperature for the "
     "soft, distillation term only":
         "用原样的 logits（T = 1）计算与目标的交叉熵；T ≠ 1 只用于 distillation 的那一部分",
+    "at step {step} the loss weighs a token whose target is id {high} {ratio:.3g}× one whose target is id {low}, "
+    "in one sequence, and tokens of the same target alike ({pairs} pairs)":
+        "第 {step} 步，同一序列中，目标为 id {high} 的 token 在损失中的权重是目标为 id {low} 的 {ratio} 倍，"
+        "而目标相同的 token 权重相同（{pairs} 对）",
+    "train a language model on the unweighted cross-entropy (no weight= argument); set a token's targets to "
+    "ignore_index to leave it out":
+        "语言模型用不加权的交叉熵训练（不传 weight=）；要去掉某个 token，把它的目标设为 ignore_index",
     "the loss's target at each position is that position's own input token, which the model sees: it learns to "
     "copy":
         "损失在每个位置上的目标就是该位置自己的输入 token，而模型看得到它：它学会的是复制",

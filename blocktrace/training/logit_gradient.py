@@ -13,6 +13,14 @@ p_j − ε/V turns negative where p_j < ε/V), a straight line within LINE_TOLER
 left out). A loss that is no such cross-entropy (a distillation term, a binary loss, a mixture) fits no line and is
 left out: this says what temperature a tempered cross-entropy used, and nothing of other losses.
 
+**The weight of each row.** The same line's intercept gives the row's scale: log ∂L/∂z_j = log s + c·z_j −
+logsumexp(c·z), so s = exp(intercept + logsumexp(c·z)). A mean cross-entropy gives every counted row the same s
+(1/N, times c); `F.cross_entropy(weight=w)` gives a row w[t]/Σw, the same for rows of the same target t and another
+for rows of other targets. A weight by sequence (a per-sequence mean), by the model's confidence (focal loss) or a
+z-loss ties s to the row, not to its target: rows of the same target in other sequences or at other confidences
+differ. Read on the sampled rows that fit the line: the pairs of rows with the same target and how far their s
+differ, and how far s differs between rows of one sequence.
+
 **The targets.** A hard-label loss — a cross-entropy at any temperature, summed or averaged, with a z-loss, a
 binary cross-entropy against one-hot targets — pushes down only the target's logit, up every other: each row's
 gradient has one negative entry, at its target. Where a loop computes its loss outside the model, the targets it
@@ -25,13 +33,14 @@ Everything stays on the device until the record's one copy.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 
 from blocktrace.vocab import IGNORE_INDEX
 
-ROWS = 16  # rows (positions) sampled, evenly, from the logits
+ROWS = 64  # rows (positions) sampled, evenly, from the logits (a few from each sequence of a batch of 16)
 SPREAD = 3.0  # nats of logits the fitted entries must span for a straight line to say anything
 LINE_TOLERANCE = 0.01  # largest distance of log ∂L/∂z_j from the fitted line, in nats (float32 rounds to ~1e-6)
 RELATIVE_FLOOR = 1e-6  # entries below this share of the row's largest are left out of the fit (their rounding)
@@ -57,7 +66,9 @@ def temperature_slopes(logits: torch.Tensor, grad: torch.Tensor) -> Optional[dic
     spread = torch.where(fitted, z, -torch.inf).amax(-1) - torch.where(fitted, z, torch.inf).amin(-1)
     one_negative = (g < 0).sum(-1) == 1  # the target's entry, and no other (a smoothed label makes more)
     fits = one_negative & (off_line <= LINE_TOLERANCE) & (spread >= SPREAD) & (count >= 3)
-    return {"slopes": slope, "fits": fits}
+    log_scale = (mean_y - slope[:, None] * mean_x).squeeze(-1) + torch.logsumexp(slope[:, None] * z, dim=-1)
+    sequence = index // logits.shape[-2] if logits.dim() >= 3 else torch.zeros_like(index)
+    return {"slopes": slope, "fits": fits, "log_scales": log_scale, "targets": g.argmin(-1), "sequences": sequence}
 
 
 def settled(found: Optional[dict]) -> Optional[dict]:
@@ -67,6 +78,25 @@ def settled(found: Optional[dict]) -> Optional[dict]:
     slopes = [slope for slope, fits in zip(found["slopes"], found["fits"]) if fits]
     return {"rows": len(slopes), "slope_low": min(slopes) if slopes else None,
             "slope_high": max(slopes) if slopes else None}
+
+
+def row_weights(found: Optional[dict]) -> Optional[dict]:
+    """On the host, over the rows that fit: the pairs of rows with the same target and the largest relative
+    difference of their scales; the largest ratio of scales within one sequence, with the targets of its two rows.
+    None where fewer than two rows fit."""
+    if not found or "log_scales" not in found:
+        return None
+    rows = [(float(scale), int(target), int(sequence)) for scale, target, sequence, fits in
+            zip(found["log_scales"], found["targets"], found["sequences"], found["fits"]) if fits]
+    if len(rows) < 2 or not all(math.isfinite(scale) for scale, _, _ in rows):
+        return None
+    pairs = [abs(a[0] - b[0]) for i, a in enumerate(rows) for b in rows[i + 1:] if a[1] == b[1]]
+    within = [(abs(a[0] - b[0]), a, b) for i, a in enumerate(rows) for b in rows[i + 1:] if a[2] == b[2]]
+    widest = max(within, key=lambda item: item[0], default=None)
+    low, high = (sorted(widest[1:], key=lambda row: row[0]) if widest else (None, None))
+    return {"same_target_pairs": len(pairs), "same_target_spread": math.expm1(max(pairs)) if pairs else None,
+            "sequence_ratio": math.exp(widest[0]) if widest else None,
+            "low_target": low[1] if low else None, "high_target": high[1] if high else None}
 
 
 @torch.no_grad()

@@ -149,6 +149,11 @@ def _loop(value: Any, field: str) -> dict:
     if tempered is not None:
         tempered["rows"] = _index(tempered.get("rows"), f"{field}.tempered.rows")
     loop["tempered"] = tempered
+    weights = _mapped(loop.get("row_weights"), f"{field}.row_weights", number, optional=True)
+    if weights is not None:
+        for key in ("same_target_pairs", "low_target", "high_target"):
+            weights[key] = _index(weights.get(key), f"{field}.row_weights.{key}", optional=True)
+    loop["row_weights"] = weights
     embeddings = _mapped(loop.get("embeddings"), f"{field}.embeddings", lambda item, name: item, optional=True)
     if embeddings is not None:
         embeddings["tied"] = _boolean(embeddings.get("tied"), f"{field}.embeddings.tied")

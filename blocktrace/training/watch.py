@@ -39,6 +39,7 @@ from blocktrace.training.judging import FIRST_ERROR_WARNING, Rollback, judge_rec
 from blocktrace.training.loop import Descent, LoopObserver, RandomState, grad_norm, logits_of, loss_checks, loss_of
 from blocktrace.training.order import DataOrder
 from blocktrace.training.probing import ProbeResult, causal_probe, probe_before_forward
+from blocktrace.training.logit_gradient import row_weights
 from blocktrace.training.logit_gradient import settled as tempered_rows
 from blocktrace.training.tensorboard import open_tensorboard, write_scalars
 from blocktrace.training.timeline import TimelineWriter, layer_entry, record
@@ -295,6 +296,7 @@ class Watch:
         """Everything measured on the device, read on the host in one copy (tracing.assembly.finish), then judged."""
         present, moved, traces, host = self._measure(loss)
         host["loop"]["between_steps"] = settled(host["loop"].get("between_steps"))
+        host["loop"]["row_weights"] = row_weights(host["loop"].get("tempered"))
         host["loop"]["tempered"] = tempered_rows(host["loop"].get("tempered"))
         weights = [m.result(values) for m, values in zip(moved, host["moved"])] or [None] * len(self.blocks)
         for t in traces:
