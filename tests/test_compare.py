@@ -91,6 +91,16 @@ def test_compare_qk_norm_on_keeps_a_blocks_own_qk_norm_and_its_weights(own):
         assert torch.equal(dict(on.blocks[0].named_parameters())[name], parameter)
 
 
+def test_compare_qk_norm_from_a_block_without_one_adds_qwen3s(invoke):
+    """`blocktrace compare --qk-norm` on the default block (no QK-norm of its own): the "on" variant gets Qwen3's
+    per-head RMSNorm (it raised a NameError before)."""
+    report = _json(invoke, "compare", "--qk-norm")
+    assert [v["value"] for v in report["variants"]] == ["off", "on"]
+    off, on = build_variants(BlockConfig(d_model=8, n_heads=2), Axis.QK_NORM, ["off", "on"], n_layers=1, seed=0)
+    assert off.config.qk_norm is None and on.config.qk_norm is not None
+    assert any("q_norm" in name for name, _ in on.blocks[0].named_parameters())
+
+
 def test_compare_with_weights_runs(invoke):
     report = _json(invoke, "compare", "--pre-ln", "--post-ln", "--weights", str(SAMPLES / "gpt2-tiny"), "--layer", "2",
                    "--token-ids", "1", "2", "3")

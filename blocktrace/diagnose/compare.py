@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from blocktrace.config import BlockConfig
+from blocktrace.config import BlockConfig, QKNorm
 from blocktrace.model.init import apply_deepnorm_beta
 from blocktrace.model.block import build_block
 from blocktrace.model.stack import build_stack
