@@ -13,7 +13,8 @@ from helpers import NanoGPT, make_gpt2, make_llama, nano_batch
 from blocktrace import Watch
 from blocktrace.diagnose.audit import DECAY_HALVES_IN, DECAY_TOO_STRONG
 from blocktrace.diagnose.dynamics import judge
-from blocktrace.training.loop import exterior_parameters, optimizer_hyperparameters
+from blocktrace.training.model_facts import exterior_parameters
+from blocktrace.training.settings import optimizer_hyperparameters
 from blocktrace.training.timeline import read_timeline
 from blocktrace.vocab import Exterior
 

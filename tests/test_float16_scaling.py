@@ -49,7 +49,7 @@ def test_a_scaled_float16_loop_bfloat16_and_float32_pass(tmp_path, dtype, scaled
 
 def test_float16_parameters_without_a_scaler_are_found(tmp_path):
     """model.half(): the forward computes in float16 without autocast."""
-    from blocktrace.training.loop import computes_in_float16
+    from blocktrace.training.model_facts import computes_in_float16
 
     model = make_llama(head=True)[0]
     assert not computes_in_float16(model)

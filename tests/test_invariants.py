@@ -466,7 +466,7 @@ def test_gradients_left_on_parameters_the_optimizer_does_not_hold_are_not_a_forg
 
 
 def test_the_loss_graph_probe_on_both_sides():
-    from blocktrace.training.loop import softmax_before_loss
+    from blocktrace.training.loss_facts import softmax_before_loss
 
     z = torch.randn(2, 5, 7, requires_grad=True)
     y = torch.randint(0, 7, (2, 5)).reshape(-1)
@@ -480,7 +480,7 @@ def test_the_loss_graph_probe_on_both_sides():
 
 
 def test_the_axis_the_loss_normalises_is_read_from_the_graph_after_the_backward():
-    from blocktrace.training.loop import log_softmax_axes
+    from blocktrace.training.loss_facts import log_softmax_axes
 
     z = torch.randn(2, 5, 7, requires_grad=True)
     y = torch.randint(0, 7, (2, 5)).reshape(-1)
@@ -541,7 +541,7 @@ def _train_on(pool: torch.Tensor, path, steps: int) -> list[dict]:
 
 
 def test_the_cross_entropy_range_of_a_batch_is_its_smallest_and_largest_minus_log_p():
-    from blocktrace.training.loop import _cross_entropy_range
+    from blocktrace.training.loss_facts import _cross_entropy_range
 
     logits = torch.randn(3, 4, 11) * 3
     every = [-float(torch.log_softmax(logits[b, t].double(), -1)[v]) for b in range(3) for t in range(4)
@@ -887,7 +887,7 @@ def test_zero_grad_inside_the_loop_over_micro_batches_is_found(tmp_path):
 
 
 def test_trailing_padding_is_counted_as_a_naive_loop_counts_it():
-    from blocktrace.training.loop import trailing_padding
+    from blocktrace.training.batch import trailing_padding
 
     generator = torch.Generator().manual_seed(7)
     ids = torch.randint(1, 50, (6, 16), generator=generator)

@@ -75,7 +75,14 @@ TESTED_IN = {
                             "warning at the first error"),
     "training/schedulers.py": (["test_audit.py"], "the schedulers driving the optimizer found without being handed to "
                                "the Watch: OneCycleLR, CosineAnnealingWarmRestarts, ReduceLROnPlateau"),
-    "training/settings.py": (["test_host.py"], "eps as float16 and bfloat16 store it, computed on the host"),
+    "training/settings.py": (["test_host.py", "test_audit.py"], "eps as float16 and bfloat16 store it, computed on "
+                             "the host; every audited hyperparameter of every param group"),
+    "training/model_facts.py": (["test_audit.py", "test_invariants.py", "test_float16_scaling.py"], "the model's "
+                                "embedding and head, dropouts, eval-mode modules, float16 forward"),
+    "training/loss_facts.py": (["test_invariants.py"], "the loss against its logits: probabilities, the graph's "
+                               "log-softmax, the cross-entropy range and mean"),
+    "training/forward_call.py": (["test_probes.py", "test_invariants.py", "test_forward_inputs.py"], "the held "
+                                 "forward call, its random state and its replay"),
     "training/tensorboard.py": (["test_watch.py"], "records as scalars in a SummaryWriter"),
     "training/schema.py": (["test_fuzz_files.py", "test_hostile_inputs.py"], "every field of a timeline record "
                            "replaced by anything"),

@@ -24,7 +24,7 @@ from blocktrace.request import RunRequest, TrackRequest
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.source import token_sequences
 from blocktrace.sources.userblock import load_user_model
-from blocktrace.training.loop import logits_of, loss_of
+from blocktrace.training.forward_call import logits_of, loss_of
 from blocktrace.training.watch import FIRST_ERROR_WARNING, Watch
 from blocktrace.vocab import Level
 

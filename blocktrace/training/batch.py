@@ -9,8 +9,80 @@ from typing import Optional
 import torch
 from torch import nn
 
-from blocktrace.training.loop import ForwardCall, input_evidence, kept_positions, logits_of, padding_counted, \
-    target_match, trailing_padding
+from blocktrace.training.forward_call import ForwardCall, logits_of
+from blocktrace.vocab import IGNORE_INDEX
+
+
+def target_match(ids: torch.Tensor, targets: torch.Tensor) -> dict:
+    """Device shares of the counted target positions where the target is the input at the same position, the next
+    one or the previous one; and the share of positions counted (not IGNORE_INDEX)."""
+    counted = targets != IGNORE_INDEX
+
+    def share(hits: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        return (hits & where).sum().double() / where.sum().clamp_min(1).double()
+
+    return {"target_match": {"same": share(targets == ids, counted),
+                             "next": share(targets[:, :-1] == ids[:, 1:], counted[:, :-1]),
+                             "previous": share(targets[:, 1:] == ids[:, :-1], counted[:, 1:])},
+            "counted": counted.double().mean(), "targets_counted": counted.sum()}
+
+
+def input_evidence(ids: torch.Tensor, kwargs: dict, kept: Optional[torch.Tensor]) -> dict:
+    """Device facts about the forward's other inputs, as HF names them: whether every sequence's `position_ids`
+    are one value throughout (T ≥ 2), and, for an `attention_mask` [B, T] (1 keeps a token),
+    whether the ids it keeps and the ids it drops are each one repeated value (padding is one repeated id)."""
+    found: dict = {}
+    positions = kwargs.get("position_ids")
+    if isinstance(positions, torch.Tensor) and not positions.is_floating_point() and positions.dim() in (1, 2) \
+            and positions.shape[-1] >= 2:
+        found["positions_constant"] = (positions == positions[..., :1]).all()
+    if kept is not None:  # the positions the attention mask keeps (kept_positions)
+        found["mask"] = {"kept_one_id": _one_value(ids, kept), "dropped_one_id": _one_value(ids, ~kept)}
+    return found
+
+
+def kept_positions(ids: torch.Tensor, kwargs: dict) -> Optional[torch.Tensor]:
+    """The positions a forward's `attention_mask` [B, T] keeps (1 or True keeps a token); None without such a mask."""
+    mask = kwargs.get("attention_mask")
+    if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
+        return None
+    return mask.bool() if mask.dtype == torch.bool else mask != 0
+
+
+def padding_counted(targets: torch.Tensor, kept: torch.Tensor, shifts_inside: bool) -> torch.Tensor:
+    """On the device: the most positions of one sequence that the attention mask drops while the loss counts their
+    targets (not IGNORE_INDEX). A model that shifts its labels inside (HF) never predicts the first one."""
+    counted = (targets != IGNORE_INDEX) & ~kept
+    return (counted[:, 1:] if shifts_inside else counted).sum(dim=-1).max()
+
+
+PADDING_RUN_SHARE = 8  # a trailing run of one id over at least 1/8 of a sequence (and 4 positions) is padding
+
+
+PADDING_RUN_MIN = 4
+
+
+def trailing_padding(ids: torch.Tensor, targets: torch.Tensor, shifts_inside: bool) -> dict:
+    """On the device: how many sequences end with a run of one id — the same id in each, the largest among them —
+    over at least 1/PADDING_RUN_SHARE of the sequence, with more than one of the run's targets counted by the loss;
+    and that id. Text never ends half the sequences of a batch with one token repeated: right padding does."""
+    tokens = ids.shape[-1]
+    last = ids[:, -1]
+    run = (ids == last[:, None]).flip(-1).int().cumprod(-1).sum(-1)
+    long = run >= max(PADDING_RUN_MIN, tokens // PADDING_RUN_SHARE)
+    padding_id = torch.where(long, last, torch.full_like(last, -1)).max()
+    positions = torch.arange(tokens, device=ids.device)
+    counted = (targets != IGNORE_INDEX) & (positions[None, :] >= (tokens - run)[:, None])
+    counted = (counted[:, 1:] if shifts_inside else counted).sum(-1)
+    padded = long & (last == padding_id) & (counted > 1)  # one counted target passes: the end-of-text one
+    return {"padded_rows": padded.sum(), "padding_id": padding_id}
+
+
+def _one_value(ids: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """Whether the ids at `where` are all one value (True where there are none), without leaving the device."""
+    largest = torch.where(where, ids, torch.full_like(ids, torch.iinfo(ids.dtype).min)).max()
+    smallest = torch.where(where, ids, torch.full_like(ids, torch.iinfo(ids.dtype).max)).min()
+    return (largest <= smallest) | ~where.any()
 
 
 # the names a forward gives its targets (nanoGPT's targets, HF's labels, a tutorial's y)

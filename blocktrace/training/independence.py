@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from blocktrace.training.loop import ForwardCall, RandomState, evaluating, logits_of
+from blocktrace.training.forward_call import ForwardCall, RandomState, evaluating, logits_of
 
 PROBE_TOKENS = 64  # the probes' sequences: the batch's first rows, at most this long
 

@@ -1,4 +1,5 @@
-"""What a Watch measures of the training loop itself, for the invariants of diagnose/invariants.py.
+"""What a Watch measures of the training loop itself, for the invariants of diagnose/invariants.py: the observer
+of one record's forward, backward and optimizer step.
 
 The Watch holds the model, the optimizer, the loss and the batch. Beyond the blocks' statistics
 it measures, at each recording step:
@@ -7,43 +8,40 @@ it measures, at each recording step:
   trained forward's output, which autograd calls before any parameter's gradient is added; an
   optimizer step is seen as the parameters' version counters moving, so gradient accumulation
   over several backward passes is never mistaken for it);
-- the gradients optimizer.step() finds (a step pre-hook, armed for the step after a record);
-- which dropout and batch-norm modules ran in eval mode in the forward that was backpropagated;
-- the share of trainable parameters the optimizer holds, and every param group's learning rate;
-- what the loss is against the model's own logits and targets (probabilities where logits
-  belong, a sum where a mean belongs), and how the targets sit against the inputs;
-- a causal probe: one sequence of the batch, and the same with its later half changed, through
-  the model in eval mode; in a causal model the earlier positions' logits do not move.
+- the gradients optimizer.step() finds (a step pre-hook, armed for the step after a record), what
+  that step did (training/stepping.py) and its effect on its own batch (the descent probe);
+- what wrote the weights between two optimizer steps (training/between.py), the loss's gradient at
+  the logits (training/logit_gradient.py) and the schedulers driving the optimizer;
+- the share of trainable parameters the optimizer holds, every param group's learning rate and
+  setting (training/settings.py), and the model's own facts (training/model_facts.py).
+
+What the loss is against its logits is training/loss_facts.py's; the batch's targets against its
+inputs, training/batch.py's; the held forward call, training/forward_call.py's.
 
 Everything stays on the device until the record's one copy to the host (tracing.assembly).
-The probe runs after the training step's forward and backward, under torch.no_grad(), with
-the random state forked and every module's mode restored: training is untouched. Anything that
-fails inside a measurement becomes a note, never an exception in the training loop.
+Anything that fails inside a measurement becomes a note, never an exception in the training loop.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Optional
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from blocktrace.training.between import BetweenSteps
+from blocktrace.training.forward_call import ForwardCall, RandomState, loss_of
 from blocktrace.training.logit_gradient import gradient_targets, temperature_slopes
+from blocktrace.training.model_facts import computes_in_float16, eval_mode_modules, embeddings_untied, \
+    exterior_parameters, largest_dropout, renormed_by_forward
 from blocktrace.training.schedulers import Schedulers
+from blocktrace.training.settings import optimizer_hyperparameters
 from blocktrace.training.stepping import StepSample
-from blocktrace.vocab import IGNORE_INDEX, Exterior
 
-CHUNK_ELEMENTS = 1 << 24  # logits cross-entropy is recomputed in chunks of about this many elements (64 MB)
 # ‖g‖ at watch.step() × the loss scale S against ‖g‖ as the backward ended: unscale_ divides by S exactly (a power of
 # two), a clip after it leaves less; the slack is the float32 norms' rounding
 UNSCALED_TOLERANCE = 1.001
-PROBABILITY_TOLERANCE = 1e-3  # |Σ row − 1| of outputs that are probabilities (float32 sums of a softmax: ~1e-6)
-EVAL_SENSITIVE = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
-                  nn.modules.batchnorm._BatchNorm)
 
 
 def grad_norm(parameters) -> Optional[torch.Tensor]:
@@ -77,80 +75,6 @@ def _held(optimizer) -> list[torch.Tensor]:
 def _versions(parameters: list[torch.Tensor]) -> int:
     """The sum of the parameters' version counters: every in-place change (an optimizer step) moves it."""
     return sum(p._version for p in parameters)
-
-
-def _eval_mode_modules(model: nn.Module) -> int:
-    """Dropout (p > 0) and batch-norm modules in eval mode: what model.eval() switches."""
-    return sum(1 for m in model.modules() if isinstance(m, EVAL_SENSITIVE) and not m.training
-               and getattr(m, "p", 1.0) > 0)
-
-
-DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
-
-
-def largest_dropout(model: nn.Module) -> Optional[dict]:
-    """The model's largest dropout rate and the module holding it (None without a dropout module): the setting the
-    audit reads (diagnose/audit.py); a rate a forward passes to F.dropout itself is not seen."""
-    rates = [(float(m.p), name) for name, m in model.named_modules() if isinstance(m, DROPOUTS)]
-    if not rates:
-        return None
-    rate, name = max(rates)
-    return {"p": rate, "module": name or "the model"}
-
-
-def embeddings_untied(model: nn.Module) -> Optional[dict]:
-    """An HF model whose config ties the output embedding to the input one (`tie_word_embeddings`): whether they are
-    one tensor, as HF makes them; None for a model that says nothing of it (a hand-written one) or has no head."""
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if getattr(text, "tie_word_embeddings", None) is not True:
-        return None
-    try:
-        head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
-    except (AttributeError, NotImplementedError):
-        return None
-    weights = [getattr(module, "weight", None) for module in (head, embedding)]
-    if not all(isinstance(weight, torch.Tensor) for weight in weights):
-        return None
-    return {"tied": weights[0] is weights[1] or weights[0].data_ptr() == weights[1].data_ptr()}
-
-
-def exterior_parameters(model: nn.Module) -> dict[int, set]:
-    """id(parameter) → its roles among the model's input and output layers: every nn.Embedding's weight (tokens and
-    learned positions: the input layer) and HF's input embedding, the output head (HF's output embedding; without
-    one, the last nn.Linear whose width is the largest embedding table's, i.e. the vocabulary). A tied head is both."""
-    roles: dict[int, set] = {}
-
-    def mark(weight, role: Exterior) -> None:
-        if isinstance(weight, torch.Tensor):
-            roles.setdefault(id(weight), set()).add(role)
-
-    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
-    for module in embeddings:
-        mark(module.weight, Exterior.EMBEDDING)
-    try:  # an HF model says which are its layers (a base model has no head)
-        mark(getattr(model.get_input_embeddings(), "weight", None), Exterior.EMBEDDING)
-        head = model.get_output_embeddings()
-    except (AttributeError, NotImplementedError):
-        head = _hand_written_head(model, embeddings)
-    mark(getattr(head, "weight", None), Exterior.HEAD)
-    return roles
-
-
-def _renormed_by_forward(model: nn.Module) -> frozenset:
-    """ids of the embedding tables whose forward rescales the rows it looks up, in place (`max_norm`): weights the
-    forward writes by definition, each row at its first look-up by as much as it exceeds the norm."""
-    return frozenset(id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.max_norm is not None)
-
-
-def _hand_written_head(model: nn.Module, embeddings: list[nn.Embedding]) -> Optional[nn.Module]:
-    """The last nn.Linear as wide as the largest embedding table (the vocabulary); without one, that table itself:
-    logits made with its own weight (nanoGPT's tied `x @ wte.weight.T`)."""
-    if not embeddings:
-        return None
-    table = max(embeddings, key=lambda m: m.num_embeddings)
-    linear = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == table.num_embeddings]
-    return linear[-1] if linear else table
 
 
 def _torch_optimizer(optimizer):
@@ -193,37 +117,6 @@ def _not_run(error: Exception) -> str:
     return f"descent probe not run: {type(error).__name__}: {error}"[:200]
 
 
-def loss_of(output) -> Optional[torch.Tensor]:
-    """A model output's loss: HF's .loss, or a (logits, loss) tuple's scalar; None where it returns none."""
-    loss = getattr(output, "loss", None)
-    if not isinstance(loss, torch.Tensor) and isinstance(output, (tuple, list)) and len(output) > 1:
-        loss = output[1]
-    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
-
-
-@dataclasses.dataclass(frozen=True)
-class RandomState:
-    """The CPU generator's state, and the CUDA device's where the model lives there (dropout draws from it)."""
-
-    cpu: torch.Tensor
-    device: Optional[torch.device] = None
-    on_device: Optional[torch.Tensor] = None
-
-    @classmethod
-    def now(cls, device: torch.device) -> "RandomState":
-        if device.type == "cuda":
-            return cls(torch.get_rng_state(), device, torch.cuda.get_rng_state(device))
-        return cls(torch.get_rng_state())
-
-    @contextlib.contextmanager
-    def restored(self):
-        with torch.random.fork_rng(devices=[self.device] if self.device is not None else []):
-            torch.set_rng_state(self.cpu)
-            if self.device is not None:
-                torch.cuda.set_rng_state(self.on_device, self.device)
-            yield
-
-
 @dataclasses.dataclass
 class Descent:
     """A recorded step's effect on its own batch (the descent probe): the forward to replay, its random state and
@@ -242,12 +135,6 @@ class Descent:
         with torch.no_grad(), self.rng.restored():
             loss = loss_of(model(*self.call.args, **self.call.kwargs))
         return None if loss is None else loss.detach().double().reshape(())
-
-
-def causal_model(model: nn.Module) -> bool:
-    """An HF model class for next-token prediction (its name says so)."""
-    name = type(model).__name__
-    return type(model).__module__.startswith("transformers.") and name.endswith(("ForCausalLM", "LMHeadModel"))
 
 
 class LoopObserver:
@@ -270,7 +157,7 @@ class LoopObserver:
         # the weights between one optimizer step and the next (training/between.py); the Watch tells it the step
         self.exterior = exterior_parameters(model)  # which parameters are the embedding and the head (the audit's)
         self.between = None if self.step_hook is None else BetweenSteps(
-            _torch_optimizer(optimizer), frozenset(self.exterior), _renormed_by_forward(model))
+            _torch_optimizer(optimizer), frozenset(self.exterior), renormed_by_forward(model))
         # whether a training forward ran since the optimizer's last step (its step is still to come: the Watch's
         # forward hook says so), and what to do once that step ends (the Watch arms for its next record there)
         self.forward_since_step = False
@@ -320,7 +207,7 @@ class LoopObserver:
     def forward(self, anchor: Optional[torch.Tensor]) -> None:
         """The first forward with gradients of a recording step: its modes, and a hook on its output (`anchor`:
         the loss, or the logits) that runs when the backward starts, before any parameter's gradient is added."""
-        self.eval_mode = _eval_mode_modules(self.model)
+        self.eval_mode = eval_mode_modules(self.model)
         self.float16 = computes_in_float16(self.model)
         if anchor is None or not anchor.requires_grad:
             return
@@ -542,310 +429,3 @@ class LoopObserver:
                 "loss_scale": self.loss_scale(), "backward_factor": self.backward_factor,
                 "float16_forward": self.float16 if self.trained else None,
                 **loss_checks}
-
-
-def computes_in_float16(model: nn.Module) -> bool:
-    """Whether a forward running now computes in float16: under autocast to float16 on the device of the model's
-    parameters, or with float16 parameters of its own."""
-    parameter = next((p for p in model.parameters() if p.is_floating_point()), None)
-    if parameter is None:
-        return False
-    return parameter.dtype is torch.float16 or _autocast_dtype(parameter.device.type) is torch.float16
-
-
-def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
-    """The dtype autocast computes in on this kind of device (None: autocast is off there)."""
-    try:
-        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-    except (TypeError, AttributeError, RuntimeError):  # torch < 2.4: one function per kind of device
-        if device_type == "cpu":
-            return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
-        return torch.get_autocast_gpu_dtype() if device_type == "cuda" and torch.is_autocast_enabled() else None
-
-
-# the hyperparameters of a param group the audit reads (diagnose/audit.py), wherever an optimizer defines them
-AUDITED = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "maximize", "use_muon")
-
-
-def _plain(value):
-    """A setting as the timeline holds it: a bool, a number, or a list of numbers (betas); None for anything else."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value)  # a tensor lr (capturable optimizers), read as lr_groups reads it
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        return [float(v) for v in value]
-    return None
-
-
-def optimizer_hyperparameters(optimizer, exterior: Optional[dict[int, set]] = None) -> Optional[dict]:
-    """The optimizer's class and, per param group, every audited setting it holds (None without an optimizer), and
-    whether it holds the model's embedding or head (`exterior`: exterior_parameters).
-    Decoupled weight decay (AdamW's p ← p·(1 − lr·λ)) is said apart from an L2 term added to the gradient."""
-    if optimizer is None:
-        return None
-    name = type(optimizer).__name__
-    groups = []
-    for group in optimizer.param_groups:
-        plain = {key: _plain(group[key]) for key in AUDITED if key in group}
-        settings = {key: value for key, value in plain.items() if value is not None}
-        settings["decoupled_weight_decay"] = bool(group.get("decoupled_weight_decay", name.startswith("AdamW")))
-        held = set().union(*((exterior or {}).get(id(p), set()) for p in group["params"]))
-        settings.update({f"holds_{role.value}": role in held for role in Exterior})
-        groups.append(settings)
-    return {"class": name, "groups": groups}
-
-
-# --- the batch: targets against inputs, the loss against the logits ----------------------------------------------
-
-def target_match(ids: torch.Tensor, targets: torch.Tensor) -> dict:
-    """Device shares of the counted target positions where the target is the input at the same position, the next
-    one or the previous one; and the share of positions counted (not IGNORE_INDEX)."""
-    counted = targets != IGNORE_INDEX
-
-    def share(hits: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-        return (hits & where).sum().double() / where.sum().clamp_min(1).double()
-
-    return {"target_match": {"same": share(targets == ids, counted),
-                             "next": share(targets[:, :-1] == ids[:, 1:], counted[:, :-1]),
-                             "previous": share(targets[:, 1:] == ids[:, :-1], counted[:, 1:])},
-            "counted": counted.double().mean(), "targets_counted": counted.sum()}
-
-
-def input_evidence(ids: torch.Tensor, kwargs: dict, kept: Optional[torch.Tensor]) -> dict:
-    """Device facts about the forward's other inputs, as HF names them: whether every sequence's `position_ids`
-    are one value throughout (T ≥ 2), and, for an `attention_mask` [B, T] (1 keeps a token),
-    whether the ids it keeps and the ids it drops are each one repeated value (padding is one repeated id)."""
-    found: dict = {}
-    positions = kwargs.get("position_ids")
-    if isinstance(positions, torch.Tensor) and not positions.is_floating_point() and positions.dim() in (1, 2) \
-            and positions.shape[-1] >= 2:
-        found["positions_constant"] = (positions == positions[..., :1]).all()
-    if kept is not None:  # the positions the attention mask keeps (kept_positions)
-        found["mask"] = {"kept_one_id": _one_value(ids, kept), "dropped_one_id": _one_value(ids, ~kept)}
-    return found
-
-
-def kept_positions(ids: torch.Tensor, kwargs: dict) -> Optional[torch.Tensor]:
-    """The positions a forward's `attention_mask` [B, T] keeps (1 or True keeps a token); None without such a mask."""
-    mask = kwargs.get("attention_mask")
-    if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
-        return None
-    return mask.bool() if mask.dtype == torch.bool else mask != 0
-
-
-def padding_counted(targets: torch.Tensor, kept: torch.Tensor, shifts_inside: bool) -> torch.Tensor:
-    """On the device: the most positions of one sequence that the attention mask drops while the loss counts their
-    targets (not IGNORE_INDEX). A model that shifts its labels inside (HF) never predicts the first one."""
-    counted = (targets != IGNORE_INDEX) & ~kept
-    return (counted[:, 1:] if shifts_inside else counted).sum(dim=-1).max()
-
-
-PADDING_RUN_SHARE = 8  # a trailing run of one id over at least 1/8 of a sequence (and 4 positions) is padding
-PADDING_RUN_MIN = 4
-
-
-def trailing_padding(ids: torch.Tensor, targets: torch.Tensor, shifts_inside: bool) -> dict:
-    """On the device: how many sequences end with a run of one id — the same id in each, the largest among them —
-    over at least 1/PADDING_RUN_SHARE of the sequence, with more than one of the run's targets counted by the loss;
-    and that id. Text never ends half the sequences of a batch with one token repeated: right padding does."""
-    tokens = ids.shape[-1]
-    last = ids[:, -1]
-    run = (ids == last[:, None]).flip(-1).int().cumprod(-1).sum(-1)
-    long = run >= max(PADDING_RUN_MIN, tokens // PADDING_RUN_SHARE)
-    padding_id = torch.where(long, last, torch.full_like(last, -1)).max()
-    positions = torch.arange(tokens, device=ids.device)
-    counted = (targets != IGNORE_INDEX) & (positions[None, :] >= (tokens - run)[:, None])
-    counted = (counted[:, 1:] if shifts_inside else counted).sum(-1)
-    padded = long & (last == padding_id) & (counted > 1)  # one counted target passes: the end-of-text one
-    return {"padded_rows": padded.sum(), "padding_id": padding_id}
-
-
-def _one_value(ids: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """Whether the ids at `where` are all one value (True where there are none), without leaving the device."""
-    largest = torch.where(where, ids, torch.full_like(ids, torch.iinfo(ids.dtype).min)).max()
-    smallest = torch.where(where, ids, torch.full_like(ids, torch.iinfo(ids.dtype).max)).min()
-    return (largest <= smallest) | ~where.any()
-
-
-# Autograd nodes that only move, reshape or cast their input: a softmax behind them is what the next node was given
-SHAPE_ONLY_NODES = frozenset({"ViewBackward0", "ReshapeAliasBackward0", "UnsafeViewBackward0", "CloneBackward0",
-                              "ToCopyBackward0", "TransposeBackward0", "PermuteBackward0", "ExpandBackward0",
-                              "SliceBackward0", "SelectBackward0", "SqueezeBackward0", "SqueezeBackward1",
-                              "UnsqueezeBackward0", "AliasBackward0"})
-LOSS_GRAPH_NODES = 64  # the nodes of the loss's graph searched from its top: cross-entropy sits near it
-
-
-def _loss_graph(loss: Optional[torch.Tensor]):
-    """The nodes of the loss's autograd graph nearest its top, breadth first, not past a log-softmax (what made
-    its input is the model's); none without a graph."""
-    if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
-        return
-    pending, seen = [loss.grad_fn], 0
-    while pending and seen < LOSS_GRAPH_NODES:
-        node = pending.pop(0)
-        seen += 1
-        yield node
-        if type(node).__name__ != "LogSoftmaxBackward0":
-            pending += [parent for parent, _ in node.next_functions if parent is not None]
-
-
-def softmax_before_loss(loss: Optional[torch.Tensor]) -> Optional[bool]:
-    """Whether the loss's own autograd graph applies log-softmax (cross-entropy's first step) to a softmax's
-    output — probabilities given to the loss, made in the model or in the loop; None when no log-softmax is found
-    near the graph's top (another loss, or no graph). A structural fact of the graph: no value is compared."""
-    found = None
-    for node in _loss_graph(loss):
-        if type(node).__name__ == "LogSoftmaxBackward0":
-            found = bool(found) or _behind_shape_nodes(node) == "SoftmaxBackward0"
-    return found
-
-
-def log_softmax_axes(loss: Optional[torch.Tensor], vocab: int, logits_node=None) -> dict:
-    """For each log-softmax near the top of the loss's graph whose input has an axis of the vocabulary's size (the
-    logits, whatever their layout), the size of the axis it normalises over (`log_softmax_over`), and whether
-    every such one reads the model's output logits as they are, through nothing but moves, reshapes and casts
-    (`log_softmax_reads_logits`; None where it cannot be told). Read from the graph's shapes and saved dim, which
-    outlive the backward (its saved tensors do not); {} where the graph cannot say."""
-    if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
-        return {}  # a detached loss (watch.step(loss.detach())): its graph says nothing
-    sizes, direct = [], []
-    try:
-        for node in _loss_graph(loss):
-            if type(node).__name__ != "LogSoftmaxBackward0":
-                continue
-            shape = list(node._input_metadata[0].shape)
-            if vocab not in shape:
-                continue  # another softmax: over a similarity matrix, a router
-            dim = int(node._saved_dim)
-            dim = dim - (1 << 64) if dim >= 1 << 63 else dim  # a negative dim comes back as an unsigned 64-bit int
-            sizes.append(shape[dim % len(shape)])
-            if logits_node is not None:
-                direct.append(_through_shape_nodes(node.next_functions[0][0]) is _through_shape_nodes(logits_node))
-    except (AttributeError, IndexError, RuntimeError, TypeError):  # a torch without these node attributes
-        return {}
-    return {"log_softmax_over": sizes,
-            "log_softmax_reads_logits": all(direct) if direct and len(direct) == len(sizes) else None}
-
-
-def _through_shape_nodes(node):
-    """The first node at or behind `node` that does more than move, reshape or cast its input."""
-    while node is not None and type(node).__name__ in SHAPE_ONLY_NODES:
-        node = node.next_functions[0][0] if node.next_functions else None
-    return node
-
-
-def _behind_shape_nodes(node) -> Optional[str]:
-    """The name of the first node behind `node`'s input that does more than move, reshape or cast it."""
-    parent = _through_shape_nodes(node.next_functions[0][0] if node.next_functions else None)
-    return type(parent).__name__ if parent is not None else None
-
-
-def _mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, shift: int) -> torch.Tensor:
-    """The mean cross-entropy of logits[:, t] against targets[:, t + shift], in float32, chunk by chunk."""
-    vocab = logits.shape[-1]
-    rows = logits[:, : logits.shape[1] - shift].reshape(-1, vocab)
-    wanted = targets[:, shift:].reshape(-1)
-    # targets out of the logits' range (not a language model's) give a number the checks do not read
-    wanted = torch.where(wanted == IGNORE_INDEX, wanted, wanted.clamp(0, vocab - 1))
-    step = max(1, CHUNK_ELEMENTS // vocab)
-    total = sum(F.cross_entropy(rows[i : i + step].float(), wanted[i : i + step], ignore_index=IGNORE_INDEX,
-                                reduction="sum") for i in range(0, rows.shape[0], step))
-    return total / (wanted != IGNORE_INDEX).sum().clamp_min(1)
-
-
-def _cross_entropy_range(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The smallest and the largest −log p over every row and class of the logits (logsumexp − max and logsumexp −
-    min per row), in float32, chunk by chunk: a mean cross-entropy against distributions over any of these rows lies
-    between them."""
-    rows = logits.reshape(-1, logits.shape[-1])
-    step = max(1, CHUNK_ELEMENTS // rows.shape[-1])
-    best, worst = [], []
-    for chunk in rows.split(step):
-        chunk = chunk.float()
-        total = torch.logsumexp(chunk, -1)
-        best.append((total - chunk.amax(-1)).amin())
-        worst.append((total - chunk.amin(-1)).amax())
-    return torch.stack(best).amin(), torch.stack(worst).amax()
-
-
-@torch.no_grad()
-def loss_checks(logits: Optional[torch.Tensor], targets: Optional[torch.Tensor], loss: Optional[torch.Tensor],
-                graph: Optional[torch.Tensor] = None, logits_node=None) -> dict:
-    """Whether the outputs are probabilities, whether the loss's graph (`graph`, else `loss`) gave cross-entropy a
-    softmax's output and over which axis its log-softmax normalises the logits, the loss over the smallest and the
-    largest −log p of any row and class, and the loss over the mean cross-entropy of the model's own logits (at the
-    targets' shift that fits best: 0 for a hand-written model's targets, 1 for HF's labels)."""
-    found: dict = {"outputs_are_probabilities": None, "loss_over_cross_entropy": None,
-                   "softmax_before_loss": softmax_before_loss(graph if graph is not None else loss)}
-    if logits is None or logits.dim() != 3 or not logits.is_floating_point():
-        return found
-    logits = logits.detach()
-    found.update(log_softmax_axes(graph if graph is not None else loss, logits.shape[-1], logits_node))
-    found["outputs_are_probabilities"] = (logits.amin() >= 0) & \
-        ((logits.sum(-1, dtype=torch.float32) - 1).abs().amax() < PROBABILITY_TOLERANCE)
-    if loss is not None and logits.numel():
-        best, worst = _cross_entropy_range(logits)
-        value = loss.detach().double().reshape(())
-        found["loss_over_worst_cross_entropy"] = value / worst.double().clamp_min(1e-12)
-        found["loss_over_best_cross_entropy"] = value / best.double().clamp_min(1e-12)
-    if targets is not None and loss is not None and targets.shape == logits.shape[:2] and logits.shape[1] > 1:
-        best = torch.minimum(_mean_cross_entropy(logits, targets, 0), _mean_cross_entropy(logits, targets, 1))
-        found["loss_over_cross_entropy"] = loss.detach().double().reshape(()) / best.double().clamp_min(1e-12)
-        found["sequences"], found["positions"] = int(logits.shape[0]), int(logits.shape[1])
-    return found
-
-
-# --- the causal probe -------------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def evaluating(model: nn.Module):
-    """The model in eval mode (no dropout), every module's own mode restored after."""
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, mode in modes:
-            module.training = mode
-
-
-def logits_of(output) -> Optional[torch.Tensor]:
-    """A model output's logits: HF's .logits, a tuple's first tensor, or the tensor itself."""
-    logits = getattr(output, "logits", None)
-    if logits is None:
-        logits = output[0] if isinstance(output, (tuple, list)) and output else output
-    return logits if isinstance(logits, torch.Tensor) and logits.dim() == 3 else None
-
-
-@dataclasses.dataclass
-class ForwardCall:
-    """How the training forward was called: its arguments as given (held until the record is made), the ids
-    among them."""
-
-    args: tuple
-    kwargs: dict
-    ids: torch.Tensor  # the very tensor passed (found among the arguments by identity)
-
-    def with_ids(self, new: torch.Tensor, rows: Optional[torch.Tensor] = None) -> tuple[tuple, dict]:
-        """The same call on `new` (the first `new.shape[1]` tokens of one sequence) in place of the ids: every
-        other tensor of the batch cut alike — its batch dimension to the first sequence (or to `rows`, a device
-        index: no host read), each later dimension as long as the sequence to the probe's length — so targets, masks
-        and position ids follow the probed input."""
-        batch, length = self.ids.shape[0], self.ids.shape[1]
-
-        def cut(value):
-            if value is self.ids:
-                return new
-            if not isinstance(value, torch.Tensor) or value.dim() == 0:
-                return value
-            if rows is not None and value.shape[0] == batch:
-                value = value.index_select(0, rows.to(value.device))
-            index = [slice(0, 1) if i == 0 and size == batch and rows is None else
-                     slice(0, new.shape[1]) if i > 0 and size == length else slice(None)
-                     for i, size in enumerate(value.shape)]
-            return value[tuple(index)]
-
-        return tuple(cut(v) for v in self.args), {key: cut(v) for key, v in self.kwargs.items()}

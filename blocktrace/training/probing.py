@@ -20,7 +20,8 @@ from blocktrace.training.batch import Batch, input_ids
 from blocktrace.training.blocks import sharded, unwrap
 from blocktrace.training.distributed import Reducer
 from blocktrace.training.independence import probe_causality, probe_padding_and_batch
-from blocktrace.training.loop import ForwardCall, causal_model
+from blocktrace.training.forward_call import ForwardCall
+from blocktrace.training.model_facts import causal_model
 
 
 @dataclass

@@ -9,7 +9,7 @@ floats only where the schema says a number is, so a path or a note spelled "nan"
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from blocktrace.vocab import Level
 

@@ -36,7 +36,9 @@ from blocktrace.training.between import settled
 from blocktrace.training.blocks import device_of, find_blocks, is_trainable, sharded, unwrap
 from blocktrace.training.distributed import Reducer, fingerprint, replica_rows, synchronised
 from blocktrace.training.judging import FIRST_ERROR_WARNING, Rollback, judge_record
-from blocktrace.training.loop import Descent, LoopObserver, RandomState, grad_norm, logits_of, loss_checks, loss_of
+from blocktrace.training.forward_call import RandomState, logits_of, loss_of
+from blocktrace.training.loop import Descent, LoopObserver, grad_norm
+from blocktrace.training.loss_facts import loss_checks
 from blocktrace.training.order import DataOrder
 from blocktrace.training.probing import ProbeResult, causal_probe, probe_before_forward
 from blocktrace.training.logit_gradient import row_weights

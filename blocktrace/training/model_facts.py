@@ -1,0 +1,115 @@
+"""What the Watch reads of the model's own modules and parameters, at its construction and at each record: the
+dropout and batch-norm modules in eval mode, the largest dropout rate, whether a tied head is one tensor with the
+embedding, which parameters are the embedding and the head, which embedding tables the forward renormalises, and
+whether a forward computes in float16."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from blocktrace.vocab import Exterior
+
+EVAL_SENSITIVE = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
+                  nn.modules.batchnorm._BatchNorm)
+
+
+def eval_mode_modules(model: nn.Module) -> int:
+    """Dropout (p > 0) and batch-norm modules in eval mode: what model.eval() switches."""
+    return sum(1 for m in model.modules() if isinstance(m, EVAL_SENSITIVE) and not m.training
+               and getattr(m, "p", 1.0) > 0)
+
+
+DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+
+def largest_dropout(model: nn.Module) -> Optional[dict]:
+    """The model's largest dropout rate and the module holding it (None without a dropout module): the setting the
+    audit reads (diagnose/audit.py); a rate a forward passes to F.dropout itself is not seen."""
+    rates = [(float(m.p), name) for name, m in model.named_modules() if isinstance(m, DROPOUTS)]
+    if not rates:
+        return None
+    rate, name = max(rates)
+    return {"p": rate, "module": name or "the model"}
+
+
+def embeddings_untied(model: nn.Module) -> Optional[dict]:
+    """An HF model whose config ties the output embedding to the input one (`tie_word_embeddings`): whether they are
+    one tensor, as HF makes them; None for a model that says nothing of it (a hand-written one) or has no head."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "tie_word_embeddings", None) is not True:
+        return None
+    try:
+        head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    weights = [getattr(module, "weight", None) for module in (head, embedding)]
+    if not all(isinstance(weight, torch.Tensor) for weight in weights):
+        return None
+    return {"tied": weights[0] is weights[1] or weights[0].data_ptr() == weights[1].data_ptr()}
+
+
+def exterior_parameters(model: nn.Module) -> dict[int, set]:
+    """id(parameter) → its roles among the model's input and output layers: every nn.Embedding's weight (tokens and
+    learned positions: the input layer) and HF's input embedding, the output head (HF's output embedding; without
+    one, the last nn.Linear whose width is the largest embedding table's, i.e. the vocabulary). A tied head is both."""
+    roles: dict[int, set] = {}
+
+    def mark(weight, role: Exterior) -> None:
+        if isinstance(weight, torch.Tensor):
+            roles.setdefault(id(weight), set()).add(role)
+
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    for module in embeddings:
+        mark(module.weight, Exterior.EMBEDDING)
+    try:  # an HF model says which are its layers (a base model has no head)
+        mark(getattr(model.get_input_embeddings(), "weight", None), Exterior.EMBEDDING)
+        head = model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        head = _hand_written_head(model, embeddings)
+    mark(getattr(head, "weight", None), Exterior.HEAD)
+    return roles
+
+
+def renormed_by_forward(model: nn.Module) -> frozenset:
+    """ids of the embedding tables whose forward rescales the rows it looks up, in place (`max_norm`): weights the
+    forward writes by definition, each row at its first look-up by as much as it exceeds the norm."""
+    return frozenset(id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.max_norm is not None)
+
+
+def _hand_written_head(model: nn.Module, embeddings: list[nn.Embedding]) -> Optional[nn.Module]:
+    """The last nn.Linear as wide as the largest embedding table (the vocabulary); without one, that table itself:
+    logits made with its own weight (nanoGPT's tied `x @ wte.weight.T`)."""
+    if not embeddings:
+        return None
+    table = max(embeddings, key=lambda m: m.num_embeddings)
+    linear = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == table.num_embeddings]
+    return linear[-1] if linear else table
+
+
+def causal_model(model: nn.Module) -> bool:
+    """An HF model class for next-token prediction (its name says so)."""
+    name = type(model).__name__
+    return type(model).__module__.startswith("transformers.") and name.endswith(("ForCausalLM", "LMHeadModel"))
+
+
+def computes_in_float16(model: nn.Module) -> bool:
+    """Whether a forward running now computes in float16: under autocast to float16 on the device of the model's
+    parameters, or with float16 parameters of its own."""
+    parameter = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if parameter is None:
+        return False
+    return parameter.dtype is torch.float16 or _autocast_dtype(parameter.device.type) is torch.float16
+
+
+def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The dtype autocast computes in on this kind of device (None: autocast is off there)."""
+    try:
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    except (TypeError, AttributeError, RuntimeError):  # torch < 2.4: one function per kind of device
+        if device_type == "cpu":
+            return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+        return torch.get_autocast_gpu_dtype() if device_type == "cuda" and torch.is_autocast_enabled() else None
