@@ -532,3 +532,48 @@ def test_blocks_cut_from_the_loss_by_reentrant_checkpointing(tmp_path, reentrant
     assert read_timeline(tmp_path / "run.jsonl")[0]["blocks"]["without_gradient"] == (2 if reentrant else 0)
     if reentrant:
         assert entry["diagnosis"][0]["cause"] == "gradient_flow"
+
+
+def _layerdrop_run(path, rate: float, steps: int = 41, layers: int = 4) -> list[dict]:
+    """NanoGPT under LayerDrop (Fan, Grave & Joulin 2020) written as a forward hook that returns the block's input
+    in place of its output at a training forward, with probability `rate` (seen in the tenth blind group, H3 and
+    F06, calibration now): a skipped block's computation is thrown away, so it gets no gradient that step."""
+    torch.manual_seed(0)
+    model = NanoGPT(layers=layers)
+    for embedding in (model.wte, model.wpe):
+        torch.nn.init.normal_(embedding.weight, std=0.02)  # GPT-2's: the loss starts at log V
+    draws = torch.Generator().manual_seed(1)
+
+    def layerdrop(module, args, kwargs, output):
+        return args[0] if module.training and torch.rand((), generator=draws).item() < rate else output
+
+    for block in model.h:
+        block.register_forward_hook(layerdrop, with_kwargs=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(steps):
+            _, loss = model(*nano_batch(step))
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return read_timeline(path)
+
+
+@pytest.mark.parametrize("rate, warned", [(0.2, False), (0.8, True)])
+def test_blocks_skipped_by_layerdrop_are_said_and_not_judged_and_a_rate_past_the_published_is_warned(
+        tmp_path, rate, warned):
+    """A block whose output is its very input passed the stream through: it took no part in the forward, so neither
+    its residual identity nor its missing gradient is a finding. Published LayerDrop and stochastic-depth rates are
+    at most 0.5 (Fan et al. 2020 train at 0.1–0.2; Huang et al. 2016 decay linearly to 0.5 at the last layer): a
+    rate above it, measured over the records, leaves most of the network out of every forward."""
+    records = _layerdrop_run(tmp_path / "run.jsonl", rate)
+    skipped = sum(r["blocks"]["skipped"] for r in records)
+    assert skipped > 0 and all(r["blocks"]["traced"] + r["blocks"]["skipped"] == 4 for r in records)
+    serious = {f["name"] for r in records for f in r["flags"] if f["level"] in ("error", "warning")}
+    assert not serious & {"residual_not_added", "no_gradient", "blocks_cut_from_loss", "layer_frozen"}
+    said = [f for r in records for f in r["flags"] if f["name"] == "blocks_skipped"]
+    assert said and {f["level"] for f in said} <= {"info", "warning"}
+    assert any(f["level"] == "warning" for f in said) == warned
+    if warned:
+        assert "architecture" in {r["diagnosis"][0]["cause"] for r in records if r.get("diagnosis")}

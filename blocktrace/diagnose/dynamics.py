@@ -49,6 +49,8 @@ SHRINK_PER_STEP = 0.9  # a tensor kind's ‖W‖ losing > 10% per step between t
 SPIKE_FACTOR = 10.0  # a record's ‖ΔW‖/‖W‖ per unit of learning rate against its median over the previous records
 LR_JUMP = 10.0  # a learning rate against the largest one recorded before
 MIN_HISTORY = 3  # records before a trend is judged
+SKIP_RATE_PUBLISHED = 0.5  # LayerDrop / stochastic depth: Fan et al. 2020 train at 0.1–0.2, Huang et al. 2016 ≤ 0.5
+SKIP_OBSERVATIONS = 12  # block-forwards seen over the records before a skip rate is judged
 NORM_COLLAPSE = 0.25  # a tensor kind's ‖W‖ against its first record: healthy calibration runs stay ≥ 0.9
 LOSS_SPIKE_SIGMAS, LOSS_SPIKE_WINDOW, LOSS_SPIKE_FLOOR = 6.0, 16, 0.25  # σ over the previous records, nats at least
 STUCK_STEPS = 100  # steps after which a loss still at log V means nothing is learned
@@ -140,6 +142,33 @@ def _blocks_cut_from_loss(history: Sequence[dict], entry: dict) -> list[Finding]
                                "; {traced} of {count} blocks ran with gradients enabled in the recorded forward",
                                traced=blocks.get("traced"), count=blocks.get("count"))
                            if blocks.get("traced") != blocks.get("count") else ""))]
+
+
+@check(Scope.TRAINING, "blocks_skipped",
+       f"blocks returned their very input at the recorded forward, skipped (info); over the run's records more than "
+       f"{SKIP_RATE_PUBLISHED:.0%} of the blocks' forwards skipped, from {SKIP_OBSERVATIONS} seen (warning; a Watch)",
+       "LayerDrop (Fan, Grave & Joulin 2020: rates 0.1–0.2, up to 0.5) and stochastic depth (Huang et al. 2016: the "
+       "drop probability rising linearly to 0.5 at the last layer) skip a block at a training forward — its output is "
+       "its input, it gets no gradient that step, and its residual identity and gradient are not judged. A rate "
+       "above every published one leaves most of the network out of every forward",
+       "the drop rate is too high: a survival probability given where the drop probability belongs (0.8 for 0.2), "
+       "or a schedule that reaches 1; each block trains on a fraction of the steps and the network seen at "
+       "evaluation (every block) is not the one trained", Cause.ARCHITECTURE,
+       advice=phrase("set the LayerDrop / stochastic-depth probability of dropping a block (0.1–0.2 is usual; "
+                     "check whether the setting is the probability to keep it)"))
+def _blocks_skipped(history: Sequence[dict], entry: dict) -> list[Finding]:
+    blocks = entry.get("blocks") if entry.get("source") == WATCH else None
+    if not isinstance(blocks, dict) or not blocks.get("skipped"):
+        return []
+    seen = [r["blocks"] for r in (*history, entry) if isinstance(r.get("blocks"), dict)
+            and isinstance(r["blocks"].get("skipped"), int) and isinstance(r["blocks"].get("count"), int)]
+    forwards, skipped = sum(b["count"] for b in seen), sum(b["skipped"] for b in seen)
+    rate = skipped / forwards if forwards else 0.0
+    high = forwards >= SKIP_OBSERVATIONS and rate > SKIP_RATE_PUBLISHED
+    return [finding(Level.WARNING if high else Level.INFO, None, None, rate, phrase(
+        "{now} of {count} blocks passed their input through at step {step}; {skipped} of {forwards} blocks' "
+        "forwards skipped over the records ({rate:.0%})", now=blocks["skipped"], count=blocks.get("count"),
+        step=entry["step"], skipped=skipped, forwards=forwards, rate=rate))]
 
 
 @check(Scope.TRAINING, "gradient_misses_weights",

@@ -229,6 +229,13 @@ PHRASES_ZH = {
     "train a language model on the unweighted cross-entropy (no weight= argument); set a token's targets to "
     "ignore_index to leave it out":
         "语言模型用不加权的交叉熵训练（不传 weight=）；要去掉某个 token，把它的目标设为 ignore_index",
+    "{now} of {count} blocks passed their input through at step {step}; {skipped} of {forwards} blocks' "
+    "forwards skipped over the records ({rate:.0%})":
+        "第 {step} 步，{count} 个块中有 {now} 个把输入原样传出（被跳过）；各次记录中共 {forwards} 次块前向里有 "
+        "{skipped} 次被跳过（{rate}）",
+    "set the LayerDrop / stochastic-depth probability of dropping a block (0.1–0.2 is usual; check whether the "
+    "setting is the probability to keep it)":
+        "设置 LayerDrop / stochastic depth 丢弃一个块的概率（常用 0.1–0.2；检查这个设置是不是保留的概率）",
     "the loss's target at each position is that position's own input token, which the model sees: it learns to "
     "copy":
         "损失在每个位置上的目标就是该位置自己的输入 token，而模型看得到它：它学会的是复制",

@@ -39,13 +39,16 @@ class BlockTap:
         self.checks, self.when = checks, when
         self.recorder: Optional[Recorder] = None
         self.output: Optional[torch.Tensor] = None
+        self.entered: Optional[torch.Tensor] = None  # the input of the call traced, as given (not a copy)
+        self.bypassed = False  # the call traced returned its very input: the block was skipped (LayerDrop)
         self.handles: list = []
         self.notes: list[str] = []
         self.recording = False  # inside the call being traced: the recorder's hooks are on
 
     def attach(self) -> None:
         self.recorder = Recorder(self.block, self.layout, self.own, checks=self.checks, tolerant=self.when is not None)
-        self.output = None
+        self.output = self.entered = None
+        self.bypassed = False
         self.handles = [self.block.register_forward_pre_hook(self._enter, with_kwargs=True),
                         self.block.register_forward_hook(self._leave, with_kwargs=True)]
 
@@ -64,6 +67,7 @@ class BlockTap:
             return
         x = args[0] if args else kwargs.get("hidden_states")
         if isinstance(x, torch.Tensor):
+            self.entered = x
             self.recorder.attach()
             self.recording = True
             _CURRENT.append(self)
@@ -72,7 +76,12 @@ class BlockTap:
     def _leave(self, module, args, kwargs, output):
         if not self.recording:
             return
-        self.output = first_tensor(output).detach()
+        returned = first_tensor(output)
+        # the block's input itself came back (a hook or a wrapper threw the block's computation away: LayerDrop,
+        # stochastic depth): the block took no part in this forward, and what its steps computed is not its output
+        self.bypassed = returned is self.entered
+        self.output = None if self.bypassed else returned.detach()
+        self.entered = None
         self.recorder.detach()
         self._stop()
 

@@ -373,10 +373,14 @@ class Watch:
 
     def _blocks_seen(self, present: list[int], grads: list) -> dict:
         """Every block, traced or not: how many there are, how many ran with gradients enabled in the recorded
-        forward (traced), how many are trainable, and how many trainable ones got no gradient at all."""
+        forward (traced), how many were skipped in it (returned their input: LayerDrop), how many of the others are
+        trainable, and how many of those got no gradient at all."""
         trainable = [is_trainable(block) for block in self.blocks]
-        return {"count": len(self.blocks), "traced": len(present), "trainable": sum(trainable),
-                "without_gradient": sum(1 for wanted, g in zip(trainable, grads) if wanted and g is None)}
+        skipped = [tap.bypassed for tap in self.taps]
+        return {"count": len(self.blocks), "traced": len(present), "skipped": sum(skipped),
+                "trainable": sum(wanted and not gone for wanted, gone in zip(trainable, skipped)),
+                "without_gradient": sum(1 for wanted, gone, g in zip(trainable, skipped, grads)
+                                        if wanted and not gone and g is None)}
 
     def _descent(self) -> Optional[Descent]:
         """The recorded step's forward, to replay after its optimizer step (the descent probe): only where the
