@@ -81,6 +81,8 @@ TESTED_IN = {
                                 "embedding and head, dropouts, eval-mode modules, float16 forward"),
     "training/loss_facts.py": (["test_invariants.py"], "the loss against its logits: probabilities, the graph's "
                                "log-softmax, the cross-entropy range and mean"),
+    "training/unheld.py": (["test_invariants.py"], "the parameters with a gradient that no optimizer in the process "
+                           "holds"),
     "training/forward_call.py": (["test_probes.py", "test_invariants.py", "test_forward_inputs.py"], "the held "
                                  "forward call, its random state and its replay"),
     "training/tensorboard.py": (["test_watch.py"], "records as scalars in a SummaryWriter"),

@@ -206,6 +206,33 @@ def _optimizer_lacks_parameters(history: Sequence[dict], entry: dict) -> list[Fi
                            share=share, missing=phrase(" (not: {names})", names=names) if names else ""))]
 
 
+@check(Scope.TRAINING, "parameters_in_no_optimizer",
+       "parameters that require a gradient and got one are held by no torch optimizer alive in the process (the one "
+       "given to the Watch and every other, found by the garbage collector): an error where a block holds some of "
+       "them beside parameters an optimizer updates, a warning where whole modules are left out (a Watch given "
+       "optimizer=)",
+       "definition: only an optimizer writes a parameter from its gradient; one in no optimizer's param groups keeps "
+       "its initial value however long the run. Freezing is said with requires_grad_(False); a name filter that "
+       "misses part of a block (a norm's gain) freezes it by mistake",
+       "the param groups are built by a filter on the parameters' names that this model's names do not match "
+       "(GPT-2's 'ln_' and 'c_attn' on a Llama), or a module added or replaced after the optimizer was built: "
+       "those parameters never train", Cause.OPTIMIZER, direct=True,
+       advice=phrase("build the param groups so that every parameter meant to train is in one (check that the groups' "
+                     "parameters add up to the model's); freeze the others with requires_grad_(False)"))
+def _parameters_in_no_optimizer(history: Sequence[dict], entry: dict) -> list[Finding]:
+    loop = _loop(entry)
+    unheld = loop.get("unheld") or {}
+    count = unheld.get("unheld") or 0
+    if count < 1 or loop.get("optimizer_share") == 0:
+        return []  # an optimizer holding none of them is optimizer_lacks_parameters' error
+    partial = unheld.get("partial_blocks") or 0
+    names = ", ".join(unheld.get("unheld_names") or [])
+    return [finding(Level.ERROR if partial else Level.WARNING, None, None, float(count), phrase(
+        "{count} parameters with a gradient are in no optimizer (first: {names}){inside}", count=count, names=names,
+        inside=phrase("; {partial} blocks hold some of them beside parameters an optimizer trains", partial=partial)
+        if partial else ""))]
+
+
 @check(Scope.TRAINING, "learning_rate_zero",
        "every param group's learning rate is 0 at two records in a row, after step 0 (a Watch given optimizer=)",
        "definition: an optimizer step moves a weight by the learning rate times its update; at 0 nothing is "

@@ -236,6 +236,14 @@ PHRASES_ZH = {
     "set the LayerDrop / stochastic-depth probability of dropping a block (0.1–0.2 is usual; check whether the "
     "setting is the probability to keep it)":
         "设置 LayerDrop / stochastic depth 丢弃一个块的概率（常用 0.1–0.2；检查这个设置是不是保留的概率）",
+    "{count} parameters with a gradient are in no optimizer (first: {names}){inside}":
+        "{count} 个有梯度的参数不在任何优化器里（前几个：{names}）{inside}",
+    "; {partial} blocks hold some of them beside parameters an optimizer trains":
+        "；其中 {partial} 个块里还有被优化器训练的参数",
+    "build the param groups so that every parameter meant to train is in one (check that the groups' parameters "
+    "add up to the model's); freeze the others with requires_grad_(False)":
+        "构建 param groups 时让每个要训练的参数都在某一组里（检查各组参数加起来等于模型的参数）；"
+        "其余的用 requires_grad_(False) 冻结",
     "the loss's target at each position is that position's own input token, which the model sees: it learns to "
     "copy":
         "损失在每个位置上的目标就是该位置自己的输入 token，而模型看得到它：它学会的是复制",

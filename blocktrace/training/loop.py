@@ -25,7 +25,7 @@ Anything that fails inside a measurement becomes a note, never an exception in t
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -38,6 +38,7 @@ from blocktrace.training.model_facts import computes_in_float16, eval_mode_modul
 from blocktrace.training.schedulers import Schedulers
 from blocktrace.training.settings import optimizer_hyperparameters
 from blocktrace.training.stepping import StepSample
+from blocktrace.training.unheld import Unheld
 
 # ‖g‖ at watch.step() × the loss scale S against ‖g‖ as the backward ended: unscale_ divides by S exactly (a power of
 # two), a clip after it leaves less; the slack is the float32 norms' rounding
@@ -141,8 +142,9 @@ class LoopObserver:
     """The loop's evidence for one record: reset when the Watch arms, filled by the trained forward, its backward
     and the optimizer's step, read by `evidence()`."""
 
-    def __init__(self, model: nn.Module, optimizer):
-        self.model, self.optimizer = model, optimizer
+    def __init__(self, model: nn.Module, optimizer, blocks: Sequence[nn.Module] = ()):
+        self.model, self.optimizer, self.blocks = model, optimizer, list(blocks)
+        self.unheld = Unheld()  # the parameters with a gradient that no optimizer holds (training/unheld.py)
         self.step_hook = _step_pre_hook(optimizer, self._at_optimizer_step)
         self.after_step_hook = _step_post_hook(optimizer, self._after_optimizer_step)
         self.step_due: Optional[int] = None  # the training step whose optimizer.step() is to be measured
@@ -416,6 +418,8 @@ class LoopObserver:
                 "step_gradient": step_gradient, "step_gradient_at": at,
                 "eval_mode_modules": self.eval_mode if self.trained else None,
                 "optimizer_share": share, "outside_optimizer": outside,
+                "unheld": self.unheld.evidence(self.model, self.held_by_optimizer(), self.blocks, self.optimizer)
+                if share is not None and share < 1 else None,
                 "lr_groups": [float(group["lr"]) for group in self.optimizer.param_groups
                               if isinstance(group.get("lr"), (int, float, torch.Tensor))]
                 if self.optimizer is not None else None,

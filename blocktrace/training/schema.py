@@ -154,6 +154,12 @@ def _loop(value: Any, field: str) -> dict:
         for key in ("same_target_pairs", "low_target", "high_target"):
             weights[key] = _index(weights.get(key), f"{field}.row_weights.{key}", optional=True)
     loop["row_weights"] = weights
+    unheld = _mapped(loop.get("unheld"), f"{field}.unheld", lambda item, name: item, optional=True)
+    if unheld is not None:
+        for key in ("unheld", "partial_blocks"):
+            unheld[key] = _index(unheld.get(key), f"{field}.unheld.{key}")
+        unheld["unheld_names"] = _listed(unheld.get("unheld_names", []), f"{field}.unheld.unheld_names", _text)
+    loop["unheld"] = unheld
     embeddings = _mapped(loop.get("embeddings"), f"{field}.embeddings", lambda item, name: item, optional=True)
     if embeddings is not None:
         embeddings["tied"] = _boolean(embeddings.get("tied"), f"{field}.embeddings.tied")

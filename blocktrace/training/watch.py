@@ -95,7 +95,7 @@ class Watch:
         self.sharded_probe: Optional[ProbeResult] = None  # FSDP2: the probe made before the recording forward
         self.synchronised: Optional[bool] = None  # whether the recorded forward's backward averages gradients (DDP)
         self.batch = Batch(shifts_labels(unwrap(model)), targets_position(unwrap(model)))
-        self.loop = LoopObserver(unwrap(model), optimizer)
+        self.loop = LoopObserver(unwrap(model), optimizer, self.blocks)
         # the records before, for the dynamics (diagnose/dynamics.py): the first (trends start there) and the last few
         self.history = History()
         self.order = DataOrder()  # every training step's batch, to tell an order that repeats (training/order.py)
