@@ -141,30 +141,45 @@ def _loop(value: Any, field: str) -> dict:
     loop["log_softmax_over"] = _listed(loop.get("log_softmax_over"), f"{field}.log_softmax_over", _index,
                                        optional=True)
     loop["update_moves"] = _listed(loop.get("update_moves"), f"{field}.update_moves", number, optional=True)
-    loop["optimizer"] = _optimizer(loop.get("optimizer"), f"{field}.optimizer")
-    loop["descent"] = _descent(loop.get("descent"), f"{field}.descent")
-    loop["between_steps"] = _between_steps(loop.get("between_steps"), f"{field}.between_steps")
     loop["schedulers"] = _listed(loop.get("schedulers"), f"{field}.schedulers", _scheduler, optional=True)
-    tempered = _mapped(loop.get("tempered"), f"{field}.tempered", number, optional=True)
+    for key, read in _LOOP_PIECES.items():
+        loop[key] = read(loop.get(key), f"{field}.{key}")
+    return loop
+
+
+def _tempered(value: Any, field: str) -> Optional[dict]:
+    """The loss's temperature read off its gradient at the logits (training/logit_gradient.py)."""
+    tempered = _mapped(value, field, number, optional=True)
     if tempered is not None:
-        tempered["rows"] = _index(tempered.get("rows"), f"{field}.tempered.rows")
-    loop["tempered"] = tempered
-    weights = _mapped(loop.get("row_weights"), f"{field}.row_weights", number, optional=True)
+        tempered["rows"] = _index(tempered.get("rows"), f"{field}.rows")
+    return tempered
+
+
+def _row_weights(value: Any, field: str) -> Optional[dict]:
+    """The weight each sampled logit row carries in the loss (training/logit_gradient.row_weights)."""
+    weights = _mapped(value, field, number, optional=True)
     if weights is not None:
         for key in ("same_target_pairs", "low_target", "high_target"):
-            weights[key] = _index(weights.get(key), f"{field}.row_weights.{key}", optional=True)
-    loop["row_weights"] = weights
-    unheld = _mapped(loop.get("unheld"), f"{field}.unheld", lambda item, name: item, optional=True)
+            weights[key] = _index(weights.get(key), f"{field}.{key}", optional=True)
+    return weights
+
+
+def _unheld(value: Any, field: str) -> Optional[dict]:
+    """The parameters with a gradient that no optimizer holds (training/unheld.py)."""
+    unheld = _mapped(value, field, lambda item, name: item, optional=True)
     if unheld is not None:
         for key in ("unheld", "partial_blocks"):
-            unheld[key] = _index(unheld.get(key), f"{field}.unheld.{key}")
-        unheld["unheld_names"] = _listed(unheld.get("unheld_names", []), f"{field}.unheld.unheld_names", _text)
-    loop["unheld"] = unheld
-    embeddings = _mapped(loop.get("embeddings"), f"{field}.embeddings", lambda item, name: item, optional=True)
+            unheld[key] = _index(unheld.get(key), f"{field}.{key}")
+        unheld["unheld_names"] = _listed(unheld.get("unheld_names", []), f"{field}.unheld_names", _text)
+    return unheld
+
+
+def _embeddings(value: Any, field: str) -> Optional[dict]:
+    """Whether a tied head is one tensor with the embedding (training/model_facts.embeddings_untied)."""
+    embeddings = _mapped(value, field, lambda item, name: item, optional=True)
     if embeddings is not None:
-        embeddings["tied"] = _boolean(embeddings.get("tied"), f"{field}.embeddings.tied")
-    loop["embeddings"] = embeddings
-    return loop
+        embeddings["tied"] = _boolean(embeddings.get("tied"), f"{field}.tied")
+    return embeddings
 
 
 def _between_steps(value: Any, field: str) -> Optional[dict]:
@@ -223,6 +238,12 @@ def _scheduler(value: Any, field: str) -> dict:
     scheduler["class"] = _text(scheduler.get("class"), f"{field}.class")
     scheduler["last_epoch"] = number(scheduler.get("last_epoch"), f"{field}.last_epoch")
     return scheduler
+
+
+# the loop's nested pieces, each read by its own function (the order of the record's keys is kept)
+_LOOP_PIECES: dict[str, Callable[[Any, str], Any]] = {
+    "optimizer": _optimizer, "descent": _descent, "between_steps": _between_steps, "tempered": _tempered,
+    "row_weights": _row_weights, "unheld": _unheld, "embeddings": _embeddings}
 
 
 def _probe(value: Any, field: str) -> dict:
