@@ -634,6 +634,44 @@ def test_the_watch_counts_the_optimizers_steps_between_records(tmp_path):
     assert flagged and flagged[0]["cause"] == "training_loop"
 
 
+def _guarded(tmp_path, guard: str, steps: int = 31) -> list[dict]:
+    """A loop with a loss-spike guard that skips a step's optimizer.step() (seen in the tenth blind group, F04,
+    calibration now): against 2× the running mean of the past losses (a spike guard, which hardly ever skips), or
+    against the best loss so far (F04's bug: most steps are skipped once the loss stops improving every step);
+    or none, with the gradients accumulated over 4 watch.step() calls before each optimizer step."""
+    torch.manual_seed(0)
+    model = NanoGPT()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    past: list[float] = []
+    with Watch(model, tmp_path / f"{guard}.jsonl", every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(steps):
+            _, loss = model(*nano_batch(step % 3))
+            loss.backward()
+            watch.step(loss)
+            value = loss.item()
+            skip = {"spike": bool(past) and value > 2 * sum(past) / len(past),
+                    "best": bool(past) and value > min(past) and step > 4,
+                    "accumulate": step % 4 != 3}[guard]
+            past.append(value)
+            if not skip:
+                optimizer.step()
+            if guard != "accumulate" or not skip:
+                optimizer.zero_grad()
+    return read_timeline(tmp_path / f"{guard}.jsonl")
+
+
+@pytest.mark.parametrize("guard, warned", [("spike", False), ("best", True), ("accumulate", False)])
+def test_a_loop_that_stops_stepping_its_optimizer_is_said(tmp_path, guard, warned):
+    """The optimizer stepped at every watch.step() in the first interval and at fewer than half of them later: the
+    loop has started skipping updates (a guard that compares with the best loss, a loss scale that overflows at
+    every step). Accumulation that steps once every few calls from the start is the loop's rhythm, not a change."""
+    records = _guarded(tmp_path, guard)
+    said = [f for r in records for f in r["flags"] if f["name"] == "optimizer_steps_skipped"]
+    assert bool(said) == warned
+    if warned:
+        assert {f["level"] for f in said} == {"warning"} and said[0]["cause"] == "training_loop"
+
+
 def test_norms_initialised_far_from_gain_one_are_found_at_the_first_record(tmp_path):
     """blind2's F05 in a Watch: every norm gain drawn from N(0, 0.02) is an initialisation error at step 0; the
     same model initialised as it should be raises nothing of the kind."""

@@ -516,6 +516,32 @@ def _no_update(history: Sequence[dict], entry: dict) -> list[Finding]:
     return [finding(Level.ERROR, None, None, max(largest.values()), detail)]
 
 
+@check(Scope.TRAINING, "optimizer_steps_skipped",
+       "optimizer.step() ran at fewer than half of the watch.step() calls between two records, after an interval "
+       "in which it ran at every one (a Watch given optimizer=)",
+       "definition of the loop: each training step ends with an optimizer step (gradient accumulation steps once "
+       "every k calls from the start: its rhythm does not change); a loop that stepped at every call and now skips "
+       "most has started throwing its gradients away",
+       "a guard skips the updates: a loss-spike guard that compares each loss with the best one so far (not with a "
+       "running mean), so most steps count as spikes once the loss stops improving at every step; a loss scale "
+       "whose gradients overflow at every step", Cause.TRAINING_LOOP,
+       advice=phrase("log when and why optimizer.step() is skipped; a spike guard compares with a running mean of "
+                     "recent losses (2× or more), not with the best loss so far"))
+def _optimizer_steps_skipped(history: Sequence[dict], entry: dict) -> list[Finding]:
+    def interval(before: dict, after: dict) -> Optional[tuple[int, int]]:
+        steps, calls = (after.get("loop") or {}).get("optimizer_steps"), after["step"] - before["step"]
+        return (steps, calls) if isinstance(steps, int) and calls > 0 else None
+
+    if not history or (now := interval(history[-1], entry)) is None or not now[0] < now[1] / 2:
+        return []
+    records = [*history, entry]
+    if not any((done := interval(a, b)) is not None and done[0] == done[1] for a, b in zip(records, records[1:-1])):
+        return []
+    return [finding(Level.WARNING, None, None, now[0] / now[1], phrase(
+        "optimizer.step() ran {steps} times in the {calls} steps before step {step}, at every step earlier",
+        steps=now[0], calls=now[1], step=entry["step"]))]
+
+
 @check(Scope.TRAINING, "layer_frozen",
        f"a layer's largest per-step ‖ΔW‖/‖W‖ < {FROZEN_FRACTION:g} × the median moving layer's between "
        "two records (an error in a Watch's records when its parameters require a gradient; info when they do not, "

@@ -244,6 +244,11 @@ PHRASES_ZH = {
     "add up to the model's); freeze the others with requires_grad_(False)":
         "构建 param groups 时让每个要训练的参数都在某一组里（检查各组参数加起来等于模型的参数）；"
         "其余的用 requires_grad_(False) 冻结",
+    "optimizer.step() ran {steps} times in the {calls} steps before step {step}, at every step earlier":
+        "第 {step} 步之前的 {calls} 步里 optimizer.step() 只运行了 {steps} 次，而更早时每一步都运行",
+    "log when and why optimizer.step() is skipped; a spike guard compares with a running mean of recent losses (2× "
+    "or more), not with the best loss so far":
+        "记录 optimizer.step() 在何时、为何被跳过；判断 spike 时要与最近损失的平均值（2 倍以上）比较，而不是与之前最好的损失比较",
     "the loss's target at each position is that position's own input token, which the model sees: it learns to "
     "copy":
         "损失在每个位置上的目标就是该位置自己的输入 token，而模型看得到它：它学会的是复制",
