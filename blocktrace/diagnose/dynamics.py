@@ -144,6 +144,19 @@ def _blocks_cut_from_loss(history: Sequence[dict], entry: dict) -> list[Finding]
                            if blocks.get("traced") != blocks.get("count") else ""))]
 
 
+def _skips(history: Sequence[dict], entry: dict) -> tuple[int, int]:
+    """Over the records a Watch wrote: the blocks' forwards skipped (LayerDrop) and the blocks' forwards seen."""
+    seen = [r["blocks"] for r in (*history, entry) if isinstance(r.get("blocks"), dict)
+            and isinstance(r["blocks"].get("skipped"), int) and isinstance(r["blocks"].get("count"), int)]
+    return sum(b["skipped"] for b in seen), sum(b["count"] for b in seen)
+
+
+def _skipped_mostly(history: Sequence[dict], entry: dict) -> bool:
+    """More of the blocks' forwards skipped than any published LayerDrop rate, from enough of them seen."""
+    skipped, forwards = _skips(history, entry)
+    return forwards >= SKIP_OBSERVATIONS and skipped / forwards > SKIP_RATE_PUBLISHED
+
+
 @check(Scope.TRAINING, "blocks_skipped",
        f"blocks returned their very input at the recorded forward, skipped (info); over the run's records more than "
        f"{SKIP_RATE_PUBLISHED:.0%} of the blocks' forwards skipped, from {SKIP_OBSERVATIONS} seen (warning; a Watch)",
@@ -160,11 +173,9 @@ def _blocks_skipped(history: Sequence[dict], entry: dict) -> list[Finding]:
     blocks = entry.get("blocks") if entry.get("source") == WATCH else None
     if not isinstance(blocks, dict) or not blocks.get("skipped"):
         return []
-    seen = [r["blocks"] for r in (*history, entry) if isinstance(r.get("blocks"), dict)
-            and isinstance(r["blocks"].get("skipped"), int) and isinstance(r["blocks"].get("count"), int)]
-    forwards, skipped = sum(b["count"] for b in seen), sum(b["skipped"] for b in seen)
+    skipped, forwards = _skips(history, entry)
     rate = skipped / forwards if forwards else 0.0
-    high = forwards >= SKIP_OBSERVATIONS and rate > SKIP_RATE_PUBLISHED
+    high = _skipped_mostly(history, entry)
     return [finding(Level.WARNING if high else Level.INFO, None, None, rate, phrase(
         "{now} of {count} blocks passed their input through at step {step}; {skipped} of {forwards} blocks' "
         "forwards skipped over the records ({rate:.0%})", now=blocks["skipped"], count=blocks.get("count"),
@@ -508,6 +519,8 @@ def _no_update(history: Sequence[dict], entry: dict) -> list[Finding]:
         return []  # the blocks are frozen on purpose (only the embeddings or the head train): nothing to move
     if _skipped_by_scaler(before):
         return []  # the gradients of the step after `before` were not finite: a loss scaler skips that step
+    if _skipped_mostly(history, entry):
+        return []  # blocks skipped at most forwards get no gradient for steps on end: blocks_skipped says why
     detail = phrase("no layer moved between steps {before} and {after}{at_lr}", before=before["step"],
                     after=entry["step"], at_lr=_at_learning_rate(lr))
     if (entry.get("loop") or {}).get("optimizer_steps") == 0:  # the Watch counted none: the loop never called it
