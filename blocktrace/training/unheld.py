@@ -53,5 +53,8 @@ def _held_by_other_optimizers(given) -> set[int]:
     while isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
         inner = inner.optimizer
         mine.add(id(inner))
-    return {id(p) for candidate in gc.get_objects() if isinstance(candidate, torch.optim.Optimizer)
-            and id(candidate) not in mine for group in candidate.param_groups for p in group["params"]}
+    others = [candidate for candidate in gc.get_objects()
+              if isinstance(candidate, torch.optim.Optimizer) and id(candidate) not in mine]
+    # an optimizer that never ran Optimizer.__init__, or whose groups hold no "params", holds nothing we can read
+    return {id(p) for candidate in others for group in getattr(candidate, "param_groups", None) or ()
+            if isinstance(group, dict) for p in group.get("params", ())}
