@@ -151,10 +151,13 @@ def _skips(history: Sequence[dict], entry: dict) -> tuple[int, int]:
     return sum(b["skipped"] for b in seen), sum(b["count"] for b in seen)
 
 
-def _skipped_mostly(history: Sequence[dict], entry: dict) -> bool:
+def _past_published(skipped: int, forwards: int) -> bool:
     """More of the blocks' forwards skipped than any published LayerDrop rate, from enough of them seen."""
-    skipped, forwards = _skips(history, entry)
     return forwards >= SKIP_OBSERVATIONS and skipped / forwards > SKIP_RATE_PUBLISHED
+
+
+def _skipped_mostly(history: Sequence[dict], entry: dict) -> bool:
+    return _past_published(*_skips(history, entry))
 
 
 @check(Scope.TRAINING, "blocks_skipped",
@@ -175,7 +178,7 @@ def _blocks_skipped(history: Sequence[dict], entry: dict) -> list[Finding]:
         return []
     skipped, forwards = _skips(history, entry)
     rate = skipped / forwards if forwards else 0.0
-    high = _skipped_mostly(history, entry)
+    high = _past_published(skipped, forwards)
     return [finding(Level.WARNING if high else Level.INFO, None, None, rate, phrase(
         "{now} of {count} blocks passed their input through at step {step}; {skipped} of {forwards} blocks' "
         "forwards skipped over the records ({rate:.0%})", now=blocks["skipped"], count=blocks.get("count"),

@@ -45,7 +45,9 @@ class BetweenSteps:
 
     def __init__(self, optimizer, always: frozenset = frozenset(), never: frozenset = frozenset()):
         self.optimizer = optimizer
-        self.always, self.never = always, never  # ids of tensors fingerprinted whatever their size; never
+        # ids of the tensors fingerprinted whatever their size, and of those never fingerprinted (the forward
+        # writes them)
+        self.always, self.never = always, never
         self.tensors: Optional[list[torch.Tensor]] = None
         self.step: Optional[int] = None  # the training step whose optimizer.step() runs next (the Watch sets it)
         self.began: Optional[torch.Tensor] = None  # the fingerprint as the last step began

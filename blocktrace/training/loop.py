@@ -38,7 +38,7 @@ from blocktrace.training.model_facts import computes_in_float16, eval_mode_modul
 from blocktrace.training.schedulers import Schedulers
 from blocktrace.training.settings import optimizer_hyperparameters
 from blocktrace.training.stepping import StepSample
-from blocktrace.training.unheld import Unheld
+from blocktrace.training.unheld import NAMED, Unheld
 
 # ‖g‖ at watch.step() × the loss scale S against ‖g‖ as the backward ended: unscale_ divides by S exactly (a power of
 # two), a clip after it leaves less; the slack is the float32 norms' rounding
@@ -388,15 +388,17 @@ class LoopObserver:
 
     # -- the record --------------------------------------------------------------------------------------------
 
-    def _optimizer_share(self) -> tuple[Optional[float], list[str]]:
+    def _optimizer_share(self) -> tuple[Optional[float], list[tuple[str, torch.Tensor]], Optional[set]]:
+        """The share of the parameters with a gradient that the optimizer holds, the ones it lacks (name,
+        parameter), and the ids of the ones it holds."""
         if self.optimizer is None:
-            return None, []
+            return None, [], None
         held = self.held_by_optimizer()
         wanted = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad and p.grad is not None]
         if not wanted:
-            return None, []
-        outside = [name for name, p in wanted if id(p) not in held]
-        return 1 - len(outside) / len(wanted), outside[:3]
+            return None, [], held
+        lacking = [(name, p) for name, p in wanted if id(p) not in held]
+        return 1 - len(lacking) / len(wanted), lacking, held
 
     def held_by_optimizer(self) -> Optional[set]:
         """The ids of the tensors the optimizer updates in place (None without an optimizer)."""
@@ -406,7 +408,7 @@ class LoopObserver:
 
     def evidence(self, loss_checks: dict, micro_batches: Optional[int] = None) -> dict:
         """The record's "loop": device tensors and numbers, copied to the host with the rest of the record."""
-        share, outside = self._optimizer_share()
+        share, lacking, held = self._optimizer_share()
         step_gradient, at = self.step_gradient, self.step_gradient_at
         self.step_gradient = self.step_gradient_at = None
         descended, self.descended = self.descended, None
@@ -417,9 +419,8 @@ class LoopObserver:
                 "micro_batches": micro_batches,
                 "step_gradient": step_gradient, "step_gradient_at": at,
                 "eval_mode_modules": self.eval_mode if self.trained else None,
-                "optimizer_share": share, "outside_optimizer": outside,
-                "unheld": self.unheld.evidence(self.model, self.held_by_optimizer(), self.blocks, self.optimizer)
-                if share is not None and share < 1 else None,
+                "optimizer_share": share, "outside_optimizer": [name for name, _ in lacking[:NAMED]],
+                "unheld": self.unheld.evidence(lacking, held, self.blocks, self.optimizer) if lacking else None,
                 "lr_groups": [float(group["lr"]) for group in self.optimizer.param_groups
                               if isinstance(group.get("lr"), (int, float, torch.Tensor))]
                 if self.optimizer is not None else None,

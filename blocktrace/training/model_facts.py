@@ -12,17 +12,14 @@ from torch import nn
 
 from blocktrace.vocab import Exterior
 
-EVAL_SENSITIVE = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
-                  nn.modules.batchnorm._BatchNorm)
+DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+EVAL_SENSITIVE = (*DROPOUTS, nn.modules.batchnorm._BatchNorm)  # what model.eval() switches
 
 
 def eval_mode_modules(model: nn.Module) -> int:
     """Dropout (p > 0) and batch-norm modules in eval mode: what model.eval() switches."""
     return sum(1 for m in model.modules() if isinstance(m, EVAL_SENSITIVE) and not m.training
                and getattr(m, "p", 1.0) > 0)
-
-
-DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
 
 def largest_dropout(model: nn.Module) -> Optional[dict]:

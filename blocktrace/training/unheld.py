@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-NAMED = 3  # parameters named in the record
+NAMED = 3  # parameters named in the record (those the given optimizer lacks, those no optimizer holds)
 
 
 class Unheld:
@@ -26,13 +26,11 @@ class Unheld:
         self.asked: Optional[frozenset] = None
         self.held_elsewhere: set[int] = set()
 
-    def evidence(self, model: nn.Module, held: set[int], blocks: Sequence[nn.Module], given) -> Optional[dict]:
-        """The parameters with a gradient no optimizer holds (`unheld`, a count, and the first names), and how many
-        blocks hold some of them beside parameters an optimizer holds (`partial_blocks`); None when none is lacking."""
-        lacking = [(name, p) for name, p in model.named_parameters()
-                   if p.requires_grad and p.grad is not None and id(p) not in held]
-        if not lacking:
-            return None
+    def evidence(self, lacking: list[tuple[str, torch.Tensor]], held: set[int], blocks: Sequence[nn.Module],
+                 given) -> dict:
+        """Of the parameters with a gradient that the given optimizer lacks (name, parameter; it holds the ids in
+        `held`): those no optimizer holds (`unheld`, a count, and the first names), and how many blocks hold some of
+        them beside parameters an optimizer holds (`partial_blocks`)."""
         asked = frozenset(id(p) for _, p in lacking)
         if asked != self.asked:
             self.asked, self.held_elsewhere = asked, _held_by_other_optimizers(given)
