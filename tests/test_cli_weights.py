@@ -247,7 +247,10 @@ def test_sharded_checkpoints_are_read_through_their_index(invoke, tmp_path):
 def test_text_without_the_tokenizers_package_names_the_extra(invoke, monkeypatch):
     import sys
 
+    from blocktrace.sources.tokenizer import _parsed
+
     monkeypatch.setitem(sys.modules, "tokenizers", None)
+    _parsed.cache_clear()  # as in a fresh process: a tokenizer an earlier test loaded would need no import
     result = invoke("run", "--weights", str(SAMPLE), "--text", "猫 吃 鱼")
     assert result.exit_code == 2
     assert "--text needs the tokenizers package: pip install -e '.[text]'" in result.stderr
