@@ -1232,6 +1232,57 @@ def test_a_loss_that_weighs_each_target_class_differently_is_the_loss_function(t
         assert records[0]["diagnosis"][0]["cause"] == "loss_function"
 
 
+def test_class_weights_are_read_exactly_from_the_first_step_where_the_logits_span_too_few_nats_for_a_line(tmp_path):
+    """Seen in the ninth blind group (F02, calibration): class weights found at step 40 of 160, as no sampled row's
+    logits spanned the 3 nats the tempered line needs before. A row's gradient is w_t/Σw · (softmax(z) − e_t)
+    exactly, at any spread: read so, the weights are there from step 0 (HandLM's own small initial logits)."""
+    records = _loop_with_loss(tmp_path / "run.jsonl", _cross_entropy(weight=_class_weights(0.1, 10.0)))
+    assert records[0]["loop"]["tempered"]["rows"] == 0  # the line reads nothing here
+    flags = [f for f in records[0]["flags"] if f["name"] == "loss_weights_classes"]
+    assert [f["level"] for f in flags] == ["error"]
+    assert records[0]["loop"]["row_weights"]["same_target_spread"] < 1e-3
+
+
+def _log_of_mean_probability(z, y):
+    """−log of the mean probability of the targets: the log taken after averaging (pietz/simclr#1)."""
+    return -F.softmax(z.reshape(-1, VOCAB), -1).gather(1, y.reshape(-1, 1)).mean().log()
+
+
+def _poly1(z, y, epsilon=1.0):
+    """Poly-1 (Leng et al. 2022): the cross-entropy plus ε(1 − p_t)."""
+    p_t = F.softmax(z.reshape(-1, VOCAB), -1).gather(1, y.reshape(-1, 1)).squeeze(1)
+    return F.cross_entropy(z.reshape(-1, VOCAB), y.reshape(-1)) + epsilon * (1 - p_t).mean()
+
+
+@pytest.mark.parametrize("name, loss_of, flagged", [
+    ("-log mean p", _log_of_mean_probability, True),
+    ("plain", _cross_entropy(), False),
+    ("summed", _cross_entropy(reduction="sum"), False),
+    ("focal", _focal, False),
+    ("poly-1", _poly1, False),
+    ("per-sequence mean", _per_sequence_mean, False),
+    ("padding ignored", _padded, False),
+    ("z-loss", lambda z, y: _cross_entropy()(z, y) + 1e-4 * torch.logsumexp(z, -1).pow(2).mean(), False),
+    ("label_smoothing=0.1", _cross_entropy(label_smoothing=0.1), False),
+    ("balanced class weights", _cross_entropy(weight=_class_weights(0.1, 10.0)), False),
+    ("distillation", _distilled, False),
+])
+def test_a_loss_that_weighs_tokens_by_their_own_probability_is_the_loss_function(tmp_path, name, loss_of, flagged):
+    """Seen in the tenth blind group (F03, calibration): −log(mean p) in place of mean(−log p). Its gradient is
+    p_t/Σp · (softmax(z) − e_t) per token: a weight proportional to the model's probability of the target, slope
+    exactly 1 in log–log. The likelihood's weights are flat; focal loss and poly-1 weigh hard tokens more or
+    nearly alike; weights by sequence or class do not follow p_t."""
+    records = _tempered_run(tmp_path / "run.jsonl", loss_of)
+    flags = [f for r in records for f in r["flags"] if f["name"] == "loss_weights_likely_tokens"]
+    if not flagged:
+        assert not flags, name
+        return
+    assert {f["level"] for f in flags} == {"error"}
+    weights = records[0]["loop"]["row_weights"]
+    assert abs(weights["probability_slope"] - 1) < 1e-3 and weights["probability_explained"] > 0.999
+    assert records[0]["diagnosis"][0]["cause"] == "loss_function"
+
+
 # --- the targets a loss outside the model used, read off its gradient at the logits --------------------------------
 
 def _outside_loop(path, targets_of, loss_of=None, model=None) -> list[dict]:

@@ -39,6 +39,9 @@ SAME_WEIGHT = 1e-3  # rows of one target carry one weight: their scales agree to
 SAME_TARGET_PAIRS = 2  # pairs of sampled rows with the same target that must agree before the class is the cause
 WEIGHTED_ROWS = 1.1  # ratio of two rows' weights within one sequence beyond which the loss weights its rows
 WEIGHTED_ERROR = 2.0  # ... and beyond which the objective is far from the likelihood (an error, not a warning)
+LIKELY_SLOPE = 0.5  # slope of log weight on log p_t from which the loss favours the tokens the model finds likely
+LIKELY_EXPLAINED = 0.9  # share of the weights' variance that slope must explain (the weight a function of p_t)
+LIKELY_SPAN = 1.0  # nats of log p_t the rows must span for a slope to be read (near the uniform start they span ~0)
 FROZEN_BY_ROUNDING = 0.5  # share of a 16-bit tensor kind's elements unchanged over a whole interval of steps
 
 
@@ -455,6 +458,36 @@ def _loss_weights_classes(history: Sequence[dict], entry: dict) -> list[Finding]
         "at step {step} the loss weighs a token whose target is id {high} {ratio:.3g}× one whose target is id {low}, "
         "in one sequence, and tokens of the same target alike ({pairs} pairs)", step=entry["step"],
         high=weights.get("high_target"), low=weights.get("low_target"), ratio=ratio, pairs=pairs))]
+
+
+@check(Scope.TRAINING, "loss_weights_likely_tokens",
+       f"the weight the loss gives each sampled logit row (read exactly off its gradient: a·softmax(z) − b·e_t) "
+       f"grows with the model's probability of the row's target: a slope of log b on log p_t of at least "
+       f"{LIKELY_SLOPE:g} explaining {LIKELY_EXPLAINED:.0%} of the weights' variance, over rows spanning "
+       f"{LIKELY_SPAN:g} nat of log p_t (training/logit_gradient.py; a Watch)",
+       "calculus: the mean cross-entropy −(1/N)Σ log p_t gives every token the weight 1/N whatever p_t (slope 0); "
+       "focal loss (Lin et al. 2017) weighs a token by a power of 1 − p_t (a negative slope); −log((1/N)Σ p_t) has "
+       "the gradient (p_t/Σp)·(softmax(z) − e_t) per token: a weight proportional to p_t, slope 1 (Jensen: it is "
+       "not the likelihood). Robust losses for noisy labels (MAE, generalised cross-entropy, Zhang & Sabuncu 2018) "
+       "weigh by p_t^q on purpose",
+       "the loss takes the log after averaging the probabilities (−log of a mean likelihood, a perplexity computed "
+       "before the log) or weighs tokens by the model's confidence: the tokens the model finds hard are trained "
+       "hardly at all, and the cross-entropy of the text rises while the loss optimised falls",
+       Cause.LOSS_FUNCTION, direct=True,
+       advice=phrase("average −log p over the tokens (F.cross_entropy on the logits), not −log of the averaged p; a "
+                     "robust loss for noisy labels (MAE, GCE) is for classification with wrong labels, not for "
+                     "a language model's text"))
+def _loss_weights_likely_tokens(history: Sequence[dict], entry: dict) -> list[Finding]:
+    weights = _loop(entry).get("row_weights") or {}
+    slope, explained, span = (weights.get(key) for key in
+                              ("probability_slope", "probability_explained", "probability_span"))
+    if not (_finite(slope) and _finite(explained) and _finite(span)) or slope < LIKELY_SLOPE \
+            or explained < LIKELY_EXPLAINED or span < LIKELY_SPAN:
+        return []
+    return [finding(Level.ERROR, None, None, slope, phrase(
+        "at step {step} the loss weighs each token by its probability to the power {slope:.3g} ({rows} tokens whose "
+        "probabilities span {span:.2g} nats): the tokens the model gets wrong hardly count", step=entry["step"],
+        slope=slope, rows=weights.get("probability_rows"), span=span))]
 
 
 @check(Scope.TRAINING, "loss_above_any_cross_entropy",

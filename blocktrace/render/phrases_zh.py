@@ -226,6 +226,14 @@ PHRASES_ZH = {
     "in one sequence, and tokens of the same target alike ({pairs} pairs)":
         "第 {step} 步，同一序列中，目标为 id {high} 的 token 在损失中的权重是目标为 id {low} 的 {ratio} 倍，"
         "而目标相同的 token 权重相同（{pairs} 对）",
+    "at step {step} the loss weighs each token by its probability to the power {slope:.3g} ({rows} tokens whose "
+    "probabilities span {span:.2g} nats): the tokens the model gets wrong hardly count":
+        "第 {step} 步，损失按每个 token 自身概率的 {slope} 次方给它加权（{rows} 个 token，概率相差 {span} nats）："
+        "模型猜错的 token 基本不计入",
+    "average −log p over the tokens (F.cross_entropy on the logits), not −log of the averaged p; a robust loss for "
+    "noisy labels (MAE, GCE) is for classification with wrong labels, not for a language model's text":
+        "对各 token 的 −log p 取平均（在 logits 上用 F.cross_entropy），而不是对平均后的 p 取 −log；"
+        "为有错的目标设计的稳健损失（MAE、GCE）用于目标有错的数据，不用于语言模型的文本",
     "train a language model on the unweighted cross-entropy (no weight= argument); set a token's targets to "
     "ignore_index to leave it out":
         "语言模型用不加权的交叉熵训练（不传 weight=）；要去掉某个 token，把它的目标设为 ignore_index",

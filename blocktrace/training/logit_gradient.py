@@ -21,6 +21,17 @@ z-loss ties s to the row, not to its target: rows of the same target in other se
 differ. Read on the sampled rows that fit the line: the pairs of rows with the same target and how far their s
 differ, and how far s differs between rows of one sequence.
 
+**The weight of each row, exactly.** Where the loss reads the logits as they are (temperature 1), a row's
+gradient is a·softmax(z) − b·e_t with a, b > 0: b = a = s for a weighted cross-entropy, a = s + β for one with a
+z-loss (whose gradient adds β·softmax(z)), b the same s. Fitted by least squares on the non-target entries (a) and
+read at the target (b = a·p_t − g_t), a row whose non-target entries are a·p_j within EXACT_TOLERANCE of its largest
+entry gives its weight b at any spread of its logits — from step 0, where the line above has too few nats to say
+anything. A smoothed label (an offset ε/V on every entry), a temperature (softmax(c·z)), a distillation's mix
+(a teacher's distribution) and bfloat16's rounding are not of that form and are left to the line. Over such rows,
+how the weight follows the model's own probability of the target: log b against log p_t. The likelihood gives
+slope 0; focal loss a negative one; −log of a mean probability (the log taken after averaging: a token counts in
+proportion to p_t, so the hard ones hardly at all) slope 1 exactly.
+
 **The targets.** A hard-label loss — a cross-entropy at any temperature, summed or averaged, with a z-loss, a
 binary cross-entropy against one-hot targets — pushes down only the target's logit, up every other: each row's
 gradient has one negative entry, at its target. Where a loop computes its loss outside the model, the targets it
@@ -44,6 +55,9 @@ ROWS = 64  # rows (positions) sampled, evenly, from the logits (a few from each 
 SPREAD = 3.0  # nats of logits the fitted entries must span for a straight line to say anything
 LINE_TOLERANCE = 0.01  # largest distance of log ∂L/∂z_j from the fitted line, in nats (float32 rounds to ~1e-6)
 RELATIVE_FLOOR = 1e-6  # entries below this share of the row's largest are left out of the fit (their rounding)
+EXACT_TOLERANCE = 1e-4  # largest distance of a row's entries from a·softmax(z), as a share of its largest entry
+# (float32 rounds the gradient to ~1e-7 of it; label smoothing ε = 0.1 over a vocabulary of 256 leaves ~4e-4; bf16 ~4e-3)
+PROBABILITY_ROWS = 8  # rows of exactly read weight over which their trend in the target's probability is fitted
 
 
 @torch.no_grad()
@@ -68,7 +82,22 @@ def temperature_slopes(logits: torch.Tensor, grad: torch.Tensor) -> Optional[dic
     fits = one_negative & (off_line <= LINE_TOLERANCE) & (spread >= SPREAD) & (count >= 3)
     log_scale = (mean_y - slope[:, None] * mean_x).squeeze(-1) + torch.logsumexp(slope[:, None] * z, dim=-1)
     sequence = index // logits.shape[-2] if logits.dim() >= 3 else torch.zeros_like(index)
-    return {"slopes": slope, "fits": fits, "log_scales": log_scale, "targets": g.argmin(-1), "sequences": sequence}
+    exact, log_weight, log_probability = _exact_weights(z, g, one_negative)
+    return {"slopes": slope, "fits": fits, "log_scales": torch.where(exact, log_weight, log_scale),
+            "exact": exact, "log_probabilities": log_probability, "targets": g.argmin(-1), "sequences": sequence}
+
+
+def _exact_weights(z: torch.Tensor, g: torch.Tensor, one_negative: torch.Tensor):
+    """Per row (float64, on the device): whether its gradient is a·softmax(z) − b·e_t exactly, log b and log p_t."""
+    log_p = torch.log_softmax(z, dim=-1)
+    p = log_p.exp()
+    target = g.argmin(-1, keepdim=True)
+    off = torch.ones_like(g, dtype=torch.bool).scatter_(-1, target, False)
+    a = torch.where(off, g * p, 0.0).sum(-1) / torch.where(off, p * p, 0.0).sum(-1).clamp_min(1e-300)
+    residual = torch.where(off, (g - a[:, None] * p).abs(), 0.0).amax(-1)
+    b = a * p.gather(-1, target).squeeze(-1) - g.gather(-1, target).squeeze(-1)
+    exact = one_negative & (a > 0) & (b > 0) & (residual <= EXACT_TOLERANCE * g.abs().amax(-1))
+    return exact, b.clamp_min(1e-300).log(), log_p.gather(-1, target).squeeze(-1)
 
 
 def settled(found: Optional[dict]) -> Optional[dict]:
@@ -86,8 +115,9 @@ def row_weights(found: Optional[dict]) -> Optional[dict]:
     None where fewer than two rows fit."""
     if not found or "log_scales" not in found:
         return None
-    rows = [(float(scale), int(target), int(sequence)) for scale, target, sequence, fits in
-            zip(found["log_scales"], found["targets"], found["sequences"], found["fits"]) if fits]
+    read = [bool(fits) or bool(exact) for fits, exact in zip(found["fits"], found.get("exact", found["fits"]))]
+    rows = [(float(scale), int(target), int(sequence)) for scale, target, sequence, taken in
+            zip(found["log_scales"], found["targets"], found["sequences"], read) if taken]
     if len(rows) < 2 or not all(math.isfinite(scale) for scale, _, _ in rows):
         return None
     pairs = [abs(a[0] - b[0]) for i, a in enumerate(rows) for b in rows[i + 1:] if a[1] == b[1]]
@@ -96,7 +126,27 @@ def row_weights(found: Optional[dict]) -> Optional[dict]:
     low, high = (sorted(widest[1:], key=lambda row: row[0]) if widest else (None, None))
     return {"same_target_pairs": len(pairs), "same_target_spread": math.expm1(max(pairs)) if pairs else None,
             "sequence_ratio": math.exp(widest[0]) if widest else None,
-            "low_target": low[1] if low else None, "high_target": high[1] if high else None}
+            "low_target": low[1] if low else None, "high_target": high[1] if high else None,
+            **_probability_trend(found)}
+
+
+def _probability_trend(found: dict) -> dict:
+    """Over the rows whose weight was read exactly: the least-squares slope of log weight on log p_t, the share of
+    the weights' variance it explains, the nats of log p_t it spans and the rows' count (empty: too few rows)."""
+    points = [(float(x), float(y)) for x, y, exact in
+              zip(found.get("log_probabilities", []), found["log_scales"], found.get("exact", [])) if exact]
+    points = [(x, y) for x, y in points if math.isfinite(x) and math.isfinite(y)]
+    if len(points) < PROBABILITY_ROWS:
+        return {}
+    mean_x, mean_y = (sum(v) / len(points) for v in zip(*points))
+    sxx = sum((x - mean_x) ** 2 for x, _ in points)
+    syy = sum((y - mean_y) ** 2 for _, y in points)
+    sxy = sum((x - mean_x) * (y - mean_y) for x, y in points)
+    if sxx <= 0:
+        return {}
+    return {"probability_rows": len(points), "probability_slope": sxy / sxx,
+            "probability_explained": sxy * sxy / (sxx * syy) if syy > 0 else 0.0,
+            "probability_span": max(x for x, _ in points) - min(x for x, _ in points)}
 
 
 @torch.no_grad()
