@@ -1027,7 +1027,7 @@ def test_a_resume_from_the_newest_checkpoint_and_a_plain_loop_change_nothing_bet
         records = _between_loop(tmp_path / "w.jsonl", between)
         assert not _between_flags(records)
         assert [r["loop"]["between_steps"] for r in records[1:]] == [
-            {"changed_at": None, "change": 0.0, "step_move": None, "returned_to": None}] * 3
+            {"changed_at": None, "change": 0.0, "step_move": None, "growth": None, "returned_to": None}] * 3
 
 
 def _swap_in_average(back: bool):
@@ -1088,6 +1088,54 @@ def test_an_average_swapped_back_and_a_decay_written_by_hand_pass(tmp_path, betw
     if between is _decay_by_hand:  # the decay is seen, and is a fraction of a step
         found = records[1]["loop"]["between_steps"]
         assert found["changed_at"] == 1 and 0 < found["change"] < found["step_move"]
+
+
+def _written_after_step_9(write):
+    def between(step, model, optimizer, saved):
+        if step == 9:
+            with torch.no_grad():
+                write(model)
+    return between
+
+
+def _fold_multiplier(model):
+    """An export for a runtime without the embedding multiplier (Granite's 12) folded into state_dict()'s tensor,
+    which is the live parameter (seen in the tenth blind group, F09)."""
+    model.state_dict()["wte.weight"].mul_(12)
+
+
+def _shrink_and_perturb(model):
+    """Ash & Adams 2020: every weight w ← 0.6·w + N(0, 0.01²), to restore plasticity."""
+    for p in model.parameters():
+        p.mul_(0.6).add_(torch.randn_like(p) * 0.01)
+
+
+def _reset_last_block(model):
+    """A block re-initialised (a 'reset' of the last layers, Nikishin et al. 2022): weights N(0, 0.02²) again."""
+    for p in model.h[-1].parameters():
+        if p.dim() == 2:
+            p.normal_(0, 0.02)
+
+
+@pytest.mark.parametrize("write, level", [(_fold_multiplier, "error"), (_shrink_and_perturb, "warning"),
+                                          (_reset_last_block, "warning"), (lambda model: model.wte.weight.neg_(),
+                                                                           "warning")],
+                         ids=["folded x12", "shrink_and_perturb", "reset", "negated"])
+def test_a_tensor_grown_several_fold_outside_the_optimizer_is_an_error_a_replacement_of_its_size_a_warning(
+        tmp_path, write, level):
+    """A write between steps that replaces a tensor by one of its kind (an average, a checkpoint, a re-drawn init,
+    a shrink) leaves its RMS within a small factor; one that multiplies it by 12 grew it: the weights are no longer
+    the model's, whatever wrote them."""
+    records = _between_loop(tmp_path / "w.jsonl", _written_after_step_9(write))
+    flags = _between_flags(records)
+    assert [(f["name"], f["level"]) for f in flags] == [("weights_written_outside_optimizer", level)]
+    found = records[2]["loop"]["between_steps"]
+    assert found["changed_at"] == 10
+    if level == "error":
+        assert 11.9 < found["growth"] < 12.1
+        assert records[2]["diagnosis"][0]["cause"] == "weights"
+    else:
+        assert found["growth"] < 2
 
 
 def _fgm_loop(path, backup, steps=11, every=5, max_norm=None) -> list[dict]:

@@ -39,6 +39,7 @@ SAME_WEIGHT = 1e-3  # rows of one target carry one weight: their scales agree to
 SAME_TARGET_PAIRS = 2  # pairs of sampled rows with the same target that must agree before the class is the cause
 WEIGHTED_ROWS = 1.1  # ratio of two rows' weights within one sequence beyond which the loss weights its rows
 WEIGHTED_ERROR = 2.0  # ... and beyond which the objective is far from the likelihood (an error, not a warning)
+GROWN_OUTSIDE = 2.0  # factor a tensor's RMS grew by outside the optimizer from which weights were scaled, not replaced
 LIKELY_SLOPE = 0.5  # slope of log weight on log p_t from which the loss favours the tokens the model finds likely
 LIKELY_EXPLAINED = 0.9  # share of the weights' variance that slope must explain (the weight a function of p_t)
 LIKELY_SPAN = 1.0  # nats of log p_t the rows must span for a slope to be read (near the uniform start they span ~0)
@@ -168,26 +169,32 @@ def _weights_returned_to_earlier_step(history: Sequence[dict], entry: dict) -> l
 
 
 @check(Scope.TRAINING, "weights_written_outside_optimizer",
-       "between two optimizer steps the weights the optimizer holds changed by more than its own last step moved "
-       "them (largest change of a sampled weight of the 4 largest tensors, the embedding and the head; a Watch "
-       "given optimizer=)",
+       f"between two optimizer steps the weights the optimizer holds changed by more than its own last step moved "
+       f"them (largest change of a sampled weight of the 4 largest tensors, the embedding and the head; a Watch "
+       f"given optimizer=): a warning, an error where the change grew a tensor's RMS {GROWN_OUTSIDE:g}× or more",
        "invariant: only the optimizer writes the weights it holds, inside its step; a constraint or a hand-written "
        "decay applied between steps moves a weight by a fraction of a step (lr·λ·|w|, against Adam's ~lr), a "
-       "replacement by more; a change that only sets weights to 0 (a pruning mask, Zhu & Gupta 2017) is passed over",
+       "replacement by more; a change that only sets weights to 0 (a pruning mask, Zhu & Gupta 2017) is passed "
+       "over. A replacement by weights of their kind (an average, a checkpoint, a re-drawn initialisation, "
+       "shrink-and-perturb's 0.6·w + noise, Ash & Adams 2020) keeps a tensor's RMS within a small factor; "
+       "several-fold is a scaling, not a replacement",
        "something replaced the weights between steps: a checkpoint loaded in the middle of the run, averaged "
        "weights (EMA, SWA) swapped in for an evaluation and not swapped back, an outer optimizer (Lookahead, "
-       "DiLoCo) the Watch was not given", Cause.WEIGHTS,
+       "DiLoCo) the Watch was not given; grown several-fold: a multiplier folded into the live tensor (an export "
+       "that wrote into state_dict()'s tensors, which are the parameters)", Cause.WEIGHTS,
        advice=phrase("find what writes the model's parameters between optimizer.step() and the next forward"))
 def _weights_written_outside_optimizer(history: Sequence[dict], entry: dict) -> list[Finding]:
     found = _between_steps(entry)
     if found is None or found.get("returned_to") is not None:
         return []  # a return to an earlier state is its own, sharper finding
-    change, move = found.get("change"), found.get("step_move")
+    change, move, growth = found.get("change"), found.get("step_move"), found.get("growth")
     if not _finite(change) or not _finite(move) or change <= move:
         return []
-    return [finding(Level.WARNING, None, None, change, phrase(
+    grown = _finite(growth) and growth >= GROWN_OUTSIDE
+    return [finding(Level.ERROR if grown else Level.WARNING, None, None, change, phrase(
         "before step {at}'s optimizer step, a weight had changed by {change:.3g} since the step before ended, "
-        "which moved weights by {move:.3g} at most", at=found["changed_at"], change=change, move=move))]
+        "which moved weights by {move:.3g} at most", at=found["changed_at"], change=change, move=move) + (phrase(
+            "; a tensor's RMS grew {growth:.3g}×", growth=growth) if grown else ""))]
 
 
 @check(Scope.TRAINING, "optimizer_lacks_parameters",

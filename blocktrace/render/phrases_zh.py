@@ -226,6 +226,7 @@ PHRASES_ZH = {
     "in one sequence, and tokens of the same target alike ({pairs} pairs)":
         "第 {step} 步，同一序列中，目标为 id {high} 的 token 在损失中的权重是目标为 id {low} 的 {ratio} 倍，"
         "而目标相同的 token 权重相同（{pairs} 对）",
+    "; a tensor's RMS grew {growth:.3g}×": "；有一个 tensor 的 RMS 变为原来的 {growth} 倍",
     "at step {step} the loss weighs each token by its probability to the power {slope:.3g} ({rows} tokens whose "
     "probabilities span {span:.2g} nats): the tokens the model gets wrong hardly count":
         "第 {step} 步，损失按每个 token 自身概率的 {slope} 次方给它加权（{rows} 个 token，概率相差 {span} nats）："

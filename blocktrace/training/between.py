@@ -5,7 +5,9 @@ the loop runs a forward and a backward, which read them. Whatever writes them in
 a checkpoint loaded (a resume), an average swapped in and not swapped back, a weight constraint or a hand-written
 decay, a pruning mask. A constraint or a decay moves a weight by a fraction of a step (lr·λ·|w| against Adam's ~lr),
 and a pruning mask sets weights to exactly 0 and does nothing else; any other change larger than the optimizer's
-own last step is weights replaced. A replacement that is exactly a state this run had earlier (the weights after
+own last step is weights replaced. How much the change grew each fingerprinted tensor's RMS says whether the
+weights were replaced by weights of their kind (an average, a checkpoint, a re-drawn initialisation, a shrink: a
+small factor) or scaled up several-fold (a multiplier folded into the live tensor by an export). A replacement that is exactly a state this run had earlier (the weights after
 an earlier recorded step's update, or as the Watch's first step began) is the run gone back in time while its step
 count, its learning rate and its data went on: a resume from an older checkpoint.
 
@@ -49,6 +51,7 @@ class BetweenSteps:
         # writes them)
         self.always, self.never = always, never
         self.tensors: Optional[list[torch.Tensor]] = None
+        self.segments: Optional[torch.Tensor] = None  # each fingerprint element's tensor, by index into self.tensors
         self.step: Optional[int] = None  # the training step whose optimizer.step() runs next (the Watch sets it)
         self.began: Optional[torch.Tensor] = None  # the fingerprint as the last step began
         self.left: Optional[torch.Tensor] = None  # as it ended (or as a record after it saw the weights)
@@ -59,13 +62,22 @@ class BetweenSteps:
 
     def _clear(self) -> None:
         self.changed_at: Optional[torch.Tensor] = None  # the first step since the last record found changed
-        self.change = self.step_move = self.found = None
+        self.change = self.step_move = self.found = self.growth = None
 
     def _fingerprint(self) -> torch.Tensor:
         device = self.tensors[0].device
         parts = [t.detach().reshape(-1)[:: max(1, t.numel() // FINGERPRINT)].to(device, torch.float64)
                  for t in self.tensors]
+        if self.segments is None:
+            self.segments = torch.cat([torch.full((len(part),), i, device=device) for i, part in enumerate(parts)])
         return torch.cat(parts)
+
+    def _growth(self, now: torch.Tensor) -> torch.Tensor:
+        """The largest factor by which a fingerprinted tensor's RMS grew since the last step ended (device)."""
+        before = torch.zeros(len(self.tensors), dtype=now.dtype, device=now.device)
+        after = before.index_add(0, self.segments, now * now)
+        before = before.index_add(0, self.segments, self.left * self.left)
+        return (after / before.clamp_min(torch.finfo(now.dtype).tiny)).sqrt().amax()
 
     @torch.no_grad()
     def step_begins(self) -> None:
@@ -100,11 +112,13 @@ class BetweenSteps:
         if self.changed_at is None:
             self.changed_at = torch.full((), NOTHING, dtype=torch.float64, device=now.device)
             self.change, self.step_move, self.found = torch.zeros_like(change), torch.zeros_like(move), now
+            self.growth = torch.zeros_like(change)
         # the first change that is not a mask's (a mask's are passed over, and one after them is still seen)
         first = (change > 0) & (self.changed_at < 0) & ~zeroed  # on the device: no host read at a step
         self.changed_at = torch.where(first, float(step), self.changed_at)
         self.change = torch.where(first, change, self.change)
         self.step_move = torch.where(first, move, self.step_move)
+        self.growth = torch.where(first, self._growth(now), self.growth)
         self.found = torch.where(first, now, self.found)
 
     @torch.no_grad()
@@ -127,20 +141,22 @@ class BetweenSteps:
         earlier = [(step, state) for step, state in self.kept.items() if state.shape == self.found.shape]
         matches = torch.stack([(state == self.found).all() for _, state in earlier]) if earlier else None
         found = {"changed_at": self.changed_at, "change": self.change, "step_move": self.step_move,
-                 "kept": [step for step, _ in earlier], "matches": matches}
+                 "growth": self.growth, "kept": [step for step, _ in earlier], "matches": matches}
         self._clear()
         return found
 
 
 def settled(found: Optional[dict]) -> Optional[dict]:
     """The record's between-steps fact, read on the host: the first step found changed (None: none), how much, the
-    optimizer's own move in the step before, and the earlier step whose updated weights the change restored."""
+    optimizer's own move in the step before, the largest factor a tensor's RMS grew by, and the earlier step whose
+    updated weights the change restored."""
     if not found:
         return None
     changed_at = found["changed_at"]
     if changed_at is None or changed_at < 0:
-        return {"changed_at": None, "change": 0.0, "step_move": None, "returned_to": None}
+        return {"changed_at": None, "change": 0.0, "step_move": None, "growth": None, "returned_to": None}
     matches = found.get("matches") or []
     restored = [step for step, equal in zip(found.get("kept") or [], matches) if equal and step < changed_at - 1]
     return {"changed_at": int(changed_at), "change": found["change"], "step_move": found["step_move"],
+            "growth": found.get("growth"),
             "returned_to": max(restored) if restored else None}

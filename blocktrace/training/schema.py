@@ -191,7 +191,7 @@ def _between_steps(value: Any, field: str) -> Optional[dict]:
     back = found.get("returned_to")  # a step, or −1: the weights before step 0's update
     if back is not None and not (_is_integer(back) and back >= -1):
         raise SchemaError(f"{field}.returned_to must be an integer ≥ -1 or null, not {_shown(back)}")
-    for key in ("change", "step_move"):
+    for key in ("change", "step_move", "growth"):
         found[key] = number(found.get(key), f"{field}.{key}")
     return found
 
