@@ -970,6 +970,57 @@ def test_right_padding_trained_on_without_a_mask_is_the_data(tmp_path, labels_of
     assert records[0]["loop"]["log_softmax_reads_logits"] is True  # HF's own loss reads the logits it returns
 
 
+# --- the rows of the token embedding the gradient reaches -----------------------------------------------------------
+
+READ_IDS = 50  # the batches' ids are drawn from 0 … 49; rows 50 … 60 of NanoGPT's (tied) table are read by none
+
+
+def _masked_embedding_loop(path, keep) -> list[dict]:
+    """NanoGPT (tied head) under AdamW with a hook multiplying its table's gradient by `keep` (a 0/1 row mask), as
+    loops that freeze rows do; 4 records."""
+    torch.manual_seed(0)
+    model = nano()
+    if keep is not None:
+        model.wte.weight.register_hook(lambda grad: grad * keep[:, None])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, path, every=2, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(7):
+            ids, targets = nano_batch(step, vocab=READ_IDS)
+            model(ids, targets)[1].backward()
+            watch.step()
+            optimizer.step()
+            optimizer.zero_grad()
+    return read_timeline(path)
+
+
+def _rows(selected) -> torch.Tensor:
+    return torch.tensor([1.0 if selected(row) else 0.0 for row in range(VOCAB)])
+
+
+@pytest.mark.parametrize("name, keep, found", [
+    ("inverted mask: only a reserved row trains", _rows(lambda row: row == 60), True),
+    ("the reserved row frozen", _rows(lambda row: row != 60), False),
+    ("only ten rows trained (trainable_token_indices)", _rows(lambda row: row < 10), False),
+    ("no mask", None, False),
+])
+def test_an_embedding_gradient_that_reaches_no_row_its_batch_read_is_gradient_flow(tmp_path, name, keep, found):
+    """Seen in the tenth blind group (F05, calibration): a gradient hook meant to keep a reserved row frozen,
+    written `ids == 0` for `ids != 0`: only the reserved row, which no token reads, trains. A lookup's gradient
+    reaches the rows its tokens read; a mask that trains a few chosen rows still reaches those of a batch that
+    holds them."""
+    records = _masked_embedding_loop(tmp_path / "run.jsonl", keep)
+    flags = [(r["step"], f["level"]) for r in records for f in r["flags"]
+             if f["name"] == "embedding_gradient_misses_its_batch"]
+    if not found:
+        assert not flags, name
+        assert all(r["loop"]["embedding_rows"]["read_rows"] > 0 for r in records)
+        return
+    assert flags and flags[0] == (2, "error") and {level for _, level in flags} == {"error"}  # two records: 0, 2
+    first = next(r for r in records if r["step"] == 2)
+    assert first["loop"]["embedding_rows"]["read_rows"] == 0 < first["loop"]["embedding_rows"]["other_rows"]
+    assert first["diagnosis"][0]["cause"] == "gradient_flow"
+
+
 # --- the weights between two optimizer steps: only the optimizer writes them --------------------------------------
 
 def _between_loop(path, between, steps=16, every=5) -> list[dict]:

@@ -49,6 +49,8 @@ TESTED_IN = {
     "training/loop.py": (["test_invariants.py"], "what the Watch measures of the loop itself"),
     "training/between.py": (["test_invariants.py"], "the weights between two optimizer steps: a resume from an older "
                             "checkpoint, an average left swapped in, a decay written by hand"),
+    "training/embedding_rows.py": (["test_invariants.py"], "the token embedding's rows the gradient reached: none "
+                                   "that the batch read, while others trained, is a mask inverted"),
     "training/logit_gradient.py": (["test_invariants.py"], "the temperature a hard-label loss read the logits at, from its "
                              "gradient at them: tempered, plain, summed, z-loss, smoothed, distilled"),
     "training/stepping.py": (["test_audit.py"], "what the optimizer step after a record did: each group's largest "

@@ -39,6 +39,7 @@ SAME_WEIGHT = 1e-3  # rows of one target carry one weight: their scales agree to
 SAME_TARGET_PAIRS = 2  # pairs of sampled rows with the same target that must agree before the class is the cause
 WEIGHTED_ROWS = 1.1  # ratio of two rows' weights within one sequence beyond which the loss weights its rows
 WEIGHTED_ERROR = 2.0  # ... and beyond which the objective is far from the likelihood (an error, not a warning)
+MISSED_RECORDS = 2  # records in a row whose batch's embedding rows all got no gradient while others did
 GROWN_OUTSIDE = 2.0  # factor a tensor's RMS grew by outside the optimizer from which weights were scaled, not replaced
 LIKELY_SLOPE = 0.5  # slope of log weight on log p_t from which the loss favours the tokens the model finds likely
 LIKELY_EXPLAINED = 0.9  # share of the weights' variance that slope must explain (the weight a function of p_t)
@@ -141,6 +142,30 @@ def _between_steps(entry: dict) -> Optional[dict]:
     """The first change of the weights between two optimizer steps since the record before (training/between.py)."""
     found = _loop(entry).get("between_steps")
     return found if found and found.get("changed_at") is not None else None
+
+
+@check(Scope.TRAINING, "embedding_gradient_misses_its_batch",
+       f"at {MISSED_RECORDS} records in a row, the token embedding's gradient is exactly 0 on every row the recorded "
+       f"batch's ids read and not 0 on some row they did not (training/embedding_rows.py; a Watch)",
+       "calculus: a lookup's gradient reaches exactly the rows its tokens read (a tied head adds a gradient to "
+       "every row); a mask on the table's gradient zeroes chosen rows — a frozen reserved row, PEFT's "
+       "trainable_token_indices — and so zeroes some rows of a batch, not every row it read while others train. "
+       "Two records: a batch that by chance holds none of the few rows a mask trains is not enough",
+       "the gradient that reaches the embedding skipped the tokens of the batch it came from: a gradient mask "
+       "inverted (`ids == k` where `ids != k` was meant), a hook that zeroes the rows it should keep; the "
+       "embedding (and a head tied to it) stays at its initial values", Cause.GRADIENT_FLOW, direct=True,
+       advice=phrase("check the mask or hook on the embedding's gradient: it must keep the rows of the tokens "
+                     "being trained and zero only the frozen ones"))
+def _embedding_gradient_misses_its_batch(history: Sequence[dict], entry: dict) -> list[Finding]:
+    recent = [*history[len(history) - (MISSED_RECORDS - 1):], entry]
+    rows = [_loop(record).get("embedding_rows") or {} for record in recent]
+    if len(rows) < MISSED_RECORDS or not all(row.get("read_rows") == 0 and _finite(row.get("other_rows"))
+                                             and row["other_rows"] > 0 for row in rows):
+        return []
+    return [finding(Level.ERROR, None, None, rows[-1]["other_rows"], phrase(
+        "at steps {steps} no row of the embedding that the batch's tokens read got a gradient, while rows they "
+        "did not read did (largest {other:.3g})", steps=", ".join(str(r["step"]) for r in recent),
+        other=rows[-1]["other_rows"]))]
 
 
 @check(Scope.TRAINING, "weights_returned_to_earlier_step",

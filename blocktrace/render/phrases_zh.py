@@ -226,6 +226,12 @@ PHRASES_ZH = {
     "in one sequence, and tokens of the same target alike ({pairs} pairs)":
         "第 {step} 步，同一序列中，目标为 id {high} 的 token 在损失中的权重是目标为 id {low} 的 {ratio} 倍，"
         "而目标相同的 token 权重相同（{pairs} 对）",
+    "at steps {steps} no row of the embedding that the batch's tokens read got a gradient, while rows they did "
+    "not read did (largest {other:.3g})":
+        "第 {steps} 步，batch 中的 token 读到的 embedding 行都没有梯度，而没被读到的行却有（最大 {other}）",
+    "check the mask or hook on the embedding's gradient: it must keep the rows of the tokens being trained and zero "
+    "only the frozen ones":
+        "检查 embedding 梯度上的 mask 或 hook：它要保留要训练的 token 的行，只把冻结的行置 0",
     "; a tensor's RMS grew {growth:.3g}×": "；有一个 tensor 的 RMS 变为原来的 {growth} 倍",
     "at step {step} the loss weighs each token by its probability to the power {slope:.3g} ({rows} tokens whose "
     "probabilities span {span:.2g} nats): the tokens the model gets wrong hardly count":

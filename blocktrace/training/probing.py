@@ -17,6 +17,7 @@ from torch import nn
 
 from blocktrace.phrases import phrase
 from blocktrace.training.batch import Batch, input_ids
+from blocktrace.training.embedding_rows import input_embedding
 from blocktrace.training.blocks import sharded, unwrap
 from blocktrace.training.distributed import Reducer
 from blocktrace.training.independence import probe_causality, probe_padding_and_batch
@@ -58,10 +59,8 @@ def probe_before_forward(model: nn.Module, args: tuple, kwargs: dict, reducer: R
 
 def input_vocabulary(model: nn.Module) -> Optional[int]:
     """How many ids the model embeds: HF's input embeddings, else its first nn.Embedding."""
-    getter = getattr(model, "get_input_embeddings", None)
-    embedding = getter() if callable(getter) else next((m for m in model.modules() if isinstance(m, nn.Embedding)),
-                                                       None)
-    return embedding.num_embeddings if isinstance(embedding, nn.Embedding) else None
+    embedding = input_embedding(model)
+    return embedding.num_embeddings if embedding is not None else None
 
 
 def causal_probe(model: nn.Module, batch: Batch, reducer: Reducer, device: torch.device,

@@ -240,10 +240,16 @@ def _scheduler(value: Any, field: str) -> dict:
     return scheduler
 
 
+def _embedding_rows(value: Any, field: str) -> Optional[dict]:
+    """The largest gradient on the token embedding's rows the batch read and on the others
+    (training/embedding_rows.py)."""
+    return _mapped(value, field, number, optional=True)
+
+
 # the loop's nested pieces, each read by its own function (the order of the record's keys is kept)
 _LOOP_PIECES: dict[str, Callable[[Any, str], Any]] = {
     "optimizer": _optimizer, "descent": _descent, "between_steps": _between_steps, "tempered": _tempered,
-    "row_weights": _row_weights, "unheld": _unheld, "embeddings": _embeddings}
+    "row_weights": _row_weights, "unheld": _unheld, "embeddings": _embeddings, "embedding_rows": _embedding_rows}
 
 
 def _probe(value: Any, field: str) -> dict:

@@ -41,6 +41,7 @@ from blocktrace.training.loop import Descent, LoopObserver, grad_norm
 from blocktrace.training.loss_facts import loss_checks
 from blocktrace.training.order import DataOrder
 from blocktrace.training.probing import ProbeResult, causal_probe, probe_before_forward
+from blocktrace.training.embedding_rows import rows_reached
 from blocktrace.training.logit_gradient import row_weights
 from blocktrace.training.logit_gradient import settled as tempered_rows
 from blocktrace.training.tensorboard import open_tensorboard, write_scalars
@@ -343,7 +344,9 @@ class Watch:
         measured = {"grads": grads, "model_grad": _unscaled(_grad_norm(self.model), carried),
                     "moved": [m.values() for m in moved],
                     "loss": self._loss(loss),
-                    "loop": self.loop.evidence(self._loss_checks(loss) if self.checks else {}, self.forwards or None),
+                    "loop": {**self.loop.evidence(self._loss_checks(loss) if self.checks else {}, self.forwards or None),
+                             "embedding_rows": rows_reached(unwrap(self.model), self.batch.ids)
+                             if self.checks and self.loop.trained else None},
                     "probe": causal_probe(self.model, self.batch, self.reducer, device_of(self.blocks[0]),
                                           self.sharded_probe) if self.checks else None,
                     "data": self.batch.report(self.loop.trained, self.loop.gradient_targets),

@@ -1,0 +1,41 @@
+"""Which rows of the token embedding the recorded step's gradient reached: rows the batch's tokens read, or only
+others.
+
+A lookup's gradient reaches exactly the rows its tokens read; a tied output head adds a gradient to every row (each
+row's logit is in every softmax). A mask on the table's gradient (a hook keeping some rows frozen, PEFT's
+trainable_token_indices) zeroes chosen rows. So some rows of the batch's tokens reached is every correct loop, and
+none of them — while rows no token of the batch read are — is a gradient that skipped the batch it came from: a
+mask inverted (`ids == k` where `ids != k` was meant), a hook on the wrong table. Everything stays on the device
+until the record's one copy.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+
+def input_embedding(model: nn.Module) -> Optional[nn.Embedding]:
+    """The table that embeds the model's token ids: HF's input embeddings, else its first nn.Embedding."""
+    getter = getattr(model, "get_input_embeddings", None)
+    embedding = getter() if callable(getter) else next((m for m in model.modules() if isinstance(m, nn.Embedding)),
+                                                       None)
+    return embedding if isinstance(embedding, nn.Embedding) else None
+
+
+@torch.no_grad()
+def rows_reached(model: nn.Module, ids: Optional[torch.Tensor]) -> Optional[dict]:
+    """The largest |gradient| on the rows the batch's ids read and on every other row (device scalars); None without
+    ids, a table, or a dense plain gradient on it (a sparse or sharded one is not read)."""
+    table = input_embedding(model)
+    grad = table.weight.grad if table is not None else None
+    if ids is None or grad is None or type(grad) is not torch.Tensor or grad.layout is not torch.strided \
+            or grad.dim() != 2 or ids.is_floating_point():
+        return None
+    per_row = grad.abs().amax(-1)
+    # ids past the table would have failed the forward; clamped, so that a stray one cannot fail here
+    index = ids.reshape(-1).to(grad.device).clamp(0, grad.shape[0] - 1)
+    read = torch.zeros(grad.shape[0], dtype=torch.bool, device=grad.device).index_fill_(0, index, True)
+    return {"read_rows": torch.where(read, per_row, 0).amax(), "other_rows": torch.where(read, 0, per_row).amax()}
