@@ -684,6 +684,52 @@ def test_the_descent_probe_predicts_the_change_of_its_own_batchs_loss(tmp_path):
     assert [r["loop"]["descent"]["first_step"] for r in healthy[1:]] == [True, False, False]
 
 
+def _outside_descent_run(path, make_optimizer, loss_of) -> list[dict]:
+    """HandLM (dropout 0.1) called on ids alone; the loop computes `loss_of(logits, targets)` and hands it to
+    watch.step(), as HF-style loops that take `.logits` do."""
+    torch.manual_seed(0)
+    model = HandLM(dropout=0.1)
+    optimizer = make_optimizer(model.parameters())
+    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(16):
+            ids, targets = nano_batch(step)
+            logits, _ = model(ids)
+            loss = loss_of(logits, targets)
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return read_timeline(path)
+
+
+def test_the_descent_probe_replays_a_loss_the_loop_computes_outside_the_model(tmp_path):
+    """A model that returns only logits: the replay computes the cross-entropy of its logits against the targets
+    the loss used (read off its gradient at the logits), and says the loss the loop gave; where the two agree, the
+    probe is the loop's own. A climbing AdamW is then found by what its step does, as with a model's own loss."""
+    healthy = _outside_descent_run(tmp_path / "h.jsonl", lambda p: torch.optim.AdamW(p, lr=1e-3), _cross_entropy())
+    for record in healthy[1:]:
+        descent = record["loop"]["descent"]
+        assert descent["loss_given"] == pytest.approx(descent["loss_before"], rel=1e-6)
+        assert descent["predicted"] < 0 and descent["loss_after"] < descent["loss_before"]
+        assert descent["loss_after"] - descent["loss_before"] == pytest.approx(descent["predicted"], rel=0.1)
+    assert not {"update_ascends", "objective_opposes_the_loss"} & {f["name"] for r in healthy for f in r["flags"]}
+    climbing = _outside_descent_run(tmp_path / "c.jsonl", lambda p: torch.optim.AdamW(p, lr=1e-3, maximize=True),
+                                    _cross_entropy())
+    assert "update_ascends" in {f["name"] for f in climbing[1]["flags"]}
+    assert climbing[1]["diagnosis"][0]["cause"] == "optimizer"
+
+
+def test_a_replayed_cross_entropy_that_is_not_the_loops_loss_is_not_judged(tmp_path):
+    """Focal loss computed outside: its rows name their targets, but the loss given is not their cross-entropy, so
+    the probe's numbers are not the loop's: recorded with the loss given, judged by no descent rule (here an
+    optimizer that climbs would otherwise be found)."""
+    records = _outside_descent_run(tmp_path / "f.jsonl", lambda p: torch.optim.AdamW(p, lr=1e-3, maximize=True),
+                                   _focal)
+    descent = records[1]["loop"]["descent"]
+    assert abs(descent["loss_given"] - descent["loss_before"]) > 1e-3 * descent["loss_before"]
+    assert "update_ascends" not in {f["name"] for r in records for f in r["flags"]}
+
+
 def _probed(at: int, predicted: float, before: float, after: float, first_step: bool = False) -> dict:
     """A record whose descent probe found these numbers (the rest of a record is what the rules do not read)."""
     return {"step": at + 10, "loop": {"descent": {"at": at, "predicted": predicted, "loss_before": before,

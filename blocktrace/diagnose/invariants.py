@@ -636,13 +636,20 @@ def misalignment(match: dict, inside: bool, judged_at_no_shift: bool = True, at_
 
 def _descent(entry: dict) -> Optional[dict]:
     """The probe of the optimizer step after an earlier record (training/loop.py): g·Δw and the batch's loss before
-    and after the step, all finite; None where it was not run."""
+    and after the step, all finite; None where it was not run, or where the loss replayed (the cross-entropy of the
+    targets a loss outside the model used) is not the loss the loop gave."""
     found = _loop(entry).get("descent")
     if not isinstance(found, dict) or not all(_finite(found.get(key)) for key in ("predicted", "loss_before")):
+        return None
+    given = found.get("loss_given")
+    if given is not None and not (_finite(given) and abs(given - found["loss_before"]) <= REPLAYED_AGREE * abs(given)):
         return None
     return found
 
 
+# The loop's loss and the cross-entropy the replay computes of its targets agree to float32's rounding of a mean
+# (~1e-7 of it) where they are one quantity; a focal loss, smoothed labels or a divided loss differ by far more
+REPLAYED_AGREE = 1e-5
 # A momentum optimizer's velocity can carry a step or two uphill across a valley: SGD at lr 0.1 with momentum 0.9
 # climbed its own batch's loss at two records in a row in a run that trains (5.5 → 2.7 nats). A sign flipped climbs
 # at every step; the first step, before any velocity exists, is conclusive alone.

@@ -8,7 +8,10 @@ import dataclasses
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from blocktrace.vocab import IGNORE_INDEX
 
 def loss_of(output) -> Optional[torch.Tensor]:
     """A model output's loss: HF's .loss, or a (logits, loss) tuple's scalar; None where it returns none."""
@@ -59,6 +62,15 @@ def logits_of(output) -> Optional[torch.Tensor]:
     if logits is None:
         logits = output[0] if isinstance(output, (tuple, list)) and output else output
     return logits if isinstance(logits, torch.Tensor) and logits.dim() == 3 else None
+
+
+def targets_cross_entropy(logits: Optional[torch.Tensor], targets: torch.Tensor) -> Optional[torch.Tensor]:
+    """The mean cross-entropy of the logits against targets at their own positions (IGNORE_INDEX: not counted), in
+    float32 as a loop computes it, returned in float64; None where the shapes do not pair."""
+    if logits is None or targets.shape != logits.shape[:-1]:
+        return None
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1).to(logits.device),
+                           ignore_index=IGNORE_INDEX).double().reshape(())
 
 
 @dataclasses.dataclass

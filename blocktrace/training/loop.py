@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from blocktrace.training.between import BetweenSteps
-from blocktrace.training.forward_call import ForwardCall, RandomState, loss_of
+from blocktrace.training.forward_call import ForwardCall, RandomState, logits_of, loss_of, targets_cross_entropy
 from blocktrace.training.logit_gradient import gradient_targets, temperature_slopes
 from blocktrace.training.model_facts import computes_in_float16, eval_mode_modules, embeddings_untied, \
     exterior_parameters, largest_dropout, renormed_by_forward
@@ -129,12 +129,19 @@ class Descent:
     loss_before: torch.Tensor
     dot_before: Optional[torch.Tensor] = None
     first_step: bool = False  # the optimizer held no state before this step: no momentum could turn it
+    # where the model returns no loss: the targets the loop's loss used (read off its gradient at the logits), whose
+    # cross-entropy the replay computes, and the loss the loop gave (the probe is the loop's where the two agree)
+    targets: Optional[torch.Tensor] = None
+    loss_given: Optional[torch.Tensor] = None
 
     def replay_loss(self, model: nn.Module) -> Optional[torch.Tensor]:
         """The same forward on the same batch, after the step: the same modes, the same random state (forked: the
         training's own stream is untouched), under no_grad."""
         with torch.no_grad(), self.rng.restored():
-            loss = loss_of(model(*self.call.args, **self.call.kwargs))
+            output = model(*self.call.args, **self.call.kwargs)
+            if self.targets is not None:
+                return targets_cross_entropy(logits_of(output), self.targets)
+            loss = loss_of(output)
         return None if loss is None else loss.detach().double().reshape(())
 
 
@@ -357,7 +364,8 @@ class LoopObserver:
             # way the prediction points; both stay on the device until the record's one copy
             replayed = descent.replay_loss(self.model)
             self.descended = {"at": descent.step, "predicted": predicted, "loss_before": descent.loss_before,
-                              "loss_after": replayed, "first_step": descent.first_step}
+                              "loss_after": replayed, "first_step": descent.first_step,
+                              "loss_given": descent.loss_given}
         except Exception as error:  # the replayed forward may fail where the training one did not: said, not raised
             self.descended = {"at": descent.step, "note": _not_run(error)}
 

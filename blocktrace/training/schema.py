@@ -201,7 +201,7 @@ def _descent(value: Any, field: str) -> Optional[dict]:
     descent = _mapped(value, field, lambda item, name: item, optional=True)
     if descent is None:
         return None
-    for key in ("predicted", "loss_before", "loss_after"):
+    for key in ("predicted", "loss_before", "loss_after", "loss_given"):
         descent[key] = number(descent.get(key), f"{field}.{key}")
     descent["at"] = _index(descent.get("at"), f"{field}.at", optional=True)
     descent["first_step"] = descent.get("first_step") is True  # older timelines: unknown, taken as not the first

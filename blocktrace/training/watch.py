@@ -36,7 +36,7 @@ from blocktrace.training.between import settled
 from blocktrace.training.blocks import device_of, find_blocks, is_trainable, sharded, unwrap
 from blocktrace.training.distributed import Reducer, fingerprint, replica_rows, synchronised
 from blocktrace.training.judging import FIRST_ERROR_WARNING, Rollback, judge_record
-from blocktrace.training.forward_call import RandomState, logits_of, loss_of
+from blocktrace.training.forward_call import RandomState, logits_of, loss_of, targets_cross_entropy
 from blocktrace.training.loop import Descent, LoopObserver, grad_norm
 from blocktrace.training.loss_facts import loss_checks
 from blocktrace.training.order import DataOrder
@@ -225,7 +225,7 @@ class Watch:
         try:
             if self.recording:
                 self._disarm()
-                descent = self._descent()
+                descent = self._descent(loss)
                 entry = self._record(loss if loss is not None else self.captured_loss, lr)
                 self.captured_loss, self.captured_graph, self.random_state = None, None, None
                 self.sharded_probe = None
@@ -385,14 +385,22 @@ class Watch:
                 "without_gradient": sum(1 for wanted, gone, g in zip(trainable, skipped, grads)
                                         if wanted and not gone and g is None)}
 
-    def _descent(self) -> Optional[Descent]:
-        """The recorded step's forward, to replay after its optimizer step (the descent probe): only where the
-        model returns its loss (the replay must give the same quantity), one process, checks on."""
+    def _descent(self, loss) -> Optional[Descent]:
+        """The recorded step's forward, to replay after its optimizer step (the descent probe), one process, checks
+        on: where the model returns its loss, that loss; else, where the loop gave its loss and the loss's gradient at
+        the logits named targets, their cross-entropy — the same quantity as the loop's where the two agree (the
+        record keeps both)."""
         batch = self.batch
-        if not self.checks or batch.call is None or self.captured_loss is None or self.random_state is None \
-                or self.reducer.world_size > 1:
+        if not self.checks or batch.call is None or self.random_state is None or self.reducer.world_size > 1:
             return None
-        return Descent(self.count, batch.call, self.random_state, self.captured_loss.double().reshape(()))
+        if self.captured_loss is not None:
+            return Descent(self.count, batch.call, self.random_state, self.captured_loss.double().reshape(()))
+        targets = self.loop.gradient_targets[0] if self.loop.gradient_targets is not None else None
+        before = targets_cross_entropy(batch.logits, targets) if targets is not None else None
+        if before is None or not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            return None
+        return Descent(self.count, batch.call, self.random_state, before, targets=targets,
+                       loss_given=loss.detach().double().reshape(()).to(before.device))
 
     def _loss(self, loss) -> Optional[torch.Tensor]:
         """The loss as a device scalar, averaged over the ranks."""
