@@ -580,16 +580,19 @@ def test_the_cross_entropy_range_of_a_batch_is_its_smallest_and_largest_minus_lo
         [float(v) for v in _cross_entropy_range(logits.bfloat16().float())], rel=1e-6)
 
 
-def _loop_with_loss(path, loss_of, embedding_std: Optional[float] = None) -> list[dict]:
-    """HandLM under AdamW, the loss computed in the loop by `loss_of(logits, targets)`; its (tied) embeddings drawn
-    again with `embedding_std` where given."""
+def _loop_with_loss(path, loss_of, embedding_std: Optional[float] = None, dropout: float = 0.0,
+                    make_optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3), steps: int = 2,
+                    every: int = 1) -> list[dict]:
+    """HandLM called on ids alone, the loss computed in the loop by `loss_of(logits, targets)` and handed to
+    watch.step(), as HF-style loops that take `.logits` do; its (tied) embeddings drawn again with `embedding_std`
+    where given."""
     torch.manual_seed(0)
-    model = HandLM()
+    model = HandLM(dropout=dropout)
     if embedding_std is not None:
         nn.init.normal_(model.wte.weight, std=embedding_std)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with Watch(model, path, every=1, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(2):
+    optimizer = make_optimizer(model.parameters())
+    with Watch(model, path, every=every, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(steps):
             ids, targets = nano_batch(step)
             logits, _ = model(ids)
             loss = loss_of(logits, targets)
@@ -685,21 +688,8 @@ def test_the_descent_probe_predicts_the_change_of_its_own_batchs_loss(tmp_path):
 
 
 def _outside_descent_run(path, make_optimizer, loss_of) -> list[dict]:
-    """HandLM (dropout 0.1) called on ids alone; the loop computes `loss_of(logits, targets)` and hands it to
-    watch.step(), as HF-style loops that take `.logits` do."""
-    torch.manual_seed(0)
-    model = HandLM(dropout=0.1)
-    optimizer = make_optimizer(model.parameters())
-    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(16):
-            ids, targets = nano_batch(step)
-            logits, _ = model(ids)
-            loss = loss_of(logits, targets)
-            loss.backward()
-            watch.step(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-    return read_timeline(path)
+    """16 steps of HandLM (dropout 0.1: the replay must draw the same masks), its loss computed in the loop."""
+    return _loop_with_loss(path, loss_of, dropout=0.1, make_optimizer=make_optimizer, steps=16, every=5)
 
 
 def test_the_descent_probe_replays_a_loss_the_loop_computes_outside_the_model(tmp_path):
