@@ -275,10 +275,12 @@ class _HandAdam(torch.optim.Optimizer):
 
 
 class _HandLion(torch.optim.Optimizer):
-    """Lion (Chen et al. 2023): w ← w·(1 − lr·λ) − lr·sign(β1·m + (1 − β1)·g); m ← β2·m + (1 − β2)·g."""
+    """Lion (Chen et al. 2023): w ← w·(1 − lr·λ) − lr·sign(β1·m + (1 − β1)·g); m ← β2·m + (1 − β2)·g. With
+    `signed=False`, the published slip of applying the interpolation itself."""
 
-    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1):
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1, signed=True):
         super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+        self.signed = signed
 
     @torch.no_grad()
     def step(self):
@@ -287,7 +289,8 @@ class _HandLion(torch.optim.Optimizer):
             for p in (p for p in group["params"] if p.grad is not None):
                 m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
                 p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(torch.sign(m * b1 + p.grad * (1 - b1)), alpha=-group["lr"])
+                update = m * b1 + p.grad * (1 - b1)
+                p.add_(torch.sign(update) if self.signed else update, alpha=-group["lr"])
                 m.mul_(b2).add_(p.grad, alpha=1 - b2)
 
 
@@ -365,6 +368,29 @@ def test_the_move_bound_applies_to_the_optimizers_that_define_it(optimizer_class
                                                 "update_moves": [move], "step_gradient_at": 5}}
     names = {f.name for f in judge([], entry)}
     assert ("update_exceeds_its_bound" in names) == flagged
+
+
+def test_a_lion_whose_update_is_not_a_sign_is_the_optimizer(tmp_path):
+    """Seen in the eleventh blind group (F08, calibration): Lion's update applied without sign(). Lion moves every
+    weight by exactly its learning rate; without the sign no weight moves by half of it. Lion as written passes
+    (test_adam_and_lion_moves_within_their_bound_pass), at its first step too."""
+    records = _train(tmp_path / "run.jsonl", lambda ps: _HandLion(ps, lr=1e-4, signed=False))
+    found = [f for r in records[1:] for f in r["flags"] if f["name"] == "sign_update_short"]
+    assert found and found[0]["level"] == "error" and "_HandLion's param group 0" in found[0]["detail"]
+    assert records[1]["loop"]["update_moves"][0] < 0.5 and records[1]["diagnosis"][0]["cause"] == "optimizer"
+    signed = _train(tmp_path / "signed.jsonl", lambda ps: _HandLion(ps, lr=1e-4), steps=21)
+    assert all(r["loop"]["update_moves"][0] == pytest.approx(1.0, abs=0.01) for r in signed[1:])
+    assert not [f for r in signed for f in r["flags"] if f["name"] == "sign_update_short"]
+
+
+@pytest.mark.parametrize("optimizer_class, move, flagged", [
+    ("Lion", 0.01, True), ("HandLion", 0.4, True), ("Lion", 0.99, False), ("AdamW", 0.01, False),
+    ("SGD", 0.0, False),
+])
+def test_the_sign_update_applies_to_sign_optimizers_only(optimizer_class, move, flagged):
+    entry = {"step": 10, "layers": [], "loop": {"optimizer": {"class": optimizer_class, "groups": [{"lr": 1e-3}]},
+                                                "update_moves": [move], "step_gradient_at": 5}}
+    assert ("sign_update_short" in {f.name for f in judge([], entry)}) == flagged
 
 
 def test_adams_second_moment_rounded_to_0_by_a_16_bit_save_is_precision(tmp_path):

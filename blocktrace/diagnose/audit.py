@@ -256,6 +256,9 @@ UNBOUNDED_VARIANTS = ("nadam", "radam", "adamax", "schedulefree", "8bit", "galor
 # the bound is exact (ε only lowers a move); the margin is for state kept in 16 bits, whose rounding of m and v
 # can move the ratio by a few per cent, never by half
 MOVE_MARGIN = 1.5
+# a sign update's largest sampled move against the learning rate: 1 by definition, rounding aside (a move of lr on a
+# weight of 0.02 in float32 is exact to ~1e-3 of lr at lr 1e-4); half of it is no sign
+SIGN_SHORT = 0.5
 # a first moment this far from 0 cannot sit over a float32 second moment of exactly 0 (|m| ≤ C·√v with C below
 # 1,000 for every β2 ≤ 0.999999, and the smallest float32 is 1.4e-45: |m| < 4e-20 there): only rounding to 16 bits or
 # below can have zeroed v
@@ -327,6 +330,34 @@ def _update_exceeds_its_bound(history: Sequence[dict], entry: dict) -> list[Find
             bound=bound, when=phrase(" at its step {t}", t=loop["update_step"]) if loop.get("update_step") else "",
             why=phrase(": {lost:g} of its second moments are 0 where the first is not, rounded away", lost=lost)
             if lost else ""), Cause.PRECISION if lost else None))
+    return flags
+
+
+@check(Scope.TRAINING, "sign_update_short",
+       f"in the optimizer step after a record, no sampled weight of a param group of a Lion (by class name, "
+       f"hand-written ones included) moved by {SIGN_SHORT:g} × the learning rate (beyond the decay's part lr·λ·|w| "
+       f"and the rounding of the weight's dtype)",
+       "definition: Lion moves every weight by lr·sign(β1·m + (1 − β1)·g) (Chen et al. 2023, Algorithm 2): by "
+       "exactly the learning rate wherever that interpolation is not 0, so among a few thousand sampled weights "
+       "the largest move is the learning rate",
+       "the optimizer's update is not a sign: sign() left out (the interpolation itself applied, a hundred times "
+       "smaller than the learning rate's step), or the sign taken of a state that has become 0",
+       Cause.OPTIMIZER, direct=True,
+       advice=phrase("apply lr·sign(β1·m + (1 − β1)·g) in a hand-written Lion (google/automl's lion_pytorch.py), "
+                     "or use a maintained implementation"))
+def _sign_update_short(history: Sequence[dict], entry: dict) -> list[Finding]:
+    loop = entry.get("loop") or {}
+    if not _class(entry).lower().endswith(BOUNDED_SIGN):
+        return []
+    flags = []
+    for (index, group), move in zip(_groups(entry), loop.get("update_moves") or []):
+        move = _number(move)
+        if move is None or move >= SIGN_SHORT:
+            continue
+        flags.append(finding(Level.ERROR, None, None, move, phrase(
+            "{class_}'s param group {index} moved no weight by more than {move:.3g} × its learning rate in the step "
+            "after the record at step {step}; its definition moves each by exactly the learning rate",
+            class_=_class(entry), index=index, move=move, step=loop.get("step_gradient_at", entry.get("step")))))
     return flags
 
 

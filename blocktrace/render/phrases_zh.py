@@ -232,6 +232,13 @@ PHRASES_ZH = {
     "check the mask or hook on the embedding's gradient: it must keep the rows of the tokens being trained and zero "
     "only the frozen ones":
         "检查 embedding 梯度上的 mask 或 hook：它要保留要训练的 token 的行，只把冻结的行置 0",
+    "{class_}'s param group {index} moved no weight by more than {move:.3g} × its learning rate in the step after "
+    "the record at step {step}; its definition moves each by exactly the learning rate":
+        "{class_} 的第 {index} 组参数在第 {step} 步记录之后的那次优化器更新中，没有一个权重的移动超过学习率的 {move} 倍；"
+        "按其定义，每个权重都恰好移动一个学习率",
+    "apply lr·sign(β1·m + (1 − β1)·g) in a hand-written Lion (google/automl's lion_pytorch.py), or use a maintained "
+    "implementation":
+        "手写的 Lion 要用 lr·sign(β1·m + (1 − β1)·g)（google/automl 的 lion_pytorch.py），或改用现成的实现",
     "; a tensor's RMS grew {growth:.3g}×": "；有一个 tensor 的 RMS 变为原来的 {growth} 倍",
     "at step {step} the loss weighs each token by its probability to the power {slope:.3g} ({rows} tokens whose "
     "probabilities span {span:.2g} nats): the tokens the model gets wrong hardly count":
