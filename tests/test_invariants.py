@@ -1418,6 +1418,42 @@ def test_a_loss_that_weighs_tokens_by_their_own_probability_is_the_loss_function
     assert records[0]["diagnosis"][0]["cause"] == "loss_function"
 
 
+def _target_column_broadcast(z, y):
+    """An [N] row index against an [N, 1] target index: an N × N table, every position scored against every target
+    of the batch (blind11 F02's slip)."""
+    logp = F.log_softmax(z.reshape(-1, VOCAB), -1)
+    return -logp[torch.arange(logp.shape[0]), y.reshape(-1, 1)].mean()
+
+
+@pytest.mark.parametrize("name, loss_of, flagged", [
+    ("target column broadcast", _target_column_broadcast, True),
+    ("plain", _cross_entropy(), False),
+    ("label_smoothing=0.1", _cross_entropy(label_smoothing=0.1), False),
+    ("distillation", _distilled, False),
+    ("focal", _focal, False),
+    ("per-sequence mean", _per_sequence_mean, False),
+    ("padding ignored", _padded, False),
+    ("z-loss", lambda z, y: _cross_entropy()(z, y) + 1e-4 * torch.logsumexp(z, -1).pow(2).mean(), False),
+    ("-log mean p", _log_of_mean_probability, False),
+])
+@pytest.mark.parametrize("embedding_std", [None, 0.5])
+def test_a_loss_that_trains_every_position_toward_the_same_targets_is_the_loss_function(tmp_path, name, loss_of,
+                                                                                        flagged, embedding_std):
+    """Seen in the eleventh blind group (F02, calibration): each row's log-probability indexed with the whole
+    target column, which broadcasts to every position against every target. Each row's gradient is then
+    w·(softmax(z_r) − q) with the batch's target frequencies q, the same for every row; every loss whose target
+    is the row's own next token — hard, smoothed, a teacher's — differs from row to row. From step 0, at small
+    and spread logits alike."""
+    records = _loop_with_loss(tmp_path / "run.jsonl", loss_of, embedding_std=embedding_std)
+    flags = [f for r in records for f in r["flags"] if f["name"] == "targets_same_for_every_row"]
+    if not flagged:
+        assert not flags, name
+        return
+    assert [f["level"] for f in flags if f in records[0]["flags"]] == ["error"]
+    assert records[0]["loop"]["row_weights"]["shared_residual"] < 1e-5
+    assert records[0]["diagnosis"][0]["cause"] == "loss_function"
+
+
 # --- the targets a loss outside the model used, read off its gradient at the logits --------------------------------
 
 def _outside_loop(path, targets_of, loss_of=None, model=None) -> list[dict]:

@@ -41,6 +41,9 @@ WEIGHTED_ROWS = 1.1  # ratio of two rows' weights within one sequence beyond whi
 WEIGHTED_ERROR = 2.0  # ... and beyond which the objective is far from the likelihood (an error, not a warning)
 MISSED_RECORDS = 2  # records in a row whose batch's embedding rows all got no gradient while others did
 GROWN_OUTSIDE = 2.0  # factor a tensor's RMS grew by outside the optimizer from which weights were scaled, not replaced
+SHARED_TARGET_ROWS = 8  # sampled rows with a gradient that must share one target distribution
+SHARED_TARGET_FIT = 1e-3  # their gradients' distance from w·(p_r − q), as a share of the largest entry (float32: ~1e-6)
+SHARED_TARGET_PEAK = 0.9  # q's largest entry below this: not one token repeated (a batch of one target)
 LIKELY_SLOPE = 0.5  # slope of log weight on log p_t from which the loss favours the tokens the model finds likely
 LIKELY_EXPLAINED = 0.9  # share of the weights' variance that slope must explain (the weight a function of p_t)
 LIKELY_SPAN = 1.0  # nats of log p_t the rows must span for a slope to be read (near the uniform start they span ~0)
@@ -520,6 +523,33 @@ def _loss_weights_likely_tokens(history: Sequence[dict], entry: dict) -> list[Fi
         "at step {step} the loss weighs each token by its probability to the power {slope:.3g} ({rows} tokens whose "
         "probabilities span {span:.2g} nats): the tokens the model gets wrong hardly count", step=entry["step"],
         slope=slope, rows=weights.get("probability_rows"), span=span))]
+
+
+@check(Scope.TRAINING, "targets_same_for_every_row",
+       f"the gradient the backward hands the model's logits is w·(p_r − q) with one w > 0 and one distribution q on "
+       f"every sampled row with a gradient (at least {SHARED_TARGET_ROWS}; within {SHARED_TARGET_FIT:g} of the "
+       f"largest entry), q not a single token (its largest entry below {SHARED_TARGET_PEAK:g}) "
+       f"(training/logit_gradient.py; a Watch)",
+       "calculus: a cross-entropy against q_r gives row r the gradient w_r·(softmax(z_r) − q_r); a language "
+       "model's q_r is its own position's next token — one-hot, smoothed or a teacher's distribution of it — so "
+       "rows differ by their q. One q for every row is a target that does not depend on the position",
+       "the loss scores every position against the same distribution of targets — an [N] index against an "
+       "[N, 1] one broadcasts to an N × N table (every position against every target of the batch), targets "
+       "averaged over the batch: the model can learn only the targets' overall frequencies",
+       Cause.LOSS_FUNCTION, direct=True,
+       advice=phrase("index each position's log-probability with its own target: "
+                     "logp.gather(-1, targets.unsqueeze(-1)), or F.cross_entropy(logits.view(-1, V), targets.view(-1))"))
+def _targets_same_for_every_row(history: Sequence[dict], entry: dict) -> list[Finding]:
+    weights = _loop(entry).get("row_weights") or {}
+    rows, residual, weight, peak = (weights.get(key) for key in
+                                    ("shared_rows", "shared_residual", "shared_weight", "shared_peak"))
+    if not (_finite(rows) and _finite(residual) and _finite(weight) and _finite(peak)) or rows < SHARED_TARGET_ROWS \
+            or residual > SHARED_TARGET_FIT or weight <= 0 or peak >= SHARED_TARGET_PEAK:
+        return []
+    return [finding(Level.ERROR, None, None, residual, phrase(
+        "at step {step} the loss trains all {rows} sampled positions toward one and the same distribution of targets "
+        "(its most likely token {peak:.0%}), whatever each position's own next token", step=entry["step"],
+        rows=rows, peak=peak))]
 
 
 @check(Scope.TRAINING, "loss_above_any_cross_entropy",

@@ -239,6 +239,14 @@ PHRASES_ZH = {
     "apply lr·sign(β1·m + (1 − β1)·g) in a hand-written Lion (google/automl's lion_pytorch.py), or use a maintained "
     "implementation":
         "手写的 Lion 要用 lr·sign(β1·m + (1 − β1)·g)（google/automl 的 lion_pytorch.py），或改用现成的实现",
+    "at step {step} the loss trains all {rows} sampled positions toward one and the same distribution of targets "
+    "(its most likely token {peak:.0%}), whatever each position's own next token":
+        "第 {step} 步，损失把选出的全部 {rows} 个位置都训练向同一个目标分布（其中最可能的 token 占 {peak}），"
+        "与每个位置自己的下一个 token 无关",
+    "index each position's log-probability with its own target: logp.gather(-1, targets.unsqueeze(-1)), or "
+    "F.cross_entropy(logits.view(-1, V), targets.view(-1))":
+        "用每个位置自己的目标去取它的 log 概率：logp.gather(-1, targets.unsqueeze(-1))，"
+        "或 F.cross_entropy(logits.view(-1, V), targets.view(-1))",
     "; a tensor's RMS grew {growth:.3g}×": "；有一个 tensor 的 RMS 变为原来的 {growth} 倍",
     "at step {step} the loss weighs each token by its probability to the power {slope:.3g} ({rows} tokens whose "
     "probabilities span {span:.2g} nats): the tokens the model gets wrong hardly count":

@@ -32,6 +32,12 @@ how the weight follows the model's own probability of the target: log b against 
 slope 0; focal loss a negative one; −log of a mean probability (the log taken after averaging: a token counts in
 proportion to p_t, so the hard ones hardly at all) slope 1 exactly.
 
+**One target for every row.** A cross-entropy against a distribution q_r weighs row r's gradient as w·(p_r − q_r);
+a language model's q_r is its own position's next token (or a smoothed or a teacher's distribution of it), so rows
+differ by their q. Where g_r − ḡ = w·(p_r − p̄) for every sampled row with one w > 0 (least squares, within
+SHARED_TOLERANCE of the largest entry), every row is trained toward the same q = p̄ − ḡ/w: a target broadcast over
+the batch (an [N] index against an [N, 1] one scores every position against every target), whatever the inputs.
+
 **The targets.** A hard-label loss — a cross-entropy at any temperature, summed or averaged, with a z-loss, a
 binary cross-entropy against one-hot targets — pushes down only the target's logit, up every other: each row's
 gradient has one negative entry, at its target. Where a loop computes its loss outside the model, the targets it
@@ -58,6 +64,8 @@ RELATIVE_FLOOR = 1e-6  # entries below this share of the row's largest are left 
 EXACT_TOLERANCE = 1e-4  # largest distance of a row's entries from a·softmax(z), as a share of its largest entry
 # (float32 rounds the gradient to ~1e-7 of it; label smoothing ε = 0.1 over a vocabulary of 256 leaves ~4e-4; bf16 ~4e-3)
 PROBABILITY_ROWS = 8  # rows of exactly read weight over which their trend in the target's probability is fitted
+SHARED_TOLERANCE = 1e-3  # largest distance of a row's gradient from w·(p_r − q), as a share of the largest entry
+SHARED_ROWS = 8  # rows with a gradient that must share one target before it is said
 
 
 @torch.no_grad()
@@ -84,7 +92,23 @@ def temperature_slopes(logits: torch.Tensor, grad: torch.Tensor) -> Optional[dic
     sequence = index // logits.shape[-2] if logits.dim() >= 3 else torch.zeros_like(index)
     exact, log_weight, log_probability = _exact_weights(z, g, one_negative)
     return {"slopes": slope, "fits": fits, "log_scales": torch.where(exact, log_weight, log_scale),
-            "exact": exact, "log_probabilities": log_probability, "targets": g.argmin(-1), "sequences": sequence}
+            "exact": exact, "log_probabilities": log_probability, "targets": g.argmin(-1), "sequences": sequence,
+            **_one_target(z, g)}
+
+
+def _one_target(z: torch.Tensor, g: torch.Tensor) -> dict:
+    """Whether every sampled row with a gradient is trained toward one distribution q (device values): the rows'
+    count, the fit's largest distance as a share of the largest entry, its weight w and q's largest entry."""
+    rows = g.abs().amax(-1) > 0
+    count = rows.sum()
+    p = torch.softmax(z, dim=-1)
+    mean_p = torch.where(rows[:, None], p, 0.0).sum(0) / count.clamp_min(1)
+    mean_g = torch.where(rows[:, None], g, 0.0).sum(0) / count.clamp_min(1)
+    dp, dg = torch.where(rows[:, None], p - mean_p, 0.0), torch.where(rows[:, None], g - mean_g, 0.0)
+    weight = (dp * dg).sum() / (dp * dp).sum().clamp_min(1e-300)
+    residual = (dg - weight * dp).abs().amax() / g.abs().amax().clamp_min(1e-300)
+    target = mean_p - mean_g / weight
+    return {"shared_rows": count, "shared_residual": residual, "shared_weight": weight, "shared_peak": target.amax()}
 
 
 def _exact_weights(z: torch.Tensor, g: torch.Tensor, one_negative: torch.Tensor):
@@ -111,15 +135,16 @@ def settled(found: Optional[dict]) -> Optional[dict]:
 
 def row_weights(found: Optional[dict]) -> Optional[dict]:
     """On the host, over the rows that fit: the pairs of rows with the same target and the largest relative
-    difference of their scales; the largest ratio of scales within one sequence, with the targets of its two rows.
-    None where fewer than two rows fit."""
+    difference of their scales; the largest ratio of scales within one sequence, with the targets of its two rows;
+    the trend of the weights in the target's probability, and whether every row shares one target. Only the last
+    where fewer than two rows fit; None where nothing was read."""
     if not found or "log_scales" not in found:
         return None
     read = [bool(fits) or bool(exact) for fits, exact in zip(found["fits"], found.get("exact", found["fits"]))]
     rows = [(float(scale), int(target), int(sequence)) for scale, target, sequence, taken in
             zip(found["log_scales"], found["targets"], found["sequences"], read) if taken]
     if len(rows) < 2 or not all(math.isfinite(scale) for scale, _, _ in rows):
-        return None
+        return _shared_target(found) or None
     pairs = [abs(a[0] - b[0]) for i, a in enumerate(rows) for b in rows[i + 1:] if a[1] == b[1]]
     within = [(abs(a[0] - b[0]), a, b) for i, a in enumerate(rows) for b in rows[i + 1:] if a[2] == b[2]]
     widest = max(within, key=lambda item: item[0], default=None)
@@ -127,7 +152,15 @@ def row_weights(found: Optional[dict]) -> Optional[dict]:
     return {"same_target_pairs": len(pairs), "same_target_spread": math.expm1(max(pairs)) if pairs else None,
             "sequence_ratio": math.exp(widest[0]) if widest else None,
             "low_target": low[1] if low else None, "high_target": high[1] if high else None,
-            **_probability_trend(found)}
+            **_probability_trend(found), **_shared_target(found)}
+
+
+def _shared_target(found: dict) -> dict:
+    """On the host: whether the sampled rows share one target distribution (empty: not read)."""
+    if "shared_rows" not in found:
+        return {}
+    shared = {key: float(found[key]) for key in ("shared_residual", "shared_weight", "shared_peak")}
+    return {"shared_rows": int(found["shared_rows"]), **shared}
 
 
 def _probability_trend(found: dict) -> dict:

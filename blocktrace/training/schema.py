@@ -159,7 +159,7 @@ def _row_weights(value: Any, field: str) -> Optional[dict]:
     """The weight each sampled logit row carries in the loss (training/logit_gradient.row_weights)."""
     weights = _mapped(value, field, number, optional=True)
     if weights is not None:
-        for key in ("same_target_pairs", "low_target", "high_target", "probability_rows"):
+        for key in ("same_target_pairs", "low_target", "high_target", "probability_rows", "shared_rows"):
             weights[key] = _index(weights.get(key), f"{field}.{key}", optional=True)
     return weights
 
