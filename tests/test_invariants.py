@@ -1452,6 +1452,8 @@ def test_a_loss_that_trains_every_position_toward_the_same_targets_is_the_loss_f
     assert [f["level"] for f in flags if f in records[0]["flags"]] == ["error"]
     assert records[0]["loop"]["row_weights"]["shared_residual"] < 1e-5
     assert records[0]["diagnosis"][0]["cause"] == "loss_function"
+    # no row names one target: the descent probe has no cross-entropy to replay, and says so
+    assert "names no target" in records[1]["loop"]["descent"]["note"]
 
 
 # --- the targets a loss outside the model used, read off its gradient at the logits --------------------------------

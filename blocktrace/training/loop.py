@@ -25,6 +25,7 @@ Anything that fails inside a measurement becomes a note, never an exception in t
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -116,6 +117,15 @@ def _gradient_dot_weights(parameters: list[torch.Tensor]) -> Optional[torch.Tens
 
 def _not_run(error: Exception) -> str:
     return f"descent probe not run: {type(error).__name__}: {error}"[:200]
+
+
+def descent_read(found: Optional[dict]) -> Optional[dict]:
+    """On the host: the probe as recorded, or a note where the loop's loss named no target to replay (its
+    cross-entropy over no row is not a number)."""
+    if not found or found.get("loss_given") is None or math.isfinite(found.get("loss_before", math.nan)):
+        return found
+    return {"at": found.get("at"), "note": "descent probe not run: the loss's gradient at the logits names no "
+                                           "target to replay its cross-entropy with"}
 
 
 @dataclasses.dataclass

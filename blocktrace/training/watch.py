@@ -37,7 +37,7 @@ from blocktrace.training.blocks import device_of, find_blocks, is_trainable, sha
 from blocktrace.training.distributed import Reducer, fingerprint, replica_rows, synchronised
 from blocktrace.training.judging import FIRST_ERROR_WARNING, Rollback, judge_record
 from blocktrace.training.forward_call import RandomState, logits_of, loss_of, targets_cross_entropy
-from blocktrace.training.loop import Descent, LoopObserver, grad_norm
+from blocktrace.training.loop import Descent, LoopObserver, descent_read, grad_norm
 from blocktrace.training.loss_facts import loss_checks
 from blocktrace.training.order import DataOrder
 from blocktrace.training.probing import ProbeResult, causal_probe, probe_before_forward
@@ -299,6 +299,7 @@ class Watch:
         """Everything measured on the device, read on the host in one copy (tracing.assembly.finish), then judged."""
         present, moved, traces, host = self._measure(loss)
         host["loop"]["between_steps"] = settled(host["loop"].get("between_steps"))
+        host["loop"]["descent"] = descent_read(host["loop"].get("descent"))
         host["loop"]["row_weights"] = row_weights(host["loop"].get("tempered"))
         host["loop"]["tempered"] = tempered_rows(host["loop"].get("tempered"))
         weights = [m.result(values) for m, values in zip(moved, host["moved"])] or [None] * len(self.blocks)
