@@ -537,8 +537,8 @@ def _loss_weights_likely_tokens(history: Sequence[dict], entry: dict) -> list[Fi
        "[N, 1] one broadcasts to an N × N table (every position against every target of the batch), targets "
        "averaged over the batch: the model can learn only the targets' overall frequencies",
        Cause.LOSS_FUNCTION, direct=True,
-       advice=phrase("index each position's log-probability with its own target: "
-                     "logp.gather(-1, targets.unsqueeze(-1)), or F.cross_entropy(logits.view(-1, V), targets.view(-1))"))
+       advice=phrase("index each position's log-probability with its own target: logp.gather(-1, "
+                     "targets.unsqueeze(-1)), or F.cross_entropy(logits.view(-1, V), targets.view(-1))"))
 def _targets_same_for_every_row(history: Sequence[dict], entry: dict) -> list[Finding]:
     weights = _loop(entry).get("row_weights") or {}
     rows, residual, weight, peak = (weights.get(key) for key in

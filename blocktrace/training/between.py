@@ -7,9 +7,10 @@ decay, a pruning mask. A constraint or a decay moves a weight by a fraction of a
 and a pruning mask sets weights to exactly 0 and does nothing else; any other change larger than the optimizer's
 own last step is weights replaced. How much the change grew each fingerprinted tensor's RMS says whether the
 weights were replaced by weights of their kind (an average, a checkpoint, a re-drawn initialisation, a shrink: a
-small factor) or scaled up several-fold (a multiplier folded into the live tensor by an export). A replacement that is exactly a state this run had earlier (the weights after
-an earlier recorded step's update, or as the Watch's first step began) is the run gone back in time while its step
-count, its learning rate and its data went on: a resume from an older checkpoint.
+small factor) or scaled up several-fold (a multiplier folded into the live tensor by an export). A replacement that
+is exactly a state this run had earlier (the weights after an earlier recorded step's update, or as the Watch's
+first step began) is the run gone back in time while its step count, its learning rate and its data went on: a
+resume from an older checkpoint.
 
 Measured on a fingerprint: a strided sample of each of the optimizer's few largest plain tensors and of the model's
 embedding and head (where loops write between steps, however small those are next to the blocks), taken as every

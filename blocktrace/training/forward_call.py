@@ -13,6 +13,7 @@ from torch import nn
 
 from blocktrace.vocab import IGNORE_INDEX
 
+
 def loss_of(output) -> Optional[torch.Tensor]:
     """A model output's loss: HF's .loss, or a (logits, loss) tuple's scalar; None where it returns none."""
     loss = getattr(output, "loss", None)

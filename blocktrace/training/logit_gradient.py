@@ -34,9 +34,10 @@ proportion to p_t, so the hard ones hardly at all) slope 1 exactly.
 
 **One target for every row.** A cross-entropy against a distribution q_r weighs row r's gradient as w·(p_r − q_r);
 a language model's q_r is its own position's next token (or a smoothed or a teacher's distribution of it), so rows
-differ by their q. Where g_r − ḡ = w·(p_r − p̄) for every sampled row with one w > 0 (least squares, within
-SHARED_TOLERANCE of the largest entry), every row is trained toward the same q = p̄ − ḡ/w: a target broadcast over
-the batch (an [N] index against an [N, 1] one scores every position against every target), whatever the inputs.
+differ by their q. Where g_r − ḡ = w·(p_r − p̄) for every sampled row with one w > 0 (least squares; how close is
+the fit's largest distance as a share of the largest entry, judged by `targets_same_for_every_row`), every row is
+trained toward the same q = p̄ − ḡ/w: a target broadcast over the batch (an [N] index against an [N, 1] one scores
+every position against every target), whatever the inputs.
 
 **The targets.** A hard-label loss — a cross-entropy at any temperature, summed or averaged, with a z-loss, a
 binary cross-entropy against one-hot targets — pushes down only the target's logit, up every other: each row's
@@ -61,11 +62,10 @@ ROWS = 64  # rows (positions) sampled, evenly, from the logits (a few from each 
 SPREAD = 3.0  # nats of logits the fitted entries must span for a straight line to say anything
 LINE_TOLERANCE = 0.01  # largest distance of log ∂L/∂z_j from the fitted line, in nats (float32 rounds to ~1e-6)
 RELATIVE_FLOOR = 1e-6  # entries below this share of the row's largest are left out of the fit (their rounding)
-EXACT_TOLERANCE = 1e-4  # largest distance of a row's entries from a·softmax(z), as a share of its largest entry
-# (float32 rounds the gradient to ~1e-7 of it; label smoothing ε = 0.1 over a vocabulary of 256 leaves ~4e-4; bf16 ~4e-3)
+# largest distance of a row's entries from a·softmax(z), as a share of its largest entry (float32 rounds the
+# gradient to ~1e-7 of it; label smoothing ε = 0.1 over a vocabulary of 256 leaves ~4e-4; bfloat16 ~4e-3)
+EXACT_TOLERANCE = 1e-4
 PROBABILITY_ROWS = 8  # rows of exactly read weight over which their trend in the target's probability is fitted
-SHARED_TOLERANCE = 1e-3  # largest distance of a row's gradient from w·(p_r − q), as a share of the largest entry
-SHARED_ROWS = 8  # rows with a gradient that must share one target before it is said
 
 
 @torch.no_grad()

@@ -345,9 +345,7 @@ class Watch:
         measured = {"grads": grads, "model_grad": _unscaled(_grad_norm(self.model), carried),
                     "moved": [m.values() for m in moved],
                     "loss": self._loss(loss),
-                    "loop": {**self.loop.evidence(self._loss_checks(loss) if self.checks else {}, self.forwards or None),
-                             "embedding_rows": rows_reached(unwrap(self.model), self.batch.ids)
-                             if self.checks and self.loop.trained else None},
+                    "loop": self._loop_evidence(loss),
                     "probe": causal_probe(self.model, self.batch, self.reducer, device_of(self.blocks[0]),
                                           self.sharded_probe) if self.checks else None,
                     "data": self.batch.report(self.loop.trained, self.loop.gradient_targets),
@@ -356,6 +354,12 @@ class Watch:
         measured["replicas"] = replicas
         traces, host = finish([c for _, c in present], measured)
         return [index for index, _ in present], moved, traces, host
+
+    def _loop_evidence(self, loss) -> dict:
+        """The loop's evidence (training/loop.py) and the token embedding's rows the gradient reached."""
+        rows = rows_reached(unwrap(self.model), self.batch.ids) if self.checks and self.loop.trained else None
+        return {**self.loop.evidence(self._loss_checks(loss) if self.checks else {}, self.forwards or None),
+                "embedding_rows": rows}
 
     def _loss_checks(self, loss) -> dict:
         """What the loss says against the batch's logits and targets, and what its autograd graph was given."""
