@@ -298,10 +298,7 @@ class Watch:
     def _record(self, loss, lr) -> Optional[dict]:
         """Everything measured on the device, read on the host in one copy (tracing.assembly.finish), then judged."""
         present, moved, traces, host = self._measure(loss)
-        host["loop"]["between_steps"] = settled(host["loop"].get("between_steps"))
-        host["loop"]["descent"] = descent_read(host["loop"].get("descent"))
-        host["loop"]["row_weights"] = row_weights(host["loop"].get("tempered"))
-        host["loop"]["tempered"] = tempered_rows(host["loop"].get("tempered"))
+        _settle_loop(host["loop"])
         weights = [m.result(values) for m, values in zip(moved, host["moved"])] or [None] * len(self.blocks)
         for t in traces:
             t.notes += self.reducer.note()
@@ -426,6 +423,12 @@ class Watch:
                       "zero_grad() (gradient norms are recorded as null until then)", RuntimeWarning, stacklevel=3)
 
 
+def _settle_loop(loop: dict) -> None:
+    """The loop's evidence as read on the host, each piece put in its record's form."""
+    loop["between_steps"] = settled(loop.get("between_steps"))
+    loop["descent"] = descent_read(loop.get("descent"))
+    loop["row_weights"] = row_weights(loop.get("tempered"))
+    loop["tempered"] = tempered_rows(loop.get("tempered"))
 
 
 def _unscaled(norm: Optional[torch.Tensor], scale: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
