@@ -160,7 +160,7 @@ def _between_steps(entry: dict) -> Optional[dict]:
        advice=phrase("check the mask or hook on the embedding's gradient: it must keep the rows of the tokens "
                      "being trained and zero only the frozen ones"))
 def _embedding_gradient_misses_its_batch(history: Sequence[dict], entry: dict) -> list[Finding]:
-    recent = [*history[len(history) - (MISSED_RECORDS - 1):], entry]
+    recent = [*history[max(0, len(history) - (MISSED_RECORDS - 1)):], entry]
     rows = [_loop(record).get("embedding_rows") or {} for record in recent]
     if len(rows) < MISSED_RECORDS or not all(row.get("read_rows") == 0 and _finite(row.get("other_rows"))
                                              and row["other_rows"] > 0 for row in rows):
@@ -664,6 +664,11 @@ def misalignment(match: dict, inside: bool, judged_at_no_shift: bool = True, at_
 
 # --- each recorded step's effect on its own batch: the descent probe ----------------------------------------------
 
+# The loop's loss and the cross-entropy the replay computes of its targets agree to float32's rounding of a mean
+# (~1e-7 of it) where they are one quantity; a focal loss, smoothed labels or a divided loss differ by far more
+REPLAYED_AGREE = 1e-5
+
+
 def _descent(entry: dict) -> Optional[dict]:
     """The probe of the optimizer step after an earlier record (training/loop.py): g·Δw and the batch's loss before
     and after the step, all finite; None where it was not run, or where the loss replayed (the cross-entropy of the
@@ -677,9 +682,6 @@ def _descent(entry: dict) -> Optional[dict]:
     return found
 
 
-# The loop's loss and the cross-entropy the replay computes of its targets agree to float32's rounding of a mean
-# (~1e-7 of it) where they are one quantity; a focal loss, smoothed labels or a divided loss differ by far more
-REPLAYED_AGREE = 1e-5
 # A momentum optimizer's velocity can carry a step or two uphill across a valley: SGD at lr 0.1 with momentum 0.9
 # climbed its own batch's loss at two records in a row in a run that trains (5.5 → 2.7 nats). A sign flipped climbs
 # at every step; the first step, before any velocity exists, is conclusive alone.

@@ -90,18 +90,18 @@ def temperature_slopes(logits: torch.Tensor, grad: torch.Tensor) -> Optional[dic
     fits = one_negative & (off_line <= LINE_TOLERANCE) & (spread >= SPREAD) & (count >= 3)
     log_scale = (mean_y - slope[:, None] * mean_x).squeeze(-1) + torch.logsumexp(slope[:, None] * z, dim=-1)
     sequence = index // logits.shape[-2] if logits.dim() >= 3 else torch.zeros_like(index)
-    exact, log_weight, log_probability = _exact_weights(z, g, one_negative)
+    log_p = torch.log_softmax(z, dim=-1)  # the rows' probabilities, read by both exact fits below
+    exact, log_weight, log_probability = _exact_weights(log_p, g, one_negative)
     return {"slopes": slope, "fits": fits, "log_scales": torch.where(exact, log_weight, log_scale),
             "exact": exact, "log_probabilities": log_probability, "targets": g.argmin(-1), "sequences": sequence,
-            **_one_target(z, g)}
+            **_one_target(log_p.exp(), g)}
 
 
-def _one_target(z: torch.Tensor, g: torch.Tensor) -> dict:
+def _one_target(p: torch.Tensor, g: torch.Tensor) -> dict:
     """Whether every sampled row with a gradient is trained toward one distribution q (device values): the rows'
     count, the fit's largest distance as a share of the largest entry, its weight w and q's largest entry."""
     rows = g.abs().amax(-1) > 0
     count = rows.sum()
-    p = torch.softmax(z, dim=-1)
     mean_p = torch.where(rows[:, None], p, 0.0).sum(0) / count.clamp_min(1)
     mean_g = torch.where(rows[:, None], g, 0.0).sum(0) / count.clamp_min(1)
     dp, dg = torch.where(rows[:, None], p - mean_p, 0.0), torch.where(rows[:, None], g - mean_g, 0.0)
@@ -111,9 +111,9 @@ def _one_target(z: torch.Tensor, g: torch.Tensor) -> dict:
     return {"shared_rows": count, "shared_residual": residual, "shared_weight": weight, "shared_peak": target.amax()}
 
 
-def _exact_weights(z: torch.Tensor, g: torch.Tensor, one_negative: torch.Tensor):
-    """Per row (float64, on the device): whether its gradient is a·softmax(z) − b·e_t exactly, log b and log p_t."""
-    log_p = torch.log_softmax(z, dim=-1)
+def _exact_weights(log_p: torch.Tensor, g: torch.Tensor, one_negative: torch.Tensor):
+    """Per row (float64, on the device; `log_p` its log-softmax): whether its gradient is a·softmax(z) − b·e_t
+    exactly, log b and log p_t."""
     p = log_p.exp()
     target = g.argmin(-1, keepdim=True)
     off = torch.ones_like(g, dtype=torch.bool).scatter_(-1, target, False)
@@ -140,11 +140,11 @@ def row_weights(found: Optional[dict]) -> Optional[dict]:
     where fewer than two rows fit; None where nothing was read."""
     if not found or "log_scales" not in found:
         return None
-    read = [bool(fits) or bool(exact) for fits, exact in zip(found["fits"], found.get("exact", found["fits"]))]
+    read = [bool(fits) or bool(exact) for fits, exact in zip(found["fits"], found["exact"])]
     rows = [(float(scale), int(target), int(sequence)) for scale, target, sequence, taken in
             zip(found["log_scales"], found["targets"], found["sequences"], read) if taken]
     if len(rows) < 2 or not all(math.isfinite(scale) for scale, _, _ in rows):
-        return _shared_target(found) or None
+        return _shared_target(found)
     pairs = [abs(a[0] - b[0]) for i, a in enumerate(rows) for b in rows[i + 1:] if a[1] == b[1]]
     within = [(abs(a[0] - b[0]), a, b) for i, a in enumerate(rows) for b in rows[i + 1:] if a[2] == b[2]]
     widest = max(within, key=lambda item: item[0], default=None)
@@ -156,9 +156,7 @@ def row_weights(found: Optional[dict]) -> Optional[dict]:
 
 
 def _shared_target(found: dict) -> dict:
-    """On the host: whether the sampled rows share one target distribution (empty: not read)."""
-    if "shared_rows" not in found:
-        return {}
+    """On the host: whether the sampled rows share one target distribution."""
     shared = {key: float(found[key]) for key in ("shared_residual", "shared_weight", "shared_peak")}
     return {"shared_rows": int(found["shared_rows"]), **shared}
 
@@ -167,7 +165,7 @@ def _probability_trend(found: dict) -> dict:
     """Over the rows whose weight was read exactly: the least-squares slope of log weight on log p_t, the share of
     the weights' variance it explains, the nats of log p_t it spans and the rows' count (empty: too few rows)."""
     points = [(float(x), float(y)) for x, y, exact in
-              zip(found.get("log_probabilities", []), found["log_scales"], found.get("exact", [])) if exact]
+              zip(found["log_probabilities"], found["log_scales"], found["exact"]) if exact]
     points = [(x, y) for x, y in points if math.isfinite(x) and math.isfinite(y)]
     if len(points) < PROBABILITY_ROWS:
         return {}
