@@ -86,18 +86,21 @@ WIDEN_CHUNK = 1 << 18  # elements widened at a time on a CPU: the float32 piece 
 
 def sum_and_squares(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Σw and Σw² as float64 device scalars, summed in float32 at least. A half-precision weight on a CPU is widened
-    a piece at a time: an 8B checkpoint's 14336 × 4096 MLP matrix widened whole is a 235 MB copy, 173 ms on this
-    project's 2-core CPU against 28 ms by pieces that stay in cache. Elsewhere in one piece (a GPU's bandwidth makes
-    one copy cheap; hundreds of small kernels would not be)."""
+    a piece at a time into one float32 buffer: an 8B checkpoint's 14336 × 4096 MLP matrix widened whole is a 235 MB
+    copy, 173 ms on this project's 2-core CPU against 28 ms by pieces that stay in cache, and a fresh 1 MB piece
+    each time costs a 3B bfloat16 `check` 0.2 s more than one buffer refilled (benchmarks/RESULTS.md). Elsewhere in
+    one piece (a GPU's bandwidth makes one copy cheap; hundreds of small kernels would not be)."""
     weight = weight.detach()
     if weight.dtype not in (torch.float16, torch.bfloat16) or weight.device.type != "cpu":
         values = widened(weight)
         return values.sum().double(), _square(values)
-    total = squares = torch.zeros((), dtype=torch.float64)
-    for piece in weight.reshape(-1).split(WIDEN_CHUNK):
-        piece = piece.float()
-        total, squares = total + piece.sum().double(), squares + torch.dot(piece, piece).double()
-    return total, squares
+    pieces = weight.reshape(-1).split(WIDEN_CHUNK)
+    buffer = torch.empty(min(WIDEN_CHUNK, weight.numel()), dtype=torch.float32)
+    sums, squares = torch.empty(len(pieces), dtype=torch.float64), torch.empty(len(pieces), dtype=torch.float64)
+    for index, piece in enumerate(pieces):
+        wide = buffer[:piece.numel()].copy_(piece)
+        sums[index], squares[index] = wide.sum(), torch.dot(wide, wide)
+    return sums.sum(), squares.sum()
 
 
 def weight_summary(moments: dict[str, dict], width: Optional[int] = None) -> dict[str, dict]:
