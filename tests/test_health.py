@@ -305,3 +305,36 @@ def test_residual_dropout_in_training_is_a_residual_a_dropped_stream_is_not(tmp_
     flagged = {f["layer"] for f in read_timeline(tmp_path / "run.jsonl")[0]["flags"]
                if f["name"] == "residual_not_added"}
     assert flagged == ({0, 1} if on_stream else set())
+
+
+class _FunctionalDropoutBlock(_DroppedBlock):
+    """F.dropout left at its default training=True: it drops in eval too (a common bug, PyTorch's functional
+    dropout does not read the module's mode)."""
+
+    def forward(self, x):
+        x = x + torch.nn.functional.dropout(self.attn(self.ln_1(x)), 0.1)
+        return x + torch.nn.functional.dropout(self.mlp(self.ln_2(x)), 0.1)
+
+
+@pytest.mark.parametrize("functional", [False, True])
+def test_in_eval_the_residual_is_not_fitted_to_dropout(tmp_path, functional):
+    """In eval mode dropout is the identity (torch's contract), so the residual add must hold as x + f(x): a block
+    that still drops there (F.dropout's default training=True) is no residual; the module's dropout passes."""
+    from helpers import NanoGPT, nano_batch
+
+    from blocktrace import Watch
+    from blocktrace.training.timeline import read_timeline
+
+    torch.manual_seed(0)
+    model = NanoGPT()
+    kind = _FunctionalDropoutBlock if functional else _DroppedBlock
+    model.h = torch.nn.ModuleList(kind(16, 2, False) for _ in range(2))
+    model.eval()
+    with Watch(model, tmp_path / "run.jsonl", every=1, overwrite=True) as watch:
+        ids, targets = nano_batch(0)
+        _, loss = model(ids, targets)
+        loss.backward()
+        watch.step(loss)
+    flagged = {f["layer"] for f in read_timeline(tmp_path / "run.jsonl")[0]["flags"]
+               if f["name"] == "residual_not_added"}
+    assert flagged == ({0, 1} if functional else set())

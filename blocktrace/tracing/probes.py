@@ -87,8 +87,11 @@ def residual_probe(context: ProbeContext, name: str, value: torch.Tensor) -> dic
             update = update * context.update_scale
         expected = torch.add(update, stream, alpha=context.residual_scale)
         plain = _norm(expected.sub_(value)) / _norm(value).clamp_min(1e-30)
-        probe["residual_mismatch"] = torch.minimum(plain, _dropped_out_mismatch(stream, update, value,
-                                                                                context.residual_scale))
+        # dropout acts only in training (in eval it is the identity, by torch's contract): there the add may hold
+        # as dropout's arithmetic; in eval it must hold plainly (a block that still drops — F.dropout's default
+        # training=True — is no residual), and the fit's dozen passes over the stream are not paid
+        probe["residual_mismatch"] = torch.minimum(plain, _dropped_out_mismatch(
+            stream, update, value, context.residual_scale)) if context.block.training else plain
         probe["update_ratio"] = _norm(update) / _norm(stream).clamp_min(1e-30)
     for used in (stream_name, update_name):  # compared: no reason to hold them any longer
         context.refs.pop(used, None)
