@@ -21,9 +21,14 @@ from blocktrace.config import RopeScaling
 from blocktrace.vocab import RopeKind
 
 
+# The frequencies are computed on the CPU whatever device a block is built on: under the loader's meta device every
+# op of theirs would go through meta decompositions (2 ms a layer, twice, at Llama-3's 3B) for a buffer rebuilt anyway
+HOST = torch.device("cpu")
+
+
 def _base_exponents(dims: int) -> torch.Tensor:
     """2i/dims for each frequency i, as HF builds them (int64 arange, then float32)."""
-    return torch.arange(0, dims, 2, dtype=torch.int64).float() / dims
+    return torch.arange(0, dims, 2, dtype=torch.int64, device=HOST).float() / dims
 
 
 def default_frequencies(dims: int, theta) -> torch.Tensor:
@@ -56,8 +61,8 @@ def yarn_frequencies(dims: int, theta: float, scaling: RopeScaling) -> torch.Ten
     low, high = max(low, 0), min(high, dims - 1)
     if low == high:
         high += 0.001  # HF: no zero-width ramp
-    ramp = torch.clamp((torch.arange(dims // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
-    positional = theta ** (torch.arange(0, dims, 2).float() / dims)
+    ramp = torch.clamp((torch.arange(dims // 2, dtype=torch.float32, device=HOST) - low) / (high - low), 0, 1)
+    positional = theta ** (torch.arange(0, dims, 2, device=HOST).float() / dims)
     extrapolated = 1 - ramp
     return (1.0 / (scaling.factor * positional)) * (1 - extrapolated) + (1.0 / positional) * extrapolated
 
@@ -66,7 +71,7 @@ def longrope_frequencies(dims: int, theta: float, scaling: RopeScaling, t: int) 
     """LongRoPE (Phi-3): each frequency divided by its own factor, the long set once T passes the original
     context, the short set within it."""
     factors = scaling.long_factor if t > scaling.original_positions else scaling.short_factor
-    return 1.0 / (torch.tensor(factors, dtype=torch.float32) * theta ** _base_exponents(dims))
+    return 1.0 / (torch.tensor(factors, dtype=torch.float32, device=HOST) * theta ** _base_exponents(dims))
 
 
 def dynamic_frequencies(dims: int, theta: float, scaling: RopeScaling, t: int) -> torch.Tensor:
@@ -74,7 +79,7 @@ def dynamic_frequencies(dims: int, theta: float, scaling: RopeScaling, t: int) -
     θ·(factor·T/max − (factor − 1))^(dims/(dims−2)); within it, plain RoPE."""
     if t <= scaling.original_positions:
         return default_frequencies(dims, theta)
-    length = torch.tensor(t)  # HF computes the new base from a tensor length: in float32
+    length = torch.tensor(t, device=HOST)  # HF computes the new base from a tensor length: in float32
     base = theta * ((scaling.factor * length / scaling.original_positions) - (scaling.factor - 1)) \
         ** (dims / (dims - 2))
     return default_frequencies(dims, base)

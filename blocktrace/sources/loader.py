@@ -81,7 +81,7 @@ def _materialise_buffers(block: TransformerBlock) -> None:
     if block.config.token_mixer is not None:  # a convolution: no positions, nothing computed
         return
     rope = block.attn.rope
-    if rope is not None:
+    if rope is not None and rope.inv_freq.is_meta:
         config = block.config
         block.attn.rope = RotaryEmbedding(config.rotary_dims, config.rope_theta, config.rope_scaling,
                                           config.rope_interleaved)
