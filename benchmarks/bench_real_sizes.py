@@ -158,9 +158,30 @@ print(json.dumps({"loss": loss.item()}))
 """
 
 
+def startup_seconds(command: list[str]) -> float:
+    """The seconds `command` (a Python process) spends importing modules: the sum of `-X importtime`'s top-level
+    cumulative times, from one run of its own (the flag's bookkeeping would slow the timed runs)."""
+    result = subprocess.run([command[0], "-X", "importtime", *command[1:]], capture_output=True, text=True)
+    total = 0
+    for line in result.stderr.splitlines():
+        fields = line.split("|")
+        # a top-level import is named after one space; the modules it pulls in are indented further
+        if line.startswith("import time:") and len(fields) == 3 and fields[2][1:2] != " " and fields[1].strip().isdigit():
+            total += int(fields[1])
+    return total / 1e6
+
+
+def blocktrace_command(directory: Path, ids: Path, dtype: str, grad: bool) -> list[str]:
+    return [sys.executable, "-m", "blocktrace", "check", "--weights", str(directory), "--token-ids-file", str(ids),
+            "--dtype", dtype, "--json", *(["--grad"] if grad else [])]
+
+
+def hf_command(directory: Path, ids: Path, dtype: str, grad: bool) -> list[str]:
+    return [sys.executable, "-c", HF_SCRIPT, str(directory), dtype, "1" if grad else "0", str(ids)]
+
+
 def blocktrace_case(directory: Path, ids: Path, dtype: str, grad: bool) -> dict:
-    command = [sys.executable, "-m", "blocktrace", "check", "--weights", str(directory), "--token-ids-file", str(ids),
-               "--dtype", dtype, "--json", *(["--grad"] if grad else [])]
+    command = blocktrace_command(directory, ids, dtype, grad)
     result = measured(command)
     try:
         result["loss"] = json.loads(result["output"])["loss"]
@@ -190,7 +211,7 @@ def hf_case(directory: Path, ids: Path, dtype: str, grad: bool, size: str, avail
     if needed > 0.9 * available:
         return {"skipped": f"needs {needed / 2**30:.0f} GiB for its weights{' and gradients' if grad else ''}, "
                            f"over 90% of the {available / 2**30:.0f} GiB here"}
-    result = measured([sys.executable, "-c", HF_SCRIPT, str(directory), dtype, "1" if grad else "0", str(ids)])
+    result = measured(hf_command(directory, ids, dtype, grad))
     result["loss"] = json.loads(result["output"].strip().splitlines()[-1])["loss"]
     return result
 
@@ -204,7 +225,11 @@ def best_of(directory: Path, ids: Path, dtype: str, grad: bool, size: str, avail
     for _ in range(1 if grad else FORWARD_ROUNDS):
         ours.append(blocktrace_case(directory, ids, dtype, grad))
         theirs.append(hf_case(directory, ids, dtype, grad, size, available))
-    return min(ours, key=_seconds), min(theirs, key=_seconds)
+    ours, theirs = min(ours, key=_seconds), min(theirs, key=_seconds)
+    if not grad and "skipped" not in theirs:
+        ours["startup"] = startup_seconds(blocktrace_command(directory, ids, dtype, grad))
+        theirs["startup"] = startup_seconds(hf_command(directory, ids, dtype, grad))
+    return ours, theirs
 
 
 def _seconds(result: dict) -> float:
@@ -223,8 +248,18 @@ def row(size: str, dtype: str, grad: bool, ours: dict, theirs: dict) -> str:
     ratio = ours["seconds"] / theirs["seconds"]
     hf = f"{theirs['seconds']:.1f} s, {_gib(theirs['anon'])} GiB anon (+{_gib(theirs['file'])} mapped)"
     same = abs(ours["loss"] - theirs["loss"]) <= LOSS_TOLERANCE * abs(theirs["loss"])
-    return (f"| {what} | {mine} | {hf} | {ratio:.2f}× | {ours['loss']:.4f} vs {theirs['loss']:.4f} "
-            f"({'equal' if same else 'DIFFERENT'}) |")
+    return (f"| {what} | {mine} | {hf} | {ratio:.2f}×{_after_startup(ours, theirs)} | {ours['loss']:.4f} vs "
+            f"{theirs['loss']:.4f} ({'equal' if same else 'DIFFERENT'}) |")
+
+
+def _after_startup(ours: dict, theirs: dict) -> str:
+    """The ratio with each side's imports taken off (HF's `import transformers` is seconds, blocktrace's a fraction
+    of one: the whole-process ratio flatters blocktrace by that difference)."""
+    if "startup" not in ours:
+        return ""
+    mine, hf = ours["seconds"] - ours["startup"], theirs["seconds"] - theirs["startup"]
+    return (f"; after start-up {mine:.1f} s vs {hf:.1f} s = {mine / hf:.2f}× (imports {ours['startup']:.1f} s vs "
+            f"{theirs['startup']:.1f} s)")
 
 
 def section(sizes: list[str], cases: list[tuple[str, bool]], heading: str = SECTION) -> list[str]:
@@ -245,7 +280,9 @@ def section(sizes: list[str], cases: list[tuple[str, bool]], heading: str = SECT
             f"vocabulary 128,256), `check --weights DIR --token-ids-file ids.json` ({BATCH} × {TOKENS} tokens) against "
             "HF's `from_pretrained` + forward with labels (+ backward). Each case a fresh process; a forward row is "
             f"the best of {FORWARD_ROUNDS} runs of each side, alternated, a gradient row one run of each; peak anonymous memory (RssAnon) and file-backed pages (RssFile) sampled every 50 ms; wall time, "
-            f"start-up included; losses are equal within {LOSS_TOLERANCE:g} relative. {_gradient_rows(cases)} "
+            f"start-up included; a forward row also gives the ratio after start-up: each side's wall time less its "
+            "imports (`-X importtime`'s top-level total, from one run of its own). "
+            f"Losses are equal within {LOSS_TOLERANCE:g} relative. {_gradient_rows(cases)} "
             "Targets: `check` ≤ 1.2× HF in the same dtype; `check --grad` of the 8B within 8 GiB "
             "anonymous and ≤ 3× HF's forward + backward where HF fits.", "",
             "| checkpoint, compute dtype | blocktrace `check` | HF | blocktrace / HF | loss |", "|---|---|---|---|---|",
