@@ -51,6 +51,8 @@ TESTED_IN = {
                             "checkpoint, an average left swapped in, a decay written by hand"),
     "training/embedding_rows.py": (["test_invariants.py"], "the token embedding's rows the gradient reached: none "
                                    "that the batch read, while others trained, is a mask inverted"),
+    "training/entry.py": (["test_watch_entry.py"], "the module the loop calls: the model, or the decoder it calls "
+                          "instead (the head applied by the loop), where the batch is read"),
     "training/logit_gradient.py": (["test_invariants.py"], "the temperature a hard-label loss read the logits at, from its "
                              "gradient at them: tempered, plain, summed, z-loss, smoothed, distilled"),
     "training/stepping.py": (["test_audit.py"], "what the optimizer step after a record did: each group's largest "

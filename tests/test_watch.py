@@ -162,8 +162,9 @@ def test_gradient_norms_are_each_blocks_own(tmp_path):
 
 def test_between_records_nothing_is_attached_but_the_batch_key(tmp_path):
     """Between records no block is hooked and attention is not wrapped; the model itself keeps one pre-hook, which
-    keys each step's batch (two sums of its ids, training/order.py: an order repeated every epoch); close() takes
-    that off too."""
+    keys each step's batch (two sums of its ids, training/order.py: an order repeated every epoch), and one forward
+    hook, which says its forward has ended (training/entry.py: a part of the model called outside it is the loop's
+    entry); close() takes those off too."""
     torch.manual_seed(3)
     model = NanoGPT()
     original_sdpa = F.scaled_dot_product_attention
@@ -172,12 +173,12 @@ def test_between_records_nothing_is_attached_but_the_batch_key(tmp_path):
 
     def look(step, model, ids):
         inside = [m for m in model.modules() if m is not model]
-        hooked = any(m._forward_hooks or m._forward_pre_hooks for m in inside) or bool(model._forward_hooks)
+        hooked = any(m._forward_hooks or m._forward_pre_hooks for m in inside)
         states.append((step, hooked, F.scaled_dot_product_attention is not original_sdpa,
-                       len(model._forward_pre_hooks)))
+                       len(model._forward_pre_hooks), len(model._forward_hooks)))
 
     _train(model, watch, steps=9, before_forward=look)
-    assert states == [(s, s % 4 == 0, s % 4 == 0, 2 if s % 4 == 0 else 1) for s in range(9)]
+    assert states == [(s, s % 4 == 0, s % 4 == 0, 2 if s % 4 == 0 else 1, 2 if s % 4 == 0 else 1) for s in range(9)]
     assert F.scaled_dot_product_attention is original_sdpa
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())  # _train closed the watch
 

@@ -171,6 +171,38 @@ def _embedding_gradient_misses_its_batch(history: Sequence[dict], entry: dict) -
         other=rows[-1]["other_rows"]))]
 
 
+@check(Scope.TRAINING, "tied_head_gradient_missing",
+       f"at {MISSED_RECORDS} records in a row, the token embedding is tied to an output head and the loss normalises "
+       "a softmax over the vocabulary, yet the embedding's gradient is exactly 0 on every row the batch's ids did not "
+       "read while each row they read got one (training/embedding_rows.py; a Watch)",
+       "calculus: a tied head's gradient reaches every row of the matrix — row v's logit is in every position's "
+       "softmax, ∂L/∂W_v = Σ_t (p_tv − y_tv)·h_t, nonzero wherever p_tv > 0 — so exactly 0 on every row no token "
+       "read, with a gradient on each row one did, is the lookup's gradient alone. A mask on the table's gradient "
+       "zeroes rows the batch read too; a backbone trained for another objective normalises no softmax over the "
+       "vocabulary",
+       "the loss's path through the output head does not reach the matrix: the head applied with the matrix "
+       "detached (F.linear(h, W.detach()) — 'the tied matrix gets its gradient through the lookup'), or with a copy "
+       "made once in place of the tied weight; the head's share of the matrix's training is lost",
+       Cause.GRADIENT_FLOW, direct=True,
+       advice=phrase("apply the head with the tied weight itself (the output embedding's weight or the head "
+                     "module), not a detached or copied tensor"))
+def _tied_head_gradient_missing(history: Sequence[dict], entry: dict) -> list[Finding]:
+    recent = [*history[max(0, len(history) - (MISSED_RECORDS - 1)):], entry]
+    rows = [_loop(record).get("embedding_rows") or {} for record in recent]
+    if len(rows) < MISSED_RECORDS or not all(_head_cut(row) for row in rows):
+        return []
+    return [finding(Level.ERROR, None, None, rows[-1]["unread"], phrase(
+        "at steps {steps} the embedding tied to the output head got a gradient on every row the batch read and "
+        "exactly 0 on all {unread} others, though the loss normalises a softmax over the vocabulary",
+        steps=", ".join(str(r["step"]) for r in recent), unread=int(rows[-1]["unread"])))]
+
+
+def _head_cut(rows: dict) -> bool:
+    """One record's embedding rows as a tied head's gradient never gives them (see the check above)."""
+    return rows.get("tied") == 1 and rows.get("softmax_over_vocabulary") == 1 and rows.get("other_rows") == 0 \
+        and _finite(rows.get("read_rows_least")) and rows["read_rows_least"] > 0 and (rows.get("unread") or 0) > 0
+
+
 @check(Scope.TRAINING, "weights_returned_to_earlier_step",
        "between two optimizer steps (after one ended, before the next began) the weights the optimizer holds "
        "changed, and became exactly what they were after an earlier recorded step's update, or as the Watch's "

@@ -232,6 +232,13 @@ PHRASES_ZH = {
     "check the mask or hook on the embedding's gradient: it must keep the rows of the tokens being trained and zero "
     "only the frozen ones":
         "检查 embedding 梯度上的 mask 或 hook：它要保留要训练的 token 的行，只把冻结的行置 0",
+    "at steps {steps} the embedding tied to the output head got a gradient on every row the batch read and "
+    "exactly 0 on all {unread} others, though the loss normalises a softmax over the vocabulary":
+        "第 {steps} 步，与输出 head 共用权重的 embedding 在 batch 读到的每一行上都有梯度，其余 {unread} 行的梯度却都恰好为 0，"
+        "而损失是在整个词表上做的 softmax",
+    "apply the head with the tied weight itself (the output embedding's weight or the head module), not a detached "
+    "or copied tensor":
+        "用共用的权重本身（输出 embedding 的权重或 head 模块）计算 head，不要用 detach 过或复制出来的 tensor",
     "{class_}'s param group {index} moved no weight by more than {move:.3g} × its learning rate in the step after "
     "the record at step {step}; its definition moves each by exactly the learning rate":
         "{class_} 的第 {index} 组参数在第 {step} 步记录之后的那次优化器更新中，没有一个权重的移动超过学习率的 {move} 倍；"

@@ -322,7 +322,7 @@ def checked_record(entry: dict) -> dict:
     for key in ("vocab", "width"):
         if key in record:
             record[key] = _index(record[key], key, optional=True)
-    for key in ("family", "model"):
+    for key in ("family", "model", "entry"):
         if key in record:
             record[key] = _text(record[key], key)
     if record.get("data") is not None:

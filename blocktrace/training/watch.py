@@ -41,7 +41,8 @@ from blocktrace.training.loop import Descent, LoopObserver, descent_read, grad_n
 from blocktrace.training.loss_facts import loss_checks
 from blocktrace.training.order import DataOrder
 from blocktrace.training.probing import ProbeResult, causal_probe, probe_before_forward
-from blocktrace.training.embedding_rows import rows_reached
+from blocktrace.training.embedding_rows import rows_reached, softmax_over_vocabulary
+from blocktrace.training.entry import Entry
 from blocktrace.training.logit_gradient import row_weights
 from blocktrace.training.logit_gradient import settled as tempered_rows
 from blocktrace.training.tensorboard import open_tensorboard, write_scalars
@@ -67,7 +68,7 @@ class Watch:
         self.reducer = Reducer()
         self._open_outputs(Path(path), tensorboard, append, overwrite, start)
         self._observe_loop(model, optimizer)
-        self.forward_hook = model.register_forward_pre_hook(self._forward_starts, with_kwargs=True)
+        self.entry = Entry(model, self.blocks[0] if self.blocks else None, self._forward_starts, self._entry_moved)
         if self.count % every == 0:
             self._arm()
 
@@ -114,14 +115,27 @@ class Watch:
         step ended)."""
         for tap in self.taps:
             tap.attach()
-        self.loss_hook = self.model.register_forward_hook(self._capture_loss, with_kwargs=True)
-        self.rng_hook = self.model.register_forward_pre_hook(self._remember_random_state)
+        self._hook_entry(self.entry.module)
         # FSDP2: the causal probe runs before the training forward, on every rank alike (training/probing.py)
         self.probe_hook = self.model.register_forward_pre_hook(self._probe_before_forward, with_kwargs=True) \
             if self.checks and self.reducer.active and sharded(self.model) else None
         self.loop.reset(stepped)
         self.armed = attention_through_sdpa()
         self.armed.__enter__()
+
+    def _hook_entry(self, module: nn.Module) -> None:
+        """The recording step's hooks on the module the loop calls."""
+        self.loss_hook = module.register_forward_hook(self._capture_loss, with_kwargs=True)
+        self.rng_hook = module.register_forward_pre_hook(self._remember_random_state)
+
+    def _entry_moved(self, old: nn.Module, new: nn.Module, args, kwargs) -> None:
+        """The loop calls a part of the model (training/entry.py): the recording hooks move there, this call's
+        random state taken now (its pre-hooks have run)."""
+        if self.recording:
+            self.loss_hook.remove()
+            self.rng_hook.remove()
+            self._hook_entry(new)
+            self._remember_random_state(new, args)
 
     def _arm_for_next_step(self) -> None:
         """The next step's first training forward is recorded. Where this step's optimizer step is still to come (a
@@ -198,20 +212,22 @@ class Watch:
             return
         try:
             if self.batch.ids is not None:  # a later micro-batch of the step
-                self.loop.later_forward(_anchor(output))
+                self.loop.later_forward(self.entry.anchor(output))
                 return
             self._see_forward(args, kwargs, output)
         except Exception as error:  # inside the training forward: never raise into it
             self._stop(f"reading the forward failed at step {self.count}: {type(error).__name__}: {error}")
 
     def _see_forward(self, args, kwargs, output) -> None:
+        anchor = self.entry.anchor(output)  # before the output is narrowed: a decoder's hidden states anchor too
+        output = self.entry.model_output(output)
         loss = loss_of(output)
         if isinstance(loss, torch.Tensor) and self.captured_loss is None:
             self.captured_loss = loss.detach()
             self.captured_graph = loss  # its autograd graph, for what the loss was computed from
         self.batch.see(args, kwargs, output)
         self.synchronised = synchronised(self.model)  # DDP inside no_sync: this backward averages nothing
-        self.loop.forward(_anchor(output))
+        self.loop.forward(anchor)
         self.loop.watch_logits(logits_of(output))
 
     def step(self, loss: Optional[torch.Tensor] = None, lr: Optional[float] = None) -> Optional[dict]:
@@ -273,9 +289,7 @@ class Watch:
         close() records nothing."""
         if self.recording:
             self._disarm()
-        if self.forward_hook is not None:
-            self.forward_hook.remove()
-            self.forward_hook = None
+        self.entry.close()
         self.loop.close()
         if self.stopped is None:
             self.stopped = "closed"
@@ -310,6 +324,7 @@ class Watch:
                               "data": with_order(host["data"], self.order.report(host["order"]),
                                                  self.order.repetition()),
                               "model": type(unwrap(self.model)).__name__,
+                              "entry": None if self.entry.is_model else self.entry.name,
                               "width": traces[0].input.shape[-1] if traces else None,
                               "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
                               "loop": host["loop"], "probe": host["probe"],
@@ -355,17 +370,23 @@ class Watch:
     def _loop_evidence(self, loss) -> dict:
         """The loop's evidence (training/loop.py) and the token embedding's rows the gradient reached."""
         rows = rows_reached(unwrap(self.model), self.batch.ids) if self.checks and self.loop.trained else None
+        if rows is not None:
+            rows["softmax_over_vocabulary"] = softmax_over_vocabulary(unwrap(self.model), self._loss_graph(loss))
         return {**self.loop.evidence(self._loss_checks(loss) if self.checks else {}, self.forwards or None),
                 "embedding_rows": rows}
 
     def _loss_checks(self, loss) -> dict:
         """What the loss says against the batch's logits and targets, and what its autograd graph was given."""
         checked = self.captured_loss if self.captured_loss is not None else loss
-        # the loss's graph: step()'s loss, or the model's own where step() was given a number or a detached tensor
-        graph = next((t for t in (loss, self.captured_graph) if isinstance(t, torch.Tensor) and t.grad_fn is not None),
-                     None)
+        graph = self._loss_graph(loss)
         return loss_checks(self.batch.logits, self.batch.targets,
                            checked if isinstance(checked, torch.Tensor) else None, graph, self.batch.logits_node)
+
+    def _loss_graph(self, loss) -> Optional[torch.Tensor]:
+        """The loss's graph: step()'s loss, or the model's own where step() was given a number or a detached
+        tensor."""
+        return next((t for t in (loss, self.captured_graph) if isinstance(t, torch.Tensor) and t.grad_fn is not None),
+                    None)
 
     def _replicas(self, scale: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """Every rank's fingerprint (training/distributed.py), gathered in one collective; None in one process."""
@@ -438,9 +459,3 @@ def _unscaled(norm: Optional[torch.Tensor], scale: Optional[torch.Tensor]) -> Op
 def _grad_norm(module: nn.Module) -> Optional[torch.Tensor]:
     """‖g‖ over the module's gradients (training.loop.grad_norm)."""
     return grad_norm(module.parameters())
-
-
-def _anchor(output) -> Optional[torch.Tensor]:
-    """Where a training forward's backward starts to be seen: its loss where it returns one, else its logits."""
-    loss = loss_of(output)
-    return loss if isinstance(loss, torch.Tensor) else logits_of(output)
