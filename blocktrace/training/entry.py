@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from blocktrace.training.embedding_rows import input_embedding
-from blocktrace.training.forward_call import logits_of, loss_of
+from blocktrace.training.forward_call import first_output, logits_of, loss_of
 
 Starts = Callable[[nn.Module, tuple, dict], None]
 
@@ -108,7 +108,5 @@ class Entry:
 
 def _first_float(output) -> Optional[torch.Tensor]:
     """A module's first floating tensor output: HF's last_hidden_state, a tuple's first, or the tensor itself."""
-    found = getattr(output, "last_hidden_state", None)
-    if found is None:
-        found = output[0] if isinstance(output, (tuple, list)) and output else output
+    found = first_output(output, "last_hidden_state")
     return found if isinstance(found, torch.Tensor) and found.is_floating_point() else None

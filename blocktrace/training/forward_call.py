@@ -57,11 +57,18 @@ def evaluating(model: nn.Module):
             module.training = mode
 
 
+def first_output(output, attribute: str):
+    """A module output's main value: its `attribute` (HF's .logits, .last_hidden_state), else a tuple's first
+    element, else the output itself."""
+    found = getattr(output, attribute, None)
+    if found is None:
+        found = output[0] if isinstance(output, (tuple, list)) and output else output
+    return found
+
+
 def logits_of(output) -> Optional[torch.Tensor]:
     """A model output's logits: HF's .logits, a tuple's first tensor, or the tensor itself."""
-    logits = getattr(output, "logits", None)
-    if logits is None:
-        logits = output[0] if isinstance(output, (tuple, list)) and output else output
+    logits = first_output(output, "logits")
     return logits if isinstance(logits, torch.Tensor) and logits.dim() == 3 else None
 
 
