@@ -804,3 +804,62 @@ def test_radam_first_steps_are_not_adam_steps(tmp_path, eps, tiny):
     records = _hf_trained(tmp_path / "run.jsonl", model, optimizer, steps=11, every=5)
     found = {r["step"] for r in records for f in r["flags"] if f["name"] == "updates_tiny"}
     assert found == ({10} if tiny else set())
+
+
+class _RezeroedSGD(torch.optim.Optimizer):
+    """SGD with (Nesterov) momentum written by hand with torch.optim.SGD's rule, whose buffer is created anew at
+    every step when `rezero` (kozistr/pytorch_optimizer PR #516's SignSGD: the state set up without checking that it
+    exists): each update is then (1 + μ)·g, plain SGD."""
+
+    def __init__(self, params, lr, momentum=0.9, nesterov=True, rezero=True):
+        super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov))
+        self.rezero = rezero
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if self.rezero or "buf" not in state:
+                    state["buf"] = torch.zeros_like(p)
+                buf = state["buf"].mul_(group["momentum"]).add_(p.grad)
+                p.add_(p.grad.add(buf, alpha=group["momentum"]) if group["nesterov"] else buf, alpha=-group["lr"])
+
+
+def _unexplained(records: list[dict]) -> list:
+    return [(r["loop"]["update_unexplained"] or [None])[0] for r in records]
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+    lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
+    lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.5, dampening=0.5),
+    lambda ps: _RezeroedSGD(ps, lr=0.05, rezero=False),
+    lambda ps: torch.optim.RMSprop(ps, lr=1e-3, momentum=0.9),
+], ids=["sgd", "nesterov-decay", "dampening", "hand-written", "rmsprop"])
+def test_a_momentum_that_carries_earlier_gradients_passes(tmp_path, make):
+    """A momentum's update holds earlier gradients: far from any a·g + b·w (measured from the second record on;
+    the first step's update is the gradient's alone, by definition, and is not judged)."""
+    records = _train(tmp_path / "run.jsonl", make, steps=21)
+    shares = _unexplained(records)
+    # the record at step 5 holds the step after step 0's: the optimizer's first, not judged
+    assert shares[:2] == [None, None] and all(share > 0.05 for share in shares[2:]), shares
+    assert not [f for r in records for f in r["flags"] if f["name"] == "momentum_not_carried"]
+
+
+def test_a_momentum_made_anew_at_every_step_is_the_optimizer(tmp_path):
+    """Seen in the eleventh blind group (F03, calibration): a hand-written Nesterov SGD whose buffer is zeros at
+    every step — each update (1 + μ)·g. Found at the second record after the first step; SGD without momentum and
+    Adam are not judged."""
+    records = _train(tmp_path / "run.jsonl", lambda ps: _RezeroedSGD(ps, lr=0.05), steps=21)
+    shares = _unexplained(records)
+    assert shares[:2] == [None, None] and all(share < 1e-3 for share in shares[2:]), shares
+    found = [(r["step"], f) for r in records for f in r["flags"] if f["name"] == "momentum_not_carried"]
+    # the records at 10 and 15 hold the steps after those at 5 and 10: the first two judged
+    assert [step for step, _ in found] == [15, 20] and found[0][1]["level"] == "error"
+    assert "momentum 0.9" in found[0][1]["detail"] and "at steps 5, 10" in found[0][1]["detail"]
+    assert records[3]["diagnosis"][0]["cause"] == "optimizer"
+    plain = _train(tmp_path / "plain.jsonl", lambda ps: torch.optim.SGD(ps, lr=0.05), steps=11)
+    assert all(r["loop"]["update_unexplained"] in (None, [None]) for r in plain)

@@ -263,6 +263,9 @@ SIGN_SHORT = 0.5
 # 1,000 for every β2 ≤ 0.999999, and the smallest float32 is 1.4e-45: |m| < 4e-20 there): only rounding to 16 bits or
 # below can have zeroed v
 FIRST_MOMENT_FLOOR = 1e-12
+# an update of a momentum optimizer that a·g + b·w explains but for this share of its size carries no earlier gradient
+MEMORYLESS = 1e-3
+MEMORYLESS_RECORDS = 2  # records in a row: a one-off reset of the state (a restart, ReLoRA's) is a recipe
 
 
 def adam_move_bound(beta1: float, beta2: float, step: Optional[int] = None) -> Optional[float]:
@@ -359,6 +362,43 @@ def _sign_update_short(history: Sequence[dict], entry: dict) -> list[Finding]:
             "after the record at step {step}; its definition moves each by exactly the learning rate",
             class_=_class(entry), index=index, move=move, step=loop.get("step_gradient_at", entry.get("step")))))
     return flags
+
+
+@check(Scope.TRAINING, "momentum_not_carried",
+       f"at {MEMORYLESS_RECORDS} records in a row, in the optimizer step after the record, the sampled update of a "
+       f"param group whose momentum is above 0 is a·g + b·w to within {MEMORYLESS:g} of its size (g the gradient as "
+       "the step began, w the weights; beyond their rounding), the optimizer having held state before that step",
+       "definition: a momentum optimizer's update carries earlier gradients — SGD's buf = μ·buf + g, the update buf "
+       "or, with Nesterov, g + μ·buf (Polyak 1964; Sutskever et al. 2013) — and minibatch gradients are never "
+       "parallel step after step; only at a first step (buf = g) is the update the current gradient's alone",
+       "the velocity is re-made from the current gradient at every step: a buffer created anew (zeros, or g) inside "
+       "each step, state keyed by something new at each step, a momentum written to a copy — the optimizer runs as "
+       "plain SGD at (1 + μ)× or 1/(1 − μ)× less effective learning rate than meant, without its smoothing",
+       Cause.OPTIMIZER, direct=True,
+       advice=phrase("keep the momentum buffer in the optimizer's state across steps (create it only where it does "
+                     "not exist yet), as torch.optim.SGD does"))
+def _momentum_not_carried(history: Sequence[dict], entry: dict) -> list[Finding]:
+    recent = [*history[max(0, len(history) - (MEMORYLESS_RECORDS - 1)):], entry]
+    if len(recent) < MEMORYLESS_RECORDS:
+        return []
+    shares = [(record.get("loop") or {}).get("update_unexplained") or [] for record in recent]
+    flags = []
+    for (index, group), share in zip(_groups(entry), shares[-1]):
+        momentum = _number(group.get("momentum")) or 0.0
+        if momentum <= 0 or not all(_memoryless(found, index) for found in shares):
+            continue
+        flags.append(finding(Level.ERROR, None, None, _number(share), phrase(
+            "{class_}'s param group {index} has momentum {momentum:g}, yet in the steps after the records at steps "
+            "{steps} its update was the current gradient's and weights' alone (all but {share:.2g} of it)",
+            class_=_class(entry), index=index, momentum=momentum, share=_number(share),
+            steps=", ".join(str((record.get("loop") or {}).get("step_gradient_at", record.get("step")))
+                            for record in recent))))
+    return flags
+
+
+def _memoryless(shares: list, index: int) -> bool:
+    share = _number(shares[index]) if index < len(shares) else None
+    return share is not None and share <= MEMORYLESS
 
 
 @check(Scope.TRAINING, "second_moment_lost",

@@ -243,6 +243,13 @@ PHRASES_ZH = {
     "the record at step {step}; its definition moves each by exactly the learning rate":
         "{class_} 的第 {index} 组参数在第 {step} 步记录之后的那次优化器更新中，没有一个权重的移动超过学习率的 {move} 倍；"
         "按其定义，每个权重都恰好移动一个学习率",
+    "{class_}'s param group {index} has momentum {momentum:g}, yet in the steps after the records at steps "
+    "{steps} its update was the current gradient's and weights' alone (all but {share:.2g} of it)":
+        "{class_} 的第 {index} 组参数的 momentum 是 {momentum}，但在第 {steps} 步记录之后的优化器更新中，"
+        "更新量只由当前的梯度和权重决定（除去的部分只占 {share}）",
+    "keep the momentum buffer in the optimizer's state across steps (create it only where it does not exist yet), "
+    "as torch.optim.SGD does":
+        "让 momentum buffer 一直保留在优化器的 state 里（只在它还不存在时创建），像 torch.optim.SGD 那样",
     "apply lr·sign(β1·m + (1 − β1)·g) in a hand-written Lion (google/automl's lion_pytorch.py), or use a maintained "
     "implementation":
         "手写的 Lion 要用 lr·sign(β1·m + (1 − β1)·g)（google/automl 的 lion_pytorch.py），或改用现成的实现",

@@ -400,7 +400,7 @@ class LoopObserver:
             return
         try:
             self.stepped = {"update_moves": sample.moves(), "moments_lost": sample.moments_lost,
-                            "update_step": sample.step}
+                            "update_step": sample.step, "update_unexplained": sample.memory()}
         except Exception:  # never raise into the user's step: the record says nothing of it
             self.stepped = {}
 
@@ -445,7 +445,7 @@ class LoopObserver:
                 "optimizer": optimizer_hyperparameters(self.optimizer, self.exterior), "descent": descended,
                 "schedulers": self.schedulers.evidence(),
                 "update_moves": stepped.get("update_moves"), "moments_lost": stepped.get("moments_lost"),
-                "update_step": stepped.get("update_step"),
+                "update_step": stepped.get("update_step"), "update_unexplained": stepped.get("update_unexplained"),
                 "between_steps": self.between.evidence() if self.between is not None else None,
                 "tempered": self.tempered if self.trained else None,
                 "dropout": largest_dropout(self.model), "embeddings": embeddings_untied(self.model),

@@ -141,6 +141,8 @@ def _loop(value: Any, field: str) -> dict:
     loop["log_softmax_over"] = _listed(loop.get("log_softmax_over"), f"{field}.log_softmax_over", _index,
                                        optional=True)
     loop["update_moves"] = _listed(loop.get("update_moves"), f"{field}.update_moves", number, optional=True)
+    loop["update_unexplained"] = _listed(loop.get("update_unexplained"), f"{field}.update_unexplained", number,
+                                         optional=True)
     loop["schedulers"] = _listed(loop.get("schedulers"), f"{field}.schedulers", _scheduler, optional=True)
     for key, read in _LOOP_PIECES.items():
         loop[key] = read(loop.get(key), f"{field}.{key}")

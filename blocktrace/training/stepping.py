@@ -1,6 +1,6 @@
 """What one optimizer step did to the weights it holds, measured around the step after a record.
 
-Two facts the optimizer's own definition fixes, whatever the model, the data or the learning rate:
+Three facts the optimizer's own definition fixes, whatever the model, the data or the learning rate:
 
 - **Each weight's move per unit of learning rate.** The audit bounds it for the optimizers whose update is
   m̂/√v̂ or a sign (diagnose/audit.py: `update_exceeds_its_bound`); here each param group's largest
@@ -12,6 +12,9 @@ Two facts the optimizer's own definition fixes, whatever the model, the data or 
   or saved in 16 bits. Counted, as the step begins, over every tensor of the optimizer's state that has both: a
   state loaded from a file is seen before its first step rebuilds v (a resumed run's first record), a state kept
   in 16 bits at every step.
+- **A momentum carries earlier gradients.** For a group with a momentum above 0, the gradient is sampled at the same
+  elements as the step begins; the share of the update Δw that no a·g + b·w explains (beyond the rounding) is near 1
+  for a velocity kept across steps and 0 for one re-made from the current gradient at each step.
 
 Everything stays on the device until the record's one copy; nothing here raises into the user's step.
 """
@@ -33,6 +36,7 @@ class _Sampled:
     parameter: torch.Tensor
     stride: int
     before: torch.Tensor
+    grad: Optional[torch.Tensor] = None  # the gradient at the same elements, where the group has a momentum
 
 
 @dataclass
@@ -40,6 +44,7 @@ class _Group:
     lr: float
     decay: float
     sampled: list[_Sampled]
+    momentum: float = 0.0
 
 
 def _number(value) -> Optional[float]:
@@ -48,10 +53,11 @@ def _number(value) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _sample(parameter: torch.Tensor) -> _Sampled:
+def _sample(parameter: torch.Tensor, with_grad: bool = False) -> _Sampled:
     flat = parameter.detach().reshape(-1)
     stride = max(1, flat.numel() // SAMPLED)
-    return _Sampled(parameter, stride, flat[::stride].clone())
+    grad = parameter.grad.detach().reshape(-1)[::stride].clone() if with_grad else None
+    return _Sampled(parameter, stride, flat[::stride].clone(), grad)
 
 
 class StepSample:
@@ -60,12 +66,17 @@ class StepSample:
     def __init__(self, optimizer, first_step: bool):
         self.moments_lost = moments_lost(optimizer)
         self.step = _step_about_to_run(optimizer, first_step)
+        # a velocity exists only where the optimizer held state before this step (torch's SGD sets it to g at its
+        # first step: that update is memoryless by definition)
+        carried = not first_step and bool(optimizer.state)
         self.groups: list[Optional[_Group]] = []
         for group in optimizer.param_groups:
             lr, decay = _number(group.get("lr")), _number(group.get("weight_decay")) or 0.0
+            momentum = (_number(group.get("momentum")) or 0.0) if carried else 0.0
             held = [p for p in group["params"] if p.grad is not None and p.is_floating_point()]
             usable = lr is not None and lr > 0 and held
-            self.groups.append(_Group(lr, abs(decay), [_sample(p) for p in held]) if usable else None)
+            self.groups.append(_Group(lr, abs(decay), [_sample(p, momentum > 0) for p in held], momentum)
+                               if usable else None)
 
     @torch.no_grad()
     def moves(self) -> list[Optional[torch.Tensor]]:
@@ -83,6 +94,36 @@ class StepSample:
             beyond = (after - before).abs() - group.lr * group.decay * before.abs() - rounding
             largest.append(beyond.amax().to(largest[0].device if largest else beyond.device))
         return torch.stack(largest).amax().clamp_min(0) / group.lr
+
+
+    @torch.no_grad()
+    def memory(self) -> list[Optional[torch.Tensor]]:
+        """Per param group with a momentum (None elsewhere), as the step has ended: the part of its sampled update
+        Δw that no a·g + b·w explains (least squares over the sampled elements, g the gradient as the step began),
+        beyond the weights' rounding, over ‖Δw‖ — a device scalar, NaN where the rounding alone could explain 1%
+        of ‖Δw‖. A momentum carries earlier gradients into the update, so only a velocity re-made from the
+        current gradient at each step leaves nothing unexplained."""
+        return [None if group is None or group.momentum <= 0 else _unexplained(group) for group in self.groups]
+
+
+def _unexplained(group: _Group) -> torch.Tensor:
+    device = group.sampled[0].before.device
+    before = torch.cat([s.before.double().to(device) for s in group.sampled])
+    after = torch.cat([s.parameter.detach().reshape(-1)[:: s.stride].double().to(device) for s in group.sampled])
+    grad = torch.cat([s.grad.double().to(device) for s in group.sampled])
+    moved = after - before
+    rounding = torch.linalg.vector_norm(torch.cat([2 * torch.finfo(s.before.dtype).eps * s.before.double().abs().to(
+        device) for s in group.sampled]))
+    basis = torch.stack([grad, before], dim=1)
+    fit = torch.linalg.pinv(basis.T @ basis) @ (basis.T @ moved)  # pinv: a zero gradient or weight column is fine
+    residual = torch.linalg.vector_norm(moved - basis @ fit)
+    size = torch.linalg.vector_norm(moved)
+    judged = 4 * rounding <= MEMORY_ROUNDING * size
+    unexplained = (residual - 4 * rounding).clamp_min(0) / size.clamp_min(1e-300)
+    return torch.where(judged, unexplained, torch.full_like(unexplained, float("nan")))
+
+
+MEMORY_ROUNDING = 0.01  # judged only where 4 × the weights' rounding is below this share of the update
 
 
 def _step_about_to_run(optimizer, first_step: bool) -> Optional[int]:
