@@ -278,9 +278,9 @@ class _HandLion(torch.optim.Optimizer):
     """Lion (Chen et al. 2023): w ← w·(1 − lr·λ) − lr·sign(β1·m + (1 − β1)·g); m ← β2·m + (1 − β2)·g. With
     `signed=False`, the published slip of applying the interpolation itself."""
 
-    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1, signed=True):
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1, signed=True, in_place=False):
         super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
-        self.signed = signed
+        self.signed, self.in_place = signed, in_place
 
     @torch.no_grad()
     def step(self):
@@ -289,8 +289,11 @@ class _HandLion(torch.optim.Optimizer):
             for p in (p for p in group["params"] if p.grad is not None):
                 m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
                 p.mul_(1 - group["lr"] * group["weight_decay"])
-                update = m * b1 + p.grad * (1 - b1)
-                p.add_(torch.sign(update) if self.signed else update, alpha=-group["lr"])
+                if self.in_place:  # blind11's F07: the update made on the state itself, then signed in place
+                    p.add_(m.mul_(b1).add_(p.grad, alpha=1 - b1).sign_(), alpha=-group["lr"])
+                else:
+                    update = m * b1 + p.grad * (1 - b1)
+                    p.add_(torch.sign(update) if self.signed else update, alpha=-group["lr"])
                 m.mul_(b2).add_(p.grad, alpha=1 - b2)
 
 
@@ -863,3 +866,27 @@ def test_a_momentum_made_anew_at_every_step_is_the_optimizer(tmp_path):
     assert records[3]["diagnosis"][0]["cause"] == "optimizer"
     plain = _train(tmp_path / "plain.jsonl", lambda ps: torch.optim.SGD(ps, lr=0.05), steps=11)
     assert all(r["loop"]["update_unexplained"] in (None, [None]) for r in plain)
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.AdamW(ps, lr=1e-3), lambda ps: torch.optim.Adam(ps, lr=3e-3, betas=(0.9, 0.95)),
+    lambda ps: torch.optim.RAdam(ps, lr=1e-3), lambda ps: torch.optim.NAdam(ps, lr=1e-3),
+    lambda ps: _HandAdam(ps, lr=1e-3), lambda ps: _HandLion(ps, lr=1e-4),
+], ids=["adamw", "adam-0.95", "radam", "nadam", "hand-adam", "lion"])
+def test_first_moments_that_average_their_gradients_pass(tmp_path, make):
+    """An exponential average of gradients is never larger than the largest of them: well under the limit."""
+    records = _train(tmp_path / "run.jsonl", make, steps=21)
+    ratios = [r["loop"]["first_moment_ratio"] for r in records[2:]]
+    assert all(ratio is not None and ratio < 10 for ratio in ratios), ratios
+    assert not [f for r in records for f in r["flags"] if f["name"] == "first_moment_outgrew_gradients"]
+
+
+def test_a_lion_updated_in_place_on_its_state_is_the_optimizer(tmp_path):
+    """Seen in the eleventh blind group (F07, calibration): Lion's update computed in place on its first moment and
+    signed there — the state becomes ±1, tens to hundreds of times the gradients it should average, and every step repeats
+    the first one's direction. Found at the second record whose step had state before it."""
+    records = _train(tmp_path / "run.jsonl", lambda ps: _HandLion(ps, lr=1e-4, in_place=True), steps=21)
+    assert all(r["loop"]["first_moment_ratio"] >= 10 for r in records[2:])
+    found = [(r["step"], f) for r in records for f in r["flags"] if f["name"] == "first_moment_outgrew_gradients"]
+    assert [step for step, _ in found] == [15, 20] and found[0][1]["level"] == "error"
+    assert records[3]["diagnosis"][0]["cause"] == "optimizer"

@@ -266,6 +266,9 @@ FIRST_MOMENT_FLOOR = 1e-12
 # an update of a momentum optimizer that a·g + b·w explains but for this share of its size carries no earlier gradient
 MEMORYLESS = 1e-3
 MEMORYLESS_RECORDS = 2  # records in a row: a one-off reset of the state (a restart, ReLoRA's) is a recipe
+# a first moment this many times the gradients' size needs gradients as much larger within its memory, at two records
+# apart (a spike's gradient, 10-100× for a step, has decayed from Adam's average by the next record)
+MOMENT_OVER_GRADIENT = 10
 
 
 def adam_move_bound(beta1: float, beta2: float, step: Optional[int] = None) -> Optional[float]:
@@ -399,6 +402,32 @@ def _momentum_not_carried(history: Sequence[dict], entry: dict) -> list[Finding]
 def _memoryless(shares: list, index: int) -> bool:
     share = _number(shares[index]) if index < len(shares) else None
     return share is not None and share <= MEMORYLESS
+
+
+@check(Scope.TRAINING, "first_moment_outgrew_gradients",
+       f"at {MEMORYLESS_RECORDS} records in a row, as the optimizer step after the record begins, the RMS of the "
+       f"optimizer's first moments (exp_avg: Adam's, Lion's) is {MOMENT_OVER_GRADIENT:g}× or more the RMS of the "
+       "gradients they average (over the parameters whose gradient is not all 0)",
+       "definition and the triangle inequality: the first moment is an exponential average of the gradients, "
+       "m_t = (1 − β1)·Σ_s β1^(t−s)·g_s with weights summing to below 1, so ‖m‖ ≤ max_s ‖g_s‖ over its memory "
+       "(~1/(1 − β1) steps); 10× the current gradients needs gradients 10× larger within that memory, at two "
+       "records in a row",
+       "the optimizer's state is written by something other than its average: an update computed in place on the "
+       "state (Lion's exp_avg.mul_(β1).add_(g).sign_() — the state becomes ±1 and every later step repeats the first "
+       "update's direction), a state loaded from another run or scaled by a loss scale it was not unscaled from",
+       Cause.OPTIMIZER, direct=True,
+       advice=phrase("compute the update in a new tensor (exp_avg.mul(β1).add(g, alpha=1 − β1)), never in place on "
+                     "the optimizer's state, and keep the state an average of unscaled gradients"))
+def _first_moment_outgrew_gradients(history: Sequence[dict], entry: dict) -> list[Finding]:
+    recent = [*history[max(0, len(history) - (MEMORYLESS_RECORDS - 1)):], entry]
+    ratios = [_number((record.get("loop") or {}).get("first_moment_ratio")) for record in recent]
+    if len(recent) < MEMORYLESS_RECORDS or not all(r is not None and r >= MOMENT_OVER_GRADIENT for r in ratios):
+        return []
+    return [finding(Level.ERROR, None, None, ratios[-1], phrase(
+        "as the optimizer steps after the records at steps {steps} began, {class_}'s first moments were {ratio:.3g}× "
+        "the gradients they average (RMS); an average of gradients is never larger than the largest of them",
+        steps=", ".join(str((record.get("loop") or {}).get("step_gradient_at", record.get("step")))
+                        for record in recent), class_=_class(entry), ratio=ratios[-1]))]
 
 
 @check(Scope.TRAINING, "second_moment_lost",

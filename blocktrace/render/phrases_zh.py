@@ -247,6 +247,14 @@ PHRASES_ZH = {
     "{steps} its update was the current gradient's and weights' alone (all but {share:.2g} of it)":
         "{class_} 的第 {index} 组参数的 momentum 是 {momentum}，但在第 {steps} 步记录之后的优化器更新中，"
         "更新量只由当前的梯度和权重决定（除去的部分只占 {share}）",
+    "as the optimizer steps after the records at steps {steps} began, {class_}'s first moments were {ratio:.3g}× "
+    "the gradients they average (RMS); an average of gradients is never larger than the largest of them":
+        "在第 {steps} 步记录之后的优化器更新开始时，{class_} 的 exp_avg（m）是它所平均的梯度的 {ratio} 倍（RMS）；"
+        "梯度的平均值不会大于其中最大的梯度",
+    "compute the update in a new tensor (exp_avg.mul(β1).add(g, alpha=1 − β1)), never in place on the optimizer's "
+    "state, and keep the state an average of unscaled gradients":
+        "在新的 tensor 里计算更新（exp_avg.mul(β1).add(g, alpha=1 − β1)），不要原地改写优化器的 state，"
+        "并让 state 保持为未缩放梯度的平均",
     "keep the momentum buffer in the optimizer's state across steps (create it only where it does not exist yet), "
     "as torch.optim.SGD does":
         "让 momentum buffer 一直保留在优化器的 state 里（只在它还不存在时创建），像 torch.optim.SGD 那样",

@@ -400,7 +400,8 @@ class LoopObserver:
             return
         try:
             self.stepped = {"update_moves": sample.moves(), "moments_lost": sample.moments_lost,
-                            "update_step": sample.step, "update_unexplained": sample.memory()}
+                            "update_step": sample.step, "update_unexplained": sample.memory(),
+                            "first_moment_ratio": sample.first_moment_ratio}
         except Exception:  # never raise into the user's step: the record says nothing of it
             self.stepped = {}
 
@@ -446,6 +447,7 @@ class LoopObserver:
                 "schedulers": self.schedulers.evidence(),
                 "update_moves": stepped.get("update_moves"), "moments_lost": stepped.get("moments_lost"),
                 "update_step": stepped.get("update_step"), "update_unexplained": stepped.get("update_unexplained"),
+                "first_moment_ratio": stepped.get("first_moment_ratio"),
                 "between_steps": self.between.evidence() if self.between is not None else None,
                 "tempered": self.tempered if self.trained else None,
                 "dropout": largest_dropout(self.model), "embeddings": embeddings_untied(self.model),

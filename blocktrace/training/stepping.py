@@ -1,6 +1,6 @@
 """What one optimizer step did to the weights it holds, measured around the step after a record.
 
-Three facts the optimizer's own definition fixes, whatever the model, the data or the learning rate:
+Four facts the optimizer's own definition fixes, whatever the model, the data or the learning rate:
 
 - **Each weight's move per unit of learning rate.** The audit bounds it for the optimizers whose update is
   m̂/√v̂ or a sign (diagnose/audit.py: `update_exceeds_its_bound`); here each param group's largest
@@ -12,6 +12,9 @@ Three facts the optimizer's own definition fixes, whatever the model, the data o
   or saved in 16 bits. Counted, as the step begins, over every tensor of the optimizer's state that has both: a
   state loaded from a file is seen before its first step rebuilds v (a resumed run's first record), a state kept
   in 16 bits at every step.
+- **A first moment is an average of gradients.** Adam's and Lion's exp_avg is (1 − β1)·Σ β1^(t−s)·g_s, weights
+  summing to below 1, so its size is at most the largest gradient's within its memory: its RMS over the current
+  gradients' is measured as the step begins.
 - **A momentum carries earlier gradients.** For a group with a momentum above 0, the gradient is sampled at the same
   elements as the step begins; the share of the update Δw that no a·g + b·w explains (beyond the rounding) is near 1
   for a velocity kept across steps and 0 for one re-made from the current gradient at each step.
@@ -65,6 +68,7 @@ class StepSample:
 
     def __init__(self, optimizer, first_step: bool):
         self.moments_lost = moments_lost(optimizer)
+        self.first_moment_ratio = first_moment_over_gradient(optimizer)
         self.step = _step_about_to_run(optimizer, first_step)
         # a velocity exists only where the optimizer held state before this step (torch's SGD sets it to g at its
         # first step: that update is memoryless by definition)
@@ -150,3 +154,24 @@ def moments_lost(optimizer) -> Optional[torch.Tensor]:
         lost = ((second == 0) & (first.abs() > FIRST_MOMENT_FLOOR)).sum()
         counts.append(lost.to(counts[0].device) if counts else lost)
     return torch.stack(counts).sum() if counts else None
+
+
+@torch.no_grad()
+def first_moment_over_gradient(optimizer) -> Optional[torch.Tensor]:
+    """RMS of the optimizer's first moments (exp_avg: Adam's, Lion's) over RMS of the gradients they average, as the
+    step begins, over the parameters with both and a gradient not all 0 — a device scalar; None where none has."""
+    moment_squares, grad_squares = [], []
+    for parameter, state in optimizer.state.items():
+        first = state.get("exp_avg") if isinstance(state, dict) else None
+        grad = getattr(parameter, "grad", None)
+        if type(first) is not torch.Tensor or type(grad) is not torch.Tensor or first.shape != grad.shape:
+            continue  # a sharded or quantised state, or a parameter without a gradient this step
+        moment_squares.append(first.double().square().sum())
+        grad_squares.append(grad.double().square().sum())
+    if not grad_squares:
+        return None
+    device = grad_squares[0].device
+    moments, grads = torch.stack([m.to(device) for m in moment_squares]), torch.stack(
+        [g.to(device) for g in grad_squares])
+    reached = grads > 0  # a parameter the loss did not reach this step keeps its average, rightly
+    return (torch.where(reached, moments, 0).sum() / torch.where(reached, grads, 0).sum().clamp_min(1e-300)).sqrt()
