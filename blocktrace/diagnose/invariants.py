@@ -1005,6 +1005,50 @@ def _data_repeated_past_use(history: Sequence[dict], entry: dict) -> list[Findin
         sequences=sequences, distinct=distinct, times=sequences / distinct))]
 
 
+# the share of evaluated tokens whose id training never held, and its multiple of Good's estimate, that say the
+# evaluated batches are not the training data's distribution (a held-out text of the same kind leaves its tokens
+# unseen at Good's rate; a byte-level corpus against raw text left 20% of them)
+UNSEEN_SHARE = 0.05
+UNSEEN_OVER_ESTIMATE = 10
+UNSEEN_RECORDS = 2  # records in a row: an evaluation before the first training batches counts as unseen
+
+
+@check(Scope.TRAINING, "evaluated_tokens_never_trained",
+       f"at {UNSEEN_RECORDS} records in a row, of the tokens the loop evaluated since the record before (forwards "
+       f"without gradients; the Watch's own probes left out), at least {UNSEEN_SHARE:g} have an id no training batch "
+       f"held, and at least {UNSEEN_OVER_ESTIMATE}× the share Good's estimate gives (the training tokens whose id came "
+       "exactly once, N1/N)",
+       "Good 1953 (after Turing): the probability mass of the ids a sample has not met is estimated by the share of "
+       "its tokens whose id it met once, so a batch drawn from the training data's own distribution leaves about "
+       "that share of its tokens unseen; many times more is a distribution training never sampled",
+       "the evaluated stream is not encoded as the training one: a byte-level tokenizer's visible form of the text "
+       "trained on and the text itself evaluated, another tokenizer's (or another vocabulary's) ids, an offset "
+       "added on one side; the held-out loss then measures tokens the model was never trained on",
+       Cause.DATA, direct=True,
+       advice=phrase("encode the training and the held-out data with the same pipeline (tokenizer, vocabulary, any "
+                     "preprocessing of the text), and compare a few decoded batches of each"))
+def _evaluated_tokens_never_trained(history: Sequence[dict], entry: dict) -> list[Finding]:
+    recent = [*history[max(0, len(history) - (UNSEEN_RECORDS - 1)):], entry]
+    shares = [_unseen(_data(record).get("coverage") or {}) for record in recent]
+    if len(recent) < UNSEEN_RECORDS or not all(share is not None for share in shares):
+        return []
+    coverage = _data(entry)["coverage"]
+    return [finding(Level.ERROR, None, None, shares[-1], phrase(
+        "{unseen} of the {tokens} tokens evaluated since the record before ({share:.1%}) have an id no training batch "
+        "held; a sample of the training data would leave {expected:.2%} unseen",
+        unseen=coverage["evaluated_unseen"], tokens=coverage["evaluated_tokens"], share=shares[-1],
+        expected=coverage["trained_once"] / coverage["trained_tokens"]))]
+
+
+def _unseen(coverage: dict) -> Optional[float]:
+    """The share of the evaluated tokens unseen in training where it is past both limits of the check above."""
+    tokens, trained = coverage.get("evaluated_tokens"), coverage.get("trained_tokens")
+    if not tokens or not trained:
+        return None
+    share, expected = coverage["evaluated_unseen"] / tokens, coverage["trained_once"] / trained
+    return share if share >= UNSEEN_SHARE and share >= UNSEEN_OVER_ESTIMATE * expected else None
+
+
 @check(Scope.TRAINING, "ranks_step_apart",
        "under data parallelism, a rank's learning rate, step count or loss scale differs from rank 0's (a Watch)",
        "invariant of data parallelism: the ranks take one step together, so they share its learning rate, its "

@@ -255,6 +255,13 @@ PHRASES_ZH = {
     "state, and keep the state an average of unscaled gradients":
         "在新的 tensor 里计算更新（exp_avg.mul(β1).add(g, alpha=1 − β1)），不要原地改写优化器的 state，"
         "并让 state 保持为未缩放梯度的平均",
+    "{unseen} of the {tokens} tokens evaluated since the record before ({share:.1%}) have an id no training batch "
+    "held; a sample of the training data would leave {expected:.2%} unseen":
+        "自上次记录以来评估的 {tokens} 个 token 中，有 {unseen} 个（{share}）的 id 从未在训练 batch 中出现过；"
+        "训练数据的样本只会留下 {expected} 没见过",
+    "encode the training and the held-out data with the same pipeline (tokenizer, vocabulary, any preprocessing of "
+    "the text), and compare a few decoded batches of each":
+        "用同样的流程（tokenizer、词表、对文本的任何预处理）编码训练数据和 held-out 数据，并各解码几个 batch 对比",
     "keep the momentum buffer in the optimizer's state across steps (create it only where it does not exist yet), "
     "as torch.optim.SGD does":
         "让 momentum buffer 一直保留在优化器的 state 里（只在它还不存在时创建），像 torch.optim.SGD 那样",

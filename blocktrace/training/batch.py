@@ -176,11 +176,14 @@ class Batch:
         return found
 
 
-def with_order(data: Optional[dict], repeats: Optional[dict], repetition: Optional[dict] = None) -> Optional[dict]:
-    """The batch's report with the repeated order found and the sequences trained on against the distinct ones
-    (training/order.py), where there are."""
+def with_order(data: Optional[dict], repeats: Optional[dict], repetition: Optional[dict] = None,
+               coverage: Optional[dict] = None) -> Optional[dict]:
+    """The batch's report with the repeated order found, the sequences trained on against the distinct ones
+    (training/order.py) and the evaluated tokens against the ids trained on (training/coverage.py), where there
+    are."""
     extra = {**({"order_repeats": repeats} if repeats is not None else {}),
-             **({"repetition": repetition} if repetition is not None else {})}
+             **({"repetition": repetition} if repetition is not None else {}),
+             **({"coverage": coverage} if coverage is not None else {})}
     return {**(data or {}), **extra} if extra else data
 
 

@@ -4,6 +4,7 @@ in eval mode for a probe, and the logits and loss read off whatever the model re
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 from typing import Optional
 
@@ -38,11 +39,24 @@ class RandomState:
 
     @contextlib.contextmanager
     def restored(self):
+        """The state restored, the training's own stream forked; the forwards run inside are the Watch's probes."""
         with torch.random.fork_rng(devices=[self.device] if self.device is not None else []):
             torch.set_rng_state(self.cpu)
             if self.device is not None:
                 torch.cuda.set_rng_state(self.on_device, self.device)
-            yield
+            token = _PROBING.set(True)
+            try:
+                yield
+            finally:
+                _PROBING.reset(token)
+
+
+_PROBING = contextvars.ContextVar("blocktrace_probing", default=False)
+
+
+def probing() -> bool:
+    """Whether a forward runs inside one of the Watch's own probes (not the loop's training or evaluation)."""
+    return _PROBING.get()
 
 
 @contextlib.contextmanager

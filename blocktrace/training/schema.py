@@ -116,6 +116,8 @@ def _data(value: Any, field: str) -> dict:
                                     lambda item, name: _index(item, name), optional=True)
     data["repetition"] = _mapped(data.get("repetition"), f"{field}.repetition",
                                  lambda item, name: _index(item, name), optional=True)
+    data["coverage"] = _mapped(data.get("coverage"), f"{field}.coverage", lambda item, name: _index(item, name),
+                               optional=True)
     return data
 
 

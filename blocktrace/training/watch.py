@@ -36,12 +36,13 @@ from blocktrace.training.between import settled
 from blocktrace.training.blocks import device_of, find_blocks, is_trainable, sharded, unwrap
 from blocktrace.training.distributed import Reducer, fingerprint, replica_rows, synchronised
 from blocktrace.training.judging import FIRST_ERROR_WARNING, Rollback, judge_record
-from blocktrace.training.forward_call import RandomState, logits_of, loss_of, targets_cross_entropy
+from blocktrace.training.forward_call import RandomState, logits_of, loss_of, probing, targets_cross_entropy
 from blocktrace.training.loop import Descent, LoopObserver, descent_read, grad_norm
 from blocktrace.training.loss_facts import loss_checks
 from blocktrace.training.order import DataOrder
 from blocktrace.training.probing import ProbeResult, causal_probe, probe_before_forward
-from blocktrace.training.embedding_rows import rows_reached, softmax_over_vocabulary
+from blocktrace.training.coverage import IdCoverage
+from blocktrace.training.embedding_rows import input_embedding, rows_reached, softmax_over_vocabulary
 from blocktrace.training.entry import Entry
 from blocktrace.training.logit_gradient import row_weights
 from blocktrace.training.logit_gradient import settled as tempered_rows
@@ -101,6 +102,8 @@ class Watch:
         # the records before, for the dynamics (diagnose/dynamics.py): the first (trends start there) and the last few
         self.history = History()
         self.order = DataOrder()  # every training step's batch, to tell an order that repeats (training/order.py)
+        table = input_embedding(unwrap(model))  # training ids against evaluated ones (training/coverage.py)
+        self.coverage = IdCoverage(table.num_embeddings if table is not None else None)
         self.forwards = 0  # training forwards (with gradients) since the last watch.step(): the step's micro-batches
         # the optimizer's ended steps as step() returned, where that step's own optimizer step was still to come: the
         # forwards before it ends are that step's (adversarial training's, SAM's second pass), not the next one's
@@ -184,7 +187,11 @@ class Watch:
         """Every training forward (with gradients), the one hook the Watch keeps between records: a step is under
         way for the loop; with the checks on, the step's micro-batches are counted and the first gives its batch
         key — unless the forward comes before the optimizer step of the step already recorded."""
-        if not torch.is_grad_enabled() or self.stopped is not None:
+        if self.stopped is not None:
+            return
+        if not torch.is_grad_enabled():
+            if self.checks and not probing():
+                self._see_evaluation(args, kwargs)
             return
         before_its_step = self._before_the_steps_optimizer_step()
         self.loop.forward_started()
@@ -198,8 +205,18 @@ class Watch:
             ids = input_ids(args, kwargs)
             if ids is not None:
                 self.order.see(self.count, ids)
+                self.coverage.trained(ids)
         except Exception as error:  # inside the training forward: never raise into it
             self._stop(f"reading the batch failed at step {self.count}: {type(error).__name__}: {error}")
+
+    def _see_evaluation(self, args, kwargs) -> None:
+        """A forward without gradients that is not the Watch's own: its tokens against the ids trained on."""
+        try:
+            ids = input_ids(args, kwargs)
+            if ids is not None:
+                self.coverage.evaluated(ids)
+        except Exception as error:  # inside the loop's evaluation: never raise into it
+            self._stop(f"reading an evaluation batch failed at step {self.count}: {type(error).__name__}: {error}")
 
     def _before_the_steps_optimizer_step(self) -> bool:
         """Whether a forward runs after step() and before the optimizer step of the same training step."""
@@ -322,7 +339,7 @@ class Watch:
                        grad_norm=host["model_grad"],
                        extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab,
                               "data": with_order(host["data"], self.order.report(host["order"]),
-                                                 self.order.repetition()),
+                                                 self.order.repetition(), host["coverage"]),
                               "model": type(unwrap(self.model)).__name__,
                               "entry": None if self.entry.is_model else self.entry.name,
                               "width": traces[0].input.shape[-1] if traces else None,
@@ -362,6 +379,7 @@ class Watch:
                                           self.sharded_probe) if self.checks else None,
                     "data": self.batch.report(self.loop.trained, self.loop.gradient_targets),
                     "order": self.order.take(),
+                    "coverage": self.coverage.take() if self.checks else None,
                     "weights": [weight_moments(block) for block in self.blocks] if self.checks else None}
         measured["replicas"] = replicas
         traces, host = finish([c for _, c in present], measured)
