@@ -19,7 +19,7 @@ import math
 from typing import Optional, Sequence
 
 from blocktrace.phrases import phrase
-from blocktrace.diagnose.checks import Cause, Finding, Scope, check, finding
+from blocktrace.diagnose.checks import Cause, Finding, Scope, check, finding, last_records
 from blocktrace.vocab import Exterior, Level
 
 # optimizers whose update divides a first moment by the square root of a second (Adam, AdamW, NAdam, RAdam,
@@ -381,8 +381,8 @@ def _sign_update_short(history: Sequence[dict], entry: dict) -> list[Finding]:
        advice=phrase("keep the momentum buffer in the optimizer's state across steps (create it only where it does "
                      "not exist yet), as torch.optim.SGD does"))
 def _momentum_not_carried(history: Sequence[dict], entry: dict) -> list[Finding]:
-    recent = [*history[max(0, len(history) - (MEMORYLESS_RECORDS - 1)):], entry]
-    if len(recent) < MEMORYLESS_RECORDS:
+    recent = last_records(history, entry, MEMORYLESS_RECORDS)
+    if not recent:
         return []
     shares = [(record.get("loop") or {}).get("update_unexplained") or [] for record in recent]
     flags = []
@@ -419,9 +419,9 @@ def _memoryless(shares: list, index: int) -> bool:
        advice=phrase("compute the update in a new tensor (exp_avg.mul(β1).add(g, alpha=1 − β1)), never in place on "
                      "the optimizer's state, and keep the state an average of unscaled gradients"))
 def _first_moment_outgrew_gradients(history: Sequence[dict], entry: dict) -> list[Finding]:
-    recent = [*history[max(0, len(history) - (MEMORYLESS_RECORDS - 1)):], entry]
+    recent = last_records(history, entry, MEMORYLESS_RECORDS)
     ratios = [_number((record.get("loop") or {}).get("first_moment_ratio")) for record in recent]
-    if len(recent) < MEMORYLESS_RECORDS or not all(r is not None and r >= MOMENT_OVER_GRADIENT for r in ratios):
+    if not recent or not all(r is not None and r >= MOMENT_OVER_GRADIENT for r in ratios):
         return []
     return [finding(Level.ERROR, None, None, ratios[-1], phrase(
         "as the optimizer steps after the records at steps {steps} began, {class_}'s first moments were {ratio:.3g}× "

@@ -153,3 +153,10 @@ class Finding:
 
 def finding(level: Level, step, layer, value: float, detail: str, cause: Optional[Cause] = None) -> Finding:
     return Finding(level, step, layer, value, detail, cause)
+
+
+def last_records(history, entry: dict, count: int) -> list[dict]:
+    """The last `count` records, `entry` the last of them ([] while the history holds fewer): a check that must
+    hold at that many records in a row."""
+    recent = [*history[max(0, len(history) - (count - 1)):], entry]
+    return recent if len(recent) == count else []

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 from blocktrace.phrases import phrase
 from blocktrace.diagnose.audit import scale_free
-from blocktrace.diagnose.checks import Cause, Finding, Scope, check, finding
+from blocktrace.diagnose.checks import Cause, Finding, Scope, check, finding, last_records
 from blocktrace.vocab import Level
 
 EXACT = 0.99  # share of target positions a relation must hold on to be the loop's relation (a few padding slips)
@@ -160,10 +160,10 @@ def _between_steps(entry: dict) -> Optional[dict]:
        advice=phrase("check the mask or hook on the embedding's gradient: it must keep the rows of the tokens "
                      "being trained and zero only the frozen ones"))
 def _embedding_gradient_misses_its_batch(history: Sequence[dict], entry: dict) -> list[Finding]:
-    recent = [*history[max(0, len(history) - (MISSED_RECORDS - 1)):], entry]
+    recent = last_records(history, entry, MISSED_RECORDS)
     rows = [_loop(record).get("embedding_rows") or {} for record in recent]
-    if len(rows) < MISSED_RECORDS or not all(row.get("read_rows") == 0 and _finite(row.get("other_rows"))
-                                             and row["other_rows"] > 0 for row in rows):
+    if not rows or not all(row.get("read_rows") == 0 and _finite(row.get("other_rows")) and row["other_rows"] > 0
+                           for row in rows):
         return []
     return [finding(Level.ERROR, None, None, rows[-1]["other_rows"], phrase(
         "at steps {steps} no row of the embedding that the batch's tokens read got a gradient, while rows they "
@@ -187,9 +187,9 @@ def _embedding_gradient_misses_its_batch(history: Sequence[dict], entry: dict) -
        advice=phrase("apply the head with the tied weight itself (the output embedding's weight or the head "
                      "module), not a detached or copied tensor"))
 def _tied_head_gradient_missing(history: Sequence[dict], entry: dict) -> list[Finding]:
-    recent = [*history[max(0, len(history) - (MISSED_RECORDS - 1)):], entry]
+    recent = last_records(history, entry, MISSED_RECORDS)
     rows = [_loop(record).get("embedding_rows") or {} for record in recent]
-    if len(rows) < MISSED_RECORDS or not all(_head_cut(row) for row in rows):
+    if not rows or not all(_head_cut(row) for row in rows):
         return []
     return [finding(Level.ERROR, None, None, rows[-1]["unread"], phrase(
         "at steps {steps} the embedding tied to the output head got a gradient on every row the batch read and "
@@ -1028,9 +1028,9 @@ UNSEEN_RECORDS = 2  # records in a row: an evaluation before the first training 
        advice=phrase("encode the training and the held-out data with the same pipeline (tokenizer, vocabulary, any "
                      "preprocessing of the text), and compare a few decoded batches of each"))
 def _evaluated_tokens_never_trained(history: Sequence[dict], entry: dict) -> list[Finding]:
-    recent = [*history[max(0, len(history) - (UNSEEN_RECORDS - 1)):], entry]
+    recent = last_records(history, entry, UNSEEN_RECORDS)
     shares = [_unseen(_data(record).get("coverage") or {}) for record in recent]
-    if len(recent) < UNSEEN_RECORDS or not all(share is not None for share in shares):
+    if not recent or not all(share is not None for share in shares):
         return []
     coverage = _data(entry)["coverage"]
     return [finding(Level.ERROR, None, None, shares[-1], phrase(
