@@ -104,3 +104,52 @@ def test_a_forward_of_the_decoder_inside_the_model_does_not_move_the_entry(tmp_p
     model.model(input_ids=ids)
     assert entry.module is model.model and moved == [model.model] and entry.name == "model"
     entry.close()
+
+
+class _Trunk(torch.nn.Module):
+    """nanoGPT's body without its head: ids to the final hidden states."""
+
+    def __init__(self, vocab: int, causal: bool, d: int = 16):
+        super().__init__()
+        from helpers import NanoBlock
+
+        self.wte, self.wpe = torch.nn.Embedding(vocab, d), torch.nn.Embedding(32, d)
+        self.h = torch.nn.ModuleList(NanoBlock(d, 2, causal) for _ in range(2))
+        self.ln_f = torch.nn.LayerNorm(d)
+
+    def forward(self, ids):
+        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
+        for block in self.h:
+            x = block(x)
+        return self.ln_f(x)
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, vocab: int, causal: bool):
+        super().__init__()
+        self.body = _Trunk(vocab, causal)
+
+    def forward(self, ids):
+        return self.body(ids) @ self.body.wte.weight.T
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_causal_probe_runs_on_the_hidden_states_of_the_part_the_loop_calls(tmp_path, causal):
+    """The loop calls the model's body and applies the head itself: the causal probe calls the body as the loop did
+    and compares its hidden states — 0 where the attention is causal, a leak where it is not."""
+    torch.manual_seed(0)
+    model = _Model(VOCAB, causal)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, tmp_path / "run.jsonl", every=2, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(3):
+            ids, targets = _batch(step)
+            logits = model.body(ids) @ model.body.wte.weight.T
+            loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    records = read_timeline(tmp_path / "run.jsonl")
+    assert [r["entry"] for r in records] == ["body", "body"]
+    leak = records[0]["probe"]["future_leak"]
+    assert (leak < 1e-6) if causal else (leak > 0.01)

@@ -86,6 +86,15 @@ def logits_of(output) -> Optional[torch.Tensor]:
     return logits if isinstance(logits, torch.Tensor) and logits.dim() == 3 else None
 
 
+def per_position(output) -> Optional[torch.Tensor]:
+    """A forward's output at every position: its logits, else (a decoder called without its head) its hidden
+    states — what the probes compare between two forwards."""
+    found = logits_of(output)
+    if found is None:
+        found = first_output(output, "last_hidden_state")
+    return found if isinstance(found, torch.Tensor) and found.dim() == 3 and found.is_floating_point() else None
+
+
 def targets_cross_entropy(logits: Optional[torch.Tensor], targets: torch.Tensor) -> Optional[torch.Tensor]:
     """The mean cross-entropy of the logits against targets at their own positions (IGNORE_INDEX: not counted), in
     float32 as a loop computes it, returned in float64; None where the shapes do not pair."""

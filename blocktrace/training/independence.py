@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from blocktrace.training.forward_call import ForwardCall, RandomState, evaluating, logits_of
+from blocktrace.training.forward_call import ForwardCall, RandomState, evaluating, per_position
 
 PROBE_TOKENS = 64  # the probes' sequences: the batch's first rows, at most this long
 
@@ -32,9 +32,9 @@ def future_leak(call: Callable[[torch.Tensor], object], ids: torch.Tensor, vocab
     changed[:, half:] = (changed[:, half:] + 1) % vocab
     start = RandomState.now(ids.device)
     with start.restored():
-        before = logits_of(call(original))
+        before = per_position(call(original))
     with start.restored():  # the changed sequence under the first's draws, then the first again under new ones
-        after, again = logits_of(call(changed)), logits_of(call(original))
+        after, again = per_position(call(changed)), per_position(call(original))
     if before is None or after is None or again is None:
         return None
     earlier, largest = before[:, :half].float(), before.float().abs().amax().clamp_min(1e-30)
@@ -72,9 +72,9 @@ def _two_forwards(call: Callable[[torch.Tensor, torch.Tensor], object], original
     (the training's own stream untouched); None where the model gives no [rows, T, V] logits."""
     start = RandomState.now(original.device)
     with start.restored():
-        before = logits_of(call(original, rows))
+        before = per_position(call(original, rows))
     with start.restored():
-        after = logits_of(call(changed, rows))
+        after = per_position(call(changed, rows))
     if before is None or after is None or before.shape[:2] != original.shape or after.shape != before.shape:
         return None
     return before, after

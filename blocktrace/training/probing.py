@@ -64,34 +64,38 @@ def input_vocabulary(model: nn.Module) -> Optional[int]:
 
 
 def causal_probe(model: nn.Module, batch: Batch, reducer: Reducer, device: torch.device,
-                 before: Optional[ProbeResult] = None) -> Optional[dict]:
+                 before: Optional[ProbeResult] = None, called: Optional[nn.Module] = None) -> Optional[dict]:
     """The probe's finding for the record's "probe" (None: no batch seen, one process). Under FSDP2, `before` is
-    what probe_before_forward found before the training forward (None: it did not run)."""
+    what probe_before_forward found before the training forward (None: it did not run). `called`: the part of the
+    model the loop calls instead of the model (training/entry.py), probed as the loop called it, on its hidden
+    states, with the vocabulary of the model's input embedding."""
     found = {"causal_model": causal_model(unwrap(model))}
     if sharded(model):
         done = before if before is not None else ProbeResult(note=phrase(
             "causal probe not run under FSDP2: the recording step's forward was not seen before it ran"))
         return {**found, **_across_ranks(reducer, done.leak, done.note, done.seen, device)}
-    seen = batch.ids is not None and batch.vocab is not None
-    done = probe(unwrap(model), batch.call, batch.ids, batch.vocab) if seen else ProbeResult()
+    vocab = batch.vocab if called is None else input_vocabulary(unwrap(model))
+    target = unwrap(model if called is None else called)
+    seen = batch.ids is not None and vocab is not None
+    done = probe(target, batch.call, batch.ids, vocab) if seen else ProbeResult()
     leak, note = done.leak, done.note
     if reducer.active:  # every rank reaches these collectives, whatever its probe did
         return {**found, **_across_ranks(reducer, leak, note, seen, device)}
     if not seen:
         return None
-    others, others_note = _padding_and_batch(unwrap(model), batch)
+    others, others_note = _padding_and_batch(target, batch, vocab)
     notes = "; ".join(text for text in (note, others_note) if text)
     return {**found, **(leak or {}), **others, **({"note": notes} if notes else {})}
 
 
-def _padding_and_batch(model: nn.Module, batch: Batch) -> tuple[dict, Optional[str]]:
+def _padding_and_batch(model: nn.Module, batch: Batch, vocab: int) -> tuple[dict, Optional[str]]:
     """The padding and batch probes (one process): whether changing the padding a [B, T] attention mask drops, or
     another sequence of the batch, moves a sequence's logits. Not run for an encoder-decoder (its mask is the
     encoder's, its logits the decoder's)."""
     if batch.decoded or batch.call is None:
         return {}, None
     try:
-        return probe_padding_and_batch(model, batch.call, batch.ids, batch.kept, batch.vocab), None
+        return probe_padding_and_batch(model, batch.call, batch.ids, batch.kept, vocab), None
     except Exception as error:  # the model may refuse a smaller batch: say so, and go on
         return {}, f"padding and batch probes not run: {type(error).__name__}: {error}"[:200]
 

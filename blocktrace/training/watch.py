@@ -376,7 +376,8 @@ class Watch:
                     "loss": self._loss(loss),
                     "loop": self._loop_evidence(loss),
                     "probe": causal_probe(self.model, self.batch, self.reducer, device_of(self.blocks[0]),
-                                          self.sharded_probe) if self.checks else None,
+                                          self.sharded_probe, None if self.entry.is_model else self.entry.module)
+                    if self.checks else None,
                     "data": self.batch.report(self.loop.trained, self.loop.gradient_targets),
                     "order": self.order.take(),
                     "coverage": self.coverage.take() if self.checks else None,
