@@ -184,9 +184,11 @@ class Watch:
             self._stop(f"the causal probe failed at step {self.count}: {type(error).__name__}: {error}")
 
     def _forward_starts(self, module, args, kwargs) -> None:
-        """Every training forward (with gradients), the one hook the Watch keeps between records: a step is under
-        way for the loop; with the checks on, the step's micro-batches are counted and the first gives its batch
-        key — unless the forward comes before the optimizer step of the step already recorded."""
+        """Every forward of the module the loop calls (training/entry.py), the one hook the Watch keeps between
+        records. A training forward (with gradients): a step is under way for the loop; with the checks on, the
+        step's micro-batches are counted and the first gives its batch key — unless the forward comes before the
+        optimizer step of the step already recorded. A forward without gradients that is not one of the Watch's
+        own probes is the loop's evaluation: its tokens are counted against the ids trained on."""
         if self.stopped is not None:
             return
         if not torch.is_grad_enabled():
