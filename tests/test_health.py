@@ -282,12 +282,9 @@ class _DroppedBlock(torch.nn.Module):
         return x + self.drop(self.mlp(self.ln_2(x)))
 
 
-@pytest.mark.parametrize("on_stream", [False, True])
-def test_residual_dropout_in_training_is_a_residual_a_dropped_stream_is_not(tmp_path, on_stream):
-    """The sixth blind group's first score: a healthy run with dropout 0.1 on each sub-layer's output before the add
-    (a published recipe) was called residual_not_added at step 0 — in training the add holds as
-    x + D⊙f(x)/(1 − p), not x + f(x). That identity, dropout's own arithmetic, passes; dropout of the sum (the
-    stream dropped with its update) is still no residual."""
+def _residual_not_added(tmp_path, blocks: list, training: bool) -> set:
+    """The layers residual_not_added names at one recorded step of nanoGPT with these blocks, in training or eval
+    mode."""
     from helpers import NanoGPT, nano_batch
 
     from blocktrace import Watch
@@ -295,15 +292,24 @@ def test_residual_dropout_in_training_is_a_residual_a_dropped_stream_is_not(tmp_
 
     torch.manual_seed(0)
     model = NanoGPT()
-    model.h = torch.nn.ModuleList(_DroppedBlock(16, 2, on_stream) for _ in range(2))
-    model.train()
+    model.h = torch.nn.ModuleList(blocks)
+    model.train(training)
     with Watch(model, tmp_path / "run.jsonl", every=1, overwrite=True) as watch:
         ids, targets = nano_batch(0)
         _, loss = model(ids, targets)
         loss.backward()
         watch.step(loss)
-    flagged = {f["layer"] for f in read_timeline(tmp_path / "run.jsonl")[0]["flags"]
-               if f["name"] == "residual_not_added"}
+    return {f["layer"] for f in read_timeline(tmp_path / "run.jsonl")[0]["flags"] if f["name"] == "residual_not_added"}
+
+
+@pytest.mark.parametrize("on_stream", [False, True])
+def test_residual_dropout_in_training_is_a_residual_a_dropped_stream_is_not(tmp_path, on_stream):
+    """The sixth blind group's first score: a healthy run with dropout 0.1 on each sub-layer's output before the add
+    (a published recipe) was called residual_not_added at step 0 — in training the add holds as
+    x + D⊙f(x)/(1 − p), not x + f(x). That identity, dropout's own arithmetic, passes; dropout of the sum (the
+    stream dropped with its update) is still no residual."""
+    torch.manual_seed(0)
+    flagged = _residual_not_added(tmp_path, [_DroppedBlock(16, 2, on_stream) for _ in range(2)], training=True)
     assert flagged == ({0, 1} if on_stream else set())
 
 
@@ -320,21 +326,7 @@ class _FunctionalDropoutBlock(_DroppedBlock):
 def test_in_eval_the_residual_is_not_fitted_to_dropout(tmp_path, functional):
     """In eval mode dropout is the identity (torch's contract), so the residual add must hold as x + f(x): a block
     that still drops there (F.dropout's default training=True) is no residual; the module's dropout passes."""
-    from helpers import NanoGPT, nano_batch
-
-    from blocktrace import Watch
-    from blocktrace.training.timeline import read_timeline
-
     torch.manual_seed(0)
-    model = NanoGPT()
     kind = _FunctionalDropoutBlock if functional else _DroppedBlock
-    model.h = torch.nn.ModuleList(kind(16, 2, False) for _ in range(2))
-    model.eval()
-    with Watch(model, tmp_path / "run.jsonl", every=1, overwrite=True) as watch:
-        ids, targets = nano_batch(0)
-        _, loss = model(ids, targets)
-        loss.backward()
-        watch.step(loss)
-    flagged = {f["layer"] for f in read_timeline(tmp_path / "run.jsonl")[0]["flags"]
-               if f["name"] == "residual_not_added"}
+    flagged = _residual_not_added(tmp_path, [kind(16, 2, False) for _ in range(2)], training=False)
     assert flagged == ({0, 1} if functional else set())
