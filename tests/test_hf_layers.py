@@ -251,12 +251,14 @@ TRACED_ONLY_MODELS = {  # model class, config class, config, the steps of a laye
                            "use_parallel_residual": True}, PARALLEL_FIVE),
     "persimmon": ("PersimmonForCausalLM", "PersimmonConfig", {**LLAMA_SIZES, "hidden_dropout": 0.1}, SIX),
     "nemotron": ("NemotronForCausalLM", "NemotronConfig", {**LLAMA_SIZES, "num_key_value_heads": 2}, SIX),
+    "glm": ("GlmForCausalLM", "GlmConfig", {**LLAMA_SIZES, "num_key_value_heads": 2, "pad_token_id": 0}, SIX),
 }
 
 
 @pytest.mark.parametrize("name", list(TRACED_ONLY_MODELS))
 def test_hf_layers_traced_only_are_watched_step_by_step(tmp_path, name):
-    """OLMo-1, GPT-J, CodeGen, StableLM (sequential and parallel), Persimmon and Nemotron, whose checkpoints blocktrace
+    """OLMo-1, GPT-J, CodeGen, StableLM (sequential and parallel), Persimmon, Nemotron and GLM (refused as blind12 was
+    written), whose checkpoints blocktrace
     does not read, are traced as they are under the Watch (refused before: 'cannot find the Transformer blocks'):
     every step of their wiring in every layer, the residual sums holding in training with their dropouts on, nothing
     raised."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from blocktrace.sources.families.base import HFLayer
 from blocktrace.sources.families.llama import LLAMA_STEPS
+from blocktrace.vocab import Norm
 from blocktrace.wiring import PARALLEL_ONE_NORM
 
 GPTJ_STEPS = {"norm1": "ln_1", "attn": "attn", "ffn": "mlp"}  # x + attn(ln_1(x)) + mlp(ln_1(x))
@@ -20,4 +21,9 @@ TRACED_ONLY = {
                                     parallel_flag="use_parallel_residual", parallel_wiring=PARALLEL_ONE_NORM),
     "PersimmonDecoderLayer": HFLayer({**LLAMA_STEPS, "ffn": "dropout"}, hidden="mlp.act"),
     "NemotronDecoderLayer": HFLayer(LLAMA_STEPS, hidden="mlp.act_fn"),  # LayerNorm with gain 1 + w, a relu² MLP
+    # GLM (the first, glm-4-9b's): Llama's steps, a fused gate_up_proj MLP, partial rotary
+    "GlmDecoderLayer": HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.activation_fn"),
 }
+# Not here: Phi-1/2 and Falcon drop out their parallel sublayers' outputs in the layer (one dropout module called
+# twice; one dropout of the two outputs' sum), where no step holds what the add takes: traced as they are, their
+# residual sums would not hold in training with that dropout on (tried: residual_not_added at every layer)
