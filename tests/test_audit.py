@@ -890,3 +890,36 @@ def test_a_lion_updated_in_place_on_its_state_is_the_optimizer(tmp_path):
     found = [(r["step"], f) for r in records for f in r["flags"] if f["name"] == "first_moment_outgrew_gradients"]
     assert [step for step, _ in found] == [15, 20] and found[0][1]["level"] == "error"
     assert records[3]["diagnosis"][0]["cause"] == "optimizer"
+
+
+class _HandADOPT(torch.optim.Optimizer):
+    """ADOPT (Taniguchi et al. 2024; iShohei220/adopt): m averages g/max(√v, ε) clamped to ±t^¼ — normalised
+    gradients of size ~1, whatever the gradients' own."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.9999), eps=1e-6):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in (p for p in group["params"] if p.grad is not None):
+                state = self.state[p]
+                if not state:
+                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=p.grad.square())
+                    continue
+                state["step"] += 1
+                normed = (p.grad / state["exp_avg_sq"].sqrt().clamp_min(group["eps"])).clamp(
+                    -state["step"] ** 0.25, state["step"] ** 0.25)
+                state["exp_avg"].lerp_(normed, 1 - b1)
+                p.add_(state["exp_avg"], alpha=-group["lr"])
+                state["exp_avg_sq"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+
+
+def test_an_optimizer_that_averages_normalised_gradients_is_not_judged_by_their_size(tmp_path):
+    """blind12's first score (H3, a false alarm): ADOPT's exp_avg averages g/√v, hundreds of times the gradients'
+    size by definition; the rule holds for Adam's family and Lion only."""
+    records = _train(tmp_path / "run.jsonl", lambda ps: _HandADOPT(ps), steps=21)
+    # above any average of raw gradients (Adam's stay at 0.4-0.6 here), growing: 215x in blind12's H3
+    assert all(r["loop"]["first_moment_ratio"] > 2 for r in records[2:])
+    assert not [f for r in records for f in r["flags"] if f["name"] == "first_moment_outgrew_gradients"]

@@ -269,6 +269,9 @@ MEMORYLESS_RECORDS = 2  # records in a row: a one-off reset of the state (a rest
 # a first moment this many times the gradients' size needs gradients as much larger within its memory, at two records
 # apart (a spike's gradient, 10-100× for a step, has decayed from Adam's average by the next record)
 MOMENT_OVER_GRADIENT = 10
+# the optimizers (by class name) whose exp_avg is by definition an average of the raw gradients: Adam's family, Lion.
+# ADOPT's averages g/√v (of size ~1 whatever the gradients'), NovoGrad's g/‖g‖: their exp_avg is no such average
+RAW_AVERAGE_FAMILIES = (ADAM_FAMILY, "lion")
 
 
 def adam_move_bound(beta1: float, beta2: float, step: Optional[int] = None) -> Optional[float]:
@@ -406,8 +409,9 @@ def _memoryless(shares: list, index: int) -> bool:
 
 @check(Scope.TRAINING, "first_moment_outgrew_gradients",
        f"at {MEMORYLESS_RECORDS} records in a row, as the optimizer step after the record begins, the RMS of the "
-       f"optimizer's first moments (exp_avg: Adam's, Lion's) is {MOMENT_OVER_GRADIENT:g}× or more the RMS of the "
-       "gradients they average (over the parameters whose gradient is not all 0)",
+       f"first moments (exp_avg) of an Adam or a Lion (by class name, hand-written ones included) is "
+       f"{MOMENT_OVER_GRADIENT:g}× or more the RMS of the gradients they average (over the parameters whose gradient "
+       "is not all 0); ADOPT, NovoGrad and other optimizers that average normalised gradients are not judged",
        "definition and the triangle inequality: the first moment is an exponential average of the gradients, "
        "m_t = (1 − β1)·Σ_s β1^(t−s)·g_s with weights summing to below 1, so ‖m‖ ≤ max_s ‖g_s‖ over its memory "
        "(~1/(1 − β1) steps); 10× the current gradients needs gradients 10× larger within that memory, at two "
@@ -419,6 +423,8 @@ def _memoryless(shares: list, index: int) -> bool:
        advice=phrase("compute the update in a new tensor (exp_avg.mul(β1).add(g, alpha=1 − β1)), never in place on "
                      "the optimizer's state, and keep the state an average of unscaled gradients"))
 def _first_moment_outgrew_gradients(history: Sequence[dict], entry: dict) -> list[Finding]:
+    if not any(family in _class(entry).lower() for family in RAW_AVERAGE_FAMILIES):
+        return []
     recent = last_records(history, entry, MEMORYLESS_RECORDS)
     ratios = [_number((record.get("loop") or {}).get("first_moment_ratio")) for record in recent]
     if not recent or not all(r is not None and r >= MOMENT_OVER_GRADIENT for r in ratios):
