@@ -1435,6 +1435,7 @@ def _target_column_broadcast(z, y):
     ("padding ignored", _padded, False),
     ("z-loss", lambda z, y: _cross_entropy()(z, y) + 1e-4 * torch.logsumexp(z, -1).pow(2).mean(), False),
     ("-log mean p", _log_of_mean_probability, False),
+    ("cross-entropy of detached logits, z-loss live", lambda z, y: _detached_with_z_loss(z, y), False),
 ])
 @pytest.mark.parametrize("embedding_std", [None, 0.5])
 def test_a_loss_that_trains_every_position_toward_the_same_targets_is_the_loss_function(tmp_path, name, loss_of,
@@ -1454,6 +1455,34 @@ def test_a_loss_that_trains_every_position_toward_the_same_targets_is_the_loss_f
     assert records[0]["diagnosis"][0]["cause"] == "loss_function"
     # no row names one target: the descent probe has no cross-entropy to replay, and says so
     assert "names no target" in records[1]["loop"]["descent"]["note"]
+
+
+def _detached_with_z_loss(z, y):
+    """blind12 F09's slip: the cross-entropy computed on detached logits, PaLM's z-loss on the live ones — only the
+    z-loss's gradient, β·2·lse·softmax(z), reaches the model (a fit of one distribution q gives q = 0)."""
+    return _cross_entropy()(z.detach(), y) + 1e-4 * torch.logsumexp(z, -1).pow(2).mean()
+
+
+@pytest.mark.parametrize("name, loss_of, flagged", [
+    ("cross-entropy of detached logits, z-loss live", _detached_with_z_loss, True),
+    ("cross-entropy and z-loss", lambda z, y: _cross_entropy()(z, y) + 1e-4 * torch.logsumexp(z, -1).pow(2).mean(),
+     False),
+    ("label_smoothing=0.1", _cross_entropy(label_smoothing=0.1), False),
+    ("distillation", _distilled, False),
+])
+def test_a_loss_whose_gradient_pulls_no_logit_up_trains_no_target(tmp_path, name, loss_of, flagged):
+    """Seen in the twelfth blind group (F09, calibration): a cross-entropy's gradient at the logits is negative
+    where the target's mass exceeds the model's probability; with the cross-entropy on detached logits only the
+    z-loss reaches them, positive everywhere. Found at the second record (gradient flow); hard, smoothed and
+    distilled targets pull logits up in every row."""
+    records = _loop_with_loss(tmp_path / "run.jsonl", loss_of, steps=3)
+    flags = [(r["step"], f) for r in records for f in r["flags"] if f["name"] == "no_logit_pulled_up"]
+    assert records[0]["data"]["pulled_rows"] == (0.0 if flagged else 1.0)
+    if not flagged:
+        assert not flags, name
+        return
+    assert [step for step, _ in flags] == [1, 2] and flags[0][1]["level"] == "error"
+    assert records[1]["diagnosis"][0]["cause"] == "gradient_flow"
 
 
 # --- the targets a loss outside the model used, read off its gradient at the logits --------------------------------
@@ -1529,7 +1558,7 @@ def test_an_encoder_decoders_logits_are_not_set_beside_its_encoder_ids():
     from blocktrace.training.batch import Batch
 
     ids = torch.arange(12).reshape(2, 6)
-    read_off = (ids.roll(1, 1), torch.tensor(1.0, dtype=torch.float64))
+    read_off = (ids.roll(1, 1), torch.tensor(1.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
     for kwargs, judged in (({}, True), ({"decoder_input_ids": ids}, False)):
         batch = Batch(shifts_labels=False)
         batch.see((ids,), kwargs, torch.zeros(2, 6, 13))

@@ -44,6 +44,8 @@ GROWN_OUTSIDE = 2.0  # factor a tensor's RMS grew by outside the optimizer from 
 SHARED_TARGET_ROWS = 8  # sampled rows with a gradient that must share one target distribution
 SHARED_TARGET_FIT = 1e-3  # their gradients' distance from w·(p_r − q), as a share of the largest entry (float32: ~1e-6)
 SHARED_TARGET_PEAK = 0.9  # q's largest entry below this: not one token repeated (a batch of one target)
+SHARED_TARGET_MASS = 0.01  # |Σq − 1| within this: q is a distribution (a z-loss alone fits with q = 0)
+UNPULLED_RECORDS = 2  # records in a row whose loss pulls no logit up (a batch whose targets are all ignored, once)
 LIKELY_SLOPE = 0.5  # slope of log weight on log p_t from which the loss favours the tokens the model finds likely
 LIKELY_EXPLAINED = 0.9  # share of the weights' variance that slope must explain (the weight a function of p_t)
 LIKELY_SPAN = 1.0  # nats of log p_t the rows must span for a slope to be read (near the uniform start they span ~0)
@@ -560,7 +562,8 @@ def _loss_weights_likely_tokens(history: Sequence[dict], entry: dict) -> list[Fi
 @check(Scope.TRAINING, "targets_same_for_every_row",
        f"the gradient the backward hands the model's logits is w·(p_r − q) with one w > 0 and one distribution q on "
        f"every sampled row with a gradient (at least {SHARED_TARGET_ROWS}; within {SHARED_TARGET_FIT:g} of the "
-       f"largest entry), q not a single token (its largest entry below {SHARED_TARGET_PEAK:g}) "
+       f"largest entry), q a distribution (Σq within {SHARED_TARGET_MASS:g} of 1) and not a single token (its "
+       f"largest entry below {SHARED_TARGET_PEAK:g}) "
        f"(training/logit_gradient.py; a Watch)",
        "calculus: a cross-entropy against q_r gives row r the gradient w_r·(softmax(z_r) − q_r); a language "
        "model's q_r is its own position's next token — one-hot, smoothed or a teacher's distribution of it — so "
@@ -573,15 +576,39 @@ def _loss_weights_likely_tokens(history: Sequence[dict], entry: dict) -> list[Fi
                      "targets.unsqueeze(-1)), or F.cross_entropy(logits.view(-1, V), targets.view(-1))"))
 def _targets_same_for_every_row(history: Sequence[dict], entry: dict) -> list[Finding]:
     weights = _loop(entry).get("row_weights") or {}
-    rows, residual, weight, peak = (weights.get(key) for key in
-                                    ("shared_rows", "shared_residual", "shared_weight", "shared_peak"))
-    if not (_finite(rows) and _finite(residual) and _finite(weight) and _finite(peak)) or rows < SHARED_TARGET_ROWS \
-            or residual > SHARED_TARGET_FIT or weight <= 0 or peak >= SHARED_TARGET_PEAK:
+    rows, residual, weight, peak, mass = (weights.get(key) for key in ("shared_rows", "shared_residual",
+                                                                       "shared_weight", "shared_peak", "shared_mass"))
+    if not all(_finite(value) for value in (rows, residual, weight, peak, mass)) or rows < SHARED_TARGET_ROWS \
+            or residual > SHARED_TARGET_FIT or weight <= 0 or peak >= SHARED_TARGET_PEAK \
+            or abs(mass - 1) > SHARED_TARGET_MASS:
         return []
     return [finding(Level.ERROR, None, None, residual, phrase(
         "at step {step} the loss trains all {rows} sampled positions toward one and the same distribution of targets "
         "(its most likely token {peak:.0%}), whatever each position's own next token", step=entry["step"],
         rows=rows, peak=peak))]
+
+
+@check(Scope.TRAINING, "no_logit_pulled_up",
+       f"at {UNPULLED_RECORDS} records in a row, the gradient the backward hands the model's logits (a loss computed in "
+       "the loop) has no negative entry in any row that has a gradient (training/logit_gradient.py; a Watch)",
+       "calculus: a cross-entropy against any target distribution q gives row r the gradient w·(p_r − q_r), negative "
+       "wherever q_r exceeds p_r — at the target, for a one-hot, smoothed or teacher's q; a z-loss adds β·p_r and an "
+       "entropy penalty terms of both signs. A gradient that pulls no logit up in any row trains no target: only a "
+       "term that pushes every logit down reached them",
+       "the target term of the loss does not reach the logits: computed on a detached copy of them (logits.detach(), "
+       "a value read through .item() or numpy), or left out of the sum — while a regulariser on the live logits (a "
+       "z-loss) still does; the model learns nothing of its targets",
+       Cause.GRADIENT_FLOW, direct=True,
+       advice=phrase("compute the cross-entropy on the logits as the model returned them (not detached, not a copy), "
+                     "and add it to the loss that backward() differentiates"))
+def _no_logit_pulled_up(history: Sequence[dict], entry: dict) -> list[Finding]:
+    recent = last_records(history, entry, UNPULLED_RECORDS)
+    shares = [_data(record).get("pulled_rows") for record in recent]
+    if not recent or not all(share == 0 for share in shares):
+        return []
+    return [finding(Level.ERROR, None, None, 0.0, phrase(
+        "at steps {steps} the loss's gradient at the logits pulled no logit up in any row: it trains no target",
+        steps=", ".join(str(record["step"]) for record in recent)))]
 
 
 @check(Scope.TRAINING, "loss_above_any_cross_entropy",

@@ -262,6 +262,11 @@ PHRASES_ZH = {
     "encode the training and the held-out data with the same pipeline (tokenizer, vocabulary, any preprocessing of "
     "the text), and compare a few decoded batches of each":
         "用同样的流程（tokenizer、词表、对文本的任何预处理）编码训练数据和 held-out 数据，并各解码几个 batch 对比",
+    "at steps {steps} the loss's gradient at the logits pulled no logit up in any row: it trains no target":
+        "第 {steps} 步，损失在 logits 处的梯度在任何一行都没有让任何 logit 变大：它不训练任何目标",
+    "compute the cross-entropy on the logits as the model returned them (not detached, not a copy), and add it to "
+    "the loss that backward() differentiates":
+        "用模型返回的 logits 本身（不要 detach，不要复制）计算交叉熵，并把它加到 backward() 所计算的损失里",
     "keep the momentum buffer in the optimizer's state across steps (create it only where it does not exist yet), "
     "as torch.optim.SGD does":
         "让 momentum buffer 一直保留在优化器的 state 里（只在它还不存在时创建），像 torch.optim.SGD 那样",

@@ -151,7 +151,7 @@ class Batch:
         was not trained on) is not remembered as the last trained batch. Where the forward was given no targets,
         `from_gradient` (training/logit_gradient.gradient_targets) gives the ones the loss used at the logits'
         positions, with the share of rows that name one (`hard_rows`: the checks judge them only where it is
-        whole)."""
+        whole) and the share with any logit pulled up (`pulled_rows`)."""
         if self.ids is None:
             return None
         targets, shifts_inside = self.targets, self.shifts_labels
@@ -161,7 +161,7 @@ class Batch:
         if targets is None and from_gradient is not None and from_gradient[0].shape == self.ids.shape \
                 and not self.decoded:
             targets, shifts_inside = from_gradient[0], False  # at the logits' own positions: no shift inside
-            found["hard_rows"] = from_gradient[1]
+            found["hard_rows"], found["pulled_rows"] = from_gradient[1], from_gradient[2]
         found["shifts_inside"] = shifts_inside
         if targets is not None:
             found.update(target_match(self.ids, targets))

@@ -108,7 +108,8 @@ def _one_target(p: torch.Tensor, g: torch.Tensor) -> dict:
     weight = (dp * dg).sum() / (dp * dp).sum().clamp_min(1e-300)
     residual = (dg - weight * dp).abs().amax() / g.abs().amax().clamp_min(1e-300)
     target = mean_p - mean_g / weight
-    return {"shared_rows": count, "shared_residual": residual, "shared_weight": weight, "shared_peak": target.amax()}
+    return {"shared_rows": count, "shared_residual": residual, "shared_weight": weight, "shared_peak": target.amax(),
+            "shared_mass": target.sum()}
 
 
 def _exact_weights(log_p: torch.Tensor, g: torch.Tensor, one_negative: torch.Tensor):
@@ -157,7 +158,7 @@ def row_weights(found: Optional[dict]) -> Optional[dict]:
 
 def _shared_target(found: dict) -> dict:
     """On the host: whether the sampled rows share one target distribution."""
-    shared = {key: float(found[key]) for key in ("shared_residual", "shared_weight", "shared_peak")}
+    shared = {key: float(found[key]) for key in ("shared_residual", "shared_weight", "shared_peak", "shared_mass")}
     return {"shared_rows": int(found["shared_rows"]), **shared}
 
 
@@ -181,11 +182,14 @@ def _probability_trend(found: dict) -> dict:
 
 
 @torch.no_grad()
-def gradient_targets(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gradient_targets(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each row's target as the loss used it (its one negative entry; IGNORE_INDEX where it has none or several),
-    shaped as the logits without their class axis, and the share of rows with any gradient that name one."""
+    shaped as the logits without their class axis; the share of rows with any gradient that name one; and the share
+    of them with any negative entry at all — a logit the loss pulls up (a cross-entropy against any distribution
+    pulls up its targets' logits; a z-loss alone pulls every logit down)."""
     negative = (grad < 0).sum(-1)
     named = negative == 1
     targets = torch.where(named, grad.argmin(-1), torch.full_like(negative, IGNORE_INDEX))
     touched = (grad != 0).any(-1)
-    return targets, named.sum().double() / touched.sum().clamp_min(1).double()
+    count = touched.sum().clamp_min(1).double()
+    return targets, named.sum().double() / count, ((negative > 0) & touched).sum().double() / count

@@ -107,6 +107,7 @@ def _data(value: Any, field: str) -> dict:
         data[key] = _boolean(data.get(key), f"{field}.{key}")
     data["counted"] = number(data.get("counted"), f"{field}.counted")
     data["hard_rows"] = number(data.get("hard_rows"), f"{field}.hard_rows")
+    data["pulled_rows"] = number(data.get("pulled_rows"), f"{field}.pulled_rows")
     for key in ("padded_rows", "rows"):
         data[key] = _index(data.get(key), f"{field}.{key}", optional=True)
     data["padding_id"] = number(data.get("padding_id"), f"{field}.padding_id")
