@@ -166,8 +166,9 @@ def first_moment_over_gradient(optimizer) -> Optional[torch.Tensor]:
         grad = getattr(parameter, "grad", None)
         if type(first) is not torch.Tensor or type(grad) is not torch.Tensor or first.shape != grad.shape:
             continue  # a sharded or quantised state, or a parameter without a gradient this step
-        moment_squares.append(first.double().square().sum())
-        grad_squares.append(grad.double().square().sum())
+        # norms in the tensors' own dtype (no full-size float64 copy of every state and gradient), squared in float64
+        moment_squares.append(torch.linalg.vector_norm(first).double().square())
+        grad_squares.append(torch.linalg.vector_norm(grad).double().square())
     if not grad_squares:
         return None
     device = grad_squares[0].device
