@@ -44,7 +44,7 @@ class Entry:
         table = input_embedding(model)
         self.vocabulary = table.num_embeddings if table is not None else None
         self.on_start, self.on_moved = on_start, on_moved
-        self.inside = False  # within the entry's forward: the parts it calls are not entries
+        self.depth = 0  # the entry's forwards under way (a model may call itself): the parts they call are no entries
         parts = ancestors(model, first_block) if first_block is not None else []
         self.part_hooks = [part.register_forward_pre_hook(self._part_starts, with_kwargs=True) for part in parts]
         self.hooks = self._hooked(model)
@@ -80,16 +80,16 @@ class Entry:
                 module.register_forward_hook(self._ends, always_call=True)]
 
     def _starts(self, module, args, kwargs) -> None:
-        self.inside = True
+        self.depth += 1
         self.on_start(module, args, kwargs)
 
     def _ends(self, module, args, output) -> None:
-        self.inside = False
+        self.depth = max(0, self.depth - 1)
 
     def _part_starts(self, module, args, kwargs) -> None:
         """A part of the model runs: inside the entry's forward, nothing; called by the loop with gradients (an
         evaluation runs under no_grad), it becomes the entry from this call on."""
-        if self.inside or module is self.module or not torch.is_grad_enabled():
+        if self.depth > 0 or module is self.module or not torch.is_grad_enabled():
             return
         old = self.module
         for hook in self.hooks:
