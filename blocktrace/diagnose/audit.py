@@ -265,7 +265,7 @@ SIGN_SHORT = 0.5
 FIRST_MOMENT_FLOOR = 1e-12
 # an update of a momentum optimizer that a·g + b·w explains but for this share of its size carries no earlier gradient
 MEMORYLESS = 1e-3
-MEMORYLESS_RECORDS = 2  # records in a row: a one-off reset of the state (a restart, ReLoRA's) is a recipe
+STATE_RECORDS = 2  # records in a row for the optimizer-state checks: a one-off reset (a restart, ReLoRA's) is a recipe
 # a first moment this many times the gradients' size needs gradients as much larger within its memory, at two records
 # apart (a spike's gradient, 10-100× for a step, has decayed from Adam's average by the next record)
 MOMENT_OVER_GRADIENT = 10
@@ -371,7 +371,7 @@ def _sign_update_short(history: Sequence[dict], entry: dict) -> list[Finding]:
 
 
 @check(Scope.TRAINING, "momentum_not_carried",
-       f"at {MEMORYLESS_RECORDS} records in a row, in the optimizer step after the record, the sampled update of a "
+       f"at {STATE_RECORDS} records in a row, in the optimizer step after the record, the sampled update of a "
        f"param group whose momentum is above 0 is a·g + b·w to within {MEMORYLESS:g} of its size (g the gradient as "
        "the step began, w the weights; beyond their rounding), the optimizer having held state before that step",
        "definition: a momentum optimizer's update carries earlier gradients — SGD's buf = μ·buf + g, the update buf "
@@ -384,7 +384,7 @@ def _sign_update_short(history: Sequence[dict], entry: dict) -> list[Finding]:
        advice=phrase("keep the momentum buffer in the optimizer's state across steps (create it only where it does "
                      "not exist yet), as torch.optim.SGD does"))
 def _momentum_not_carried(history: Sequence[dict], entry: dict) -> list[Finding]:
-    recent = last_records(history, entry, MEMORYLESS_RECORDS)
+    recent = last_records(history, entry, STATE_RECORDS)
     if not recent:
         return []
     shares = [(record.get("loop") or {}).get("update_unexplained") or [] for record in recent]
@@ -408,7 +408,7 @@ def _memoryless(shares: list, index: int) -> bool:
 
 
 @check(Scope.TRAINING, "first_moment_outgrew_gradients",
-       f"at {MEMORYLESS_RECORDS} records in a row, as the optimizer step after the record begins, the RMS of the "
+       f"at {STATE_RECORDS} records in a row, as the optimizer step after the record begins, the RMS of the "
        f"first moments (exp_avg) of an Adam or a Lion (by class name, hand-written ones included) is "
        f"{MOMENT_OVER_GRADIENT:g}× or more the RMS of the gradients they average (over the parameters whose gradient "
        "is not all 0); ADOPT, NovoGrad and other optimizers that average normalised gradients are not judged",
@@ -425,7 +425,7 @@ def _memoryless(shares: list, index: int) -> bool:
 def _first_moment_outgrew_gradients(history: Sequence[dict], entry: dict) -> list[Finding]:
     if not any(family in _class(entry).lower() for family in RAW_AVERAGE_FAMILIES):
         return []
-    recent = last_records(history, entry, MEMORYLESS_RECORDS)
+    recent = last_records(history, entry, STATE_RECORDS)
     ratios = [_number((record.get("loop") or {}).get("first_moment_ratio")) for record in recent]
     if not recent or not all(r is not None and r >= MOMENT_OVER_GRADIENT for r in ratios):
         return []
