@@ -110,7 +110,11 @@ class StepSample:
         return [None if group is None or group.momentum <= 0 else _unexplained(group) for group in self.groups]
 
 
+MEMORY_ROUNDING = 0.01  # judged only where 4 × the weights' rounding is below this share of the update
+
+
 def _unexplained(group: _Group) -> torch.Tensor:
+    """StepSample.memory for one group: float64 on the sampled elements' device."""
     device = group.sampled[0].before.device
     before = torch.cat([s.before.double().to(device) for s in group.sampled])
     after = torch.cat([s.parameter.detach().reshape(-1)[:: s.stride].double().to(device) for s in group.sampled])
@@ -125,9 +129,6 @@ def _unexplained(group: _Group) -> torch.Tensor:
     judged = 4 * rounding <= MEMORY_ROUNDING * size
     unexplained = (residual - 4 * rounding).clamp_min(0) / size.clamp_min(1e-300)
     return torch.where(judged, unexplained, torch.full_like(unexplained, float("nan")))
-
-
-MEMORY_ROUNDING = 0.01  # judged only where 4 × the weights' rounding is below this share of the update
 
 
 def _step_about_to_run(optimizer, first_step: bool) -> Optional[int]:
