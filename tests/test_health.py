@@ -330,3 +330,25 @@ def test_in_eval_the_residual_is_not_fitted_to_dropout(tmp_path, functional):
     kind = _FunctionalDropoutBlock if functional else _DroppedBlock
     flagged = _residual_not_added(tmp_path, [kind(16, 2, False) for _ in range(2)], training=False)
     assert flagged == ({0, 1} if functional else set())
+
+
+@pytest.mark.parametrize("earlier, flagged", [(None, True), (80.0, True), (100.0, False), (130.0, False)])
+def test_a_large_attention_logit_is_judged_while_it_grows(earlier, flagged):
+    """blind12's H3 and failures2's llama-sgd-healthy, healthy runs, held a layer's largest logit flat at 101-126 for
+    dozens of records (sharp heads the model learned) and were called attention_logit_growth and
+    attention_entropy_collapse; every failing run those checks caught had its logit grow by 20% or more between
+    records there (FAILURES.md). So in a Watch, where the record before gives the same layer's logit, a logit past
+    100 is judged while it grows (at least 1.2× the record before's); alone (a checkpoint, a first record) as
+    before; past 1e4 always."""
+    block = build_block(BlockConfig())
+    block.attn.scale *= 300  # largest logits past 100, below 1e4
+    traced = trace(block, X, checks=True)
+    logit = traced.attention.max_logit
+    assert 100 < logit < 1e4, logit
+    traced.attention.earlier_max_logit = None if earlier is None else earlier * logit / 100
+    names = {f.name for f in evaluate([traced])}
+    assert ("attention_logit_growth" in names) == flagged
+    if not flagged:
+        assert "attention_entropy_collapse" not in names  # a settled logit's sharp heads: no collapse either
+    traced.attention.max_logit = 2e4
+    assert "attention_logit_growth" in {f.name for f in evaluate([traced])}  # past 1e4: an error, grown or not

@@ -26,6 +26,9 @@ from blocktrace.vocab import Level
 
 # Thresholds, each defined once and cited in CHECKS.
 LOGIT_WARNING, LOGIT_ERROR = 100.0, 1e4  # Wortsman et al. 2023
+# a logit past LOGIT_WARNING judged as growing where it is at least this multiple of the same layer's at the record
+# before (or where there is none): one that has settled is a sharp head the model learned, not an instability
+LOGIT_GROWING = 1.2
 SHARP_ENTROPY = 0.1  # a head below this share of uniform attention's entropy is sharp
 POSITIONAL = 0.5  # a sharp head putting this much weight on one position (first, self, previous) is positional
 DEAD_INFO, DEAD_ERROR = 0.7, 0.95  # Voita et al. 2023: > 70% dead units in healthy trained OPT layers
@@ -205,13 +208,22 @@ def _residual_not_added(record, layer, evidence) -> list[Finding]:
                     phrase("‖output − (α·stream + update)‖ / ‖output‖ = {mismatch:.3g}", mismatch=mismatch))]
 
 
+def _growing(attention) -> bool:
+    """Whether the layer's largest logit is still growing: LOGIT_GROWING × the record before's, or no record
+    before to compare (a checkpoint judged alone, a Watch's first record)."""
+    earlier = attention.earlier_max_logit
+    return earlier is None or not earlier > 0 or attention.max_logit >= LOGIT_GROWING * earlier
+
+
 def _judged_attention(trace):
     """The attention summary when there is enough of it to judge (T ≥ 4 keys), else None."""
     attention = trace.attention
     return attention if attention is not None and attention.shape[-1] >= 4 else None
 
 
-@check(Scope.ATTENTION, "attention_logit_growth", "largest pre-softmax logit > 100 (warning), > 1e4 (error)",
+@check(Scope.ATTENTION, "attention_logit_growth",
+       f"largest pre-softmax logit > 100 (warning; in a Watch, only while still growing: at least {LOGIT_GROWING:g}× "
+       "the same layer's at the record before), > 1e4 (error)",
        "Wortsman et al. 2023, Small-scale proxies for large-scale Transformer training instabilities "
        "(≈ 4–5 at init; runs with logits above 1e4 diverged)",
        "attention logits have grown large, so the softmax is saturated and its gradient vanishes",
@@ -219,7 +231,7 @@ def _judged_attention(trace):
 def _attention_logit_growth(trace, layer) -> list[Finding]:
     attention = _judged_attention(trace)
     logit = attention.max_logit if attention is not None else None
-    if logit is None or not logit > LOGIT_WARNING:
+    if logit is None or not logit > LOGIT_WARNING or (logit <= LOGIT_ERROR and not _growing(attention)):
         return []
     level = Level.ERROR if logit > LOGIT_ERROR else Level.WARNING
     return [finding(level, "attn", layer, logit, phrase("largest pre-softmax logit {logit:.4g}", logit=logit))]
@@ -282,13 +294,15 @@ def _sharp_heads(attention) -> list[int]:
 
 @check(Scope.ATTENTION, "attention_entropy_collapse",
        "at least half of a layer's heads below 0.1 × the entropy of uniform "
-       "attention, not explained by a positional pattern, with a logit above 100",
+       f"attention, not explained by a positional pattern, with a logit above 100 still growing (in a Watch: at "
+       f"least {LOGIT_GROWING:g}× the same layer's at the record before)",
        "Zhai et al. 2023, Stabilizing Transformer Training by Preventing Attention Entropy Collapse",
        "most heads put all their weight on one key while the logits grow: collapse preceded divergence in "
        "their runs", Cause.LEARNING_RATE)
 def _attention_entropy_collapse(trace, layer) -> list[Finding]:
     attention = _judged_attention(trace)
-    if attention is None or attention.max_logit is None or not attention.max_logit > LOGIT_WARNING:
+    if attention is None or attention.max_logit is None or not attention.max_logit > LOGIT_WARNING \
+            or not _growing(attention):
         return []
     unexplained = [head for head in _sharp_heads(attention) if _positional(attention, head) is None]
     heads = len(attention.entropy_per_head)

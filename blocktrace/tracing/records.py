@@ -100,6 +100,9 @@ class AttentionSummary:
     # scale folded into q)
     score_scale: Optional[float] = None
     head_dim: Optional[int] = None
+    # the same layer's largest logit at the record before (a Watch), to tell a logit still growing from one that
+    # has settled; None where there is none to compare
+    earlier_max_logit: Optional[float] = None
 
 
 @dataclass

@@ -349,6 +349,7 @@ class Watch:
                               "loop": host["loop"], "probe": host["probe"],
                               "replicas": replica_rows(host["replicas"]),
                               "blocks": self._blocks_seen(present, host["grads"])})
+        _compare_logits(traces, present, self.history[-1] if len(self.history) else None)
         judge_record(entry, traces, host, self.history, self.checks, self.blocks, self.optimizer)
         self.rollback.name(entry)
         self.history.add(entry)
@@ -480,3 +481,12 @@ def _unscaled(norm: Optional[torch.Tensor], scale: Optional[torch.Tensor]) -> Op
 def _grad_norm(module: nn.Module) -> Optional[torch.Tensor]:
     """‖g‖ over the module's gradients (training.loop.grad_norm)."""
     return grad_norm(module.parameters())
+
+
+def _compare_logits(traces: list, present: list[int], before: Optional[dict]) -> None:
+    """Each traced layer's largest attention logit at the record before, on its attention summary: the logit checks
+    judge growth (diagnose/health.py)."""
+    earlier = {layer.get("layer"): layer.get("max_logit") for layer in (before or {}).get("layers") or []}
+    for index, trace in zip(present, traces):
+        if trace.attention is not None:
+            trace.attention.earlier_max_logit = earlier.get(index)
