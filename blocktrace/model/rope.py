@@ -21,8 +21,8 @@ from blocktrace.config import RopeScaling
 from blocktrace.vocab import RopeKind
 
 
-# The frequencies are computed on the CPU whatever device a block is built on: under the loader's meta device every
-# op of theirs would go through meta decompositions (2 ms a layer, twice, at Llama-3's 3B) for a buffer rebuilt anyway
+# The frequencies are computed on the CPU whatever device a block is built on: under the loader's meta device they
+# would be meta tensors (2 ms a layer of meta decompositions at Llama-3's 3B), and would have to be rebuilt
 HOST = torch.device("cpu")
 
 

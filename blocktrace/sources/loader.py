@@ -15,7 +15,6 @@ from blocktrace.config import BlockConfig
 from blocktrace.errors import UsageError, WeightsError, valid_indices
 from blocktrace.model.block import TransformerBlock
 from blocktrace.model.head import OutputHead, final_norm, masked_lm_transform
-from blocktrace.model.rope import RotaryEmbedding
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.families import reading_as
 from blocktrace.sources.families.base import ModelInfo, Reader
@@ -69,22 +68,10 @@ def load_block(checkpoint: Checkpoint, info: ModelInfo, layer: int, config: Bloc
     with torch.device("meta"):  # no random init of weights about to be replaced
         block = TransformerBlock(config)
     block.load_state_dict(state, strict=False, assign=True)
-    _materialise_buffers(block)
     missing = [name for name, p in block.named_parameters() if p.is_meta]
     if missing:
         raise WeightsError(f"layer {layer} of {checkpoint.path} lacks parameters for {', '.join(missing)}")
     return block.eval()
-
-
-def _materialise_buffers(block: TransformerBlock) -> None:
-    """Buffers computed, not loaded (RoPE's inverse frequencies), rebuilt off the meta device."""
-    if block.config.token_mixer is not None:  # a convolution: no positions, nothing computed
-        return
-    rope = block.attn.rope
-    if rope is not None and rope.inv_freq.is_meta:
-        config = block.config
-        block.attn.rope = RotaryEmbedding(config.rotary_dims, config.rope_theta, config.rope_scaling,
-                                          config.rope_interleaved)
 
 
 def embed_token_ids(checkpoint: Checkpoint, info: ModelInfo, token_ids: list[int],

@@ -29,6 +29,12 @@ def input_embedding(model: nn.Module) -> Optional[nn.Embedding]:
     return embedding if isinstance(embedding, nn.Embedding) else None
 
 
+def input_vocabulary(model: nn.Module) -> Optional[int]:
+    """How many ids the model embeds: HF's input embeddings, else its first nn.Embedding."""
+    embedding = input_embedding(model)
+    return embedding.num_embeddings if embedding is not None else None
+
+
 def softmax_over_vocabulary(model: nn.Module, loss: Optional[torch.Tensor]) -> Optional[float]:
     """1 where the loss's autograd graph normalises a log-softmax over an axis as long as the model's vocabulary
     (next-token logits, whoever applied the head), 0 where it normalises none; None where the graph cannot say

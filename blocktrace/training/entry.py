@@ -13,7 +13,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from blocktrace.training.embedding_rows import input_embedding
+from blocktrace.training.embedding_rows import input_vocabulary
 from blocktrace.training.forward_call import first_output, logits_of, loss_of
 
 Starts = Callable[[nn.Module, tuple, dict], None]
@@ -41,8 +41,7 @@ class Entry:
     def __init__(self, model: nn.Module, first_block: Optional[nn.Module], on_start: Starts,
                  on_moved: Callable[[nn.Module, nn.Module, tuple, dict], None]):
         self.model, self.module = model, model
-        table = input_embedding(model)
-        self.vocabulary = table.num_embeddings if table is not None else None
+        self.vocabulary = input_vocabulary(model)
         self.on_start, self.on_moved = on_start, on_moved
         self.depth = 0  # the entry's forwards under way (a model may call itself): the parts they call are no entries
         parts = ancestors(model, first_block) if first_block is not None else []

@@ -17,7 +17,7 @@ from torch import nn
 
 from blocktrace.phrases import phrase
 from blocktrace.training.batch import Batch, input_ids
-from blocktrace.training.embedding_rows import input_embedding
+from blocktrace.training.embedding_rows import input_vocabulary
 from blocktrace.training.blocks import sharded, unwrap
 from blocktrace.training.distributed import Reducer
 from blocktrace.training.independence import probe_causality, probe_padding_and_batch
@@ -55,12 +55,6 @@ def probe_before_forward(model: nn.Module, args: tuple, kwargs: dict, reducer: R
         return ProbeResult(note=phrase("causal probe not run under FSDP2: a rank had no token ids or no input "
                                        "embedding to probe with"), seen=ready)
     return probe(model, ForwardCall(tuple(args), dict(kwargs), ids), ids, vocab)
-
-
-def input_vocabulary(model: nn.Module) -> Optional[int]:
-    """How many ids the model embeds: HF's input embeddings, else its first nn.Embedding."""
-    embedding = input_embedding(model)
-    return embedding.num_embeddings if embedding is not None else None
 
 
 def causal_probe(model: nn.Module, batch: Batch, reducer: Reducer, device: torch.device,

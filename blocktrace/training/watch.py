@@ -42,7 +42,7 @@ from blocktrace.training.loss_facts import loss_checks
 from blocktrace.training.order import DataOrder
 from blocktrace.training.probing import ProbeResult, causal_probe, probe_before_forward
 from blocktrace.training.coverage import IdCoverage
-from blocktrace.training.embedding_rows import input_embedding, rows_reached, softmax_over_vocabulary
+from blocktrace.training.embedding_rows import input_vocabulary, rows_reached, softmax_over_vocabulary
 from blocktrace.training.entry import Entry
 from blocktrace.training.logit_gradient import row_weights
 from blocktrace.training.logit_gradient import settled as tempered_rows
@@ -102,8 +102,7 @@ class Watch:
         # the records before, for the dynamics (diagnose/dynamics.py): the first (trends start there) and the last few
         self.history = History()
         self.order = DataOrder()  # every training step's batch, to tell an order that repeats (training/order.py)
-        table = input_embedding(unwrap(model))  # training ids against evaluated ones (training/coverage.py)
-        self.coverage = IdCoverage(table.num_embeddings if table is not None else None)
+        self.coverage = IdCoverage(input_vocabulary(unwrap(model)))  # training ids against evaluated ones
         self.forwards = 0  # training forwards (with gradients) since the last watch.step(): the step's micro-batches
         # the optimizer's ended steps as step() returned, where that step's own optimizer step was still to come: the
         # forwards before it ends are that step's (adversarial training's, SAM's second pass), not the next one's
