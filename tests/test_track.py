@@ -121,7 +121,9 @@ def test_the_table_ends_with_the_first_sign_of_trouble():
     lines = result.output.splitlines()
     assert lines[0] == "5 checkpoints of a 2-layer gpt2 model, the same 471 tokens through each (steps 0–100)"
     assert lines[-3].startswith("first sign of trouble: step 10, layer 0, ")
-    assert lines[-2].startswith("still there at the last step (100): ")
+    # layer 0's largest logit fell from 785 (step 50) to 670 (step 100): no longer growing, so judged as a Watch
+    # judges it (test_track_judges_a_large_attention_logit_while_it_grows_...), and the hedge is said
+    assert lines[-2] == "at the last step (100) no such finding remains: check that the loss recovered as well"
     assert lines[-1].startswith(f"roll back to: step 0 ({RUN / 'step_0000'})")
     assert any(line.startswith("most likely at step 10: learning rate") for line in lines)
     assert result.stderr_bytes in (None, b"")  # not a terminal: no progress bar
@@ -359,3 +361,33 @@ def test_what_a_record_could_not_measure_is_printed_once_with_its_steps(tmp_path
     lines = result.output.splitlines()
     assert "note: attention weights are not visible: x (at 3 records, steps 0–20)" in lines
     assert "note: causal probe not run: TypeError: y (at 2 records, steps 10–20)" in lines
+
+
+def _sharpened(source, target, scale):
+    """gpt2-tiny with every layer's query projection times `scale`: each attention logit times `scale`."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, target)
+    tensors = load_file(target / "model.safetensors")
+    for key, tensor in tensors.items():
+        if key.endswith("attn.c_attn.weight"):  # Conv1D [d, 3d]: the first d columns make the queries
+            tensor[:, :tensor.shape[0]] *= scale
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_track_judges_a_large_attention_logit_while_it_grows_from_checkpoint_to_checkpoint(tmp_path):
+    """As the Watch does (test_health.py: ..._judged_while_it_grows), track hands each checkpoint the same layer's
+    largest logit at the checkpoint before: a logit past 100 held flat is a sharp head the model learned, one that
+    grows 1.5x is still growing; the first checkpoint, with nothing before it, is judged alone."""
+    for step, scale in ((0, 40.0), (10, 40.0), (20, 60.0)):
+        _sharpened(SAMPLES / "gpt2-tiny", tmp_path / f"step_{step}", scale)
+    result = invoke("track", *(tmp_path / f"step_{s}" for s in (0, 10, 20)), "--token-ids", "1 2 3 4 5 6 7 8",
+                    "--json")
+    records = json.loads(result.output)["records"]
+    logits = [max(layer["max_logit"] for layer in r["layers"]) for r in records]
+    assert 100 < logits[0] == pytest.approx(logits[1]) and logits[2] < 1e4, logits
+    growth = [{f["layer"] for f in r["flags"] if f["name"] == "attention_logit_growth"} for r in records]
+    past_100 = [{layer["layer"] for layer in r["layers"] if layer["max_logit"] > 100} for r in records]
+    assert growth[0] == past_100[0] and growth[0]  # alone: judged as `check` judges it
+    assert growth[1] == set()  # held flat since the checkpoint before
+    assert growth[2] == past_100[2] and growth[2]  # grown 1.5x

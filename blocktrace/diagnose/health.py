@@ -222,8 +222,8 @@ def _judged_attention(trace):
 
 
 @check(Scope.ATTENTION, "attention_logit_growth",
-       f"largest pre-softmax logit > 100 (warning; in a Watch, only while still growing: at least {LOGIT_GROWING:g}× "
-       "the same layer's at the record before), > 1e4 (error)",
+       f"largest pre-softmax logit > 100 (warning; in a Watch or over checkpoints, only while still growing: at "
+       f"least {LOGIT_GROWING:g}× the same layer's at the record before), > 1e4 (error)",
        "Wortsman et al. 2023, Small-scale proxies for large-scale Transformer training instabilities "
        "(≈ 4–5 at init; runs with logits above 1e4 diverged)",
        "attention logits have grown large, so the softmax is saturated and its gradient vanishes",
@@ -294,8 +294,8 @@ def _sharp_heads(attention) -> list[int]:
 
 @check(Scope.ATTENTION, "attention_entropy_collapse",
        "at least half of a layer's heads below 0.1 × the entropy of uniform "
-       f"attention, not explained by a positional pattern, with a logit above 100 still growing (in a Watch: at "
-       f"least {LOGIT_GROWING:g}× the same layer's at the record before)",
+       f"attention, not explained by a positional pattern, with a logit above 100 still growing (in a Watch or over "
+       f"checkpoints: at least {LOGIT_GROWING:g}× the same layer's at the record before)",
        "Zhai et al. 2023, Stabilizing Transformer Training by Preventing Attention Entropy Collapse",
        "most heads put all their weight on one key while the logits grow: collapse preceded divergence in "
        "their runs", Cause.LEARNING_RATE)

@@ -36,6 +36,7 @@ from blocktrace.sources.source import resolve_device, token_batch, token_sequenc
 from blocktrace.sources.tokenizer import mask_token, token_labels
 from blocktrace.sources.training_step import step_named
 from blocktrace.tracing.tracer import trace
+from blocktrace.training.timeline import compare_logits
 
 
 @dataclass
@@ -182,16 +183,18 @@ def _gradients(model: OpenedModel, layers: Layers, model_input: ModelInput, head
                                      lambda x: cross_entropy(output_head(x), labels), loss_kind=head.spec.kind.value)
 
 
-def check_model_request(request: RunRequest, analysis: Analysis, checkpoint=None) -> tuple[dict, list, object]:
+def check_model_request(request: RunRequest, analysis: Analysis, checkpoint=None,
+                        before: Optional[dict] = None) -> tuple[dict, list, object]:
     """`check --weights`: the model's layers (all by default), its loss, gradients with --grad.
-    `checkpoint`: request.weights already open (track reads each checkpoint once)."""
+    `checkpoint`: request.weights already open (track reads each checkpoint once); `before`: the timeline record of
+    the checkpoint before it (track), whose attention logits the logit checks judge growth against."""
     given = request.inputs.given()
     if len(given) != 1 or not given[0].through_checkpoint:
         raise UsageError("checking a checkpoint takes its input as token ids: one of --token-ids, --token-ids-file, "
                          "--text or --text-file")
     checkpoint = checkpoint if checkpoint is not None else Checkpoint(request.weights)
     with checkpoint.reading_ahead():  # every layer will be read: the kernel reads the files ahead of them
-        return _checked(_opened(checkpoint, request), analysis)
+        return _checked(_opened(checkpoint, request), analysis, before)
 
 
 def _opened(checkpoint: Checkpoint, request: RunRequest) -> OpenedModel:
@@ -201,7 +204,7 @@ def _opened(checkpoint: Checkpoint, request: RunRequest) -> OpenedModel:
     return OpenedModel(checkpoint, info, config, request, torch_dtype(request.dtype), resolve_device(request.device))
 
 
-def _checked(model: OpenedModel, analysis: Analysis) -> tuple[dict, list, object]:
+def _checked(model: OpenedModel, analysis: Analysis, before: Optional[dict]) -> tuple[dict, list, object]:
     checkpoint, info, config, request = model.checkpoint, model.info, model.config, model.request
     traced = _traced_range(request, analysis, info.n_layers)
     model_input, head = _input_and_head(model)
@@ -210,6 +213,7 @@ def _checked(model: OpenedModel, analysis: Analysis) -> tuple[dict, list, object
     fits(config, Shape(*model_input.ids.shape))
     with_gradients = analysis.grad and head.module is not None
     layers = _trace_layers(model, _embed(model, model_input), model_input, traced, analysis, with_gradients)
+    compare_logits(layers.traces, traced, before)
     loss = _loss(head, layers.output, model_input, model.device)
     grads = _gradients(model, layers, model_input, head) if with_gradients else None
     evidence = ModelEvidence(loss=loss, weights=layers.weights, first_layer=traced.start, n_layers=info.n_layers,

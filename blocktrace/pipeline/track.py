@@ -84,14 +84,16 @@ def _same_model(point: Point, current, info, before) -> None:
                              "or vocabulary; track follows one model over training")
 
 
-def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, current, before) -> dict:
+def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, current, before,
+                      before_record: Optional[dict] = None) -> dict:
     """One checkpoint as a timeline record: the whole-model check, and its weights against the previous one's.
-    `current` and `before` are open Checkpoints (before: None at the first), each opened once for the whole track."""
+    `current` and `before` are open Checkpoints (before: None at the first), each opened once for the whole track;
+    `before_record` is the record made of `before`."""
     info = model_info(current)
     if before is not None:
         _same_model(point, current, info, before)
     report, traces, _ = check_model_request(dataclasses.replace(request, weights=point.path, training_step=point.step),
-                                            analysis, checkpoint=current)
+                                            analysis, checkpoint=current, before=before_record)
     moved = weight_movement(current, before, info.layer_prefix(0)[:-2], info.n_layers, info.family.ignored)
     grads = _block_grad_norms(report, len(traces))
     layers = [layer_entry(i, trace, grads[i], moved[i]) for i, trace in enumerate(traces)]
@@ -104,11 +106,12 @@ def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, cur
 
 def track_checkpoints(points: Sequence[Point], request: RunRequest, analysis: Analysis) -> Iterator[dict]:
     """The records of the checkpoints, in step order, one at a time (each one ticked: progress.tick)."""
-    previous = None
+    previous, previous_record = None, None
     for done, point in enumerate(points):
         tick("tracking", done, len(points))
         current = Checkpoint(point.path)
-        yield checkpoint_record(point, request, analysis, current, previous)
+        previous_record = checkpoint_record(point, request, analysis, current, previous, previous_record)
+        yield previous_record
         previous = current
 
 

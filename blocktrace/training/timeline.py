@@ -59,6 +59,15 @@ def layer_entry(layer: int, trace, grad_norm: Optional[float] = None, weights: O
     }
 
 
+def compare_logits(traces: list, present: Iterable[int], before: Optional[dict]) -> None:
+    """Each traced layer's largest attention logit at the record before (a Watch's record, a checkpoint's), on its
+    attention summary: the logit checks judge its growth (diagnose/health.py)."""
+    earlier = {layer.get("layer"): layer.get("max_logit") for layer in (before or {}).get("layers") or []}
+    for index, trace in zip(present, traces):
+        if trace.attention is not None:
+            trace.attention.earlier_max_logit = earlier.get(index)
+
+
 FLAG_KEYS = ("name", "level", "cause", "layer", "step", "detail")  # a finding in a timeline (what it means, its
 # threshold and source are the check's own: `check` prints them)
 

@@ -47,7 +47,7 @@ from blocktrace.training.entry import Entry
 from blocktrace.training.logit_gradient import row_weights
 from blocktrace.training.logit_gradient import settled as tempered_rows
 from blocktrace.training.tensorboard import open_tensorboard, write_scalars
-from blocktrace.training.timeline import TimelineWriter, layer_entry, record
+from blocktrace.training.timeline import TimelineWriter, compare_logits, layer_entry, record
 
 __all__ = ["FIRST_ERROR_WARNING", "Watch", "find_blocks"]
 
@@ -348,7 +348,7 @@ class Watch:
                               "loop": host["loop"], "probe": host["probe"],
                               "replicas": replica_rows(host["replicas"]),
                               "blocks": self._blocks_seen(present, host["grads"])})
-        _compare_logits(traces, present, self.history[-1] if len(self.history) else None)
+        compare_logits(traces, present, self.history[-1] if len(self.history) else None)
         judge_record(entry, traces, host, self.history, self.checks, self.blocks, self.optimizer)
         self.rollback.name(entry)
         self.history.add(entry)
@@ -480,12 +480,3 @@ def _unscaled(norm: Optional[torch.Tensor], scale: Optional[torch.Tensor]) -> Op
 def _grad_norm(module: nn.Module) -> Optional[torch.Tensor]:
     """‖g‖ over the module's gradients (training.loop.grad_norm)."""
     return grad_norm(module.parameters())
-
-
-def _compare_logits(traces: list, present: list[int], before: Optional[dict]) -> None:
-    """Each traced layer's largest attention logit at the record before, on its attention summary: the logit checks
-    judge growth (diagnose/health.py)."""
-    earlier = {layer.get("layer"): layer.get("max_logit") for layer in (before or {}).get("layers") or []}
-    for index, trace in zip(present, traces):
-        if trace.attention is not None:
-            trace.attention.earlier_max_logit = earlier.get(index)
