@@ -1,5 +1,6 @@
 """Health checks: each deliberately broken piece gets the right flag at the right step."""
 
+import ast
 import itertools
 import re
 import textwrap
@@ -15,6 +16,8 @@ from blocktrace.diagnose.checks import CHECKS
 from blocktrace.diagnose.health import evaluate
 from blocktrace.model.block import build_block
 from blocktrace.tracing.tracer import trace
+
+PACKAGE = Path(__file__).resolve().parents[1] / "blocktrace"
 
 X = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
 
@@ -352,3 +355,63 @@ def test_a_large_attention_logit_is_judged_while_it_grows(earlier, flagged):
         assert "attention_entropy_collapse" not in names  # a settled logit's sharp heads: no collapse either
     traced.attention.max_logit = 2e4
     assert "attention_logit_growth" in {f.name for f in evaluate([traced])}  # past 1e4: an error, grown or not
+
+
+def _module_constants() -> dict:
+    """Every upper-case module-level number of blocktrace (NAME = v and NAME, OTHER = v, w)."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+                continue
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+            target = node.targets[0]
+            pairs = zip(target.elts, value) if isinstance(target, ast.Tuple) and isinstance(value, tuple) else \
+                [(target, value)]
+            found.update({name.id: v for name, v in pairs if isinstance(name, ast.Name) and name.id.isupper()
+                          and isinstance(v, (int, float)) and not isinstance(v, bool) and v not in (0, 1)})
+    return found
+
+
+def _declared_checks():
+    """(name, the literal text of its threshold, the decorated function) of every @check of the package."""
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+        for node in functions.values():
+            for decorator in node.decorator_list:
+                if isinstance(decorator, ast.Call) and getattr(decorator.func, "id", "") == "check" and \
+                        len(decorator.args) > 2:
+                    literal = " ".join(part.value for part in ast.walk(decorator.args[2])
+                                       if isinstance(part, ast.Constant) and isinstance(part.value, str))
+                    yield decorator.args[1].value, literal, node, functions
+
+
+def _names_read(function, functions, depth=2) -> set:
+    """The names a check's function reads, and those of the module's functions it calls (two levels down)."""
+    names = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+            if depth and node.id in functions and functions[node.id] is not function:
+                names |= _names_read(functions[node.id], functions, depth - 1)
+    return names
+
+
+def test_a_checks_threshold_text_is_made_from_the_constants_it_reads():
+    """A threshold is written once: the prose of every check formats the constants its code compares against, so
+    the two cannot drift apart (issue 43). A number of a constant the check reads, standing in the threshold's
+    literal text, is that constant written a second time."""
+    constants = _module_constants()
+    written_twice = []
+    for name, literal, function, functions in _declared_checks():
+        for constant in _names_read(function, functions) & constants.keys():
+            value = constants[constant]
+            for text in {f"{value:g}", str(value)}:
+                if re.search(r"(?<![\w.])" + re.escape(text) + r"(?!\w)", literal):
+                    written_twice.append((name, constant, text))
+    assert not written_twice
+    assert len(list(_declared_checks())) > 100  # every check was read

@@ -380,7 +380,7 @@ def _loss_near_zero(history: Sequence[dict], entry: dict) -> list[Finding]:
 
 @check(Scope.TRAINING, "loss_spike",
        f"the loss > mean + {LOSS_SPIKE_SIGMAS:g}σ of the previous {LOSS_SPIKE_WINDOW} records "
-       f"(at least 8) and > mean + {LOSS_SPIKE_FLOOR:g} nats",
+       f"(at least {MIN_SPIKE_HISTORY}) and > mean + {LOSS_SPIKE_FLOOR:g} nats",
        "OLMo-core's stability monitor (a spike is > 6σ above the last 128 values), on the recorded steps",
        "the loss jumped well beyond its recent noise", Cause.UNKNOWN, symptom=True)
 def _loss_spike(history: Sequence[dict], entry: dict) -> list[Finding]:

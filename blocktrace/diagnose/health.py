@@ -21,6 +21,7 @@ from blocktrace.diagnose.checks import Cause, Finding, Flag, Scope, check, detec
 from blocktrace.diagnose.loss import SHIFT_MIN_POSITIONS
 from blocktrace.diagnose.weights import tensor_kind
 from blocktrace.tracing.behaviour import NormKind
+from blocktrace.tracing.probes import MASSIVE_ABS
 from blocktrace.vocab import Level
 
 
@@ -102,7 +103,7 @@ def _born_in_attention(record) -> bool:
     return record.name == "attn" and bool(finite) and all(finite) and "16" not in str(record.dtype)
 
 
-@check(Scope.STEP, "precision_overflow", "a float16 checkpoint whose activations exceed float16's largest value, 65504",
+@check(Scope.STEP, "precision_overflow", f"a float16 checkpoint whose activations exceed float16's largest value, {FLOAT16_MAX:g}",
        "IEEE 754 half precision", "in float16 these values become Inf: the training run overflowed",
        Cause.PRECISION)
 def _precision_overflow(record, layer, evidence) -> list[Finding]:
@@ -222,8 +223,8 @@ def _judged_attention(trace):
 
 
 @check(Scope.ATTENTION, "attention_logit_growth",
-       f"largest pre-softmax logit > 100 (warning; in a Watch or over checkpoints, only while still growing: at "
-       f"least {LOGIT_GROWING:g}× the same layer's at the record before), > 1e4 (error)",
+       f"largest pre-softmax logit > {LOGIT_WARNING:g} (warning; in a Watch or over checkpoints, only while still "
+       f"growing: at least {LOGIT_GROWING:g}× the same layer's at the record before), > {LOGIT_ERROR:g} (error)",
        "Wortsman et al. 2023, Small-scale proxies for large-scale Transformer training instabilities "
        "(≈ 4–5 at init; runs with logits above 1e4 diverged)",
        "attention logits have grown large, so the softmax is saturated and its gradient vanishes",
@@ -293,8 +294,8 @@ def _sharp_heads(attention) -> list[int]:
 
 
 @check(Scope.ATTENTION, "attention_entropy_collapse",
-       "at least half of a layer's heads below 0.1 × the entropy of uniform "
-       f"attention, not explained by a positional pattern, with a logit above 100 still growing (in a Watch or over "
+       f"at least half of a layer's heads below {SHARP_ENTROPY:g} × the entropy of uniform "
+       f"attention, not explained by a positional pattern, with a logit above {LOGIT_WARNING:g} still growing (in a Watch or over "
        f"checkpoints: at least {LOGIT_GROWING:g}× the same layer's at the record before)",
        "Zhai et al. 2023, Stabilizing Transformer Training by Preventing Attention Entropy Collapse",
        "most heads put all their weight on one key while the logits grow: collapse preceded divergence in "
@@ -314,7 +315,7 @@ def _attention_entropy_collapse(trace, layer) -> list[Finding]:
                            uniform_entropy=attention.uniform_entropy, max_logit=attention.max_logit))]
 
 
-@check(Scope.ATTENTION, "attention_sharp_head", "a head below 0.1 × the entropy of uniform attention (info)",
+@check(Scope.ATTENTION, "attention_sharp_head", f"a head below {SHARP_ENTROPY:g} × the entropy of uniform attention (info)",
        "Zhai et al. 2023: a single sharp head (previous-token, first-token sink) is a learned feature",
        "the head attends to one key; with ≥ 50% of its weight on the first key, itself or the previous token "
        "it is a positional head", Cause.LEARNING_RATE)
@@ -350,8 +351,9 @@ def _judged_ffn(record):
     return ffn if ffn is not None and ffn.tokens >= DEAD_MIN_TOKENS else None
 
 
-@check(Scope.STEP, "ffn_dead_units", "fraction of FFN hidden units never active over ≥ 64 tokens > 0.95 (error); > 0.7 "
-       "(info: seen in healthy trained OPT layers)",
+@check(Scope.STEP, "ffn_dead_units",
+       f"fraction of FFN hidden units never active over ≥ {DEAD_MIN_TOKENS} tokens > {DEAD_ERROR:g} (error); "
+       f"> {DEAD_INFO:g} (info: seen in healthy trained OPT layers)",
        "Voita et al. 2023, Neurons in Large Language Models: Dead, N-gram, Positional (> 70% dead in trained "
        "OPT layers)", "almost every FFN unit outputs nothing for every token: they get no gradient and are "
        "wasted", Cause.ARCHITECTURE)
@@ -377,7 +379,7 @@ def _ffn_saturated(record, layer, evidence) -> list[Finding]:
                            flat_fraction=ffn.flat_fraction))]
 
 
-@check(Scope.STEP, "update_too_small", "‖update‖ / ‖stream‖ < 1e-3 at a sublayer (info)",
+@check(Scope.STEP, "update_too_small", f"‖update‖ / ‖stream‖ < {UPDATE_SMALL:g} at a sublayer (info)",
        "Liu et al. 2020 (Admin): branch/stream balance", "the sublayer barely changes the stream",
        Cause.INITIALISATION)
 def _update_too_small(record, layer, evidence) -> list[Finding]:
@@ -388,7 +390,7 @@ def _update_too_small(record, layer, evidence) -> list[Finding]:
 
 
 @check(Scope.STEP, "update_too_large",
-       "‖update‖ / ‖stream‖ > 10 at a sublayer (info: the first layers of trained models)",
+       f"‖update‖ / ‖stream‖ > {UPDATE_LARGE:g} at a sublayer (info: the first layers of trained models)",
        "Liu et al. 2020 (Admin)", "the sublayer's update swamps the stream it is added to", Cause.INITIALISATION)
 def _update_too_large(record, layer, evidence) -> list[Finding]:
     ratio = record.probe.update_ratio
@@ -397,7 +399,7 @@ def _update_too_large(record, layer, evidence) -> list[Finding]:
     return [finding(Level.INFO, record.name, layer, ratio, phrase("‖update‖/‖stream‖ = {ratio:.3g}", ratio=ratio))]
 
 
-@check(Scope.STEP, "massive_activation", "|x| > 100 and > 1000 × the median |x| of the hidden state (info)",
+@check(Scope.STEP, "massive_activation", f"|x| > {MASSIVE_ABS:g} and > {MASSIVE_RATIO:g} × the median |x| of the hidden state (info)",
        "Sun et al. 2024, Massive Activations in Large Language Models",
        "a few features are orders of magnitude above the rest (normal in trained LLMs)", Cause.ARCHITECTURE)
 def _massive_activation(record, layer, evidence) -> list[Finding]:
@@ -410,7 +412,7 @@ def _massive_activation(record, layer, evidence) -> list[Finding]:
 
 # --- the layers together, the model, its gradients ---------------------------------------------------
 
-@check(Scope.STACK, "residual_explosion", "the median token's ‖x‖²/d grows past 100 × Xiong et al.'s bound (1 + 3l/2, "
+@check(Scope.STACK, "residual_explosion", f"the median token's ‖x‖²/d grows past {STREAM_GROWTH_ERROR:g} × Xiong et al.'s bound (1 + 3l/2, "
        "relative to the first layer's output, or to 1 where that is smaller) across the layers (not where every "
        "update is a norm's output: sandwich, reordered)",
        "Xiong et al. 2020, Lemma 2 (Pre-LN ‖x_l‖²/d ≤ 1 + 3l/2 at init); Wortsman et al. 2023; where each update is "
@@ -440,7 +442,7 @@ def _residual_explosion(traces, first_layer: int) -> list[Finding]:
 
 
 @check(Scope.MODEL, "weight_scale",
-       "the median matrix of a layer has std·√fan_in > 10 (a linear map amplifying its input "
+       f"the median matrix of a layer has std·√fan_in > {WEIGHT_GAIN_ERROR:g} (a linear map amplifying its input "
        "tenfold; ≈ 0.5–1.5 at the usual inits: N(0, 0.02), Xavier, 1/√d)",
        "Glorot & Bengio 2010; Radford et al. 2019 (GPT-2: N(0, 0.02))",
        "the weights are far larger than any usual initialisation", Cause.INITIALISATION)
@@ -582,7 +584,7 @@ def _weight_outlier(evidence) -> list[Finding]:
     return flags
 
 
-@check(Scope.MODEL, "loss_above_uniform", "the model's loss > log V + 0.5 nats (V: the vocabulary); over "
+@check(Scope.MODEL, "loss_above_uniform", f"the model's loss > log V + {LOSS_MARGIN:g} nats (V: the vocabulary); over "
        "training, info at a first record above after step 0, an error when it lasts to the next or is not finite",
        "definition: log V is the loss of predicting every token equally likely",
        "the model predicts worse than an untrained uniform guess: its training failed (a symptom: alone it names "
@@ -628,7 +630,7 @@ def _learned_wrong_shift(evidence) -> list[Finding]:
                            shown=shown))]
 
 
-@check(Scope.MODEL, "output_logit_drift", "the mean log Z = log Σ exp(logits) of the predictions beyond ±1000",
+@check(Scope.MODEL, "output_logit_drift", f"the mean log Z = log Σ exp(logits) of the predictions beyond ±{LOG_Z_ERROR:g}",
        "Wortsman et al. 2023 (output-logit divergence; z-loss 1e-4·log²Z)",
        "the output logits' normaliser has drifted far from 0: the output layer is diverging",
        Cause.LEARNING_RATE)
@@ -664,7 +666,8 @@ def _collapse(routing) -> Optional[float]:
 
 @check(Scope.ROUTING, "router_collapse",
        "the load-balance loss E·Σ f·P has gone ≥ 50% (warning), ≥ 90% (error) of the way "
-       "from a balanced router (k) to every token on the same k experts (E), over ≥ 12 token slots per expert",
+       f"from a balanced router (k) to every token on the same k experts (E), over ≥ {MIN_SLOTS_PER_EXPERT} token slots per "
+       "expert",
        "Fedus et al. 2022 (Switch Transformer) and Jiang et al. 2024 (Mixtral): f = share of tokens sent to an "
        "expert, P = its mean router probability, as HF's load_balancing_loss_func computes it",
        "the router sends most tokens to a few experts: the others barely train and the layer's capacity is "
@@ -682,7 +685,7 @@ def _router_collapse(routing, layer) -> list[Finding]:
 
 
 @check(Scope.ROUTING, "dead_experts",
-       "an expert that receives no token although ≥ 12 token slots per expert were routed (info: "
+       f"an expert that receives no token although ≥ {MIN_SLOTS_PER_EXPERT} token slots per expert were routed (info: "
        "a healthy tiny Mixtral trained with the load-balance loss left up to 4 of 8 experts of a layer without a "
        "token of a 2048-token batch, its router near uniform; router_collapse is the verdict)",
        "Fedus et al. 2022; Shazeer et al. 2017 (load balancing); benchmarks/FAILURES.md (mixtral-healthy)",
@@ -696,7 +699,7 @@ def _dead_experts(routing, layer) -> list[Finding]:
                            experts_listed=", ".join(map(str, routing.dead[:10]))))]
 
 
-@check(Scope.ROUTING, "router_logit_growth", "largest |router logit| > 64 (≈ 1 at initialisation)",
+@check(Scope.ROUTING, "router_logit_growth", f"largest |router logit| > {ROUTER_LOGIT_WARNING:g} (≈ 1 at initialisation)",
        "Zoph et al. 2022 (ST-MoE): the router z-loss keeps router logits small because bf16 roundoff in large "
        "logits changes the routing; at 64 bf16's step is 0.5, so near-tied experts' probabilities are off by "
        "up to e^0.25 ≈ 1.28×",
