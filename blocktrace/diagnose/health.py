@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Iterator, Optional
 
 from blocktrace.phrases import phrase
 from blocktrace.diagnose.checks import Cause, Finding, Flag, Scope, check, detectors, finding
@@ -457,6 +457,20 @@ def _weight_scale(evidence) -> list[Finding]:
     return flags
 
 
+def _matching_matrices(evidence, matching: Callable[[str, dict], bool]) -> Iterator[tuple[int, list[tuple]]]:
+    """Each traced layer (as the model numbers it) whose weight matrices include some that match, with those
+    (name, statistics) pairs: the weight checks make one finding per such layer."""
+    for index, matrices in enumerate(evidence.weights):
+        found = [(name, entry) for name, entry in matrices.items() if matching(name, entry)]
+        if found:
+            yield evidence.first_layer + index, found
+
+
+def _first_names(found: list[tuple]) -> str:
+    """The first three matrices' names, and … when there are more."""
+    return ", ".join(name for name, _ in found[:3]) + (" …" if len(found) > 3 else "")
+
+
 @check(Scope.MODEL, "weights_constant",
        "a weight matrix of a layer has every sampled entry equal and its norm above 0 (4,096 entries read, strided)",
        "definition: a matrix of one value c maps every input x to c·Σx in every output unit, so the units it feeds are "
@@ -468,14 +482,15 @@ def _weight_scale(evidence) -> list[Finding]:
        advice=phrase("initialise weight matrices randomly (nn.init.normal_(std=0.02) as GPT-2 does, or the "
                      "family's own init)"))
 def _weights_constant(evidence) -> list[Finding]:
-    flags = []
-    for index, matrices in enumerate(evidence.weights):
-        constant = [name for name, entry in matrices.items() if entry.get("spread") == 0 and entry["norm"] > 0]
-        if constant:
-            flags.append(finding(Level.ERROR, None, evidence.first_layer + index, 0.0, phrase(
-                "{names}: every sampled entry holds the same value", names=", ".join(constant[:3]) +
-                (" …" if len(constant) > 3 else ""))))
-    return flags
+    return [finding(Level.ERROR, None, layer, 0.0, phrase("{names}: every sampled entry holds the same value",
+                                                          names=_first_names(found)))
+            for layer, found in _matching_matrices(evidence, lambda name, entry: entry.get("spread") == 0
+                                                   and entry["norm"] > 0)]
+
+
+def _off_centre(name: str, entry: dict) -> bool:
+    return entry.get("spread") != 0 and isinstance(entry.get("mean"), float) and math.isfinite(entry["mean"]) \
+        and math.isfinite(entry["std"]) and abs(entry["mean"]) > entry["std"]
 
 
 @check(Scope.MODEL, "weights_off_centre",
@@ -490,22 +505,20 @@ def _weights_constant(evidence) -> list[Finding]:
        advice=phrase("draw weight matrices centred on 0: nn.init.normal_(std=0.02) as GPT-2, or torch.randn scaled "
                      "by 1/√fan_in — not torch.rand, whose values are all positive"))
 def _weights_off_centre(evidence) -> list[Finding]:
-    flags = []
-    for index, matrices in enumerate(evidence.weights):
-        off = [(name, entry) for name, entry in matrices.items()
-               if entry.get("spread") != 0 and isinstance(entry.get("mean"), float) and math.isfinite(entry["mean"])
-               and math.isfinite(entry["std"]) and abs(entry["mean"]) > entry["std"]]
-        if off:
-            name, entry = off[0]
-            flags.append(finding(Level.ERROR, None, evidence.first_layer + index, abs(entry["mean"]) / entry["std"],
-                                 phrase("{name}: mean {mean:.3g} against a standard deviation of {std:.3g}",
-                                        name=name, mean=entry["mean"], std=entry["std"])))
-    return flags
+    return [finding(Level.ERROR, None, layer, abs(entry["mean"]) / entry["std"],
+                    phrase("{name}: mean {mean:.3g} against a standard deviation of {std:.3g}",
+                           name=name, mean=entry["mean"], std=entry["std"]))
+            for layer, [(name, entry), *_] in _matching_matrices(evidence, _off_centre)]
 
 
 # the narrowest FFN published models use, over the stream's width: Qwen3-Next's experts, 512 for a 2048-wide stream
 # (dense FFNs are 8/3·d to 4·d: Llama's SwiGLU, GPT-2's); half of it leaves room for research's finer experts
 NARROWEST_FFN = 1 / 8
+
+
+def _narrow_ffn_input(name: str, entry: dict) -> bool:
+    return tensor_kind(name) == "ffn_w1" and bool(entry.get("fan_out")) and \
+        entry["fan_out"] < NARROWEST_FFN * entry["fan_in"]
 
 
 @check(Scope.MODEL, "ffn_too_narrow",
@@ -516,16 +529,10 @@ NARROWEST_FFN = 1 / 8
        "for 4·d), or a config read wrong", Cause.ARCHITECTURE, direct=True,
        advice=phrase("give the FFN its published width: 4·d (GPT-2's n_inner=None), or 8/3·d for a SwiGLU"))
 def _ffn_too_narrow(evidence) -> list[Finding]:
-    flags = []
-    for index, matrices in enumerate(evidence.weights):
-        narrow = [(name, entry) for name, entry in matrices.items() if tensor_kind(name) == "ffn_w1"
-                  and entry.get("fan_out") and entry["fan_out"] < NARROWEST_FFN * entry["fan_in"]]
-        if narrow:
-            name, entry = narrow[0]
-            flags.append(finding(Level.WARNING, None, evidence.first_layer + index, float(entry["fan_out"]), phrase(
-                "{name} has {units} units for a {width}-wide stream", name=name, units=entry["fan_out"],
-                width=entry["fan_in"])))
-    return flags
+    return [finding(Level.WARNING, None, layer, float(entry["fan_out"]),
+                    phrase("{name} has {units} units for a {width}-wide stream", name=name, units=entry["fan_out"],
+                           width=entry["fan_in"]))
+            for layer, [(name, entry), *_] in _matching_matrices(evidence, _narrow_ffn_input)]
 
 
 @check(Scope.MODEL, "weights_non_finite",
@@ -537,16 +544,10 @@ def _ffn_too_narrow(evidence) -> list[Finding]:
        advice=phrase("reload the last checkpoint whose weights are finite, and find what wrote the NaN (a diverged "
                      "step saved without a check, a corrupt copy, a conversion that overflowed)"))
 def _weights_non_finite(evidence) -> list[Finding]:
-    flags = []
     if evidence.in_training:
-        return flags
-    for index, matrices in enumerate(evidence.weights):
-        broken = [name for name, entry in matrices.items() if not math.isfinite(entry["norm"])]
-        if broken:
-            flags.append(finding(Level.ERROR, None, evidence.first_layer + index, math.nan,
-                                 phrase("{names} hold NaN or Inf",
-                                        names=", ".join(broken[:3]) + (" …" if len(broken) > 3 else ""))))
-    return flags
+        return []
+    return [finding(Level.ERROR, None, layer, math.nan, phrase("{names} hold NaN or Inf", names=_first_names(found)))
+            for layer, found in _matching_matrices(evidence, lambda name, entry: not math.isfinite(entry["norm"]))]
 
 
 def _siblings(weights: list[dict]) -> dict[str, list[float]]:
