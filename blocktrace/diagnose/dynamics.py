@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from blocktrace.phrases import phrase
 from blocktrace.diagnose.audit import in_zero_saddle
@@ -198,17 +198,13 @@ def _blocks_skipped(history: Sequence[dict], entry: dict) -> list[Finding]:
        advice=phrase("let the gradient reach the weights: w + (q(w) − w).detach() for a quantised or rounded weight "
                      "(the straight-through estimator), no detach on it"))
 def _gradient_misses_weights(history: Sequence[dict], entry: dict) -> list[Finding]:
-    if not history:
-        return []
-    before = {layer["layer"]: layer for layer in history[-1]["layers"]}
     flags = []
-    for layer in entry["layers"]:
+    for layer, earlier in _layers_with_record_before(history, entry):
         if layer.get("trainable") is False or not _finite(layer.get("grad_norm")) or not layer["grad_norm"] > 0 \
-                or in_zero_saddle(layer) \
-                or _zero_held_still(before.get(layer["layer"]), layer, entry):  # a zero partner explains it
+                or in_zero_saddle(layer) or _zero_held_still(earlier, layer, entry):  # a zero partner explains it
             continue
         missed = [kind for kind, w in (layer.get("weights") or {}).items()
-                  if _misses(w) and _misses(((before.get(layer["layer"]) or {}).get("weights") or {}).get(kind))]
+                  if _misses(w) and _misses(((earlier or {}).get("weights") or {}).get(kind))]
         if missed:
             w = layer["weights"][missed[0]]
             flags.append(finding(Level.ERROR, None, layer["layer"], float(w["gradient_entries"]), phrase(
@@ -229,18 +225,25 @@ def _gradient_misses_weights(history: Sequence[dict], entry: dict) -> list[Findi
        advice=phrase("guard the trust ratio: use 1 where ‖w‖ or ‖update‖ is 0 (LAMB's reference implementations do), "
                      "or do not zero-initialise the matrices such an optimizer updates"))
 def _zero_matrix_not_updated(history: Sequence[dict], entry: dict) -> list[Finding]:
-    if not history:
-        return []
-    before = {layer["layer"]: layer for layer in history[-1]["layers"]}
     flags = []
-    for layer in entry["layers"]:
-        still = _zero_held_still(before.get(layer["layer"]), layer, entry)
+    for layer, earlier in _layers_with_record_before(history, entry):
+        still = _zero_held_still(earlier, layer, entry)
         if still:
             flags.append(finding(Level.ERROR, None, layer["layer"], 0.0, phrase(
                 "{kind} is exactly 0 at steps {start} and {end} under a nonzero gradient: "
                 "{steps} optimizer steps left it there", kind=still[0], start=history[-1]["step"], end=entry["step"],
                 steps=int(entry["loop"]["optimizer_steps"]))))
     return flags
+
+
+def _layers_with_record_before(history: Sequence[dict], entry: dict) -> Iterator[tuple[dict, Optional[dict]]]:
+    """Each layer of the record with the same layer at the record before (None where it was not traced then);
+    nothing at a first record."""
+    if not history:
+        return
+    before = {layer["layer"]: layer for layer in history[-1]["layers"]}
+    for layer in entry["layers"]:
+        yield layer, before.get(layer["layer"])
 
 
 def _zero_held_still(before: Optional[dict], layer: dict, entry: dict) -> list[str]:
