@@ -272,7 +272,7 @@ def whole_model_section() -> tuple[list[str], float]:
                          weights=directory)
 
     def check():
-        return check_model_request(request, Analysis(checks=True))[0]["loss"]
+        return check_model_request(request, Analysis(checks=True)).report["loss"]
 
     cases = {"HuggingFace GPT2LMHeadModel forward with labels (eager attention)": hf_forward,
              "blocktrace check --weights: 12 layers traced and checked, the model's loss": check}

@@ -130,10 +130,11 @@ def _run(ctx, params: dict, check_only: bool) -> None:
     prepare_outputs(params)
     with shown(progress_wanted(chosen(params) is not None, params["quiet"])):
         if check_only and request.weights is not None:
-            report, traces, source = pipeline.check_model_request(request, analysis)
+            traced = pipeline.check_model_request(request, analysis)
         else:
-            report, traces, source = pipeline.run_request(request, analysis)
-    _write_outputs(params, report, traces, source)
+            traced = pipeline.run_request(request, analysis)
+    report = traced.report
+    _write_outputs(params, traced)
     if check_only:
         _findings(ctx, report, params)
         return
@@ -144,15 +145,16 @@ def _run(ctx, params: dict, check_only: bool) -> None:
                                                         steps=params["show_steps"]))
 
 
-def _write_outputs(params: dict, report: dict, traces, source) -> None:
+def _write_outputs(params: dict, traced) -> None:
     """Every output or none (files.all_or_none); --plot is drawn before anything is written."""
     from blocktrace.files import all_or_none
 
     with all_or_none():
-        _write_each(params, report, traces, source)
+        _write_each(params, traced)
 
 
-def _write_each(params: dict, report: dict, traces, source) -> None:
+def _write_each(params: dict, traced) -> None:
+    report = traced.report
     plot_path, save_path = params.get("plot_path"), params.get("save_path")
     plot = None
     if plot_path is not None:
@@ -162,7 +164,7 @@ def _write_each(params: dict, report: dict, traces, source) -> None:
     if save_path is not None:
         from blocktrace.sources.tracefile import save_trace
 
-        save_trace(traces[0], save_path, source.tokens, force=params["force"])
+        save_trace(traced.traces[0], save_path, traced.tokens, force=params["force"])
     if plot is not None:
         from blocktrace.render.plot import write_bytes
 

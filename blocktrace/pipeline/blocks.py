@@ -19,7 +19,7 @@ from blocktrace.diagnose.health import evaluate
 from blocktrace.errors import BlocktraceError, UsageError, WeightsError
 from blocktrace.model.stack import build_stack
 from blocktrace.pipeline.guard import memory_guard
-from blocktrace.pipeline.report import block_report, stack_report, sweep_report
+from blocktrace.pipeline.report import Traced, block_report, stack_report, sweep_report
 from blocktrace.progress import tick
 from blocktrace.request import Analysis, RunRequest
 from blocktrace.sources.inputs import random_input
@@ -95,16 +95,16 @@ def _traced(blocks, source: Source, analysis: Analysis, request: RunRequest):
                        expect_causal=request.expect_causal, attention_map=analysis.attention_map)
 
 
-def run_blocks(blocks, source: Source, request: RunRequest, analysis: Analysis) -> tuple[dict, list]:
-    """Trace the blocks; returns the report and the traces (for --save)."""
+def run_blocks(blocks, source: Source, request: RunRequest, analysis: Analysis) -> Traced:
+    """Trace the blocks: the report, the traces and the source's tokens."""
     traces = _out_of_memory_is_an_error(lambda: _traced(blocks, source, analysis, request))
     grads = _gradients(blocks, source, request, analysis.batches) if analysis.grad else None
     found = None
     if analysis.checks:
         found = conclude(evaluate(traces, grads), block_context(traces[0]))
     if len(traces) == 1 and not analysis.stacked:
-        return block_report(source, traces[0], grads, found), traces
-    return stack_report(source, traces, grads, found), traces
+        return Traced(block_report(source, traces[0], grads, found), traces, source.tokens)
+    return Traced(stack_report(source, traces, grads, found), traces, source.tokens)
 
 
 def _out_of_memory_is_an_error(compute):
@@ -126,28 +126,25 @@ def _check_token_index(source: Source, analysis: Analysis) -> None:
                          f"{n_tokens} tokens, valid 0–{n_tokens - 1}")
 
 
-def run_user_block(request: RunRequest, analysis: Analysis) -> tuple[dict, list, Source]:
+def run_user_block(request: RunRequest, analysis: Analysis) -> Traced:
     """A user's own nn.Module block (from --module): its forward is the user's code."""
     block = load_user_block(request.module)
     source = user_block_source(request, block)
     _check_token_index(source, analysis)
     block = block.to(device=source.x.device, dtype=source.x.dtype)
-    report, traces = run_blocks([block], source, request, analysis)
-    return report, traces, source
+    return run_blocks([block], source, request, analysis)
 
 
-def run_request(request: RunRequest, analysis: Analysis) -> tuple[dict, list, Source]:
-    """`run` and `check`: the report, the traces (for --save) and the source (for its tokens)."""
+def run_request(request: RunRequest, analysis: Analysis) -> Traced:
+    """`run` and `check` of a block or a stack."""
     if request.module is not None:
         return run_user_block(request, analysis)
     source = prepare_source(request, memory_guard(request, analysis, max(analysis.depths)))
     _check_token_index(source, analysis)
     if len(analysis.depths) > 1:
         rows = _sweep_rows(source, request, None, analysis.depths, analysis.batches)
-        return sweep_report(source, source.config, rows), [], source
-    blocks = make_blocks(source, request, analysis.depths[0])
-    report, traces = run_blocks(blocks, source, request, analysis)
-    return report, traces, source
+        return Traced(sweep_report(source, source.config, rows), [], source.tokens)
+    return run_blocks(make_blocks(source, request, analysis.depths[0]), source, request, analysis)
 
 
 def _differences(traces_a: list, traces_b: list) -> dict:
@@ -199,7 +196,8 @@ def compare_request(request: RunRequest, analysis: Analysis, axis: Axis, values:
         entries, all_traces = [], []
         keep = dataclasses.replace(analysis, keep_tensors=True)
         for variant in _variants(source, request, axis, values, analysis.depths[0]):
-            report, traces = run_blocks(variant.blocks, source, request, keep)
+            traced = run_blocks(variant.blocks, source, request, keep)
+            report, traces = traced.report, traced.traces
             all_traces.append(traces)
             entries.append({"value": variant.value, "config": variant.config.to_dict(),
                             "unshared_parameters": variant.unshared, "report": report})

@@ -24,7 +24,7 @@ from blocktrace.diagnose.loss import LossReport, cross_entropy, loss_report, mas
 from blocktrace.diagnose.weights import weight_statistics
 from blocktrace.errors import UsageError
 from blocktrace.pipeline.guard import memory_guard
-from blocktrace.pipeline.report import model_report
+from blocktrace.pipeline.report import Traced, model_report
 from blocktrace.progress import tick
 from blocktrace.request import Analysis, RunRequest
 from blocktrace.sizing import Shape
@@ -184,7 +184,7 @@ def _gradients(model: OpenedModel, layers: Layers, model_input: ModelInput, head
 
 
 def check_model_request(request: RunRequest, analysis: Analysis, checkpoint=None,
-                        before: Optional[dict] = None) -> tuple[dict, list, object]:
+                        before: Optional[dict] = None) -> Traced:
     """`check --weights`: the model's layers (all by default), its loss, gradients with --grad.
     `checkpoint`: request.weights already open (track reads each checkpoint once); `before`: the timeline record of
     the checkpoint before it (track), whose attention logits the logit checks judge growth against."""
@@ -204,7 +204,7 @@ def _opened(checkpoint: Checkpoint, request: RunRequest) -> OpenedModel:
     return OpenedModel(checkpoint, info, config, request, torch_dtype(request.dtype), resolve_device(request.device))
 
 
-def _checked(model: OpenedModel, analysis: Analysis, before: Optional[dict]) -> tuple[dict, list, object]:
+def _checked(model: OpenedModel, analysis: Analysis, before: Optional[dict]) -> Traced:
     checkpoint, info, config, request = model.checkpoint, model.info, model.config, model.request
     traced = _traced_range(request, analysis, info.n_layers)
     model_input, head = _input_and_head(model)
@@ -223,7 +223,7 @@ def _checked(model: OpenedModel, analysis: Analysis, before: Optional[dict]) -> 
     found = conclude(evaluate(layers.traces, grads, evidence), context) if analysis.checks else None
     report = model_report(checkpoint, info, config, layers.traces, model_input, loss, grads, found, evidence,
                           str(request.weights))
-    return report, layers.traces, None
+    return Traced(report, layers.traces, report["tokens"])
 
 
 def _training_step(request: RunRequest, checkpoint) -> Optional[int]:

@@ -7,6 +7,7 @@ Every document has `schema` (vocab.SCHEMA_VERSION; docs/reference.md says what e
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional
 
 from blocktrace.phrases import phrase
@@ -14,6 +15,15 @@ from blocktrace._version import __version__
 from blocktrace.tracing.records import StepRecord, Trace
 from blocktrace.tracing.stack import summarise
 from blocktrace.vocab import SCHEMA_VERSION, ReportKind
+
+
+@dataclass
+class Traced:
+    """What `run` and `check` computed: the report (the JSON document), the traces (for --save) and the tokens the
+    traces were made from (--save stores them beside the tensors)."""
+    report: dict
+    traces: list
+    tokens: list = field(default_factory=list)
 
 
 def step_dict(index: int, record: StepRecord) -> dict:

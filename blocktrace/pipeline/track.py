@@ -92,8 +92,9 @@ def checkpoint_record(point: Point, request: RunRequest, analysis: Analysis, cur
     info = model_info(current)
     if before is not None:
         _same_model(point, current, info, before)
-    report, traces, _ = check_model_request(dataclasses.replace(request, weights=point.path, training_step=point.step),
-                                            analysis, checkpoint=current, before=before_record)
+    checked = check_model_request(dataclasses.replace(request, weights=point.path, training_step=point.step),
+                                  analysis, checkpoint=current, before=before_record)
+    report, traces = checked.report, checked.traces
     moved = weight_movement(current, before, info.layer_prefix(0)[:-2], info.n_layers, info.family.ignored)
     grads = _block_grad_norms(report, len(traces))
     layers = [layer_entry(i, trace, grads[i], moved[i]) for i, trace in enumerate(traces)]
