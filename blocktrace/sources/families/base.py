@@ -232,6 +232,17 @@ def linear(read: Reader, source: str, target: str, out: int, inp: int, bias: boo
     return state
 
 
+def gated_mlp(read: Reader, source: str, target: str, hidden: int, d: int, bias: bool = False,
+              names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> dict:
+    """A gated FFN's three linear layers (HF's LlamaMLP and every expert written like it): the gate and up
+    projections d → hidden and the down projection hidden → d, from `source`'s `names` to `target`'s gate, up and
+    down."""
+    gate, up, down = names
+    return {**linear(read, f"{source}.{gate}", f"{target}.gate", hidden, d, bias),
+            **linear(read, f"{source}.{up}", f"{target}.up", hidden, d, bias),
+            **linear(read, f"{source}.{down}", f"{target}.down", d, hidden, bias)}
+
+
 # HF's names (transformers.activations.ACT2FN) of the ungated activations blocktrace implements.
 UNGATED_ACTIVATIONS = {"gelu": FFNKind.GELU, "gelu_python": FFNKind.GELU, "gelu_new": FFNKind.GELU_TANH,
                        "gelu_fast": FFNKind.GELU_TANH, "gelu_pytorch_tanh": FFNKind.GELU_TANH, "relu": FFNKind.RELU,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from blocktrace.config import LatentWidths
 from blocktrace.errors import UsageError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import HFLayer, linear, refuse_unless, rope_fields, yarn_mscale
+from blocktrace.sources.families.base import HFLayer, gated_mlp, linear, refuse_unless, rope_fields, yarn_mscale
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
 from blocktrace.sources.families.moe import MixtureFamily
 from blocktrace.vocab import FFNKind, Norm, RouterKind
@@ -145,15 +145,10 @@ class DeepSeekV3(MixtureFamily, Llama):
         if c.experts.choice_bias:
             state["ffn.choice_bias"] = read(self.choice_bias_key, (c.experts.n_experts,))
         for e in range(c.experts.n_experts):
-            source = f"mlp.experts.{e}"
-            state.update({**linear(read, f"{source}.gate_proj", f"ffn.experts.{e}.gate", f, d, False),
-                          **linear(read, f"{source}.up_proj", f"ffn.experts.{e}.up", f, d, False),
-                          **linear(read, f"{source}.down_proj", f"ffn.experts.{e}.down", d, f, False)})
+            state.update(gated_mlp(read, f"mlp.experts.{e}", f"ffn.experts.{e}", f, d))
         if c.experts.shared_expert_d_ff is not None:
             f = c.experts.shared_expert_d_ff
-            state.update({**linear(read, "mlp.shared_experts.gate_proj", "ffn.shared_expert.gate", f, d, False),
-                          **linear(read, "mlp.shared_experts.up_proj", "ffn.shared_expert.up", f, d, False),
-                          **linear(read, "mlp.shared_experts.down_proj", "ffn.shared_expert.down", d, f, False)})
+            state.update(gated_mlp(read, "mlp.shared_experts", "ffn.shared_expert", f, d))
         return state
 
     def check(self, config):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from blocktrace.config import BIASED_ROUTER_NORM_MIN
 from blocktrace.errors import WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import HFLayer, linear, size
+from blocktrace.sources.families.base import HFLayer, gated_mlp, size
 from blocktrace.sources.families.ernie4_5 import Ernie4_5
 from blocktrace.sources.families.llama import LLAMA_STEPS
 from blocktrace.vocab import FFNKind, Norm, RouterKind
@@ -78,13 +78,8 @@ class Ernie4_5Moe(Ernie4_5):
         state = {"ffn.router.weight": read("mlp.gate.weight", (e, d)),
                  "ffn.choice_bias": read("mlp.moe_statics.e_score_correction_bias", (1, e)).reshape(e)}
         for k in range(e):
-            source = f"mlp.experts.{k}"
-            state.update({**linear(read, f"{source}.gate_proj", f"ffn.experts.{k}.gate", f, d, False),
-                          **linear(read, f"{source}.up_proj", f"ffn.experts.{k}.up", f, d, False),
-                          **linear(read, f"{source}.down_proj", f"ffn.experts.{k}.down", d, f, False)})
+            state.update(gated_mlp(read, f"mlp.experts.{k}", f"ffn.experts.{k}", f, d))
         if c.experts.shared_expert_d_ff is not None:
             s = c.experts.shared_expert_d_ff
-            state.update({**linear(read, "mlp.shared_experts.gate_proj", "ffn.shared_expert.gate", s, d, False),
-                          **linear(read, "mlp.shared_experts.up_proj", "ffn.shared_expert.up", s, d, False),
-                          **linear(read, "mlp.shared_experts.down_proj", "ffn.shared_expert.down", d, s, False)})
+            state.update(gated_mlp(read, "mlp.shared_experts", "ffn.shared_expert", s, d))
         return state

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from blocktrace.config import QKNorm
 from blocktrace.phrases import phrase
-from blocktrace.sources.families.base import HFLayer, linear, refuse_quantised, rope_fields
+from blocktrace.sources.families.base import HFLayer, gated_mlp, refuse_quantised, rope_fields
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
 from blocktrace.sources.families.moe import MixtureFamily
 from blocktrace.vocab import Norm
@@ -90,9 +90,7 @@ class HunyuanMoe(MixtureFamily, HunyuanDense):
     def parameters(self, read, c):
         d, f = c.d_model, c.experts.shared_expert_d_ff
         return {**super().parameters(read, c),
-                **linear(read, "mlp.shared_mlp.gate_proj", "ffn.shared_expert.gate", f, d, False),
-                **linear(read, "mlp.shared_mlp.up_proj", "ffn.shared_expert.up", f, d, False),
-                **linear(read, "mlp.shared_mlp.down_proj", "ffn.shared_expert.down", d, f, False)}
+                **gated_mlp(read, "mlp.shared_mlp", "ffn.shared_expert", f, d)}
 
     def notes(self, config):
         unread = [key for key in UNREAD_BY_HF_MOE if config is not None and key in config]

@@ -14,7 +14,7 @@ from typing import Optional
 from blocktrace.config import ShortConvolution
 from blocktrace.phrases import phrase
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import HeadSpec, HFLayer, LossKind, head_weight, linear, refuse_quantised, \
+from blocktrace.sources.families.base import HeadSpec, HFLayer, LossKind, gated_mlp, head_weight, linear, refuse_quantised, \
     rope_fields, size
 from blocktrace.sources.families.gemma import FULL
 from blocktrace.sources.families.llama import Llama
@@ -92,9 +92,7 @@ class LFM2(Llama):
     def parameters(self, read, c):
         return {"norm1.weight": read("operator_norm.weight", (c.d_model,)), **self.mixer(read, c),
                 "norm2.weight": read("ffn_norm.weight", (c.d_model,)),
-                **linear(read, "feed_forward.w1", "ffn.gate", c.d_ff, c.d_model, False),
-                **linear(read, "feed_forward.w3", "ffn.up", c.d_ff, c.d_model, False),
-                **linear(read, "feed_forward.w2", "ffn.down", c.d_model, c.d_ff, False)}
+                **gated_mlp(read, "feed_forward", "ffn", c.d_ff, c.d_model, names=("w1", "w3", "w2"))}
 
     @staticmethod
     def mixer(read, c) -> dict:

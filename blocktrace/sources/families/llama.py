@@ -18,6 +18,7 @@ from blocktrace.sources.families.base import (
     HeadSpec,
     LossKind,
     HFLayer,
+    gated_mlp,
     head_weight,
     linear,
     refuse_unless,
@@ -96,9 +97,7 @@ class Llama(Family):
     @staticmethod
     def mlp(read, c) -> dict:
         d, f = c.d_model, c.d_ff
-        return {**linear(read, "mlp.gate_proj", "ffn.gate", f, d, c.bias),
-                **linear(read, "mlp.up_proj", "ffn.up", f, d, c.bias),
-                **linear(read, "mlp.down_proj", "ffn.down", d, f, c.bias)}
+        return gated_mlp(read, "mlp", "ffn", f, d, c.bias)
 
     def head(self, checkpoint, info):
         """The final RMSNorm, then lm_head (or the embedding, where the model ties them)."""

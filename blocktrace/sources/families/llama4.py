@@ -20,7 +20,7 @@ from __future__ import annotations
 from blocktrace.config import QKNorm, QueryTemperature
 from blocktrace.errors import UsageError
 from blocktrace.sources.configfile import LAYER_TYPES, ConfigFile
-from blocktrace.sources.families.base import NOPE_FIELDS, HFLayer, linear, rope_fields, rotates
+from blocktrace.sources.families.base import NOPE_FIELDS, HFLayer, gated_mlp, rope_fields, rotates
 from blocktrace.sources.families.llama import Llama
 from blocktrace.sources.families.moe import MixtureFamily
 from blocktrace.vocab import FFNKind, Norm, RouterKind
@@ -107,16 +107,12 @@ class Llama4(MixtureFamily, Llama):
         (MixtureFamily.parameters reads it after the norms and the attention)."""
         d, f = c.d_model, c.d_ff
         if c.experts is None:
-            return {**linear(read, "feed_forward.gate_proj", "ffn.gate", f, d, False),
-                    **linear(read, "feed_forward.up_proj", "ffn.up", f, d, False),
-                    **linear(read, "feed_forward.down_proj", "ffn.down", d, f, False)}
+            return gated_mlp(read, "feed_forward", "ffn", f, d)
         e = c.experts.n_experts
         gate_up, down = read("feed_forward.experts.gate_up_proj", (e, d, 2 * f)), \
             read("feed_forward.experts.down_proj", (e, f, d))
         state = {"ffn.router.weight": read("feed_forward.router.weight", (e, d)),
-                 **linear(read, "feed_forward.shared_expert.gate_proj", "ffn.shared_expert.gate", f, d, False),
-                 **linear(read, "feed_forward.shared_expert.up_proj", "ffn.shared_expert.up", f, d, False),
-                 **linear(read, "feed_forward.shared_expert.down_proj", "ffn.shared_expert.down", d, f, False)}
+                 **gated_mlp(read, "feed_forward.shared_expert", "ffn.shared_expert", f, d)}
         for k in range(e):  # HF computes x @ gate_up_proj[k] and takes the gate from the first half of the columns
             state.update({f"ffn.experts.{k}.gate.weight": gate_up[k][:, :f].t().contiguous(),
                           f"ffn.experts.{k}.up.weight": gate_up[k][:, f:].t().contiguous(),

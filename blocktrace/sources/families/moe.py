@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from blocktrace.errors import WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import WHOLE_QK_NORM, HFLayer, linear, refuse_unless, size
+from blocktrace.sources.families.base import WHOLE_QK_NORM, HFLayer, gated_mlp, refuse_unless, size
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama, Mistral, Qwen2, Qwen3, qwen_window
 from blocktrace.vocab import FFNKind, Norm
 
@@ -67,13 +67,10 @@ class MixtureFamily:
         if c.experts is None:  # a dense layer of a mostly sparse model
             return Llama.mlp(read, c)
         d, f = c.d_model, c.d_ff
-        gate, up, down = self.expert_names
         state = {"ffn.router.weight": read(f"{self.moe_path}.{self.router_name}.weight", (c.experts.n_experts, d))}
         for e in range(c.experts.n_experts):
-            source = f"{self.moe_path}.experts.{e}"
-            state.update({**linear(read, f"{source}.{gate}", f"ffn.experts.{e}.gate", f, d, False),
-                          **linear(read, f"{source}.{up}", f"ffn.experts.{e}.up", f, d, False),
-                          **linear(read, f"{source}.{down}", f"ffn.experts.{e}.down", d, f, False)})
+            state.update(gated_mlp(read, f"{self.moe_path}.experts.{e}", f"ffn.experts.{e}", f, d,
+                                   names=self.expert_names))
         return state
 
     def shape_fields(self, checkpoint, base):
@@ -131,9 +128,7 @@ class Qwen2MoE(MixtureFamily, Qwen2):
         d, state = c.d_model, super().parameters(read, c)
         if c.experts is not None and c.experts.shared_expert_d_ff is not None:  # not on a dense layer
             f = c.experts.shared_expert_d_ff
-            state.update({**linear(read, "mlp.shared_expert.gate_proj", "ffn.shared_expert.gate", f, d, False),
-                          **linear(read, "mlp.shared_expert.up_proj", "ffn.shared_expert.up", f, d, False),
-                          **linear(read, "mlp.shared_expert.down_proj", "ffn.shared_expert.down", d, f, False),
+            state.update({**gated_mlp(read, "mlp.shared_expert", "ffn.shared_expert", f, d),
                           "ffn.shared_gate.weight": read("mlp.shared_expert_gate.weight", (1, d))})
         return state
 

@@ -1,0 +1,112 @@
+"""The runs of the thirteenth blind benchmark: pure data (no torch), shared by train.py and report.py.
+
+Each failing run names its healthy twin (the same recipe without the bug) and the one cause from
+the diagnosis vocabulary that the bug's mechanism belongs to. See README.md for the why and the
+public source of every bug.
+"""
+
+VOCABULARY = (
+    "learning_rate", "initialisation", "warmup", "architecture", "precision", "mask", "residual",
+    "norm", "data", "routing", "optimizer", "gradient_flow", "weights", "training_loop",
+    "loss_function", "unknown",
+)
+
+# name -> spec. "model": apertus | seedoss | lfm2 | olmo | cohere2. "bug": None for healthy runs.
+RUNS = {
+    # ---------------------------------------------------------------- healthy
+    "H1_apertus_unlikelihood": dict(
+        model="apertus", twin=None, bug=None, expected=None,
+        what="HF ApertusForCausalLM from a config (GQA 4/2, head_dim 32, xIELU MLP 352 without gate, QK-norm, "
+             "RMSNorm, untied head), torch AdamW lr 3e-3 (0.9, 0.95, wd 0.1 on matrices), warm-up 10 then cosine to "
+             "10%, clip 1.0; the loss is token-level unlikelihood training (Welleck et al. 2019): cross-entropy + "
+             "alpha 1.0 x the mean over positions of -sum_c log(1 - p_c) over the negative candidates c = the "
+             "distinct bytes of the row's previous context, the target itself excluded"),
+    "H2_seedoss_packed_docmask": dict(
+        model="seedoss", twin=None, bug=None, expected=None,
+        what="HF SeedOssForCausalLM from a config (GQA 4/2, head_dim 32, SwiGLU 352, RMSNorm, untied head), torch "
+             "AdamW lr 3e-3 (0.9, 0.95, wd 0.1 on matrices), warm-up 10 then cosine to 10%, clip 1.0, trained on "
+             "packed documents: the training modules cut at their top-level separators (two blank lines) into 1,791 "
+             "documents joined by a separator byte 0 (absent from the text); each 128-byte window gets a custom 4D "
+             "boolean attention mask (B, 1, T, T), block-diagonal over documents and causal, and position_ids that "
+             "restart at every document (the 'neat packing' / 4D-mask recipe); held-out windows use the model's "
+             "default causal mask"),
+    "H3_lfm2_cautious_adam_atan2": dict(
+        model="lfm2", twin=None, bug=None, expected=None,
+        what="HF Lfm2ForCausalLM from a config (Liquid LFM2 hybrid: layers conv / full_attention / conv, gated "
+             "short convolutions, QK-norm, SwiGLU 256, tied head), trained by Adam-atan2 written by hand after "
+             "lucidrains/adam-atan2-pytorch (update = a atan2(m_hat, b sqrt(v_hat)), a 1.27, b 1, no eps; betas "
+             "0.9/0.95) with the cautious mask of Liang et al. 2024 (the update kept where it agrees in sign with "
+             "the gradient, rescaled by 1/mean(mask)) and fully decoupled weight decay (wd / init_lr: 3e-4 per "
+             "step at the peak lr, on matrices), lr 3e-3, warm-up 10 then cosine to 10%, clip 1.0"),
+    "H4_olmo_sgd_group_lrs": dict(
+        model="olmo", twin=None, bug=None, expected=None,
+        what="HF OlmoForCausalLM from a config (OLMo-1: non-parametric LayerNorm, no biases, SwiGLU 352, untied "
+             "head), torch SGD with Nesterov momentum 0.9 on parameter groups that each carry their own lr (matrices "
+             "0.3, vectors and embeddings 0.3 without decay, no optimizer-level lr), warm-up 16 steps (10%) then "
+             "cosine to 10% (HF get_cosine_schedule_with_warmup style), clip 1.0"),
+    "H5_cohere2_confidence_penalty": dict(
+        model="cohere2", twin=None, bug=None, expected=None,
+        what="HF Cohere2ForCausalLM from a config (parallel attention and MLP blocks, LayerNorm without bias, "
+             "head tied to the embedding, logit_scale 1.0, every layer full attention), torch AdamW lr 3e-3 (0.9, "
+             "0.95, wd 0.1 on matrices), warm-up 10 then cosine to 10%, clip 1.0; the loss is the confidence "
+             "penalty of Pereyra et al. 2017: cross-entropy - beta x the mean entropy of the predicted distribution "
+             "(beta 0.3)"),
+    # ---------------------------------------------------------------- failing
+    "F01_apertus_ul_target_not_excluded": dict(
+        model="apertus", twin="H1_apertus_unlikelihood", bug="ul_target_not_excluded", expected="loss_function",
+        what="H1 whose unlikelihood candidates are built without the step that removes the target from them "
+             "(Welleck et al.'s ctx_cands.masked_fill(ctx_cands == target, pad)): whenever the target byte "
+             "already occurred in the row's context (nearly always), the unlikelihood term pushes its own "
+             "probability down while the cross-entropy pushes it up"),
+    "F02_apertus_ul_flattened_batch": dict(
+        model="apertus", twin="H1_apertus_unlikelihood", bug="ul_flattened_batch", expected="loss_function",
+        what="H1 whose unlikelihood candidates are computed over the flattened batch (B*T tokens in one row, as "
+             "the reference implementation does, facebookresearch/unlikelihood_training#11): the candidates of "
+             "row b are its own previous bytes and every byte of rows 0..b-1, so from the second row on nearly "
+             "every byte but the target is pushed down at every position"),
+    "F03_seedoss_docmask_not_causal": dict(
+        model="seedoss", twin="H2_seedoss_packed_docmask", bug="docmask_not_causal", expected="mask",
+        what="H2 whose 4D mask is only the block-diagonal document mask, doc[t] == doc[s], without '& (s <= t)': "
+             "transformers uses a 4D mask as given, so every position attends to the rest of its document, "
+             "its own next byte included; the held-out pass (the default causal mask) has no such leak"),
+    "F04_seedoss_separator_id_newline": dict(
+        model="seedoss", twin="H2_seedoss_packed_docmask", bug="separator_id_newline", expected="data",
+        what="H2 whose collator looks for document boundaries with the separator id 10 ('\\n', the EOS of a "
+             "line-based tokenizer) while the packed stream separates documents with byte 0: every line becomes "
+             "a 'document', so in training each byte attends only to the bytes of its own line and positions "
+             "restart at every line (and the real document boundaries are not masked)"),
+    "F05_lfm2_cautious_additive_convention": dict(
+        model="lfm2", twin="H3_lfm2_cautious_adam_atan2", bug="cautious_additive_convention",
+        expected="optimizer",
+        what="H3 whose cautious mask is written in the additive convention of optax (params + update: keep where "
+             "update * grad < 0) inside an optimizer that subtracts the update (p -= lr * update): it keeps "
+             "exactly the coordinates whose step goes against the current gradient, rescaled by 1/mean(mask)"),
+    "F06_lfm2_decoupled_wd_compounded": dict(
+        model="lfm2", twin="H3_lfm2_cautious_adam_atan2", bug="decoupled_wd_compounded", expected="optimizer",
+        what="H3 whose fully decoupled weight decay divides the group's wd by init_lr inside the loop over the "
+             "group's parameters (wd /= init_lr, lucidrains/adam-atan2-pytorch#5), so the k-th matrix is decayed "
+             "with wd / init_lr^k: the second matrix shrinks by 10% a step, the third and later ones get a factor "
+             "1 - lr wd far below -1"),
+    "F07_olmo_group_lr_key_typo": dict(
+        model="olmo", twin="H4_olmo_sgd_group_lrs", bug="group_lr_key_typo", expected="learning_rate",
+        what="H4 whose matrices' parameter group gives its learning rate under the key 'learning_rate' instead "
+             "of 'lr': torch.optim keeps unknown keys silently and fills 'lr' from the optimizer's default (SGD: "
+             "1e-3), so the matrices (94% of the weights) train at 1/300 of the intended lr (the schedule scales "
+             "that base)"),
+    "F08_olmo_warmup_ratio_as_steps": dict(
+        model="olmo", twin="H4_olmo_sgd_group_lrs", bug="warmup_ratio_as_steps", expected="warmup",
+        what="H4 whose schedule is given the warm-up ratio (0.1) where the number of warm-up steps is expected "
+             "(num_warmup_steps=0.1): the factor is 0 at step 0 and the full peak lr 0.3 from step 1: no warm-up"),
+    "F09_cohere2_entropy_sign": dict(
+        model="cohere2", twin="H5_cohere2_confidence_penalty", bug="entropy_sign", expected="loss_function",
+        what="H5 whose entropy is written sum(p * log p) (the negative entropy) in loss = CE - beta * entropy: "
+             "the penalty rewards confident predictions (CE + beta H) instead of penalising them"),
+    "F10_cohere2_entropy_summed": dict(
+        model="cohere2", twin="H5_cohere2_confidence_penalty", bug="entropy_summed", expected="loss_function",
+        what="H5 whose entropy term is summed over the 2,048 positions of the batch (reduction 'sum') while the "
+             "cross-entropy is averaged: the penalty weighs 2,048 times beta against the likelihood"),
+}
+
+assert all(r["expected"] in VOCABULARY for r in RUNS.values() if r["bug"])
+assert all(RUNS[r["twin"]]["bug"] is None for r in RUNS.values() if r["bug"])
+assert max(sum(r["twin"] == h for r in RUNS.values()) for h in RUNS) <= 2
