@@ -923,3 +923,76 @@ def test_an_optimizer_that_averages_normalised_gradients_is_not_judged_by_their_
     # above any average of raw gradients (Adam's stay at 0.4-0.6 here), growing: 215x in blind12's H3
     assert all(r["loop"]["first_moment_ratio"] > 2 for r in records[2:])
     assert not [f for r in records for f in r["flags"] if f["name"] == "first_moment_outgrew_gradients"]
+
+
+def _frozen_flags(records: list[dict]) -> list[list[dict]]:
+    return [[f for f in r["flags"] if f["name"] == "frozen_matrix_zero"] for r in records]
+
+
+def test_a_position_embedding_zeroed_and_frozen_is_a_component_switched_off(tmp_path):
+    """failures3's gpt2-6l-wpe-frozen-zero (calibration: an outside run already seen): GPT-2's wpe zeroed and
+    requires_grad=False leaves no position signal but the causal mask, for the whole run; the loss never shows it.
+    A frozen tensor keeps its values, and a table of zeros adds nothing: the Watch says so at every record."""
+    torch.manual_seed(0)
+    model = make_gpt2(head=True).train()
+    with torch.no_grad():
+        model.transformer.wpe.weight.zero_()
+    model.transformer.wpe.weight.requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    records = _hf_trained(tmp_path / "run.jsonl", model, optimizer, steps=4, every=2)
+    flags = _frozen_flags(records)
+    assert all(len(found) == 1 and found[0]["level"] == "error" for found in flags), flags
+    assert "transformer.wpe.weight is exactly 0 and requires no gradient" in flags[0][0]["detail"]
+    assert records[0]["diagnosis"][0]["cause"] == "architecture"
+    assert records[1]["loop"]["frozen_zero"] == ["transformer.wpe.weight"]  # read back through the schema
+
+
+class _LoRA(torch.nn.Module):
+    """Hu et al. 2021: a frozen GPT-2 Conv1D (weight [in, out]) plus x·A·B, A random and B zero-initialised, both
+    trained."""
+
+    def __init__(self, base, rank: int = 4):
+        super().__init__()
+        self.base = base
+        self.a = torch.nn.Parameter(torch.randn(base.weight.shape[0], rank) * 0.01)
+        self.b = torch.nn.Parameter(torch.zeros(rank, base.weight.shape[1]))
+
+    def forward(self, x):
+        return self.base(x) + x @ self.a @ self.b
+
+
+def test_frozen_pretrained_matrices_zero_initialised_trained_ones_and_frozen_zero_biases_pass(tmp_path):
+    """The published recipes beside it: a LoRA-style fine-tune (the base frozen with its nonzero weights, the
+    adapter's B zero-initialised and trained), and a frozen bias of zeros (a vector: a shift of 0, not a module
+    switched off)."""
+    torch.manual_seed(0)
+    model = make_gpt2(head=True)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with torch.no_grad():
+        model.transformer.h[0].attn.c_attn.bias.zero_()
+    mlp = model.transformer.h[0].mlp
+    mlp.c_proj = _LoRA(mlp.c_proj)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    records = _hf_trained(tmp_path / "run.jsonl", model, optimizer, steps=4, every=2)
+    assert _frozen_flags(records) == [[], []]
+    assert not [f for r in records for f in r["flags"] if f["level"] in ("error", "warning")]
+    assert records[0]["loop"]["frozen_zero"] == []
+
+
+def test_after_the_first_record_only_the_frozen_matrices_found_at_zero_are_read_again():
+    """A large frozen base model is read once: the matrices found nonzero at the first record cannot move but by a
+    write outside the optimizer, so only those at 0 are read again."""
+    from blocktrace.training.model_facts import FrozenAtZero
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with torch.no_grad():
+        model[1].weight.zero_()
+    frozen = FrozenAtZero()
+    first = frozen.evidence(model)
+    assert first["names"] == ["0.weight", "1.weight"]  # the biases are vectors: not read
+    assert frozen.settle({"names": first["names"], "zero": first["zero"].tolist()}) == ["1.weight"]
+    assert frozen.evidence(model)["names"] == ["1.weight"]

@@ -58,12 +58,11 @@ RUNS = {
              "(Welleck et al.'s ctx_cands.masked_fill(ctx_cands == target, pad)): whenever the target byte "
              "already occurred in the row's context (nearly always), the unlikelihood term pushes its own "
              "probability down while the cross-entropy pushes it up"),
-    "F02_apertus_ul_flattened_batch": dict(
-        model="apertus", twin="H1_apertus_unlikelihood", bug="ul_flattened_batch", expected="loss_function",
-        what="H1 whose unlikelihood candidates are computed over the flattened batch (B*T tokens in one row, as "
-             "the reference implementation does, facebookresearch/unlikelihood_training#11): the candidates of "
-             "row b are its own previous bytes and every byte of rows 0..b-1, so from the second row on nearly "
-             "every byte but the target is pushed down at every position"),
+    "F02_apertus_clip_filter_exhausted": dict(
+        model="apertus", twin="H1_apertus_unlikelihood", bug="clip_filter_exhausted", expected="training_loop",
+        what="H1 whose clipping is handed filter(lambda p: p.requires_grad, model.parameters()), built once before "
+             "the loop: a filter object is an iterator, so the first clip_grad_norm_ call consumes it and every "
+             "later call clips an empty list (no error, total norm 0): no clipping after step 0"),
     "F03_seedoss_docmask_not_causal": dict(
         model="seedoss", twin="H2_seedoss_packed_docmask", bug="docmask_not_causal", expected="mask",
         what="H2 whose 4D mask is only the block-diagonal document mask, doc[t] == doc[s], without '& (s <= t)': "
@@ -87,20 +86,21 @@ RUNS = {
              "group's parameters (wd /= init_lr, lucidrains/adam-atan2-pytorch#5), so the k-th matrix is decayed "
              "with wd / init_lr^k: the second matrix shrinks by 10% a step, the third and later ones get a factor "
              "1 - lr wd far below -1"),
-    "F07_olmo_group_lr_key_typo": dict(
-        model="olmo", twin="H4_olmo_sgd_group_lrs", bug="group_lr_key_typo", expected="learning_rate",
-        what="H4 whose matrices' parameter group gives its learning rate under the key 'learning_rate' instead "
-             "of 'lr': torch.optim keeps unknown keys silently and fills 'lr' from the optimizer's default (SGD: "
-             "1e-3), so the matrices (94% of the weights) train at 1/300 of the intended lr (the schedule scales "
-             "that base)"),
+    "F07_olmo_clip_filter_exhausted": dict(
+        model="olmo", twin="H4_olmo_sgd_group_lrs", bug="clip_filter_exhausted", expected="training_loop",
+        what="H4 whose clipping is handed filter(lambda p: p.requires_grad, model.parameters()), built once before "
+             "the loop: a filter object is an iterator, so the first clip_grad_norm_ call consumes it and every "
+             "later call clips an empty list (no error, total norm 0): SGD at lr 0.3 without clipping after step 0"),
     "F08_olmo_warmup_ratio_as_steps": dict(
         model="olmo", twin="H4_olmo_sgd_group_lrs", bug="warmup_ratio_as_steps", expected="warmup",
         what="H4 whose schedule is given the warm-up ratio (0.1) where the number of warm-up steps is expected "
              "(num_warmup_steps=0.1): the factor is 0 at step 0 and the full peak lr 0.3 from step 1: no warm-up"),
-    "F09_cohere2_entropy_sign": dict(
-        model="cohere2", twin="H5_cohere2_confidence_penalty", bug="entropy_sign", expected="loss_function",
-        what="H5 whose entropy is written sum(p * log p) (the negative entropy) in loss = CE - beta * entropy: "
-             "the penalty rewards confident predictions (CE + beta H) instead of penalising them"),
+    "F09_cohere2_init_normal_positional": dict(
+        model="cohere2", twin="H5_cohere2_confidence_penalty", bug="init_normal_positional",
+        expected="initialisation",
+        what="H5 whose init pass over the block matrices calls nn.init.normal_(w, 0.02) meaning std 0.02: the "
+             "second positional parameter of normal_(tensor, mean=0.0, std=1.0) is the mean, so every Linear "
+             "weight of the blocks is drawn from N(0.02, 1)"),
     "F10_cohere2_entropy_summed": dict(
         model="cohere2", twin="H5_cohere2_confidence_penalty", bug="entropy_summed", expected="loss_function",
         what="H5 whose entropy term is summed over the 2,048 positions of the batch (reduction 'sum') while the "

@@ -42,14 +42,14 @@ STEPS = 160
 SEED = 1337
 WARMUP = 10
 FLOOR = 0.1  # cosine schedules end at 10% of the peak
-UL_ALPHA = 1.0  # H1: unlikelihood weight (Welleck et al. 2019 use alpha 1.0 for token-level UL)
+UL_ALPHA = float(os.environ.get('UL_ALPHA', 3.0))  # H1: unlikelihood weight
 SEP = 0  # H2: the byte that separates packed documents (absent from the corpus)
 NEWLINE = 10  # F04's separator id
 ATAN2_A, ATAN2_B = 1.27, 1.0  # H3: lucidrains/adam-atan2-pytorch defaults
 DECOUPLED_WD = 3e-4  # H3: fully decoupled weight decay per step at the peak lr (= AdamW wd 0.1 at lr 3e-3)
 SGD_LR = 0.3  # H4
 SGD_WARMUP_RATIO = 0.1  # H4: 16 of 160 steps
-CONF_BETA = 0.3  # H5: confidence penalty weight
+CONF_BETA = 0.1  # H5: confidence penalty weight
 
 
 # ----------------------------------------------------------------------------- data
@@ -178,6 +178,19 @@ def hf_cohere2():
                   layer_types=["full_attention"] * 3)
 
 
+@torch.no_grad()
+def reinit_linears(model, std=0.02, positional=False):
+    """H5's own init pass over the block matrices (as a custom _init_weights does): every nn.Linear weight drawn
+    from N(0, std). positional is F09's bug: nn.init.normal_(w, std), whose second positional parameter is the
+    mean (normal_(tensor, mean=0.0, std=1.0)): N(0.02, 1)."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings():
+            if positional:
+                torch.nn.init.normal_(m.weight, std)  # BUG (F09): mean=std, std=1.0
+            else:
+                torch.nn.init.normal_(m.weight, mean=0.0, std=std)
+
+
 # ----------------------------------------------------------------------------- optimizers
 
 class CautiousAdamAtan2(torch.optim.Optimizer):
@@ -271,7 +284,7 @@ def hf_cosine_with_warmup_factor(step, num_warmup_steps, num_training_steps, flo
 # ----------------------------------------------------------------------------- losses
 
 def ce(logits, y):
-    return F.cross_entropy(logits.float().reshape(-1, VOCAB), y.reshape(-1))
+    return F.cross_entropy(logits.float().reshape(-1, VOCAB), y.reshape(-1))  # ignore_index -100
 
 
 def unlikelihood(logits, y, exclude_target=True, flatten_batch=False):
@@ -341,6 +354,7 @@ def build(name, spec, steps):
         lam = lambda s: hf_cosine_with_warmup_factor(s, n_warm, steps)  # noqa: E731
     elif twin.startswith("H5"):
         model = hf_cohere2()
+        reinit_linears(model, positional=bug == "init_normal_positional")
         optimizer = torch.optim.AdamW(matrix_groups(model, 0.1), lr=3e-3, betas=(0.9, 0.95))
         o["conf"] = True
     else:
@@ -368,6 +382,11 @@ def train_one(name, spec, steps, work, data, use_watch=True):
     loader = ByteWindows(stream, B, seed=SEED)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lam)
     params = list(model.parameters())
+    if bug == "clip_filter_exhausted":
+        # BUG (F02/F07): a filter object is an iterator: the first clip_grad_norm_ call consumes it
+        clip_params = filter(lambda p: p.requires_grad, model.parameters())
+    else:
+        clip_params = [p for p in model.parameters() if p.requires_grad]
 
     def evaluate():
         model.eval()
@@ -390,6 +409,8 @@ def train_one(name, spec, steps, work, data, use_watch=True):
             mask4d, pos = packing_inputs(x, sep_id=NEWLINE if bug == "separator_id_newline" else SEP,
                                          causal=bug != "docmask_not_causal")
             logits = model(input_ids=x, attention_mask=mask4d, position_ids=pos).logits
+            # no label across a document boundary: the prediction made at a separator is not trained
+            y = y.masked_fill(x == (NEWLINE if bug == "separator_id_newline" else SEP), -100)
         else:
             logits = model(input_ids=x).logits
         loss_ce = ce(logits, y)
@@ -408,7 +429,7 @@ def train_one(name, spec, steps, work, data, use_watch=True):
         recent = (recent + [lce])[-10:]
         recent_opt = (recent_opt + [lval])[-10:]
         if o["clip"] is not None:
-            torch.nn.utils.clip_grad_norm_(params, o["clip"])
+            torch.nn.utils.clip_grad_norm_(clip_params, o["clip"])
         if step % 10 == 0:
             vl = evaluate()
             rec = dict(step=step, loss=sum(recent) / len(recent), loss_step=lce, val_loss=vl,

@@ -228,6 +228,28 @@ def _dropout_too_high(history: Sequence[dict], entry: dict) -> list[Finding]:
                            dropout=dropout['p']))]
 
 
+@check(Scope.TRAINING, "frozen_matrix_zero",
+       "a matrix or embedding table of the model (a floating parameter of two or more axes) holds only zeros and "
+       "requires no gradient (a Watch: every frozen matrix read at the first record)",
+       "definition: a tensor that requires no gradient keeps its values for the whole run, and a matrix of zeros "
+       "maps every input to 0 (an embedding table of zeros adds nothing to the stream), so its module contributes "
+       "nothing now and never will; the zero-initialised matrices of published recipes (LoRA's B, Fixup's and "
+       "GPT-NeoX's output projections) are the ones trained",
+       "a component of the model is switched off for good: a position embedding zeroed and frozen (no position "
+       "signal but the causal mask), a module frozen after its weights were zeroed or before they were loaded",
+       Cause.ARCHITECTURE, direct=True,
+       advice=phrase("give the matrix its initialisation or its pretrained values, or let it train "
+                     "(requires_grad=True and in the optimizer); remove the module if it is meant to be absent"))
+def _frozen_matrix_zero(history: Sequence[dict], entry: dict) -> list[Finding]:
+    names = (entry.get("loop") or {}).get("frozen_zero")
+    if not names:
+        return []
+    return [finding(Level.ERROR, None, None, float(len(names)),
+                    phrase("{names} {are} exactly 0 and {require} no gradient", names=", ".join(names[:3]) +
+                           (" …" if len(names) > 3 else ""), are="are" if len(names) > 1 else "is",
+                           require="require" if len(names) > 1 else "requires"))]
+
+
 @check(Scope.TRAINING, "embeddings_untied",
        "the model's config ties its output embedding to its input embedding (tie_word_embeddings true), and the "
        "two are different tensors (a Watch, on an HF model)",

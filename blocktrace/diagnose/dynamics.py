@@ -74,6 +74,15 @@ def interval_lr(before: dict, entry: dict) -> Optional[float]:
     return max(rates) if rates else None
 
 
+def _moved_kinds(layer: dict) -> Iterator[tuple[str, dict]]:
+    """The layer's matrix kinds an optimizer may move (not the norms' gains, nor the kinds whose every tensor
+    requires no gradient: a LoRA fine-tune's frozen base) that have an update ratio."""
+    frozen = set(layer.get("frozen_kinds") or ())
+    for kind, w in (layer.get("weights") or {}).items():
+        if kind != NORM_KIND and kind not in frozen and _finite(w.get("update_ratio")):
+            yield kind, w
+
+
 def per_step_ratios(before: dict, entry: dict) -> dict[int, list[float]]:
     """Per layer: each matrix kind's ‖ΔW‖/‖W‖ between the two records, divided by the steps between them."""
     gap = entry["step"] - before["step"]
@@ -81,8 +90,7 @@ def per_step_ratios(before: dict, entry: dict) -> dict[int, list[float]]:
         return {}
     found = {}
     for layer in entry["layers"]:
-        ratios = [w["update_ratio"] / gap for kind, w in (layer.get("weights") or {}).items()
-                  if kind != NORM_KIND and _finite(w.get("update_ratio"))]
+        ratios = [w["update_ratio"] / gap for _, w in _moved_kinds(layer)]
         if ratios:
             found[layer["layer"]] = ratios
     return found
@@ -589,7 +597,8 @@ def _layer_frozen(history: Sequence[dict], entry: dict) -> list[Finding]:
 
 @check(Scope.TRAINING, "updates_tiny",
        f"the median matrix's per-step ‖ΔW‖/‖W‖ < {TINY_UPDATE:g} in the layers that move, require a gradient and had "
-       f"a nonzero one at the step (the others are layer_frozen's), or, under an Adam-family (RAdam past its first "
+       f"a nonzero one at the step (the others are layer_frozen's; in a Watch, matrices that require no gradient — "
+       f"a LoRA fine-tune's frozen base — left out), or, under an Adam-family (RAdam past its first "
        f"steps, where ρ_t ≤ {RECTIFIED_ABOVE:g} makes its step lr·m̂) "
        f"optimizer (a Watch given optimizer=), its per-step rms(ΔW) < {ADAM_TINY_STEP:g} × the learning rate "
        f"(records without element counts: ‖ΔW‖/‖W‖ < {ADAM_TINY:g} × the learning rate; learning_rate when the "
@@ -693,9 +702,7 @@ def _per_step_sizes(before: dict, entry: dict, unreached: set) -> Optional[list[
     for layer in entry["layers"]:
         if layer["layer"] in unreached:
             continue
-        for kind, w in (layer.get("weights") or {}).items():
-            if kind == NORM_KIND or not _finite(w.get("update_ratio")):
-                continue
+        for kind, w in _moved_kinds(layer):
             then = ((earlier.get(layer["layer"]) or {}).get("weights") or {}).get(kind) or {}
             if not (_finite(then.get("norm")) and isinstance(w.get("elements"), int) and w["elements"] > 0):
                 return None

@@ -161,8 +161,11 @@ class Movement:
         # of those matrices' rows or columns holds (a host number)
         self.gradient_entries: dict[str, torch.Tensor] = {}
         self.line: dict[str, int] = {}
+        self.trainable: dict[str, bool] = {}  # kind -> whether any of its tensors requires a gradient
 
-    def add(self, kind: str, now: torch.Tensor, previous: Optional[torch.Tensor], rounded: bool = False) -> None:
+    def add(self, kind: str, now: torch.Tensor, previous: Optional[torch.Tensor], rounded: bool = False,
+            trainable: bool = True) -> None:
+        self.trainable[kind] = self.trainable.get(kind, False) or trainable
         entry = self.sums.setdefault(kind, [0.0, 0.0, 0.0])
         self.comparable.setdefault(kind, True)
         self.elements[kind] = self.elements.get(kind, 0) + now.numel()
@@ -186,6 +189,11 @@ class Movement:
         before = self.gradient_entries.get(kind)
         self.gradient_entries[kind] = nonzero if before is None else before + nonzero.to(before.device)
         self.line[kind] = min(self.line.get(kind, min(gradient.shape)), min(gradient.shape))
+
+    def frozen_kinds(self) -> list[str]:
+        """The kinds none of whose tensors requires a gradient (a LoRA fine-tune's base matrices): no optimizer
+        moves them, so the update-size checks leave them out."""
+        return [kind for kind, trainable in self.trainable.items() if not trainable]
 
     def values(self) -> dict[str, list]:
         return {kind: [*sums, *self.unchanged.get(kind, [None, None]), self.gradient_entries.get(kind)]
@@ -213,7 +221,8 @@ def movement(block: nn.Module, previous: Optional[dict[str, torch.Tensor]], upda
     for name, parameter in block.named_parameters():
         rounded = updated_in_place is not None and parameter.requires_grad and id(parameter) in updated_in_place
         kind = tensor_kind(name)
-        moved.add(kind, parameter.detach(), previous.get(name) if previous is not None else None, rounded)
+        moved.add(kind, parameter.detach(), previous.get(name) if previous is not None else None, rounded,
+                  parameter.requires_grad)
         if parameter.requires_grad and parameter.grad is not None and not hasattr(parameter.grad, "to_local"):
             moved.add_gradient(kind, parameter.grad.detach())  # (a sharded gradient's shard says nothing alone)
     return moved

@@ -358,6 +358,8 @@ PHRASES_ZH = {
         "{class_} 的第 {index} 个参数组的 lr={lr} < 0：每一步都在让损失上升",
     "{kinds} {are} exactly 0 since the first record (step {step}): no gradient can move them":
         "{kinds} 从第一条记录（第 {step} 步）起就恰好为 0：没有梯度能让它们改变",
+    "{names} {are} exactly 0 and {require} no gradient":
+        "{names} 恰好为 0，且不需要梯度",
 
     # --- the loop's invariants
     "the backward of step {step} found gradients of norm {before:.3g} left from before the last optimizer step":
@@ -541,6 +543,9 @@ PHRASES_ZH = {
     "initialise weight matrices randomly (nn.init.normal_(std=0.02) as GPT-2 does); zero only a residual branch's "
     "output projection if a recipe asks for it":
         "随机初始化权重矩阵（像 GPT-2 那样用 nn.init.normal_(std=0.02)）；只有训练配方要求时，才把残差分支的输出投影置零",
+    "give the matrix its initialisation or its pretrained values, or let it train (requires_grad=True and in the "
+    "optimizer); remove the module if it is meant to be absent":
+        "给这个矩阵它的初始化或预训练值，或者让它参与训练（requires_grad=True 并放进优化器）；如果这个模块本就不该存在，就把它去掉",
     "let the gradient reach the blocks: torch.utils.checkpoint(..., use_reentrant=False), or an input that requires "
     "grad; no detach or no_grad around the blocks":
         "让梯度到达各个 block：用 torch.utils.checkpoint(..., use_reentrant=False)，或需要梯度的输入；"

@@ -35,7 +35,7 @@ from blocktrace.training.between import BetweenSteps
 from blocktrace.training.forward_call import ForwardCall, RandomState, logits_of, loss_of, targets_cross_entropy
 from blocktrace.training.logit_gradient import gradient_targets, temperature_slopes
 from blocktrace.training.model_facts import computes_in_float16, eval_mode_modules, embeddings_untied, \
-    exterior_parameters, largest_dropout, renormed_by_forward
+    FrozenAtZero, exterior_parameters, largest_dropout, renormed_by_forward
 from blocktrace.training.schedulers import Schedulers
 from blocktrace.training.settings import optimizer_hyperparameters
 from blocktrace.training.stepping import StepSample
@@ -162,6 +162,7 @@ class LoopObserver:
     def __init__(self, model: nn.Module, optimizer, blocks: Sequence[nn.Module] = ()):
         self.model, self.optimizer, self.blocks = model, optimizer, list(blocks)
         self.unheld = Unheld()  # the parameters with a gradient that no optimizer holds (training/unheld.py)
+        self.frozen = FrozenAtZero()  # the frozen matrices that hold only zeros (training/model_facts.py)
         self.step_hook = _step_pre_hook(optimizer, self._at_optimizer_step)
         self.after_step_hook = _step_post_hook(optimizer, self._after_optimizer_step)
         self.step_due: Optional[int] = None  # the training step whose optimizer.step() is to be measured
@@ -451,6 +452,7 @@ class LoopObserver:
                 "between_steps": self.between.evidence() if self.between is not None else None,
                 "tempered": self.tempered if self.trained else None,
                 "dropout": largest_dropout(self.model), "embeddings": embeddings_untied(self.model),
+                "frozen_zero": self.frozen.evidence(self.model),
                 "loss_scale": self.loss_scale(), "backward_factor": self.backward_factor,
                 "float16_forward": self.float16 if self.trained else None,
                 **loss_checks}

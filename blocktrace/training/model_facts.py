@@ -1,7 +1,7 @@
 """What the Watch reads of the model's own modules and parameters, at its construction and at each record: the
 dropout and batch-norm modules in eval mode, the largest dropout rate, whether a tied head is one tensor with the
-embedding, which parameters are the embedding and the head, which embedding tables the forward renormalises, and
-whether a forward computes in float16."""
+embedding, which parameters are the embedding and the head, which embedding tables the forward renormalises, the
+frozen matrices that hold only zeros, and whether a forward computes in float16."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from blocktrace.training.distributed import is_shard
 from blocktrace.vocab import Exterior
 
 DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
@@ -85,6 +86,36 @@ def _hand_written_head(model: nn.Module, embeddings: list[nn.Embedding]) -> Opti
     table = max(embeddings, key=lambda m: m.num_embeddings)
     linear = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == table.num_embeddings]
     return linear[-1] if linear else table
+
+
+class FrozenAtZero:
+    """The model's frozen matrices — floating parameters of two or more axes that require no gradient, each rank's
+    whole (a shard's zeros say nothing of the tensor) — that hold only zeros. Every frozen matrix is read at the
+    first record; from then on only those found at 0 (a frozen tensor moves only by a write outside the optimizer),
+    so a large frozen base model is read once."""
+
+    def __init__(self):
+        self.watched: Optional[dict[str, torch.Tensor]] = None  # name → parameter; None before the first record
+
+    def evidence(self, model: nn.Module) -> Optional[dict]:
+        """The names read and, on the device, whether each holds only zeros (None: no frozen matrix to read)."""
+        if self.watched is None:
+            self.watched = {name: p for name, p in model.named_parameters()
+                            if p.is_floating_point() and p.dim() >= 2 and not p.requires_grad and not is_shard(p)}
+        if not self.watched:
+            return None
+        device = next(iter(self.watched.values())).device
+        return {"names": list(self.watched),
+                "zero": torch.stack([p.detach().count_nonzero().eq(0).to(device) for p in self.watched.values()])}
+
+    def settle(self, read: Optional[dict]) -> Optional[list[str]]:
+        """On the host: the names of the matrices at 0, which alone are read from then on."""
+        if read is None:
+            return None
+        zero = read["zero"] if isinstance(read["zero"], list) else [read["zero"]]
+        at_zero = [name for name, is_zero in zip(read["names"], zero) if is_zero]
+        self.watched = {name: self.watched[name] for name in at_zero if name in (self.watched or {})}
+        return at_zero
 
 
 def causal_model(model: nn.Module) -> bool:

@@ -85,6 +85,8 @@ def _layer(value: Any, field: str) -> dict:
     layer["entropy_per_head"] = _listed(layer.get("entropy_per_head"), f"{field}.entropy_per_head", number,
                                         optional=True)
     layer["weights"] = _mapped(layer.get("weights"), f"{field}.weights", _numbers, optional=True)
+    if "frozen_kinds" in layer:  # a Watch's records only
+        layer["frozen_kinds"] = _listed(layer["frozen_kinds"], f"{field}.frozen_kinds", _text)
     layer["norm_gains"] = _mapped(layer.get("norm_gains"), f"{field}.norm_gains", number, optional=True)
     layer["notes"] = _listed(layer.get("notes", []), f"{field}.notes", _text)
     if layer.get("routing") is not None:
@@ -147,6 +149,7 @@ def _loop(value: Any, field: str) -> dict:
     loop["update_unexplained"] = _listed(loop.get("update_unexplained"), f"{field}.update_unexplained", number,
                                          optional=True)
     loop["schedulers"] = _listed(loop.get("schedulers"), f"{field}.schedulers", _scheduler, optional=True)
+    loop["frozen_zero"] = _listed(loop.get("frozen_zero"), f"{field}.frozen_zero", _text, optional=True)
     for key, read in _LOOP_PIECES.items():
         loop[key] = read(loop.get(key), f"{field}.{key}")
     return loop

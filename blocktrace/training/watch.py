@@ -331,11 +331,14 @@ class Watch:
         """Everything measured on the device, read on the host in one copy (tracing.assembly.finish), then judged."""
         present, moved, traces, host = self._measure(loss)
         _settle_loop(host["loop"])
+        host["loop"]["frozen_zero"] = self.loop.frozen.settle(host["loop"].get("frozen_zero"))
         weights = [m.result(values) for m, values in zip(moved, host["moved"])] or [None] * len(self.blocks)
         for t in traces:
             t.notes += self.reducer.note()
         layers = [dict(layer_entry(index, t, host["grads"][index], weights[index]),
-                       trainable=is_trainable(self.blocks[index])) for index, t in zip(present, traces)]
+                       trainable=is_trainable(self.blocks[index]),
+                       frozen_kinds=moved[index].frozen_kinds() if moved else [])
+                  for index, t in zip(present, traces)]
         entry = record(self.count, "watch", layers, [], [], loss=host["loss"], lr=self._learning_rate(lr),
                        grad_norm=host["model_grad"],
                        extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab,
