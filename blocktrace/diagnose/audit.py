@@ -209,12 +209,17 @@ STUCK_TOGETHER = (("ffn_w1", "ffn_w2"), ("attn_q", "attn_k"), ("attn_qkv", "attn
 
 
 DROPOUT_HALF = 0.5  # a rate that drops at least every other activation: published LM recipes stay at or below 0.3
+# a rate that keeps at most a fifth: a keep probability (TensorFlow 1's keep_prob, 0.8-0.9 in its recipes) given
+# where PyTorch's drop rate belongs
+DROPOUT_KEEP_GIVEN = 0.8
 
 
 @check(Scope.TRAINING, "dropout_too_high",
-       f"a dropout module of the model has p ≥ {DROPOUT_HALF:g} (a Watch)",
+       f"a dropout module of the model has p ≥ {DROPOUT_HALF:g} (warning), ≥ {DROPOUT_KEEP_GIVEN:g} (error) (a Watch)",
        "definition: dropout zeroes each activation with probability p and scales the rest by 1/(1 − p); published "
-       "language-model recipes use 0 to 0.3 (GPT-2, BERT and T5 0.1, nanoGPT's Shakespeare 0.2, none above 0.3)",
+       "language-model recipes use 0 to 0.3 (GPT-2, BERT and T5 0.1, nanoGPT's Shakespeare 0.2, none above 0.3); "
+       "TensorFlow 1's tf.nn.dropout took the keep probability (keep_prob, 0.8–0.9 in its recipes), the complement "
+       "of PyTorch's p",
        "most of each layer's signal is dropped at every step, so the gradient is mostly noise: a config value left "
        "on, or a keep probability given where a drop rate is meant", Cause.ARCHITECTURE, direct=True,
        advice=phrase("set dropout to the recipe's rate (0.0 to 0.1 for pre-training a language model; p is the share "
@@ -223,7 +228,8 @@ def _dropout_too_high(history: Sequence[dict], entry: dict) -> list[Finding]:
     dropout = (entry.get("loop") or {}).get("dropout")
     if not isinstance(dropout, dict) or not (_number(dropout.get("p")) or 0) >= DROPOUT_HALF:
         return []
-    return [finding(Level.WARNING, None, None, dropout["p"],
+    level = Level.ERROR if dropout["p"] >= DROPOUT_KEEP_GIVEN else Level.WARNING
+    return [finding(level, None, None, dropout["p"],
                     phrase("{module} drops p = {dropout:g} of its activations", module=dropout.get('module'),
                            dropout=dropout['p']))]
 
