@@ -998,3 +998,41 @@ def test_after_the_first_record_only_the_frozen_matrices_found_at_zero_are_read_
     assert first["names"] == ["0.weight", "1.weight"]  # the biases are vectors: not read
     assert frozen.settle({"names": first["names"], "zero": first["zero"].tolist()}) == ["1.weight"]
     assert frozen.evidence(model)["names"] == ["1.weight"]
+
+
+def _lr_record(step: int, rates: list, loss: float = math.log(256), optimizer: str = "AdamW") -> dict:
+    return {"step": step, "layers": [], "loss": loss, "vocab": 256, "optimizer": optimizer, "lr": rates[0],
+            "loop": {"lr_groups": rates}}
+
+
+def _below_pretraining(records: list[dict]) -> list:
+    return [f for f in judge(records[:-1], records[-1]) if f.name == "learning_rate_below_pretraining"]
+
+
+def test_adam_from_scratch_at_a_fine_tuning_learning_rate_is_the_learning_rate(tmp_path):
+    """failures2's gpt2-lr-1e-6 (calibration: an outside run already seen, caught late by updates_tiny at step 280):
+    AdamW at 1e-6 from initialisation. The smallest published pre-training peak is GPT-3 175B's 6e-5, and Adam moves
+    each weight by about lr per step, so the model barely leaves its initialisation. Said at the second record, the
+    first whose learning rate is seen not to rise."""
+    records = _train(tmp_path / "run.jsonl", lambda ps: torch.optim.AdamW(ps, lr=1e-6), steps=11)
+    found = [[f for f in r["flags"] if f["name"] == "learning_rate_below_pretraining"] for r in records]
+    assert [len(f) for f in found] == [0, 1, 1]
+    assert found[1][0]["level"] == "error" and "no higher than 1e-06" in found[1][0]["detail"]
+    assert records[1]["diagnosis"][0]["cause"] == "learning_rate"
+
+
+@pytest.mark.parametrize("case", ["warm-up", "fine-tune", "sgd", "peak passed", "pre-training rate"])
+def test_a_warm_up_a_fine_tune_sgd_and_a_decayed_schedule_are_not_judged(case):
+    """The recipes beside it: a warm-up from 0 (its rates rise record after record), a fine-tune of a trained model
+    at 1e-6 (RLHF's and DPO's rates; its first loss far below log V), SGD (whose learning rate means otherwise), a
+    cosine schedule decayed below 1e-5 after a peak of 6e-4, and a pre-training rate."""
+    records = {
+        "warm-up": [_lr_record(0, [0.0]), _lr_record(10, [1e-6]), _lr_record(20, [2e-6])],
+        "fine-tune": [_lr_record(0, [1e-6], loss=2.1), _lr_record(10, [1e-6], loss=2.0)],
+        "sgd": [_lr_record(0, [1e-6], optimizer="SGD"), _lr_record(10, [1e-6], optimizer="SGD")],
+        "peak passed": [_lr_record(0, [6e-4]), _lr_record(10, [5e-6]), _lr_record(20, [1e-6])],
+        "pre-training rate": [_lr_record(0, [3e-4, 3e-4]), _lr_record(10, [3e-4, 3e-4])],
+    }[case]
+    assert _below_pretraining(records) == []
+    if case == "warm-up":  # once the warm-up ends below the floor, it is judged
+        assert _below_pretraining([*records, _lr_record(30, [2e-6])])

@@ -17,8 +17,9 @@ RUNS = {
     "H1_apertus_unlikelihood": dict(
         model="apertus", twin=None, bug=None, expected=None,
         what="HF ApertusForCausalLM from a config (GQA 4/2, head_dim 32, xIELU MLP 352 without gate, QK-norm, "
-             "RMSNorm, untied head), torch AdamW lr 3e-3 (0.9, 0.95, wd 0.1 on matrices), warm-up 10 then cosine to "
-             "10%, clip 1.0; the loss is token-level unlikelihood training (Welleck et al. 2019): cross-entropy + "
+             "RMSNorm, untied head), torch AdamW lr 3e-3 (0.9, 0.95, wd 0.1 on matrices), transformers' "
+             "get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=10, num_training_steps=160) (with a 10% "
+             "floor), clip 1.0; the loss is token-level unlikelihood training (Welleck et al. 2019): cross-entropy + "
              "alpha 1.0 x the mean over positions of -sum_c log(1 - p_c) over the negative candidates c = the "
              "distinct bytes of the row's previous context, the target itself excluded"),
     "H2_seedoss_packed_docmask": dict(
@@ -28,8 +29,8 @@ RUNS = {
              "packed documents: the training modules cut at their top-level separators (two blank lines) into 1,791 "
              "documents joined by a separator byte 0 (absent from the text); each 128-byte window gets a custom 4D "
              "boolean attention mask (B, 1, T, T), block-diagonal over documents and causal, and position_ids that "
-             "restart at every document (the 'neat packing' / 4D-mask recipe); held-out windows use the model's "
-             "default causal mask"),
+             "restart at every document, no label on the prediction made at a separator (the 'neat packing' / "
+             "4D-mask recipe); held-out windows use the model's default causal mask"),
     "H3_lfm2_cautious_adam_atan2": dict(
         model="lfm2", twin=None, bug=None, expected=None,
         what="HF Lfm2ForCausalLM from a config (Liquid LFM2 hybrid: layers conv / full_attention / conv, gated "
@@ -52,28 +53,28 @@ RUNS = {
              "penalty of Pereyra et al. 2017: cross-entropy - beta x the mean entropy of the predicted distribution "
              "(beta 0.3)"),
     # ---------------------------------------------------------------- failing
-    "F01_apertus_ul_target_not_excluded": dict(
-        model="apertus", twin="H1_apertus_unlikelihood", bug="ul_target_not_excluded", expected="loss_function",
-        what="H1 whose unlikelihood candidates are built without the step that removes the target from them "
-             "(Welleck et al.'s ctx_cands.masked_fill(ctx_cands == target, pad)): whenever the target byte "
-             "already occurred in the row's context (nearly always), the unlikelihood term pushes its own "
-             "probability down while the cross-entropy pushes it up"),
-    "F02_apertus_clip_filter_exhausted": dict(
-        model="apertus", twin="H1_apertus_unlikelihood", bug="clip_filter_exhausted", expected="training_loop",
-        what="H1 whose clipping is handed filter(lambda p: p.requires_grad, model.parameters()), built once before "
-             "the loop: a filter object is an iterator, so the first clip_grad_norm_ call consumes it and every "
-             "later call clips an empty list (no error, total norm 0): no clipping after step 0"),
+    "F01_apertus_schedule_args_swapped": dict(
+        model="apertus", twin="H1_apertus_unlikelihood", bug="schedule_args_swapped", expected="learning_rate",
+        what="H1 whose schedule is built get_cosine_schedule_with_warmup(optimizer, steps, warmup): the two "
+             "counts passed positionally in the wrong order, so the warm-up lasts the whole run (lr = 3e-3 * "
+             "step / 160: 1.9e-4 at step 10) and the cosine never starts (the peak at the last step)"),
+    "F02_apertus_ul_exp_omitted": dict(
+        model="apertus", twin="H1_apertus_unlikelihood", bug="ul_exp_omitted", expected="loss_function",
+        what="H1 whose unlikelihood term takes 1 - lprobs where 1 - lprobs.exp() was meant (the reference "
+             "code's probs = lprobs.exp() left out): -log(1 - log p_c) decreases without bound as the "
+             "candidates' log-probabilities fall, so the term drives every previously seen byte other than the "
+             "target towards probability 0"),
     "F03_seedoss_docmask_not_causal": dict(
         model="seedoss", twin="H2_seedoss_packed_docmask", bug="docmask_not_causal", expected="mask",
         what="H2 whose 4D mask is only the block-diagonal document mask, doc[t] == doc[s], without '& (s <= t)': "
-             "transformers uses a 4D mask as given, so every position attends to the rest of its document, "
-             "its own next byte included; the held-out pass (the default causal mask) has no such leak"),
-    "F04_seedoss_separator_id_newline": dict(
-        model="seedoss", twin="H2_seedoss_packed_docmask", bug="separator_id_newline", expected="data",
-        what="H2 whose collator looks for document boundaries with the separator id 10 ('\\n', the EOS of a "
-             "line-based tokenizer) while the packed stream separates documents with byte 0: every line becomes "
-             "a 'document', so in training each byte attends only to the bytes of its own line and positions "
-             "restart at every line (and the real document boundaries are not masked)"),
+             "transformers uses a 4D mask as given, so every position attends to the rest of its document, its "
+             "own next byte included; the held-out pass (the default causal mask) has no such leak"),
+    "F04_seedoss_docmask_float": dict(
+        model="seedoss", twin="H2_seedoss_packed_docmask", bug="docmask_float", expected="mask",
+        what="H2 whose 4D mask is handed over as mask.float() (1.0 = attend, 0.0 = not, as a 2D padding mask is "
+             "written): transformers treats a floating 4D mask as additive, so it adds 1 to the allowed scores "
+             "and 0 to the others: nothing is masked, every position sees the whole window, future and other "
+             "documents included"),
     "F05_lfm2_cautious_additive_convention": dict(
         model="lfm2", twin="H3_lfm2_cautious_adam_atan2", bug="cautious_additive_convention",
         expected="optimizer",
@@ -84,8 +85,8 @@ RUNS = {
         model="lfm2", twin="H3_lfm2_cautious_adam_atan2", bug="decoupled_wd_compounded", expected="optimizer",
         what="H3 whose fully decoupled weight decay divides the group's wd by init_lr inside the loop over the "
              "group's parameters (wd /= init_lr, lucidrains/adam-atan2-pytorch#5), so the k-th matrix is decayed "
-             "with wd / init_lr^k: the second matrix shrinks by 10% a step, the third and later ones get a factor "
-             "1 - lr wd far below -1"),
+             "with wd / init_lr^k: the second matrix shrinks by 10% a step, the third and later ones are "
+             "multiplied by factors far below -1 (non-finite within 10 steps)"),
     "F07_olmo_clip_filter_exhausted": dict(
         model="olmo", twin="H4_olmo_sgd_group_lrs", bug="clip_filter_exhausted", expected="training_loop",
         what="H4 whose clipping is handed filter(lambda p: p.requires_grad, model.parameters()), built once before "
@@ -104,7 +105,8 @@ RUNS = {
     "F10_cohere2_entropy_summed": dict(
         model="cohere2", twin="H5_cohere2_confidence_penalty", bug="entropy_summed", expected="loss_function",
         what="H5 whose entropy term is summed over the 2,048 positions of the batch (reduction 'sum') while the "
-             "cross-entropy is averaged: the penalty weighs 2,048 times beta against the likelihood"),
+             "cross-entropy is averaged: the penalty weighs 2,048 times beta (205) against the likelihood, and "
+             "the model is pushed to the uniform distribution"),
 }
 
 assert all(r["expected"] in VOCABULARY for r in RUNS.values() if r["bug"])

@@ -42,9 +42,8 @@ STEPS = 160
 SEED = 1337
 WARMUP = 10
 FLOOR = 0.1  # cosine schedules end at 10% of the peak
-UL_ALPHA = float(os.environ.get('UL_ALPHA', 3.0))  # H1: unlikelihood weight
+UL_ALPHA = 1.0  # H1: unlikelihood weight (Welleck et al. 2019: alpha 1.0 for token-level UL)
 SEP = 0  # H2: the byte that separates packed documents (absent from the corpus)
-NEWLINE = 10  # F04's separator id
 ATAN2_A, ATAN2_B = 1.27, 1.0  # H3: lucidrains/adam-atan2-pytorch defaults
 DECOUPLED_WD = 3e-4  # H3: fully decoupled weight decay per step at the peak lr (= AdamW wd 0.1 at lr 3e-3)
 SGD_LR = 0.3  # H4
@@ -107,13 +106,12 @@ class ByteWindows:
             yield torch.stack([self.data[i:i + T + 1] for i in ix.tolist()])
 
 
-def packing_inputs(x, sep_id=SEP, causal=True):
+def packing_inputs(x, causal=True):
     """H2's collator: from a (B, T) window of the packed stream, the document of every position (a separator ends
     its document), a 4D boolean mask (B, 1, T, T) that lets position t attend to position s of the same document
     with s <= t (True = attend, transformers' convention for a boolean 4D mask, used as given), and position ids
-    that restart at 0 at every document. sep_id is F04's bug when it is not the stream's separator; causal=False
-    is F03's."""
-    is_sep = (x == sep_id).long()
+    that restart at 0 at every document. causal=False is F03's bug."""
+    is_sep = (x == SEP).long()
     doc = is_sep.cumsum(-1) - is_sep  # the separator belongs to the document it ends
     same = doc[:, :, None] == doc[:, None, :]
     if causal:
@@ -252,15 +250,13 @@ def matrix_groups(model, wd):
     return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def sgd_groups(model, key_typo=False):
+def sgd_groups(model):
     """H4's parameter groups, each with its own lr (and no lr given to the optimizer itself): the block matrices at
-    SGD_LR with weight decay 1e-4, the embedding, head and vectors at SGD_LR without. key_typo is F07's bug: the
-    matrices' lr given under 'learning_rate'."""
+    SGD_LR with weight decay 1e-4, the embedding, head and vectors at SGD_LR without."""
     emb = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
     mats = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in emb]
     rest = [p for p in model.parameters() if p.dim() < 2 or id(p) in emb]
-    key = "learning_rate" if key_typo else "lr"  # BUG (F07) when key_typo: torch keeps the key, lr = default
-    return [{"params": mats, key: SGD_LR, "weight_decay": 1e-4}, {"params": rest, "lr": SGD_LR, "weight_decay": 0.0}]
+    return [{"params": mats, "lr": SGD_LR, "weight_decay": 1e-4}, {"params": rest, "lr": SGD_LR, "weight_decay": 0.0}]
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -287,35 +283,30 @@ def ce(logits, y):
     return F.cross_entropy(logits.float().reshape(-1, VOCAB), y.reshape(-1))  # ignore_index -100
 
 
-def unlikelihood(logits, y, exclude_target=True, flatten_batch=False):
+def unlikelihood(logits, y, probs_from_logprobs=False):
     """Token-level unlikelihood (Welleck et al. 2019, facebookresearch/unlikelihood_training's
     candidate_penalty_ce_loss): for each position, -sum over the negative candidates c of log(1 - p_c), the
     candidates being the distinct targets of the earlier positions of the row (its previous context), the
-    position's own target excluded; mean over positions. exclude_target=False is F01's bug; flatten_batch is
-    F02's (the batch flattened into one sequence of B*T, facebookresearch/unlikelihood_training#11)."""
+    position's own target excluded; mean over positions; p = exp(log_softmax(z)) as the reference code's
+    lprobs.exp(). probs_from_logprobs is F02's bug (the exp omitted: 1 - log p >= 1)."""
     bsz, tl, v = logits.shape
     onehot = F.one_hot(y, v).float()
-    if flatten_batch:
-        flat = onehot.reshape(1, bsz * tl, v)
-        seen = ((flat.cumsum(1) - flat) > 0).reshape(bsz, tl, v)  # BUG (F02): earlier rows' bytes count too
+    seen = (onehot.cumsum(1) - onehot) > 0
+    seen = seen.scatter(-1, y.unsqueeze(-1), False)  # the target is not its own negative candidate
+    lprobs = torch.log_softmax(logits.float(), dim=-1)
+    if probs_from_logprobs:
+        p = lprobs  # BUG (F02): the exp of the log-probabilities omitted
     else:
-        seen = (onehot.cumsum(1) - onehot) > 0
-    if exclude_target:
-        seen = seen.scatter(-1, y.unsqueeze(-1), False)
-    # else BUG (F01): the target stays among its own negative candidates
-    p = torch.softmax(logits.float(), dim=-1)
+        p = lprobs.exp()
     one_minus = torch.clamp(1.0 - p, min=1e-5)
     return -(torch.log(one_minus) * seen).sum(-1).mean()
 
 
-def entropy_term(logits, sign_bug=False, summed=False):
-    """The confidence penalty's entropy H(p) = -sum p log p of each position, averaged over positions. sign_bug is
-    F09's (sum p log p, the negative entropy); summed is F10's (summed over the batch's positions)."""
+def entropy_term(logits, summed=False):
+    """The confidence penalty's entropy H(p) = -sum p log p of each position, averaged over positions. summed is
+    F10's bug (summed over the batch's 2,048 positions)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
-    h = (logp.exp() * logp).sum(-1)
-    if not sign_bug:
-        h = -h
-    # else BUG (F09): the minus of the entropy dropped
+    h = -(logp.exp() * logp).sum(-1)
     if summed:
         return h.sum()  # BUG (F10): reduction 'sum' over the 2,048 positions
     return h.mean()
@@ -334,6 +325,11 @@ def build(name, spec, steps):
         model = hf_apertus()
         optimizer = torch.optim.AdamW(matrix_groups(model, 0.1), lr=3e-3, betas=(0.9, 0.95))
         o["ul"] = True
+        if bug == "schedule_args_swapped":
+            # BUG (F01): get_cosine_schedule_with_warmup(optimizer, num_training_steps, num_warmup_steps)
+            lam = lambda s: hf_cosine_with_warmup_factor(s, steps, WARMUP)  # noqa: E731
+        else:
+            lam = lambda s: hf_cosine_with_warmup_factor(s, WARMUP, steps)  # noqa: E731
     elif twin.startswith("H2"):
         model = hf_seedoss()
         optimizer = torch.optim.AdamW(matrix_groups(model, 0.1), lr=3e-3, betas=(0.9, 0.95))
@@ -345,7 +341,7 @@ def build(name, spec, steps):
                                       wd_in_loop=bug == "decoupled_wd_compounded")
     elif twin.startswith("H4"):
         model = hf_olmo()
-        optimizer = torch.optim.SGD(sgd_groups(model, key_typo=bug == "group_lr_key_typo"), momentum=0.9,
+        optimizer = torch.optim.SGD(sgd_groups(model), momentum=0.9,
                                     nesterov=True)
         if bug == "warmup_ratio_as_steps":
             n_warm = SGD_WARMUP_RATIO  # BUG (F08): the ratio passed as the number of warm-up steps
@@ -383,7 +379,7 @@ def train_one(name, spec, steps, work, data, use_watch=True):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lam)
     params = list(model.parameters())
     if bug == "clip_filter_exhausted":
-        # BUG (F02/F07): a filter object is an iterator: the first clip_grad_norm_ call consumes it
+        # BUG (F07): a filter object is an iterator: the first clip_grad_norm_ call consumes it
         clip_params = filter(lambda p: p.requires_grad, model.parameters())
     else:
         clip_params = [p for p in model.parameters() if p.requires_grad]
@@ -406,20 +402,19 @@ def train_one(name, spec, steps, work, data, use_watch=True):
         chunk = next(it)
         x, y = chunk[:, :-1], chunk[:, 1:]
         if o["packed"]:
-            mask4d, pos = packing_inputs(x, sep_id=NEWLINE if bug == "separator_id_newline" else SEP,
-                                         causal=bug != "docmask_not_causal")
+            mask4d, pos = packing_inputs(x, causal=bug != "docmask_not_causal")
+            if bug == "docmask_float":
+                mask4d = mask4d.float()  # BUG (F04): 1.0 / 0.0, which transformers adds to the scores
             logits = model(input_ids=x, attention_mask=mask4d, position_ids=pos).logits
             # no label across a document boundary: the prediction made at a separator is not trained
-            y = y.masked_fill(x == (NEWLINE if bug == "separator_id_newline" else SEP), -100)
+            y = y.masked_fill(x == SEP, -100)
         else:
             logits = model(input_ids=x).logits
         loss_ce = ce(logits, y)
         if o["ul"]:
-            loss = loss_ce + UL_ALPHA * unlikelihood(logits, y, exclude_target=bug != "ul_target_not_excluded",
-                                                     flatten_batch=bug == "ul_flattened_batch")
+            loss = loss_ce + UL_ALPHA * unlikelihood(logits, y, probs_from_logprobs=bug == "ul_exp_omitted")
         elif o["conf"]:
-            loss = loss_ce - CONF_BETA * entropy_term(logits, sign_bug=bug == "entropy_sign",
-                                                      summed=bug == "entropy_summed")
+            loss = loss_ce - CONF_BETA * entropy_term(logits, summed=bug == "entropy_summed")
         else:
             loss = loss_ce
         loss.backward()

@@ -358,6 +358,13 @@ PHRASES_ZH = {
         "{class_} 的第 {index} 个参数组的 lr={lr} < 0：每一步都在让损失上升",
     "{kinds} {are} exactly 0 since the first record (step {step}): no gradient can move them":
         "{kinds} 从第一条记录（第 {step} 步）起就恰好为 0：没有梯度能让它们改变",
+    "{optimizer} from scratch at learning rates no higher than {largest:.3g} since the first record (published "
+    "pre-training peaks: 6e-5 and above)":
+        "{optimizer} 从零开始训练，自第一条记录起学习率从未高于 {largest}（已发表的预训练峰值学习率都在 6e-5 及以上）",
+    "use a pre-training learning rate (6e-4 for a GPT-2-sized model, 3e-4 to 1e-4 for billions of parameters) with a "
+    "warm-up, and print each param group's learning rate over the first steps":
+        "使用预训练的学习率（GPT-2 大小的模型用 6e-4，更大的模型用 3e-4 到 1e-4）并加上预热，"
+        "再打印前几步里每个参数组的学习率",
     "{names} {are} exactly 0 and {require} no gradient":
         "{names} 恰好为 0，且不需要梯度",
 
