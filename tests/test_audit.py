@@ -1000,9 +1000,14 @@ def test_after_the_first_record_only_the_frozen_matrices_found_at_zero_are_read_
     assert frozen.evidence(model)["names"] == ["1.weight"]
 
 
-def _lr_record(step: int, rates: list, loss: float = math.log(256), optimizer: str = "AdamW") -> dict:
+NEXT_TOKEN = {"target_match": {"same": 0.01, "next": 1.0, "previous": 0.0}}  # nanoGPT's targets: the next ids
+CLASSES = {"target_match": {"same": 0.0, "next": 0.0, "previous": 0.0}}  # a classifier's: no relation to the ids
+
+
+def _lr_record(step: int, rates: list, loss: float = math.log(256), optimizer: str = "AdamW",
+               data: dict = NEXT_TOKEN) -> dict:
     return {"step": step, "layers": [], "loss": loss, "vocab": 256, "optimizer": optimizer, "lr": rates[0],
-            "loop": {"lr_groups": rates}}
+            "loop": {"lr_groups": rates}, "data": data}
 
 
 def _below_pretraining(records: list[dict]) -> list:
@@ -1021,17 +1026,19 @@ def test_adam_from_scratch_at_a_fine_tuning_learning_rate_is_the_learning_rate(t
     assert records[1]["diagnosis"][0]["cause"] == "learning_rate"
 
 
-@pytest.mark.parametrize("case", ["warm-up", "fine-tune", "sgd", "peak passed", "pre-training rate"])
+@pytest.mark.parametrize("case", ["warm-up", "fine-tune", "sgd", "peak passed", "pre-training rate", "classifier"])
 def test_a_warm_up_a_fine_tune_sgd_and_a_decayed_schedule_are_not_judged(case):
     """The recipes beside it: a warm-up from 0 (its rates rise record after record), a fine-tune of a trained model
     at 1e-6 (RLHF's and DPO's rates; its first loss far below log V), SGD (whose learning rate means otherwise), a
-    cosine schedule decayed below 1e-5 after a peak of 6e-4, and a pre-training rate."""
+    cosine schedule decayed below 1e-5 after a peak of 6e-4, a pre-training rate, and a classifier fine-tuned with
+    a new head at 1e-5 (RoBERTa-large's rate; its first loss near log C, its targets no shift of its inputs)."""
     records = {
         "warm-up": [_lr_record(0, [0.0]), _lr_record(10, [1e-6]), _lr_record(20, [2e-6])],
         "fine-tune": [_lr_record(0, [1e-6], loss=2.1), _lr_record(10, [1e-6], loss=2.0)],
         "sgd": [_lr_record(0, [1e-6], optimizer="SGD"), _lr_record(10, [1e-6], optimizer="SGD")],
         "peak passed": [_lr_record(0, [6e-4]), _lr_record(10, [5e-6]), _lr_record(20, [1e-6])],
         "pre-training rate": [_lr_record(0, [3e-4, 3e-4]), _lr_record(10, [3e-4, 3e-4])],
+        "classifier": [_lr_record(0, [1e-5], data=CLASSES), _lr_record(10, [1e-5], data=CLASSES)],
     }[case]
     assert _below_pretraining(records) == []
     if case == "warm-up":  # once the warm-up ends below the floor, it is judged

@@ -153,51 +153,6 @@ def _weight_decay_too_strong(history: Sequence[dict], entry: dict) -> list[Findi
     return flags
 
 
-# the smallest peak learning rate published Adam-family pre-training uses is GPT-3 175B's 6e-5 (Brown et al. 2020,
-# Table 2.1; LLaMA-65B 1.5e-4, Chinchilla 1e-4); below a sixth of it a model trained from scratch barely moves.
-# Fine-tuning (RLHF, DPO: 1e-6 and below) starts from a trained model and is not judged
-PRETRAINING_LR_FLOOR = 1e-5
-FROM_SCRATCH_NATS = 1.0  # a first loss within this of log V: the model starts from its initialisation
-
-
-def _rates(record: dict) -> list[float]:
-    """The record's learning rates: every param group's, else the one the record holds."""
-    rates = [r for r in ((record.get("loop") or {}).get("lr_groups") or []) if _number(r) is not None]
-    return rates or ([record["lr"]] if _number(record.get("lr")) is not None else [])
-
-
-def _from_scratch(first: dict) -> bool:
-    """Whether the run's first record is a model at its initialisation: its loss within FROM_SCRATCH_NATS of log V."""
-    loss, vocab = _number(first.get("loss")), first.get("vocab")
-    return loss is not None and isinstance(vocab, int) and vocab > 1 and loss >= math.log(vocab) - FROM_SCRATCH_NATS
-
-
-@check(Scope.TRAINING, "learning_rate_below_pretraining",
-       f"an Adam-family optimizer training a model from scratch (the first record's loss within {FROM_SCRATCH_NATS:g} "
-       f"nat of log V) has had no learning rate above {PRETRAINING_LR_FLOOR:g} in any param group at any record, and "
-       "its learning rate has stopped rising (not below the record before's: a warm-up is not judged) (a Watch)",
-       "published Adam-family pre-training: the smallest peak learning rate is GPT-3 175B's 6e-5 (Brown et al. 2020, "
-       "Table 2.1; LLaMA-65B 1.5e-4, Chinchilla 1e-4, GPT-2-sized models 6e-4); Adam moves each weight by about lr "
-       "per step, so at a sixth of the smallest a model at its initialisation barely leaves it. Fine-tuning a "
-       "trained model (RLHF, DPO: 1e-6 and below) starts far below log V and is not judged",
-       "the learning rate is far below any pre-training recipe's: a fine-tuning rate used from scratch, a warm-up "
-       "factor or a scheduler's floor taken for the peak, a unit slip (1e-6 for 1e-3)", Cause.LEARNING_RATE,
-       advice=phrase("use a pre-training learning rate (6e-4 for a GPT-2-sized model, 3e-4 to 1e-4 for billions of "
-                     "parameters) with a warm-up, and print each param group's learning rate over the first steps"))
-def _learning_rate_below_pretraining(history: Sequence[dict], entry: dict) -> list[Finding]:
-    if not history or ADAM_FAMILY not in str(entry.get("optimizer") or "").lower() or not _from_scratch(history[0]):
-        return []
-    now, before = _rates(entry), _rates(history[-1])
-    largest = max((r for record in (*history, entry) for r in _rates(record)), default=None)
-    if not now or not before or largest is None or not 0 < largest <= PRETRAINING_LR_FLOOR \
-            or max(now) > max(before):
-        return []
-    return [finding(Level.ERROR, None, None, largest,
-                    phrase("{optimizer} from scratch at learning rates no higher than {largest:.3g} since the first "
-                           "record (published pre-training peaks: 6e-5 and above)",
-                           optimizer=entry.get("optimizer"), largest=largest))]
-
-
 @check(Scope.TRAINING, "orthogonalised_embedding_or_head",
        "a param group Muon updates (use_muon=True, or any group of an optimizer named Muon that carries no such flag) "
        "holds the model's embedding or its output head (a Watch)",

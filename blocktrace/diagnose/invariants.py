@@ -675,6 +675,15 @@ def _relation(match: dict) -> Optional[str]:
     return held[0] if held else None
 
 
+def next_token_training(entry: dict) -> bool:
+    """Whether the record's loop trains next-token prediction: its targets are the inputs advanced by one, or the
+    inputs themselves given to a model that shifts them (HF's labels=ids)."""
+    data = _data(entry)
+    relation = _relation(data.get("target_match") or {})
+    return relation == "next" and data.get("shifts_inside") is not True or \
+        relation == "same" and data.get("shifts_inside") is True
+
+
 @check(Scope.TRAINING, "targets_misaligned",
        f"the targets equal the inputs delayed by one position, or already advanced for a model that shifts them "
        f"itself, on ≥ {EXACT:.0%} of the counted positions; or, for a language model, at no shift on even "
