@@ -16,7 +16,7 @@ from blocktrace.diagnose.dynamics import judge
 from blocktrace.training.model_facts import exterior_parameters
 from blocktrace.training.settings import optimizer_hyperparameters
 from blocktrace.training.timeline import read_timeline
-from blocktrace.vocab import Exterior
+from blocktrace.vocab import Exterior, Level
 
 AUDIT = {"optimizer_ascends", "moment_rates_invalid", "weight_decay_too_strong"}
 
@@ -459,7 +459,6 @@ def test_a_dropout_rate_no_recipe_uses_outranks_the_symptom_it_explains():
     observed outside every recipe is a fact about the run; a symptom it explains does not outrank it."""
     from blocktrace.diagnose.checks import Cause, Flag
     from blocktrace.diagnose.diagnosis import Context, diagnose
-    from blocktrace.vocab import Level
 
     flags = [Flag("dropout_too_high", Level.WARNING, None, None, 0.9, "p = 0.9", Cause.ARCHITECTURE),
              Flag("updates_tiny", Level.ERROR, None, None, 1e-6, "tiny", Cause.OPTIMIZER)]
@@ -1043,3 +1042,28 @@ def test_a_warm_up_a_fine_tune_sgd_and_a_decayed_schedule_are_not_judged(case):
     assert _below_pretraining(records) == []
     if case == "warm-up":  # once the warm-up ends below the floor, it is judged
         assert _below_pretraining([*records, _lr_record(30, [2e-6])])
+
+
+def _optimizer_named(name: str, **defaults) -> torch.optim.Optimizer:
+    """An optimizer of another library, as the audit sees it: its class name and its param groups' settings."""
+    kind = type(name, (torch.optim.Optimizer,), {"step": lambda self, closure=None: None})
+    return kind(_parameters(), defaults)
+
+
+@pytest.mark.parametrize("name, settings", [("ADOPT", {"betas": (0.9999, 0.9)}), ("Lion", {"betas": (0.999, 0.99)}),
+                                            ("SGD", {"momentum": 0.999})])
+def test_a_first_moment_rate_spanning_a_thousand_steps_is_the_optimizer(name, settings):
+    """A moving average at rate β spans 1/(1 − β) steps; published first rates stay at or below 0.99. blind12's F05
+    (ADOPT with its betas swapped, (0.9999, 0.9)) lies outside Adam's family, where β1 < √β2 is not the rule.
+    Calibration: written after blind12's score."""
+    optimizer = _optimizer_named(name, lr=1e-3, **settings) if name != "SGD" else \
+        torch.optim.SGD(_parameters(), lr=0.1, **settings)
+    found = _audited(optimizer)["moment_rates_invalid"]
+    assert found.level is Level.ERROR and "spans" in found.detail and "steps" in found.detail
+
+
+@pytest.mark.parametrize("name, settings", [("Adan", {"betas": (0.98, 0.92, 0.99)}), ("SophiaG", {"betas": (0.965, 0.99)}),
+                                            ("AdEMAMix", {"betas": (0.9, 0.999, 0.9999)}), ("Lion", {"betas": (0.95, 0.98)}),
+                                            ("ADOPT", {"betas": (0.9, 0.9999)})])
+def test_published_first_moment_rates_pass(name, settings):
+    assert "moment_rates_invalid" not in _audited(_optimizer_named(name, lr=1e-3, **settings))

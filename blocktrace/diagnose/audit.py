@@ -29,6 +29,9 @@ ADAM_FAMILY = "adam"
 # halves within 100 steps; published recipes stay near 1e-4 (GPT-3 and nanoGPT 6e-4 × 0.1, Llama 2 3e-4 × 0.1)
 DECAY_HALVES_IN = 100
 DECAY_TOO_STRONG = 1 - 0.5 ** (1 / DECAY_HALVES_IN)
+# a first-moment rate (betas[0], SGD's momentum) at which the average spans 1/(1 − β) = 1000 steps: published first
+# rates stay at or below 0.99 (Adam 0.9-0.95, Sophia 0.965, Adan 0.98, SGD 0.9-0.99)
+FIRST_RATE_STALE = 0.999
 
 
 def _groups(entry: dict) -> list[tuple[int, dict]]:
@@ -79,15 +82,17 @@ def _optimizer_ascends(history: Sequence[dict], entry: dict) -> list[Finding]:
 
 
 @check(Scope.TRAINING, "moment_rates_invalid",
-       "a param group's betas, momentum or dampening lie outside [0, 1); Nesterov momentum with a dampening; or, for "
-       "an Adam-family optimizer, β1 ≥ √β2",
+       "a param group's betas, momentum or dampening lie outside [0, 1); Nesterov momentum with a dampening; for "
+       f"an Adam-family optimizer, β1 ≥ √β2; for any, a first-moment rate (betas[0], momentum) ≥ {FIRST_RATE_STALE:g}",
        "definition: an exponential moving average m ← β·m + (1 − β)·g averages only for β in [0, 1) (at 1 it never "
        "forgets, above it grows without bound), and SGD's velocity v ← μ·v + (1 − dampening)·g stays bounded only "
        "for μ < 1 and takes the gradient in only for dampening < 1; Nesterov's step g + μ·v is defined with no "
        "dampening (Sutskever et al. 2013; torch.optim.SGD raises 'Nesterov momentum requires a momentum and zero "
        "dampening'); "
        "Adam's convergence analysis needs β1 < √β2 (Kingma & Ba 2015, γ = β1²/√β2 < 1; Reddi et al. 2018, "
-       "'On the Convergence of Adam and Beyond', β1 < √β2)",
+       "'On the Convergence of Adam and Beyond', β1 < √β2); a moving average at rate β spans 1/(1 − β) steps, and "
+       "published first rates stay at or below 0.99 (Adam 0.9–0.95, Sophia 0.965, Adan 0.98, SGD momentum 0.9–0.99; "
+       "the slow 0.9999 of AdEMAMix is a third beta beside a fast first one)",
        "the optimizer's moments do not average the gradients as its definition requires: swapped betas (0.999, "
        "0.9), a rate of 1 or above, a momentum of 1 — its steps are stale or unbounded", Cause.OPTIMIZER,
        direct=True,
@@ -124,6 +129,10 @@ def _moment_fault(group: dict, adam: bool) -> Optional[tuple[float, str]]:
     if adam and len(betas) == 2 and betas[0] >= math.sqrt(betas[1]):
         return betas[0], phrase("betas={betas}: β1 = {beta1:g} ≥ √β2 = {root:.4g}, outside the region where Adam "
                                 "converges (β1 < √β2)", betas=tuple(betas), beta1=betas[0], root=math.sqrt(betas[1]))
+    first = betas[0] if betas else momentum
+    if first is not None and first >= FIRST_RATE_STALE:
+        return first, phrase("first-moment rate {first:g}: its average spans {steps:.0f} steps, where published first "
+                             "rates stay at or below 0.99 (betas swapped?)", first=first, steps=1 / (1 - first))
     return None
 
 

@@ -365,6 +365,9 @@ PHRASES_ZH = {
     "warm-up, and print each param group's learning rate over the first steps":
         "使用预训练的学习率（GPT-2 大小的模型用 6e-4，更大的模型用 3e-4 到 1e-4）并加上预热，"
         "再打印前几步里每个参数组的学习率",
+    "first-moment rate {first:g}: its average spans {steps:.0f} steps, where published first rates stay at or below "
+    "0.99 (betas swapped?)":
+        "第一个 beta 为 {first}：它的平均覆盖 {steps} 步，而已发表的配方中第一个 beta 都不超过 0.99（是否把 betas 写反了?）",
     "{names} {are} exactly 0 and {require} no gradient":
         "{names} 恰好为 0，且不需要梯度",
 
