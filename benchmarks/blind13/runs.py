@@ -51,7 +51,7 @@ RUNS = {
              "head tied to the embedding, logit_scale 1.0, every layer full attention), torch AdamW lr 3e-3 (0.9, "
              "0.95, wd 0.1 on matrices), warm-up 10 then cosine to 10%, clip 1.0; the loss is the confidence "
              "penalty of Pereyra et al. 2017: cross-entropy - beta x the mean entropy of the predicted distribution "
-             "(beta 0.3)"),
+             "(beta 0.1), after an init pass that redraws every block matrix from N(0, 0.02)"),
     # ---------------------------------------------------------------- failing
     "F01_apertus_schedule_args_swapped": dict(
         model="apertus", twin="H1_apertus_unlikelihood", bug="schedule_args_swapped", expected="learning_rate",

@@ -377,7 +377,6 @@ def train_one(name, spec, steps, work, data, use_watch=True):
     stream = read_token_file(shared)
     loader = ByteWindows(stream, B, seed=SEED)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lam)
-    params = list(model.parameters())
     if bug == "clip_filter_exhausted":
         # BUG (F07): a filter object is an iterator: the first clip_grad_norm_ call consumes it
         clip_params = filter(lambda p: p.requires_grad, model.parameters())
