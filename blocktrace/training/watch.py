@@ -332,13 +332,9 @@ class Watch:
         present, moved, traces, host = self._measure(loss)
         _settle_loop(host["loop"])
         host["loop"]["frozen_zero"] = self.loop.frozen.settle(host["loop"].get("frozen_zero"))
-        weights = [m.result(values) for m, values in zip(moved, host["moved"])] or [None] * len(self.blocks)
         for t in traces:
             t.notes += self.reducer.note()
-        layers = [dict(layer_entry(index, t, host["grads"][index], weights[index]),
-                       trainable=is_trainable(self.blocks[index]),
-                       frozen_kinds=moved[index].frozen_kinds() if moved else [])
-                  for index, t in zip(present, traces)]
+        layers = self._layers(present, traces, moved, host)
         entry = record(self.count, "watch", layers, [], [], loss=host["loss"], lr=self._learning_rate(lr),
                        grad_norm=host["model_grad"],
                        extra={"ranks": self.reducer.world_size, "vocab": self.batch.vocab,
@@ -360,6 +356,15 @@ class Watch:
             if self.tensorboard is not None:
                 write_scalars(self.tensorboard, entry)
         return entry
+
+    def _layers(self, present: list[int], traces: list, moved: list, host: dict) -> list[dict]:
+        """The record's layers: each traced block's statistics, gradient norm and weights' movement, whether it
+        trains, and the kinds of its tensors that do not."""
+        weights = [m.result(values) for m, values in zip(moved, host["moved"])] or [None] * len(self.blocks)
+        return [dict(layer_entry(index, t, host["grads"][index], weights[index]),
+                     trainable=is_trainable(self.blocks[index]),
+                     frozen_kinds=moved[index].frozen_kinds() if moved else [])
+                for index, t in zip(present, traces)]
 
     def _measure(self, loss) -> tuple[list[int], list, list, dict]:
         """The blocks that ran, their movements, their Traces and the rest of what was measured, on the host."""
