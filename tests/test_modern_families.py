@@ -132,6 +132,12 @@ FAMILIES = {
     "llama4_text": ("Llama4ForCausalLM", "Llama4TextConfig", dict(**LLAMA4, num_experts_per_tok=1), LLAMA4_PLACES),
     "llama4_text top-2": ("Llama4ForCausalLM", "Llama4TextConfig", dict(**LLAMA4, num_experts_per_tok=2),
                           LLAMA4_PLACES),
+    # Ministral: Mistral's block, the window layer by layer (layer_types), every layer sliding without them.
+    # (HF's MinistralConfig leaves head_dim None, which its attention cannot use: Ministral's configs give it)
+    "ministral": ("MinistralForCausalLM", "MinistralConfig", dict(num_key_value_heads=2, head_dim=16, sliding_window=4,
+                  layer_types=["sliding_attention", "full_attention", "sliding_attention"]), LLAMA_PLACES),
+    "ministral every layer sliding": ("MinistralForCausalLM", "MinistralConfig", dict(num_key_value_heads=2,
+                                      head_dim=8, sliding_window=4), LLAMA_PLACES),
     # Seed-OSS: biases on q/k/v, on the output projection and on the MLP, each its own key; head_dim ≠ d / heads.
     "seed_oss": ("SeedOssForCausalLM", "SeedOssConfig", dict(num_key_value_heads=2, head_dim=16, attention_bias=True,
                                                            attention_out_bias=True, mlp_bias=True), LLAMA_PLACES),
@@ -248,7 +254,7 @@ NEWER = ["gemma3", "olmo2", "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe", "
          "qwen2 rope-yarn", "phi3 rope-longrope", "phi3 partial-rotary", "granite", "smollm3", "olmo3", "exaone4",
          "cohere", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2", "deepseek_v2 greedy",
          "llama4_text", "llama4_text top-2", "seed_oss", "ernie4_5", "glm4_moe", "minimax_m2", "ernie4_5_moe",
-         "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4", "dots1", "exaone_moe", "hunyuan_v1_moe"]
+         "hunyuan_v1_dense", "apertus", "helium", "arcee", "glm4", "dots1", "exaone_moe", "hunyuan_v1_moe", "ministral"]
 
 
 @pytest.mark.parametrize("name", NEWER)
@@ -422,7 +428,7 @@ FAMILY_CONFIGS = [("llama", "LlamaConfig"), ("mistral", "MistralConfig"), ("phi3
                   ("minimax_m2", "MiniMaxM2Config"), ("qwen3_next", "Qwen3NextConfig"),
                   ("granitemoehybrid", "GraniteMoeHybridConfig"), ("ernie4_5_moe", "Ernie4_5_MoeConfig"),
                   ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("apertus", "ApertusConfig"), ("helium", "HeliumConfig"), ("arcee", "ArceeConfig"), ("glm4", "Glm4Config"), ("dots1", "Dots1Config"), ("exaone_moe", "ExaoneMoeConfig"),
-                  ("hunyuan_v1_moe", "HunYuanMoEV1Config")]
+                  ("hunyuan_v1_moe", "HunYuanMoEV1Config"), ("ministral", "MinistralConfig")]
 # Defaults transformers 5 keeps elsewhere than under their config.json key.
 HF_DEFAULT_PLACES = {"rope_theta": lambda hf: hf.rope_parameters["full_attention"]["rope_theta"],
                      "rope_local_base_freq": lambda hf: hf.rope_parameters["sliding_attention"]["rope_theta"],
@@ -613,3 +619,22 @@ def test_hunyuan_moe_files_keys_hf_does_not_read_are_said(tmp_path):
     assert any(note.startswith("moe_intermediate_size, num_shared_expert in config.json not read") for note in info.notes)
     block = load_block(checkpoint, info, 0, checkpoint_config(checkpoint, info, {}))
     assert block.config.d_ff == block.config.experts.shared_expert_d_ff == 64
+
+
+def test_a_ministral_config_without_head_dim_is_read_with_the_assumption_said(tmp_path):
+    """HF's MinistralConfig leaves head_dim unset and its attention cannot run so (None ** -0.5); Ministral's own
+    configs give it. Without it blocktrace takes hidden_size / num_attention_heads — Mistral's rule — and says so."""
+    path = _retyped(tmp_path, "mistral", "ministral")
+    config = json.loads((path / "config.json").read_text())
+    config.pop("head_dim", None)
+    (path / "config.json").write_text(json.dumps(config))
+    checkpoint = Checkpoint(path)
+    info = model_info(checkpoint)
+    assert info.family.name == "ministral"
+    assert any("config.json has no head_dim: hidden_size / num_attention_heads assumed" in note
+               for note in info.family.notes(info.config))
+    mistral = build("mistral")[0]  # the same weights read as Mistral: the same layer
+    expected = reference(mistral, LLAMA_PLACES, 1, IDS)
+    block = load_block(checkpoint, info, 1, checkpoint_config(checkpoint, info, {}))
+    traced = trace(block, expected["hidden_states"][1][0], keep_tensors=True).tensors()
+    assert (traced["residual2"] - expected["residual2"][0]).abs().max() <= 1e-5

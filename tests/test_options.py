@@ -46,7 +46,7 @@ def test_the_weights_help_names_every_family_and_every_kind_of_file(invoke):
              "gemma2": "Gemma 1–3", "gemma3": "Gemma 1–3", "phi3": "Phi-3", "starcoder2": "StarCoder2",
              "granite": "Granite", "smollm3": "SmolLM3", "exaone4": "EXAONE-4", "cohere": "Cohere 1–2",
              "cohere2": "Cohere 1–2", "gpt_oss": "gpt-oss", "deepseek_v2": "DeepSeek-V2/V3",
-             "deepseek_v3": "DeepSeek-V2/V3", "llama4_text": "Llama-4", "lfm2": "LFM2", "seed_oss": "Seed-OSS", "ernie4_5": "ERNIE-4.5", "glm4_moe": "GLM-4.5", "minimax_m2": "MiniMax-M2", "qwen3_next": "Qwen3-Next", "granitemoehybrid": "Granite-4", "ernie4_5_moe": "ERNIE-4.5", "hunyuan_v1_dense": "Hunyuan", "hunyuan_v1_moe": "Hunyuan", "apertus": "Apertus", "helium": "Helium", "arcee": "Arcee", "glm4": "GLM-4", "dots1": "dots.llm1", "olmo_hybrid": "OLMo-Hybrid", "exaone_moe": "EXAONE-MoE", "qwen3_5_text": "Qwen3.5", "qwen3_5_moe_text": "Qwen3.5", "nanogpt": "nanoGPT"}
+             "deepseek_v3": "DeepSeek-V2/V3", "llama4_text": "Llama-4", "lfm2": "LFM2", "seed_oss": "Seed-OSS", "ernie4_5": "ERNIE-4.5", "glm4_moe": "GLM-4.5", "minimax_m2": "MiniMax-M2", "qwen3_next": "Qwen3-Next", "granitemoehybrid": "Granite-4", "ernie4_5_moe": "ERNIE-4.5", "hunyuan_v1_dense": "Hunyuan", "hunyuan_v1_moe": "Hunyuan", "apertus": "Apertus", "helium": "Helium", "arcee": "Arcee", "glm4": "GLM-4", "dots1": "dots.llm1", "olmo_hybrid": "OLMo-Hybrid", "exaone_moe": "EXAONE-MoE", "qwen3_5_text": "Qwen3.5", "qwen3_5_moe_text": "Qwen3.5", "ministral": "Ministral", "nanogpt": "nanoGPT"}
     assert set(shown) == set(FAMILIES)
     text = " ".join(invoke("run", "--help").stdout.split())
     for name in {*shown.values(), ".pt", "sharded index", "HuggingFace cache"}:

@@ -426,6 +426,9 @@ PHRASES_ZH = {
     "RoPE 'dynamic' with alpha {alpha:g} read as HF reads it: a fixed base of {theta:.6g}":
         "RoPE 'dynamic'（alpha {alpha}）按 HF 的方式读取：基数定为 {theta}",
     "short-convolution layers: {layers}": "短卷积层：{layers}",
+    "config.json has no head_dim: hidden_size / num_attention_heads assumed (HF's MinistralConfig leaves it unset, "
+    "which its attention cannot run)":
+        "config.json 没有 head_dim：按 hidden_size / num_attention_heads 计算（HF 的 MinistralConfig 不设它，其注意力因此无法运行）",
     "config.json has no layer_types and no full_attention_interval: every {interval}th layer attends, the others are "
     "delta-rule layers, as HF computes it": "config.json 没有 layer_types，也没有 full_attention_interval：每第 {interval} "
                                             "层是注意力层，其余是门控 delta 层（与 HF 相同）",
