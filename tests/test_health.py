@@ -415,3 +415,51 @@ def test_a_checks_threshold_text_is_made_from_the_constants_it_reads():
                     written_twice.append((name, constant, text))
     assert not written_twice
     assert len(list(_declared_checks())) > 100  # every check was read
+
+
+def _zeroed_checkpoint(tmp_path, step: int, suffixes: tuple) -> Path:
+    """sample_weights/gpt2-tiny saved as `step_<step>` with the matrices whose names end so set to 0 in every layer."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from helpers import SAMPLES
+
+    target = tmp_path / f"step_{step}"
+    shutil.copytree(SAMPLES / "gpt2-tiny", target)
+    tensors = load_file(target / "model.safetensors")
+    for key in tensors:
+        if key.endswith(suffixes):
+            tensors[key] = torch.zeros_like(tensors[key])
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    return target
+
+
+def _checked_flags(path) -> dict:
+    import json
+
+    from click.testing import CliRunner
+
+    from blocktrace.cli import cli
+
+    result = CliRunner().invoke(cli, ["check", "--weights", str(path), "--token-ids", "1 2 3 4 5 6 7 8", "--json"])
+    report = json.loads(result.output)
+    return {"flags": {f["name"]: f for f in report["flags"]}, "cause": (report["diagnosis"] or [{}])[0].get("cause")}
+
+
+@pytest.mark.parametrize("step, zeroed, flagged", [
+    (300, ("attn.c_proj.weight", "attn.c_proj.bias"), True),  # failures2's gpt2-broken-attn-o-all
+    (0, ("attn.c_proj.weight", "attn.c_proj.bias"), False),  # zero-initialised output projections, at step 0
+    (300, ("mlp.c_fc.weight", "mlp.c_proj.weight"), False)])  # a zero saddle: the initialisation's, not this
+def test_a_matrix_zero_in_a_trained_checkpoint_was_written_after_training(tmp_path, step, zeroed, flagged):
+    """The first step on a matrix used as x·Wᵀ moves it off 0 (its gradient δᵀ·x is nonzero), so in a checkpoint
+    past step 0 a zero matrix was written after training — unless its saddle partner is 0 too, which gives it no
+    gradient. Calibration: written after failures2's gpt2-broken-attn-o-all (every layer's attention output
+    projection zeroed in step 300's checkpoint: weight_outlier compares a layer with its siblings, all zero there)."""
+    found = _checked_flags(_zeroed_checkpoint(tmp_path, step, zeroed))
+    assert ("weights_zero_after_training" in found["flags"]) == flagged
+    if flagged:
+        assert found["flags"]["weights_zero_after_training"]["level"] == "error"
+        assert found["flags"]["weights_zero_after_training"]["detail"] == \
+            "attn.out_proj.weight: exactly 0 in a trained checkpoint (step 300)"
+        assert found["cause"] == "weights"

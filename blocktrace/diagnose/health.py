@@ -19,6 +19,7 @@ from typing import Callable, Iterator, Optional
 from blocktrace.phrases import phrase
 from blocktrace.diagnose.checks import Cause, Finding, Flag, Scope, check, detectors, finding
 from blocktrace.diagnose.loss import SHIFT_MIN_POSITIONS
+from blocktrace.diagnose.audit import STUCK_TOGETHER
 from blocktrace.diagnose.weights import tensor_kind
 from blocktrace.tracing.behaviour import NormKind
 from blocktrace.tracing.probes import MASSIVE_ABS
@@ -548,6 +549,58 @@ def _weights_non_finite(evidence) -> list[Finding]:
         return []
     return [finding(Level.ERROR, None, layer, math.nan, phrase("{names} hold NaN or Inf", names=_first_names(found)))
             for layer, found in _matching_matrices(evidence, lambda name, entry: not math.isfinite(entry["norm"]))]
+
+
+# the loss this far below log V: the model has learned (an initialisation predicts about as well as uniform guessing)
+LEARNED_NATS = 1.0
+
+
+def _trained(evidence) -> bool:
+    """Whether the checkpoint holds a trained model: its step past 0, or its loss LEARNED_NATS below log V."""
+    if evidence.step is not None:
+        return evidence.step > 0
+    loss = evidence.loss
+    return loss is not None and loss.value is not None and loss.uniform is not None and \
+        math.isfinite(loss.value) and loss.value < loss.uniform - LEARNED_NATS
+
+
+def _zero_alone(layer: dict) -> Callable[[str, dict], bool]:
+    """A matrix exactly 0 whose zero-saddle partner (STUCK_TOGETHER) is not: training would have moved it."""
+    zero_kinds = {tensor_kind(name) for name, entry in layer.items() if entry["norm"] == 0}
+    partners = {a: b for a, b in STUCK_TOGETHER} | {b: a for a, b in STUCK_TOGETHER}
+
+    def matching(name: str, entry: dict) -> bool:
+        kind = tensor_kind(name)
+        alone = kind not in partners or partners[kind] not in zero_kinds  # a fused qkv is its own partner
+        return entry["norm"] == 0 and alone
+
+    return matching
+
+
+@check(Scope.MODEL, "weights_zero_after_training",
+       f"a weight matrix of a trained checkpoint (its step past 0, or its loss {LEARNED_NATS:g} nat below log V) is "
+       "exactly 0, where its zero-saddle partner (the FFN's other matrix, the key's query) is not",
+       "calculus: a matrix used as y = x·Wᵀ gets the gradient δᵀ·x, nonzero wherever its input and its output's "
+       "gradient are, so the first step on it moves it off 0 — zero-initialised output projections (Fixup, "
+       "modded-nanogpt) are 0 at step 0 only; both matrices of a pair at 0 give each other no gradient and stay "
+       "(the initialisation's fault, weights_zero_stuck in a Watch)",
+       "the matrix was zeroed after training: a conversion, a merge or surgery that wrote zeros, a tensor lost on "
+       "the way to the file", Cause.WEIGHTS, direct=True,
+       advice=phrase("reload the last checkpoint whose matrices are not zero, and find what wrote the zeros (a "
+                     "conversion, a merge, a pruning or loading step)"))
+def _weights_zero_after_training(evidence) -> list[Finding]:
+    if evidence.in_training or not _trained(evidence):
+        return []
+    flags = []
+    for index, layer in enumerate(evidence.weights):
+        zero = _zero_alone(layer)
+        found = [(name, entry) for name, entry in layer.items() if zero(name, entry)]
+        if found:
+            flags.append(finding(Level.ERROR, None, evidence.first_layer + index, 0.0,
+                                 phrase("{names}: exactly 0 in a trained checkpoint{step}", names=_first_names(found),
+                                        step=phrase(" (step {step})", step=evidence.step)
+                                        if evidence.step is not None else "")))
+    return flags
 
 
 def _siblings(weights: list[dict]) -> dict[str, list[float]]:

@@ -368,6 +368,11 @@ PHRASES_ZH = {
     "first-moment rate {first:g}: its average spans {steps:.0f} steps, where published first rates stay at or below "
     "0.99 (betas swapped?)":
         "第一个 beta 为 {first}：它的平均覆盖 {steps} 步，而已发表的配方中第一个 beta 都不超过 0.99（是否把 betas 写反了?）",
+    "{names}: exactly 0 in a trained checkpoint{step}": "{names}：在已训练的检查点中恰好为 0{step}",
+    " (step {step})": "（第 {step} 步）",
+    "reload the last checkpoint whose matrices are not zero, and find what wrote the zeros (a conversion, a merge, a "
+    "pruning or loading step)":
+        "重新加载最后一个矩阵不为零的检查点，并找出写入零的代码（转换、合并、裁剪或加载步骤）",
     "{names} {are} exactly 0 and {require} no gradient":
         "{names} 恰好为 0，且不需要梯度",
 
