@@ -1062,8 +1062,8 @@ def test_a_first_moment_rate_spanning_a_thousand_steps_is_the_optimizer(name, se
     assert found.level is Level.ERROR and "spans" in found.detail and "steps" in found.detail
 
 
-@pytest.mark.parametrize("name, settings", [("Adan", {"betas": (0.98, 0.92, 0.99)}), ("SophiaG", {"betas": (0.965, 0.99)}),
-                                            ("AdEMAMix", {"betas": (0.9, 0.999, 0.9999)}), ("Lion", {"betas": (0.95, 0.98)}),
-                                            ("ADOPT", {"betas": (0.9, 0.9999)})])
+@pytest.mark.parametrize("name, settings", [
+    ("Adan", {"betas": (0.98, 0.92, 0.99)}), ("SophiaG", {"betas": (0.965, 0.99)}),
+    ("AdEMAMix", {"betas": (0.9, 0.999, 0.9999)}), ("Lion", {"betas": (0.95, 0.98)}), ("ADOPT", {"betas": (0.9, 0.9999)})])
 def test_published_first_moment_rates_pass(name, settings):
     assert "moment_rates_invalid" not in _audited(_optimizer_named(name, lr=1e-3, **settings))

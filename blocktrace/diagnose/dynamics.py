@@ -591,8 +591,9 @@ def _from_scratch(first: dict) -> bool:
 
 @check(Scope.TRAINING, "learning_rate_below_pretraining",
        f"an Adam-family optimizer training a language model (targets: the next tokens) from scratch (the first "
-       f"record's loss within {FROM_SCRATCH_NATS:g} nat of log V) has had no learning rate above {PRETRAINING_LR_FLOOR:g} in any param group at any record, and "
-       "its learning rate has stopped rising (not below the record before's: a warm-up is not judged) (a Watch)",
+       f"record's loss within {FROM_SCRATCH_NATS:g} nat of log V) has had no learning rate above "
+       f"{PRETRAINING_LR_FLOOR:g} in any param group at any record, and its learning rate has stopped rising (not "
+       "below the record before's: a warm-up is not judged) (a Watch)",
        "published Adam-family pre-training: the smallest peak learning rate is GPT-3 175B's 6e-5 (Brown et al. 2020, "
        "Table 2.1; LLaMA-65B 1.5e-4, Chinchilla 1e-4, GPT-2-sized models 6e-4); Adam moves each weight by about lr "
        "per step, so at a sixth of the smallest a model at its initialisation barely leaves it. Fine-tuning a "

@@ -104,7 +104,8 @@ def _born_in_attention(record) -> bool:
     return record.name == "attn" and bool(finite) and all(finite) and "16" not in str(record.dtype)
 
 
-@check(Scope.STEP, "precision_overflow", f"a float16 checkpoint whose activations exceed float16's largest value, {FLOAT16_MAX:g}",
+@check(Scope.STEP, "precision_overflow",
+       f"a float16 checkpoint whose activations exceed float16's largest value, {FLOAT16_MAX:g}",
        "IEEE 754 half precision", "in float16 these values become Inf: the training run overflowed",
        Cause.PRECISION)
 def _precision_overflow(record, layer, evidence) -> list[Finding]:
@@ -296,8 +297,8 @@ def _sharp_heads(attention) -> list[int]:
 
 @check(Scope.ATTENTION, "attention_entropy_collapse",
        f"at least half of a layer's heads below {SHARP_ENTROPY:g} × the entropy of uniform "
-       f"attention, not explained by a positional pattern, with a logit above {LOGIT_WARNING:g} still growing (in a Watch or over "
-       f"checkpoints: at least {LOGIT_GROWING:g}× the same layer's at the record before)",
+       f"attention, not explained by a positional pattern, with a logit above {LOGIT_WARNING:g} still growing (in a "
+       f"Watch or over checkpoints: at least {LOGIT_GROWING:g}× the same layer's at the record before)",
        "Zhai et al. 2023, Stabilizing Transformer Training by Preventing Attention Entropy Collapse",
        "most heads put all their weight on one key while the logits grow: collapse preceded divergence in "
        "their runs", Cause.LEARNING_RATE)
@@ -316,7 +317,8 @@ def _attention_entropy_collapse(trace, layer) -> list[Finding]:
                            uniform_entropy=attention.uniform_entropy, max_logit=attention.max_logit))]
 
 
-@check(Scope.ATTENTION, "attention_sharp_head", f"a head below {SHARP_ENTROPY:g} × the entropy of uniform attention (info)",
+@check(Scope.ATTENTION, "attention_sharp_head",
+       f"a head below {SHARP_ENTROPY:g} × the entropy of uniform attention (info)",
        "Zhai et al. 2023: a single sharp head (previous-token, first-token sink) is a learned feature",
        "the head attends to one key; with ≥ 50% of its weight on the first key, itself or the previous token "
        "it is a positional head", Cause.LEARNING_RATE)
@@ -400,7 +402,8 @@ def _update_too_large(record, layer, evidence) -> list[Finding]:
     return [finding(Level.INFO, record.name, layer, ratio, phrase("‖update‖/‖stream‖ = {ratio:.3g}", ratio=ratio))]
 
 
-@check(Scope.STEP, "massive_activation", f"|x| > {MASSIVE_ABS:g} and > {MASSIVE_RATIO:g} × the median |x| of the hidden state (info)",
+@check(Scope.STEP, "massive_activation",
+       f"|x| > {MASSIVE_ABS:g} and > {MASSIVE_RATIO:g} × the median |x| of the hidden state (info)",
        "Sun et al. 2024, Massive Activations in Large Language Models",
        "a few features are orders of magnitude above the rest (normal in trained LLMs)", Cause.ARCHITECTURE)
 def _massive_activation(record, layer, evidence) -> list[Finding]:
@@ -413,7 +416,8 @@ def _massive_activation(record, layer, evidence) -> list[Finding]:
 
 # --- the layers together, the model, its gradients ---------------------------------------------------
 
-@check(Scope.STACK, "residual_explosion", f"the median token's ‖x‖²/d grows past {STREAM_GROWTH_ERROR:g} × Xiong et al.'s bound (1 + 3l/2, "
+@check(Scope.STACK, "residual_explosion",
+       f"the median token's ‖x‖²/d grows past {STREAM_GROWTH_ERROR:g} × Xiong et al.'s bound (1 + 3l/2, "
        "relative to the first layer's output, or to 1 where that is smaller) across the layers (not where every "
        "update is a norm's output: sandwich, reordered)",
        "Xiong et al. 2020, Lemma 2 (Pre-LN ‖x_l‖²/d ≤ 1 + 3l/2 at init); Wortsman et al. 2023; where each update is "
@@ -684,7 +688,8 @@ def _learned_wrong_shift(evidence) -> list[Finding]:
                            shown=shown))]
 
 
-@check(Scope.MODEL, "output_logit_drift", f"the mean log Z = log Σ exp(logits) of the predictions beyond ±{LOG_Z_ERROR:g}",
+@check(Scope.MODEL, "output_logit_drift",
+       f"the mean log Z = log Σ exp(logits) of the predictions beyond ±{LOG_Z_ERROR:g}",
        "Wortsman et al. 2023 (output-logit divergence; z-loss 1e-4·log²Z)",
        "the output logits' normaliser has drifted far from 0: the output layer is diverging",
        Cause.LEARNING_RATE)
@@ -720,8 +725,8 @@ def _collapse(routing) -> Optional[float]:
 
 @check(Scope.ROUTING, "router_collapse",
        "the load-balance loss E·Σ f·P has gone ≥ 50% (warning), ≥ 90% (error) of the way "
-       f"from a balanced router (k) to every token on the same k experts (E), over ≥ {MIN_SLOTS_PER_EXPERT} token slots per "
-       "expert",
+       f"from a balanced router (k) to every token on the same k experts (E), over ≥ {MIN_SLOTS_PER_EXPERT} token "
+       "slots per expert",
        "Fedus et al. 2022 (Switch Transformer) and Jiang et al. 2024 (Mixtral): f = share of tokens sent to an "
        "expert, P = its mean router probability, as HF's load_balancing_loss_func computes it",
        "the router sends most tokens to a few experts: the others barely train and the layer's capacity is "
@@ -753,7 +758,8 @@ def _dead_experts(routing, layer) -> list[Finding]:
                            experts_listed=", ".join(map(str, routing.dead[:10]))))]
 
 
-@check(Scope.ROUTING, "router_logit_growth", f"largest |router logit| > {ROUTER_LOGIT_WARNING:g} (≈ 1 at initialisation)",
+@check(Scope.ROUTING, "router_logit_growth",
+       f"largest |router logit| > {ROUTER_LOGIT_WARNING:g} (≈ 1 at initialisation)",
        "Zoph et al. 2022 (ST-MoE): the router z-loss keeps router logits small because bf16 roundoff in large "
        "logits changes the routing; at 64 bf16's step is 0.5, so near-tied experts' probabilities are off by "
        "up to e^0.25 ≈ 1.28×",

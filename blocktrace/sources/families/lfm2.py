@@ -14,8 +14,8 @@ from typing import Optional
 from blocktrace.config import ShortConvolution
 from blocktrace.phrases import phrase
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import HeadSpec, HFLayer, LossKind, gated_mlp, head_weight, linear, refuse_quantised, \
-    rope_fields, size
+from blocktrace.sources.families.base import HeadSpec, HFLayer, LossKind, gated_mlp, head_weight, linear, \
+    refuse_quantised, rope_fields, size
 from blocktrace.sources.families.gemma import FULL
 from blocktrace.sources.families.llama import Llama
 from blocktrace.vocab import FFNKind, Norm
