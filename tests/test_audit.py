@@ -1067,3 +1067,18 @@ def test_a_first_moment_rate_spanning_a_thousand_steps_is_the_optimizer(name, se
     ("AdEMAMix", {"betas": (0.9, 0.999, 0.9999)}), ("Lion", {"betas": (0.95, 0.98)}), ("ADOPT", {"betas": (0.9, 0.9999)})])
 def test_published_first_moment_rates_pass(name, settings):
     assert "moment_rates_invalid" not in _audited(_optimizer_named(name, lr=1e-3, **settings))
+
+
+def test_a_schedule_decayed_long_after_its_peak_is_not_judged_when_the_peak_left_the_window():
+    """A Watch keeps the first record and the last few (diagnose/history.History), and the largest learning rate over
+    every record: a cosine schedule decayed below 1e-5 for more records than the window holds, after a peak of 6e-4
+    the window no longer shows, is not a pre-training rate too small."""
+    from blocktrace.diagnose.history import HISTORY, History
+
+    history = History()
+    history.add(_lr_record(0, [0.0]))
+    history.add(_lr_record(10, [6e-4]))  # the peak
+    for step in range(20, 20 + 10 * (HISTORY + 2), 10):
+        history.add(_lr_record(step, [5e-6]))
+    assert all(record["lr"] < 1e-5 for record in history)  # the peak is out of the window
+    assert [f for f in judge(history, _lr_record(1000, [4e-6])) if f.name == "learning_rate_below_pretraining"] == []

@@ -607,7 +607,9 @@ def _learning_rate_below_pretraining(history: Sequence[dict], entry: dict) -> li
             or not next_token_training(entry):
         return []
     now, before = _rates(entry), _rates(history[-1])
-    largest = max((r for record in (*history, entry) for r in _rates(record)), default=None)
+    # every record's learning rate: History keeps the largest seen, beside the records it still holds
+    seen = [r for r in (learning_rates_before(history)[1],) if r is not None]
+    largest = max((*seen, *(r for record in (*history, entry) for r in _rates(record))), default=None)
     if not now or not before or largest is None or not 0 < largest <= PRETRAINING_LR_FLOOR \
             or max(now) > max(before):
         return []
