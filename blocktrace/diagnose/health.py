@@ -568,15 +568,17 @@ def _trained(evidence) -> bool:
         math.isfinite(loss.value) and loss.value < loss.uniform - LEARNED_NATS
 
 
+# each matrix kind's zero-saddle partner, both ways (a fused qkv is its own)
+SADDLE_PARTNER = {a: b for a, b in STUCK_TOGETHER} | {b: a for a, b in STUCK_TOGETHER}
+
+
 def _zero_alone(layer: dict) -> Callable[[str, dict], bool]:
     """A matrix exactly 0 whose zero-saddle partner (STUCK_TOGETHER) is not: training would have moved it."""
     zero_kinds = {tensor_kind(name) for name, entry in layer.items() if entry["norm"] == 0}
-    partners = {a: b for a, b in STUCK_TOGETHER} | {b: a for a, b in STUCK_TOGETHER}
 
     def matching(name: str, entry: dict) -> bool:
         kind = tensor_kind(name)
-        alone = kind not in partners or partners[kind] not in zero_kinds  # a fused qkv is its own partner
-        return entry["norm"] == 0 and alone
+        return entry["norm"] == 0 and SADDLE_PARTNER.get(kind) not in zero_kinds
 
     return matching
 

@@ -93,7 +93,7 @@ def sum_and_squares(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     weight = weight.detach()
     if weight.dtype not in (torch.float16, torch.bfloat16) or weight.device.type != "cpu":
         values = widened(weight)
-        return values.sum().double(), _square(values)
+        return values.sum().double(), squared_norm(values)
     pieces = weight.reshape(-1).split(WIDEN_CHUNK)
     buffer = torch.empty(min(WIDEN_CHUNK, weight.numel()), dtype=torch.float32)
     sums, squares = torch.empty(len(pieces), dtype=torch.float64), torch.empty(len(pieces), dtype=torch.float64)
@@ -127,7 +127,7 @@ def weight_statistics(block: nn.Module, width: Optional[int] = None) -> dict[str
     return weight_summary(to_host(weight_moments(block)), width)
 
 
-def _square(tensor: torch.Tensor) -> torch.Tensor:
+def squared_norm(tensor: torch.Tensor) -> torch.Tensor:
     """‖t‖² as a float64 device scalar. The norm itself runs in the tensor's (widened) dtype: asked for float64,
     torch would first copy the whole tensor to float64 (a checkpoint's largest weight, twice over, at every
     checkpoint `track` reads)."""
@@ -169,10 +169,10 @@ class Movement:
         entry = self.sums.setdefault(kind, [0.0, 0.0, 0.0])
         self.comparable.setdefault(kind, True)
         self.elements[kind] = self.elements.get(kind, 0) + now.numel()
-        entry[0] = entry[0] + _square(now)
+        entry[0] = entry[0] + squared_norm(now)
         if previous is not None and tuple(previous.shape) == tuple(now.shape):
-            entry[1] = entry[1] + _square(widened(now) - widened(previous.to(now.dtype)))
-            entry[2] = entry[2] + _square(previous)
+            entry[1] = entry[1] + squared_norm(widened(now) - widened(previous.to(now.dtype)))
+            entry[2] = entry[2] + squared_norm(previous)
             if rounded and now.dtype in ROUNDED_DTYPES and previous.dtype == now.dtype:
                 counts = self.unchanged.setdefault(kind, [0, 0])
                 counts[0], counts[1] = counts[0] + (now == previous).sum(), counts[1] + now.numel()

@@ -112,9 +112,8 @@ class FrozenAtZero:
         """On the host: the names of the matrices at 0, which alone are read from then on."""
         if read is None:
             return None
-        zero = read["zero"] if isinstance(read["zero"], list) else [read["zero"]]
-        at_zero = [name for name, is_zero in zip(read["names"], zero) if is_zero]
-        self.watched = {name: self.watched[name] for name in at_zero if name in (self.watched or {})}
+        at_zero = [name for name, is_zero in zip(read["names"], read["zero"]) if is_zero]  # to_host: a list
+        self.watched = {name: self.watched[name] for name in at_zero}
         return at_zero
 
 

@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 
 from blocktrace.diagnose.audit import FIRST_MOMENT_FLOOR
+from blocktrace.diagnose.weights import squared_norm
 
 SAMPLED = 4096  # elements of each tensor sampled (strided) for its move: enough for a fault that spans a tensor
 
@@ -167,9 +168,8 @@ def first_moment_over_gradient(optimizer) -> Optional[torch.Tensor]:
         grad = getattr(parameter, "grad", None)
         if type(first) is not torch.Tensor or type(grad) is not torch.Tensor or first.shape != grad.shape:
             continue  # a sharded or quantised state, or a parameter without a gradient this step
-        # norms in the tensors' own dtype (no full-size float64 copy of every state and gradient), squared in float64
-        moment_squares.append(torch.linalg.vector_norm(first).double().square())
-        grad_squares.append(torch.linalg.vector_norm(grad).double().square())
+        moment_squares.append(squared_norm(first))  # (no full-size float64 copy of every state and gradient)
+        grad_squares.append(squared_norm(grad))
     if not grad_squares:
         return None
     device = grad_squares[0].device
