@@ -779,6 +779,78 @@ def test_schedulers_stepped_as_their_definitions_say_pass(tmp_path, name, make, 
     assert not [f for r in records for f in r["flags"] if f["name"] == "scheduler_stepped_with_a_value"]
 
 
+def _flagged(records: list[dict], name: str) -> list[dict]:
+    return [f for r in records for f in r["flags"] if f["name"] == name]
+
+
+def test_a_schedule_whose_warmup_is_longer_than_the_schedule_has_its_lengths_swapped(tmp_path):
+    """shirley-wu/cross-doc-misinfo-detection#1: get_cosine_schedule_with_warmup(optimizer, 160, 10), the two lengths
+    by position in the wrong order — the warm-up spans the run and the decay never starts. Found at the first record
+    from the schedule function's own keywords (the Watch is not given the scheduler); the same lengths in order pass."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    records = _scheduled(tmp_path / "bad.jsonl", lambda o: get_cosine_schedule_with_warmup(o, 160, 10),
+                         lambda s, step, loss: s.step())
+    schedule = records[0]["loop"]["schedulers"][0]["schedule"]
+    assert (schedule["warmup"], schedule["end"]) == (160, 10)  # the keywords the call gave
+    assert schedule["function"] == "get_cosine_schedule_with_warmup"
+    found = _flagged(records[:1], "warmup_beyond_schedule")
+    assert found and found[0]["level"] == "error" and found[0]["cause"] == "learning_rate"
+    assert records[0]["diagnosis"][0]["cause"] == "learning_rate"
+    good = _scheduled(tmp_path / "good.jsonl", lambda o: get_cosine_schedule_with_warmup(o, 10, 160),
+                      lambda s, step, loss: s.step())
+    assert not _flagged(good, "warmup_beyond_schedule")
+
+
+@pytest.mark.parametrize("warmup, found", [(0.1, True), (0.06, True), (0, False), (1, False), (15.5, False)])
+def test_a_warmup_below_one_step_is_a_ratio_given_as_a_count(tmp_path, warmup, found):
+    """transformers #6673 / PR #10229: warmup_ratio is TrainingArguments' own argument; num_warmup_steps=0.1 makes
+    the factor step / max(1, 0.1): 0 at step 0, the full rate from step 1. No warm-up (0), one step, and a count
+    computed as a float (0.1 × 155 = 15.5) are warm-ups of whole or computed steps and pass."""
+    from transformers import get_linear_schedule_with_warmup
+
+    records = _scheduled(tmp_path / "run.jsonl", lambda o: get_linear_schedule_with_warmup(o, warmup, 160),
+                         lambda s, step, loss: s.step())
+    flagged = _flagged(records, "warmup_given_as_ratio")
+    assert bool(flagged) == found
+    if found:
+        assert flagged[0]["level"] == "error" and flagged[0]["cause"] == "warmup"
+        assert records[0]["diagnosis"][0]["cause"] == "warmup"
+
+
+def _wsd(optimizer, floor):
+    from transformers import get_wsd_schedule
+
+    return get_wsd_schedule(optimizer, 0, num_decay_steps=1, num_stable_steps=1, min_lr_ratio=floor)
+
+
+@pytest.mark.parametrize("name, make, found", [
+    ("linear: 0 past its end", lambda o: __import__("transformers").get_linear_schedule_with_warmup(o, 0, 2), True),
+    ("cosine: climbs back past its end",
+     lambda o: __import__("transformers").get_cosine_schedule_with_warmup(o, 0, 2), True),
+    ("WSD with no floor: 0 past its end", lambda o: _wsd(o, 0.0), True),
+    ("WSD keeps its floor of 0.1 past its end", lambda o: _wsd(o, 0.1), False),
+    ("polynomial decay keeps lr_end past its end",
+     lambda o: __import__("transformers").get_polynomial_decay_schedule_with_warmup(o, 0, 2, lr_end=1e-5), False),
+    ("linear within its end", lambda o: __import__("transformers").get_linear_schedule_with_warmup(o, 0, 100), False),
+    ("a lambda of the user's own is never called", lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 0.0),
+     False),
+])
+def test_a_run_past_its_schedules_end_at_a_rate_of_zero_or_climbing_back_is_found(tmp_path, name, make, found):
+    """A schedule of 2 steps in a run of 6 (num_training_steps counted per epoch, say): at the record of step 5 the
+    linear schedule gives 0 and the cosine one has wrapped round to 0.5 (HF's formula: ½(1 + cos(π·2.5)));
+    schedules that keep a floor above 0 past their end pass, and so do a schedule within its end and a LambdaLR of
+    the user's own (not evaluated: only transformers' pure schedule functions are)."""
+    records = _scheduled(tmp_path / "run.jsonl", make, lambda s, step, loss: s.step())
+    flagged = _flagged(records, "schedule_past_its_end")
+    assert bool(flagged) == found
+    if found:
+        assert flagged[0]["level"] == "error" and flagged[0]["cause"] == "learning_rate"
+        assert records[1]["loop"]["schedulers"][0]["last_epoch"] == 5
+    if "user's own" in name:
+        assert "schedule" not in records[1]["loop"]["schedulers"][0]
+
+
 def test_a_loop_without_a_scheduler_never_walks_the_garbage_collector(tmp_path, monkeypatch):
     """The referrer walk costs one pass over every object Python tracks (~25 ms with transformers imported, more in
     a large process): it is taken only once a torch scheduler has marked the groups (`initial_lr`)."""

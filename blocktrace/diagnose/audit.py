@@ -212,6 +212,84 @@ def _scheduler_stepped_with_a_value(history: Sequence[dict], entry: dict) -> lis
     return []
 
 
+def _schedules(entry: dict) -> list[tuple[dict, dict]]:
+    """(scheduler, its transformers schedule) for each scheduler whose lengths were read (training/schedulers.py)."""
+    return [(scheduler, scheduler["schedule"]) for scheduler in (entry.get("loop") or {}).get("schedulers") or []
+            if isinstance(scheduler.get("schedule"), dict)]
+
+
+@check(Scope.TRAINING, "warmup_beyond_schedule",
+       "a transformers schedule driving the optimizer (get_cosine_schedule_with_warmup and its kin, found behind a "
+       "LambdaLR) has more warm-up steps than steps in all (num_warmup_steps > num_training_steps; a Watch given "
+       "optimizer=)",
+       "definition (transformers.optimization): the warm-up is the first num_warmup_steps of the num_training_steps "
+       "the schedule spans, so it cannot be longer than they are; with more, the rate rises for the whole run and "
+       "the decay never starts (shirley-wu/cross-doc-misinfo-detection#1: 'the arguments of num_warmup_steps and "
+       "num_training_steps are switched … the LR is always arising during the whole training')",
+       "the schedule's two lengths are swapped (passed by position in the wrong order) or the warm-up counted in "
+       "other units than the run (samples, micro-batches): the rate climbs all run and reaches its peak, if ever, at "
+       "the end", Cause.LEARNING_RATE, direct=True,
+       advice=phrase("pass the lengths by name — num_warmup_steps (a few per cent of the run) and num_training_steps "
+                     "(the optimizer steps of the whole run)"))
+def _warmup_beyond_schedule(history: Sequence[dict], entry: dict) -> list[Finding]:
+    for scheduler, schedule in _schedules(entry):
+        warmup, end = _number(schedule.get("warmup")), _number(schedule.get("end"))
+        if warmup is not None and end is not None and warmup > end:
+            return [finding(Level.ERROR, None, None, warmup, phrase(
+                "{function}: num_warmup_steps = {warmup:g} is more than the {end:g} steps of the whole schedule",
+                function=schedule.get("function"), warmup=warmup, end=end))]
+    return []
+
+
+@check(Scope.TRAINING, "warmup_given_as_ratio",
+       "a transformers schedule driving the optimizer has a number of warm-up steps strictly between 0 and 1 (a "
+       "Watch given optimizer=)",
+       "definition (transformers.optimization): num_warmup_steps counts optimizer steps, and the factor is "
+       "step / max(1, num_warmup_steps) before it — 0 at step 0 and the full rate from step 1 for any count below 1; "
+       "the ratio is TrainingArguments' warmup_ratio, a separate argument (transformers PR #10229, issue #6673)",
+       "a warm-up ratio (0.1 for a tenth of the run) passed where the number of warm-up steps belongs: the run has "
+       "no warm-up and takes its peak rate from the second step", Cause.WARMUP, direct=True,
+       advice=phrase("pass num_warmup_steps = int(ratio × the run's optimizer steps), not the ratio"))
+def _warmup_given_as_ratio(history: Sequence[dict], entry: dict) -> list[Finding]:
+    for scheduler, schedule in _schedules(entry):
+        warmup = _number(schedule.get("warmup"))
+        if warmup is not None and 0 < warmup < 1:
+            return [finding(Level.ERROR, None, None, warmup, phrase(
+                "{function}: num_warmup_steps = {warmup:g}, a fraction of one step: the warm-up ends at step 1",
+                function=schedule.get("function"), warmup=warmup))]
+    return []
+
+
+# a scheduler's step count may run one past its schedule's end (a scheduler.step() after the last optimizer step)
+PAST_THE_END = 1
+
+
+@check(Scope.TRAINING, "schedule_past_its_end",
+       f"a transformers schedule driving the optimizer is at a step more than {PAST_THE_END} past its end "
+       "(num_training_steps, or WSD's warm-up + stable + decay steps), and its factor there is 0 or above its factor "
+       "at the end (a Watch given optimizer=)",
+       "definition (transformers.optimization): a schedule spans num_training_steps; beyond them the linear and "
+       "hard-restart schedules give 0 (no step moves the weights) and the cosine ones wrap around, the rate climbing "
+       "back towards its peak. Schedules that end on a floor above 0 and keep it (polynomial decay's lr_end, "
+       "WSD's min_lr_ratio) may be run past their end and pass",
+       "the run is longer than the schedule it was given: num_training_steps counted per epoch, in optimizer steps of "
+       "another batch size, or before gradient accumulation was added — past the end the rate is 0 or rises again",
+       Cause.LEARNING_RATE, direct=True,
+       advice=phrase("give the schedule the optimizer steps of the whole run: epochs × batches per epoch ÷ "
+                     "accumulation steps"))
+def _schedule_past_its_end(history: Sequence[dict], entry: dict) -> list[Finding]:
+    for scheduler, schedule in _schedules(entry):
+        step, end = _number(scheduler.get("last_epoch")), _number(schedule.get("end"))
+        now, at_end = _number(schedule.get("factor_now")), _number(schedule.get("factor_at_end"))
+        if None in (step, end, now, at_end) or step <= end + PAST_THE_END or not (now == 0 or now > at_end):
+            continue
+        return [finding(Level.ERROR, None, None, step, phrase(
+            "{function} is at step {step:g} of a schedule of {end:g} steps: its factor is {now:.3g} there, "
+            "{at_end:.3g} at its end", function=schedule.get("function"), step=step, end=end, now=now,
+            at_end=at_end))]
+    return []
+
+
 # pairs of weight kinds each of which is the other's gradient factor: both zero, neither ever moves
 # (∂L/∂W1 ∝ W2 and ∂L/∂W2 ∝ act(x·W1) = act(0) = 0 for GELU, SiLU and ReLU; ∂L/∂Wq ∝ Wk and ∂L/∂Wk ∝ Wq)
 STUCK_TOGETHER = (("ffn_w1", "ffn_w2"), ("attn_q", "attn_k"), ("attn_qkv", "attn_qkv"))

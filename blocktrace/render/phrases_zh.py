@@ -181,6 +181,20 @@ PHRASES_ZH = {
     "call scheduler.step() with no argument once per optimizer step; pass the metric only to "
     "ReduceLROnPlateau.step(metric)":
         "每次优化器更新后调用一次不带参数的 scheduler.step()；只有 ReduceLROnPlateau.step(metric) 才传入指标",
+    "{function}: num_warmup_steps = {warmup:g} is more than the {end:g} steps of the whole schedule":
+        "{function}：num_warmup_steps = {warmup}，多于整个调度的 {end} 步",
+    "pass the lengths by name — num_warmup_steps (a few per cent of the run) and num_training_steps (the optimizer "
+    "steps of the whole run)":
+        "按参数名传入两个长度：num_warmup_steps（训练的百分之几）和 num_training_steps（整个训练的优化器步数）",
+    "{function}: num_warmup_steps = {warmup:g}, a fraction of one step: the warm-up ends at step 1":
+        "{function}：num_warmup_steps = {warmup}，不到一步：预热在第 1 步就结束了",
+    "pass num_warmup_steps = int(ratio × the run's optimizer steps), not the ratio":
+        "传入 num_warmup_steps = int(比例 × 整个训练的优化器步数)，而不是比例本身",
+    "{function} is at step {step:g} of a schedule of {end:g} steps: its factor is {now:.3g} there, {at_end:.3g} at "
+    "its end":
+        "{function} 已到第 {step} 步，而调度只有 {end} 步：此处系数为 {now}，结束时为 {at_end}",
+    "give the schedule the optimizer steps of the whole run: epochs × batches per epoch ÷ accumulation steps":
+        "把整个训练的优化器步数交给调度：epoch 数 × 每个 epoch 的 batch 数 ÷ 每步的 micro-batch 个数",
     "changing only the padding's ids moved the text's logits by up to {leak:.3g} (relative)":
         "只改变 padding 位置的 id，正文的 logits 就变化了 {leak}（相对值）",
     "pass the attention_mask to every attention: as a boolean mask (True keeps), or as an additive one of 0 and -inf "

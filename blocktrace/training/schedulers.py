@@ -6,10 +6,16 @@ objects, ~25 ms for 350,000 of them), at a few records only, and only once a tor
 optimizer's groups (`initial_lr`, which every LRScheduler built from step 0 sets): a loop without one pays nothing.
 ReduceLROnPlateau sets no mark and is not sought: it takes the loss by definition. The schedulers found are held
 weakly, so a scheduler the loop drops is not kept alive.
+
+A LambdaLR built by one of transformers' schedule functions (`get_cosine_schedule_with_warmup` and its kin) holds
+its lengths as the keywords of a `functools.partial` of a pure function of the step: those lengths are read, and
+the function is evaluated at the scheduler's step and at the schedule's end, so the audit can say what the rate
+does where the run has gone past the end the schedule was given (diagnose/audit.py).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import weakref
@@ -18,6 +24,9 @@ from typing import Optional
 from torch.optim.lr_scheduler import LRScheduler
 
 SEARCHES = 3  # records at which the referrers are walked while no scheduler has been found
+# the schedule functions whose lengths are read and which are evaluated: transformers' own, pure functions of the step
+# (a lambda the user wrote may do anything when called, and is not)
+SCHEDULE_MODULE = "transformers."
 
 
 class Schedulers:
@@ -41,7 +50,48 @@ class Schedulers:
         live = [s for s in (ref() for ref in self.found) if s is not None]
         if not live:
             return None
-        return [{"class": type(s).__name__, "last_epoch": _plain(getattr(s, "last_epoch", None))} for s in live]
+        return [_described(s) for s in live]
+
+
+def _described(scheduler) -> dict:
+    described = {"class": type(scheduler).__name__, "last_epoch": _plain(getattr(scheduler, "last_epoch", None))}
+    schedule = _transformers_schedule(scheduler, described["last_epoch"])
+    return {**described, "schedule": schedule} if schedule else described
+
+
+def _transformers_schedule(scheduler, step: Optional[float]) -> Optional[dict]:
+    """The lengths of a transformers schedule function behind a LambdaLR (its first group's) and its factor at the
+    scheduler's step and at the schedule's end: `warmup` (num_warmup_steps), `end` (num_training_steps, or WSD's
+    warm-up + stable + decay steps); None for any other scheduler."""
+    lambdas = getattr(scheduler, "lr_lambdas", None) or [None]
+    schedule = lambdas[0]
+    if not (isinstance(schedule, functools.partial) and
+            getattr(schedule.func, "__module__", "").startswith(SCHEDULE_MODULE)):
+        return None
+    keywords = schedule.keywords
+    phases = [keywords.get(key) for key in ("num_warmup_steps", "num_stable_steps", "num_decay_steps")]
+    end = keywords.get("num_training_steps")
+    if end is None and all(_plain(value) is not None for value in phases):
+        end = sum(phases)
+    found = {"function": _public_name(schedule.func.__name__), "warmup": _plain(keywords.get("num_warmup_steps")),
+             "end": _plain(end)}
+    if found["end"] is not None and step is not None and step == int(step):
+        found["factor_now"], found["factor_at_end"] = _factor(schedule, step), _factor(schedule, found["end"])
+    return found
+
+
+def _public_name(name: str) -> str:
+    """The schedule function a user called, from the name of the lambda it returns
+    (_get_cosine_schedule_with_warmup_lr_lambda → get_cosine_schedule_with_warmup)."""
+    return name.strip("_").removesuffix("_lr_lambda").removesuffix("_lambda")
+
+
+def _factor(schedule, step: float) -> Optional[float]:
+    """The schedule's multiplier at a step; None where its arithmetic fails there (a polynomial decay of 0 steps)."""
+    try:
+        return _plain(schedule(int(step)))
+    except (ArithmeticError, ValueError, TypeError):
+        return None
 
 
 def _marked_by_a_scheduler(optimizer) -> bool:

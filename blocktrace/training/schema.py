@@ -240,11 +240,21 @@ def _optimizer(value: Any, field: str):
     return optimizer
 
 
+SCHEDULE_NUMBERS = ("warmup", "end", "factor_now", "factor_at_end")
+
+
 def _scheduler(value: Any, field: str) -> dict:
-    """A scheduler that drives the optimizer: its class and step count (training/schedulers.py)."""
+    """A scheduler that drives the optimizer: its class and step count, and a transformers schedule's lengths and
+    factors (training/schedulers.py)."""
     scheduler = _mapped(value, field, lambda item, name: item)
     scheduler["class"] = _text(scheduler.get("class"), f"{field}.class")
     scheduler["last_epoch"] = number(scheduler.get("last_epoch"), f"{field}.last_epoch")
+    if scheduler.get("schedule") is not None:
+        schedule = _mapped(scheduler["schedule"], f"{field}.schedule", lambda item, name: item)
+        schedule["function"] = _text(schedule.get("function"), f"{field}.schedule.function")
+        for key in SCHEDULE_NUMBERS:
+            schedule[key] = number(schedule.get(key), f"{field}.schedule.{key}")
+        scheduler["schedule"] = schedule
     return scheduler
 
 
