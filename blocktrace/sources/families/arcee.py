@@ -5,15 +5,14 @@ on the four attention projections, `mlp_bias` on the two MLP ones."""
 from __future__ import annotations
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import UNGATED_ACTIVATIONS, HFLayer, linear, size
-from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
+from blocktrace.sources.families.base import UNGATED_ACTIVATIONS, linear, size
+from blocktrace.sources.families.llama import Llama
 from blocktrace.vocab import FFNKind, Norm
 
 
 class Arcee(Llama):
     name, described, model_types = "arcee", "arcee (Llama keys, ungated ReLU² MLP)", ("arcee",)
     hf_classes = ("ArceeDecoderLayer",)
-    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
     defaults = {"rms_norm_eps": 1e-5, "hidden_act": "relu2"}  # ArceeConfig's
     activations = UNGATED_ACTIVATIONS  # ArceeMLP applies any of HF's activations between its two matrices
 

@@ -5,15 +5,13 @@ blocktrace rounds them to the block's dtype first: last-bit differences in q and
 
 from __future__ import annotations
 
-from blocktrace.sources.families.base import HFLayer, rope_fields
-from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
-from blocktrace.vocab import Norm
+from blocktrace.sources.families.base import rope_fields
+from blocktrace.sources.families.llama import Llama
 
 
 class Ernie4_5(Llama):
     name, described, model_types = "ernie4_5", "ernie4_5 (Llama keys, interleaved RoPE)", ("ernie4_5",)
     hf_classes = ("Ernie4_5DecoderLayer",)
-    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
     defaults = {**Llama.defaults, "rms_norm_eps": 1e-5, "head_dim": 128, "use_bias": False}
     tie_default = True
 

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 from blocktrace.errors import UsageError, WeightsError
 from blocktrace.config import QKNorm
-from blocktrace.sources.families.base import NOPE_FIELDS, HFLayer
+from blocktrace.sources.families.base import NOPE_FIELDS
 from blocktrace.sources.families.olmo2 import OLMo2
-from blocktrace.vocab import Norm, Placement
-from blocktrace.wiring import REORDERED
+from blocktrace.vocab import Placement
 
 
 class Exaone4(OLMo2):
     name, described, model_types = "exaone4", "exaone4 (reordered norms, per-head QK-norm, NoPE global layers)", \
         ("exaone4",)
     hf_classes = ("Exaone4DecoderLayer",)
-    hf_layer = HFLayer(OLMo2.hf_layer.steps, REORDERED, Norm.RMSNORM, hidden="mlp.act_fn")
     defaults = {**OLMo2.defaults, "sliding_window": 4096, "sliding_window_pattern": 4}
 
     def config_fields(self, config):

@@ -8,11 +8,9 @@ which layers have experts, else the first `first_k_dense_replace` are dense, as 
 from __future__ import annotations
 
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import HFLayer, rope_fields
+from blocktrace.sources.families.base import rope_fields
 from blocktrace.sources.families.exaone4 import Exaone4
 from blocktrace.sources.families.glm4_moe import Glm4Moe
-from blocktrace.sources.families.llama import LLAMA_STEPS
-from blocktrace.vocab import Norm, RouterKind
 
 MLP_KINDS = ("dense", "sparse")
 
@@ -21,7 +19,6 @@ class ExaoneMoe(Glm4Moe):
     name, described, model_types = "exaone_moe", "exaone_moe (EXAONE-4's attention, DeepSeek-V3's experts)", \
         ("exaone_moe",)
     hf_classes = ("ExaoneMoeDecoderLayer",)
-    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, router="mlp.gate", router_kind=RouterKind.SIGMOID_GROUPED)
     choice_bias_key = "mlp.e_score_correction_bias"
     routed_key, shared_key = "num_experts", "num_shared_experts"
     config_keys = {**Glm4Moe.config_keys, "n_experts": "num_experts"}  # errors say the file's own key

@@ -7,17 +7,16 @@ multi-token prediction layers the hub's files hold after the last layer are not 
 
 from __future__ import annotations
 
-from blocktrace.sources.families.base import HFLayer, rope_fields
+from blocktrace.sources.families.base import rope_fields
 from blocktrace.sources.families.deepseek import DeepSeekV3
-from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
-from blocktrace.vocab import Norm, RouterKind
+from blocktrace.sources.families.llama import Llama
+from blocktrace.vocab import Norm
 
 
 class Glm4Moe(DeepSeekV3):
     name, described, model_types = "glm4_moe", "glm4_moe (grouped-query attention, DeepSeek-V3's experts)", \
         ("glm4_moe",)
     hf_classes = ("Glm4MoeDecoderLayer",)
-    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, router="mlp.gate", router_kind=RouterKind.SIGMOID_GROUPED)
     defaults = {"rms_norm_eps": 1e-5, "hidden_act": "silu", "n_routed_experts": 128, "n_shared_experts": 1,
                 "num_experts_per_tok": 8, "moe_intermediate_size": 1408, "intermediate_size": 10944,
                 "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,

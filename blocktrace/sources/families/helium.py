@@ -6,9 +6,8 @@ hidden_size is refused, as HF could not load it."""
 
 from __future__ import annotations
 
-from blocktrace.sources.families.base import HFLayer, rope_fields
-from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
-from blocktrace.vocab import Norm
+from blocktrace.sources.families.base import rope_fields
+from blocktrace.sources.families.llama import Llama
 
 DEFAULT_THETA = 100_000.0  # HeliumConfig's default_theta
 
@@ -16,7 +15,6 @@ DEFAULT_THETA = 100_000.0  # HeliumConfig's default_theta
 class Helium(Llama):
     name, described, model_types = "helium", "helium (Llama keys, interleaved RoPE)", ("helium",)
     hf_classes = ("HeliumDecoderLayer",)
-    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
     defaults = {**Llama.defaults, "rms_norm_eps": 1e-8, "head_dim": 128}  # HeliumConfig's
 
     def config_fields(self, config):

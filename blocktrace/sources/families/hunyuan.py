@@ -9,17 +9,15 @@ from __future__ import annotations
 
 from blocktrace.config import QKNorm
 from blocktrace.phrases import phrase
-from blocktrace.sources.families.base import HFLayer, gated_mlp, refuse_quantised, rope_fields
-from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
+from blocktrace.sources.families.base import gated_mlp, refuse_quantised, rope_fields
+from blocktrace.sources.families.llama import Llama
 from blocktrace.sources.families.moe import MixtureFamily
-from blocktrace.vocab import Norm
 
 
 class HunyuanDense(Llama):
     name, described, model_types = "hunyuan_v1_dense", "hunyuan_v1_dense (Llama keys, QK-norm after RoPE)", \
         ("hunyuan_v1_dense",)
     hf_classes = ("HunYuanDenseV1DecoderLayer",)
-    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
     defaults = {**Llama.defaults, "rms_norm_eps": 1e-5}  # HunYuanDenseV1Config's
 
     def config_fields(self, config):
@@ -73,7 +71,6 @@ class HunyuanMoe(MixtureFamily, HunyuanDense):
     name, described, model_types = "hunyuan_v1_moe", "hunyuan_v1_moe (Hunyuan's attention, experts, a shared MLP)", \
         ("hunyuan_v1_moe",)
     hf_classes = ("HunYuanMoEV1DecoderLayer",)
-    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, router="mlp.gate")
     defaults = {**HunyuanDense.defaults, "num_experts": 1, "moe_topk": 1, "intermediate_size": 11008}  # HF's config
     router_name, expert_width_key, always_renormalise = "gate.wg", "intermediate_size", True
 

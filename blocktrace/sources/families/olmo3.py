@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from blocktrace.errors import WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import HFLayer, rope_fields
+from blocktrace.sources.families.base import rope_fields
 from blocktrace.sources.families.gemma import FULL
 from blocktrace.sources.families.llama import SLIDING
 from blocktrace.sources.families.olmo2 import OLMo2
-from blocktrace.vocab import Norm
-from blocktrace.wiring import REORDERED
 
 LAYER_TYPE_KEYS = (FULL, SLIDING)
 
@@ -20,7 +18,6 @@ LAYER_TYPE_KEYS = (FULL, SLIDING)
 class OLMo3(OLMo2):
     name, described, model_types = "olmo3", "olmo3 (OLMo-2's block, sliding layers, RoPE per layer type)", ("olmo3",)
     hf_classes = ("Olmo3DecoderLayer",)
-    hf_layer = HFLayer(OLMo2.hf_layer.steps, REORDERED, Norm.RMSNORM, hidden="mlp.act_fn")
     defaults = {**OLMo2.defaults, "sliding_window": 4096, "rope_theta": 500_000.0}
 
     def config_fields(self, config):

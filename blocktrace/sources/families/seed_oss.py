@@ -5,15 +5,12 @@ training only."""
 
 from __future__ import annotations
 
-from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
-from blocktrace.sources.families.base import HFLayer
-from blocktrace.vocab import Norm
+from blocktrace.sources.families.llama import Llama
 
 
 class SeedOss(Llama):
     name, described, model_types = "seed_oss", "seed_oss (Llama keys, q/k/v biases)", ("seed_oss",)
     hf_classes = ("SeedOssDecoderLayer",)
-    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
     defaults = {**Llama.defaults, "head_dim": 128, "attention_bias": True, "attention_out_bias": False,
                 "mlp_bias": False}
 

@@ -6,16 +6,14 @@ by default the NoPE layers, when use_sliding_window is on — as SmolLM3Config c
 from __future__ import annotations
 
 from blocktrace.errors import WeightsError
-from blocktrace.sources.families.base import NOPE_FIELDS, HFLayer, rotates
-from blocktrace.sources.families.llama import LLAMA_STEPS, SLIDING, Llama
-from blocktrace.vocab import Norm
+from blocktrace.sources.families.base import NOPE_FIELDS, rotates
+from blocktrace.sources.families.llama import SLIDING, Llama
 
 
 
 class SmolLM3(Llama):
     name, described, model_types = "smollm3", "smollm3 (Llama keys, NoPE layers)", ("smollm3",)
     hf_classes = ("SmolLM3DecoderLayer",)
-    hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
     defaults = {**Llama.defaults, "no_rope_layer_interval": 4}
     tie_default = True
 
