@@ -835,12 +835,20 @@ def _wsd(optimizer, floor):
     ("linear within its end", lambda o: __import__("transformers").get_linear_schedule_with_warmup(o, 0, 100), False),
     ("a lambda of the user's own is never called", lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 0.0),
      False),
+    ("torch's cosine annealing climbs back past T_max", lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 2),
+     True),
+    ("torch's cosine annealing within T_max", lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 100), False),
+    ("torch's polynomial decay is 0 past total_iters",
+     lambda o: torch.optim.lr_scheduler.PolynomialLR(o, total_iters=2), True),
+    ("torch's linear factor is held past total_iters by design",
+     lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=0.1, total_iters=2), False),
 ])
 def test_a_run_past_its_schedules_end_at_a_rate_of_zero_or_climbing_back_is_found(tmp_path, name, make, found):
-    """A schedule of 2 steps in a run of 6 (num_training_steps counted per epoch, say): at the record of step 5 the
-    linear schedule gives 0 and the cosine one has wrapped round to 0.5 (HF's formula: ½(1 + cos(π·2.5)));
-    schedules that keep a floor above 0 past their end pass, and so do a schedule within its end and a LambdaLR of
-    the user's own (not evaluated: only transformers' pure schedule functions are)."""
+    """A schedule of 2 steps in a run of 6 (num_training_steps or T_max counted per epoch, say): at the record of
+    step 5 the linear schedule gives 0 and the cosine one has wrapped round to 0.5 (HF's formula: ½(1 + cos(π·2.5)));
+    torch's cosine annealing is back at ½(1 + cos(π·5/2)) of its base rate and its polynomial decay at 0. Schedules
+    that keep a floor above 0 past their end pass, and so do a schedule within its end, torch's LinearLR holding its
+    end factor, and a LambdaLR of the user's own (not evaluated: only transformers' pure schedule functions are)."""
     records = _scheduled(tmp_path / "run.jsonl", make, lambda s, step, loss: s.step())
     flagged = _flagged(records, "schedule_past_its_end")
     assert bool(flagged) == found

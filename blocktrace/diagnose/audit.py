@@ -265,15 +265,19 @@ PAST_THE_END = 1
 
 
 @check(Scope.TRAINING, "schedule_past_its_end",
-       f"a transformers schedule driving the optimizer is at a step more than {PAST_THE_END} past its end "
-       "(num_training_steps, or WSD's warm-up + stable + decay steps), and its factor there is 0 or above its factor "
-       "at the end (a Watch given optimizer=)",
-       "definition (transformers.optimization): a schedule spans num_training_steps; beyond them the linear and "
-       "hard-restart schedules give 0 (no step moves the weights) and the cosine ones wrap around, the rate climbing "
-       "back towards its peak. Schedules that end on a floor above 0 and keep it (polynomial decay's lr_end, "
-       "WSD's min_lr_ratio) may be run past their end and pass",
-       "the run is longer than the schedule it was given: num_training_steps counted per epoch, in optimizer steps of "
-       "another batch size, or before gradient accumulation was added — past the end the rate is 0 or rises again",
+       f"a schedule driving the optimizer — a transformers schedule function behind a LambdaLR, torch's "
+       f"CosineAnnealingLR or PolynomialLR — is at a step more than {PAST_THE_END} past its end (num_training_steps, "
+       "WSD's warm-up + stable + decay steps, T_max, total_iters), and its factor there is 0 or above its factor at "
+       "the end (a Watch given optimizer=)",
+       "definition (transformers.optimization, torch.optim.lr_scheduler): a schedule spans its steps; beyond them the "
+       "linear and hard-restart schedules and PolynomialLR give 0 (no step moves the weights) and the cosine ones "
+       "wrap around, the rate climbing back towards its peak (CosineAnnealingLR 'implements the cosine annealing "
+       "part of SGDR, and not the restarts'). Schedules that end on a floor above 0 and keep it (polynomial decay's "
+       "lr_end, WSD's min_lr_ratio) may be run past their end and pass, and so do LinearLR and ConstantLR, which "
+       "hold their last factor by design",
+       "the run is longer than the schedule it was given: num_training_steps or T_max counted in epochs while the "
+       "scheduler steps every batch, in optimizer steps of another batch size, or before gradient accumulation was "
+       "added — past the end the rate is 0 or rises again",
        Cause.LEARNING_RATE, direct=True,
        advice=phrase("give the schedule the optimizer steps of the whole run: epochs × batches per epoch ÷ "
                      "accumulation steps"))

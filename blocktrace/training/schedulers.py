@@ -10,7 +10,8 @@ weakly, so a scheduler the loop drops is not kept alive.
 A LambdaLR built by one of transformers' schedule functions (`get_cosine_schedule_with_warmup` and its kin) holds
 its lengths as the keywords of a `functools.partial` of a pure function of the step: those lengths are read, and
 the function is evaluated at the scheduler's step and at the schedule's end, so the audit can say what the rate
-does where the run has gone past the end the schedule was given (diagnose/audit.py).
+does where the run has gone past the end the schedule was given (diagnose/audit.py); torch's CosineAnnealingLR and
+PolynomialLR give their ends as attributes, and the rate they set says what they do past it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 import weakref
 from typing import Optional
 
-from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.lr_scheduler import CosineAnnealingLR, LRScheduler, PolynomialLR
 
 SEARCHES = 3  # records at which the referrers are walked while no scheduler has been found
 # the schedule functions whose lengths are read and which are evaluated: transformers' own, pure functions of the step
@@ -55,8 +56,27 @@ class Schedulers:
 
 def _described(scheduler) -> dict:
     described = {"class": type(scheduler).__name__, "last_epoch": _plain(getattr(scheduler, "last_epoch", None))}
-    schedule = _transformers_schedule(scheduler, described["last_epoch"])
+    schedule = _transformers_schedule(scheduler, described["last_epoch"]) or _torch_schedule(scheduler)
     return {**described, "schedule": schedule} if schedule else described
+
+
+def _torch_schedule(scheduler) -> Optional[dict]:
+    """The end of a torch scheduler whose formula ends (CosineAnnealingLR's T_max, PolynomialLR's total_iters), its
+    first group's factor now (the rate it set over its base rate) and at the end (η_min over the base rate; a
+    polynomial decays to 0); None for the others — LinearLR and ConstantLR hold their last factor by design,
+    OneCycleLR refuses a step past its end, the warm-restart and step schedules have no end."""
+    if isinstance(scheduler, CosineAnnealingLR):
+        end, floor = scheduler.T_max, scheduler.eta_min
+    elif isinstance(scheduler, PolynomialLR):
+        end, floor = scheduler.total_iters, 0.0
+    else:
+        return None
+    base = _plain((getattr(scheduler, "base_lrs", None) or [None])[0])
+    rate = _plain(scheduler.optimizer.param_groups[0].get("lr"))
+    if not base or rate is None:
+        return None
+    return {"function": type(scheduler).__name__, "warmup": None, "end": _plain(end), "factor_now": rate / base,
+            "factor_at_end": _plain(floor) / base if _plain(floor) is not None else None}
 
 
 def _transformers_schedule(scheduler, step: Optional[float]) -> Optional[dict]:
