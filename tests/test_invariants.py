@@ -568,14 +568,17 @@ def _train_on(pool: torch.Tensor, path, steps: int) -> list[dict]:
 
 
 def test_the_cross_entropy_range_of_a_batch_is_its_smallest_and_largest_minus_log_p():
+    """… and the mean over rows of each row's largest, by a naive loop in float64."""
     from blocktrace.training.loss_facts import _cross_entropy_range
 
     logits = torch.randn(3, 4, 11) * 3
-    every = [-float(torch.log_softmax(logits[b, t].double(), -1)[v]) for b in range(3) for t in range(4)
-             for v in range(11)]
-    best, worst = _cross_entropy_range(logits)
+    rows = [[-float(torch.log_softmax(logits[b, t].double(), -1)[v]) for v in range(11)] for b in range(3)
+            for t in range(4)]
+    every = [value for row in rows for value in row]
+    best, worst, mean_worst = _cross_entropy_range(logits)
     # float32's logsumexp − max: an absolute rounding of ~1e-7 × the logsumexp, however small the difference
     assert float(best) == pytest.approx(min(every), abs=1e-5) and float(worst) == pytest.approx(max(every), rel=1e-5)
+    assert float(mean_worst) == pytest.approx(sum(max(row) for row in rows) / len(rows), rel=1e-5)
     assert [float(v) for v in _cross_entropy_range(logits.bfloat16())] == pytest.approx(
         [float(v) for v in _cross_entropy_range(logits.bfloat16().float())], rel=1e-6)
 
@@ -1629,3 +1632,25 @@ def test_a_second_forward_and_backward_before_the_optimizer_step_belongs_to_its_
     assert [r["step"] for r in records] == [0, 5, 10]
     assert all(r["loop"]["micro_batches"] == 1 for r in records[1:])  # the recorded step's own forward only
     assert not [f for r in records for f in r["flags"] if f["level"] in ("error", "warning")]
+
+
+def _poly1(z, y, epsilon=1.0):
+    """Poly-1 (Leng et al. 2022): the cross-entropy + ε(1 − p_t) — a published loss above the cross-entropy by
+    design, at step 0 by about ε."""
+    logp = F.log_softmax(z.reshape(-1, VOCAB), -1).gather(1, y.reshape(-1, 1)).squeeze(1)
+    return (-logp + epsilon * (1 - logp.exp())).mean()
+
+
+def test_a_loss_above_log_v_that_no_cross_entropy_of_the_logits_reaches_says_nothing_of_the_predictions(tmp_path):
+    """Seen in the fourteenth blind group (H4, a false alarm; calibration now): the Poly-1 loss at step 0 is log V + ε
+    (1 − 1/V), above uniform guessing while the model's predictions are uniform. A cross-entropy is a mean over rows
+    of −log p at one class each, so it is at most the mean over rows of each row's largest −log p; a loss above that
+    bound holds other terms, and 'worse than uniform' cannot be read from it. A model whose logits really are worse
+    than uniform (embeddings drawn 100 times too wide, tied to the head) is still found at step 0."""
+    poly = _loop_with_loss(tmp_path / "poly.jsonl", _poly1)
+    assert poly[0]["loss"] > math.log(VOCAB) + 0.5
+    assert poly[0]["loop"]["loss_over_mean_worst_cross_entropy"] > 1
+    assert "loss_above_uniform" not in {f["name"] for r in poly for f in r["flags"]}
+    wide = _loop_with_loss(tmp_path / "wide.jsonl", _cross_entropy(), embedding_std=2.0)
+    assert wide[0]["loop"]["loss_over_mean_worst_cross_entropy"] <= 1
+    assert "loss_above_uniform" in errors(wide[:1])

@@ -334,12 +334,25 @@ def _above_uniform(entry: dict) -> bool:
     return loss is not None and uniform is not None and (not math.isfinite(loss) or loss > uniform + LOSS_MARGIN)
 
 
+# relative: the float32 rounding of a logsumexp over a vocabulary is ~1e-6 (invariants.WORST_TOLERANCE's reason)
+BOUND_TOLERANCE = 1e-3
+
+
+def _no_cross_entropy(entry: dict) -> bool:
+    """The recorded loss is above the mean over rows of each row's largest −log p of the recorded logits: no
+    cross-entropy of them at one class per row reaches it, so it holds other terms (Poly-1's ε(1 − p_t), an
+    unlikelihood term) and says nothing of how the predictions compare with uniform guessing."""
+    ratio = ((entry.get("loop") or {}).get("loss_over_mean_worst_cross_entropy"))
+    return isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio > 1 + BOUND_TOLERANCE
+
+
 @check(Scope.TRAINING, "loss_above_uniform")  # declared in diagnose.health, for a checkpoint's loss
 def _loss_above_uniform(history: Sequence[dict], entry: dict) -> list[Finding]:
     """Over training, one record above uniform is a transient a healthy run can recover from (an SGD run's spike):
     info; an error when it is not finite, was above uniform at the record before too, or is at step 0 (before
-    any update: the initialisation's)."""
-    if not _above_uniform(entry):
+    any update: the initialisation's). A finite loss that no cross-entropy of the recorded logits reaches is not
+    judged (_no_cross_entropy)."""
+    if not _above_uniform(entry) or (math.isfinite(entry["loss"]) and _no_cross_entropy(entry)):
         return []
     lasting = not math.isfinite(entry["loss"]) or entry["step"] == 0 or (bool(history) and _above_uniform(history[-1]))
     return [finding(Level.ERROR if lasting else Level.INFO, None, None, entry["loss"],

@@ -645,7 +645,9 @@ def _weight_outlier(evidence) -> list[Finding]:
 
 
 @check(Scope.MODEL, "loss_above_uniform", f"the model's loss > log V + {LOSS_MARGIN:g} nats (V: the vocabulary); over "
-       "training, info at a first record above after step 0, an error when it lasts to the next or is not finite",
+       "training, info at a first record above after step 0, an error when it lasts to the next or is not finite; a "
+       "finite loss above the mean over rows of each row's largest −log p of the recorded logits (no cross-entropy "
+       "of them reaches it: the loss has other terms) is not judged",
        "definition: log V is the loss of predicting every token equally likely",
        "the model predicts worse than an untrained uniform guess: its training failed (a symptom: alone it names "
        "no mechanism)", Cause.UNKNOWN, symptom=True)

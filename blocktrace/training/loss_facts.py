@@ -106,19 +106,22 @@ def _mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, shift: int)
     return total / (wanted != IGNORE_INDEX).sum().clamp_min(1)
 
 
-def _cross_entropy_range(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _cross_entropy_range(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The smallest and the largest −log p over every row and class of the logits (logsumexp − max and logsumexp −
-    min per row), in float32, chunk by chunk: a mean cross-entropy against distributions over any of these rows lies
-    between them."""
+    min per row), and the mean over rows of each row's largest, in float32, chunk by chunk: a mean cross-entropy
+    against distributions over any of these rows lies between the first two, and one of one class per row (hard
+    labels at every row) is at most the third."""
     rows = logits.reshape(-1, logits.shape[-1])
     step = max(1, CHUNK_ELEMENTS // rows.shape[-1])
-    best, worst = [], []
+    best, worst, worst_sum = [], [], []
     for chunk in rows.split(step):
         chunk = chunk.float()
         total = torch.logsumexp(chunk, -1)
+        row_worst = total - chunk.amin(-1)
         best.append((total - chunk.amax(-1)).amin())
-        worst.append((total - chunk.amin(-1)).amax())
-    return torch.stack(best).amin(), torch.stack(worst).amax()
+        worst.append(row_worst.amax())
+        worst_sum.append(row_worst.sum(dtype=torch.float64))
+    return torch.stack(best).amin(), torch.stack(worst).amax(), torch.stack(worst_sum).sum() / max(rows.shape[0], 1)
 
 
 @torch.no_grad()
@@ -137,10 +140,11 @@ def loss_checks(logits: Optional[torch.Tensor], targets: Optional[torch.Tensor],
     found["outputs_are_probabilities"] = (logits.amin() >= 0) & \
         ((logits.sum(-1, dtype=torch.float32) - 1).abs().amax() < PROBABILITY_TOLERANCE)
     if loss is not None and logits.numel():
-        best, worst = _cross_entropy_range(logits)
+        best, worst, mean_worst = _cross_entropy_range(logits)
         value = loss.detach().double().reshape(())
         found["loss_over_worst_cross_entropy"] = value / worst.double().clamp_min(1e-12)
         found["loss_over_best_cross_entropy"] = value / best.double().clamp_min(1e-12)
+        found["loss_over_mean_worst_cross_entropy"] = value / mean_worst.clamp_min(1e-12)
     if targets is not None and loss is not None and targets.shape == logits.shape[:2] and logits.shape[1] > 1:
         best = torch.minimum(_mean_cross_entropy(logits, targets, 0), _mean_cross_entropy(logits, targets, 1))
         found["loss_over_cross_entropy"] = loss.detach().double().reshape(()) / best.double().clamp_min(1e-12)

@@ -126,7 +126,8 @@ def _data(value: Any, field: str) -> dict:
 
 LOOP_NUMBERS = ("grads_before_backward", "step_gradient", "optimizer_share", "loss_over_cross_entropy", "loss_scale",
                 "backward_factor", "grads_before_later_backward", "moments_lost", "first_moment_ratio",
-                "loss_over_worst_cross_entropy", "loss_over_best_cross_entropy")
+                "loss_over_worst_cross_entropy", "loss_over_best_cross_entropy",
+                "loss_over_mean_worst_cross_entropy")
 LOOP_FLAGS = ("outputs_are_probabilities", "softmax_before_loss", "log_softmax_reads_logits")
 LOOP_COUNTS = ("step_gradient_at", "eval_mode_modules", "sequences", "positions", "optimizer_steps", "micro_batches",
                "update_step")
