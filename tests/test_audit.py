@@ -1162,3 +1162,49 @@ def test_a_schedule_decayed_long_after_its_peak_is_not_judged_when_the_peak_left
         history.add(_lr_record(step, [5e-6]))
     assert all(record["lr"] < 1e-5 for record in history)  # the peak is out of the window
     assert [f for f in judge(history, _lr_record(1000, [4e-6])) if f.name == "learning_rate_below_pretraining"] == []
+
+
+def _unfrozen(path, unfreeze) -> list[dict]:
+    """A nanoGPT frozen whole (requires_grad_(False)), then `unfreeze(model)`; AdamW over the parameters that require
+    a gradient, as fine-tuning recipes build it (the embedding always among them)."""
+    torch.manual_seed(0)
+    model = NanoGPT()
+    model.requires_grad_(False)
+    model.wte.requires_grad_(True)
+    unfreeze(model)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(6):
+            _, loss = model(*nano_batch(step))
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return read_timeline(path)
+
+
+def _set_attribute(module, value: bool) -> None:
+    module.requires_grad = value  # the bug: a plain attribute, not nn.Module.requires_grad_()
+
+
+@pytest.mark.parametrize("name, unfreeze, found", [
+    ("an attribute set to unfreeze", lambda m: _set_attribute(m.h[1], True), True),
+    ("an attribute set to freeze a training module", lambda m: (m.h[0].requires_grad_(True),
+                                                                _set_attribute(m.h[0], False)), True),
+    ("the method", lambda m: m.h[1].requires_grad_(True), False),
+    ("an attribute that agrees with the parameters", lambda m: (m.h[1].requires_grad_(True),
+                                                               _set_attribute(m.h[1], True)), False),
+])
+def test_requires_grad_set_as_a_modules_attribute_changes_no_parameter(tmp_path, name, unfreeze, found):
+    """Seen in the fourteenth blind group (F05, calibration now): `layer.requires_grad = True` to unfreeze a layer
+    sets a plain attribute on the nn.Module — torch reads requires_grad on each parameter, which
+    nn.Module.requires_grad_() sets — so the layer stays frozen (and out of an optimizer built from the parameters
+    that require a gradient). A module's attribute that its parameters contradict is the finding; one they agree
+    with, and the method itself, pass."""
+    records = _unfrozen(tmp_path / "run.jsonl", unfreeze)
+    flagged = _flagged(records[:1], "requires_grad_attribute_ignored")
+    assert bool(flagged) == found, name
+    if found:
+        assert flagged[0]["level"] == "error" and flagged[0]["cause"] == "gradient_flow"
+        assert "h." in flagged[0]["detail"]
+        assert records[0]["diagnosis"][0]["cause"] == "gradient_flow"

@@ -347,6 +347,36 @@ def _frozen_matrix_zero(history: Sequence[dict], entry: dict) -> list[Finding]:
                            require="require" if len(names) > 1 else "requires"))]
 
 
+@check(Scope.TRAINING, "requires_grad_attribute_ignored",
+       "a module of the model holds a requires_grad attribute of its own that some of its parameters contradict (a "
+       "Watch, at every record)",
+       "definition (torch.nn.Module): a module has no requires_grad attribute — autograd reads the flag on each "
+       "parameter, and Module.requires_grad_(flag) sets it on every parameter of the module; assigning "
+       "module.requires_grad = flag adds a plain Python attribute that nothing reads (PyTorch forums, 'Freezing "
+       "layers': model.requires_grad = False 'will not freeze'). The attribute stands only where someone meant it; "
+       "parameters that disagree show it did nothing",
+       "a layer meant to be unfrozen stays frozen (and out of an optimizer built from the parameters that require a "
+       "gradient), or one meant to be frozen trains: `layer.requires_grad = True` written for "
+       "`layer.requires_grad_(True)`", Cause.GRADIENT_FLOW, direct=True,
+       advice=phrase("call module.requires_grad_(flag) — the method, with the underscore — and build the optimizer "
+                     "after it"))
+def _requires_grad_attribute_ignored(history: Sequence[dict], entry: dict) -> list[Finding]:
+    found = (entry.get("loop") or {}).get("requires_grad_attributes")
+    if not found:
+        return []
+    return [finding(Level.ERROR, None, None, float(item["differing"]), _attribute_ignored(item)) for item in found]
+
+
+def _attribute_ignored(item: dict) -> str:
+    if item["value"]:
+        return phrase("{module}.requires_grad = True is a plain attribute: {differing} of its {parameters} parameters "
+                      "require no gradient", module=item["module"], differing=item["differing"],
+                      parameters=item["parameters"])
+    return phrase("{module}.requires_grad = False is a plain attribute: {differing} of its {parameters} parameters "
+                  "still require a gradient", module=item["module"], differing=item["differing"],
+                  parameters=item["parameters"])
+
+
 @check(Scope.TRAINING, "embeddings_untied",
        "the model's config ties its output embedding to its input embedding (tie_word_embeddings true), and the "
        "two are different tensors (a Watch, on an HF model)",

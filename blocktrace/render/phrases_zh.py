@@ -195,6 +195,14 @@ PHRASES_ZH = {
         "{function} 已到第 {step} 步，而调度只有 {end} 步：此处系数为 {now}，结束时为 {at_end}",
     "give the schedule the optimizer steps of the whole run: epochs × batches per epoch ÷ accumulation steps":
         "把整个训练的优化器步数交给调度：epoch 数 × 每个 epoch 的 batch 数 ÷ 每步的 micro-batch 个数",
+    "{module}.requires_grad = True is a plain attribute: {differing} of its {parameters} parameters require no "
+    "gradient":
+        "{module}.requires_grad = True 只是一个普通的 Python 变量：它的 {parameters} 个参数中有 {differing} 个不需要梯度",
+    "{module}.requires_grad = False is a plain attribute: {differing} of its {parameters} parameters still require a "
+    "gradient":
+        "{module}.requires_grad = False 只是一个普通的 Python 变量：它的 {parameters} 个参数中仍有 {differing} 个需要梯度",
+    "call module.requires_grad_(flag) — the method, with the underscore — and build the optimizer after it":
+        "调用 module.requires_grad_(flag)（以 _ 结尾的方法），然后再构造优化器",
     "changing only the padding's ids moved the text's logits by up to {leak:.3g} (relative)":
         "只改变 padding 位置的 id，正文的 logits 就变化了 {leak}（相对值）",
     "pass the attention_mask to every attention: as a boolean mask (True keeps), or as an additive one of 0 and -inf "

@@ -35,7 +35,7 @@ from blocktrace.training.between import BetweenSteps
 from blocktrace.training.forward_call import ForwardCall, RandomState, logits_of, loss_of, targets_cross_entropy
 from blocktrace.training.logit_gradient import gradient_targets, temperature_slopes
 from blocktrace.training.model_facts import computes_in_float16, eval_mode_modules, embeddings_untied, \
-    FrozenAtZero, exterior_parameters, largest_dropout, renormed_by_forward
+    FrozenAtZero, exterior_parameters, largest_dropout, renormed_by_forward, requires_grad_attributes
 from blocktrace.training.schedulers import Schedulers
 from blocktrace.training.settings import optimizer_hyperparameters
 from blocktrace.training.stepping import StepSample
@@ -453,6 +453,7 @@ class LoopObserver:
                 "tempered": self.tempered if self.trained else None,
                 "dropout": largest_dropout(self.model), "embeddings": embeddings_untied(self.model),
                 "frozen_zero": self.frozen.evidence(self.model),
+                "requires_grad_attributes": requires_grad_attributes(self.model),
                 "loss_scale": self.loss_scale(), "backward_factor": self.backward_factor,
                 "float16_forward": self.float16 if self.trained else None,
                 **loss_checks}

@@ -1,7 +1,8 @@
 """What the Watch reads of the model's own modules and parameters, at its construction and at each record: the
 dropout and batch-norm modules in eval mode, the largest dropout rate, whether a tied head is one tensor with the
 embedding, which parameters are the embedding and the head, which embedding tables the forward renormalises, the
-frozen matrices that hold only zeros, and whether a forward computes in float16."""
+frozen matrices that hold only zeros, modules given a `requires_grad` attribute their parameters contradict, and
+whether a forward computes in float16."""
 
 from __future__ import annotations
 
@@ -31,6 +32,26 @@ def largest_dropout(model: nn.Module) -> Optional[dict]:
         return None
     rate, name = max(rates)
     return {"p": rate, "module": name or "the model"}
+
+
+NAMED_MODULES = 3  # modules a record names where a finding lists several
+
+
+def requires_grad_attributes(model: nn.Module) -> Optional[list[dict]]:
+    """The modules holding a `requires_grad` attribute of their own (an nn.Module has none: torch reads the flag on
+    each parameter, which requires_grad_() sets) that some of their parameters contradict: the module, the value set
+    and how many of its parameters differ; None where none does. One dictionary lookup a module."""
+    found = []
+    for name, module in model.named_modules():
+        value = vars(module).get("requires_grad")
+        if not isinstance(value, bool):
+            continue
+        parameters = list(module.parameters())
+        differing = sum(1 for p in parameters if p.requires_grad != value)
+        if differing:
+            found.append({"module": name or "the model", "value": value, "differing": differing,
+                          "parameters": len(parameters)})
+    return found[:NAMED_MODULES] or None
 
 
 def embeddings_untied(model: nn.Module) -> Optional[dict]:

@@ -151,6 +151,9 @@ def _loop(value: Any, field: str) -> dict:
                                          optional=True)
     loop["schedulers"] = _listed(loop.get("schedulers"), f"{field}.schedulers", _scheduler, optional=True)
     loop["frozen_zero"] = _listed(loop.get("frozen_zero"), f"{field}.frozen_zero", _text, optional=True)
+    loop["requires_grad_attributes"] = _listed(loop.get("requires_grad_attributes"),
+                                               f"{field}.requires_grad_attributes", _requires_grad_attribute,
+                                               optional=True)
     for key, read in _LOOP_PIECES.items():
         loop[key] = read(loop.get(key), f"{field}.{key}")
     return loop
@@ -181,6 +184,16 @@ def _unheld(value: Any, field: str) -> Optional[dict]:
             unheld[key] = _index(unheld.get(key), f"{field}.{key}")
         unheld["unheld_names"] = _listed(unheld.get("unheld_names", []), f"{field}.unheld_names", _text)
     return unheld
+
+
+def _requires_grad_attribute(value: Any, field: str) -> dict:
+    """A module's own requires_grad attribute and the parameters that contradict it (model_facts)."""
+    found = _mapped(value, field, lambda item, name: item)
+    found["module"] = _text(found.get("module"), f"{field}.module", optional=False)
+    found["value"] = _boolean(found.get("value"), f"{field}.value")
+    for key in ("differing", "parameters"):
+        found[key] = _index(found.get(key), f"{field}.{key}")
+    return found
 
 
 def _embeddings(value: Any, field: str) -> Optional[dict]:
