@@ -138,6 +138,25 @@ def test_advice_fits_the_model():
     assert "ReLU" not in gelu["advice"]
 
 
+def test_activation_statistics_at_step_0_are_the_initialisations_not_the_architectures():
+    """Seen in the fourteenth blind group (F06, calibration now): every RMSNorm's gain 0 at step 0 silences every
+    FFN (100% of its GeGLU units 'never active': their input is 0). Before any update the activations are what the
+    initialised weights make of the input, so a traced statistic of them (dead or saturated FFN units, a massive
+    activation) is the initialisation's — not a tie between the architecture and the initialisation broken by the
+    causes' names. A structural fault that is no statistic (a block the forward skips) keeps its cause, and later
+    steps keep the architecture's."""
+    from blocktrace.diagnose.checks import flag
+    from blocktrace.vocab import Level
+
+    dead = [flag("ffn_dead_units", Level.ERROR, "ffn", layer, 1.0, "100%") for layer in range(3)]
+    gains = [flag("norm_gains_not_one", Level.ERROR, None, None, 0.0, "every norm's gain rms is 0")]
+    assert diagnose(dead + gains, Context(step=0))[0]["cause"] == "initialisation"
+    assert [d["cause"] for d in diagnose(dead, Context(step=0))] == ["initialisation"]
+    assert diagnose(dead, Context(step=500))[0]["cause"] == "architecture"
+    skipped = [flag("blocks_skipped", Level.ERROR, None, None, 2.0, "2 blocks")]
+    assert diagnose(skipped, Context(step=0))[0]["cause"] == "architecture"
+
+
 def test_one_row_per_kind_of_finding(invoke):
     result = invoke("check", "--layers", "6", "--init", "xiong", "--seq-len", "8")
     text = result.stdout

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from blocktrace.phrases import phrase
-from blocktrace.diagnose.checks import CHECKS, Cause, Flag
+from blocktrace.diagnose.checks import CHECKS, Cause, Flag, Scope
 from blocktrace.vocab import FFNKind, Level
 
 WEIGHT = {Level.ERROR: 10, Level.WARNING: 3, Level.INFO: 0}
@@ -47,9 +47,17 @@ def _cause_of(finding: Flag, context: Context) -> Cause:
         return finding.cause  # the fault was observed: neither the step nor the wiring changes what it is
     if finding.cause in (*TRAINING_CAUSES, Cause.UNKNOWN) and context.step == 0:
         return Cause.INITIALISATION  # no update has happened yet: nothing but the initialisation can be at fault
+    if finding.cause is Cause.ARCHITECTURE and context.step == 0 and _of_activations(finding):
+        return Cause.INITIALISATION  # before any update the activations are what the initialised weights make
     if finding.cause is Cause.LEARNING_RATE and context.post_norm:
         return Cause.WARMUP  # a diverging Post-LN model: the warm-up comes first (Xiong et al. 2020)
     return finding.cause
+
+
+def _of_activations(finding: Flag) -> bool:
+    """A statistic of a traced step's activations (dead or saturated FFN units, a massive activation), not a
+    structural fault of the forward (a block skipped)."""
+    return any(scope is Scope.STEP for scope, _ in CHECKS[finding.name].detectors)
 
 
 @dataclass(frozen=True)
