@@ -450,10 +450,13 @@ class LoopObserver:
                 "update_step": stepped.get("update_step"), "update_unexplained": stepped.get("update_unexplained"),
                 "first_moment_ratio": stepped.get("first_moment_ratio"),
                 "between_steps": self.between.evidence() if self.between is not None else None,
-                "tempered": self.tempered if self.trained else None,
-                "dropout": largest_dropout(self.model), "embeddings": embeddings_untied(self.model),
-                "frozen_zero": self.frozen.evidence(self.model),
-                "requires_grad_attributes": requires_grad_attributes(self.model),
+                "tempered": self.tempered if self.trained else None, **self._model_settings(),
                 "loss_scale": self.loss_scale(), "backward_factor": self.backward_factor,
                 "float16_forward": self.float16 if self.trained else None,
                 **loss_checks}
+
+    def _model_settings(self) -> dict:
+        """What the audit reads of the model's own modules at each record (training/model_facts.py)."""
+        return {"dropout": largest_dropout(self.model), "embeddings": embeddings_untied(self.model),
+                "frozen_zero": self.frozen.evidence(self.model),
+                "requires_grad_attributes": requires_grad_attributes(self.model)}
