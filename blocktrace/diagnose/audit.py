@@ -232,7 +232,7 @@ def _schedules(entry: dict) -> list[tuple[dict, dict]]:
        advice=phrase("pass the lengths by name — num_warmup_steps (a few per cent of the run) and num_training_steps "
                      "(the optimizer steps of the whole run)"))
 def _warmup_beyond_schedule(history: Sequence[dict], entry: dict) -> list[Finding]:
-    for scheduler, schedule in _schedules(entry):
+    for _, schedule in _schedules(entry):
         warmup, end = _number(schedule.get("warmup")), _number(schedule.get("end"))
         if warmup is not None and end is not None and warmup > end:
             return [finding(Level.ERROR, None, None, warmup, phrase(
@@ -251,7 +251,7 @@ def _warmup_beyond_schedule(history: Sequence[dict], entry: dict) -> list[Findin
        "no warm-up and takes its peak rate from the second step", Cause.WARMUP, direct=True,
        advice=phrase("pass num_warmup_steps = int(ratio × the run's optimizer steps), not the ratio"))
 def _warmup_given_as_ratio(history: Sequence[dict], entry: dict) -> list[Finding]:
-    for scheduler, schedule in _schedules(entry):
+    for _, schedule in _schedules(entry):
         warmup = _number(schedule.get("warmup"))
         if warmup is not None and 0 < warmup < 1:
             return [finding(Level.ERROR, None, None, warmup, phrase(
