@@ -238,6 +238,7 @@ def test_a_layer_whose_dropout_sits_outside_its_sublayers_adds_what_it_traced(tm
 
 SIX = ["norm1", "attn", "residual1", "norm2", "ffn", "residual2"]
 PARALLEL_FIVE = ["norm1", "attn", "residual1", "ffn", "residual2"]  # one norm read by both sublayers
+POST_SIX = ["attn", "residual1", "norm1", "ffn", "residual2", "norm2"]
 GPTJ_SIZES = {"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8, "resid_pdrop": 0.1, "embd_pdrop": 0.0,
               "attn_pdrop": 0.0}
 TRACED_ONLY_MODELS = {  # model class, config class, config, the steps of a layer
@@ -252,13 +253,18 @@ TRACED_ONLY_MODELS = {  # model class, config class, config, the steps of a laye
     "persimmon": ("PersimmonForCausalLM", "PersimmonConfig", {**LLAMA_SIZES, "hidden_dropout": 0.1}, SIX),
     "nemotron": ("NemotronForCausalLM", "NemotronConfig", {**LLAMA_SIZES, "num_key_value_heads": 2}, SIX),
     "glm": ("GlmForCausalLM", "GlmConfig", {**LLAMA_SIZES, "num_key_value_heads": 2, "pad_token_id": 0}, SIX),
+    # GPT-1: Post-LN, ln_2(n + mlp(n)) with n = ln_1(x + attn(x)), under submodule names nanoGPT's Pre-LN Block shares
+    "openai-gpt": ("OpenAIGPTLMHeadModel", "OpenAIGPTConfig",
+                   {"n_embd": 64, "n_layer": 2, "n_head": 4, "resid_pdrop": 0.1, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+                   POST_SIX),
 }
 
 
 @pytest.mark.parametrize("name", list(TRACED_ONLY_MODELS))
 def test_hf_layers_traced_only_are_watched_step_by_step(tmp_path, name):
     """OLMo-1, GPT-J, CodeGen, StableLM (sequential and parallel), Persimmon, Nemotron and GLM (refused as blind12 was
-    written), whose checkpoints blocktrace
+    written), and GPT-1 (whose Post-LN blocks were taken for nanoGPT's Pre-LN ones by their submodule names:
+    residual_not_added at every layer of blind15's healthy runs), whose checkpoints blocktrace
     does not read, are traced as they are under the Watch (refused before: 'cannot find the Transformer blocks'):
     every step of their wiring in every layer, the residual sums holding in training with their dropouts on, nothing
     raised."""

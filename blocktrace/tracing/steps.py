@@ -119,9 +119,10 @@ NAMED_LAYOUTS = (
 
 
 def _known(block: nn.Module) -> Optional[Layout]:
-    """The layout of a HuggingFace decoder layer whose family blocktrace reads (sources.families.HF_LAYERS)."""
+    """The layout of a HuggingFace decoder layer whose family blocktrace reads (sources.families.HF_LAYERS), known
+    by its module and class where its class name is another's too (GPT-1's Block), else by its class name."""
     class_name = type(block).__name__
-    layer = HF_LAYERS.get(class_name)
+    layer = HF_LAYERS.get(f"{type(block).__module__}.{class_name}") or HF_LAYERS.get(class_name)
     if layer is None:
         return None
 

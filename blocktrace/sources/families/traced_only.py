@@ -7,9 +7,10 @@ training."""
 from __future__ import annotations
 
 from blocktrace.sources.families.base import HFLayer
+from blocktrace.sources.families.gpt2 import GPT2_STEPS
 from blocktrace.sources.families.llama import LLAMA_STEPS
 from blocktrace.vocab import Norm
-from blocktrace.wiring import PARALLEL_ONE_NORM
+from blocktrace.wiring import PARALLEL_ONE_NORM, POST
 
 GPTJ_STEPS = {"norm1": "ln_1", "attn": "attn", "ffn": "mlp"}  # x + attn(ln_1(x)) + mlp(ln_1(x))
 
@@ -23,6 +24,9 @@ TRACED_ONLY = {
     "NemotronDecoderLayer": HFLayer(LLAMA_STEPS, hidden="mlp.act_fn"),  # LayerNorm with gain 1 + w, a relu² MLP
     # GLM (the first, glm-4-9b's): Llama's steps, a fused gate_up_proj MLP, partial rotary
     "GlmDecoderLayer": HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.activation_fn"),
+    # GPT-1 (OpenAIGPT): Post-LN, ln_2(n + mlp(n)) with n = ln_1(x + attn(x)); its class is called Block, as nanoGPT's
+    # Pre-LN one is, with the same submodule names: known by its module and class, never by the names alone
+    "transformers.models.openai.modeling_openai.Block": HFLayer(GPT2_STEPS, POST, hidden="mlp.act"),
 }
 # Not here: Phi-1/2 and Falcon drop out their parallel sublayers' outputs in the layer (one dropout module called
 # twice; one dropout of the two outputs' sum), where no step holds what the add takes: traced as they are, their
