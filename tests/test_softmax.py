@@ -190,3 +190,63 @@ def test_scores_divided_by_the_square_root_or_scaled_by_one_over_it_pass(tmp_pat
         q = torch.randn(1, 2, 4, 8)
         torch.softmax((q @ q.transpose(-2, -1)) / math.sqrt(8), dim=-1)
     assert seen.scale == pytest.approx((1 / math.sqrt(8), 8))
+
+
+MEMORY = 4  # learned memory keys and values before the text (x-transformers' num_mem_kv; Sukhbaatar et al. 2019)
+
+
+class MemoryKV(Manual):
+    """sdpa over [memory; text] keys: S = MEMORY + T keys for T queries. 'bottom-right': each query sees the memory
+    and the text up to itself (the query is the last T of S positions); 'unmasked': every key; 'is_causal': torch's
+    own flag, whose mask for S ≠ T is aligned top-left."""
+
+    def __init__(self, d: int, heads: int, way: str):
+        super().__init__(d, heads, way)
+        self.memory_k = torch.nn.Parameter(torch.randn(heads, MEMORY, d // heads))
+        self.memory_v = torch.nn.Parameter(torch.randn(heads, MEMORY, d // heads))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.heads_of(x)
+        k = torch.cat([self.memory_k.expand(b, -1, -1, -1), k], dim=2)
+        v = torch.cat([self.memory_v.expand(b, -1, -1, -1), v], dim=2)
+        if self.way == "is_causal":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            mask = torch.ones(t, MEMORY + t, dtype=torch.bool).tril(MEMORY) if self.way == "bottom-right" else None
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+def _load_partial(model_kind, way):
+    torch.manual_seed(0)
+    model = NanoGPT()
+    for block in model.h:
+        state = block.attn.state_dict()
+        block.attn = model_kind(16, 2, way)
+        block.attn.load_state_dict(state, strict=False)
+    return model
+
+
+def test_keys_before_the_text_are_no_future(tmp_path):
+    """Seen in the fifteenth blind group (H4, a false alarm; calibration now): memory keys before the text, under
+    a mask that lets query i see the memory and the text up to i, were read as weight on 'later' keys — the keys
+    after index i of the S = M + T keys, not after the query's own position, M + i. Keys before the first query are
+    the past (memory, a prefix, a cache); with them a mask that hides nothing is still found."""
+    masked = _layers(_load_partial(MemoryKV, "bottom-right"), tmp_path / "m.jsonl")
+    assert all(layer["future_weight_sum"] == pytest.approx(0.0, abs=1e-12) for layer in masked)
+    assert "causal_leak" not in {f["name"] for f in read_timeline(tmp_path / "m.jsonl")[0]["flags"]}
+    leaking = _layers(_load_partial(MemoryKV, "unmasked"), tmp_path / "u.jsonl")
+    assert all(layer["future_weight_sum"] > 0 for layer in leaking)
+    assert "causal_leak" in {f["name"] for f in read_timeline(tmp_path / "u.jsonl")[0]["flags"]}
+
+
+def test_sdpa_is_causal_with_more_keys_than_queries_is_measured_as_the_kernel_computes_it():
+    """torch's scaled_dot_product_attention aligns is_causal's mask top-left when S ≠ T (its docs; CausalBias): the
+    weights the Watch measures must be the kernel's, whatever a user meant — their product with v is its output."""
+    from blocktrace.tracing.tap import _masked_scores
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+    weights = torch.softmax(_masked_scores(q @ k.transpose(-1, -2) / math.sqrt(8), None, True), dim=-1)
+    assert torch.allclose(weights @ v, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-6)

@@ -175,8 +175,9 @@ def _norm_gain_extreme(record, layer, evidence) -> list[Finding]:
 
 
 @check(Scope.ATTENTION, "causal_leak",
-       "future_weight_sum > 1e-6 in a causal block, or an earlier output moving by more than 1e-4 "
-       "(relative) when the last token is perturbed", "definition of causal attention",
+       "future_weight_sum > 1e-6 in a causal block (the weight on keys after each query's own; with more keys than "
+       "queries, the extra keys — memory, a prefix, a cache — come first), or an earlier output moving by more than "
+       "1e-4 (relative) when the last token is perturbed", "definition of causal attention",
        "tokens attend to later tokens although the block is causal: the mask is missing or misaligned",
        Cause.MASK)
 def _causal_leak(trace, layer) -> list[Finding]:

@@ -117,10 +117,12 @@ class AttentionAccumulator:
         self.kept: list[torch.Tensor] = []
         self.shape_lead = None
 
-    def add(self, weights: torch.Tensor, rows: Optional[slice]) -> None:
+    def add(self, weights: torch.Tensor, rows: Optional[slice], keys_before: int = 0) -> None:
+        """One chunk of query rows' weights; `keys_before`, keys that precede the first query's own (memory keys, a
+        prefix): query i's own key is key i + keys_before."""
         weights = weights.detach()
         if self.scores is not None:
-            self.chunks.append(attention_chunk_stats(weights, self.scores, rows, self.token_mask))
+            self.chunks.append(attention_chunk_stats(weights, self.scores, rows, self.token_mask, keys_before))
         else:
             self.chunks.append(weights_only_stats(weights))
         self.scores = None

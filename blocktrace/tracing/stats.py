@@ -153,13 +153,14 @@ def _count(value: int, device: torch.device) -> torch.Tensor:
     return torch.full((), float(value), dtype=torch.float64, device=device)
 
 
-def _positional_sums(w: torch.Tensor, rows: slice, real: Optional[torch.Tensor]) -> dict[str, torch.Tensor]:
+def _positional_sums(w: torch.Tensor, keys: slice, real: Optional[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Per head, the weight summed over the chunk's rows on the first key, on the query's own key and on the
-    key just before it: the signatures of a sink head, a self head and a previous-token head."""
+    key just before it: the signatures of a sink head, a self head and a previous-token head. `keys`: the own keys
+    of the chunk's queries."""
     first = w[..., 0]  # [N, H, rows]
-    own = torch.diagonal(w, offset=rows.start, dim1=-2, dim2=-1)  # [N, H, rows]
-    previous = torch.diagonal(w, offset=rows.start - 1, dim1=-2, dim2=-1)  # rows whose query is ≥ 1
-    with_previous = rows.stop - max(rows.start, 1)  # the chunk's queries that have a key before them
+    own = torch.diagonal(w, offset=keys.start, dim1=-2, dim2=-1)  # [N, H, rows]
+    previous = torch.diagonal(w, offset=keys.start - 1, dim1=-2, dim2=-1)  # rows whose own key is ≥ 1
+    with_previous = keys.stop - max(keys.start, 1)  # the chunk's queries that have a key before them
     if real is not None:
         first, own = first * real, own * real
         previous = previous * real[..., -previous.shape[-1]:] if previous.shape[-1] else previous
@@ -171,34 +172,37 @@ def _positional_sums(w: torch.Tensor, rows: slice, real: Optional[torch.Tensor])
 
 
 def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: slice,
-                          query_mask: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
-    """Diagnostics of one chunk of query rows: weights and masked scores `[..., H, rows, T]`.
+                          query_mask: Optional[torch.Tensor] = None, keys_before: int = 0) -> dict[str, torch.Tensor]:
+    """Diagnostics of one chunk of query rows: weights and masked scores `[..., H, rows, S]`.
 
     entropy_sum per head: Σ over rows of −Σ_j p log p, from values the attention already has:
     log p_j = s_j − lse, so H = lse − Σ_j p_j s_j: one dot product per row, no logarithm over
     the T² weights. The largest weight of a row is exp(s_max − lse), so only the scores are
-    scanned for maxima. future_weight_sum: total weight above the diagonal (exactly 0 when a
-    causal mask works). query_mask ([B, T], False at padding) leaves padded query rows out.
+    scanned for maxima. future_weight_sum: total weight on keys after each query's own (exactly 0
+    when a causal mask works). `keys_before` keys precede the first query's own (memory keys, a
+    prefix: S = keys_before + T), so query i's own key is key i + keys_before. query_mask ([B, T],
+    False at padding) leaves padded query rows out.
     """
     w, s = weights.detach(), scores.detach()
     n_heads, t = w.shape[-3], w.shape[-1]
     w, s = w.reshape(-1, n_heads, w.shape[-2], t), s.reshape(-1, n_heads, s.shape[-2], t)
+    own = slice(rows.start + keys_before, rows.stop + keys_before)  # each query's own key
     row_max_score = s.amax(dim=-1)
-    lse = _log_normaliser(w, s, rows, row_max_score)
+    lse = _log_normaliser(w, s, own, row_max_score)
     expected_score = torch.einsum("nhij,nhij->nhi", w, s)
     row_entropy = (lse - expected_score).double()  # [N, H, rows]
-    future_by_row = future_rows(w, rows.start).double()  # [N, H, rows]
+    future_by_row = future_rows(w, own.start).double()  # [N, H, rows]
     row_max_weight = torch.exp(row_max_score - lse)
     if query_mask is None:
         future = future_by_row.sum()
         return {"entropy_sum": row_entropy.sum(dim=(0, 2)), "future_weight_sum": future,
                 "max_weight": row_max_weight.amax().double(), "max_logit": row_max_score.amax().double(),
-                "rows": _count(w.shape[0] * w.shape[-2], w.device), **_positional_sums(w, rows, None)}
+                "rows": _count(w.shape[0] * w.shape[-2], w.device), **_positional_sums(w, own, None)}
     real = query_mask[:, None, rows].to(w.device)  # [N, 1, rows]: padded queries count for nothing
     return {"entropy_sum": (row_entropy * real).sum(dim=(0, 2)), "future_weight_sum": (future_by_row * real).sum(),
             "max_weight": row_max_weight.masked_fill(~real, 0).amax().double(),
             "max_logit": row_max_score.masked_fill(~real, torch.finfo(s.dtype).min).amax().double(),
-            "rows": real.sum(dtype=torch.float64), **_positional_sums(w, rows, real)}
+            "rows": real.sum(dtype=torch.float64), **_positional_sums(w, own, real)}
 
 
 def weights_only_stats(weights: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -124,12 +124,13 @@ def _whole(block: nn.Module):
 
 
 def _masked_scores(scores: torch.Tensor, mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
-    """The scores as sdpa weighs them: is_causal hides later keys, a boolean mask hides where it is False,
-    a float mask is added (its -inf hides; a bias such as ALiBi shifts)."""
+    """The scores as sdpa weighs them: is_causal hides the keys after each query's index, aligned top-left when
+    there are more keys than queries (torch's docs: 'the upper left causal bias', CausalBias), a boolean mask hides
+    where it is False, a float mask is added (its -inf hides; a bias such as ALiBi shifts)."""
     hidden = torch.finfo(scores.dtype).min
     if is_causal:
         rows, keys = scores.shape[-2:]
-        keep = torch.ones(rows, keys, dtype=torch.bool, device=scores.device).tril(keys - rows)
+        keep = torch.ones(rows, keys, dtype=torch.bool, device=scores.device).tril()
         scores = scores.masked_fill(~keep, hidden)
     if mask is None:
         return scores
@@ -148,7 +149,9 @@ def _observe(tap: BlockTap, query, key, attn_mask, is_causal: bool, scale: Optio
         scores = _masked_scores(scores, attn_mask, is_causal)
         accumulator = tap.recorder.attention
         accumulator.scores = scores
-        accumulator.add(torch.softmax(scores, dim=-1), slice(0, q.shape[-2]))
+        # keys beyond the queries' count come first (memory, a prefix, a cache): the queries are the last T of S
+        accumulator.add(torch.softmax(scores, dim=-1), slice(0, q.shape[-2]),
+                        keys_before=max(k.shape[-2] - q.shape[-2], 0))
 
 
 class _SdpaPatch:
