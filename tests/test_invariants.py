@@ -952,6 +952,33 @@ def test_zero_grad_inside_the_loop_over_micro_batches_is_found(tmp_path):
     assert records[0]["diagnosis"][0]["cause"] == "training_loop"
 
 
+def test_two_forwards_in_one_backward_are_no_micro_batches(tmp_path):
+    """Seen in the fifteenth blind group (H5, a false alarm; calibration now): R-Drop (Liang et al. 2021) runs two
+    forwards of the batch under different dropout masks and backpropagates their joint loss once. The second
+    forward's backward begins inside the first's, before any gradient is added: not a micro-batch whose gradients
+    were cleared. Micro-batches are separate backward() calls, each ending before the next begins."""
+    torch.manual_seed(0)
+    model = HandLM(dropout=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, tmp_path / "rdrop.jsonl", every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(6):
+            ids, targets = nano_batch(step)
+            first, _ = model(ids)
+            second, _ = model(ids)
+            log_p, log_q = F.log_softmax(first, -1), F.log_softmax(second, -1)
+            kl = 0.5 * (F.kl_div(log_p, log_q, log_target=True, reduction="batchmean")
+                        + F.kl_div(log_q, log_p, log_target=True, reduction="batchmean"))
+            loss = 0.5 * (F.cross_entropy(first.reshape(-1, VOCAB), targets.reshape(-1))
+                          + F.cross_entropy(second.reshape(-1, VOCAB), targets.reshape(-1))) + kl
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    records = read_timeline(tmp_path / "rdrop.jsonl")
+    assert not {"gradients_zeroed_between_micro_batches", "accumulation_summed"} & \
+        {f["name"] for r in records for f in r["flags"]}
+
+
 def test_trailing_padding_is_counted_as_a_naive_loop_counts_it():
     from blocktrace.training.batch import trailing_padding
 

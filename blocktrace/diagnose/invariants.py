@@ -101,8 +101,8 @@ def _gradients_not_zeroed(history: Sequence[dict], entry: dict) -> list[Finding]
 
 
 @check(Scope.TRAINING, "gradients_zeroed_between_micro_batches",
-       "in a step of several training forwards (micro-batches), every backward after the first finds ‖.grad‖ = 0, "
-       "while the step ends with a gradient (a Watch)",
+       "in a step of several training forwards (micro-batches), every backward after the first — a backward() call "
+       "of its own, begun after the first ended — finds ‖.grad‖ = 0, while the step ends with a gradient (a Watch)",
        "invariant of accumulation: each micro-batch's backward adds into .grad what the ones before it left, so "
        "that the step applies their sum; a backward that finds nothing there started after a zero_grad()",
        "optimizer.zero_grad() runs inside the loop over micro-batches: each backward clears the ones before, and "

@@ -196,6 +196,7 @@ class LoopObserver:
         # the later training forwards of the step (micro-batches): ‖.grad‖ as each one's backward started, the
         # largest; None where no later backward ran
         self.grads_before_later: Optional[torch.Tensor] = None
+        self.backwards_ended = 0  # backward() calls of the step that have ended (autograd's end-of-backward callback)
         # d(what backward differentiated)/d(the model's loss): a loss scaler's scale (GradScaler's 2^16), 1/k for a
         # loss divided over k micro-batches; None where the anchor is not the scalar loss
         self.backward_factor: Optional[torch.Tensor] = None
@@ -266,11 +267,15 @@ class LoopObserver:
 
     def later_forward(self, anchor: Optional[torch.Tensor]) -> None:
         """A later training forward of the recording step (another micro-batch): when its backward starts, the
-        gradients the earlier micro-batches left must still be there, to be added to."""
+        gradients the earlier micro-batches left must still be there, to be added to — where it is a backward of its
+        own, begun after the first one ended; several forwards under one backward (R-Drop's two dropout passes, a
+        contrastive pair) are one micro-batch."""
         if anchor is None or not anchor.requires_grad:
             return
 
         def backward_starts(grad):
+            if self.backwards_ended == 0:
+                return None  # within the first forward's backward: one backward over several forwards (R-Drop)
             found = self._gradient_now()
             before = self.grads_before_later
             self.grads_before_later = found if before is None else torch.maximum(before, found)
@@ -307,6 +312,7 @@ class LoopObserver:
         callback, the one DDP's reducer uses)."""
         def ended():
             self.grads_after_backward = self._gradient_now()
+            self.backwards_ended += 1
 
         torch.autograd.Variable._execution_engine.queue_callback(ended)
 
