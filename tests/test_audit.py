@@ -1208,3 +1208,47 @@ def test_requires_grad_set_as_a_modules_attribute_changes_no_parameter(tmp_path,
         assert flagged[0]["level"] == "error" and flagged[0]["cause"] == "gradient_flow"
         assert "h." in flagged[0]["detail"]
         assert records[0]["diagnosis"][0]["cause"] == "gradient_flow"
+
+
+def _first_records(path, prepare, hf: bool = False) -> list[dict]:
+    """Two records of a model whose weights `prepare(model)` sets before the loop: a nanoGPT (its head tied to wte
+    by nanoGPT's own `x @ wte.weight.T`), or an HF Llama with an untied head."""
+    torch.manual_seed(0)
+    if hf:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2,
+                                             num_attention_heads=4, intermediate_size=64, tie_word_embeddings=False))
+    else:
+        model = NanoGPT()
+    with torch.no_grad():
+        prepare(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(6):
+            ids, targets = nano_batch(step)
+            loss = model(input_ids=ids, labels=ids).loss if hf else model(ids, targets)[1]
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return read_timeline(path)
+
+
+@pytest.mark.parametrize("name, hf, prepare, found", [
+    ("the tied table zeroed through its head", False, lambda m: m.wte.weight.zero_(), True),
+    ("nanoGPT as it is", False, lambda m: None, False),
+    ("an untied output head zeroed (muP's zero readout)", True, lambda m: m.lm_head.weight.zero_(), False),
+    ("an HF token embedding zeroed", True, lambda m: m.model.embed_tokens.weight.zero_(), True),
+])
+def test_a_token_embedding_of_zeros_at_the_start_is_the_initialisation(tmp_path, name, hf, prepare, found):
+    """Seen in the fifteenth blind group (F04, calibration now): a head zeroed in place of a tied embedding zeroes the
+    token embedding with it — every token enters the model as the same vector, only positions tell them apart. A
+    zero readout (Yang et al. 2021, μP's zero-initialised output layer) is published; a zero input table is not."""
+    records = _first_records(tmp_path / "run.jsonl", prepare, hf)
+    flagged = _flagged(records[:1], "token_embedding_zero")
+    assert bool(flagged) == found, name
+    if found:
+        assert flagged[0]["level"] == "error" and flagged[0]["cause"] == "initialisation"
+        assert records[0]["diagnosis"][0]["cause"] == "initialisation"
+    assert not _flagged(records[1:], "token_embedding_zero")  # read once, at the first record

@@ -377,6 +377,26 @@ def _attribute_ignored(item: dict) -> str:
                   parameters=item["parameters"])
 
 
+@check(Scope.TRAINING, "token_embedding_zero",
+       "the model's token embedding (HF's input embedding, else its largest nn.Embedding) holds only zeros at the "
+       "Watch's first record",
+       "definition: the embedding is the model's only view of which token it reads; a table of zeros gives every "
+       "token the same vector (only positions differ), so no layer can tell its inputs apart until the table has "
+       "learned. Published initialisations draw it at random (GPT-2 N(0, 0.02), BERT, Llama); the zero-initialised "
+       "layer of μP (Yang et al. 2021) is the output head — which, tied, is this very table",
+       "the token embedding was zeroed: a head zeroed in place (μP's zero readout applied to a tied head), an "
+       "initialisation that zeroes every nn.Embedding, a table never loaded", Cause.INITIALISATION, direct=True,
+       advice=phrase("draw the token embedding at random (N(0, 0.02) as GPT-2); zero-initialise only an untied "
+                     "output head"))
+def _token_embedding_zero(history: Sequence[dict], entry: dict) -> list[Finding]:
+    name = (entry.get("loop") or {}).get("token_embedding_zero")
+    if not name:
+        return []
+    return [finding(Level.ERROR, None, None, 0.0, phrase(
+        "{name} holds only zeros at step {step}: every token enters the model as the same vector", name=name,
+        step=entry.get("step")), None if entry.get("step") == 0 else Cause.WEIGHTS)]
+
+
 @check(Scope.TRAINING, "embeddings_untied",
        "the model's config ties its output embedding to its input embedding (tie_word_embeddings true), and the "
        "two are different tensors (a Watch, on an HF model)",

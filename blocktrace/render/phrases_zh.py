@@ -203,6 +203,10 @@ PHRASES_ZH = {
         "{module}.requires_grad = False 只是一个普通的 Python 变量：它的 {parameters} 个参数中仍有 {differing} 个需要梯度",
     "call module.requires_grad_(flag) — the method, with the underscore — and build the optimizer after it":
         "调用 module.requires_grad_(flag)（以 _ 结尾的方法），然后再构造优化器",
+    "{name} holds only zeros at step {step}: every token enters the model as the same vector":
+        "{name} 在第 {step} 步全为 0：每个 token 进入模型时都是同一个向量",
+    "draw the token embedding at random (N(0, 0.02) as GPT-2); zero-initialise only an untied output head":
+        "随机初始化 token 嵌入（如 GPT-2 的 N(0, 0.02)）；只有与嵌入不绑定的输出头才可以初始化为 0",
     "changing only the padding's ids moved the text's logits by up to {leak:.3g} (relative)":
         "只改变 padding 位置的 id，正文的 logits 就变化了 {leak}（相对值）",
     "pass the attention_mask to every attention: as a boolean mask (True keeps), or as an additive one of 0 and -inf "

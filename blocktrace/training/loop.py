@@ -35,7 +35,8 @@ from blocktrace.training.between import BetweenSteps
 from blocktrace.training.forward_call import ForwardCall, RandomState, logits_of, loss_of, targets_cross_entropy
 from blocktrace.training.logit_gradient import gradient_targets, temperature_slopes
 from blocktrace.training.model_facts import computes_in_float16, eval_mode_modules, embeddings_untied, \
-    FrozenAtZero, exterior_parameters, largest_dropout, renormed_by_forward, requires_grad_attributes
+    FrozenAtZero, ZeroTokenEmbedding, exterior_parameters, largest_dropout, renormed_by_forward, \
+    requires_grad_attributes
 from blocktrace.training.schedulers import Schedulers
 from blocktrace.training.settings import optimizer_hyperparameters
 from blocktrace.training.stepping import StepSample
@@ -163,6 +164,7 @@ class LoopObserver:
         self.model, self.optimizer, self.blocks = model, optimizer, list(blocks)
         self.unheld = Unheld()  # the parameters with a gradient that no optimizer holds (training/unheld.py)
         self.frozen = FrozenAtZero()  # the frozen matrices that hold only zeros (training/model_facts.py)
+        self.zero_embedding = ZeroTokenEmbedding()  # whether the token embedding starts at 0 (the same)
         self.step_hook = _step_pre_hook(optimizer, self._at_optimizer_step)
         self.after_step_hook = _step_post_hook(optimizer, self._after_optimizer_step)
         self.step_due: Optional[int] = None  # the training step whose optimizer.step() is to be measured
@@ -465,4 +467,5 @@ class LoopObserver:
         """What the audit reads of the model's own modules at each record (training/model_facts.py)."""
         return {"dropout": largest_dropout(self.model), "embeddings": embeddings_untied(self.model),
                 "frozen_zero": self.frozen.evidence(self.model),
+                "token_embedding_zero": self.zero_embedding.evidence(self.model),
                 "requires_grad_attributes": requires_grad_attributes(self.model)}

@@ -109,6 +109,42 @@ def _hand_written_head(model: nn.Module, embeddings: list[nn.Embedding]) -> Opti
     return linear[-1] if linear else table
 
 
+def token_embedding(model: nn.Module) -> Optional[tuple[str, torch.Tensor]]:
+    """The model's token embedding table, named: HF's input embedding, else the nn.Embedding with the most rows (the
+    vocabulary; learned positions have fewer); None without one."""
+    try:
+        table = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        table = None
+    embeddings = {m: name for name, m in model.named_modules() if isinstance(m, nn.Embedding)}
+    if not isinstance(table, nn.Embedding):
+        table = max(embeddings, key=lambda m: m.num_embeddings) if embeddings else None
+    return None if table is None else (embeddings.get(table, "the token embedding"), table.weight)
+
+
+class ZeroTokenEmbedding:
+    """Whether the token embedding holds only zeros, read once, at the first record (a shard's zeros say nothing of
+    the table)."""
+
+    def __init__(self):
+        self.read = False
+
+    def evidence(self, model: nn.Module) -> Optional[dict]:
+        if self.read:
+            return None
+        self.read = True
+        found = token_embedding(model)
+        if found is None or is_shard(found[1]):
+            return None
+        name, weight = found
+        return {"name": name, "zero": weight.detach().count_nonzero().eq(0)}
+
+    @staticmethod
+    def settle(read: Optional[dict]) -> Optional[str]:
+        """On the host: the table's name where it is all zeros, else None."""
+        return read["name"] if read and read["zero"] else None
+
+
 class FrozenAtZero:
     """The model's frozen matrices — floating parameters of two or more axes that require no gradient, each rank's
     whole (a shard's zeros say nothing of the tensor) — that hold only zeros. Every frozen matrix is read at the

@@ -151,6 +151,7 @@ def _loop(value: Any, field: str) -> dict:
                                          optional=True)
     loop["schedulers"] = _listed(loop.get("schedulers"), f"{field}.schedulers", _scheduler, optional=True)
     loop["frozen_zero"] = _listed(loop.get("frozen_zero"), f"{field}.frozen_zero", _text, optional=True)
+    loop["token_embedding_zero"] = _text(loop.get("token_embedding_zero"), f"{field}.token_embedding_zero")
     loop["requires_grad_attributes"] = _listed(loop.get("requires_grad_attributes"),
                                                f"{field}.requires_grad_attributes", _requires_grad_attribute,
                                                optional=True)

@@ -332,6 +332,7 @@ class Watch:
         present, moved, traces, host = self._measure(loss)
         _settle_loop(host["loop"])
         host["loop"]["frozen_zero"] = self.loop.frozen.settle(host["loop"].get("frozen_zero"))
+        host["loop"]["token_embedding_zero"] = self.loop.zero_embedding.settle(host["loop"].get("token_embedding_zero"))
         for t in traces:
             t.notes += self.reducer.note()
         layers = self._layers(present, traces, moved, host)
