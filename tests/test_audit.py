@@ -732,21 +732,29 @@ def test_the_embedding_and_the_head_are_found_in_hf_and_hand_written_models():
     assert not hidden & set(exterior_parameters(book))
 
 
+def _watched(path, model, optimizer, loss_at=lambda model, step: model(*nano_batch(step))[1], steps=6,
+             after_step=lambda step, loss: None) -> list[dict]:
+    """`steps` steps of a loop under a Watch recording every 5: `loss_at(model, step)`, backward, watch.step, the
+    optimizer's step, zero_grad, then `after_step(step, loss)`; the timeline."""
+    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
+        for step in range(steps):
+            loss = loss_at(model, step)
+            loss.backward()
+            watch.step(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            after_step(step, loss)
+    return read_timeline(path)
+
+
 def _scheduled(path, make_scheduler, step_scheduler, steps=6) -> list[dict]:
     """A nanoGPT loop whose scheduler the Watch is not given: it finds the ones driving its optimizer."""
     torch.manual_seed(0)
     model = NanoGPT()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = make_scheduler(optimizer)
-    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(steps):
-            _, loss = model(*nano_batch(step))
-            loss.backward()
-            watch.step(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-            step_scheduler(scheduler, step, loss)
-    return read_timeline(path)
+    return _watched(path, model, optimizer, steps=steps,
+                    after_step=lambda step, loss: step_scheduler(scheduler, step, loss))
 
 
 def _one_cycle(optimizer):
@@ -1173,14 +1181,7 @@ def _unfrozen(path, unfreeze) -> list[dict]:
     model.wte.requires_grad_(True)
     unfreeze(model)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(6):
-            _, loss = model(*nano_batch(step))
-            loss.backward()
-            watch.step(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-    return read_timeline(path)
+    return _watched(path, model, optimizer)
 
 
 def _set_attribute(module, value: bool) -> None:
@@ -1224,15 +1225,10 @@ def _first_records(path, prepare, hf: bool = False) -> list[dict]:
     with torch.no_grad():
         prepare(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch:
-        for step in range(6):
-            ids, targets = nano_batch(step)
-            loss = model(input_ids=ids, labels=ids).loss if hf else model(ids, targets)[1]
-            loss.backward()
-            watch.step(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-    return read_timeline(path)
+    if not hf:
+        return _watched(path, model, optimizer)
+    return _watched(path, model, optimizer, lambda model, step: model(input_ids=nano_batch(step)[0],
+                                                                      labels=nano_batch(step)[0]).loss)
 
 
 @pytest.mark.parametrize("name, hf, prepare, found", [
