@@ -175,13 +175,11 @@ def attention_chunk_stats(weights: torch.Tensor, scores: torch.Tensor, rows: sli
                           query_mask: Optional[torch.Tensor] = None, keys_before: int = 0) -> dict[str, torch.Tensor]:
     """Diagnostics of one chunk of query rows: weights and masked scores `[..., H, rows, S]`.
 
-    entropy_sum per head: Σ over rows of −Σ_j p log p, from values the attention already has:
-    log p_j = s_j − lse, so H = lse − Σ_j p_j s_j: one dot product per row, no logarithm over
-    the T² weights. The largest weight of a row is exp(s_max − lse), so only the scores are
-    scanned for maxima. future_weight_sum: total weight on keys after each query's own (exactly 0
-    when a causal mask works). `keys_before` keys precede the first query's own (memory keys, a
-    prefix: S = keys_before + T), so query i's own key is key i + keys_before. query_mask ([B, T],
-    False at padding) leaves padded query rows out.
+    entropy_sum per head: Σ over rows of −Σ_j p log p, as lse − Σ_j p_j s_j (log p_j = s_j − lse): one dot product
+    per row, no logarithm over the T² weights. The largest weight of a row is exp(s_max − lse), so only the scores
+    are scanned for maxima. future_weight_sum: total weight on keys after each query's own (exactly 0 when a causal
+    mask works); `keys_before` keys precede the first query's own (memory keys, a prefix: query i's own key is key
+    i + keys_before). query_mask ([B, T], False at padding) leaves padded query rows out.
     """
     w, s = weights.detach(), scores.detach()
     n_heads, t = w.shape[-3], w.shape[-1]
