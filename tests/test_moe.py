@@ -256,3 +256,52 @@ def test_llama4s_router_reports_the_experts_hf_chose_and_their_softmax(tmp_path)
     for routing in (ours, bare):
         assert [sorted(row) for row in routing.chosen] == expected
         assert routing.importance == pytest.approx(importance, rel=1e-5)
+
+
+def test_the_share_of_tokens_routed_twice_to_one_expert_is_counted_as_a_naive_loop_counts_it():
+    from blocktrace.tracing.routing import RoutingSummary, routing_moments
+
+    logits = torch.randn(2, 5, 4)
+    chosen = torch.tensor([[[0, 1], [2, 2], [3, 0], [1, 1], [0, 2]], [[1, 1], [0, 3], [2, 1], [3, 3], [0, 0]]])
+    summary = RoutingSummary.of(routing_moments(logits, torch.softmax(logits, -1), chosen).tolist(), 2)
+    naive = sum(len(set(row)) < len(row) for row in chosen.reshape(-1, 2).tolist()) / 10
+    assert summary.repeated_choice == pytest.approx(naive)
+
+
+def _olmoe_routing_flags(swapped: bool) -> list[tuple[str, str]]:
+    """One traced layer of a small HF OLMoE, its router as HF's (top-k of its softmax), or with torch.topk's
+    (values, indices) bound the other way round and the indices cast back to integers (blind15's F01)."""
+    import types
+
+    import transformers
+    from torch.nn import functional as F
+
+    torch.manual_seed(0)
+    model = transformers.OlmoeForCausalLM(transformers.OlmoeConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=4, num_experts=8, num_experts_per_tok=2))
+    layer = model.model.layers[0]
+    with torch.no_grad():
+        layer.mlp.gate.weight.normal_(0, 0.02)
+
+    def swapped_forward(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        logits = F.linear(hidden_states, self.weight)
+        indices, values = torch.topk(torch.softmax(logits, dtype=torch.float, dim=-1), self.top_k, dim=-1)
+        return logits, values.to(logits.dtype), indices.long()
+
+    if swapped:
+        layer.mlp.gate.forward = types.MethodType(swapped_forward, layer.mlp.gate)
+    x = torch.randn(1, 64, 32, generator=torch.Generator().manual_seed(3))
+    traced = trace(layer, x, checks=True)
+    return [(f.name, f.level.value) for f in evaluate([traced]) if f.cause.value == "routing"
+            and f.level.value != "info"]
+
+
+def test_a_router_that_sends_a_token_to_one_expert_twice_is_no_top_k():
+    """Seen in the fifteenth blind group (F01, calibration now): torch.topk's (values, indices) unpacked the other way
+    round, the float 'indices' cast to integers — every token's two slots go to expert 0, while the router's
+    probabilities, and so the load-balance loss's P, stay near uniform (router_collapse saw 4% of the way to
+    collapsed). A top-k picks k different experts by definition."""
+    assert _olmoe_routing_flags(swapped=False) == []
+    assert _olmoe_routing_flags(swapped=True) == [("router_choice_repeats", "error")]

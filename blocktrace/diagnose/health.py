@@ -763,6 +763,25 @@ def _dead_experts(routing, layer) -> list[Finding]:
                            experts_listed=", ".join(map(str, routing.dead[:10]))))]
 
 
+@check(Scope.ROUTING, "router_choice_repeats",
+       "a token sent to the same expert in two of its k slots (any share of the routed tokens)",
+       "definition of top-k routing (Shazeer et al. 2017; Fedus et al. 2022; HF's routers: torch.topk over the "
+       "experts): the k slots of a token hold k different experts, each once — whatever the router's weights",
+       "the experts chosen are not the router's top-k: torch.topk's (values, indices) unpacked the other way round "
+       "and the probabilities cast to integers (every slot becomes expert 0), indices read from the wrong tensor — "
+       "the dispatch no longer follows the router, which the load-balance loss's probabilities do not show",
+       Cause.ROUTING, direct=True,
+       advice=phrase("unpack torch.topk as values, indices = torch.topk(probs, k) and dispatch by the indices (never "
+                     "cast the values to integers)"))
+def _router_choice_repeats(routing, layer) -> list[Finding]:
+    if not routing.repeated_choice > 0:
+        return []
+    return [finding(Level.ERROR, "ffn", layer, routing.repeated_choice,
+                    phrase("{share:.0%} of the {tokens} tokens were sent to one expert in two of their {per_token} "
+                           "slots", share=routing.repeated_choice, tokens=routing.tokens,
+                           per_token=routing.per_token))]
+
+
 @check(Scope.ROUTING, "router_logit_growth",
        f"largest |router logit| > {ROUTER_LOGIT_WARNING:g} (≈ 1 at initialisation)",
        "Zoph et al. 2022 (ST-MoE): the router z-loss keeps router logits small because bf16 roundoff in large "

@@ -207,6 +207,11 @@ PHRASES_ZH = {
         "{name} 在第 {step} 步全为 0：每个 token 进入模型时都是同一个向量",
     "draw the token embedding at random (N(0, 0.02) as GPT-2); zero-initialise only an untied output head":
         "随机初始化 token 嵌入（如 GPT-2 的 N(0, 0.02)）；只有与嵌入不绑定的输出头才可以初始化为 0",
+    "{share:.0%} of the {tokens} tokens were sent to one expert in two of their {per_token} slots":
+        "{tokens} 个 token 中有 {share} 在它们的 {per_token} 个槽位里有两个被分到同一个 expert",
+    "unpack torch.topk as values, indices = torch.topk(probs, k) and dispatch by the indices (never cast the values "
+    "to integers)":
+        "按 values, indices = torch.topk(probs, k) 的顺序解包，并按 indices 分发（不要把 values 转成整数）",
     "changing only the padding's ids moved the text's logits by up to {leak:.3g} (relative)":
         "只改变 padding 位置的 id，正文的 logits 就变化了 {leak}（相对值）",
     "pass the attention_mask to every attention: as a boolean mask (True keeps), or as an additive one of 0 and -inf "

@@ -15,15 +15,16 @@ from typing import Optional
 import torch
 
 
-HEAD = 6  # tokens, entropy, load-balance loss, z-loss, largest |logit|, tokens previewed
+HEAD = 7  # tokens, entropy, load-balance loss, z-loss, largest |logit|, tokens previewed, tokens routed twice
 
 
 def routing_moments(logits: torch.Tensor, probs: torch.Tensor, chosen: torch.Tensor,
                     token_mask: Optional[torch.Tensor] = None, preview: int = 0) -> torch.Tensor:
-    """[tokens, entropy, load-balance loss, z-loss, largest |logit|, P, load_0 … load_E-1, importance_0 …, then the
-    k experts each of the first sequence's first P tokens went to] as one float64 vector on the router's device
-    (chosen: [..., T, k] the experts the layer sent each token to; load: token slots per expert; importance: mean
-    probability; P = the first sequence's length when ≤ `preview`, else 0)."""
+    """[tokens, entropy, load-balance loss, z-loss, largest |logit|, P, repeated, load_0 … load_E-1, importance_0 …,
+    then the k experts each of the first sequence's first P tokens went to] as one float64 vector on the router's
+    device (chosen: [..., T, k] the experts the layer sent each token to; load: token slots per expert; importance:
+    mean probability; P = the first sequence's length when ≤ `preview`, else 0; repeated: the share of tokens sent to
+    one expert in two of their slots)."""
     experts, k = probs.shape[-1], chosen.shape[-1]
     first = chosen.reshape(-1, probs.shape[-2], k)[0]  # the first sequence, [T, k]
     shown = first.shape[0] if first.shape[0] <= preview else 0
@@ -43,8 +44,10 @@ def routing_moments(logits: torch.Tensor, probs: torch.Tensor, chosen: torch.Ten
     entropy = (-(probs * torch.log(probs.clamp_min(torch.finfo(torch.float32).tiny))).sum(-1) * real).sum() * per_token
     z_loss = (torch.logsumexp(logits, dim=-1).pow(2) * real).sum() * per_token  # ST-MoE (Zoph et al. 2022)
     largest = (logits.abs().amax(-1) * real).amax() if probs.shape[0] else logits.new_zeros(())
+    ordered = chosen.sort(dim=-1).values
+    twice = (ordered[:, 1:] == ordered[:, :-1]).any(-1).float() if k > 1 else torch.zeros_like(real)
     head = torch.stack([tokens, entropy, balance, z_loss, largest,
-                        torch.full((), float(shown), device=probs.device)])
+                        torch.full((), float(shown), device=probs.device), (twice * real).sum() * per_token])
     return torch.cat([head, slots.sum(0), importance, chosen_first.to(head.dtype)]).double()
 
 
@@ -60,6 +63,7 @@ class RoutingSummary:
     z_loss: float  # mean over tokens of logsumexp(logits)²
     max_logit: float
     chosen: Optional[list[list[int]]] = None  # the experts each token of a short first sequence went to
+    repeated_choice: float = 0.0  # the share of tokens sent to one expert in two of their k slots
 
     @classmethod
     def of(cls, values: list[float], k: int) -> "RoutingSummary":
@@ -70,7 +74,8 @@ class RoutingSummary:
         importance = values[HEAD + experts:HEAD + 2 * experts]
         flat = [int(e) for e in values[HEAD + 2 * experts:]]
         chosen = [flat[i * k:(i + 1) * k] for i in range(shown)] if shown else None
-        return cls(experts, k, tokens, load, importance, values[1], values[2], values[3], values[4], chosen)
+        return cls(experts, k, tokens, load, importance, values[1], values[2], values[3], values[4], chosen,
+                   values[6])
 
     @property
     def uniform_entropy(self) -> float:
@@ -84,4 +89,4 @@ class RoutingSummary:
         return {"experts": self.experts, "per_token": self.per_token, "tokens": self.tokens, "load": self.load,
                 "importance": self.importance, "entropy": self.entropy, "uniform_entropy": self.uniform_entropy,
                 "balance_loss": self.balance_loss, "z_loss": self.z_loss, "max_logit": self.max_logit,
-                "dead_experts": self.dead, "chosen": self.chosen}
+                "dead_experts": self.dead, "chosen": self.chosen, "repeated_choice": self.repeated_choice}

@@ -18,7 +18,7 @@ SOURCES = ("watch", "checkpoint")
 RECORD_NUMBERS = ("loss", "lr", "grad_norm")
 LAYER_NUMBERS = ("rms", "median_token_sq_norm_per_d", "max_logit", "min_entropy", "future_weight_sum", "grad_norm")
 LEVELS = tuple(level.value for level in Level)
-ROUTING_NUMBERS = ("entropy", "uniform_entropy", "balance_loss", "z_loss", "max_logit")
+ROUTING_NUMBERS = ("entropy", "uniform_entropy", "balance_loss", "z_loss", "max_logit", "repeated_choice")
 ROUTING_COUNTS = ("experts", "per_token", "tokens")
 
 
