@@ -4,6 +4,7 @@ use beside it."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -1248,3 +1249,58 @@ def test_a_token_embedding_of_zeros_at_the_start_is_the_initialisation(tmp_path,
         assert flagged[0]["level"] == "error" and flagged[0]["cause"] == "initialisation"
         assert records[0]["diagnosis"][0]["cause"] == "initialisation"
     assert not _flagged(records[1:], "token_embedding_zero")  # read once, at the first record
+
+
+def _autocast_loop(path, whole_loop: bool, autocast: bool = True) -> tuple[list[dict], dict]:
+    """A nanoGPT loop under bfloat16 autocast on the CPU: one context around the whole loop (autocast's cast cache
+    then lives across optimizer steps), or one per step around forward, loss, backward and the Watch's step (the
+    optimizer's step outside it), or none. Returns the timeline and, from the whole-loop context, what the first
+    Linear computed at the last step and what its step-0 and current weights compute in a fresh context."""
+    torch.manual_seed(0)
+    model = NanoGPT()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    linear, x = model.h[0].attn.c_attn, torch.randn(4, 16)
+    start, seen = (linear.weight.detach().clone(), linear.bias.detach().clone()), {}
+    context = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)  # noqa: E731
+    with Watch(model, path, every=5, optimizer=optimizer, overwrite=True) as watch, \
+            context() if whole_loop else contextlib.nullcontext():
+        for step in range(6):
+            with contextlib.nullcontext() if whole_loop else context():
+                ids, targets = nano_batch(step)
+                loss = model(ids, targets)[1]
+                loss.backward()
+                watch.step(loss)
+                if whole_loop and step == 5:
+                    seen["served"] = linear(x).float()
+            optimizer.step()
+            optimizer.zero_grad()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        seen["step_0"] = torch.nn.functional.linear(x, *start).float()
+        seen["now"] = linear(x).float()
+    return read_timeline(path), seen
+
+
+def test_an_autocast_held_across_optimizer_steps_serves_the_first_steps_casts(tmp_path):
+    """Seen in the fifteenth blind group (F05, calibration now): one torch.autocast around the whole training loop.
+    Autocast caches each weight's cast until its outermost context exits, so the forward keeps computing with the
+    bfloat16 weights of the step the context opened at — shown here without blocktrace: the Linear's output under
+    that context is its step-0 weights' (the weights have moved). Found at the first record after a step (5), not
+    at 0, where the cache is still fresh."""
+    records, seen = _autocast_loop(tmp_path / "whole.jsonl", whole_loop=True)
+    assert torch.equal(seen["served"], seen["step_0"]) and not torch.equal(seen["served"], seen["now"])
+    assert not _flagged(records[:1], "autocast_casts_stale")
+    flagged = _flagged(records[1:], "autocast_casts_stale")
+    assert flagged and flagged[0]["level"] == "error" and flagged[0]["cause"] == "precision"
+    assert "h.0.attn.c_attn.weight" in flagged[0]["detail"]
+    assert records[1]["loop"]["autocast_stale"]["share"] > 0.5
+    assert records[1]["diagnosis"][0]["cause"] == "precision"
+
+
+@pytest.mark.parametrize("autocast", [True, False])
+def test_an_autocast_opened_for_each_step_serves_fresh_casts(tmp_path, autocast):
+    """PyTorch's AMP recipe: autocast around each step's forward and loss (here also the backward and the Watch's
+    step), the optimizer's step outside it — every cast fresh; and a loop without autocast."""
+    records, _ = _autocast_loop(tmp_path / "per_step.jsonl", whole_loop=False, autocast=autocast)
+    assert not _flagged(records, "autocast_casts_stale")
+    stale = [r["loop"].get("autocast_stale") for r in records]
+    assert all((s is None) != autocast and (s is None or s["share"] == 0) for s in stale)

@@ -397,6 +397,30 @@ def _token_embedding_zero(history: Sequence[dict], entry: dict) -> list[Finding]
         step=entry.get("step")), None if entry.get("step") == 0 else Cause.WEIGHTS)]
 
 
+@check(Scope.TRAINING, "autocast_casts_stale",
+       "at a record, under a torch.autocast context still open there with its cast cache on, the copy of the first "
+       "nn.Linear's float32 weight that autocast serves to a matmul differs from that weight's values cast now (an "
+       "identity matmul over 64 of its rows)",
+       "definition (torch.autocast): the cast of each leaf weight that requires a gradient is cached until the "
+       "outermost context exits, so one forward's uses of a weight share a cast of its current values; a context "
+       "held across optimizer.step() serves the casts made before the step from then on. PyTorch's AMP recipe "
+       "wraps only the forward and the loss (and the backward may run outside); a fresh cast matches exactly",
+       "one autocast context wraps the whole training loop (or several steps): every forward computes with the "
+       "low-precision weights of the step the context opened at, while the float32 weights move under it — the "
+       "loss stays where that step left it", Cause.PRECISION, direct=True,
+       advice=phrase("open torch.autocast anew for each step's forward and loss (`with torch.autocast(...): loss "
+                     "= model(x)`), and call optimizer.step() outside it"))
+def _autocast_casts_stale(history: Sequence[dict], entry: dict) -> list[Finding]:
+    stale = (entry.get("loop") or {}).get("autocast_stale") or {}
+    share = _number(stale.get("share"))
+    if not share:
+        return []
+    return [finding(Level.ERROR, None, None, share, phrase(
+        "under the autocast open at step {step}, {share:.1%} of {name}'s low-precision copy differs from the "
+        "weight now: the forward computes with casts made before later optimizer steps", step=entry.get("step"),
+        share=share, name=stale.get("name")))]
+
+
 @check(Scope.TRAINING, "embeddings_untied",
        "the model's config ties its output embedding to its input embedding (tie_word_embeddings true), and the "
        "two are different tensors (a Watch, on an HF model)",

@@ -203,6 +203,13 @@ PHRASES_ZH = {
         "{module}.requires_grad = False 只是一个普通的 Python 变量：它的 {parameters} 个参数中仍有 {differing} 个需要梯度",
     "call module.requires_grad_(flag) — the method, with the underscore — and build the optimizer after it":
         "调用 module.requires_grad_(flag)（以 _ 结尾的方法），然后再构造优化器",
+    "under the autocast open at step {step}, {share:.1%} of {name}'s low-precision copy differs from the weight now: "
+    "the forward computes with casts made before later optimizer steps":
+        "第 {step} 步时仍处于打开的 autocast 中，{name} 的低精度副本有 {share} 与当前权重不同：前向计算用的仍是之后几次优化器步之前缓存的权重转换",
+    "open torch.autocast anew for each step's forward and loss (`with torch.autocast(...): loss = model(x)`), and call "
+    "optimizer.step() outside it":
+        "每一步的前向和损失各自打开一次 torch.autocast（`with torch.autocast(...): loss = model(x)`），并在其外调用 "
+        "optimizer.step()",
     "{name} holds only zeros at step {step}: every token enters the model as the same vector":
         "{name} 在第 {step} 步全为 0：每个 token 进入模型时都是同一个向量",
     "draw the token embedding at random (N(0, 0.02) as GPT-2); zero-initialise only an untied output head":

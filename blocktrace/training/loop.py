@@ -36,7 +36,7 @@ from blocktrace.training.forward_call import ForwardCall, RandomState, logits_of
 from blocktrace.training.logit_gradient import gradient_targets, temperature_slopes
 from blocktrace.training.model_facts import computes_in_float16, eval_mode_modules, embeddings_untied, \
     FrozenAtZero, ZeroTokenEmbedding, exterior_parameters, largest_dropout, renormed_by_forward, \
-    requires_grad_attributes
+    requires_grad_attributes, stale_autocast_casts
 from blocktrace.training.schedulers import Schedulers
 from blocktrace.training.settings import optimizer_hyperparameters
 from blocktrace.training.stepping import StepSample
@@ -468,4 +468,5 @@ class LoopObserver:
         return {"dropout": largest_dropout(self.model), "embeddings": embeddings_untied(self.model),
                 "frozen_zero": self.frozen.evidence(self.model),
                 "token_embedding_zero": self.zero_embedding.evidence(self.model),
-                "requires_grad_attributes": requires_grad_attributes(self.model)}
+                "requires_grad_attributes": requires_grad_attributes(self.model),
+                "autocast_stale": stale_autocast_casts(self.model)}

@@ -197,3 +197,43 @@ def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
         if device_type == "cpu":
             return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
         return torch.get_autocast_gpu_dtype() if device_type == "cuda" and torch.is_autocast_enabled() else None
+
+
+AUTOCAST_PROBED_ROWS = 64  # rows of one weight whose autocast copy is probed: a few thousand elements
+
+
+def stale_autocast_casts(model: nn.Module) -> Optional[dict]:
+    """Under an autocast context still open at the record, with its cast cache on: the share of the first
+    nn.Linear's (or HF Conv1D's) float32 weight rows whose low-precision copy, as that autocast serves it to a
+    matmul, differs from the weight's values now — a device scalar with the weight's name; None elsewhere.
+
+    Why it must be 0: autocast caches the cast of each leaf weight that requires a gradient until its outermost
+    context exits (torch.autocast's documentation), so within one forward every use of a weight shares one cast of
+    its current values. A context held across optimizer.step() serves the casts made before the step ever after:
+    the forward computes with the weights of the step the context opened at. The probe is an identity matmul
+    (exact: each output is 1·w + 0·…), so a fresh cast reproduces w's own rounding."""
+    found = _first_linear_weight(model)
+    if found is None:
+        return None
+    name, weight = found
+    dtype = _autocast_dtype(weight.device.type)
+    if dtype is None or dtype is torch.float32 or not torch.is_autocast_cache_enabled():
+        return None
+    rows = min(AUTOCAST_PROBED_ROWS, weight.shape[0])
+    with torch.no_grad():
+        served = torch.mm(torch.eye(rows, weight.shape[0], device=weight.device), weight)
+        fresh = weight[:rows].to(served.dtype)
+        finite = fresh.isfinite()
+        differing = ((served != fresh) & finite).sum() / finite.sum().clamp_min(1)
+    return {"name": name, "share": differing}
+
+
+def _first_linear_weight(model: nn.Module) -> Optional[tuple[str, torch.Tensor]]:
+    """The first float32 leaf weight, requiring a gradient and whole on this rank, of an nn.Linear or an HF Conv1D
+    (the modules whose matmuls autocast casts; an embedding's lookup it does not)."""
+    for name, module in model.named_modules():
+        weight = module.weight if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D" else None
+        if (isinstance(weight, torch.Tensor) and weight.dtype is torch.float32 and weight.requires_grad
+                and weight.is_leaf and weight.dim() == 2 and not is_shard(weight)):
+            return f"{name}.weight", weight
+    return None

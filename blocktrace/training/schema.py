@@ -205,6 +205,15 @@ def _embeddings(value: Any, field: str) -> Optional[dict]:
     return embeddings
 
 
+def _stale_casts(value: Any, field: str) -> Optional[dict]:
+    """The autocast copy of a weight against its values now (training/model_facts.stale_autocast_casts)."""
+    stale = _mapped(value, field, lambda item, name: item, optional=True)
+    if stale is not None:
+        stale["name"] = _text(stale.get("name"), f"{field}.name")
+        stale["share"] = number(stale.get("share"), f"{field}.share")
+    return stale
+
+
 def _between_steps(value: Any, field: str) -> Optional[dict]:
     """The weights between two optimizer steps (training/between.py): the first step found changed, or None."""
     found = _mapped(value, field, lambda item, name: item, optional=True)
@@ -282,7 +291,8 @@ def _embedding_rows(value: Any, field: str) -> Optional[dict]:
 # the loop's nested pieces, each read by its own function (the order of the record's keys is kept)
 _LOOP_PIECES: dict[str, Callable[[Any, str], Any]] = {
     "optimizer": _optimizer, "descent": _descent, "between_steps": _between_steps, "tempered": _tempered,
-    "row_weights": _row_weights, "unheld": _unheld, "embeddings": _embeddings, "embedding_rows": _embedding_rows}
+    "row_weights": _row_weights, "unheld": _unheld, "embeddings": _embeddings, "embedding_rows": _embedding_rows,
+    "autocast_stale": _stale_casts}
 
 
 def _probe(value: Any, field: str) -> dict:
