@@ -1304,3 +1304,127 @@ def test_an_autocast_opened_for_each_step_serves_fresh_casts(tmp_path, autocast)
     assert not _flagged(records, "autocast_casts_stale")
     stale = [r["loop"].get("autocast_stale") for r in records]
     assert all((s is None) != autocast and (s is None or s["share"] == 0) for s in stale)
+
+
+class _HandAdamW(torch.optim.Optimizer):
+    """A hand-written AdamW whose second moment is `update(v, g, beta2)` (in place), its denominator `denom(v, t)`."""
+
+    def __init__(self, params, update, denom, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.update, self.denom = update, denom
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                state["step"] += 1
+                m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                self.update(v, p.grad, beta2)
+                denom = self.denom(v, t, beta2, group["eps"])
+                p.addcdiv_(m, denom, value=-group["lr"] / (1 - beta1 ** t))
+
+
+def _ema(v, g, beta2):
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+
+
+def _out_of_place(v, t, beta2, eps):
+    return (v / (1 - beta2 ** t)).sqrt() + eps
+
+
+SECOND_MOMENT_FAULTS = [
+    # blind15's F08: the denominator built in place overwrites v with sqrt(v̂) + ε at every step
+    ("the denominator built in place", _ema, lambda v, t, beta2, eps: v.sqrt_().div_(math.sqrt(1 - beta2 ** t)).add_(eps)),
+    ("g averaged instead of g²", lambda v, g, beta2: v.mul_(beta2).add_(g, alpha=1 - beta2),
+     lambda v, t, beta2, eps: (v.abs() / (1 - beta2 ** t)).sqrt() + eps),
+]
+
+
+@pytest.mark.parametrize("name, update, denom", SECOND_MOMENT_FAULTS, ids=[f[0] for f in SECOND_MOMENT_FAULTS])
+def test_a_second_moment_that_is_no_average_of_squared_gradients_is_the_optimizer(tmp_path, name, update, denom):
+    """Seen in the fifteenth blind group (F08, calibration now): Adam's v is β2·v + (1 − β2)·g², between its last
+    value and the new square whatever β2 (from 0 at the first step); a hand-written one that leaves that range is not
+    Adam. The step after the first record is measured, and reported at the next record."""
+    torch.manual_seed(0)
+    model = NanoGPT()
+    records = _watched(tmp_path / "run.jsonl", model, _HandAdamW(model.parameters(), update, denom))
+    assert not _flagged(records[:1], "second_moment_not_an_average")  # no optimizer step measured yet
+    flagged = _flagged(records[1:], "second_moment_not_an_average")
+    assert flagged and flagged[0]["level"] == "error" and flagged[0]["cause"] == "optimizer", name
+    assert records[1]["loop"]["second_moment_outside"]["judged"] >= 100
+
+
+SECOND_MOMENT_HEALTHY = [
+    ("AdamW", lambda ps: torch.optim.AdamW(ps, lr=1e-3)),
+    ("Adam with an L2 decay (g + λw averaged)", lambda ps: torch.optim.Adam(ps, lr=1e-3, weight_decay=0.5)),
+    ("AMSGrad", lambda ps: torch.optim.AdamW(ps, lr=1e-3, amsgrad=True)),
+    ("NAdam", lambda ps: torch.optim.NAdam(ps, lr=1e-3)),
+    ("RAdam, decoupled", lambda ps: torch.optim.RAdam(ps, lr=1e-3, decoupled_weight_decay=True, weight_decay=0.1)),
+    ("Adam β2 0.5", lambda ps: torch.optim.Adam(ps, lr=1e-3, betas=(0.0, 0.5))),
+    ("Adam β2 0 (RMS of the last gradient)", lambda ps: torch.optim.Adam(ps, lr=1e-3, betas=(0.0, 0.0))),
+    ("maximize", lambda ps: torch.optim.Adam(ps, lr=1e-4, maximize=True)),
+    ("the hand-written AdamW as written", lambda ps: _HandAdamW(ps, _ema, _out_of_place)),
+    ("Adagrad (its sum has another name)", lambda ps: torch.optim.Adagrad(ps, lr=1e-2)),
+    ("HF Adafactor (factored matrices; its vectors' exp_avg_sq averages g² + ε1)", lambda ps: _adafactor(ps)),
+]
+
+
+def _adafactor(parameters):
+    from transformers.optimization import Adafactor
+
+    return Adafactor(parameters, lr=1e-3, relative_step=False, scale_parameter=False)
+
+
+@pytest.mark.parametrize("name, make", SECOND_MOMENT_HEALTHY, ids=[h[0] for h in SECOND_MOMENT_HEALTHY])
+def test_the_second_moments_of_published_adams_are_averages(tmp_path, name, make):
+    """The optimizer steps after the records at 0 (the state made from 0) and at 5 are measured."""
+    torch.manual_seed(0)
+    model = NanoGPT()
+    records = _watched(tmp_path / "run.jsonl", model, make(model.parameters()), steps=11)
+    assert not _flagged(records, "second_moment_not_an_average"), name
+    judged = [(r["loop"].get("second_moment_outside") or {}).get("judged") for r in records[1:]]
+    assert all(judged) or "Adagrad" in name, judged  # (Adagrad keeps no exp_avg_sq: nothing judged)
+
+
+def test_bfloat16_adam_state_stays_within_its_averages(tmp_path):
+    """Pure bfloat16 training (the parameters, so torch's Adam state, in bfloat16): the state's rounding is inside
+    the factor of two."""
+    torch.manual_seed(0)
+    model = NanoGPT().to(torch.bfloat16)
+    records = _watched(tmp_path / "run.jsonl", model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    outside = records[1]["loop"]["second_moment_outside"]
+    assert outside["judged"] >= 100 and outside["share"] < 0.01
+
+
+def test_the_share_outside_the_averages_against_a_naive_count():
+    """StepSample's share against a count element by element: a parameter of 10 000 elements (sampled with a stride
+    of 2), its v set to chosen values after the step."""
+    from blocktrace.training.stepping import StepSample
+
+    torch.manual_seed(0)
+    parameter = torch.nn.Parameter(torch.randn(100, 100))
+    parameter.grad = torch.randn(100, 100)
+    optimizer = torch.optim.SGD([parameter], lr=0.1)  # its groups; the state is written by hand
+    v_before = torch.rand(100, 100)
+    optimizer.state[parameter] = {"exp_avg_sq": v_before.clone()}
+    sample = StepSample(optimizer, first_step=False)
+    after = v_before * torch.where(torch.rand(100, 100) < 0.3, 5.0, 1.0)  # 30% pushed up 5×
+    after.view(-1)[7] = -1.0  # negative: below every average
+    optimizer.state[parameter]["exp_avg_sq"] = after
+    flat_v, flat_g, flat_after = v_before.view(-1), parameter.grad.view(-1), after.view(-1)
+    outside = judged = 0
+    for i in range(0, 10000, 2):
+        low, high = min(flat_v[i].item(), flat_g[i].item() ** 2), max(flat_v[i].item(), flat_g[i].item() ** 2)
+        judged += 1
+        outside += flat_after[i].item() > 2 * high or flat_after[i].item() < low / 2
+    measured = sample.second_moment_outside()
+    assert int(measured["judged"]) == judged
+    assert float(measured["share"]) == pytest.approx(outside / judged, abs=1e-12)

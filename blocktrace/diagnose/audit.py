@@ -629,6 +629,40 @@ def _first_moment_outgrew_gradients(history: Sequence[dict], entry: dict) -> lis
                         for record in recent), class_=_class(entry), ratio=ratios[-1]))]
 
 
+AVERAGE_SLACK = 2  # an average lies between its inputs; twice beyond them covers a 16-bit state's rounding
+SECOND_MOMENT_FLOOR = 1e-30  # an element whose last value and new squares are all below it is not judged
+# the share of judged elements outside every average: an average of g for g² leaves it wherever g < 0 (about half),
+# a state overwritten by its square root almost everywhere; a few elements are left to rounding not covered
+SECOND_MOMENT_OUTSIDE = 0.25
+SECOND_MOMENT_JUDGED = 100  # elements judged, at least
+
+
+@check(Scope.TRAINING, "second_moment_not_an_average",
+       f"in the optimizer step after a record, at least {SECOND_MOMENT_OUTSIDE:.0%} of the sampled elements of the "
+       f"optimizer's exp_avg_sq (of {SECOND_MOMENT_JUDGED} or more judged, where the state keeps one of the "
+       f"parameter's shape, from 0 at its first step) left the range between its last value v and the new squared gradient "
+       f"g² (or (g + λw)² with the group's decay λ): above {AVERAGE_SLACK:g} × the larger or below 1/"
+       f"{AVERAGE_SLACK:g} of the smaller",
+       "definition (Kingma & Ba 2015, Algorithm 1; torch.optim.Adam and AdamW, NAdam, RAdam, AMSGrad's v): "
+       "v ← β2·v + (1 − β2)·g², a convex combination of its last value and the new square for every β2 in [0, 1), "
+       "so each element lands between the two; the factor of two covers a 16-bit state's rounding",
+       "the second moment is not an exponential average of squared gradients: a hand-written Adam that "
+       "overwrites it in place while building the denominator (v.sqrt_()), or "
+       "averages g instead of g²; the update's scale is then no longer 1/√E[g²]", Cause.OPTIMIZER, direct=True,
+       advice=phrase("keep exp_avg_sq as β2·v + (1 − β2)·g² and build the denominator out of place "
+                     "(denom = (v / (1 − β2^t)).sqrt() + ε), or use torch.optim.AdamW"))
+def _second_moment_not_an_average(history: Sequence[dict], entry: dict) -> list[Finding]:
+    outside = (entry.get("loop") or {}).get("second_moment_outside") or {}
+    share, judged = _number(outside.get("share")), _number(outside.get("judged")) or 0
+    if share is None or share < SECOND_MOMENT_OUTSIDE or judged < SECOND_MOMENT_JUDGED:
+        return []
+    return [finding(Level.ERROR, None, None, share, phrase(
+        "in the optimizer step after the record at step {step}, {share:.0%} of {judged:g} sampled elements of "
+        "{class_}'s exp_avg_sq left the range between their last value and the new squared gradient: no average "
+        "of squared gradients does", step=(entry.get("loop") or {}).get("step_gradient_at", entry.get("step")),
+        share=share, judged=judged, class_=_class(entry)))]
+
+
 @check(Scope.TRAINING, "second_moment_lost",
        "as the optimizer step after a record begins, some element of the optimizer's state has exp_avg_sq exactly "
        f"0 while |exp_avg| > {FIRST_MOMENT_FLOOR:g}",

@@ -210,6 +210,15 @@ PHRASES_ZH = {
     "optimizer.step() outside it":
         "每一步的前向和损失各自打开一次 torch.autocast（`with torch.autocast(...): loss = model(x)`），并在其外调用 "
         "optimizer.step()",
+    "in the optimizer step after the record at step {step}, {share:.0%} of {judged:g} sampled elements of "
+    "{class_}'s exp_avg_sq left the range between their last value and the new squared gradient: no average of "
+    "squared gradients does":
+        "第 {step} 步记录之后的优化器步中，{class_} 的 exp_avg_sq 的 {judged} 个抽样元素里有 {share} 落在其上一次的值与新的梯度平方"
+        "之间的范围之外：任何梯度平方的平均都不会如此",
+    "keep exp_avg_sq as β2·v + (1 − β2)·g² and build the denominator out of place (denom = (v / (1 − β2^t)).sqrt() + "
+    "ε), or use torch.optim.AdamW":
+        "让 exp_avg_sq 保持为 β2·v + (1 − β2)·g²，并以非原地运算构造分母（denom = (v / (1 − β2^t)).sqrt() + ε），"
+        "或直接使用 torch.optim.AdamW",
     "{name} holds only zeros at step {step}: every token enters the model as the same vector":
         "{name} 在第 {step} 步全为 0：每个 token 进入模型时都是同一个向量",
     "draw the token embedding at random (N(0, 0.02) as GPT-2); zero-initialise only an untied output head":

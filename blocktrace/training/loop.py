@@ -410,7 +410,8 @@ class LoopObserver:
         try:
             self.stepped = {"update_moves": sample.moves(), "moments_lost": sample.moments_lost,
                             "update_step": sample.step, "update_unexplained": sample.memory(),
-                            "first_moment_ratio": sample.first_moment_ratio}
+                            "first_moment_ratio": sample.first_moment_ratio,
+                            "second_moment_outside": sample.second_moment_outside()}
         except Exception:  # never raise into the user's step: the record says nothing of it
             self.stepped = {}
 
@@ -457,6 +458,7 @@ class LoopObserver:
                 "update_moves": stepped.get("update_moves"), "moments_lost": stepped.get("moments_lost"),
                 "update_step": stepped.get("update_step"), "update_unexplained": stepped.get("update_unexplained"),
                 "first_moment_ratio": stepped.get("first_moment_ratio"),
+                "second_moment_outside": stepped.get("second_moment_outside"),
                 "between_steps": self.between.evidence() if self.between is not None else None,
                 "tempered": self.tempered if self.trained else None, **self._model_settings(),
                 "loss_scale": self.loss_scale(), "backward_factor": self.backward_factor,

@@ -214,6 +214,15 @@ def _stale_casts(value: Any, field: str) -> Optional[dict]:
     return stale
 
 
+def _second_moment_outside(value: Any, field: str) -> Optional[dict]:
+    """Adam's second moments against every average they may be (training/stepping.StepSample)."""
+    outside = _mapped(value, field, lambda item, name: item, optional=True)
+    if outside is not None:
+        outside["share"] = number(outside.get("share"), f"{field}.share")
+        outside["judged"] = _index(outside.get("judged"), f"{field}.judged")
+    return outside
+
+
 def _between_steps(value: Any, field: str) -> Optional[dict]:
     """The weights between two optimizer steps (training/between.py): the first step found changed, or None."""
     found = _mapped(value, field, lambda item, name: item, optional=True)
@@ -292,7 +301,7 @@ def _embedding_rows(value: Any, field: str) -> Optional[dict]:
 _LOOP_PIECES: dict[str, Callable[[Any, str], Any]] = {
     "optimizer": _optimizer, "descent": _descent, "between_steps": _between_steps, "tempered": _tempered,
     "row_weights": _row_weights, "unheld": _unheld, "embeddings": _embeddings, "embedding_rows": _embedding_rows,
-    "autocast_stale": _stale_casts}
+    "autocast_stale": _stale_casts, "second_moment_outside": _second_moment_outside}
 
 
 def _probe(value: Any, field: str) -> dict:

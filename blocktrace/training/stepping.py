@@ -15,6 +15,11 @@ Four facts the optimizer's own definition fixes, whatever the model, the data or
 - **A first moment is an average of gradients.** Adam's and Lion's exp_avg is (1 − β1)·Σ β1^(t−s)·g_s, weights
   summing to below 1, so its size is at most the largest gradient's within its memory: its RMS over the current
   gradients' is measured as the step begins.
+- **A second moment is an average of squared gradients.** Adam's exp_avg_sq becomes β2·v + (1 − β2)·g² (g + λw
+  with an L2 decay): a convex combination of its last value and the new square, for any β2 in [0, 1), so each
+  element lands between the two. Sampled (strided) as the step begins and read again after it; an element more
+  than twice above the larger or below half the smaller is outside every average (the slack covers a 16-bit
+  state's rounding).
 - **A momentum carries earlier gradients.** For a group with a momentum above 0, the gradient is sampled at the same
   elements as the step begins; the share of the update Δw that no a·g + b·w explains (beyond the rounding) is near 1
   for a velocity kept across steps and 0 for one re-made from the current gradient at each step.
@@ -29,8 +34,9 @@ from typing import Optional
 
 import torch
 
-from blocktrace.diagnose.audit import FIRST_MOMENT_FLOOR
+from blocktrace.diagnose.audit import AVERAGE_SLACK, FIRST_MOMENT_FLOOR, SECOND_MOMENT_FLOOR
 from blocktrace.diagnose.weights import squared_norm
+from blocktrace.training.distributed import is_shard
 
 SAMPLED = 4096  # elements of each tensor sampled (strided) for its move: enough for a fault that spans a tensor
 
@@ -41,6 +47,15 @@ class _Sampled:
     stride: int
     before: torch.Tensor
     grad: Optional[torch.Tensor] = None  # the gradient at the same elements, where the group has a momentum
+
+
+@dataclass
+class _SecondMoment:
+    """One parameter's second moment sampled as the step begins, with the squares the step may average into it."""
+    parameter: torch.Tensor
+    stride: int
+    before: torch.Tensor  # v at the sampled elements (0 where the state has none yet), float64
+    squares: torch.Tensor  # [2, n]: g², and (g + λw)² (λ the group's decay; g² again without one), float64
 
 
 @dataclass
@@ -71,6 +86,7 @@ class StepSample:
         self.moments_lost = moments_lost(optimizer)
         self.first_moment_ratio = first_moment_over_gradient(optimizer)
         self.step = _step_about_to_run(optimizer, first_step)
+        self.state, self.second_moments = optimizer.state, _second_moments(optimizer)
         # a velocity exists only where the optimizer held state before this step (torch's SGD sets it to g at its
         # first step: that update is memoryless by definition)
         carried = not first_step and bool(optimizer.state)
@@ -109,6 +125,60 @@ class StepSample:
         of ‖Δw‖. A momentum carries earlier gradients into the update, so only a velocity re-made from the
         current gradient at each step leaves nothing unexplained."""
         return [None if group is None or group.momentum <= 0 else _unexplained(group) for group in self.groups]
+
+
+    @torch.no_grad()
+    def second_moment_outside(self) -> Optional[dict]:
+        """As the step has ended: the share of the judged sampled elements whose exp_avg_sq is outside every average
+        of its last value and the new square, and how many were judged — device scalars; None where none was
+        sampled."""
+        outside, judged = [], []
+        for sampled in self.second_moments:
+            after = _state_tensor(self.state.get(sampled.parameter), sampled.parameter)
+            if after is None:
+                continue
+            slack = 2 * torch.finfo(after.dtype).smallest_normal  # a 16-bit state's values flushed to 0
+            after = after.detach().reshape(-1)[:: sampled.stride].double().to(sampled.before.device)
+            hull = torch.cat([sampled.before[None], sampled.squares])
+            low, high = hull.amin(0), hull.amax(0)
+            counted = high > SECOND_MOMENT_FLOOR
+            beyond = (after > AVERAGE_SLACK * high + slack) | (after < low / AVERAGE_SLACK - slack) | after.isnan()
+            outside.append((beyond & counted).sum().to(outside[0].device if outside else beyond.device))
+            judged.append(counted.sum().to(outside[0].device))
+        if not judged:
+            return None
+        outside, judged = torch.stack(outside).sum(), torch.stack(judged).sum()
+        return {"share": outside.double() / judged.clamp_min(1), "judged": judged}
+
+
+def _state_tensor(state, parameter: torch.Tensor) -> Optional[torch.Tensor]:
+    """The optimizer state's exp_avg_sq for this parameter where it is a plain floating tensor of its shape."""
+    second = state.get("exp_avg_sq") if isinstance(state, dict) else None
+    if type(second) is not torch.Tensor or second.shape != parameter.shape or not second.is_floating_point():
+        return None  # a factored (Adafactor), projected (GaLore), quantised or sharded state: not this average
+    return second
+
+
+def _second_moments(optimizer) -> list[_SecondMoment]:
+    """Every parameter with a gradient whose optimizer state keeps an exp_avg_sq of its shape, or keeps nothing yet
+    (its first step: v starts at 0, as Adam's definition has it), sampled where `_sample` samples its weights; a
+    state of another kind is not judged."""
+    sampled = []
+    for group in optimizer.param_groups:
+        decay = _number(group.get("weight_decay")) or 0.0
+        for parameter in group["params"]:
+            grad, state = parameter.grad, optimizer.state.get(parameter)
+            second = _state_tensor(state, parameter)
+            if (second is None and state) or type(grad) is not torch.Tensor or grad.is_sparse \
+                    or not parameter.is_floating_point() or is_shard(parameter):
+                continue
+            stride = max(1, parameter.numel() // SAMPLED)
+            g = grad.detach().reshape(-1)[::stride].double()
+            w = parameter.detach().reshape(-1)[::stride].double().to(g.device)
+            before = torch.zeros_like(g) if second is None else second.detach().reshape(-1)[::stride].double()
+            sampled.append(_SecondMoment(parameter, stride, before.to(g.device),
+                                         torch.stack([g * g, (g + decay * w) ** 2])))
+    return sampled
 
 
 MEMORY_ROUNDING = 0.01  # judged only where 4 × the weights' rounding is below this share of the update
