@@ -177,50 +177,33 @@ def _row_weights(value: Any, field: str) -> Optional[dict]:
     return weights
 
 
-def _unheld(value: Any, field: str) -> Optional[dict]:
-    """The parameters with a gradient that no optimizer holds (training/unheld.py)."""
-    unheld = _mapped(value, field, lambda item, name: item, optional=True)
-    if unheld is not None:
-        for key in ("unheld", "partial_blocks"):
-            unheld[key] = _index(unheld.get(key), f"{field}.{key}")
-        unheld["unheld_names"] = _listed(unheld.get("unheld_names", []), f"{field}.unheld_names", _text)
-    return unheld
+def _piece(optional: bool = True, **readers: Callable[[Any, str], Any]) -> Callable[[Any, str], Optional[dict]]:
+    """The reader of a mapping whose named keys each pass their own reader (the others kept as they are): one
+    piece of a record, null where `optional`."""
+    def read(value: Any, field: str) -> Optional[dict]:
+        found = _mapped(value, field, lambda item, name: item, optional=optional)
+        if found is not None:
+            for key, reader in readers.items():
+                found[key] = reader(found.get(key), f"{field}.{key}")
+        return found
+    return read
 
 
-def _requires_grad_attribute(value: Any, field: str) -> dict:
-    """A module's own requires_grad attribute and the parameters that contradict it (model_facts)."""
-    found = _mapped(value, field, lambda item, name: item)
-    found["module"] = _text(found.get("module"), f"{field}.module", optional=False)
-    found["value"] = _boolean(found.get("value"), f"{field}.value")
-    for key in ("differing", "parameters"):
-        found[key] = _index(found.get(key), f"{field}.{key}")
-    return found
+def _names(value: Any, field: str) -> list:
+    return _listed([] if value is None else value, field, _text)
 
 
-def _embeddings(value: Any, field: str) -> Optional[dict]:
-    """Whether a tied head is one tensor with the embedding (training/model_facts.embeddings_untied)."""
-    embeddings = _mapped(value, field, lambda item, name: item, optional=True)
-    if embeddings is not None:
-        embeddings["tied"] = _boolean(embeddings.get("tied"), f"{field}.tied")
-    return embeddings
-
-
-def _stale_casts(value: Any, field: str) -> Optional[dict]:
-    """The autocast copy of a weight against its values now (training/model_facts.stale_autocast_casts)."""
-    stale = _mapped(value, field, lambda item, name: item, optional=True)
-    if stale is not None:
-        stale["name"] = _text(stale.get("name"), f"{field}.name")
-        stale["share"] = number(stale.get("share"), f"{field}.share")
-    return stale
-
-
-def _second_moment_outside(value: Any, field: str) -> Optional[dict]:
-    """Adam's second moments against every average they may be (training/stepping.StepSample)."""
-    outside = _mapped(value, field, lambda item, name: item, optional=True)
-    if outside is not None:
-        outside["share"] = number(outside.get("share"), f"{field}.share")
-        outside["judged"] = _index(outside.get("judged"), f"{field}.judged")
-    return outside
+# the parameters with a gradient that no optimizer holds (training/unheld.py)
+_unheld = _piece(unheld=_index, partial_blocks=_index, unheld_names=_names)
+# a module's own requires_grad attribute and the parameters that contradict it (model_facts)
+_requires_grad_attribute = _piece(False, module=lambda value, field: _text(value, field, optional=False),
+                                  value=_boolean, differing=_index, parameters=_index)
+# whether a tied head is one tensor with the embedding (training/model_facts.embeddings_untied)
+_embeddings = _piece(tied=_boolean)
+# the autocast copy of a weight against its values now (training/model_facts.stale_autocast_casts)
+_stale_casts = _piece(name=_text, share=number)
+# Adam's second moments against every average they may be (training/stepping.StepSample)
+_second_moment_outside = _piece(share=number, judged=_index)
 
 
 def _between_steps(value: Any, field: str) -> Optional[dict]:
