@@ -160,12 +160,18 @@ class AttentionAccumulator:
         }
         if self.map is not None:
             merged["map"] = self.map
-        if self.kept:
-            full = torch.cat(self.kept, dim=-2)
-            merged["tensor"] = full if self.keep_tensors else None
-            if t <= PREVIEW_MAX_TOKENS:
-                merged["preview"] = full.reshape(-1, *full.shape[-3:])[0]
-        return merged
+        return {**merged, **self._kept_weights(t)}
+
+    def _kept_weights(self, t: int) -> dict:
+        """The whole weights kept chunk by chunk: the tensor where asked for, the preview's first map where T is
+        small enough to show."""
+        if not self.kept:
+            return {}
+        full = torch.cat(self.kept, dim=-2)
+        kept = {"tensor": full if self.keep_tensors else None}
+        if t <= PREVIEW_MAX_TOKENS:
+            kept["preview"] = full.reshape(-1, *full.shape[-3:])[0]
+        return kept
 
 
 class Recorder:

@@ -44,11 +44,15 @@ def routing_moments(logits: torch.Tensor, probs: torch.Tensor, chosen: torch.Ten
     entropy = (-(probs * torch.log(probs.clamp_min(torch.finfo(torch.float32).tiny))).sum(-1) * real).sum() * per_token
     z_loss = (torch.logsumexp(logits, dim=-1).pow(2) * real).sum() * per_token  # ST-MoE (Zoph et al. 2022)
     largest = (logits.abs().amax(-1) * real).amax() if probs.shape[0] else logits.new_zeros(())
-    ordered = chosen.sort(dim=-1).values
-    twice = (ordered[:, 1:] == ordered[:, :-1]).any(-1).float() if k > 1 else torch.zeros_like(real)
-    head = torch.stack([tokens, entropy, balance, z_loss, largest,
-                        torch.full((), float(shown), device=probs.device), (twice * real).sum() * per_token])
+    head = torch.stack([tokens, entropy, balance, z_loss, largest, torch.full((), float(shown), device=probs.device),
+                        (_repeats(chosen) * real).sum() * per_token])
     return torch.cat([head, slots.sum(0), importance, chosen_first.to(head.dtype)]).double()
+
+
+def _repeats(chosen: torch.Tensor) -> torch.Tensor:
+    """[tokens]: 1 where a token's k slots ([tokens, k]) name one expert twice (sorted, neighbours equal), else 0."""
+    ordered = chosen.sort(dim=-1).values
+    return (ordered[:, 1:] == ordered[:, :-1]).any(-1).float()
 
 
 @dataclass(frozen=True)
