@@ -1342,7 +1342,8 @@ def _out_of_place(v, t, beta2, eps):
 
 SECOND_MOMENT_FAULTS = [
     # blind15's F08: the denominator built in place overwrites v with sqrt(v̂) + ε at every step
-    ("the denominator built in place", _ema, lambda v, t, beta2, eps: v.sqrt_().div_(math.sqrt(1 - beta2 ** t)).add_(eps)),
+    ("the denominator built in place", _ema,
+     lambda v, t, beta2, eps: v.sqrt_().div_(math.sqrt(1 - beta2 ** t)).add_(eps)),
     ("g averaged instead of g²", lambda v, g, beta2: v.mul_(beta2).add_(g, alpha=1 - beta2),
      lambda v, t, beta2, eps: (v.abs() / (1 - beta2 ** t)).sqrt() + eps),
 ]

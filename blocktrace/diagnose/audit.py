@@ -640,8 +640,8 @@ SECOND_MOMENT_JUDGED = 100  # elements judged, at least
 @check(Scope.TRAINING, "second_moment_not_an_average",
        f"in the optimizer step after a record, at least {SECOND_MOMENT_OUTSIDE:.0%} of the sampled elements of the "
        f"optimizer's exp_avg_sq (of {SECOND_MOMENT_JUDGED} or more judged, where the state keeps one of the "
-       f"parameter's shape, from 0 at its first step) left the range between its last value v and the new squared gradient "
-       f"g² (or (g + λw)² with the group's decay λ): above {AVERAGE_SLACK:g} × the larger or below 1/"
+       f"parameter's shape, from 0 at its first step) left the range between its last value v and the new "
+       f"squared gradient g² (or (g + λw)² with the group's decay λ): above {AVERAGE_SLACK:g} × the larger or below 1/"
        f"{AVERAGE_SLACK:g} of the smaller",
        "definition (Kingma & Ba 2015, Algorithm 1; torch.optim.Adam and AdamW, NAdam, RAdam, AMSGrad's v): "
        "v ← β2·v + (1 − β2)·g², a convex combination of its last value and the new square for every β2 in [0, 1), "

@@ -72,9 +72,14 @@ def _number(value) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _stride(parameter: torch.Tensor) -> int:
+    """The step between sampled elements of a tensor: SAMPLED of them, or every one of a smaller tensor."""
+    return max(1, parameter.numel() // SAMPLED)
+
+
 def _sample(parameter: torch.Tensor, with_grad: bool = False) -> _Sampled:
     flat = parameter.detach().reshape(-1)
-    stride = max(1, flat.numel() // SAMPLED)
+    stride = _stride(flat)
     grad = parameter.grad.detach().reshape(-1)[::stride].clone() if with_grad else None
     return _Sampled(parameter, stride, flat[::stride].clone(), grad)
 
@@ -126,13 +131,14 @@ class StepSample:
         current gradient at each step leaves nothing unexplained."""
         return [None if group is None or group.momentum <= 0 else _unexplained(group) for group in self.groups]
 
-
     @torch.no_grad()
     def second_moment_outside(self) -> Optional[dict]:
         """As the step has ended: the share of the judged sampled elements whose exp_avg_sq is outside every average
         of its last value and the new square, and how many were judged — device scalars; None where none was
         sampled."""
-        outside, judged = [], []
+        if not self.second_moments:
+            return None
+        device, outside, judged = self.second_moments[0].before.device, [], []
         for sampled in self.second_moments:
             after = _state_tensor(self.state.get(sampled.parameter), sampled.parameter)
             if after is None:
@@ -143,8 +149,8 @@ class StepSample:
             low, high = hull.amin(0), hull.amax(0)
             counted = high > SECOND_MOMENT_FLOOR
             beyond = (after > AVERAGE_SLACK * high + slack) | (after < low / AVERAGE_SLACK - slack) | after.isnan()
-            outside.append((beyond & counted).sum().to(outside[0].device if outside else beyond.device))
-            judged.append(counted.sum().to(outside[0].device))
+            outside.append((beyond & counted).sum().to(device))
+            judged.append(counted.sum().to(device))
         if not judged:
             return None
         outside, judged = torch.stack(outside).sum(), torch.stack(judged).sum()
@@ -172,7 +178,7 @@ def _second_moments(optimizer) -> list[_SecondMoment]:
             if (second is None and state) or type(grad) is not torch.Tensor or grad.is_sparse \
                     or not parameter.is_floating_point() or is_shard(parameter):
                 continue
-            stride = max(1, parameter.numel() // SAMPLED)
+            stride = _stride(parameter)
             g = grad.detach().reshape(-1)[::stride].double()
             w = parameter.detach().reshape(-1)[::stride].double().to(g.device)
             before = torch.zeros_like(g) if second is None else second.detach().reshape(-1)[::stride].double()
