@@ -205,7 +205,7 @@ PHRASES_ZH = {
         "调用 module.requires_grad_(flag)（以 _ 结尾的方法），然后再构造优化器",
     "under the autocast open at step {step}, {share:.1%} of {name}'s low-precision copy differs from the weight now: "
     "the forward computes with casts made before later optimizer steps":
-        "第 {step} 步时仍处于打开的 autocast 中，{name} 的低精度副本有 {share} 与当前权重不同：前向计算用的仍是之后几次优化器步之前缓存的权重转换",
+        "第 {step} 步时仍处于打开的 autocast 中，{name} 的低精度副本有 {share} 与当前权重不同：前向计算用的仍是之后几次优化器步之前保存的权重转换",
     "open torch.autocast anew for each step's forward and loss (`with torch.autocast(...): loss = model(x)`), and call "
     "optimizer.step() outside it":
         "每一步的前向和损失各自打开一次 torch.autocast（`with torch.autocast(...): loss = model(x)`），并在其外调用 "
@@ -213,11 +213,11 @@ PHRASES_ZH = {
     "in the optimizer step after the record at step {step}, {share:.0%} of {judged:g} sampled elements of "
     "{class_}'s exp_avg_sq left the range between their last value and the new squared gradient: no average of "
     "squared gradients does":
-        "第 {step} 步记录之后的优化器步中，{class_} 的 exp_avg_sq 的 {judged} 个抽样元素里有 {share} 落在其上一次的值与新的梯度平方"
+        "第 {step} 步记录之后的优化器步中，{class_} 的 exp_avg_sq 的 {judged} 个取样元素里有 {share} 落在其上一次的值与新的梯度平方"
         "之间的范围之外：任何梯度平方的平均都不会如此",
     "keep exp_avg_sq as β2·v + (1 − β2)·g² and build the denominator out of place (denom = (v / (1 − β2^t)).sqrt() + "
     "ε), or use torch.optim.AdamW":
-        "让 exp_avg_sq 保持为 β2·v + (1 − β2)·g²，并以非原地运算构造分母（denom = (v / (1 − β2^t)).sqrt() + ε），"
+        "让 exp_avg_sq 保持为 β2·v + (1 − β2)·g²，并以非原地运算构造除数（denom = (v / (1 − β2^t)).sqrt() + ε），"
         "或直接使用 torch.optim.AdamW",
     "{name} holds only zeros at step {step}: every token enters the model as the same vector":
         "{name} 在第 {step} 步全为 0：每个 token 进入模型时都是同一个向量",
