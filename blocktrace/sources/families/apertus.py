@@ -19,8 +19,8 @@ DEFAULT_ROPE = {"rope_type": "llama3", "rope_theta": 12_000_000.0, "factor": 8.0
 
 
 class Apertus(Llama):
-    name, described, model_types = "apertus", "apertus (Llama keys, QK-norm, xIELU MLP)", ("apertus",)
-    hf_classes = ("ApertusDecoderLayer",)
+    # Llama keys, QK-norm, xIELU MLP
+    name, hf_classes = "apertus", ("ApertusDecoderLayer",)
     hf_layer = HFLayer(APERTUS_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
     defaults = {"rms_norm_eps": 1e-5, "hidden_act": "xielu"}  # ApertusConfig's
     marker = "attention_layernorm.weight"

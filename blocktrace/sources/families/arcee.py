@@ -11,8 +11,8 @@ from blocktrace.vocab import FFNKind, Norm
 
 
 class Arcee(Llama):
-    name, described, model_types = "arcee", "arcee (Llama keys, ungated ReLU² MLP)", ("arcee",)
-    hf_classes = ("ArceeDecoderLayer",)
+    # Llama keys, ungated ReLU² MLP
+    name, hf_classes = "arcee", ("ArceeDecoderLayer",)
     defaults = {"rms_norm_eps": 1e-5, "hidden_act": "relu2"}  # ArceeConfig's
     activations = UNGATED_ACTIVATIONS  # ArceeMLP applies any of HF's activations between its two matrices
 

@@ -115,8 +115,8 @@ class Family:
     """One checkpoint family; subclasses set the class attributes and the mapping."""
 
     name: str
-    described: str  # for the list of supported layouts
-    model_types: tuple[str, ...]  # config.json model_type values this family reads
+    described: str  # for the list of supported layouts: only the families told apart by their keys, and nanoGPT
+    model_types: tuple[str, ...]  # config.json model_type values this family reads: its name unless it says others
     layers_path: str  # e.g. "h" for GPT-2: keys are {prefix}{layers_path}.{k}.{...}
     marker: str  # a key inside every layer, used to detect the layout from the keys alone
     prefixes: tuple[str, ...]
@@ -132,6 +132,11 @@ class Family:
     hf_classes: tuple[str, ...] = ()  # the class names of HF's decoder layer for this family
     hf_layer: Optional[HFLayer] = None  # how that layer names its steps
     hf_layers: dict = {}  # class name → its HFLayer, where the family's layers are of several classes (OLMo-Hybrid)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "name" in vars(cls) and "model_types" not in vars(cls):
+            cls.model_types = (cls.name,)
 
     @property
     def pattern(self) -> re.Pattern:

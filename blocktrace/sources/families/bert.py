@@ -24,7 +24,7 @@ from blocktrace.wiring import POST
 
 
 class BERT(Family):
-    name, described, model_types = "bert", "bert (encoder.layer.{k}.*, optionally bert.)", ("bert",)
+    name, described = "bert", "bert (encoder.layer.{k}.*, optionally bert.)"
     hf_classes = ("BertLayer",)
     hf_layer = HFLayer({"attn": "attention.output.dense", "norm1": "attention.output.LayerNorm",
                         "ffn": "output.dense", "norm2": "output.LayerNorm"}, POST,  # output.dense: W2, after W1 + GELU

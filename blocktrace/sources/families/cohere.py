@@ -24,8 +24,8 @@ COHERE_STEPS = {"norm1": "input_layernorm", "attn": "self_attn", "ffn": "mlp"}
 
 
 class Cohere(Llama):
-    name, described, model_types = "cohere", "cohere (Llama keys, parallel block under one LayerNorm)", ("cohere",)
-    hf_classes = ("CohereDecoderLayer",)
+    # Llama keys, parallel block under one LayerNorm
+    name, hf_classes = "cohere", ("CohereDecoderLayer",)
     hf_layer = HFLayer(COHERE_STEPS, PARALLEL_ONE_NORM, Norm.LAYERNORM, hidden="mlp.act_fn")
     defaults = {"layer_norm_eps": 1e-5, "hidden_act": "silu", "logit_scale": 0.0625, "rope_theta": 500_000.0}
     config_keys = {**Llama.config_keys, "eps": "layer_norm_eps"}
@@ -69,9 +69,8 @@ class Cohere(Llama):
 
 
 class Cohere2(Cohere):
-    name, described, model_types = "cohere2", "cohere2 (Cohere's block, sliding layers, NoPE global layers)", \
-        ("cohere2",)
-    hf_classes = ("Cohere2DecoderLayer",)
+    # Cohere's block, sliding layers, NoPE global layers
+    name, hf_classes = "cohere2", ("Cohere2DecoderLayer",)
     defaults = {**Cohere.defaults, "rope_theta": 10_000.0, "sliding_window": 4096, "sliding_window_pattern": 4}
 
     def head_size(self, config):

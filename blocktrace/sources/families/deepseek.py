@@ -33,9 +33,8 @@ LATENT_EPS = 1e-6  # HF builds q_a_layernorm and kv_a_layernorm with DeepseekV2/
 class DeepSeekV3(MixtureFamily, Llama):
     choice_bias_key = "mlp.gate.e_score_correction_bias"  # where the file keeps the router's choice bias
     routed_key, shared_key = "n_routed_experts", "n_shared_experts"  # the config's names of the experts' counts
-    name, described, model_types = "deepseek_v3", "deepseek_v3 (latent attention, grouped sigmoid router)", \
-        ("deepseek_v3",)
-    hf_classes = ("DeepseekV3DecoderLayer",)
+    # latent attention, grouped sigmoid router
+    name, hf_classes = "deepseek_v3", ("DeepseekV3DecoderLayer",)
     hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, router="mlp.gate", router_kind=RouterKind.SIGMOID_GROUPED)
     defaults = {"rms_norm_eps": 1e-6, "hidden_act": "silu", "n_routed_experts": 256, "n_shared_experts": 1,
                 "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "intermediate_size": 18432,
@@ -162,9 +161,8 @@ class DeepSeekV3(MixtureFamily, Llama):
 
 
 class DeepSeekV2(DeepSeekV3):
-    name, described, model_types = "deepseek_v2", "deepseek_v2 (latent attention, grouped softmax router)", \
-        ("deepseek_v2",)
-    hf_classes = ("DeepseekV2DecoderLayer",)
+    # latent attention, grouped softmax router
+    name, hf_classes = "deepseek_v2", ("DeepseekV2DecoderLayer",)
     hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, router="mlp.gate", router_kind=RouterKind.SOFTMAX_GROUPED)
     defaults = {"rms_norm_eps": 1e-6, "hidden_act": "silu", "n_routed_experts": 64, "n_shared_experts": 2,
                 "moe_intermediate_size": 1407, "intermediate_size": 11008, "first_k_dense_replace": 0,

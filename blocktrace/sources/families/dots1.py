@@ -15,8 +15,8 @@ EXPERTS_WITHOUT_DEFAULT = ("n_routed_experts", "num_experts_per_tok", "n_shared_
 
 
 class Dots1(Glm4Moe):
-    name, described, model_types = "dots1", "dots1 (Qwen3's attention, DeepSeek-V3's experts)", ("dots1",)
-    hf_classes = ("Dots1DecoderLayer",)
+    # Qwen3's attention, DeepSeek-V3's experts
+    name, hf_classes = "dots1", ("Dots1DecoderLayer",)
     defaults = {"rms_norm_eps": 1e-6, "hidden_act": "silu", "moe_intermediate_size": 1408, "intermediate_size": 10944,
                 "first_k_dense_replace": 0, "n_group": 1, "topk_group": 1, "norm_topk_prob": False,
                 "routed_scaling_factor": 1.0, "attention_bias": False, "sliding_window": 4096,

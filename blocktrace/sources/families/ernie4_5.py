@@ -10,8 +10,8 @@ from blocktrace.sources.families.llama import Llama
 
 
 class Ernie4_5(Llama):
-    name, described, model_types = "ernie4_5", "ernie4_5 (Llama keys, interleaved RoPE)", ("ernie4_5",)
-    hf_classes = ("Ernie4_5DecoderLayer",)
+    # Llama keys, interleaved RoPE
+    name, hf_classes = "ernie4_5", ("Ernie4_5DecoderLayer",)
     defaults = {**Llama.defaults, "rms_norm_eps": 1e-5, "head_dim": 128, "use_bias": False}
     tie_default = True
 

@@ -18,9 +18,8 @@ from blocktrace.vocab import FFNKind, Norm, RouterKind
 
 
 class Ernie4_5Moe(Ernie4_5):
-    name, described, model_types = "ernie4_5_moe", "ernie4_5_moe (interleaved RoPE, experts chosen with a bias)", \
-        ("ernie4_5_moe",)
-    hf_classes = ("Ernie4_5_MoeDecoderLayer",)
+    # interleaved RoPE, experts chosen with a bias
+    name, hf_classes = "ernie4_5_moe", ("Ernie4_5_MoeDecoderLayer",)
     hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, router="mlp.gate")
     # Ernie4_5_MoeConfig's defaults; it has no head_dim (d / heads without one) and its moe_layer_end_index −1 or
     # absent is the last layer

@@ -13,9 +13,8 @@ from blocktrace.vocab import Placement
 
 
 class Exaone4(OLMo2):
-    name, described, model_types = "exaone4", "exaone4 (reordered norms, per-head QK-norm, NoPE global layers)", \
-        ("exaone4",)
-    hf_classes = ("Exaone4DecoderLayer",)
+    # reordered norms, per-head QK-norm, NoPE global layers
+    name, hf_classes = "exaone4", ("Exaone4DecoderLayer",)
     defaults = {**OLMo2.defaults, "sliding_window": 4096, "sliding_window_pattern": 4}
 
     def config_fields(self, config):

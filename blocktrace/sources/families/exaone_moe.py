@@ -16,9 +16,8 @@ MLP_KINDS = ("dense", "sparse")
 
 
 class ExaoneMoe(Glm4Moe):
-    name, described, model_types = "exaone_moe", "exaone_moe (EXAONE-4's attention, DeepSeek-V3's experts)", \
-        ("exaone_moe",)
-    hf_classes = ("ExaoneMoeDecoderLayer",)
+    # EXAONE-4's attention, DeepSeek-V3's experts
+    name, hf_classes = "exaone_moe", ("ExaoneMoeDecoderLayer",)
     choice_bias_key = "mlp.e_score_correction_bias"
     routed_key, shared_key = "num_experts", "num_shared_experts"
     config_keys = {**Glm4Moe.config_keys, "n_experts": "num_experts"}  # errors say the file's own key

@@ -23,8 +23,8 @@ GATE_ACTIVATIONS = {"gelu_pytorch_tanh": FFNKind.GEGLU, "gelu_new": FFNKind.GEGL
 
 
 class Gemma(Llama):
-    name, described, model_types = "gemma", "gemma (Llama keys, (1+w) RMSNorm, GeGLU)", ("gemma",)
-    hf_classes = ("GemmaDecoderLayer",)
+    # Llama keys, (1+w) RMSNorm, GeGLU
+    name, hf_classes = "gemma", ("GemmaDecoderLayer",)
     activations = GATE_ACTIVATIONS
     defaults = {**Llama.defaults, "hidden_act": "gelu_pytorch_tanh"}
     tie_default = True
@@ -54,8 +54,8 @@ GEMMA2_GATE_ACTIVATIONS = {**GATE_ACTIVATIONS, "gelu": FFNKind.GEGLU_EXACT}
 
 
 class Gemma2(Gemma):
-    name, described, model_types = "gemma2", "gemma2 (Llama keys, four norms per layer)", ("gemma2",)
-    hf_classes = ("Gemma2DecoderLayer",)
+    # Llama keys, four norms per layer
+    name, hf_classes = "gemma2", ("Gemma2DecoderLayer",)
     hf_layer = HFLayer({"norm1": "input_layernorm", "attn": "self_attn", "post_attn_norm": "post_attention_layernorm",
                         "norm2": "pre_feedforward_layernorm", "ffn": "mlp",
                         "post_ffn_norm": "post_feedforward_layernorm"}, SANDWICH, Norm.RMSNORM, hidden="mlp.act_fn")
@@ -103,9 +103,9 @@ class Gemma3(Gemma2):
     rope_local_base_freq (10k) unscaled, the global ones at rope_theta (1M) with the file's
     scaling. Five sliding layers to one global by default (sliding_window_pattern 6)."""
 
-    name, described, model_types = "gemma3", "gemma3 (text; Gemma-2's keys, QK-norm, RoPE per layer type)", \
-        ("gemma3_text",)
-    hf_classes = ("Gemma3DecoderLayer",)
+    # text; Gemma-2's keys, QK-norm, RoPE per layer type
+    name, hf_classes = "gemma3", ("Gemma3DecoderLayer",)
+    model_types = ("gemma3_text",)
     defaults = {**Gemma2.defaults, "attn_logit_softcapping": None, "final_logit_softcapping": None,
                 "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "sliding_window_pattern": 6}
 

@@ -18,8 +18,8 @@ GLM4_STEPS = {"norm1": "input_layernorm", "attn": "self_attn", "post_attn_norm":
 
 
 class Glm4(Llama):
-    name, described, model_types = "glm4", "glm4 (four norms per layer, fused gate_up_proj)", ("glm4",)
-    hf_classes = ("Glm4DecoderLayer",)
+    # four norms per layer, fused gate_up_proj
+    name, hf_classes = "glm4", ("Glm4DecoderLayer",)
     hf_layer = HFLayer(GLM4_STEPS, SANDWICH, Norm.RMSNORM, hidden="mlp.activation_fn")
     defaults = {"rms_norm_eps": 1.5625e-07, "hidden_act": "silu", "head_dim": 128, "attention_bias": True}
     mlp = staticmethod(Phi3.mlp)

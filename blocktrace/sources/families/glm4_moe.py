@@ -14,9 +14,8 @@ from blocktrace.vocab import Norm
 
 
 class Glm4Moe(DeepSeekV3):
-    name, described, model_types = "glm4_moe", "glm4_moe (grouped-query attention, DeepSeek-V3's experts)", \
-        ("glm4_moe",)
-    hf_classes = ("Glm4MoeDecoderLayer",)
+    # grouped-query attention, DeepSeek-V3's experts
+    name, hf_classes = "glm4_moe", ("Glm4MoeDecoderLayer",)
     defaults = {"rms_norm_eps": 1e-5, "hidden_act": "silu", "n_routed_experts": 128, "n_shared_experts": 1,
                 "num_experts_per_tok": 8, "moe_intermediate_size": 1408, "intermediate_size": 10944,
                 "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,

@@ -27,7 +27,7 @@ GPT2_STEPS = {"norm1": "ln_1", "attn": "attn", "norm2": "ln_2", "ffn": "mlp"}  #
 
 
 class GPT2(Family):
-    name, described, model_types = "gpt2", "gpt2 (h.{k}.* or transformer.h.{k}.*)", ("gpt2",)
+    name, described = "gpt2", "gpt2 (h.{k}.* or transformer.h.{k}.*)"
     hf_classes, hf_layer = ("GPT2Block",), HFLayer(GPT2_STEPS, hidden="mlp.act")
     layers_path, marker, prefixes, embedding_key = "h", "ln_1.weight", ("", "transformer."), "wte.weight"
     ignored = ("attn.bias", "attn.masked_bias")  # causal-mask buffers of old files
@@ -91,8 +91,9 @@ class NanoGPT(GPT2):
     """nanoGPT (Karpathy's model.py) and GPT-2s written with nn.Linear: the same names, weights stored
     `[out, in]`, biases optional (nanoGPT's `bias=False`), and nn.GELU() — the exact GELU, not GPT-2's tanh form."""
 
-    name, described, model_types = "nanogpt", "nanoGPT (transformer.h.{k}.*, nn.Linear weights [out, in])", ()
+    name, described = "nanogpt", "nanoGPT (transformer.h.{k}.*, nn.Linear weights [out, in])"
     hf_classes = ()  # nanoGPT's Block is told by its submodule names (tracing.steps.NAMED_LAYOUTS)
+    model_types = ()  # no config.json of its own
 
     def variant(self, checkpoint, prefix):
         return self

@@ -23,9 +23,8 @@ DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_sl
 
 
 class GptOss(MixtureFamily, Llama):
-    name, described, model_types = "gpt_oss", "gpt_oss (attention sinks, biased router, clamped SwiGLU experts)", \
-        ("gpt_oss",)
-    hf_classes = ("GptOssDecoderLayer",)
+    # attention sinks, biased router, clamped SwiGLU experts
+    name, hf_classes = "gpt_oss", ("GptOssDecoderLayer",)
     hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, router="mlp.router")
     defaults = {"rms_norm_eps": 1e-5, "hidden_act": "silu", "sliding_window": 128, "swiglu_limit": 7.0,
                 "swiglu_alpha": 1.702, "intermediate_size": 2880, "num_experts_per_tok": 4, "rope_theta": 150_000.0}

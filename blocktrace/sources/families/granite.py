@@ -13,9 +13,8 @@ from blocktrace.vocab import Norm
 
 
 class Granite(Llama):
-    name, described, model_types = "granite", "granite (Llama keys, embedding/attention/residual/logit multipliers)", \
-        ("granite",)
-    hf_classes = ("GraniteDecoderLayer",)
+    # Llama keys, embedding/attention/residual/logit multipliers
+    name, hf_classes = "granite", ("GraniteDecoderLayer",)
     hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn", residual_multiplier="residual_multiplier")
     defaults = {**Llama.defaults, "embedding_multiplier": 1.0, "attention_multiplier": 1.0,
                 "residual_multiplier": 1.0, "logits_scaling": 1.0}

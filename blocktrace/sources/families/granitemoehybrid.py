@@ -30,9 +30,8 @@ GRANITE_HYBRID_STEPS = {"norm1": "input_layernorm", "attn": "self_attn|mamba", "
 
 
 class GraniteMoeHybrid(Granite):
-    name, described, model_types = "granitemoehybrid", "granitemoehybrid (Mamba-2 and attention layers, Granite's " \
-                                                        "multipliers, experts)", ("granitemoehybrid",)
-    hf_classes = ("GraniteMoeHybridDecoderLayer",)
+    # Mamba-2 and attention layers, Granite's multipliers, experts
+    name, hf_classes = "granitemoehybrid", ("GraniteMoeHybridDecoderLayer",)
     # With experts HF sums them and shared_mlp in the layer's own forward: no one module is the ffn step to hook
     hf_layer = HFLayer(GRANITE_HYBRID_STEPS, norm=Norm.RMSNORM, residual_multiplier="residual_multiplier",
                        untraceable=("block_sparse_moe", "its FFN is block_sparse_moe + shared_mlp, summed in the "

@@ -13,8 +13,8 @@ DEFAULT_THETA = 100_000.0  # HeliumConfig's default_theta
 
 
 class Helium(Llama):
-    name, described, model_types = "helium", "helium (Llama keys, interleaved RoPE)", ("helium",)
-    hf_classes = ("HeliumDecoderLayer",)
+    # Llama keys, interleaved RoPE
+    name, hf_classes = "helium", ("HeliumDecoderLayer",)
     defaults = {**Llama.defaults, "rms_norm_eps": 1e-8, "head_dim": 128}  # HeliumConfig's
 
     def config_fields(self, config):

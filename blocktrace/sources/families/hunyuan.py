@@ -15,9 +15,8 @@ from blocktrace.sources.families.moe import MixtureFamily
 
 
 class HunyuanDense(Llama):
-    name, described, model_types = "hunyuan_v1_dense", "hunyuan_v1_dense (Llama keys, QK-norm after RoPE)", \
-        ("hunyuan_v1_dense",)
-    hf_classes = ("HunYuanDenseV1DecoderLayer",)
+    # Llama keys, QK-norm after RoPE
+    name, hf_classes = "hunyuan_v1_dense", ("HunYuanDenseV1DecoderLayer",)
     defaults = {**Llama.defaults, "rms_norm_eps": 1e-5}  # HunYuanDenseV1Config's
 
     def config_fields(self, config):
@@ -68,9 +67,8 @@ class HunyuanMoe(MixtureFamily, HunyuanDense):
     """Hunyuan-MoE (HF's HunYuanMoEV1): Hunyuan dense's attention (QK-norm after RoPE) with experts in every layer —
     the router `mlp.gate.wg` (softmax in float32, the top `moe_topk` renormalised), `num_experts` SwiGLU experts and
     one ungated shared MLP (`mlp.shared_mlp`), all of `intermediate_size`, the shared MLP added to the experts' sum."""
-    name, described, model_types = "hunyuan_v1_moe", "hunyuan_v1_moe (Hunyuan's attention, experts, a shared MLP)", \
-        ("hunyuan_v1_moe",)
-    hf_classes = ("HunYuanMoEV1DecoderLayer",)
+    # Hunyuan's attention, experts, a shared MLP
+    name, hf_classes = "hunyuan_v1_moe", ("HunYuanMoEV1DecoderLayer",)
     defaults = {**HunyuanDense.defaults, "num_experts": 1, "moe_topk": 1, "intermediate_size": 11008}  # HF's config
     router_name, expert_width_key, always_renormalise = "gate.wg", "intermediate_size", True
 

@@ -25,8 +25,8 @@ LFM2_STEPS = {"norm1": "operator_norm", "attn": "self_attn|conv", "norm2": "ffn_
 
 
 class LFM2(Llama):
-    name, described, model_types = "lfm2", "lfm2 (short-convolution and attention layers)", ("lfm2",)
-    hf_classes = ("Lfm2DecoderLayer",)
+    # short-convolution and attention layers
+    name, hf_classes = "lfm2", ("Lfm2DecoderLayer",)
     hf_layer = HFLayer(LFM2_STEPS, norm=Norm.RMSNORM)
     marker = "operator_norm.weight"
     tie_default = True

@@ -32,7 +32,7 @@ LLAMA_STEPS = {"norm1": "input_layernorm", "attn": "self_attn", "norm2": "post_a
 
 
 class Llama(Family):
-    name, described, model_types = "llama", "llama (layers.{k}.*, optionally model.)", ("llama",)
+    name, described = "llama", "llama (layers.{k}.*, optionally model.)"
     hf_classes = ("LlamaDecoderLayer",)
     hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
     defaults = {"rms_norm_eps": 1e-6, "hidden_act": "silu"}
@@ -131,8 +131,8 @@ class Llama(Family):
 
 
 class Mistral(Llama):
-    name, described, model_types = "mistral", "mistral (Llama keys, sliding window)", ("mistral",)
-    hf_classes = ("MistralDecoderLayer",)
+    # Llama keys, sliding window
+    name, hf_classes = "mistral", ("MistralDecoderLayer",)
     defaults = {**Llama.defaults, "sliding_window": 4096}
 
     def bias_fields(self, config):
@@ -164,8 +164,8 @@ def from_max_window_layers(config: ConfigFile, layer: int) -> bool:
 
 
 class Qwen2(Llama):
-    name, described, model_types = "qwen2", "qwen2 (Llama keys, q/k/v biases)", ("qwen2",)
-    hf_classes = ("Qwen2DecoderLayer",)
+    # Llama keys, q/k/v biases
+    name, hf_classes = "qwen2", ("Qwen2DecoderLayer",)
 
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": False, "qkv_bias": True}
@@ -175,8 +175,8 @@ class Qwen2(Llama):
 
 
 class Qwen3(Qwen2):
-    name, described, model_types = "qwen3", "qwen3 (Llama keys, QK-norm)", ("qwen3",)
-    hf_classes = ("Qwen3DecoderLayer",)
+    # Llama keys, QK-norm
+    name, hf_classes = "qwen3", ("Qwen3DecoderLayer",)
 
     def config_fields(self, config):
         return {**super().config_fields(config), "qk_norm": True}

@@ -33,9 +33,8 @@ L2_QK_NORM = QKNorm(after_rope=True, gain=False)  # Llama4TextL2Norm: q / RMS(q)
 
 
 class Llama4(MixtureFamily, Llama):
-    name, described, model_types = "llama4_text", "llama4_text (chunked and NoPE layers, sigmoid router)", \
-        ("llama4_text",)
-    hf_classes = ("Llama4TextDecoderLayer",)
+    # chunked and NoPE layers, sigmoid router
+    name, hf_classes = "llama4_text", ("Llama4TextDecoderLayer",)
     hf_layer = HFLayer(STEPS, norm=Norm.RMSNORM, router="feed_forward.router", router_kind=RouterKind.SIGMOID_TOPK,
                        router_logits_at=1)
     defaults = {"rms_norm_eps": 1e-5, "hidden_act": "silu", "head_dim": 128, "num_local_experts": 16,

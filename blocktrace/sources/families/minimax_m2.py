@@ -14,8 +14,8 @@ from blocktrace.vocab import Norm, RouterKind
 
 
 class MiniMaxM2(MixtureFamily, Llama):
-    name, described, model_types = "minimax_m2", "minimax_m2 (Mixtral keys, biased sigmoid router)", ("minimax_m2",)
-    hf_classes = ("MiniMaxM2DecoderLayer",)
+    # Mixtral keys, biased sigmoid router
+    name, hf_classes = "minimax_m2", ("MiniMaxM2DecoderLayer",)
     hf_layer = HFLayer(LLAMA_STEPS, norm=Norm.RMSNORM, router="block_sparse_moe.gate",
                        router_kind=RouterKind.SIGMOID_GROUPED)
     defaults = {**Llama.defaults, "num_experts_per_tok": 8, "intermediate_size": 1536, "head_dim": 128}

@@ -10,8 +10,8 @@ from blocktrace.sources.families.llama import SLIDING, Mistral
 
 
 class Ministral(Mistral):
-    name, described, model_types = "ministral", "ministral (Mistral keys, a sliding window per layer)", ("ministral",)
-    hf_classes = ("MinistralDecoderLayer",)
+    # Mistral keys, a sliding window per layer
+    name, hf_classes = "ministral", ("MinistralDecoderLayer",)
 
     def layer_fields(self, config, layer):
         if config is None:

@@ -93,8 +93,8 @@ class MixtureFamily:
 
 
 class Mixtral(MixtureFamily, Mistral):
-    name, described, model_types = "mixtral", "mixtral (Llama keys, block_sparse_moe experts)", ("mixtral",)
-    hf_classes = ("MixtralDecoderLayer",)
+    # Llama keys, block_sparse_moe experts
+    name, hf_classes = "mixtral", ("MixtralDecoderLayer",)
     defaults = {**Llama.defaults, "rms_norm_eps": 1e-5, "sliding_window": None, "num_experts_per_tok": 2,
                 "intermediate_size": 14336}
     moe_path, expert_names = "block_sparse_moe", ("w1", "w3", "w2")
@@ -109,8 +109,8 @@ class Mixtral(MixtureFamily, Mistral):
 
 
 class Qwen2MoE(MixtureFamily, Qwen2):
-    name, described, model_types = "qwen2_moe", "qwen2_moe (Llama keys, experts and a shared expert)", ("qwen2_moe",)
-    hf_classes = ("Qwen2MoeDecoderLayer",)
+    # Llama keys, experts and a shared expert
+    name, hf_classes = "qwen2_moe", ("Qwen2MoeDecoderLayer",)
     defaults = {**Llama.defaults, "qkv_bias": True, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
                 "norm_topk_prob": False}
 
@@ -134,8 +134,8 @@ class Qwen2MoE(MixtureFamily, Qwen2):
 
 
 class Qwen3MoE(MixtureFamily, Qwen3):
-    name, described, model_types = "qwen3_moe", "qwen3_moe (Qwen3 keys, experts)", ("qwen3_moe",)
-    hf_classes = ("Qwen3MoeDecoderLayer",)
+    # Qwen3 keys, experts
+    name, hf_classes = "qwen3_moe", ("Qwen3MoeDecoderLayer",)
     defaults = {**Llama.defaults, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": False}
 
     def config_fields(self, config):
@@ -155,8 +155,8 @@ def every_other_below_max_window_layers(config, layer: int) -> bool:
 
 
 class OLMoE(MixtureFamily, Llama):
-    name, described, model_types = "olmoe", "olmoe (Llama keys, QK-norm over all heads, experts)", ("olmoe",)
-    hf_classes = ("OlmoeDecoderLayer",)
+    # Llama keys, QK-norm over all heads, experts
+    name, hf_classes = "olmoe", ("OlmoeDecoderLayer",)
     defaults = {"rms_norm_eps": 1e-5, "hidden_act": "silu", "num_experts_per_tok": 8, "intermediate_size": 2048,
                 "norm_topk_prob": False}
     expert_width_key = "intermediate_size"

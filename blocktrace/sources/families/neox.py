@@ -24,7 +24,7 @@ from blocktrace.vocab import Norm, Placement
 
 
 class GPTNeoX(Family):
-    name, described, model_types = "gpt_neox", "gpt_neox (layers.{k}.attention.query_key_value.*)", ("gpt_neox",)
+    name, described = "gpt_neox", "gpt_neox (layers.{k}.attention.query_key_value.*)"
     hf_classes = ("GPTNeoXLayer",)
     # the sublayers' outputs as the residual adds take them: after the layer's own dropouts (hidden_dropout), which
     # sit outside the attention and MLP modules; the attention's weights are read off the attention module

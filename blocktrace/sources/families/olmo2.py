@@ -14,8 +14,8 @@ from blocktrace.wiring import REORDERED
 
 
 class OLMo2(Llama):
-    name, described, model_types = "olmo2", "olmo2 (Llama keys, norms after each sublayer, QK-norm)", ("olmo2",)
-    hf_classes = ("Olmo2DecoderLayer",)  # the norms follow the sublayers; the FFN reads x1 = x + norm1(attn(x))
+    # Llama keys, norms after each sublayer, QK-norm
+    name, hf_classes = "olmo2", ("Olmo2DecoderLayer",)
     hf_layer = HFLayer({"attn": "self_attn", "norm1": "post_attention_layernorm", "ffn": "mlp",
                         "norm2": "post_feedforward_layernorm"}, REORDERED, Norm.RMSNORM, hidden="mlp.act_fn")
     defaults = {"rms_norm_eps": 1e-5, "hidden_act": "silu"}

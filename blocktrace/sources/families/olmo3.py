@@ -16,8 +16,8 @@ LAYER_TYPE_KEYS = (FULL, SLIDING)
 
 
 class OLMo3(OLMo2):
-    name, described, model_types = "olmo3", "olmo3 (OLMo-2's block, sliding layers, RoPE per layer type)", ("olmo3",)
-    hf_classes = ("Olmo3DecoderLayer",)
+    # OLMo-2's block, sliding layers, RoPE per layer type
+    name, hf_classes = "olmo3", ("Olmo3DecoderLayer",)
     defaults = {**OLMo2.defaults, "sliding_window": 4096, "rope_theta": 500_000.0}
 
     def config_fields(self, config):

@@ -34,9 +34,8 @@ FEEDFORWARD_NORM = ("feedforward_layer_norm.weight", "post_attention_layernorm.w
 
 
 class OlmoHybrid(Llama):
-    name, described, model_types = "olmo_hybrid", "olmo_hybrid (gated delta-rule layers among OLMo-3 attention)", \
-        ("olmo_hybrid",)
-    hf_classes = (ATTENTION_LAYER, DELTA_LAYER)
+    # gated delta-rule layers among OLMo-3 attention
+    name, hf_classes = "olmo_hybrid", (ATTENTION_LAYER, DELTA_LAYER)
     hf_layers = {ATTENTION_LAYER: OLMo2.hf_layer,
                  DELTA_LAYER: HFLayer({**LLAMA_STEPS, "attn": "linear_attn"}, norm=Norm.RMSNORM, hidden="mlp.act_fn")}
     hf_layer = hf_layers[ATTENTION_LAYER]

@@ -12,8 +12,8 @@ from blocktrace.vocab import FFNKind, Norm
 
 
 class Phi3(Llama):
-    name, described, model_types = "phi3", "phi3 (Llama layer names, fused qkv_proj and gate_up_proj)", ("phi3",)
-    hf_classes = ("Phi3DecoderLayer",)
+    # Llama layer names, fused qkv_proj and gate_up_proj
+    name, hf_classes = "phi3", ("Phi3DecoderLayer",)
     # the sublayers' outputs as the residual adds take them: after the layer's resid_pdrop dropouts, outside the
     # attention and MLP modules; the attention's weights are read off self_attn
     hf_layer = HFLayer({**LLAMA_STEPS, "attn": "resid_attn_dropout", "ffn": "resid_mlp_dropout"}, norm=Norm.RMSNORM,

@@ -16,8 +16,8 @@ from blocktrace.vocab import Norm
 
 
 class Qwen3_5Text(Qwen3Next):
-    name, described, model_types = "qwen3_5_text", "qwen3_5_text (Qwen3-Next's hybrid, dense)", ("qwen3_5_text",)
-    hf_classes = ("Qwen3_5DecoderLayer",)
+    # Qwen3-Next's hybrid, dense
+    name, hf_classes = "qwen3_5_text", ("Qwen3_5DecoderLayer",)
     hf_layer = HFLayer(QWEN3_NEXT_STEPS, norm=Norm.RMSNORM, hidden="mlp.act_fn")
     # Qwen3_5TextConfig's defaults
     defaults = {"rms_norm_eps": 1e-6, "hidden_act": "silu", "head_dim": 256, "attention_bias": False,
@@ -62,9 +62,8 @@ class Qwen3_5MoeText(Qwen3Next):
     """Qwen3.5-MoE's language model alone: Qwen3-Next's layers with Qwen3.5's delta net, experts in every layer (no
     mlp_only_layers or decoder_sparse_step: Qwen3_5MoeTextConfig removes them), the chosen experts' probabilities
     always renormalised (its router has no norm_topk_prob), Qwen3-Next's gated shared expert."""
-    name, described, model_types = "qwen3_5_moe_text", "qwen3_5_moe_text (Qwen3-Next's hybrid, experts)", \
-        ("qwen3_5_moe_text",)
-    hf_classes = ("Qwen3_5MoeDecoderLayer",)
+    # Qwen3-Next's hybrid, experts
+    name, hf_classes = "qwen3_5_moe_text", ("Qwen3_5MoeDecoderLayer",)
     defaults = {key: value for key, value in {**Qwen3Next.defaults, "num_experts": 256,
                                               "num_experts_per_tok": 8}.items() if key != "norm_topk_prob"}
     delta_projections = staticmethod(Qwen3_5Text.delta_projections)

@@ -34,9 +34,8 @@ QWEN3_NEXT_STEPS = {"norm1": "input_layernorm", "attn": "self_attn|linear_attn",
 
 
 class Qwen3Next(Qwen2MoE):
-    name, described, model_types = "qwen3_next", "qwen3_next (gated delta-rule and gated attention layers, " \
-                                                 "experts)", ("qwen3_next",)
-    hf_classes = ("Qwen3NextDecoderLayer",)
+    # gated delta-rule and gated attention layers, experts
+    name, hf_classes = "qwen3_next", ("Qwen3NextDecoderLayer",)
     hf_layer = HFLayer(QWEN3_NEXT_STEPS, norm=Norm.RMSNORM, router="mlp.gate")
     # Qwen3NextConfig's defaults
     defaults = {"rms_norm_eps": 1e-6, "hidden_act": "silu", "head_dim": 256, "attention_bias": False,

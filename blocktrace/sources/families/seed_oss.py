@@ -9,8 +9,8 @@ from blocktrace.sources.families.llama import Llama
 
 
 class SeedOss(Llama):
-    name, described, model_types = "seed_oss", "seed_oss (Llama keys, q/k/v biases)", ("seed_oss",)
-    hf_classes = ("SeedOssDecoderLayer",)
+    # Llama keys, q/k/v biases
+    name, hf_classes = "seed_oss", ("SeedOssDecoderLayer",)
     defaults = {**Llama.defaults, "head_dim": 128, "attention_bias": True, "attention_out_bias": False,
                 "mlp_bias": False}
 

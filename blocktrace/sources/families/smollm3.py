@@ -12,8 +12,8 @@ from blocktrace.sources.families.llama import SLIDING, Llama
 
 
 class SmolLM3(Llama):
-    name, described, model_types = "smollm3", "smollm3 (Llama keys, NoPE layers)", ("smollm3",)
-    hf_classes = ("SmolLM3DecoderLayer",)
+    # Llama keys, NoPE layers
+    name, hf_classes = "smollm3", ("SmolLM3DecoderLayer",)
     defaults = {**Llama.defaults, "no_rope_layer_interval": 4}
     tie_default = True
 

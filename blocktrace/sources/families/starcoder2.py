@@ -13,8 +13,8 @@ from blocktrace.vocab import Norm, Placement
 
 
 class Starcoder2(Llama):
-    name, described, model_types = "starcoder2", "starcoder2 (Llama keys, LayerNorm, c_fc/c_proj MLP, biases)", \
-        ("starcoder2",)
+    # Llama keys, LayerNorm, c_fc/c_proj MLP, biases
+    name = "starcoder2"
     hf_classes, hf_layer = ("Starcoder2DecoderLayer",), HFLayer(LLAMA_STEPS, hidden="mlp.act")
     defaults = {"norm_epsilon": 1e-5, "hidden_act": "gelu_pytorch_tanh", "num_key_value_heads": 2,
                 "sliding_window": None}
