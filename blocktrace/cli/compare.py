@@ -5,21 +5,9 @@ from __future__ import annotations
 import click
 
 from blocktrace.cli.app import cli, prepare_outputs, show
-from blocktrace.cli.options import (
-    FORMAT_OPTION,
-    HTML_OPTION,
-    DOCUMENT_OPTIONS,
-    LANG_OPTION,
-    PLOT_OPTION,
-    SOURCE_OPTIONS,
-    STEPS_OPTION,
-    enum_choice,
-    force_option,
-    given,
-    make_analysis,
-    make_request,
-    options,
-)
+from blocktrace.cli.options import (FORMAT_OPTION, HTML_OPTION, DOCUMENT_OPTIONS, LANG_OPTION, PLOT_OPTION,
+                                    SOURCE_OPTIONS, STEPS_OPTION, enum_choice, force_option, given, make_analysis,
+                                    make_request, options)
 from blocktrace.cli.progress import progress_wanted, shown
 from blocktrace.cli.rules import COMPARE_RULES, enforce
 from blocktrace.errors import UsageError

@@ -5,25 +5,10 @@ from __future__ import annotations
 import click
 
 from blocktrace.cli.app import cli, prepare_outputs, show
-from blocktrace.cli.options import (
-    AXIS_VALUE_OPTIONS,
-    DISPLAY_OPTIONS,
-    DOCUMENT_OPTIONS,
-    FAIL_ON_OPTION,
-    FORMAT_OPTION,
-    HTML_OPTION,
-    LANG_OPTION,
-    MODULE_OPTIONS,
-    PAGE_LANG_OPTION,
-    PLOT_OPTION,
-    SAVE_OPTION,
-    SOURCE_OPTIONS,
-    STEPS_OPTION,
-    chosen_placement,
-    force_option,
-    make_analysis,
-    make_request,
-)
+from blocktrace.cli.options import (AXIS_VALUE_OPTIONS, DISPLAY_OPTIONS, DOCUMENT_OPTIONS, FAIL_ON_OPTION,
+                                    FORMAT_OPTION, HTML_OPTION, LANG_OPTION, MODULE_OPTIONS, PAGE_LANG_OPTION,
+                                    PLOT_OPTION, SAVE_OPTION, SOURCE_OPTIONS, STEPS_OPTION, chosen_placement,
+                                    force_option, make_analysis, make_request)
 from blocktrace.cli.progress import progress_wanted, shown
 from blocktrace.cli.rules import CHECK_RULES, RUN_RULES, enforce, refuse_beside_model
 from blocktrace.errors import FINDINGS_EXIT

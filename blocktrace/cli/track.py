@@ -7,38 +7,13 @@ from pathlib import Path
 import click
 
 from blocktrace.cli.app import cli, prepare_outputs, show
-from blocktrace.cli.options import (
-    DEVICE_OPTION,
-    DTYPE_OPTION,
-    FAIL_ON_OPTION,
-    FORMAT_OPTION,
-    HTML_OPTION,
-    PAGE_LANG_OPTION,
-    IDS_FILE_OPTIONS,
-    DOCUMENT_OPTIONS,
-    QUIET_OPTION,
-    SEED_OPTION,
-    TEXT_FILE_OPTION,
-    TEXT_OPTION,
-    TOKEN_IDS_OPTION,
-    TOKEN_TYPES_OPTION,
-    IntegerList,
-    OutputFile,
-    force_option,
-    given,
-    ids_file_fields,
-)
+from blocktrace.cli.options import (DEVICE_OPTION, DTYPE_OPTION, FAIL_ON_OPTION, FORMAT_OPTION, HTML_OPTION,
+                                    PAGE_LANG_OPTION, IDS_FILE_OPTIONS, DOCUMENT_OPTIONS, QUIET_OPTION, SEED_OPTION,
+                                    TEXT_FILE_OPTION, TEXT_OPTION, TOKEN_IDS_OPTION, TOKEN_TYPES_OPTION, IntegerList,
+                                    OutputFile, force_option, given, ids_file_fields)
 from blocktrace.cli.progress import progress_wanted, shown
-from blocktrace.cli.rules import (
-    IDS_FILE_RULES,
-    PAGE_LANG_RULE,
-    Excludes,
-    Needs,
-    beside_documents,
-    enforce,
-    force_needs,
-    is_set,
-)
+from blocktrace.cli.rules import (IDS_FILE_RULES, PAGE_LANG_RULE, Excludes, Needs, beside_documents, enforce,
+                                  force_needs, is_set)
 from blocktrace.errors import FINDINGS_EXIT
 from blocktrace.files import all_or_none
 from blocktrace.render.documents import chosen

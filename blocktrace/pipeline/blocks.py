@@ -24,13 +24,7 @@ from blocktrace.progress import tick
 from blocktrace.request import Analysis, RunRequest
 from blocktrace.sources.inputs import random_input
 from blocktrace.sources.loader import load_block
-from blocktrace.sources.source import (
-    Source,
-    prepare_source,
-    resolve_device,
-    torch_dtype,
-    user_block_source,
-)
+from blocktrace.sources.source import Source, prepare_source, resolve_device, torch_dtype, user_block_source
 from blocktrace.sources.userblock import load_user_block
 from blocktrace.tracing.stack import trace_stack
 from blocktrace.vocab import SCHEMA_VERSION, Axis, ReportKind

@@ -23,15 +23,8 @@ from blocktrace.request import Analysis, RunRequest, TrackRequest, is_timeline
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.families import model_info
 from blocktrace.training.against import compared_runs
-from blocktrace.training.timeline import (
-    NotInStepOrder,
-    flag_entries,
-    in_step_order,
-    layer_entry,
-    read_timeline,
-    record,
-    stream_timeline,
-)
+from blocktrace.training.timeline import (NotInStepOrder, flag_entries, in_step_order, layer_entry, read_timeline,
+                                          record, stream_timeline)
 from blocktrace.training.track import Point, Story, expand, last_sign, order, read_log
 from blocktrace.vocab import SCHEMA_VERSION, ReportKind
 

@@ -5,14 +5,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from blocktrace.diagnose.compare import Phrasing, describe
-from blocktrace.render.text import (
-    _shape,
-    config_settings,
-    explanations,
-    gradients_section,
-    shown_token,
-    steps_table,
-)
+from blocktrace.render.text import _shape, config_settings, explanations, gradients_section, shown_token, steps_table
 from blocktrace.render.words import COMPARE_WORDS, HEADINGS, NOTES_ZH, VALUE_SENTENCES_ZH
 from blocktrace.vocab import Lang, ReportKind
 

@@ -19,17 +19,8 @@ from blocktrace.sizing import Shape
 from blocktrace.sources.checkpoint import Checkpoint
 from blocktrace.sources.families import SIZE_FIELDS, checkpoint_config, model_info
 from blocktrace.sources.idsfile import read_token_ids_file
-from blocktrace.sources.inputs import (
-    RANDOM_INPUT_NOTE,
-    TOKEN_EMBEDDING_NOTE,
-    load_input_file,
-    pad_sequences,
-    parse_token_ids,
-    random_input,
-    split_tokens,
-    tokens_to_input,
-    with_batch,
-)
+from blocktrace.sources.inputs import (RANDOM_INPUT_NOTE, TOKEN_EMBEDDING_NOTE, load_input_file, pad_sequences,
+                                       parse_token_ids, random_input, split_tokens, tokens_to_input, with_batch)
 from blocktrace.sources.loader import check_layer, check_token_ids, embed_batch, hidden_state_before, padding_id
 from blocktrace.sources.tokenizer import encode_text, read_text_file, token_labels, unknown_tokens_note
 from blocktrace.sources.userblock import block_width

@@ -24,23 +24,11 @@ from blocktrace.host import to_host
 from blocktrace.phrases import phrase
 from blocktrace.model.block import step_operations, substep_operations
 from blocktrace.tracing.calling import attention_chunk, attention_module, hf_config, is_huggingface
-from blocktrace.tracing.probes import (
-    DEAD_WORTH_A_LOOK,
-    MASSIVE_ABS,
-    dead_fraction,
-    flat_fraction,
-    massive_median,
-)
+from blocktrace.tracing.probes import DEAD_WORTH_A_LOOK, MASSIVE_ABS, dead_fraction, flat_fraction, massive_median
 from blocktrace.tracing.recorder import map_cell
 from blocktrace.tracing.records import AttentionSummary, FFNActivity, Probe, Stats, StepRecord, Trace
 from blocktrace.tracing.routing import RoutingSummary
-from blocktrace.tracing.stats import (
-    finite,
-    largest_magnitude,
-    nonfinite_counts,
-    stats_from_moments,
-    uniform_entropy,
-)
+from blocktrace.tracing.stats import finite, largest_magnitude, nonfinite_counts, stats_from_moments, uniform_entropy
 from blocktrace.tracing.steps import Layout, StepSpec, resolve
 from blocktrace.vocab import SANDWICH_STEPS, STEP_NAMES
 

@@ -22,11 +22,7 @@ from blocktrace.model.moe import router_distribution
 from blocktrace.tracing.probes import ProbeContext, ffn_probe, step_probe
 from blocktrace.tracing.routing import routing_moments
 from blocktrace.tracing.softmax import SoftmaxSeen, as_heads
-from blocktrace.tracing.stats import (
-    attention_chunk_stats,
-    tensor_moments,
-    weights_only_stats,
-)
+from blocktrace.tracing.stats import attention_chunk_stats, tensor_moments, weights_only_stats
 from blocktrace.tracing.steps import Layout, StepSpec, resolve
 from blocktrace.vocab import Capture
 

@@ -20,12 +20,7 @@ from blocktrace.config import BlockConfig
 from blocktrace.errors import InputError
 from blocktrace.tracing.assembly import Collected, finish
 from blocktrace.tracing.behaviour import measure_causality, measure_norm
-from blocktrace.tracing.calling import (
-    Call,
-    eager_attention,
-    huggingface_call,
-    is_huggingface,
-)
+from blocktrace.tracing.calling import Call, eager_attention, huggingface_call, is_huggingface
 from blocktrace.tracing.recorder import HookFailure, Recorder, first_tensor
 from blocktrace.tracing.records import Trace
 from blocktrace.tracing.steps import Layout, own_layout, resolve, user_layout

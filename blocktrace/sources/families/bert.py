@@ -7,18 +7,8 @@ from torch.nn import functional as F
 
 from blocktrace.phrases import phrase
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import (
-    Family,
-    HeadSpec,
-    HFLayer,
-    LossKind,
-    NoLoss,
-    Reader,
-    activation,
-    linear,
-    refuse_unless,
-    size,
-)
+from blocktrace.sources.families.base import (Family, HeadSpec, HFLayer, LossKind, NoLoss, Reader, activation, linear,
+                                              refuse_unless, size)
 from blocktrace.vocab import FFNKind, Norm, Placement
 from blocktrace.wiring import POST
 

@@ -7,15 +7,8 @@ every `sliding_window_pattern`, 4) and rotates q and k in those only: its global
 from __future__ import annotations
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import (
-    NOPE_FIELDS,
-    HeadSpec,
-    HFLayer,
-    LossKind,
-    head_weight,
-    refuse_unless,
-    rope_fields,
-)
+from blocktrace.sources.families.base import (NOPE_FIELDS, HeadSpec, HFLayer, LossKind, head_weight, refuse_unless,
+                                              rope_fields)
 from blocktrace.sources.families.llama import Llama
 from blocktrace.vocab import FFNKind, Norm, Parallel
 from blocktrace.wiring import PARALLEL_ONE_NORM

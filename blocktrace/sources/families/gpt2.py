@@ -10,17 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import (
-    Family,
-    HeadSpec,
-    HFLayer,
-    LossKind,
-    activation,
-    head_weight,
-    linear,
-    refuse_unless,
-    size,
-)
+from blocktrace.sources.families.base import (Family, HeadSpec, HFLayer, LossKind, activation, head_weight, linear,
+                                              refuse_unless, size)
 from blocktrace.vocab import FFNKind, Norm
 
 GPT2_STEPS = {"norm1": "ln_1", "attn": "attn", "norm2": "ln_2", "ffn": "mlp"}  # GPT2Block's and nanoGPT's Block's

@@ -13,18 +13,8 @@ from typing import Callable, Optional
 
 from blocktrace.errors import UsageError, WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import (
-    Family,
-    HeadSpec,
-    LossKind,
-    HFLayer,
-    gated_mlp,
-    head_weight,
-    linear,
-    refuse_unless,
-    rope_fields,
-    size,
-)
+from blocktrace.sources.families.base import (Family, HeadSpec, LossKind, HFLayer, gated_mlp, head_weight, linear,
+                                              refuse_unless, rope_fields, size)
 from blocktrace.vocab import FFNKind, Norm, QKSpan
 
 SLIDING = "sliding_attention"

@@ -9,17 +9,8 @@ mlp(ln2(x)), in which both branches read the same stream.
 from __future__ import annotations
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import (
-    Family,
-    HeadSpec,
-    HFLayer,
-    LossKind,
-    activation,
-    head_weight,
-    linear,
-    rope_fields,
-    size,
-)
+from blocktrace.sources.families.base import (Family, HeadSpec, HFLayer, LossKind, activation, head_weight, linear,
+                                              rope_fields, size)
 from blocktrace.vocab import Norm, Placement
 
 
