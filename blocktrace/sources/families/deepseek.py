@@ -117,7 +117,7 @@ class DeepSeekV3(MixtureFamily, Llama):
 
     @staticmethod
     def attention(read, c) -> dict:
-        """Latent attention's projections, its two latent norms and its output projection (MixtureFamily.parameters
+        """Latent attention's projections, its two latent norms and its output projection (Llama.parameters
         reads them here, around the norms and the experts)."""
         d, h, latent, bias = c.d_model, c.n_heads, c.latent, c.attention_bias
         state = {}
@@ -136,7 +136,7 @@ class DeepSeekV3(MixtureFamily, Llama):
                          latent.kv_rank, False),
                 **linear(read, "self_attn.o_proj", "attn.out_proj", d, h * latent.value_dims, bias)}
 
-    def expert_parameters(self, read, c):
+    def ffn(self, read, c):
         if c.experts is None:
             return Llama.mlp(read, c)
         d, f = c.d_model, c.d_ff

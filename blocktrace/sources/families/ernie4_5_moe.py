@@ -65,11 +65,6 @@ class Ernie4_5Moe(Ernie4_5):
             return {}
         return {"experts": None, "d_ff": config.integer("intermediate_size")}
 
-    def parameters(self, read, c):
-        d = c.d_model
-        return {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
-                "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.ffn(read, c)}
-
     def ffn(self, read, c) -> dict:
         if c.experts is None:
             return self.mlp(read, c)

@@ -115,11 +115,6 @@ class GraniteMoeHybrid(Granite):
         # the attention layers' settings mean nothing to Mamba-2: not said of it
         return {"token_mixer": self.mamba(config), "rope_theta": None, "rope_scaling": None, "attn_scale": None}
 
-    def parameters(self, read, c):
-        d = c.d_model
-        return {"norm1.weight": read("input_layernorm.weight", (d,)), **self.mixer(read, c),
-                "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.ffn(read, c)}
-
     def mixer(self, read, c) -> dict:
         if c.token_mixer is None:
             return self.attention(read, c)

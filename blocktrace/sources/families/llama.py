@@ -60,8 +60,15 @@ class Llama(Family):
                 "norm": Norm.RMSNORM}
 
     def parameters(self, read, c):
-        return {"norm1.weight": read("input_layernorm.weight", (c.d_model,)), **self.attention(read, c),
-                "norm2.weight": read("post_attention_layernorm.weight", (c.d_model,)), **self.mlp(read, c)}
+        return {"norm1.weight": read("input_layernorm.weight", (c.d_model,)), **self.mixer(read, c),
+                "norm2.weight": read("post_attention_layernorm.weight", (c.d_model,)), **self.ffn(read, c)}
+
+    # The token mixer's and the feed-forward's tensors: a family whose layer differs in one of them says only that
+    def mixer(self, read, c) -> dict:
+        return self.attention(read, c)
+
+    def ffn(self, read, c) -> dict:
+        return self.mlp(read, c)
 
     @staticmethod
     def attention(read, c) -> dict:

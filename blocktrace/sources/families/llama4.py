@@ -101,9 +101,9 @@ class Llama4(MixtureFamily, Llama):
         return {**attention, **ffn}
 
     @staticmethod
-    def expert_parameters(read, c) -> dict:
+    def ffn(read, c) -> dict:
         """The feed_forward of a layer: dense, or the router, the fused experts and the shared expert
-        (MixtureFamily.parameters reads it after the norms and the attention)."""
+        (Llama.parameters reads it after the norms and the attention)."""
         d, f = c.d_model, c.d_ff
         if c.experts is None:
             return gated_mlp(read, "feed_forward", "ffn", f, d)

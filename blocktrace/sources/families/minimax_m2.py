@@ -33,6 +33,6 @@ class MiniMaxM2(MixtureFamily, Llama):
     def bias_fields(self, config):
         return {"bias": False, "attn_bias": False}
 
-    def expert_parameters(self, read, c):
-        return {**super().expert_parameters(read, c),
+    def ffn(self, read, c):
+        return {**super().ffn(read, c),
                 "ffn.choice_bias": read(f"{self.moe_path}.e_score_correction_bias", (c.experts.n_experts,))}

@@ -63,7 +63,7 @@ class MixtureFamily:
             return {}
         return {"experts": None, "d_ff": config.integer("intermediate_size")}
 
-    def expert_parameters(self, read, c) -> dict:
+    def ffn(self, read, c) -> dict:
         if c.experts is None:  # a dense layer of a mostly sparse model
             return Llama.mlp(read, c)
         d, f = c.d_model, c.d_ff
@@ -76,12 +76,6 @@ class MixtureFamily:
     def shape_fields(self, checkpoint, base):
         return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0), "ffn": FFNKind.SWIGLU,
                 "norm": Norm.RMSNORM}
-
-    def parameters(self, read, c):
-        """Llama's Pre-RMSNorm layer with the router and experts in place of the MLP."""
-        d = c.d_model
-        return {"norm1.weight": read("input_layernorm.weight", (d,)), **self.attention(read, c),
-                "norm2.weight": read("post_attention_layernorm.weight", (d,)), **self.expert_parameters(read, c)}
 
     def notes(self, config):
         notes = super().notes(config)
