@@ -237,8 +237,11 @@ def linear(read: Reader, source: str, target: str, out: int, inp: int, bias: boo
     return state
 
 
+GATED_NAMES = ("gate_proj", "up_proj", "down_proj")  # LlamaMLP's gate, up and down projections
+
+
 def gated_mlp(read: Reader, source: str, target: str, hidden: int, d: int, bias: bool = False,
-              names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> dict:
+              names: tuple[str, str, str] = GATED_NAMES) -> dict:
     """A gated FFN's three linear layers (HF's LlamaMLP and every expert written like it): the gate and up
     projections d → hidden and the down projection hidden → d, from `source`'s `names` to `target`'s gate, up and
     down."""

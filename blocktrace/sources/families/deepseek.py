@@ -22,9 +22,9 @@ from __future__ import annotations
 from blocktrace.config import LatentWidths
 from blocktrace.errors import UsageError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import HFLayer, gated_mlp, linear, refuse_unless, rope_fields, yarn_mscale
+from blocktrace.sources.families.base import HFLayer, linear, refuse_unless, rope_fields, yarn_mscale
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
-from blocktrace.sources.families.moe import MixtureFamily
+from blocktrace.sources.families.moe import MixtureFamily, expert_mlps, shared_mlp
 from blocktrace.vocab import FFNKind, Norm, RouterKind
 
 LATENT_EPS = 1e-6  # HF builds q_a_layernorm and kv_a_layernorm with DeepseekV2/V3RMSNorm's default eps
@@ -139,16 +139,9 @@ class DeepSeekV3(MixtureFamily, Llama):
     def ffn(self, read, c):
         if c.experts is None:
             return Llama.mlp(read, c)
-        d, f = c.d_model, c.d_ff
-        state = {"ffn.router.weight": read("mlp.gate.weight", (c.experts.n_experts, d))}
-        if c.experts.choice_bias:
-            state["ffn.choice_bias"] = read(self.choice_bias_key, (c.experts.n_experts,))
-        for e in range(c.experts.n_experts):
-            state.update(gated_mlp(read, f"mlp.experts.{e}", f"ffn.experts.{e}", f, d))
-        if c.experts.shared_expert_d_ff is not None:
-            f = c.experts.shared_expert_d_ff
-            state.update(gated_mlp(read, "mlp.shared_experts", "ffn.shared_expert", f, d))
-        return state
+        bias = {"ffn.choice_bias": read(self.choice_bias_key, (c.experts.n_experts,))} if c.experts.choice_bias else {}
+        return {"ffn.router.weight": read("mlp.gate.weight", (c.experts.n_experts, c.d_model)), **bias,
+                **expert_mlps(read, c), **shared_mlp(read, c)}
 
     def check(self, config):
         if config.ffn is not FFNKind.SWIGLU or config.norm is not Norm.RMSNORM or config.sandwich:

@@ -11,9 +11,10 @@ from __future__ import annotations
 from blocktrace.config import BIASED_ROUTER_NORM_MIN
 from blocktrace.errors import WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import HFLayer, gated_mlp, size
+from blocktrace.sources.families.base import HFLayer, size
 from blocktrace.sources.families.ernie4_5 import Ernie4_5
 from blocktrace.sources.families.llama import LLAMA_STEPS
+from blocktrace.sources.families.moe import expert_mlps, shared_mlp
 from blocktrace.vocab import FFNKind, Norm, RouterKind
 
 
@@ -68,12 +69,7 @@ class Ernie4_5Moe(Ernie4_5):
     def ffn(self, read, c) -> dict:
         if c.experts is None:
             return self.mlp(read, c)
-        d, f, e = c.d_model, c.d_ff, c.experts.n_experts
-        state = {"ffn.router.weight": read("mlp.gate.weight", (e, d)),
-                 "ffn.choice_bias": read("mlp.moe_statics.e_score_correction_bias", (1, e)).reshape(e)}
-        for k in range(e):
-            state.update(gated_mlp(read, f"mlp.experts.{k}", f"ffn.experts.{k}", f, d))
-        if c.experts.shared_expert_d_ff is not None:
-            s = c.experts.shared_expert_d_ff
-            state.update(gated_mlp(read, "mlp.shared_experts", "ffn.shared_expert", s, d))
-        return state
+        e = c.experts.n_experts
+        return {"ffn.router.weight": read("mlp.gate.weight", (e, c.d_model)),
+                "ffn.choice_bias": read("mlp.moe_statics.e_score_correction_bias", (1, e)).reshape(e),
+                **expert_mlps(read, c), **shared_mlp(read, c)}

@@ -18,9 +18,21 @@ from __future__ import annotations
 
 from blocktrace.errors import WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import WHOLE_QK_NORM, HFLayer, gated_mlp, refuse_unless, size
+from blocktrace.sources.families.base import GATED_NAMES, WHOLE_QK_NORM, HFLayer, gated_mlp, refuse_unless, size
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama, Mistral, Qwen2, Qwen3, qwen_window
 from blocktrace.vocab import FFNKind, Norm
+
+
+def expert_mlps(read, c, path: str = "mlp.experts", names: tuple[str, str, str] = GATED_NAMES) -> dict:
+    """Every routed expert's gated MLP ({path}.{e} → ffn.experts.{e}), each d_ff wide."""
+    return {key: tensor for e in range(c.experts.n_experts)
+            for key, tensor in gated_mlp(read, f"{path}.{e}", f"ffn.experts.{e}", c.d_ff, c.d_model, names=names).items()}
+
+
+def shared_mlp(read, c, path: str = "mlp.shared_experts") -> dict:
+    """The shared expert every token passes through (one gated MLP), where the layer has one."""
+    width = c.experts.shared_expert_d_ff
+    return {} if width is None else gated_mlp(read, path, "ffn.shared_expert", width, c.d_model)
 
 
 class MixtureFamily:
@@ -28,7 +40,7 @@ class MixtureFamily:
 
     moe_path = "mlp"  # where the router and experts live inside a layer
     router_name = "gate"  # the router's linear layer inside it
-    expert_names = ("gate_proj", "up_proj", "down_proj")  # each expert's gate, up and down projections
+    expert_names = GATED_NAMES  # each expert's gate, up and down projections
     expert_width_key = "moe_intermediate_size"
     always_renormalise = False  # Mixtral has no norm_topk_prob: it always renormalises
     # The FFN step is the whole sparse block: router, experts, shared expert.
@@ -66,12 +78,8 @@ class MixtureFamily:
     def ffn(self, read, c) -> dict:
         if c.experts is None:  # a dense layer of a mostly sparse model
             return Llama.mlp(read, c)
-        d, f = c.d_model, c.d_ff
-        state = {"ffn.router.weight": read(f"{self.moe_path}.{self.router_name}.weight", (c.experts.n_experts, d))}
-        for e in range(c.experts.n_experts):
-            state.update(gated_mlp(read, f"{self.moe_path}.experts.{e}", f"ffn.experts.{e}", f, d,
-                                   names=self.expert_names))
-        return state
+        return {"ffn.router.weight": read(f"{self.moe_path}.{self.router_name}.weight", (c.experts.n_experts, c.d_model)),
+                **expert_mlps(read, c, f"{self.moe_path}.experts", self.expert_names)}
 
     def shape_fields(self, checkpoint, base):
         return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0), "ffn": FFNKind.SWIGLU,
@@ -121,8 +129,7 @@ class Qwen2MoE(MixtureFamily, Qwen2):
     def parameters(self, read, c):
         d, state = c.d_model, super().parameters(read, c)
         if c.experts is not None and c.experts.shared_expert_d_ff is not None:  # not on a dense layer
-            f = c.experts.shared_expert_d_ff
-            state.update({**gated_mlp(read, "mlp.shared_expert", "ffn.shared_expert", f, d),
+            state.update({**shared_mlp(read, c, "mlp.shared_expert"),
                           "ffn.shared_gate.weight": read("mlp.shared_expert_gate.weight", (1, d))})
         return state
 
