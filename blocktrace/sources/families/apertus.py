@@ -8,7 +8,7 @@ from __future__ import annotations
 from blocktrace.errors import UsageError
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.arcee import Arcee
-from blocktrace.sources.families.base import HFLayer, rope_fields, size
+from blocktrace.sources.families.base import HFLayer, rmsnorm_shape, rope_fields
 from blocktrace.sources.families.llama import Llama
 from blocktrace.vocab import FFNKind, Norm
 
@@ -37,8 +37,8 @@ class Apertus(Llama):
         return {"bias": False, "attn_bias": config.boolean("attention_bias", False)}
 
     def shape_fields(self, checkpoint, base):
-        return {"d_model": size(checkpoint, base + "attention_layernorm.weight", 0),
-                "d_ff": size(checkpoint, base + "mlp.up_proj.weight", 0), "ffn": FFNKind.XIELU, "norm": Norm.RMSNORM}
+        return rmsnorm_shape(checkpoint, base, norm="attention_layernorm.weight", ffn_in="mlp.up_proj.weight",
+                             ffn=FFNKind.XIELU)
 
     def parameters(self, read, c):
         return {"norm1.weight": read("attention_layernorm.weight", (c.d_model,)), **self.attention(read, c),

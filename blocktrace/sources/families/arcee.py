@@ -5,7 +5,7 @@ on the four attention projections, `mlp_bias` on the two MLP ones."""
 from __future__ import annotations
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import UNGATED_ACTIVATIONS, linear, size
+from blocktrace.sources.families.base import UNGATED_ACTIVATIONS, linear, rmsnorm_shape
 from blocktrace.sources.families.llama import Llama
 from blocktrace.vocab import FFNKind, Norm
 
@@ -17,8 +17,7 @@ class Arcee(Llama):
     activations = UNGATED_ACTIVATIONS  # ArceeMLP applies any of HF's activations between its two matrices
 
     def shape_fields(self, checkpoint, base):
-        return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0),
-                "d_ff": size(checkpoint, base + "mlp.up_proj.weight", 0), "ffn": FFNKind.RELU2, "norm": Norm.RMSNORM}
+        return rmsnorm_shape(checkpoint, base, ffn_in="mlp.up_proj.weight", ffn=FFNKind.RELU2)
 
     @staticmethod
     def mlp(read, c) -> dict:

@@ -237,6 +237,14 @@ def linear(read: Reader, source: str, target: str, out: int, inp: int, bias: boo
     return state
 
 
+def rmsnorm_shape(checkpoint: Checkpoint, base: str, *, norm: str = "input_layernorm.weight",
+                  ffn_in: Optional[str] = None, fused: int = 1, ffn: FFNKind = FFNKind.SWIGLU) -> dict:
+    """An RMSNorm layer's fields off its tensors: d_model from a norm's gain and, where `ffn_in` names the FFN's input
+    projection, d_ff from its rows (`fused` projections stacked in it: a gate_up_proj holds two)."""
+    width = {"d_ff": size(checkpoint, base + ffn_in, 0) // fused} if ffn_in is not None else {}
+    return {"d_model": size(checkpoint, base + norm, 0), **width, "ffn": ffn, "norm": Norm.RMSNORM}
+
+
 GATED_NAMES = ("gate_proj", "up_proj", "down_proj")  # LlamaMLP's gate, up and down projections
 
 

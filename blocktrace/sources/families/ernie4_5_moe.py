@@ -11,11 +11,11 @@ from __future__ import annotations
 from blocktrace.config import BIASED_ROUTER_NORM_MIN
 from blocktrace.errors import WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import HFLayer, size
+from blocktrace.sources.families.base import HFLayer, rmsnorm_shape
 from blocktrace.sources.families.ernie4_5 import Ernie4_5
 from blocktrace.sources.families.llama import LLAMA_STEPS
 from blocktrace.sources.families.moe import expert_mlps, shared_mlp
-from blocktrace.vocab import FFNKind, Norm, RouterKind
+from blocktrace.vocab import Norm, RouterKind
 
 
 class Ernie4_5Moe(Ernie4_5):
@@ -33,8 +33,7 @@ class Ernie4_5Moe(Ernie4_5):
     def shape_fields(self, checkpoint, base):
         """The width the tensors say, to hold config.json to it (the FFN's width differs between dense and sparse
         layers: not compared)."""
-        return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0), "ffn": FFNKind.SWIGLU,
-                "norm": Norm.RMSNORM}
+        return rmsnorm_shape(checkpoint, base)
 
     def config_fields(self, config):
         norm_min = self.setting(config, "moe_norm_min", positive=True)

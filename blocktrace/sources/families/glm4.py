@@ -7,7 +7,7 @@ on q, k and v with `attention_bias` (on by default; none on o_proj), and RoPE tu
 from __future__ import annotations
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import HFLayer, rope_fields, size
+from blocktrace.sources.families.base import HFLayer, rmsnorm_shape, rope_fields
 from blocktrace.sources.families.llama import Llama
 from blocktrace.sources.families.phi3 import Phi3
 from blocktrace.vocab import FFNKind, Norm, Placement
@@ -32,9 +32,7 @@ class Glm4(Llama):
         return {"bias": False, "attn_bias": False, "qkv_bias": self.setting(config, "attention_bias", "boolean")}
 
     def shape_fields(self, checkpoint, base):
-        return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0),
-                "d_ff": size(checkpoint, base + "mlp.gate_up_proj.weight", 0) // 2, "ffn": FFNKind.SWIGLU,
-                "norm": Norm.RMSNORM}
+        return rmsnorm_shape(checkpoint, base, ffn_in="mlp.gate_up_proj.weight", fused=2)
 
     def parameters(self, read, c):
         d = c.d_model

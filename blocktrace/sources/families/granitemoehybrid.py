@@ -20,9 +20,9 @@ from blocktrace.config import Mamba2
 from blocktrace.errors import WeightsError
 from blocktrace.phrases import phrase
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import HFLayer, refuse_quantised, rope_fields, size
+from blocktrace.sources.families.base import HFLayer, refuse_quantised, rmsnorm_shape, rope_fields
 from blocktrace.sources.families.granite import Granite
-from blocktrace.vocab import FFNKind, Norm
+from blocktrace.vocab import Norm
 
 MAMBA_KINDS, ATTENTION_KINDS = ("linear_attention", "mamba"), ("full_attention", "attention")
 GRANITE_HYBRID_STEPS = {"norm1": "input_layernorm", "attn": "self_attn|mamba", "norm2": "post_attention_layernorm",
@@ -65,8 +65,7 @@ class GraniteMoeHybrid(Granite):
                 "residual_multiplier": self.setting(config, "residual_multiplier", positive=True), **positions, **ffn}
 
     def shape_fields(self, checkpoint, base):
-        return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0), "ffn": FFNKind.SWIGLU,
-                "norm": Norm.RMSNORM}
+        return rmsnorm_shape(checkpoint, base)
 
     def layer_kinds(self, config: ConfigFile) -> list[str]:
         """Each layer's mixer, as GraniteMoeHybridConfig reads layer_types (or layers_block_type): Mamba-2 where

@@ -14,8 +14,8 @@ from typing import Optional
 from blocktrace.config import ShortConvolution
 from blocktrace.phrases import phrase
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import HeadSpec, HFLayer, LossKind, gated_mlp, head_weight, linear, \
-    refuse_quantised, rope_fields, size
+from blocktrace.sources.families.base import (gated_mlp, head_weight, HeadSpec, HFLayer, linear, LossKind,
+                                              refuse_quantised, rmsnorm_shape, rope_fields)
 from blocktrace.sources.families.gemma import FULL
 from blocktrace.sources.families.llama import Llama
 from blocktrace.vocab import FFNKind, Norm
@@ -60,9 +60,7 @@ class LFM2(Llama):
 
     def shape_fields(self, checkpoint, base):
         """The widths the tensors say, to hold config.json to them: d_model from the norm, d_ff from the FFN."""
-        return {"d_model": size(checkpoint, base + "operator_norm.weight", 0),
-                "d_ff": size(checkpoint, base + "feed_forward.w1.weight", 0), "ffn": FFNKind.SWIGLU,
-                "norm": Norm.RMSNORM}
+        return rmsnorm_shape(checkpoint, base, norm="operator_norm.weight", ffn_in="feed_forward.w1.weight")
 
     def ties(self, config: Optional[ConfigFile]) -> bool:
         if config is not None and "tie_embedding" in config:  # the hub's name, which Lfm2Config reads first

@@ -13,8 +13,8 @@ from typing import Callable, Optional
 
 from blocktrace.errors import UsageError, WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import (Family, HeadSpec, LossKind, HFLayer, gated_mlp, head_weight, linear,
-                                              refuse_unless, rope_fields, size)
+from blocktrace.sources.families.base import (Family, gated_mlp, head_weight, HeadSpec, HFLayer, linear, LossKind,
+                                              refuse_unless, rmsnorm_shape, rope_fields)
 from blocktrace.vocab import FFNKind, Norm, QKSpan
 
 SLIDING = "sliding_attention"
@@ -55,9 +55,7 @@ class Llama(Family):
         return {"bias": config.boolean("mlp_bias", False), "attn_bias": config.boolean("attention_bias", False)}
 
     def shape_fields(self, checkpoint, base):
-        return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0),
-                "d_ff": size(checkpoint, base + "mlp.gate_proj.weight", 0), "ffn": FFNKind.SWIGLU,
-                "norm": Norm.RMSNORM}
+        return rmsnorm_shape(checkpoint, base, ffn_in="mlp.gate_proj.weight")
 
     def parameters(self, read, c):
         return {"norm1.weight": read("input_layernorm.weight", (c.d_model,)), **self.mixer(read, c),

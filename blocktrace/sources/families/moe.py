@@ -18,15 +18,17 @@ from __future__ import annotations
 
 from blocktrace.errors import WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import GATED_NAMES, WHOLE_QK_NORM, HFLayer, gated_mlp, refuse_unless, size
+from blocktrace.sources.families.base import (GATED_NAMES, WHOLE_QK_NORM, gated_mlp, HFLayer, refuse_unless,
+                                              rmsnorm_shape)
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama, Mistral, Qwen2, Qwen3, qwen_window
-from blocktrace.vocab import FFNKind, Norm
+from blocktrace.vocab import Norm
 
 
 def expert_mlps(read, c, path: str = "mlp.experts", names: tuple[str, str, str] = GATED_NAMES) -> dict:
     """Every routed expert's gated MLP ({path}.{e} → ffn.experts.{e}), each d_ff wide."""
-    return {key: tensor for e in range(c.experts.n_experts)
-            for key, tensor in gated_mlp(read, f"{path}.{e}", f"ffn.experts.{e}", c.d_ff, c.d_model, names=names).items()}
+    experts = (gated_mlp(read, f"{path}.{e}", f"ffn.experts.{e}", c.d_ff, c.d_model, names=names)
+               for e in range(c.experts.n_experts))
+    return {key: tensor for expert in experts for key, tensor in expert.items()}
 
 
 def shared_mlp(read, c, path: str = "mlp.shared_experts") -> dict:
@@ -78,12 +80,11 @@ class MixtureFamily:
     def ffn(self, read, c) -> dict:
         if c.experts is None:  # a dense layer of a mostly sparse model
             return Llama.mlp(read, c)
-        return {"ffn.router.weight": read(f"{self.moe_path}.{self.router_name}.weight", (c.experts.n_experts, c.d_model)),
-                **expert_mlps(read, c, f"{self.moe_path}.experts", self.expert_names)}
+        router = read(f"{self.moe_path}.{self.router_name}.weight", (c.experts.n_experts, c.d_model))
+        return {"ffn.router.weight": router, **expert_mlps(read, c, f"{self.moe_path}.experts", self.expert_names)}
 
     def shape_fields(self, checkpoint, base):
-        return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0), "ffn": FFNKind.SWIGLU,
-                "norm": Norm.RMSNORM}
+        return rmsnorm_shape(checkpoint, base)
 
     def notes(self, config):
         notes = super().notes(config)

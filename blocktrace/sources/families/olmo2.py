@@ -7,7 +7,7 @@ the projection before it is split into heads; RMSNorm multiplies its gain in flo
 from __future__ import annotations
 
 from blocktrace.errors import UsageError
-from blocktrace.sources.families.base import WHOLE_QK_NORM, HFLayer, size
+from blocktrace.sources.families.base import WHOLE_QK_NORM, HFLayer, rmsnorm_shape
 from blocktrace.sources.families.llama import Llama
 from blocktrace.vocab import FFNKind, Norm, Placement
 from blocktrace.wiring import REORDERED
@@ -29,9 +29,7 @@ class OLMo2(Llama):
         return {"bias": False, "attn_bias": config.boolean("attention_bias", False)}
 
     def shape_fields(self, checkpoint, base):
-        return {"d_model": size(checkpoint, base + "post_attention_layernorm.weight", 0),
-                "d_ff": size(checkpoint, base + "mlp.gate_proj.weight", 0), "ffn": FFNKind.SWIGLU,
-                "norm": Norm.RMSNORM}
+        return rmsnorm_shape(checkpoint, base, norm="post_attention_layernorm.weight", ffn_in="mlp.gate_proj.weight")
 
     def parameters(self, read, c):
         d = c.d_model

@@ -19,7 +19,7 @@ import torch
 from blocktrace.config import GatedDeltaNet
 from blocktrace.errors import UsageError, WeightsError
 from blocktrace.sources.configfile import ConfigFile
-from blocktrace.sources.families.base import NOPE_FIELDS, WHOLE_QK_NORM, HFLayer, linear, rope_fields, size
+from blocktrace.sources.families.base import NOPE_FIELDS, WHOLE_QK_NORM, HFLayer, linear, rmsnorm_shape, rope_fields
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
 from blocktrace.sources.families.olmo2 import OLMo2
 from blocktrace.sources.families.qwen3_next import LINEAR, grouped_by_key_head
@@ -81,9 +81,7 @@ class OlmoHybrid(Llama):
                              norm_eps=DELTA_NORM_EPS)
 
     def shape_fields(self, checkpoint, base):
-        return {"d_model": size(checkpoint, base + FEEDFORWARD_NORM[0], 0),
-                "d_ff": size(checkpoint, base + "mlp.gate_proj.weight", 0), "ffn": FFNKind.SWIGLU,
-                "norm": Norm.RMSNORM}
+        return rmsnorm_shape(checkpoint, base, norm=FEEDFORWARD_NORM[0], ffn_in="mlp.gate_proj.weight")
 
     def parameters(self, read, c):
         d = c.d_model

@@ -6,9 +6,9 @@ layer."""
 
 from __future__ import annotations
 
-from blocktrace.sources.families.base import HFLayer, linear, size
+from blocktrace.sources.families.base import HFLayer, linear, rmsnorm_shape
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
-from blocktrace.vocab import FFNKind, Norm
+from blocktrace.vocab import Norm
 
 
 class Phi3(Llama):
@@ -27,9 +27,7 @@ class Phi3(Llama):
         return {"sliding_window": config.integer("sliding_window") if config is not None else None}
 
     def shape_fields(self, checkpoint, base):
-        return {"d_model": size(checkpoint, base + "input_layernorm.weight", 0),
-                "d_ff": size(checkpoint, base + "mlp.gate_up_proj.weight", 0) // 2, "ffn": FFNKind.SWIGLU,
-                "norm": Norm.RMSNORM}
+        return rmsnorm_shape(checkpoint, base, ffn_in="mlp.gate_up_proj.weight", fused=2)
 
     def parameters(self, read, c):
         d, hd = c.d_model, c.head_dim
