@@ -20,12 +20,11 @@ prediction layer V3 files hold after the last layer (`layers.61`) is not one of 
 from __future__ import annotations
 
 from blocktrace.config import LatentWidths
-from blocktrace.errors import UsageError
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.base import HFLayer, linear, refuse_unless, rope_fields, yarn_mscale
 from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
 from blocktrace.sources.families.moe import MixtureFamily, expert_mlps, shared_mlp
-from blocktrace.vocab import FFNKind, Norm, RouterKind
+from blocktrace.vocab import Norm, RouterKind
 
 LATENT_EPS = 1e-6  # HF builds q_a_layernorm and kv_a_layernorm with DeepseekV2/V3RMSNorm's default eps
 
@@ -142,10 +141,6 @@ class DeepSeekV3(MixtureFamily, Llama):
         bias = {"ffn.choice_bias": read(self.choice_bias_key, (c.experts.n_experts,))} if c.experts.choice_bias else {}
         return {"ffn.router.weight": read("mlp.gate.weight", (c.experts.n_experts, c.d_model)), **bias,
                 **expert_mlps(read, c), **shared_mlp(read, c)}
-
-    def check(self, config):
-        if config.ffn is not FFNKind.SWIGLU or config.norm is not Norm.RMSNORM or config.sandwich:
-            raise UsageError(f"{self.name} weights need --norm rmsnorm, --ffn swiglu and Pre-LN wiring")
 
     def notes(self, config):
         return [*super().notes(config), "latent attention: q and k are per-head unrotated dims then RoPE'd dims (the "

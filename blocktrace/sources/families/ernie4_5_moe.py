@@ -14,7 +14,7 @@ from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.base import HFLayer, rmsnorm_shape
 from blocktrace.sources.families.ernie4_5 import Ernie4_5
 from blocktrace.sources.families.llama import LLAMA_STEPS
-from blocktrace.sources.families.moe import expert_mlps, shared_mlp
+from blocktrace.sources.families.moe import MixtureFamily, expert_mlps, shared_mlp
 from blocktrace.vocab import Norm, RouterKind
 
 
@@ -61,9 +61,7 @@ class Ernie4_5Moe(Ernie4_5):
         return (layer + 1) % interval == 0 and start <= layer <= end
 
     def layer_fields(self, config, layer):
-        if config is None or self.sparse(config, layer):
-            return {}
-        return {"experts": None, "d_ff": config.integer("intermediate_size")}
+        return MixtureFamily.dense_fields(self, config, layer)  # a dense layer is one SwiGLU of intermediate_size
 
     def ffn(self, read, c) -> dict:
         if c.experts is None:

@@ -14,7 +14,7 @@ import torch
 from blocktrace.errors import UsageError
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.sources.families.base import HFLayer, rope_fields
-from blocktrace.sources.families.llama import SLIDING, Llama, refuse_bidirectional
+from blocktrace.sources.families.llama import SLIDING, Llama, every_other_layer, refuse_bidirectional
 from blocktrace.vocab import FFNKind, Norm, Placement
 from blocktrace.wiring import SANDWICH
 
@@ -72,8 +72,7 @@ class Gemma2(Gemma):
     def logit_softcap(self, config):
         return self.setting(config, "final_logit_softcapping", positive=True)
 
-    def sliding_by_default(self, config: ConfigFile, layer: int) -> bool:
-        return layer % 2 == 0  # every other layer, from the first
+    sliding_by_default = staticmethod(every_other_layer)
 
     def layer_fields(self, config, layer):
         if config is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from blocktrace.config import GLUClamp
 from blocktrace.errors import UsageError
 from blocktrace.sources.families.base import HFLayer, rope_fields
-from blocktrace.sources.families.llama import LLAMA_STEPS, Llama
+from blocktrace.sources.families.llama import LLAMA_STEPS, Llama, every_other_layer
 from blocktrace.sources.families.moe import MixtureFamily
 from blocktrace.sources.configfile import ConfigFile
 from blocktrace.vocab import FFNKind, Norm
@@ -47,8 +47,7 @@ class GptOss(MixtureFamily, Llama):
     def activation(self, config):
         return FFNKind.SWIGLU_CLAMPED
 
-    def sliding_by_default(self, config: ConfigFile, layer: int) -> bool:
-        return layer % 2 == 0  # every other layer, from the first
+    sliding_by_default = staticmethod(every_other_layer)
 
     def layer_fields(self, config, layer):
         if config is None:

@@ -153,6 +153,11 @@ def qwen_window(config: Optional[ConfigFile], layer: int,
     return {"sliding_window": window if sliding else None}
 
 
+def every_other_layer(config: ConfigFile, layer: int) -> bool:
+    """Gemma2Config's and GptOssConfig's rule: every other layer slides, from the first."""
+    return layer % 2 == 0
+
+
 def from_max_window_layers(config: ConfigFile, layer: int) -> bool:
     """Qwen2Config's and Qwen3Config's rule: the layers from max_window_layers on slide."""
     return layer >= config.integer("max_window_layers", 28, positive=False)

@@ -18,12 +18,11 @@ type: save the text model alone (Llama4ForCausalLM) to trace it.
 from __future__ import annotations
 
 from blocktrace.config import QKNorm, QueryTemperature
-from blocktrace.errors import UsageError
 from blocktrace.sources.configfile import LAYER_TYPES, ConfigFile
 from blocktrace.sources.families.base import NOPE_FIELDS, HFLayer, gated_mlp, rope_fields, rotates
 from blocktrace.sources.families.llama import Llama
 from blocktrace.sources.families.moe import MixtureFamily
-from blocktrace.vocab import FFNKind, Norm, RouterKind
+from blocktrace.vocab import Norm, RouterKind
 
 CHUNKED = "chunked_attention"
 STEPS = {"norm1": "input_layernorm", "attn": "self_attn", "norm2": "post_attention_layernorm", "ffn": "feed_forward"}
@@ -117,10 +116,6 @@ class Llama4(MixtureFamily, Llama):
                           f"ffn.experts.{k}.up.weight": gate_up[k][:, f:].t().contiguous(),
                           f"ffn.experts.{k}.down.weight": down[k].t().contiguous()})
         return state
-
-    def check(self, config):
-        if config.ffn is not FFNKind.SWIGLU or config.norm is not Norm.RMSNORM or config.sandwich:
-            raise UsageError(f"{self.name} weights need --norm rmsnorm, --ffn swiglu and Pre-LN wiring")
 
     def notes(self, config):
         notes = super().notes(config)
