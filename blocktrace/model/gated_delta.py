@@ -37,6 +37,7 @@ class GatedDeltaNet(RecurrentMixer):
     and in_proj_ba (grouped by key head, as HF stores them) and q, k, v pass conv and SiLU."""
 
     SUBSTEPS = ("q", "k", "v", "z", "beta", "decay", "delta", "gated")
+    LABEL = "GatedDeltaNet[{value_heads} heads, conv {kernel}]"
 
     def __init__(self, config: BlockConfig):
         super().__init__()
@@ -54,13 +55,7 @@ class GatedDeltaNet(RecurrentMixer):
         self.out_proj = nn.Linear(self.value_width, d, bias=False)
 
     @staticmethod
-    def label(spec) -> str:
-        """The operation the attn step's row names."""
-        return f"GatedDeltaNet[{spec.value_heads} heads, conv {spec.kernel}]"
-
-    @staticmethod
     def operations(config: BlockConfig) -> dict[str, str]:
-        """The sub-steps' formulas, in the order they are computed."""
         k = config.token_mixer.kernel
         return {"attn.q": f"q = SiLU(CausalConv[{k}](in_proj_qkvz(x_in)))  (per key head)",
                 "attn.k": f"k = SiLU(CausalConv[{k}](in_proj_qkvz(x_in)))  (per key head)",

@@ -36,6 +36,7 @@ class Mamba2(RecurrentMixer):
     """out_proj(norm(scan(x, Δ, B, C) + D·x, z)), where in_proj(h) = [z, x B C, dt] and x B C pass conv and SiLU."""
 
     SUBSTEPS = ("z", "x", "b", "c", "dt", "decay", "scan", "gated")
+    LABEL = "Mamba2[{heads} heads, state {state_dims}, conv {kernel}]"
 
     def __init__(self, config: BlockConfig):
         super().__init__()
@@ -52,13 +53,7 @@ class Mamba2(RecurrentMixer):
         self.out_proj = nn.Linear(spec.inner, d, bias=spec.bias)
 
     @staticmethod
-    def label(spec) -> str:
-        """The operation the attn step's row names."""
-        return f"Mamba2[{spec.heads} heads, state {spec.state_dims}, conv {spec.kernel}]"
-
-    @staticmethod
     def operations(config: BlockConfig) -> dict[str, str]:
-        """The sub-steps' formulas, in the order they are computed."""
         k = config.token_mixer.kernel
         conv = f"SiLU(CausalConv[{k}](in_proj(x_in)))"
         return {"attn.z": "z = in_proj(x_in)  (the gate)", "attn.x": f"x = {conv}", "attn.b": f"B = {conv}",

@@ -1,15 +1,17 @@
 """What the token mixers without attention weights share (model/short_conv.py, gated_delta.py, mamba2.py): their
-sub-steps' hook points, the padding mask and chunk setting the block gives every mixer, inputs with or without a
+sub-steps' hook points, the row's label, the padding mask and chunk setting the block gives every mixer, inputs with or without a
 batch dimension, and the causal depthwise convolution each runs as HF's causal_conv1d_fn computes it."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from blocktrace.config import BlockConfig
 from blocktrace.model.layers import HookPoint
 
 
@@ -18,6 +20,7 @@ class RecurrentMixer(nn.Module):
     SUBSTEPS and computes in `mix` on [B, T, d]."""
 
     SUBSTEPS: tuple[str, ...] = ()
+    LABEL = ""  # the operation the attn step's row names, formatted with the mixer's spec's fields
 
     def __init__(self):
         super().__init__()
@@ -29,6 +32,15 @@ class RecurrentMixer(nn.Module):
     @property
     def substeps(self) -> tuple[str, ...]:
         return self.SUBSTEPS
+
+    @classmethod
+    def label(cls, spec) -> str:
+        return cls.LABEL.format_map(dataclasses.asdict(spec))
+
+    @staticmethod
+    def operations(config: BlockConfig) -> dict[str, str]:
+        """The sub-steps' formulas, in the order they are computed."""
+        raise NotImplementedError
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # [T, d] or [B, T, d]
         unbatched = h.dim() == 2

@@ -16,6 +16,7 @@ class ShortConvolution(RecurrentMixer):
     """out_proj(C ⊙ conv(B ⊙ x)), where in_proj(h) = [B, C, x] and conv sees each channel's last `kernel` tokens."""
 
     SUBSTEPS = ("b", "c", "x", "gated", "convolved")
+    LABEL = "ShortConv[{kernel} tokens]"
 
     def __init__(self, config: BlockConfig):
         super().__init__()
@@ -25,11 +26,6 @@ class ShortConvolution(RecurrentMixer):
         # HF's nn.Conv1d(d, d, kernel, groups=d): one filter of `kernel` taps per channel, stored [d, 1, kernel]
         self.conv = nn.Conv1d(d, d, spec.kernel, groups=d, bias=spec.bias, padding=spec.kernel - 1)
         self.out_proj = nn.Linear(d, d, bias=spec.bias)
-
-    @staticmethod
-    def label(spec) -> str:
-        """The operation the attn step's row names."""
-        return f"ShortConv[{spec.kernel} tokens]"
 
     @staticmethod
     def operations(config: BlockConfig) -> dict[str, str]:
