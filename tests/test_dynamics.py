@@ -107,6 +107,20 @@ def test_nothing_moving_because_step_was_never_called_is_the_loop():
     assert _names(stepped) == [("no_update", None)] and stepped[0].cause.value == "optimizer"
 
 
+def test_nothing_moving_at_a_learning_rate_the_schedule_took_to_nothing_is_the_learning_rate():
+    """blind15's F03: a warm-up that multiplies the current lr by (k + 1)/20 compounds it to 2e-11 of a 1e-3 peak;
+    nothing moves and the optimizer is blameless. A step of lr·u moves a weight by a few lr at most, so a rate far
+    below any the run held (or below TINY_LR) explains the stillness by itself; at the run's own rate it does not."""
+    history = [_moving(0, [None] * 2, lr=1e-3), _moving(10, [0.01, 0.02], lr=1e-3), _moving(20, [0.0, 0.0], lr=2e-11)]
+    shrunk = judge(history, _moving(30, [0.0, 0.0], lr=2e-11))
+    assert _names(shrunk) == [("no_update", None)] and shrunk[0].cause.value == "learning_rate"
+    assert "at learning rate 2e-11" in shrunk[0].detail
+    tiny = judge([_moving(0, [None] * 2, lr=1e-8)], _moving(10, [0.0, 0.0], lr=1e-8))
+    assert _names(tiny) == [("no_update", None)] and tiny[0].cause.value == "learning_rate"
+    steady = judge(history[:2], _moving(20, [0.0, 0.0], lr=1e-3))
+    assert _names(steady) == [("no_update", None)] and steady[0].cause.value == "optimizer"
+
+
 def test_tiny_updates_blame_the_learning_rate_only_when_it_is_tiny():
     at_normal_lr = judge([_moving(0, [None] * 2)], _moving(10, [1e-5, 2e-5]))  # 1e-6 per step
     assert _names(at_normal_lr) == [("updates_tiny", None)] and at_normal_lr[0].cause.value == "optimizer"

@@ -533,9 +533,11 @@ def _skipped_by_scaler(record: dict) -> bool:
 
 @check(Scope.TRAINING, "no_update",
        f"no layer's weights move (per-step ‖ΔW‖/‖W‖ < {STILL:g}) between two records while the "
-       "learning rate is above 0", "invariant: an optimizer step with lr > 0 and a gradient moves the weights",
+       f"learning rate is above 0 (learning_rate when it is below {TINY_LR:g} or below 1/{SCHEDULE_SHRANK} of the "
+       "largest the run recorded)", "invariant: an optimizer step with lr > 0 and a gradient moves the weights",
        "the optimizer changes nothing: it holds other parameters than the model's, or (the loop's fault, where the "
-       "Watch was given the optimizer and counted no optimizer.step() between the records) it is never stepped",
+       "Watch was given the optimizer and counted no optimizer.step() between the records) it is never stepped, or "
+       "(the schedule's) the learning rate was brought so low that a step cannot move a weight",
        Cause.OPTIMIZER)
 def _no_update(history: Sequence[dict], entry: dict) -> list[Finding]:
     if not _still(history, entry):
@@ -554,7 +556,10 @@ def _no_update(history: Sequence[dict], entry: dict) -> list[Finding]:
     if (entry.get("loop") or {}).get("optimizer_steps") == 0:  # the Watch counted none: the loop never called it
         return [finding(Level.ERROR, None, None, max(largest.values()),
                         detail + phrase("; optimizer.step() was not called between them"), Cause.TRAINING_LOOP)]
-    return [finding(Level.ERROR, None, None, max(largest.values()), detail)]
+    # a step moves a weight by a few lr at most (Adam's |m̂/√v̂| ≤ about 1): at such a rate nothing can move
+    shrunk = lr is not None and (lr < TINY_LR or _schedule_shrank(history, lr))
+    return [finding(Level.ERROR, None, None, max(largest.values()), detail,
+                    Cause.LEARNING_RATE if shrunk else None)]
 
 
 @check(Scope.TRAINING, "optimizer_steps_skipped",
